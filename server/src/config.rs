@@ -1,0 +1,172 @@
+//! Command line and environment configuration. Every flag has a `CODEROOM_*` twin.
+
+use clap::{Args, Parser, Subcommand};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "coderoom",
+    version,
+    about = "Coderoom: a self-hostable multiplayer coding room"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the room server.
+    Serve(Box<ServeArgs>),
+    /// Apply database migrations and exit.
+    Migrate(StorageArgs),
+    /// Administrative tasks.
+    Admin {
+        #[command(subcommand)]
+        command: AdminCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AdminCommand {
+    /// Create (if needed) the user with this email and print a new bearer token for it.
+    Token {
+        #[arg(long)]
+        email: String,
+        /// Token lifetime in seconds.
+        #[arg(long, default_value_t = 30 * 24 * 3600)]
+        ttl_s: u64,
+        #[command(flatten)]
+        storage: StorageArgs,
+    },
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct StorageArgs {
+    /// Directory for the embedded database and other local state.
+    #[arg(long, env = "CODEROOM_DATA_DIR", default_value = "./data")]
+    pub data_dir: PathBuf,
+    /// `sqlite://PATH` or `postgres://...`; defaults to SQLite inside the data directory.
+    #[arg(long, env = "CODEROOM_DATABASE_URL")]
+    pub database_url: Option<String>,
+}
+
+impl StorageArgs {
+    pub fn database_url(&self) -> String {
+        match &self.database_url {
+            Some(url) => url.clone(),
+            None => format!("sqlite://{}", self.data_dir.join("coderoom.db").display()),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Address to listen on (port 0 picks a free port).
+    #[arg(long, env = "CODEROOM_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    #[command(flatten)]
+    pub storage: StorageArgs,
+    /// Origin used for links and the WebSocket Origin check.
+    #[arg(long, env = "CODEROOM_PUBLIC_URL")]
+    pub public_url: Option<String>,
+    /// SMTP relay (lettre URL syntax); without it mail goes to DATA_DIR/outbox.
+    #[arg(long, env = "CODEROOM_SMTP_URL")]
+    pub smtp_url: Option<String>,
+    /// Comma-separated system admin emails.
+    #[arg(long, env = "CODEROOM_ADMIN_EMAILS", value_delimiter = ',')]
+    pub admin_emails: Vec<String>,
+    /// Sandbox tier: auto, namespace, microvm or none.
+    #[arg(long, env = "CODEROOM_SANDBOX_TIER", default_value = "auto")]
+    pub sandbox_tier: String,
+    /// VMM for the microvm tier: auto, cloud-hypervisor or qemu.
+    #[arg(long, env = "CODEROOM_VMM", default_value = "auto")]
+    pub vmm: String,
+    #[arg(long, env = "CODEROOM_CLOUD_HYPERVISOR_BIN")]
+    pub cloud_hypervisor_bin: Option<PathBuf>,
+    #[arg(long, env = "CODEROOM_SANDBOX_ROOTFS")]
+    pub sandbox_rootfs: Option<PathBuf>,
+    /// Separate origin that previews are served from.
+    #[arg(long, env = "CODEROOM_PREVIEW_URL")]
+    pub preview_url: Option<String>,
+    /// Comma-separated CIDRs whose X-Forwarded-For is trusted.
+    #[arg(long, env = "CODEROOM_TRUSTED_PROXIES", value_delimiter = ',')]
+    pub trusted_proxies: Vec<String>,
+    #[arg(long, env = "CODEROOM_SECRET_KEY_FILE")]
+    pub secret_key_file: Option<PathBuf>,
+    /// Log format: `text` or `json`.
+    #[arg(long, env = "CODEROOM_LOG_FORMAT", default_value = "text")]
+    pub log_format: String,
+    #[command(flatten)]
+    pub limits: Limits,
+}
+
+/// Bounds on what one client or one room may use. Defaults suit a real deployment; tests lower
+/// them to reach the edges quickly.
+#[derive(Debug, Clone, Args)]
+pub struct Limits {
+    /// Largest WebSocket message accepted (bigger closes with 1009). Fits a large paste.
+    #[arg(long, env = "CODEROOM_MAX_MESSAGE_BYTES", default_value_t = 2 << 20)]
+    pub max_message_bytes: usize,
+    /// Largest stored document (snapshot plus log); updates beyond it are refused with 1008.
+    #[arg(long, env = "CODEROOM_MAX_DOC_BYTES", default_value_t = 64 << 20)]
+    pub max_doc_bytes: usize,
+    /// Largest awareness (presence) state of one client, in bytes of JSON.
+    #[arg(long, env = "CODEROOM_MAX_AWARENESS_ENTRY_BYTES", default_value_t = 4 << 10)]
+    pub max_awareness_entry_bytes: usize,
+    /// Awareness client ids one connection may own (a tab normally has one).
+    #[arg(
+        long,
+        env = "CODEROOM_MAX_AWARENESS_CLIENTS_PER_CONN",
+        default_value_t = 4
+    )]
+    pub max_awareness_clients_per_conn: usize,
+    /// Connections one room accepts at once.
+    #[arg(long, env = "CODEROOM_MAX_CONNECTIONS_PER_ROOM", default_value_t = 256)]
+    pub max_connections_per_room: usize,
+    /// Bytes queued for one connection before it is considered stuck and dropped.
+    #[arg(long, env = "CODEROOM_OUTBOUND_QUEUE_BYTES", default_value_t = 8 << 20)]
+    pub outbound_queue_bytes: usize,
+    /// A room with no connections for this long is flushed and unloaded.
+    #[arg(long, env = "CODEROOM_ROOM_IDLE_MS", default_value_t = 30_000)]
+    pub room_idle_ms: u64,
+    /// Fold the update log into the snapshot after this many logged updates.
+    #[arg(long, env = "CODEROOM_COMPACT_EVERY", default_value_t = 1_000)]
+    pub compact_every: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_message_bytes: 2 << 20,
+            max_doc_bytes: 64 << 20,
+            max_awareness_entry_bytes: 4 << 10,
+            max_awareness_clients_per_conn: 4,
+            max_connections_per_room: 256,
+            outbound_queue_bytes: 8 << 20,
+            room_idle_ms: 30_000,
+            compact_every: 1_000,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limit_defaults_match_flag_defaults() {
+        let cli = Cli::parse_from(["coderoom", "serve"]);
+        let Command::Serve(args) = cli.command else {
+            panic!("expected serve");
+        };
+        let d = Limits::default();
+        assert_eq!(args.limits.max_message_bytes, d.max_message_bytes);
+        assert_eq!(args.limits.max_doc_bytes, d.max_doc_bytes);
+        assert_eq!(args.limits.outbound_queue_bytes, d.outbound_queue_bytes);
+        assert_eq!(args.limits.room_idle_ms, d.room_idle_ms);
+        assert_eq!(args.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(args.storage.database_url(), "sqlite://./data/coderoom.db");
+    }
+}

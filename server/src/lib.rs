@@ -1,0 +1,15 @@
+//! Coderoom room server: HTTP API, y-websocket document sync, durable storage.
+#![forbid(unsafe_code)]
+
+pub mod api;
+pub mod app;
+pub mod auth;
+pub mod config;
+pub mod error;
+pub mod metrics;
+pub mod outbox;
+pub mod protocol;
+pub mod room;
+pub mod rooms;
+pub mod store;
+pub mod ws;

@@ -1,0 +1,58 @@
+#![forbid(unsafe_code)]
+
+use clap::Parser;
+use coderoom_server::config::{AdminCommand, Cli, Command};
+use coderoom_server::store::Store;
+use coderoom_server::{app, auth};
+use tracing_subscriber::EnvFilter;
+
+fn init_logging(json: bool) {
+    let filter = EnvFilter::try_from_env("CODEROOM_LOG")
+        .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,tower_http=info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Serve(args) => {
+            init_logging(args.log_format == "json");
+            app::serve(*args).await
+        }
+        Command::Migrate(storage) => {
+            init_logging(false);
+            let store = Store::connect(&storage.database_url()).await?;
+            store.migrate().await?;
+            tracing::info!(backend = ?store.backend(), "migrations applied");
+            Ok(())
+        }
+        Command::Admin {
+            command:
+                AdminCommand::Token {
+                    email,
+                    ttl_s,
+                    storage,
+                },
+        } => {
+            init_logging(false);
+            if !email.contains('@') || email.len() > 254 || email.chars().any(char::is_control) {
+                anyhow::bail!("not an email address: {email:?}");
+            }
+            let store = Store::connect(&storage.database_url()).await?;
+            store.migrate().await?;
+            let user = auth::ensure_user(&store, &email).await?;
+            let token = auth::issue_token(&store, &user.id, ttl_s).await?;
+            println!("{token}");
+            store.close().await;
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! Prometheus metrics, served as text at `GET /metrics`.
+
+use prometheus_client::encoding::text::encode;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+use std::sync::Arc;
+
+#[derive(Clone)]
+pub struct Metrics {
+    inner: Arc<Inner>,
+}
+
+pub struct Inner {
+    registry: Registry,
+    pub rooms_loaded: Gauge,
+    pub connections: Gauge,
+    pub updates_applied: Counter,
+    pub updates_denied: Counter,
+    pub bytes_persisted: Counter,
+    pub persist_seconds: Histogram,
+    pub compactions: Counter,
+    pub room_panics: Counter,
+    pub connections_dropped_slow: Counter,
+    pub protocol_errors: Counter,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("coderoom");
+        let rooms_loaded = Gauge::default();
+        let connections = Gauge::default();
+        let updates_applied = Counter::default();
+        let updates_denied = Counter::default();
+        let bytes_persisted = Counter::default();
+        // 100 µs .. ~3 s: a batched SQLite fsync is around 1 ms, a busy PostgreSQL more.
+        let persist_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
+        let compactions = Counter::default();
+        let room_panics = Counter::default();
+        let connections_dropped_slow = Counter::default();
+        let protocol_errors = Counter::default();
+        registry.register("rooms_loaded", "Rooms held in memory", rooms_loaded.clone());
+        registry.register(
+            "connections",
+            "Open document WebSocket connections",
+            connections.clone(),
+        );
+        registry.register(
+            "updates_applied",
+            "Document updates applied and logged",
+            updates_applied.clone(),
+        );
+        registry.register(
+            "updates_denied",
+            "Document updates refused for lack of edit",
+            updates_denied.clone(),
+        );
+        registry.register(
+            "bytes_persisted",
+            "Bytes of document updates appended to storage",
+            bytes_persisted.clone(),
+        );
+        registry.register(
+            "persist_seconds",
+            "Latency of one batched update-log append",
+            persist_seconds.clone(),
+        );
+        registry.register(
+            "compactions",
+            "Update-log compactions into a snapshot",
+            compactions.clone(),
+        );
+        registry.register(
+            "room_panics",
+            "Room tasks that panicked and were unloaded",
+            room_panics.clone(),
+        );
+        registry.register(
+            "connections_dropped_slow",
+            "Connections dropped because their outbound queue was full",
+            connections_dropped_slow.clone(),
+        );
+        registry.register(
+            "protocol_errors",
+            "Connections closed for malformed or refused frames",
+            protocol_errors.clone(),
+        );
+        Metrics {
+            inner: Arc::new(Inner {
+                registry,
+                rooms_loaded,
+                connections,
+                updates_applied,
+                updates_denied,
+                bytes_persisted,
+                persist_seconds,
+                compactions,
+                room_panics,
+                connections_dropped_slow,
+                protocol_errors,
+            }),
+        }
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.inner.registry);
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::ops::Deref for Metrics {
+    type Target = Inner;
+    fn deref(&self) -> &Inner {
+        &self.inner
+    }
+}

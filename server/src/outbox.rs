@@ -1,0 +1,243 @@
+//! The bounded queue between a room and one connection's socket writer.
+//!
+//! Bounded by message count and by queued bytes. A push that would exceed a bound fails, and the
+//! room then kills the connection: a client that stops reading is disconnected, it never grows
+//! server memory.
+//!
+//! Bytes are counted in two classes. Broadcasts (other peers' edits and presence) get the
+//! configured budget. Replies to the client's own requests (the sync step 2 that carries the
+//! whole document to a joiner) get their own budget of one full document plus the broadcast
+//! budget, so a joiner of a large, busy room is not cut off while it downloads the document,
+//! and a client that keeps asking without reading is still bounded.
+
+use bytes::Bytes;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+/// Messages queued for one connection, whatever their size.
+const QUEUE_MESSAGES: usize = 4096;
+
+/// WebSocket close codes the server uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CloseCode {
+    /// 1001: the server is going away.
+    Away,
+    /// 1003: a text frame on a binary protocol.
+    Unsupported,
+    /// 1008: malformed or refused input.
+    Policy,
+    /// 1009: a message over the size cap.
+    TooBig,
+    /// 1011: the room failed; reconnecting reloads it.
+    Internal,
+    /// 1013: the room is full; try later.
+    TryAgain,
+}
+
+impl CloseCode {
+    pub fn code(self) -> u16 {
+        match self {
+            CloseCode::Away => 1001,
+            CloseCode::Unsupported => 1003,
+            CloseCode::Policy => 1008,
+            CloseCode::TooBig => 1009,
+            CloseCode::Internal => 1011,
+            CloseCode::TryAgain => 1013,
+        }
+    }
+}
+
+#[derive(Debug)]
+pub enum Outbound {
+    Frame(Class, Bytes),
+    Close(CloseCode, &'static str),
+}
+
+/// Which byte budget a frame counts against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Class {
+    /// Answers to this client's own requests.
+    Reply,
+    /// Everyone else's traffic.
+    Broadcast,
+}
+
+struct Budget {
+    used: AtomicUsize,
+    limit: usize,
+}
+
+impl Budget {
+    fn take(&self, len: usize) -> bool {
+        let before = self.used.fetch_add(len, Ordering::AcqRel);
+        if before + len > self.limit {
+            self.used.fetch_sub(len, Ordering::AcqRel);
+            return false;
+        }
+        true
+    }
+
+    fn give(&self, len: usize) {
+        self.used.fetch_sub(len, Ordering::AcqRel);
+    }
+}
+
+struct Budgets {
+    reply: Budget,
+    broadcast: Budget,
+}
+
+impl Budgets {
+    fn of(&self, class: Class) -> &Budget {
+        match class {
+            Class::Reply => &self.reply,
+            Class::Broadcast => &self.broadcast,
+        }
+    }
+}
+
+/// The queue was full: the connection is not keeping up.
+#[derive(Debug)]
+pub struct Stuck;
+
+#[derive(Clone)]
+pub struct Outbox {
+    tx: mpsc::Sender<Outbound>,
+    budgets: Arc<Budgets>,
+    kill: CancellationToken,
+}
+
+pub struct OutboxRx {
+    rx: mpsc::Receiver<Outbound>,
+    budgets: Arc<Budgets>,
+    kill: CancellationToken,
+}
+
+impl Outbox {
+    /// `broadcast_bytes`: the configured per-connection budget; `max_doc_bytes`: the largest
+    /// document a reply can carry.
+    pub fn new(broadcast_bytes: usize, max_doc_bytes: usize) -> (Outbox, OutboxRx) {
+        let (tx, rx) = mpsc::channel(QUEUE_MESSAGES);
+        let budgets = Arc::new(Budgets {
+            reply: Budget {
+                used: AtomicUsize::new(0),
+                // A sync step 2 is the whole document plus a little framing.
+                limit: max_doc_bytes.saturating_add(broadcast_bytes),
+            },
+            broadcast: Budget {
+                used: AtomicUsize::new(0),
+                limit: broadcast_bytes,
+            },
+        });
+        let kill = CancellationToken::new();
+        (
+            Outbox {
+                tx,
+                budgets: budgets.clone(),
+                kill: kill.clone(),
+            },
+            OutboxRx { rx, budgets, kill },
+        )
+    }
+
+    /// Queues a message without waiting.
+    pub fn push(&self, msg: Outbound) -> Result<(), Stuck> {
+        let charge = match &msg {
+            Outbound::Frame(class, b) => Some((*class, b.len())),
+            Outbound::Close(..) => None,
+        };
+        if let Some((class, len)) = charge {
+            if !self.budgets.of(class).take(len) {
+                return Err(Stuck);
+            }
+        }
+        self.tx.try_send(msg).map_err(|_| {
+            if let Some((class, len)) = charge {
+                self.budgets.of(class).give(len);
+            }
+            Stuck
+        })
+    }
+
+    /// Asks the writer to send a close frame after what is queued; kills the connection when
+    /// even that cannot be queued.
+    pub fn close(&self, code: CloseCode, reason: &'static str) {
+        if self.tx.try_send(Outbound::Close(code, reason)).is_err() {
+            self.kill();
+        }
+    }
+
+    /// Drops the connection at once, discarding what is queued.
+    pub fn kill(&self) {
+        self.kill.cancel();
+    }
+
+    pub fn killed(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
+        self.kill.cancelled()
+    }
+}
+
+impl OutboxRx {
+    /// The next message to write; `None` once the connection was killed or every sender is gone
+    /// (the room unloaded or failed).
+    pub async fn recv(&mut self) -> Option<Outbound> {
+        tokio::select! {
+            biased;
+            () = self.kill.cancelled() => None,
+            msg = self.rx.recv() => {
+                if let Some(Outbound::Frame(class, b)) = &msg {
+                    self.budgets.of(*class).give(b.len());
+                }
+                msg
+            }
+        }
+    }
+
+    pub fn is_killed(&self) -> bool {
+        self.kill.is_cancelled()
+    }
+
+    pub fn kill_token(&self) -> CancellationToken {
+        self.kill.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(class: Class, n: usize) -> Outbound {
+        Outbound::Frame(class, Bytes::from(vec![0; n]))
+    }
+
+    #[tokio::test]
+    async fn budgets_refuse_and_recover() {
+        let (out, mut rx) = Outbox::new(100, 1000);
+        out.push(frame(Class::Broadcast, 60)).unwrap();
+        assert!(out.push(frame(Class::Broadcast, 60)).is_err());
+        // A whole-document reply fits its own budget while broadcasts are queued.
+        out.push(frame(Class::Reply, 1000)).unwrap();
+        assert!(out.push(frame(Class::Reply, 200)).is_err());
+        assert!(matches!(
+            rx.recv().await,
+            Some(Outbound::Frame(Class::Broadcast, _))
+        ));
+        out.push(frame(Class::Broadcast, 100)).unwrap();
+        assert!(matches!(
+            rx.recv().await,
+            Some(Outbound::Frame(Class::Reply, _))
+        ));
+        out.push(frame(Class::Reply, 1000)).unwrap();
+    }
+
+    #[tokio::test]
+    async fn kill_ends_the_writer() {
+        let (out, mut rx) = Outbox::new(100, 100);
+        out.push(frame(Class::Broadcast, 1)).unwrap();
+        out.kill();
+        assert!(rx.recv().await.is_none());
+        assert!(rx.is_killed());
+    }
+}

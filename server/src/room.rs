@@ -1,0 +1,572 @@
+//! One task per loaded room. It owns the `yrs::Doc`, the presence table and the subscribers;
+//! connections talk to it only through its bounded command channel.
+//!
+//! Durability rule: an update is appended to the database before any peer is sent anything that
+//! depends on it. The task drains every command that is waiting, applies them, appends all the
+//! resulting updates in one transaction, and only then releases the replies and broadcasts the
+//! batch produced (group commit: under load one fsync covers many keystrokes).
+
+use crate::config::Limits;
+use crate::metrics::Metrics;
+use crate::outbox::{Class, CloseCode, Outbound, Outbox};
+use crate::protocol::Inbound;
+use crate::store::{Store, StoreError};
+use bytes::Bytes;
+use std::collections::{HashMap, HashSet};
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use yrs::sync::awareness::AwarenessUpdateEntry;
+use yrs::sync::protocol::{Message, SyncMessage};
+use yrs::sync::AwarenessUpdate;
+use yrs::updates::decoder::Decode;
+use yrs::updates::encoder::Encode;
+use yrs::{ClientID, Doc, ReadTxn, StateVector, Transact, Update};
+
+/// Commands waiting for a room; senders wait (backpressure) when it is full.
+pub const ROOM_QUEUE: usize = 1024;
+/// Commands handled before the batch is committed, so one huge burst still commits regularly.
+const MAX_BATCH_COMMANDS: usize = 512;
+/// Attempts to append a batch before the room gives up and restarts from storage.
+const PERSIST_ATTEMPTS: u32 = 3;
+
+pub type ConnId = u64;
+
+pub enum RoomCmd {
+    Join {
+        conn: ConnId,
+        user_id: String,
+        can_edit: bool,
+        out: Outbox,
+        reply: oneshot::Sender<Result<(), JoinError>>,
+    },
+    Inbound {
+        conn: ConnId,
+        messages: Vec<Inbound>,
+    },
+    Leave {
+        conn: ConnId,
+    },
+    /// Test hook: makes the room task panic, as a bug in it would.
+    #[cfg(test)]
+    Panic,
+}
+
+#[derive(Debug, thiserror::Error, Clone, Copy, PartialEq, Eq)]
+pub enum JoinError {
+    #[error("room is full")]
+    Full,
+}
+
+/// What a room needs from the rest of the server.
+#[derive(Clone)]
+pub struct RoomDeps {
+    pub store: Store,
+    pub metrics: Metrics,
+    pub limits: Arc<Limits>,
+    pub shutdown: CancellationToken,
+}
+
+struct Conn {
+    can_edit: bool,
+    out: Outbox,
+    awareness_ids: HashSet<ClientID>,
+}
+
+struct Presence {
+    clock: u32,
+    json: Option<Arc<str>>,
+    owner: ConnId,
+}
+
+enum Target {
+    One(ConnId),
+    All,
+    AllBut(ConnId),
+}
+
+/// Why the room task ended.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Exit {
+    Idle,
+    Shutdown,
+    Failed,
+}
+
+pub struct Room {
+    id: String,
+    deps: RoomDeps,
+    doc: Doc,
+    /// Updates produced by the doc's transactions, waiting to be logged.
+    produced: Arc<Mutex<Vec<Vec<u8>>>>,
+    conns: HashMap<ConnId, Conn>,
+    presence: HashMap<ClientID, Presence>,
+    next_seq: i64,
+    logged_since_snapshot: u64,
+    /// Snapshot plus logged updates, the figure the document size cap applies to.
+    stored_bytes: usize,
+    /// Updates produced this batch: (seq, bytes, origin connection).
+    batch: Vec<(i64, Bytes, ConnId)>,
+    replies: Vec<(Target, Bytes)>,
+    closing: Vec<(ConnId, CloseCode, &'static str)>,
+}
+
+impl Room {
+    /// Loads the room's document from storage.
+    pub async fn load(id: String, deps: RoomDeps) -> Result<Room, StoreError> {
+        let stored = deps.store.load_doc(&id).await?;
+        let doc = Doc::new();
+        let mut stored_bytes = 0;
+        {
+            let mut txn = doc.transact_mut();
+            let parts = stored
+                .snapshot
+                .iter()
+                .map(Vec::as_slice)
+                .chain(stored.updates.iter().map(|(_, d)| d.as_slice()));
+            for data in parts {
+                stored_bytes += data.len();
+                match Update::decode_v1(data) {
+                    Ok(update) => {
+                        if let Err(e) = txn.apply_update(update) {
+                            tracing::error!(room = %id, error = %e, "stored update does not apply");
+                        }
+                    }
+                    Err(e) => tracing::error!(room = %id, error = %e, "stored update is corrupt"),
+                }
+            }
+        }
+        let next_seq = stored
+            .updates
+            .last()
+            .map_or(stored.snapshot_seq, |(seq, _)| *seq)
+            + 1;
+        let produced: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
+        let sink = produced.clone();
+        doc.observe_update_v1("log", move |_, event| {
+            if let Ok(mut v) = sink.lock() {
+                v.push(event.update.clone());
+            }
+        })
+        .map_err(|_| StoreError::Db(sqlx::Error::Protocol("document busy".into())))?;
+        Ok(Room {
+            id,
+            deps,
+            doc,
+            produced,
+            conns: HashMap::new(),
+            presence: HashMap::new(),
+            next_seq,
+            logged_since_snapshot: stored.updates.len() as u64,
+            stored_bytes,
+            batch: Vec::new(),
+            replies: Vec::new(),
+            closing: Vec::new(),
+        })
+    }
+
+    /// The room's main loop. Returns when the room is idle long enough, at shutdown, or when
+    /// storage keeps failing.
+    ///
+    /// `release` is called when the room has been idle for the configured delay and its log is
+    /// compacted: it unregisters the room if no command is waiting, and returns whether it did.
+    pub async fn run(
+        mut self,
+        rx: &mut mpsc::Receiver<RoomCmd>,
+        release: &(dyn Fn(&mpsc::Receiver<RoomCmd>) -> bool + Send + Sync),
+    ) -> Exit {
+        let idle = Duration::from_millis(self.deps.limits.room_idle_ms);
+        let mut idle_since = Some(tokio::time::Instant::now());
+        loop {
+            let first = tokio::select! {
+                cmd = rx.recv() => cmd,
+                () = sleep_until_idle(idle_since, idle) => {
+                    if self.logged_since_snapshot > 0 {
+                        self.compact().await;
+                    }
+                    if release(rx) {
+                        return self.finish(Exit::Idle).await;
+                    }
+                    idle_since = Some(tokio::time::Instant::now());
+                    continue;
+                }
+                () = self.deps.shutdown.cancelled() => {
+                    return self.finish(Exit::Shutdown).await;
+                }
+            };
+            let Some(first) = first else {
+                return self.finish(Exit::Shutdown).await;
+            };
+            self.handle(first);
+            let mut handled = 1;
+            while handled < MAX_BATCH_COMMANDS {
+                match rx.try_recv() {
+                    Ok(cmd) => self.handle(cmd),
+                    Err(_) => break,
+                }
+                handled += 1;
+            }
+            if !self.commit().await {
+                return self.finish(Exit::Failed).await;
+            }
+            idle_since = self.conns.is_empty().then(tokio::time::Instant::now);
+            if self.logged_since_snapshot >= self.deps.limits.compact_every {
+                self.compact().await;
+            }
+        }
+    }
+
+    fn handle(&mut self, cmd: RoomCmd) {
+        match cmd {
+            RoomCmd::Join {
+                conn,
+                user_id,
+                can_edit,
+                out,
+                reply,
+            } => {
+                if self.conns.len() >= self.deps.limits.max_connections_per_room {
+                    let _ = reply.send(Err(JoinError::Full));
+                    return;
+                }
+                tracing::debug!(room = %self.id, conn, user = %user_id, "joined");
+                self.conns.insert(
+                    conn,
+                    Conn {
+                        can_edit,
+                        out,
+                        awareness_ids: HashSet::new(),
+                    },
+                );
+                self.deps.metrics.connections.inc();
+                let _ = reply.send(Ok(()));
+                // Like the reference server: our state vector first, so the client sends what we
+                // lack, then everyone's presence.
+                let sv = self.doc.transact().state_vector();
+                self.reply(Target::One(conn), Message::Sync(SyncMessage::SyncStep1(sv)));
+                if let Some(update) = self.presence_update(None) {
+                    self.reply(Target::One(conn), Message::Awareness(update));
+                }
+            }
+            RoomCmd::Inbound { conn, messages } => {
+                for message in messages {
+                    if !self.conns.contains_key(&conn) {
+                        break;
+                    }
+                    self.inbound(conn, message);
+                }
+            }
+            RoomCmd::Leave { conn } => self.leave(conn),
+            #[cfg(test)]
+            RoomCmd::Panic => panic!("room panic requested by test"),
+        }
+    }
+
+    fn inbound(&mut self, conn: ConnId, message: Inbound) {
+        match message {
+            Inbound::SyncStep1(sv) => {
+                let diff = self.doc.transact().encode_state_as_update_v1(&sv);
+                self.reply(
+                    Target::One(conn),
+                    Message::Sync(SyncMessage::SyncStep2(diff)),
+                );
+            }
+            Inbound::Update { update, len } => self.apply(conn, update, len),
+            Inbound::Awareness(update) => self.awareness(conn, update),
+            Inbound::AwarenessQuery => {
+                if let Some(update) = self.presence_update(None) {
+                    self.reply(Target::One(conn), Message::Awareness(update));
+                }
+            }
+        }
+    }
+
+    fn apply(&mut self, conn: ConnId, update: Update, len: usize) {
+        let can_edit = self.conns.get(&conn).is_some_and(|c| c.can_edit);
+        if !can_edit {
+            // Refused, not fatal: the connection keeps receiving, the document is untouched.
+            self.deps.metrics.updates_denied.inc();
+            tracing::info!(room = %self.id, conn, "update refused: no edit capability");
+            return;
+        }
+        if self.stored_bytes.saturating_add(len) > self.deps.limits.max_doc_bytes {
+            self.close(conn, CloseCode::Policy, "document size limit reached");
+            return;
+        }
+        let applied = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            self.doc.transact_mut().apply_update(update)
+        }));
+        match applied {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(room = %self.id, conn, error = %e, "update does not apply");
+                self.close(conn, CloseCode::Policy, "malformed update");
+            }
+            Err(_) => {
+                // The document may be half-changed: nothing from this update has been logged,
+                // so restart the room from storage (resume_unwind lets the supervisor see it).
+                tracing::error!(room = %self.id, conn, "applying an update panicked");
+                self.drain_produced();
+                std::panic::resume_unwind(Box::new("update application panicked"));
+            }
+        }
+        for update in self.drain_produced() {
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            self.stored_bytes += update.len();
+            self.batch.push((seq, Bytes::from(update), conn));
+        }
+    }
+
+    fn drain_produced(&mut self) -> Vec<Vec<u8>> {
+        match self.produced.lock() {
+            Ok(mut v) => std::mem::take(&mut *v),
+            Err(poisoned) => std::mem::take(&mut *poisoned.into_inner()),
+        }
+    }
+
+    fn awareness(&mut self, conn: ConnId, update: AwarenessUpdate) {
+        let max_ids = self.deps.limits.max_awareness_clients_per_conn;
+        let mut accepted = HashMap::new();
+        for (client, entry) in update.clients {
+            let owner = self.presence.get(&client).map(|p| p.owner);
+            if owner.is_some_and(|o| o != conn) {
+                self.close(
+                    conn,
+                    CloseCode::Policy,
+                    "awareness client id owned by another connection",
+                );
+                return;
+            }
+            let Some(c) = self.conns.get_mut(&conn) else {
+                return;
+            };
+            if !c.awareness_ids.contains(&client) {
+                if c.awareness_ids.len() >= max_ids {
+                    self.close(conn, CloseCode::Policy, "too many awareness states");
+                    return;
+                }
+                c.awareness_ids.insert(client);
+            }
+            let json = (entry.json.as_ref() != "null").then(|| entry.json.clone());
+            let current = self.presence.get(&client);
+            let newer = match current {
+                None => true,
+                Some(p) => {
+                    p.clock < entry.clock
+                        || (p.clock == entry.clock && json.is_none() && p.json.is_some())
+                }
+            };
+            if newer {
+                self.presence.insert(
+                    client,
+                    Presence {
+                        clock: entry.clock,
+                        json,
+                        owner: conn,
+                    },
+                );
+                accepted.insert(client, entry);
+            }
+        }
+        if !accepted.is_empty() {
+            // To everyone, sender included: y-websocket clients treat any message as a
+            // keep-alive, and their own presence echo is harmless.
+            self.reply(
+                Target::All,
+                Message::Awareness(AwarenessUpdate { clients: accepted }),
+            );
+        }
+    }
+
+    /// The current presence states (all, or those of one connection), `None` when empty.
+    fn presence_update(&self, of: Option<ConnId>) -> Option<AwarenessUpdate> {
+        let clients: HashMap<_, _> = self
+            .presence
+            .iter()
+            .filter(|(_, p)| of.is_none_or(|c| p.owner == c))
+            .filter(|(_, p)| of.is_some() || p.json.is_some())
+            .map(|(id, p)| {
+                let json = p.json.clone().unwrap_or_else(|| "null".into());
+                (
+                    *id,
+                    AwarenessUpdateEntry {
+                        clock: p.clock,
+                        json,
+                    },
+                )
+            })
+            .collect();
+        (!clients.is_empty()).then_some(AwarenessUpdate { clients })
+    }
+
+    fn leave(&mut self, conn: ConnId) {
+        let Some(c) = self.conns.remove(&conn) else {
+            return;
+        };
+        self.deps.metrics.connections.dec();
+        let mut gone = HashMap::new();
+        for client in c.awareness_ids {
+            if let Some(p) = self.presence.remove(&client) {
+                if p.json.is_some() {
+                    gone.insert(
+                        client,
+                        AwarenessUpdateEntry {
+                            clock: p.clock + 1,
+                            json: "null".into(),
+                        },
+                    );
+                }
+            }
+        }
+        if !gone.is_empty() {
+            self.reply(
+                Target::All,
+                Message::Awareness(AwarenessUpdate { clients: gone }),
+            );
+        }
+    }
+
+    fn reply(&mut self, target: Target, message: Message) {
+        self.replies
+            .push((target, Bytes::from(message.encode_v1())));
+    }
+
+    fn close(&mut self, conn: ConnId, code: CloseCode, reason: &'static str) {
+        self.deps.metrics.protocol_errors.inc();
+        self.closing.push((conn, code, reason));
+    }
+
+    /// Appends the batch, then releases replies and broadcasts. Returns false when storage
+    /// failed for good; nothing of the failed batch was sent to anyone.
+    async fn commit(&mut self) -> bool {
+        if !self.batch.is_empty() {
+            let started = Instant::now();
+            let rows: Vec<(i64, &[u8])> = self
+                .batch
+                .iter()
+                .map(|(seq, b, _)| (*seq, b.as_ref()))
+                .collect();
+            let mut attempt = 0;
+            loop {
+                attempt += 1;
+                match self.deps.store.append_updates(&self.id, &rows).await {
+                    Ok(()) => break,
+                    Err(e) if attempt < PERSIST_ATTEMPTS => {
+                        tracing::warn!(room = %self.id, error = %e, attempt, "update log append failed, retrying");
+                        tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt))).await;
+                    }
+                    Err(e) => {
+                        tracing::error!(room = %self.id, error = %e, "update log append failed; restarting room");
+                        return false;
+                    }
+                }
+            }
+            let m = &self.deps.metrics;
+            m.persist_seconds.observe(started.elapsed().as_secs_f64());
+            m.updates_applied.inc_by(self.batch.len() as u64);
+            m.bytes_persisted
+                .inc_by(self.batch.iter().map(|(_, b, _)| b.len() as u64).sum());
+            self.logged_since_snapshot += self.batch.len() as u64;
+        }
+        // Replies first (they answer what a client asked), then the updates in log order.
+        let batch = std::mem::take(&mut self.batch);
+        let replies = std::mem::take(&mut self.replies);
+        for (target, bytes) in replies {
+            self.send(&target, &bytes);
+        }
+        for (_, update, origin) in batch {
+            let frame =
+                Bytes::from(Message::Sync(SyncMessage::Update(update.to_vec())).encode_v1());
+            self.send(&Target::AllBut(origin), &frame);
+        }
+        for (conn, code, reason) in std::mem::take(&mut self.closing) {
+            if let Some(c) = self.conns.get(&conn) {
+                c.out.close(code, reason);
+            }
+            self.leave(conn);
+        }
+        // Presence removals produced by those departures.
+        for (target, bytes) in std::mem::take(&mut self.replies) {
+            self.send(&target, &bytes);
+        }
+        true
+    }
+
+    fn send(&mut self, target: &Target, frame: &Bytes) {
+        let class = match target {
+            Target::One(_) => Class::Reply,
+            Target::All | Target::AllBut(_) => Class::Broadcast,
+        };
+        let mut stuck = Vec::new();
+        let mut deliver = |id: ConnId, c: &Conn| {
+            if c.out.push(Outbound::Frame(class, frame.clone())).is_err() {
+                stuck.push(id);
+            }
+        };
+        match target {
+            Target::One(id) => {
+                if let Some(c) = self.conns.get(id) {
+                    deliver(*id, c);
+                }
+            }
+            Target::All => self.conns.iter().for_each(|(id, c)| deliver(*id, c)),
+            Target::AllBut(origin) => self
+                .conns
+                .iter()
+                .filter(|(id, _)| *id != origin)
+                .for_each(|(id, c)| deliver(*id, c)),
+        }
+        for id in stuck {
+            // A client that stops reading is cut off; it never grows our memory.
+            tracing::info!(room = %self.id, conn = id, "dropping connection: outbound queue full");
+            self.deps.metrics.connections_dropped_slow.inc();
+            if let Some(c) = self.conns.get(&id) {
+                c.out.kill();
+            }
+            self.leave(id);
+        }
+    }
+
+    /// Folds the update log into one snapshot.
+    async fn compact(&mut self) {
+        let upto = self.next_seq - 1;
+        let snapshot = self
+            .doc
+            .transact()
+            .encode_state_as_update_v1(&StateVector::default());
+        match self.deps.store.compact(&self.id, upto, &snapshot).await {
+            Ok(()) => {
+                self.deps.metrics.compactions.inc();
+                self.logged_since_snapshot = 0;
+                self.stored_bytes = snapshot.len();
+            }
+            Err(e) => tracing::warn!(room = %self.id, error = %e, "compaction failed; log kept"),
+        }
+    }
+
+    async fn finish(mut self, exit: Exit) -> Exit {
+        if exit == Exit::Shutdown && self.logged_since_snapshot > 0 {
+            self.compact().await;
+        }
+        let (code, reason) = match exit {
+            Exit::Shutdown => (CloseCode::Away, "server shutting down"),
+            Exit::Idle | Exit::Failed => (CloseCode::Internal, "room unavailable, reconnect"),
+        };
+        for c in self.conns.values() {
+            c.out.close(code, reason);
+        }
+        let n = self.conns.len() as i64;
+        self.deps.metrics.connections.dec_by(n);
+        exit
+    }
+}
+
+async fn sleep_until_idle(since: Option<tokio::time::Instant>, idle: Duration) {
+    match since {
+        Some(t) => tokio::time::sleep_until(t + idle).await,
+        None => std::future::pending().await,
+    }
+}

@@ -1,0 +1,251 @@
+//! The registry of loaded rooms: finds a room's task or starts it, and forgets it when it
+//! unloads, fails or panics. A panic in one room ends that room's task only; the next join
+//! reloads it from storage.
+
+use crate::room::{Room, RoomCmd, RoomDeps, ROOM_QUEUE};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use tokio::sync::mpsc;
+use tokio_util::task::TaskTracker;
+
+#[derive(Clone)]
+pub struct Rooms {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    map: Mutex<HashMap<String, Entry>>,
+    deps: RoomDeps,
+    tracker: TaskTracker,
+    generation: AtomicU64,
+}
+
+struct Entry {
+    tx: mpsc::Sender<RoomCmd>,
+    generation: u64,
+}
+
+/// Counts a loaded room for as long as its task lives, panics included.
+struct LoadedGuard(crate::metrics::Metrics);
+
+impl Drop for LoadedGuard {
+    fn drop(&mut self) {
+        self.0.rooms_loaded.dec();
+    }
+}
+
+impl Rooms {
+    pub fn new(deps: RoomDeps, tracker: TaskTracker) -> Self {
+        Rooms {
+            inner: Arc::new(Inner {
+                map: Mutex::default(),
+                deps,
+                tracker,
+                generation: AtomicU64::new(1),
+            }),
+        }
+    }
+
+    fn map(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
+        // The map is only touched in short critical sections that cannot panic half-way.
+        self.inner.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The command channel of the room's task, starting the task when the room is not loaded.
+    pub fn handle(&self, room_id: &str) -> mpsc::Sender<RoomCmd> {
+        let mut map = self.map();
+        if let Some(entry) = map.get(room_id) {
+            if !entry.tx.is_closed() {
+                return entry.tx.clone();
+            }
+        }
+        let (tx, rx) = mpsc::channel(ROOM_QUEUE);
+        let generation = self.inner.generation.fetch_add(1, Ordering::Relaxed);
+        map.insert(
+            room_id.to_owned(),
+            Entry {
+                tx: tx.clone(),
+                generation,
+            },
+        );
+        drop(map);
+        let rooms = self.clone();
+        let id = room_id.to_owned();
+        let task = tokio::spawn(rooms.clone().room_main(id.clone(), generation, rx));
+        self.inner.tracker.spawn(async move {
+            if let Err(e) = task.await {
+                if e.is_panic() {
+                    tracing::error!(room = %id, "room task panicked; it reloads from storage on the next join");
+                    rooms.inner.deps.metrics.room_panics.inc();
+                }
+                rooms.forget(&id, generation);
+            }
+        });
+        tx
+    }
+
+    async fn room_main(self, id: String, generation: u64, mut rx: mpsc::Receiver<RoomCmd>) {
+        let deps = self.inner.deps.clone();
+        deps.metrics.rooms_loaded.inc();
+        let _loaded = LoadedGuard(deps.metrics.clone());
+        let room = match Room::load(id.clone(), deps).await {
+            Ok(room) => room,
+            Err(e) => {
+                tracing::error!(room = %id, error = %e, "cannot load room");
+                self.forget(&id, generation);
+                return;
+            }
+        };
+        tracing::debug!(room = %id, "room loaded");
+        let release = |rx: &mpsc::Receiver<RoomCmd>| {
+            let mut map = self.map();
+            // Checked under the registry lock: no one can pick up this room's channel between
+            // the emptiness check and the removal.
+            if !rx.is_empty() {
+                return false;
+            }
+            if map.get(&id).is_some_and(|e| e.generation == generation) {
+                map.remove(&id);
+            }
+            true
+        };
+        let exit = room.run(&mut rx, &release).await;
+        tracing::debug!(room = %id, ?exit, "room unloaded");
+        self.forget(&id, generation);
+    }
+
+    fn forget(&self, room_id: &str, generation: u64) {
+        let mut map = self.map();
+        if map.get(room_id).is_some_and(|e| e.generation == generation) {
+            map.remove(room_id);
+        }
+    }
+
+    /// Number of rooms currently registered.
+    pub fn loaded(&self) -> usize {
+        self.map().len()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::config::Limits;
+    use crate::metrics::Metrics;
+    use crate::outbox::{Outbound, Outbox};
+    use crate::protocol::Inbound;
+    use crate::room::RoomCmd;
+    use crate::store::Store;
+    use tokio::sync::oneshot;
+    use tokio_util::sync::CancellationToken;
+    use yrs::updates::decoder::Decode;
+    use yrs::{Doc, Text, Transact, Update};
+
+    async fn rooms() -> (Rooms, Store, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("t.db").display());
+        let store = Store::connect(&url).await.unwrap();
+        store.migrate().await.unwrap();
+        store.upsert_user("u", "u@example.com").await.unwrap();
+        for id in ["a", "b"] {
+            store.create_room(id, id, "u").await.unwrap();
+        }
+        let deps = RoomDeps {
+            store: store.clone(),
+            metrics: Metrics::new(),
+            limits: Arc::new(Limits::default()),
+            shutdown: CancellationToken::new(),
+        };
+        (Rooms::new(deps, TaskTracker::new()), store, dir)
+    }
+
+    async fn join(
+        rooms: &Rooms,
+        room: &str,
+        conn: u64,
+    ) -> (mpsc::Sender<RoomCmd>, crate::outbox::OutboxRx) {
+        let (out, rx) = Outbox::new(1 << 20, 1 << 20);
+        let tx = rooms.handle(room);
+        let (reply, answer) = oneshot::channel();
+        tx.send(RoomCmd::Join {
+            conn,
+            user_id: "u".into(),
+            can_edit: true,
+            out,
+            reply,
+        })
+        .await
+        .unwrap();
+        answer.await.unwrap().unwrap();
+        (tx, rx)
+    }
+
+    fn edit(text: &str) -> Vec<Inbound> {
+        let doc = Doc::new();
+        let t = doc.get_or_insert_text("f");
+        let mut txn = doc.transact_mut();
+        t.push(&mut txn, text);
+        let bytes = txn.encode_update_v1();
+        vec![Inbound::Update {
+            update: Update::decode_v1(&bytes).unwrap(),
+            len: bytes.len(),
+        }]
+    }
+
+    async fn wait_logged(store: &Store, room: &str) {
+        for _ in 0..200 {
+            if !store.load_doc(room).await.unwrap().updates.is_empty() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        panic!("room {room} logged nothing");
+    }
+
+    #[tokio::test]
+    async fn a_panicking_room_takes_down_nothing_else() {
+        let (rooms, store, _dir) = rooms().await;
+        let (a, mut a_rx) = join(&rooms, "a", 1).await;
+        let (b, _b_rx) = join(&rooms, "b", 2).await;
+        a.send(RoomCmd::Inbound {
+            conn: 1,
+            messages: edit("kept"),
+        })
+        .await
+        .unwrap();
+        wait_logged(&store, "a").await;
+        a.send(RoomCmd::Panic).await.unwrap();
+        // The panicking room's connections see their room go away...
+        loop {
+            if a_rx.recv().await.is_none() {
+                break;
+            }
+        }
+        a.closed().await;
+        // ...while the other room keeps taking edits and logging them.
+        b.send(RoomCmd::Inbound {
+            conn: 2,
+            messages: edit("b"),
+        })
+        .await
+        .unwrap();
+        wait_logged(&store, "b").await;
+        assert_eq!(store.load_doc("b").await.unwrap().updates.len(), 1);
+        // The panicked room reloads from storage on the next join, with what was logged.
+        let (_a2, mut rx2) = join(&rooms, "a", 3).await;
+        let stored = store.load_doc("a").await.unwrap();
+        assert_eq!(
+            stored.updates.len(),
+            1,
+            "the edit before the panic was logged"
+        );
+        match rx2.recv().await {
+            Some(Outbound::Frame(..)) => {}
+            other => panic!("reloaded room did not greet the joiner: {other:?}"),
+        }
+        assert_eq!(rooms.inner.deps.metrics.room_panics.get(), 1);
+    }
+}

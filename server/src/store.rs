@@ -1,0 +1,411 @@
+//! Durable state behind one sqlx `Any` pool, for SQLite (embedded default) and PostgreSQL.
+//!
+//! Queries use `$N` placeholders, which both backends accept, so one code path serves both and
+//! the same test suite runs against each. Times are Unix milliseconds.
+
+use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
+use sqlx::migrate::Migrator;
+use sqlx::{AnyPool, Executor, Row};
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/sqlite");
+static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/postgres");
+
+/// How long a pool waits for a free connection before the request fails (and `/healthz` says so).
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Which database a URL points at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database URL must start with sqlite:// or postgres://")]
+    UnsupportedUrl,
+    #[error("database error")]
+    Db(#[from] sqlx::Error),
+    #[error("migration failed")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("cannot create the database directory")]
+    Io(#[from] std::io::Error),
+}
+
+/// A room's stored document: the snapshot (if any) and the log entries after it, in order.
+#[derive(Debug, Default)]
+pub struct StoredDoc {
+    pub snapshot: Option<Vec<u8>>,
+    pub snapshot_seq: i64,
+    pub updates: Vec<(i64, Vec<u8>)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoomRow {
+    pub id: String,
+    pub name: String,
+    pub created_at: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParticipantRow {
+    pub user_id: String,
+    pub email: String,
+    pub role: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UserRow {
+    pub id: String,
+    pub email: String,
+}
+
+#[derive(Clone, Debug)]
+pub struct Store {
+    pool: AnyPool,
+    backend: Backend,
+}
+
+pub fn now_ms() -> i64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    i64::try_from(now.as_millis()).unwrap_or(i64::MAX)
+}
+
+impl Store {
+    /// Connects (creating the SQLite file and its directory when needed). Does not migrate.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        sqlx::any::install_default_drivers();
+        let backend = if url.starts_with("sqlite:") {
+            Backend::Sqlite
+        } else if url.starts_with("postgres:") || url.starts_with("postgresql:") {
+            Backend::Postgres
+        } else {
+            return Err(StoreError::UnsupportedUrl);
+        };
+        let url = match backend {
+            Backend::Sqlite => {
+                if let Some(parent) = sqlite_path(url).and_then(|p| p.parent().map(Path::to_owned))
+                {
+                    if !parent.as_os_str().is_empty() {
+                        std::fs::create_dir_all(parent)?;
+                    }
+                }
+                if url.contains('?') {
+                    url.to_owned()
+                } else {
+                    format!("{url}?mode=rwc")
+                }
+            }
+            Backend::Postgres => url.to_owned(),
+        };
+        let options = AnyConnectOptions::from_str(&url)?;
+        let pool = AnyPoolOptions::new()
+            .max_connections(match backend {
+                // SQLite serialises writers anyway; a few readers beside the writer suffice.
+                Backend::Sqlite => 4,
+                Backend::Postgres => 16,
+            })
+            .acquire_timeout(ACQUIRE_TIMEOUT)
+            .after_connect(move |conn, _meta| {
+                Box::pin(async move {
+                    if backend == Backend::Sqlite {
+                        // WAL: readers never block the writer. synchronous=FULL: a committed
+                        // batch survives power loss too, and batching keeps the fsync count low.
+                        conn.execute(
+                            "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; \
+                             PRAGMA foreign_keys=ON; PRAGMA busy_timeout=5000;",
+                        )
+                        .await?;
+                    }
+                    Ok(())
+                })
+            })
+            .connect_with(options)
+            .await?;
+        Ok(Store { pool, backend })
+    }
+
+    pub fn backend(&self) -> Backend {
+        self.backend
+    }
+
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        match self.backend {
+            Backend::Sqlite => SQLITE_MIGRATIONS.run(&self.pool).await?,
+            Backend::Postgres => POSTGRES_MIGRATIONS.run(&self.pool).await?,
+        }
+        Ok(())
+    }
+
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        Ok(())
+    }
+
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
+    // ---- users and sessions ----
+
+    pub async fn upsert_user(&self, id: &str, email: &str) -> Result<UserRow, StoreError> {
+        sqlx::query(
+            "INSERT INTO users (id, email, created_at) VALUES ($1, $2, $3) \
+             ON CONFLICT (email) DO NOTHING",
+        )
+        .bind(id)
+        .bind(email)
+        .bind(now_ms())
+        .execute(&self.pool)
+        .await?;
+        let row = sqlx::query("SELECT id, email FROM users WHERE email = $1")
+            .bind(email)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(UserRow {
+            id: row.try_get("id")?,
+            email: row.try_get("email")?,
+        })
+    }
+
+    pub async fn insert_session(
+        &self,
+        token_hash: &str,
+        user_id: &str,
+        expires_at: i64,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO sessions (token_hash, user_id, created_at, expires_at) \
+             VALUES ($1, $2, $3, $4)",
+        )
+        .bind(token_hash)
+        .bind(user_id)
+        .bind(now_ms())
+        .bind(expires_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// The user owning an unexpired session with this token hash.
+    pub async fn session_user(
+        &self,
+        token_hash: &str,
+        now: i64,
+    ) -> Result<Option<UserRow>, StoreError> {
+        let row = sqlx::query(
+            "SELECT u.id, u.email FROM sessions s JOIN users u ON u.id = s.user_id \
+             WHERE s.token_hash = $1 AND s.expires_at > $2",
+        )
+        .bind(token_hash)
+        .bind(now)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|r| {
+            Ok(UserRow {
+                id: r.try_get("id")?,
+                email: r.try_get("email")?,
+            })
+        })
+        .transpose()
+    }
+
+    // ---- rooms ----
+
+    pub async fn create_room(&self, id: &str, name: &str, owner: &str) -> Result<(), StoreError> {
+        let now = now_ms();
+        let mut tx = self.pool.begin().await?;
+        sqlx::query("INSERT INTO rooms (id, name, created_by, created_at) VALUES ($1, $2, $3, $4)")
+            .bind(id)
+            .bind(name)
+            .bind(owner)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "INSERT INTO participants (room_id, user_id, role, created_at) \
+             VALUES ($1, $2, 'owner', $3)",
+        )
+        .bind(id)
+        .bind(owner)
+        .bind(now)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    pub async fn rooms_of(&self, user_id: &str) -> Result<Vec<RoomRow>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT r.id, r.name, r.created_at FROM rooms r \
+             JOIN participants p ON p.room_id = r.id WHERE p.user_id = $1 \
+             ORDER BY r.created_at, r.id",
+        )
+        .bind(user_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(room_row).collect()
+    }
+
+    pub async fn room(&self, id: &str) -> Result<Option<RoomRow>, StoreError> {
+        let row = sqlx::query("SELECT id, name, created_at FROM rooms WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.as_ref().map(room_row).transpose()
+    }
+
+    pub async fn participants(&self, room_id: &str) -> Result<Vec<ParticipantRow>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT p.user_id, u.email, p.role FROM participants p \
+             JOIN users u ON u.id = p.user_id WHERE p.room_id = $1 ORDER BY p.created_at, u.email",
+        )
+        .bind(room_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(ParticipantRow {
+                    user_id: r.try_get("user_id")?,
+                    email: r.try_get("email")?,
+                    role: r.try_get("role")?,
+                })
+            })
+            .collect()
+    }
+
+    /// The caller's role in a room, or `None` when not a participant (or no such room).
+    pub async fn role_of(
+        &self,
+        room_id: &str,
+        user_id: &str,
+    ) -> Result<Option<String>, StoreError> {
+        let row = sqlx::query("SELECT role FROM participants WHERE room_id = $1 AND user_id = $2")
+            .bind(room_id)
+            .bind(user_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|r| r.try_get("role")).transpose()?)
+    }
+
+    // ---- document log ----
+
+    pub async fn load_doc(&self, room_id: &str) -> Result<StoredDoc, StoreError> {
+        let mut conn = self.pool.acquire().await?;
+        let snap = sqlx::query("SELECT upto_seq, data FROM doc_snapshots WHERE room_id = $1")
+            .bind(room_id)
+            .fetch_optional(&mut *conn)
+            .await?;
+        let (snapshot, snapshot_seq) = match snap {
+            Some(r) => (
+                Some(r.try_get::<Vec<u8>, _>("data")?),
+                r.try_get("upto_seq")?,
+            ),
+            None => (None, 0),
+        };
+        let rows = sqlx::query(
+            "SELECT seq, data FROM doc_updates WHERE room_id = $1 AND seq > $2 ORDER BY seq",
+        )
+        .bind(room_id)
+        .bind(snapshot_seq)
+        .fetch_all(&mut *conn)
+        .await?;
+        let updates = rows
+            .iter()
+            .map(|r| Ok((r.try_get("seq")?, r.try_get("data")?)))
+            .collect::<Result<Vec<_>, sqlx::Error>>()?;
+        Ok(StoredDoc {
+            snapshot,
+            snapshot_seq,
+            updates,
+        })
+    }
+
+    /// Appends a batch of updates in one transaction (one fsync for the whole batch).
+    pub async fn append_updates(
+        &self,
+        room_id: &str,
+        batch: &[(i64, &[u8])],
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        for (seq, data) in batch {
+            sqlx::query("INSERT INTO doc_updates (room_id, seq, data) VALUES ($1, $2, $3)")
+                .bind(room_id)
+                .bind(*seq)
+                .bind(*data)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Replaces the snapshot with `data` (covering every update up to `upto_seq`) and drops the
+    /// folded log entries, atomically.
+    pub async fn compact(
+        &self,
+        room_id: &str,
+        upto_seq: i64,
+        data: &[u8],
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "INSERT INTO doc_snapshots (room_id, upto_seq, data, updated_at) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (room_id) DO UPDATE SET upto_seq = excluded.upto_seq, \
+             data = excluded.data, updated_at = excluded.updated_at",
+        )
+        .bind(room_id)
+        .bind(upto_seq)
+        .bind(data)
+        .bind(now_ms())
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query("DELETE FROM doc_updates WHERE room_id = $1 AND seq <= $2")
+            .bind(room_id)
+            .bind(upto_seq)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+fn room_row(r: &sqlx::any::AnyRow) -> Result<RoomRow, StoreError> {
+    Ok(RoomRow {
+        id: r.try_get("id")?,
+        name: r.try_get("name")?,
+        created_at: r.try_get("created_at")?,
+    })
+}
+
+/// The file path of a `sqlite://` URL, when it names one.
+fn sqlite_path(url: &str) -> Option<&Path> {
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))?;
+    let path = rest.split('?').next()?;
+    (!path.is_empty() && path != ":memory:").then(|| Path::new(path))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqlite_paths() {
+        assert_eq!(
+            sqlite_path("sqlite://data/x.db"),
+            Some(Path::new("data/x.db"))
+        );
+        assert_eq!(
+            sqlite_path("sqlite:///tmp/x.db?mode=rwc"),
+            Some(Path::new("/tmp/x.db"))
+        );
+        assert_eq!(sqlite_path("sqlite::memory:"), None);
+    }
+}

@@ -1,0 +1,221 @@
+//! `GET /api/rooms/{id}/doc`: the y-websocket endpoint. One reader (this task) decodes and
+//! validates frames and forwards them to the room; one writer drains the connection's outbox.
+
+use crate::api::room_capabilities;
+use crate::app::AppState;
+use crate::auth::AuthUser;
+use crate::outbox::{CloseCode, Outbound, Outbox, OutboxRx};
+use crate::protocol::parse_frame;
+use crate::room::{ConnId, JoinError, RoomCmd};
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{Path, State};
+use axum::response::{IntoResponse, Response};
+use coderoom_authz::Capability;
+use futures_util::stream::SplitSink;
+use futures_util::{SinkExt, StreamExt};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+
+static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
+/// Attempts to join a room that is unloading at the moment of the join.
+const JOIN_ATTEMPTS: usize = 3;
+/// Time the writer gets to flush a close frame once the reader is done.
+const WRITER_GRACE: Duration = Duration::from_secs(2);
+
+pub async fn doc_socket(
+    State(app): State<AppState>,
+    user: AuthUser,
+    Path(room_id): Path<String>,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Result<Response, Response> {
+    // Authorization first, so a plain GET learns nothing more than an upgrade would.
+    let caps = room_capabilities(&app, &room_id, &user)
+        .await
+        .map_err(IntoResponse::into_response)?;
+    let ws = ws.map_err(IntoResponse::into_response)?;
+    let can_edit = caps.contains(Capability::Edit);
+    let max = app.limits.max_message_bytes;
+    Ok(ws
+        .max_message_size(max)
+        .max_frame_size(max)
+        .on_upgrade(move |socket| serve(app, room_id, user, can_edit, socket)))
+}
+
+async fn serve(app: AppState, room_id: String, user: AuthUser, can_edit: bool, socket: WebSocket) {
+    let conn: ConnId = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
+    let (outbox, out_rx) = Outbox::new(app.limits.outbound_queue_bytes, app.limits.max_doc_bytes);
+    let (sink, mut stream) = socket.split();
+    let done = out_rx.kill_token();
+    let writer = tokio::spawn(write_loop(sink, out_rx));
+
+    let room = match join(&app, &room_id, conn, &user, can_edit, &outbox).await {
+        Ok(room) => room,
+        Err(code) => {
+            outbox.close(
+                code,
+                if code == CloseCode::TryAgain {
+                    "room is full"
+                } else {
+                    "room unavailable"
+                },
+            );
+            finish_writer(writer).await;
+            return;
+        }
+    };
+
+    let max_awareness = app.limits.max_awareness_entry_bytes;
+    loop {
+        let frame = tokio::select! {
+            frame = stream.next() => frame,
+            () = done.cancelled() => break,
+            () = room.closed() => {
+                // The room unloaded under us or failed; the client reconnects and resyncs.
+                outbox.close(CloseCode::Internal, "room unavailable, reconnect");
+                break;
+            }
+        };
+        match frame {
+            None | Some(Ok(Message::Close(_))) => break,
+            Some(Ok(Message::Binary(data))) => match parse_frame(&data, max_awareness) {
+                Ok(messages) => {
+                    if room
+                        .send(RoomCmd::Inbound { conn, messages })
+                        .await
+                        .is_err()
+                    {
+                        break;
+                    }
+                }
+                Err(e) => {
+                    tracing::info!(room = %room_id, conn, error = %e, "closing connection: bad frame");
+                    app.metrics.protocol_errors.inc();
+                    outbox.close(CloseCode::Policy, e.reason());
+                    break;
+                }
+            },
+            Some(Ok(Message::Text(_))) => {
+                app.metrics.protocol_errors.inc();
+                outbox.close(
+                    CloseCode::Unsupported,
+                    "text frames are not part of this protocol",
+                );
+                break;
+            }
+            Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
+            Some(Err(e)) => {
+                if is_too_big(&e) {
+                    app.metrics.protocol_errors.inc();
+                    outbox.close(CloseCode::TooBig, "message too big");
+                } else {
+                    tracing::debug!(room = %room_id, conn, error = %e, "socket read failed");
+                }
+                break;
+            }
+        }
+    }
+    let _ = room.send(RoomCmd::Leave { conn }).await;
+    drop(outbox);
+    finish_writer(writer).await;
+}
+
+async fn join(
+    app: &AppState,
+    room_id: &str,
+    conn: ConnId,
+    user: &AuthUser,
+    can_edit: bool,
+    outbox: &Outbox,
+) -> Result<mpsc::Sender<RoomCmd>, CloseCode> {
+    for _ in 0..JOIN_ATTEMPTS {
+        let room = app.rooms.handle(room_id);
+        let (reply, answer) = oneshot::channel();
+        let cmd = RoomCmd::Join {
+            conn,
+            user_id: user.id.clone(),
+            can_edit,
+            out: outbox.clone(),
+            reply,
+        };
+        if room.send(cmd).await.is_err() {
+            continue;
+        }
+        match answer.await {
+            Ok(Ok(())) => return Ok(room),
+            Ok(Err(JoinError::Full)) => return Err(CloseCode::TryAgain),
+            // The room unloaded or failed while we joined: try a fresh load.
+            Err(_) => continue,
+        }
+    }
+    Err(CloseCode::Internal)
+}
+
+async fn finish_writer(mut writer: tokio::task::JoinHandle<()>) {
+    if tokio::time::timeout(WRITER_GRACE, &mut writer)
+        .await
+        .is_err()
+    {
+        writer.abort();
+    }
+}
+
+async fn write_loop(mut sink: SplitSink<WebSocket, Message>, mut rx: OutboxRx) {
+    let kill = rx.kill_token();
+    loop {
+        let Some(msg) = rx.recv().await else {
+            if !rx.is_killed() {
+                // Every sender is gone: the room unloaded or failed under us.
+                let _ = send_close(
+                    &mut sink,
+                    CloseCode::Internal,
+                    "room unavailable, reconnect",
+                )
+                .await;
+            }
+            break;
+        };
+        let sent = match msg {
+            Outbound::Frame(_, bytes) => {
+                tokio::select! {
+                    r = sink.send(Message::Binary(bytes)) => r.is_ok(),
+                    () = kill.cancelled() => false,
+                }
+            }
+            Outbound::Close(code, reason) => {
+                let _ =
+                    tokio::time::timeout(WRITER_GRACE, send_close(&mut sink, code, reason)).await;
+                false
+            }
+        };
+        if !sent {
+            break;
+        }
+    }
+    // Tell the reader to stop too.
+    kill.cancel();
+}
+
+async fn send_close(
+    sink: &mut SplitSink<WebSocket, Message>,
+    code: CloseCode,
+    reason: &'static str,
+) -> Result<(), axum::Error> {
+    sink.send(Message::Close(Some(CloseFrame {
+        code: code.code(),
+        reason: reason.into(),
+    })))
+    .await
+}
+
+fn is_too_big(e: &axum::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = source {
+        if let Some(t) = err.downcast_ref::<tungstenite::Error>() {
+            return matches!(t, tungstenite::Error::Capacity(_));
+        }
+        source = err.source();
+    }
+    false
+}

@@ -1,0 +1,401 @@
+//! Black-box harness: starts the real `coderoom` binary and talks to it as a client would.
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used)]
+
+use futures_util::{SinkExt, StreamExt};
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::net::TcpStream;
+use tokio::process::{Child, Command};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::{MaybeTlsStream, WebSocketStream};
+use yrs::sync::protocol::{Message as YMessage, SyncMessage};
+use yrs::updates::decoder::Decode;
+use yrs::updates::encoder::Encode;
+use yrs::{Doc, GetString, ReadTxn, StateVector, Text, Transact, Update};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_coderoom");
+pub const TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Storage backends under test: SQLite always, PostgreSQL when `CODEROOM_TEST_POSTGRES_URL`
+/// names an admin connection (a fresh database is created per server).
+pub fn backends() -> Vec<Backend> {
+    let mut v = vec![Backend::Sqlite];
+    match std::env::var("CODEROOM_TEST_POSTGRES_URL") {
+        Ok(url) if !url.is_empty() => v.push(Backend::Postgres(url)),
+        _ => eprintln!("SKIPPED: PostgreSQL variant (set CODEROOM_TEST_POSTGRES_URL to run it)"),
+    }
+    v
+}
+
+#[derive(Clone, Debug)]
+pub enum Backend {
+    Sqlite,
+    Postgres(String),
+}
+
+/// A data directory and database that outlive server restarts.
+pub struct Storage {
+    pub dir: tempfile::TempDir,
+    pub database_url: Option<String>,
+    admin_url: Option<String>,
+    db_name: Option<String>,
+}
+
+impl Storage {
+    pub async fn new(backend: &Backend) -> Storage {
+        let dir = tempfile::tempdir().unwrap();
+        match backend {
+            Backend::Sqlite => Storage {
+                dir,
+                database_url: None,
+                admin_url: None,
+                db_name: None,
+            },
+            Backend::Postgres(admin) => {
+                let name = format!("coderoom_t_{}", uuid::Uuid::new_v4().simple());
+                psql(admin, &format!("CREATE DATABASE {name}")).await;
+                let base = admin.rsplit_once('/').unwrap().0;
+                Storage {
+                    dir,
+                    database_url: Some(format!("{base}/{name}")),
+                    admin_url: Some(admin.clone()),
+                    db_name: Some(name),
+                }
+            }
+        }
+    }
+
+    pub fn args(&self) -> Vec<String> {
+        let mut a = vec!["--data-dir".into(), self.dir.path().display().to_string()];
+        if let Some(url) = &self.database_url {
+            a.push("--database-url".into());
+            a.push(url.clone());
+        }
+        a
+    }
+
+    pub async fn token(&self, email: &str) -> String {
+        let out = Command::new(BIN)
+            .args(["admin", "token", "--email", email])
+            .args(self.args())
+            .stderr(Stdio::null())
+            .output()
+            .await
+            .unwrap();
+        assert!(out.status.success(), "admin token failed");
+        String::from_utf8(out.stdout).unwrap().trim().to_owned()
+    }
+
+    pub async fn drop_db(&self) {
+        if let (Some(admin), Some(name)) = (&self.admin_url, &self.db_name) {
+            psql(
+                admin,
+                &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+            )
+            .await;
+        }
+    }
+}
+
+async fn psql(url: &str, sql: &str) {
+    use sqlx::Connection;
+    let mut conn = sqlx::PgConnection::connect(url).await.unwrap();
+    sqlx::Executor::execute(&mut conn, sql).await.unwrap();
+}
+
+pub struct Server {
+    pub child: Child,
+    pub addr: String,
+}
+
+impl Server {
+    pub async fn start(storage: &Storage, extra: &[&str]) -> Server {
+        let mut child = Command::new(BIN)
+            .arg("serve")
+            .args(["--listen", "127.0.0.1:0"])
+            .args(storage.args())
+            .args(extra)
+            .env("CODEROOM_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = BufReader::new(stdout).lines();
+        let addr = tokio::time::timeout(TIMEOUT, async {
+            while let Some(line) = lines.next_line().await.unwrap() {
+                if let Some(a) = line.strip_prefix("listening on http://") {
+                    return a.to_owned();
+                }
+            }
+            panic!("server exited before listening");
+        })
+        .await
+        .expect("server did not start");
+        // Keep draining stdout so the child never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Server { child, addr }
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{}", self.addr, path)
+    }
+
+    pub async fn terminate(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().unwrap();
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .unwrap();
+        tokio::time::timeout(TIMEOUT, self.child.wait())
+            .await
+            .unwrap()
+            .unwrap()
+    }
+
+    pub async fn kill9(mut self) {
+        self.child.start_kill().unwrap();
+        let _ = self.child.wait().await;
+    }
+
+    pub async fn metric(&self, name: &str) -> f64 {
+        let body = http(&self.url("/metrics"), "GET", None, None).await.1;
+        body.lines()
+            .find_map(|l| {
+                let (k, v) = l.split_once(' ')?;
+                (k == name).then(|| v.parse().unwrap())
+            })
+            .unwrap_or_else(|| panic!("metric {name} missing"))
+    }
+}
+
+/// Minimal HTTP/1.1 client over a raw socket (keeps the dev-dependency list short).
+pub async fn http(
+    url: &str,
+    method: &str,
+    token: Option<&str>,
+    body: Option<&str>,
+) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let rest = url.strip_prefix("http://").unwrap();
+    let (host, path) = rest.split_at(rest.find('/').unwrap());
+    let mut s = TcpStream::connect(host).await.unwrap();
+    let body = body.unwrap_or("");
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
+    if let Some(t) = token {
+        req.push_str(&format!("Authorization: Bearer {t}\r\n"));
+    }
+    if !body.is_empty() {
+        req.push_str("Content-Type: application/json\r\n");
+    }
+    req.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.unwrap();
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let status = text[9..12].parse().unwrap();
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|x| x.1.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+pub async fn create_room(server: &Server, token: &str) -> String {
+    let (status, body) = http(
+        &server.url("/api/rooms"),
+        "POST",
+        Some(token),
+        Some(r#"{"name":"test"}"#),
+    )
+    .await;
+    assert_eq!(status, 201, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    v["id"].as_str().unwrap().to_owned()
+}
+
+pub type Ws = WebSocketStream<MaybeTlsStream<TcpStream>>;
+
+/// A y-websocket client backed by a yrs document.
+pub struct Client {
+    pub ws: Ws,
+    pub doc: Doc,
+}
+
+pub enum Event {
+    Y(YMessage),
+    Closed(Option<u16>),
+}
+
+impl Client {
+    pub async fn connect(server: &Server, room: &str, token: &str) -> Client {
+        let ws = raw_ws(server, room, token).await;
+        let mut c = Client {
+            ws,
+            doc: Doc::new(),
+        };
+        let sv = c.doc.transact().state_vector();
+        c.send(YMessage::Sync(SyncMessage::SyncStep1(sv))).await;
+        c
+    }
+
+    pub async fn send(&mut self, m: YMessage) {
+        self.ws
+            .send(Message::Binary(m.encode_v1().into()))
+            .await
+            .unwrap();
+    }
+
+    pub async fn send_raw(&mut self, bytes: Vec<u8>) {
+        let _ = self.ws.send(Message::Binary(bytes.into())).await;
+    }
+
+    /// Next protocol event; applies sync content to the local doc and answers sync step 1.
+    pub async fn next(&mut self) -> Event {
+        loop {
+            let msg = match tokio::time::timeout(TIMEOUT, self.ws.next()).await {
+                Err(_) => panic!("no message from server within {TIMEOUT:?}"),
+                Ok(None) | Ok(Some(Err(_))) => return Event::Closed(None),
+                Ok(Some(Ok(m))) => m,
+            };
+            match msg {
+                Message::Binary(b) => {
+                    let m = YMessage::decode_v1(&b).expect("server sent a malformed message");
+                    match &m {
+                        YMessage::Sync(SyncMessage::SyncStep1(sv)) => {
+                            let u = self.doc.transact().encode_state_as_update_v1(sv);
+                            self.send(YMessage::Sync(SyncMessage::SyncStep2(u))).await;
+                        }
+                        YMessage::Sync(SyncMessage::SyncStep2(u))
+                        | YMessage::Sync(SyncMessage::Update(u)) => {
+                            self.doc
+                                .transact_mut()
+                                .apply_update(Update::decode_v1(u).unwrap())
+                                .unwrap();
+                        }
+                        _ => {}
+                    }
+                    return Event::Y(m);
+                }
+                Message::Close(f) => return Event::Closed(f.map(|f| u16::from(f.code))),
+                _ => {}
+            }
+        }
+    }
+
+    /// Waits for the server's sync step 2 (the reply to our step 1).
+    pub async fn synced(&mut self) {
+        if let Err(c) = self.try_synced().await {
+            panic!("closed ({c:?}) before sync");
+        }
+    }
+
+    /// Like [`Client::synced`], but reports a close instead of panicking.
+    pub async fn try_synced(&mut self) -> Result<(), Option<u16>> {
+        loop {
+            match self.next().await {
+                Event::Y(YMessage::Sync(SyncMessage::SyncStep2(_))) => return Ok(()),
+                Event::Y(_) => {}
+                Event::Closed(c) => return Err(c),
+            }
+        }
+    }
+
+    /// Waits until the server closes the connection; returns the close code.
+    pub async fn closed(&mut self) -> Option<u16> {
+        loop {
+            if let Event::Closed(c) = self.next().await {
+                return c;
+            }
+        }
+    }
+
+    /// Inserts text locally and sends the update.
+    pub async fn insert(&mut self, file: &str, at: u32, s: &str) {
+        let update = {
+            let text = self.text(file);
+            let mut txn = self.doc.transact_mut();
+            text.insert(&mut txn, at, s);
+            txn.encode_update_v1()
+        };
+        self.send(YMessage::Sync(SyncMessage::Update(update))).await;
+    }
+
+    pub fn text(&self, file: &str) -> yrs::TextRef {
+        self.doc.get_or_insert_text(file)
+    }
+
+    pub fn content(&self, file: &str) -> String {
+        let t = self.text(file);
+        let txn = self.doc.transact();
+        t.get_string(&txn)
+    }
+
+    /// Receives until `file` has exactly `expected`.
+    pub async fn wait_for(&mut self, file: &str, expected: &str) {
+        while self.content(file) != expected {
+            if let Event::Closed(c) = self.next().await {
+                panic!(
+                    "closed ({c:?}) waiting for {expected:?}, have {:?}",
+                    self.content(file)
+                );
+            }
+        }
+    }
+
+    pub fn state_vector(&self) -> StateVector {
+        self.doc.transact().state_vector()
+    }
+}
+
+pub async fn raw_ws(server: &Server, room: &str, token: &str) -> Ws {
+    let mut req = format!("ws://{}/api/rooms/{room}/doc", server.addr)
+        .into_client_request()
+        .unwrap();
+    req.headers_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    let cfg = WebSocketConfig::default()
+        .max_message_size(Some(64 << 20))
+        .max_frame_size(Some(64 << 20));
+    let (ws, _) = tokio_tungstenite::connect_async_with_config(req, Some(cfg), false)
+        .await
+        .unwrap();
+    ws
+}
+
+/// The document as a fresh client sees it after syncing.
+pub async fn snapshot(
+    server: &Server,
+    room: &str,
+    token: &str,
+    file: &str,
+) -> (String, StateVector) {
+    let mut c = Client::connect(server, room, token).await;
+    c.synced().await;
+    let s = c.content(file);
+    let sv = c.state_vector();
+    let _ = c.ws.close(None).await;
+    (s, sv)
+}
+
+/// Polls fresh clients until `file` reads `expected` (y-websocket has no acknowledgements, so a
+/// second connection may sync before the first one's update arrived).
+pub async fn eventually(server: &Server, room: &str, token: &str, file: &str, expected: &str) {
+    let mut last = String::new();
+    for _ in 0..200 {
+        let mut c = Client::connect(server, room, token).await;
+        // A room busy with a backlog may drop a fresh reader that falls behind; try again.
+        if c.try_synced().await.is_ok() {
+            last = c.content(file);
+            if last == expected {
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("{file} never became {expected:?}; last {last:?}");
+}

@@ -1,0 +1,320 @@
+//! The document WebSocket against the real binary: sync, persistence, limits and bad input.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use std::collections::HashMap;
+use std::time::Duration;
+use yrs::sync::awareness::AwarenessUpdateEntry;
+use yrs::sync::protocol::{Message as YMessage, SyncMessage};
+use yrs::sync::AwarenessUpdate;
+use yrs::updates::encoder::Encode;
+use yrs::ClientID;
+
+#[tokio::test]
+async fn edits_reach_peers_and_survive_restart() {
+    for backend in backends() {
+        let storage = Storage::new(&backend).await;
+        let token = storage.token("ana@example.com").await;
+        let server = Server::start(&storage, &[]).await;
+        let room = create_room(&server, &token).await;
+        let mut a = Client::connect(&server, &room, &token).await;
+        let mut b = Client::connect(&server, &room, &token).await;
+        a.synced().await;
+        b.synced().await;
+        a.insert("main.rs", 0, "fn main() {}").await;
+        b.wait_for("main.rs", "fn main() {}").await;
+        b.insert("main.rs", 0, "// hi\n").await;
+        a.wait_for("main.rs", "// hi\nfn main() {}").await;
+        assert!(server.metric("coderoom_updates_applied_total").await >= 2.0);
+        assert!(server.metric("coderoom_bytes_persisted_total").await > 0.0);
+        assert_eq!(server.metric("coderoom_connections").await, 2.0);
+        let status = server.terminate().await;
+        assert!(status.success(), "SIGTERM must exit 0, got {status:?}");
+
+        let server = Server::start(&storage, &[]).await;
+        let (text, _) = snapshot(&server, &room, &token, "main.rs").await;
+        assert_eq!(text, "// hi\nfn main() {}", "{backend:?}");
+        assert!(server.terminate().await.success());
+        storage.drop_db().await;
+    }
+}
+
+#[tokio::test]
+async fn rooms_need_a_participant_token() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let ana = storage.token("ana@example.com").await;
+    let ben = storage.token("ben@example.com").await;
+    let server = Server::start(&storage, &[]).await;
+    let room = create_room(&server, &ana).await;
+    assert_eq!(
+        http(&server.url("/api/rooms"), "GET", None, None).await.0,
+        401
+    );
+    assert_eq!(
+        http(&server.url("/api/rooms"), "GET", Some("crt_forged"), None)
+            .await
+            .0,
+        401
+    );
+    let path = format!("/api/rooms/{room}");
+    assert_eq!(
+        http(&server.url(&path), "GET", Some(&ben), None).await.0,
+        404
+    );
+    let (status, body) = http(&server.url(&path), "GET", Some(&ana), None).await;
+    assert_eq!(status, 200);
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["participants"][0]["role"], "owner");
+    assert_eq!(v["my_capabilities"].as_array().unwrap().len(), 12);
+    let (_, list) = http(&server.url("/api/rooms"), "GET", Some(&ben), None).await;
+    assert_eq!(list, "[]");
+    let doc = format!("/api/rooms/{room}/doc");
+    assert_eq!(http(&server.url(&doc), "GET", None, None).await.0, 401);
+    assert_eq!(
+        http(&server.url(&doc), "GET", Some(&ben), None).await.0,
+        404
+    );
+    let bad = http(
+        &server.url("/api/rooms"),
+        "POST",
+        Some(&ana),
+        Some(r#"{"name":""}"#),
+    )
+    .await;
+    assert_eq!(bad.0, 400);
+    let (status, _) = http(&server.url("/healthz"), "GET", None, None).await;
+    assert_eq!(status, 200);
+    server.terminate().await;
+}
+
+/// Opens a room with `seed` in main.rs; returns the server, token, room and a synced client.
+async fn seeded(storage: &Storage, extra: &[&str]) -> (Server, String, String) {
+    let token = storage.token("ana@example.com").await;
+    let server = Server::start(storage, extra).await;
+    let room = create_room(&server, &token).await;
+    let mut c = Client::connect(&server, &room, &token).await;
+    c.synced().await;
+    c.insert("main.rs", 0, "seed").await;
+    eventually(&server, &room, &token, "main.rs", "seed").await;
+    (server, token, room)
+}
+
+async fn assert_unchanged(server: &Server, room: &str, token: &str) {
+    let (text, _) = snapshot(server, room, token, "main.rs").await;
+    assert_eq!(text, "seed", "document changed by refused input");
+}
+
+#[tokio::test]
+async fn oversized_message_closes_1009() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let (server, token, room) = seeded(&storage, &["--max-message-bytes", "65536"]).await;
+    let mut c = Client::connect(&server, &room, &token).await;
+    c.synced().await;
+    let big = "x".repeat(70_000);
+    let update = {
+        use yrs::{Text, Transact};
+        let t = c.text("main.rs");
+        let mut txn = c.doc.transact_mut();
+        t.insert(&mut txn, 0, &big);
+        txn.encode_update_v1()
+    };
+    c.send_raw(YMessage::Sync(SyncMessage::Update(update)).encode_v1())
+        .await;
+    assert_eq!(c.closed().await, Some(1009));
+    assert_unchanged(&server, &room, &token).await;
+    server.terminate().await;
+}
+
+#[tokio::test]
+async fn malformed_frames_close_1008_and_change_nothing() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let (server, token, room) = seeded(&storage, &[]).await;
+    let update_tag = |body: Vec<u8>| YMessage::Sync(SyncMessage::Update(body)).encode_v1();
+    let cases: Vec<(&str, Vec<u8>, u16)> = vec![
+        ("unknown sync type", vec![0, 7, 1, 0], 1008),
+        ("truncated varint", vec![0x80], 1008),
+        (
+            "garbage update",
+            update_tag(vec![0xff, 0xff, 0xff, 0xff, 0x0f, 1, 2]),
+            1008,
+        ),
+        ("update length past end", vec![0, 2, 50, 1, 2, 3], 1008),
+        ("auth message from client", vec![2, 1], 1008),
+        ("custom message type", vec![9, 0], 1008),
+        ("empty frame", vec![], 1008),
+    ];
+    for (name, frame, code) in cases {
+        let mut c = Client::connect(&server, &room, &token).await;
+        c.synced().await;
+        c.send_raw(frame).await;
+        assert_eq!(c.closed().await, Some(code), "{name}");
+        assert_unchanged(&server, &room, &token).await;
+    }
+    // A text frame is not part of the protocol.
+    let mut c = Client::connect(&server, &room, &token).await;
+    c.synced().await;
+    futures_util::SinkExt::send(
+        &mut c.ws,
+        tokio_tungstenite::tungstenite::Message::Text("hi".into()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(c.closed().await, Some(1003));
+    assert!(server.metric("coderoom_protocol_errors_total").await >= 8.0);
+    assert_unchanged(&server, &room, &token).await;
+    server.terminate().await;
+}
+
+#[tokio::test]
+async fn document_size_cap_refuses_growth() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let (server, token, room) = seeded(&storage, &["--max-doc-bytes", "4096"]).await;
+    let mut c = Client::connect(&server, &room, &token).await;
+    c.synced().await;
+    c.insert("main.rs", 0, &"y".repeat(5000)).await;
+    assert_eq!(c.closed().await, Some(1008));
+    assert_unchanged(&server, &room, &token).await;
+    server.terminate().await;
+}
+
+fn awareness(entries: &[(u64, u32, &str)]) -> YMessage {
+    let clients: HashMap<_, _> = entries
+        .iter()
+        .map(|(id, clock, json)| {
+            (
+                ClientID::new(*id),
+                AwarenessUpdateEntry {
+                    clock: *clock,
+                    json: (*json).into(),
+                },
+            )
+        })
+        .collect();
+    YMessage::Awareness(AwarenessUpdate { clients })
+}
+
+#[tokio::test]
+async fn awareness_limits() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let (server, token, room) = seeded(&storage, &[]).await;
+
+    // A normal presence state reaches the other peer.
+    let mut a = Client::connect(&server, &room, &token).await;
+    let mut b = Client::connect(&server, &room, &token).await;
+    a.synced().await;
+    b.synced().await;
+    a.send(awareness(&[(1, 1, r#"{"user":{"name":"ana"}}"#)]))
+        .await;
+    loop {
+        if let Event::Y(YMessage::Awareness(u)) = b.next().await {
+            if u.clients.contains_key(&ClientID::new(1)) {
+                break;
+            }
+        }
+    }
+
+    // Claiming a client id owned by another connection.
+    b.send(awareness(&[(1, 2, r#"{"user":{"name":"mallory"}}"#)]))
+        .await;
+    assert_eq!(b.closed().await, Some(1008));
+
+    // Entry over 4 KiB.
+    let mut c = Client::connect(&server, &room, &token).await;
+    c.synced().await;
+    let big = format!(r#"{{"pad":"{}"}}"#, "p".repeat(5000));
+    c.send(awareness(&[(10, 1, &big)])).await;
+    assert_eq!(c.closed().await, Some(1008));
+
+    // More client ids than one connection may own.
+    let mut d = Client::connect(&server, &room, &token).await;
+    d.synced().await;
+    let many: Vec<(u64, u32, &str)> = (100..105).map(|i| (i, 1, "{}")).collect();
+    d.send(awareness(&many)).await;
+    assert_eq!(d.closed().await, Some(1008));
+
+    // Not JSON.
+    let mut e = Client::connect(&server, &room, &token).await;
+    e.synced().await;
+    e.send(awareness(&[(200, 1, "{nope")])).await;
+    assert_eq!(e.closed().await, Some(1008));
+
+    // When the owner leaves, its presence is removed for the others.
+    let mut f = Client::connect(&server, &room, &token).await;
+    f.synced().await;
+    let _ = a.ws.close(None).await;
+    loop {
+        if let Event::Y(YMessage::Awareness(u)) = f.next().await {
+            if let Some(entry) = u.clients.get(&ClientID::new(1)) {
+                if &*entry.json == "null" {
+                    break;
+                }
+            }
+        }
+    }
+    assert_unchanged(&server, &room, &token).await;
+    server.terminate().await;
+}
+
+#[tokio::test]
+async fn client_that_stops_reading_is_dropped() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let (server, token, room) = seeded(&storage, &["--outbound-queue-bytes", "65536"]).await;
+    // The slow client joins and then never reads again.
+    let slow = raw_ws(&server, &room, &token).await;
+    let mut w = Client::connect(&server, &room, &token).await;
+    w.synced().await;
+    let chunk = "z".repeat(16 * 1024);
+    let mut dropped = false;
+    for i in 0..2000u32 {
+        w.insert("big.txt", 0, &chunk).await;
+        if i % 20 == 0
+            && server
+                .metric("coderoom_connections_dropped_slow_total")
+                .await
+                >= 1.0
+        {
+            dropped = true;
+            break;
+        }
+    }
+    assert!(dropped, "a client that never reads was not disconnected");
+    // The writer is unaffected and the server still answers.
+    w.insert("main.rs", 4, "!").await;
+    eventually(&server, &room, &token, "main.rs", "seed!").await;
+    assert_eq!(server.metric("coderoom_connections").await, 1.0);
+    drop(slow);
+    server.terminate().await;
+}
+
+#[tokio::test]
+async fn idle_room_unloads_and_reloads() {
+    for backend in backends() {
+        let storage = Storage::new(&backend).await;
+        let (server, token, room) =
+            seeded(&storage, &["--room-idle-ms", "200", "--compact-every", "3"]).await;
+        let mut c = Client::connect(&server, &room, &token).await;
+        c.synced().await;
+        for i in 0..10 {
+            c.insert("main.rs", 4, &i.to_string()).await;
+        }
+        eventually(&server, &room, &token, "main.rs", "seed9876543210").await;
+        let _ = c.ws.close(None).await;
+        drop(c);
+        let mut unloaded = false;
+        for _ in 0..100 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            if server.metric("coderoom_rooms_loaded").await == 0.0 {
+                unloaded = true;
+                break;
+            }
+        }
+        assert!(unloaded, "idle room was not unloaded");
+        assert!(server.metric("coderoom_compactions_total").await >= 1.0);
+        let (text, _) = snapshot(&server, &room, &token, "main.rs").await;
+        assert_eq!(text, "seed9876543210");
+        assert!(server.terminate().await.success());
+        storage.drop_db().await;
+    }
+}
