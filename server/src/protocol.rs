@@ -8,14 +8,17 @@
 //! room, awareness entries are size-checked and must be JSON, and message kinds a client has no
 //! business sending are refused.
 
-use yrs::encoding::read::Cursor;
-use yrs::sync::protocol::{Message, SyncMessage};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use yrs::encoding::read::{Cursor, Read};
+use yrs::sync::protocol::{Message, SyncMessage, MSG_AWARENESS, MSG_SYNC};
 use yrs::sync::AwarenessUpdate;
 use yrs::updates::decoder::{Decode, Decoder, DecoderV1};
 use yrs::{StateVector, Update};
 
 /// Largest number of y-protocol messages accepted in one frame (y-websocket sends one).
 const MAX_MESSAGES_PER_FRAME: usize = 16;
+/// Yjs client ids are 53-bit (JavaScript safe integers); yrs asserts this and panics beyond.
+const MAX_CLIENT_ID: u64 = (1 << 53) - 1;
 
 /// One validated client message.
 #[derive(Debug)]
@@ -76,8 +79,13 @@ pub fn parse_frame(data: &[u8], max_awareness_entry: usize) -> Result<Vec<Inboun
         if out.len() == MAX_MESSAGES_PER_FRAME {
             return Err(ProtocolError::TooManyMessages);
         }
+        guard_counts(rest)?;
         let mut decoder = DecoderV1::new(Cursor::new(rest));
-        let message = Message::decode(&mut decoder).map_err(|_| ProtocolError::Malformed)?;
+        // yrs asserts on some hostile values (client ids past 53 bits) instead of returning an
+        // error; such a frame is malformed like any other.
+        let message = catch_unwind(AssertUnwindSafe(|| Message::decode(&mut decoder)))
+            .map_err(|_| ProtocolError::Malformed)?
+            .map_err(|_| ProtocolError::Malformed)?;
         out.push(validate(message, max_awareness_entry)?);
         let left = decoder
             .read_to_end()
@@ -88,12 +96,60 @@ pub fn parse_frame(data: &[u8], max_awareness_entry: usize) -> Result<Vec<Inboun
     Ok(out)
 }
 
+/// yrs decodes a state vector, a presence update or an update by reserving room for as many
+/// entries as the sender claims, so a dozen bytes can ask for gigabytes. Check the claimed
+/// entry count against the bytes that carry it, and a state vector's client ids, before yrs
+/// sees the message. (yrs's own `try_reserve` then only ever sees plausible sizes.)
+fn guard_counts(message: &[u8]) -> Result<(), ProtocolError> {
+    let malformed = |_| ProtocolError::Malformed;
+    let mut c = Cursor::new(message);
+    let tag: u8 = c.read_var().map_err(malformed)?;
+    // Sync step 1 and presence carry a count of fixed-minimum entries; updates (sync step 2 and
+    // update) start with a client count, each client taking at least 3 bytes.
+    let mut is_state_vector = false;
+    let min_entry_bytes = match tag {
+        MSG_SYNC => {
+            let sync: u8 = c.read_var().map_err(malformed)?;
+            is_state_vector = sync == 0;
+            if is_state_vector {
+                2
+            } else {
+                3
+            }
+        }
+        MSG_AWARENESS => 3,
+        _ => return Ok(()),
+    };
+    let buf = c.read_buf().map_err(malformed)?;
+    let mut body = Cursor::new(buf);
+    let entries: u64 = body.read_var().map_err(malformed)?;
+    if entries > (buf.len() / min_entry_bytes) as u64 {
+        return Err(if tag == MSG_SYNC && !is_state_vector {
+            ProtocolError::MalformedUpdate
+        } else {
+            ProtocolError::Malformed
+        });
+    }
+    if is_state_vector {
+        for _ in 0..entries {
+            let client: u64 = body.read_var().map_err(malformed)?;
+            let _clock: u32 = body.read_var().map_err(malformed)?;
+            if client > MAX_CLIENT_ID {
+                return Err(ProtocolError::Malformed);
+            }
+        }
+    }
+    Ok(())
+}
+
 fn validate(message: Message, max_awareness_entry: usize) -> Result<Inbound, ProtocolError> {
     match message {
         Message::Sync(SyncMessage::SyncStep1(sv)) => Ok(Inbound::SyncStep1(sv)),
         Message::Sync(SyncMessage::SyncStep2(bytes))
         | Message::Sync(SyncMessage::Update(bytes)) => {
-            let update = Update::decode_v1(&bytes).map_err(|_| ProtocolError::MalformedUpdate)?;
+            let update = catch_unwind(|| Update::decode_v1(&bytes))
+                .map_err(|_| ProtocolError::MalformedUpdate)?
+                .map_err(|_| ProtocolError::MalformedUpdate)?;
             Ok(Inbound::Update {
                 update,
                 len: bytes.len(),
@@ -205,6 +261,33 @@ mod tests {
         assert_eq!(
             parse_frame(&awareness("{not json"), 4096).unwrap_err(),
             ProtocolError::AwarenessNotJson
+        );
+        // Found by the fuzzer: a 12-byte state vector claiming billions of entries (OOM), an
+        // awareness client id past 53 bits (assertion in yrs), a presence update claiming
+        // billions of entries.
+        let sv_bomb = [
+            0, 0, 5, 0xff, 0xff, 0xff, 0xff, 0x30, 0xff, 0xff, 0xff, 0xff,
+        ];
+        assert_eq!(
+            parse_frame(&sv_bomb, 4096).unwrap_err(),
+            ProtocolError::Malformed
+        );
+        let big_id = [1, 10, 63, 154, 154, 154, 154, 199, 146, 129, 49, 0];
+        assert_eq!(
+            parse_frame(&big_id, 4096).unwrap_err(),
+            ProtocolError::Malformed
+        );
+        let update_bomb = [0, 2, 10, 135, 249, 189, 189, 189, 189, 189, 0, 0, 135];
+        assert_eq!(
+            parse_frame(&update_bomb, 4096).unwrap_err(),
+            ProtocolError::MalformedUpdate
+        );
+        let aw_bomb = [
+            1, 11, 253, 207, 226, 226, 226, 1, 11, 253, 207, 226, 226, 242, 2,
+        ];
+        assert_eq!(
+            parse_frame(&aw_bomb, 4096).unwrap_err(),
+            ProtocolError::Malformed
         );
         let many = Message::AwarenessQuery
             .encode_v1()
