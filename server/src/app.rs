@@ -25,6 +25,8 @@ pub struct AppState {
     pub metrics: Metrics,
     pub limits: Arc<Limits>,
     pub shutdown: CancellationToken,
+    /// Tracks room tasks and WebSocket connections, so shutdown waits for their close frames.
+    pub tracker: TaskTracker,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -83,6 +85,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         metrics,
         limits,
         shutdown: shutdown.clone(),
+        tracker: tracker.clone(),
     };
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     let addr = listener.local_addr()?;

@@ -558,9 +558,17 @@ impl Room {
         for c in self.conns.values() {
             c.out.close(code, reason);
         }
-        let n = self.conns.len() as i64;
-        self.deps.metrics.connections.dec_by(n);
         exit
+    }
+}
+
+impl Drop for Room {
+    fn drop(&mut self) {
+        // Runs on every exit, panics included, so the gauge never drifts.
+        self.deps
+            .metrics
+            .connections
+            .dec_by(self.conns.len() as i64);
     }
 }
 

@@ -40,7 +40,10 @@ pub async fn doc_socket(
     Ok(ws
         .max_message_size(max)
         .max_frame_size(max)
-        .on_upgrade(move |socket| serve(app, room_id, user, can_edit, socket)))
+        .on_upgrade(move |socket| {
+            let tracker = app.tracker.clone();
+            tracker.track_future(serve(app, room_id, user, can_edit, socket))
+        }))
 }
 
 async fn serve(app: AppState, room_id: String, user: AuthUser, can_edit: bool, socket: WebSocket) {
