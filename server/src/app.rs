@@ -10,6 +10,7 @@ use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::get;
+use axum::serve::ListenerExt;
 use axum::Router;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
@@ -100,6 +101,13 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         signal.cancel();
     });
     let graceful = shutdown.clone();
+    // Keystrokes are tiny frames: without TCP_NODELAY, Nagle's algorithm holds a broadcast back
+    // until the previous one is acknowledged, which with delayed ACKs adds ~40 ms at the tail.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
+        }
+    });
     axum::serve(listener, router(state))
         .with_graceful_shutdown(async move { graceful.cancelled().await })
         .await?;

@@ -87,6 +87,38 @@ enum Target {
     AllBut(ConnId),
 }
 
+/// Departed presence ids remembered per room; the oldest are forgotten first.
+const MAX_TOMBSTONES: usize = 1024;
+
+#[derive(Default)]
+struct Tombstones {
+    clocks: HashMap<ClientID, u32>,
+    order: std::collections::VecDeque<ClientID>,
+}
+
+impl Tombstones {
+    fn get(&self, id: &ClientID) -> Option<&u32> {
+        self.clocks.get(id)
+    }
+
+    fn insert(&mut self, id: ClientID, clock: u32) {
+        if self.clocks.insert(id, clock).is_none() {
+            self.order.push_back(id);
+        }
+        while self.order.len() > MAX_TOMBSTONES {
+            if let Some(old) = self.order.pop_front() {
+                self.clocks.remove(&old);
+            }
+        }
+    }
+
+    fn remove(&mut self, id: &ClientID) {
+        if self.clocks.remove(id).is_some() {
+            self.order.retain(|x| x != id);
+        }
+    }
+}
+
 /// Why the room task ended.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Exit {
@@ -103,6 +135,8 @@ pub struct Room {
     produced: Arc<Mutex<Vec<Vec<u8>>>>,
     conns: HashMap<ConnId, Conn>,
     presence: HashMap<ClientID, Presence>,
+    /// Last clocks of departed presence ids, so relayed stale states do not resurrect them.
+    tombstones: Tombstones,
     next_seq: i64,
     logged_since_snapshot: u64,
     /// Snapshot plus logged updates, the figure the document size cap applies to.
@@ -158,6 +192,7 @@ impl Room {
             produced,
             conns: HashMap::new(),
             presence: HashMap::new(),
+            tombstones: Tombstones::default(),
             next_seq,
             logged_since_snapshot: stored.updates.len() as u64,
             stored_bytes,
@@ -327,28 +362,39 @@ impl Room {
         }
     }
 
+    /// Applies a presence update from `conn`.
+    ///
+    /// A connection owns the client ids it announced first. Stock y-websocket clients relay every
+    /// presence change they receive, other clients' included, so entries for ids owned by
+    /// another connection are relays: ignored, never an error, never applied (nobody can
+    /// overwrite another connection's presence). Removals and stale states of departed ids
+    /// (remembered as tombstones) are ignored likewise.
     fn awareness(&mut self, conn: ConnId, update: AwarenessUpdate) {
         let max_ids = self.deps.limits.max_awareness_clients_per_conn;
         let mut accepted = HashMap::new();
         for (client, entry) in update.clients {
-            let owner = self.presence.get(&client).map(|p| p.owner);
-            if owner.is_some_and(|o| o != conn) {
-                self.close(
-                    conn,
-                    CloseCode::Policy,
-                    "awareness client id owned by another connection",
-                );
-                return;
-            }
-            let Some(c) = self.conns.get_mut(&conn) else {
-                return;
-            };
-            if !c.awareness_ids.contains(&client) {
-                if c.awareness_ids.len() >= max_ids {
-                    self.close(conn, CloseCode::Policy, "too many awareness states");
-                    return;
+            let removal = entry.json.as_ref() == "null";
+            match self.presence.get(&client) {
+                Some(p) if p.owner != conn => continue,
+                Some(_) => {}
+                None => {
+                    let stale = self
+                        .tombstones
+                        .get(&client)
+                        .is_some_and(|&c| entry.clock <= c);
+                    if removal || stale {
+                        continue;
+                    }
+                    let Some(c) = self.conns.get_mut(&conn) else {
+                        return;
+                    };
+                    if c.awareness_ids.len() >= max_ids {
+                        self.close(conn, CloseCode::Policy, "too many awareness states");
+                        return;
+                    }
+                    c.awareness_ids.insert(client);
+                    self.tombstones.remove(&client);
                 }
-                c.awareness_ids.insert(client);
             }
             let json = (entry.json.as_ref() != "null").then(|| entry.json.clone());
             let current = self.presence.get(&client);
@@ -410,6 +456,7 @@ impl Room {
         let mut gone = HashMap::new();
         for client in c.awareness_ids {
             if let Some(p) = self.presence.remove(&client) {
+                self.tombstones.insert(client, p.clock + 1);
                 if p.json.is_some() {
                     gone.insert(
                         client,

@@ -215,10 +215,30 @@ async fn awareness_limits() {
         }
     }
 
-    // Claiming a client id owned by another connection.
-    b.send(awareness(&[(1, 2, r#"{"user":{"name":"mallory"}}"#)]))
-        .await;
-    assert_eq!(b.closed().await, Some(1008));
+    // Stock clients relay the presence they receive; a relay (even a forged newer state) of an
+    // id owned by another connection is ignored, not applied and not an error. So is a relayed
+    // removal. Neither counts towards the relaying connection's own ids.
+    for i in 0..6u32 {
+        b.send(awareness(&[(1, 2 + i, r#"{"user":{"name":"mallory"}}"#)]))
+            .await;
+        b.send(awareness(&[(1, 2 + i, "null")])).await;
+    }
+    b.send(YMessage::AwarenessQuery).await;
+    loop {
+        match b.next().await {
+            Event::Y(YMessage::Awareness(u)) => {
+                if let Some(e) = u.clients.get(&ClientID::new(1)) {
+                    assert_eq!(
+                        &*e.json, r#"{"user":{"name":"ana"}}"#,
+                        "relay overwrote presence"
+                    );
+                    break;
+                }
+            }
+            Event::Y(_) => {}
+            Event::Closed(c) => panic!("relaying connection was closed ({c:?})"),
+        }
+    }
 
     // Entry over 4 KiB.
     let mut c = Client::connect(&server, &room, &token).await;
