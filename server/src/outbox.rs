@@ -26,6 +26,8 @@ pub enum CloseCode {
     Away,
     /// 1003: a text frame on a binary protocol.
     Unsupported,
+    /// 1007: a text frame that is not UTF-8.
+    InvalidData,
     /// 1008: malformed or refused input.
     Policy,
     /// 1009: a message over the size cap.
@@ -37,10 +39,24 @@ pub enum CloseCode {
 }
 
 impl CloseCode {
+    /// The reason sent with codes the connection task decides itself.
+    pub fn reason(self) -> &'static str {
+        match self {
+            CloseCode::TooBig => "message too big",
+            CloseCode::InvalidData => "text frame is not UTF-8",
+            CloseCode::Away => "server shutting down",
+            CloseCode::Unsupported => "unsupported data",
+            CloseCode::Policy => "refused",
+            CloseCode::Internal => "room unavailable, reconnect",
+            CloseCode::TryAgain => "room is full",
+        }
+    }
+
     pub fn code(self) -> u16 {
         match self {
             CloseCode::Away => 1001,
             CloseCode::Unsupported => 1003,
+            CloseCode::InvalidData => 1007,
             CloseCode::Policy => 1008,
             CloseCode::TooBig => 1009,
             CloseCode::Internal => 1011,
@@ -107,6 +123,8 @@ pub struct Outbox {
     tx: mpsc::Sender<Outbound>,
     budgets: Arc<Budgets>,
     kill: CancellationToken,
+    /// Cancelled once a close was requested: the connection's reader stops taking input.
+    closing: CancellationToken,
 }
 
 pub struct OutboxRx {
@@ -137,6 +155,7 @@ impl Outbox {
                 tx,
                 budgets: budgets.clone(),
                 kill: kill.clone(),
+                closing: CancellationToken::new(),
             },
             OutboxRx { rx, budgets, kill },
         )
@@ -164,18 +183,20 @@ impl Outbox {
     /// Asks the writer to send a close frame after what is queued; kills the connection when
     /// even that cannot be queued.
     pub fn close(&self, code: CloseCode, reason: &'static str) {
+        self.closing.cancel();
         if self.tx.try_send(Outbound::Close(code, reason)).is_err() {
             self.kill();
         }
     }
 
+    /// Resolves once a close was requested (by the room or by the reader itself).
+    pub fn closing(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
+        self.closing.cancelled()
+    }
+
     /// Drops the connection at once, discarding what is queued.
     pub fn kill(&self) {
         self.kill.cancel();
-    }
-
-    pub fn killed(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
-        self.kill.cancelled()
     }
 }
 

@@ -23,7 +23,7 @@ use yrs::sync::protocol::{Message, SyncMessage};
 use yrs::sync::AwarenessUpdate;
 use yrs::updates::decoder::Decode;
 use yrs::updates::encoder::Encode;
-use yrs::{ClientID, Doc, ReadTxn, StateVector, Transact, Update};
+use yrs::{ClientID, Doc, ReadTxn, StateVector, Transact, Update, WriteTxn};
 
 /// Commands waiting for a room; senders wait (backpressure) when it is full.
 pub const ROOM_QUEUE: usize = 1024;
@@ -143,8 +143,19 @@ pub struct Room {
     stored_bytes: usize,
     /// Updates produced this batch: (seq, bytes, origin connection).
     batch: Vec<(i64, Bytes, ConnId)>,
+    /// Small replies built while handling (join greetings).
     replies: Vec<(Target, Bytes)>,
+    /// Sync step 1 requests of this batch, one per connection, answered after the commit. Built
+    /// there, one at a time, each checked against its connection's budget as soon as it exists,
+    /// so a flood of requests never holds many copies of the document.
+    sync_requests: Vec<(ConnId, StateVector)>,
+    /// Connections that asked for (or just joined and need) the full presence table.
+    presence_queries: HashSet<ConnId>,
+    /// Presence changes of this batch, coalesced per client id, broadcast after the commit.
+    presence_changes: HashMap<ClientID, AwarenessUpdateEntry>,
+    /// Connections refused this batch; nothing more of theirs is handled.
     closing: Vec<(ConnId, CloseCode, &'static str)>,
+    refused: HashSet<ConnId>,
 }
 
 impl Room {
@@ -162,14 +173,16 @@ impl Room {
                 .chain(stored.updates.iter().map(|(_, d)| d.as_slice()));
             for data in parts {
                 stored_bytes += data.len();
-                match Update::decode_v1(data) {
-                    Ok(update) => {
-                        if let Err(e) = txn.apply_update(update) {
-                            tracing::error!(room = %id, error = %e, "stored update does not apply");
-                        }
-                    }
-                    Err(e) => tracing::error!(room = %id, error = %e, "stored update is corrupt"),
-                }
+                // Fail closed: a room loaded without part of its history would compact that
+                // loss into its next snapshot and delete the log that still holds it.
+                let update = Update::decode_v1(data).map_err(|e| {
+                    tracing::error!(room = %id, error = %e, "stored update is corrupt; room not loaded");
+                    StoreError::Corrupt
+                })?;
+                txn.apply_update(update).map_err(|e| {
+                    tracing::error!(room = %id, error = %e, "stored update does not apply; room not loaded");
+                    StoreError::Corrupt
+                })?;
             }
         }
         let next_seq = stored
@@ -198,7 +211,11 @@ impl Room {
             stored_bytes,
             batch: Vec::new(),
             replies: Vec::new(),
+            sync_requests: Vec::new(),
+            presence_queries: HashSet::new(),
+            presence_changes: HashMap::new(),
             closing: Vec::new(),
+            refused: HashSet::new(),
         })
     }
 
@@ -228,6 +245,16 @@ impl Room {
                     continue;
                 }
                 () = self.deps.shutdown.cancelled() => {
+                    // Edits already received are applied and logged before the room closes.
+                    for _ in 0..ROOM_QUEUE {
+                        match rx.try_recv() {
+                            Ok(cmd) => self.handle(cmd),
+                            Err(_) => break,
+                        }
+                    }
+                    if !self.commit().await {
+                        return self.finish(Exit::Failed).await;
+                    }
                     return self.finish(Exit::Shutdown).await;
                 }
             };
@@ -281,13 +308,11 @@ impl Room {
                 // lack, then everyone's presence.
                 let sv = self.doc.transact().state_vector();
                 self.reply(Target::One(conn), Message::Sync(SyncMessage::SyncStep1(sv)));
-                if let Some(update) = self.presence_update(None) {
-                    self.reply(Target::One(conn), Message::Awareness(update));
-                }
+                self.presence_queries.insert(conn);
             }
             RoomCmd::Inbound { conn, messages } => {
                 for message in messages {
-                    if !self.conns.contains_key(&conn) {
+                    if !self.conns.contains_key(&conn) || self.refused.contains(&conn) {
                         break;
                     }
                     self.inbound(conn, message);
@@ -302,18 +327,14 @@ impl Room {
     fn inbound(&mut self, conn: ConnId, message: Inbound) {
         match message {
             Inbound::SyncStep1(sv) => {
-                let diff = self.doc.transact().encode_state_as_update_v1(&sv);
-                self.reply(
-                    Target::One(conn),
-                    Message::Sync(SyncMessage::SyncStep2(diff)),
-                );
+                if !self.sync_requests.iter().any(|(c, _)| *c == conn) {
+                    self.sync_requests.push((conn, sv));
+                }
             }
             Inbound::Update { update, len } => self.apply(conn, update, len),
             Inbound::Awareness(update) => self.awareness(conn, update),
             Inbound::AwarenessQuery => {
-                if let Some(update) = self.presence_update(None) {
-                    self.reply(Target::One(conn), Message::Awareness(update));
-                }
+                self.presence_queries.insert(conn);
             }
         }
     }
@@ -331,11 +352,21 @@ impl Room {
             return;
         }
         let applied = std::panic::catch_unwind(AssertUnwindSafe(|| {
-            self.doc.transact_mut().apply_update(update)
+            let mut txn = self.doc.transact_mut();
+            let result = txn.apply_update(update);
+            // Parts that reference content the room does not have would wait in yrs's pending
+            // store: unlogged, unbounded, and leaked into every sync reply. Drop them instead;
+            // a client whose update depended on them is out of step and must resync.
+            let dangling = txn.prune_pending().is_some();
+            (result, dangling)
         }));
         match applied {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
+            Ok((Ok(()), false)) => {}
+            Ok((Ok(()), true)) => {
+                tracing::info!(room = %self.id, conn, "update depends on missing content");
+                self.close(conn, CloseCode::Policy, "update depends on missing content");
+            }
+            Ok((Err(e), _)) => {
                 tracing::warn!(room = %self.id, conn, error = %e, "update does not apply");
                 self.close(conn, CloseCode::Policy, "malformed update");
             }
@@ -371,7 +402,6 @@ impl Room {
     /// (remembered as tombstones) are ignored likewise.
     fn awareness(&mut self, conn: ConnId, update: AwarenessUpdate) {
         let max_ids = self.deps.limits.max_awareness_clients_per_conn;
-        let mut accepted = HashMap::new();
         for (client, entry) in update.clients {
             let removal = entry.json.as_ref() == "null";
             match self.presence.get(&client) {
@@ -414,35 +444,25 @@ impl Room {
                         owner: conn,
                     },
                 );
-                accepted.insert(client, entry);
+                self.presence_changes.insert(client, entry);
             }
-        }
-        if !accepted.is_empty() {
-            // To everyone, sender included: y-websocket clients treat any message as a
-            // keep-alive, and their own presence echo is harmless.
-            self.reply(
-                Target::All,
-                Message::Awareness(AwarenessUpdate { clients: accepted }),
-            );
         }
     }
 
-    /// The current presence states (all, or those of one connection), `None` when empty.
-    fn presence_update(&self, of: Option<ConnId>) -> Option<AwarenessUpdate> {
+    /// Every current presence state, `None` when there is none.
+    fn presence_update(&self) -> Option<AwarenessUpdate> {
         let clients: HashMap<_, _> = self
             .presence
             .iter()
-            .filter(|(_, p)| of.is_none_or(|c| p.owner == c))
-            .filter(|(_, p)| of.is_some() || p.json.is_some())
-            .map(|(id, p)| {
-                let json = p.json.clone().unwrap_or_else(|| "null".into());
-                (
+            .filter_map(|(id, p)| {
+                let json = p.json.clone()?;
+                Some((
                     *id,
                     AwarenessUpdateEntry {
                         clock: p.clock,
                         json,
                     },
-                )
+                ))
             })
             .collect();
         (!clients.is_empty()).then_some(AwarenessUpdate { clients })
@@ -453,26 +473,19 @@ impl Room {
             return;
         };
         self.deps.metrics.connections.dec();
-        let mut gone = HashMap::new();
         for client in c.awareness_ids {
             if let Some(p) = self.presence.remove(&client) {
-                self.tombstones.insert(client, p.clock + 1);
+                // Clocks come from clients: saturate rather than overflow.
+                let clock = p.clock.saturating_add(1);
+                self.tombstones.insert(client, clock);
                 if p.json.is_some() {
-                    gone.insert(
-                        client,
-                        AwarenessUpdateEntry {
-                            clock: p.clock + 1,
-                            json: "null".into(),
-                        },
-                    );
+                    let json = "null".into();
+                    self.presence_changes
+                        .insert(client, AwarenessUpdateEntry { clock, json });
+                } else {
+                    self.presence_changes.remove(&client);
                 }
             }
-        }
-        if !gone.is_empty() {
-            self.reply(
-                Target::All,
-                Message::Awareness(AwarenessUpdate { clients: gone }),
-            );
         }
     }
 
@@ -483,7 +496,9 @@ impl Room {
 
     fn close(&mut self, conn: ConnId, code: CloseCode, reason: &'static str) {
         self.deps.metrics.protocol_errors.inc();
-        self.closing.push((conn, code, reason));
+        if self.refused.insert(conn) {
+            self.closing.push((conn, code, reason));
+        }
     }
 
     /// Appends the batch, then releases replies and broadcasts. Returns false when storage
@@ -518,28 +533,58 @@ impl Room {
                 .inc_by(self.batch.iter().map(|(_, b, _)| b.len() as u64).sum());
             self.logged_since_snapshot += self.batch.len() as u64;
         }
-        // Replies first (they answer what a client asked), then the updates in log order.
-        let batch = std::mem::take(&mut self.batch);
-        let replies = std::mem::take(&mut self.replies);
-        for (target, bytes) in replies {
-            self.send(&target, &bytes);
-        }
-        for (_, update, origin) in batch {
-            let frame =
-                Bytes::from(Message::Sync(SyncMessage::Update(update.to_vec())).encode_v1());
-            self.send(&Target::AllBut(origin), &frame);
-        }
+        // Refused connections get nothing more: close them first.
         for (conn, code, reason) in std::mem::take(&mut self.closing) {
             if let Some(c) = self.conns.get(&conn) {
                 c.out.close(code, reason);
             }
             self.leave(conn);
         }
-        // Presence removals produced by those departures.
+        self.refused.clear();
+        // Replies next (they answer what a client asked), then the updates in log order, then
+        // presence.
         for (target, bytes) in std::mem::take(&mut self.replies) {
             self.send(&target, &bytes);
         }
+        for (conn, sv) in std::mem::take(&mut self.sync_requests) {
+            if !self.conns.contains_key(&conn) {
+                continue;
+            }
+            let diff = self.doc.transact().encode_state_as_update_v1(&sv);
+            let frame = Bytes::from(Message::Sync(SyncMessage::SyncStep2(diff)).encode_v1());
+            self.send(&Target::One(conn), &frame);
+        }
+        let queries = std::mem::take(&mut self.presence_queries);
+        if !queries.is_empty() {
+            if let Some(update) = self.presence_update() {
+                let frame = Bytes::from(Message::Awareness(update).encode_v1());
+                for conn in queries {
+                    self.send(&Target::One(conn), &frame);
+                }
+            }
+        }
+        for (_, update, origin) in std::mem::take(&mut self.batch) {
+            let frame =
+                Bytes::from(Message::Sync(SyncMessage::Update(update.to_vec())).encode_v1());
+            self.send(&Target::AllBut(origin), &frame);
+        }
+        self.flush_presence();
         true
+    }
+
+    /// Broadcasts this batch's presence changes (and the departures of dropped connections),
+    /// to everyone: y-websocket clients treat any message as keep-alive, and their own
+    /// presence echo is harmless.
+    fn flush_presence(&mut self) {
+        // Dropping a slow connection adds its departure; a few rounds settle it.
+        for _ in 0..4 {
+            if self.presence_changes.is_empty() {
+                return;
+            }
+            let clients = std::mem::take(&mut self.presence_changes);
+            let frame = Bytes::from(Message::Awareness(AwarenessUpdate { clients }).encode_v1());
+            self.send(&Target::All, &frame);
+        }
     }
 
     fn send(&mut self, target: &Target, frame: &Bytes) {

@@ -242,8 +242,17 @@ mod tests {
             1,
             "the edit before the panic was logged"
         );
+        // The reloaded room's greeting is its state vector, which holds the logged edit.
         match rx2.recv().await {
-            Some(Outbound::Frame(..)) => {}
+            Some(Outbound::Frame(_, bytes)) => {
+                use yrs::sync::protocol::{Message, SyncMessage};
+                match Message::decode_v1(&bytes).unwrap() {
+                    Message::Sync(SyncMessage::SyncStep1(sv)) => {
+                        assert!(!sv.is_empty(), "reloaded room lost the logged edit")
+                    }
+                    other => panic!("unexpected greeting {other:?}"),
+                }
+            }
             other => panic!("reloaded room did not greet the joiner: {other:?}"),
         }
         assert_eq!(rooms.inner.deps.metrics.room_panics.get(), 1);

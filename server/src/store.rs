@@ -31,6 +31,8 @@ pub enum StoreError {
     Db(#[from] sqlx::Error),
     #[error("migration failed")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("stored document data is corrupt")]
+    Corrupt,
     #[error("cannot create the database directory")]
     Io(#[from] std::io::Error),
 }

@@ -23,6 +23,8 @@ static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
 const JOIN_ATTEMPTS: usize = 3;
 /// Time the writer gets to flush a close frame once the reader is done.
 const WRITER_GRACE: Duration = Duration::from_secs(2);
+/// A client that accepts no byte of a frame for this long is gone; its connection is dropped.
+const WRITE_STALL: Duration = Duration::from_secs(30);
 
 pub async fn doc_socket(
     State(app): State<AppState>,
@@ -74,6 +76,8 @@ async fn serve(app: AppState, room_id: String, user: AuthUser, can_edit: bool, s
         let frame = tokio::select! {
             frame = stream.next() => frame,
             () = done.cancelled() => break,
+            // The room refused this connection: stop taking input while the close frame goes out.
+            () = outbox.closing() => break,
             () = room.closed() => {
                 // The room unloaded under us or failed; the client reconnects and resyncs.
                 outbox.close(CloseCode::Internal, "room unavailable, reconnect");
@@ -109,9 +113,9 @@ async fn serve(app: AppState, room_id: String, user: AuthUser, can_edit: bool, s
             }
             Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
             Some(Err(e)) => {
-                if is_too_big(&e) {
+                if let Some(code) = close_code_for(&e) {
                     app.metrics.protocol_errors.inc();
-                    outbox.close(CloseCode::TooBig, "message too big");
+                    outbox.close(code, code.reason());
                 } else {
                     tracing::debug!(room = %room_id, conn, error = %e, "socket read failed");
                 }
@@ -182,7 +186,9 @@ async fn write_loop(mut sink: SplitSink<WebSocket, Message>, mut rx: OutboxRx) {
         let sent = match msg {
             Outbound::Frame(_, bytes) => {
                 tokio::select! {
-                    r = sink.send(Message::Binary(bytes)) => r.is_ok(),
+                    r = tokio::time::timeout(WRITE_STALL, sink.send(Message::Binary(bytes))) => {
+                        matches!(r, Ok(Ok(())))
+                    }
                     () = kill.cancelled() => false,
                 }
             }
@@ -212,13 +218,18 @@ async fn send_close(
     .await
 }
 
-fn is_too_big(e: &axum::Error) -> bool {
+/// The close code owed to the client for a read error that its own input caused.
+fn close_code_for(e: &axum::Error) -> Option<CloseCode> {
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = source {
         if let Some(t) = err.downcast_ref::<tungstenite::Error>() {
-            return matches!(t, tungstenite::Error::Capacity(_));
+            return match t {
+                tungstenite::Error::Capacity(_) => Some(CloseCode::TooBig),
+                tungstenite::Error::Utf8(_) => Some(CloseCode::InvalidData),
+                _ => None,
+            };
         }
         source = err.source();
     }
-    false
+    None
 }

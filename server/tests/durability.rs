@@ -85,3 +85,54 @@ async fn kill_9_loses_nothing_a_peer_received() {
         storage.drop_db().await;
     }
 }
+
+#[tokio::test]
+async fn a_corrupt_log_entry_fails_closed_and_deletes_nothing() {
+    use sqlx::Connection;
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let token = storage.token("ana@example.com").await;
+    let server = Server::start(&storage, &["--room-idle-ms", "100"]).await;
+    let room = create_room(&server, &token).await;
+    let mut c = Client::connect(&server, &room, &token).await;
+    c.synced().await;
+    c.insert("main.rs", 0, "precious").await;
+    eventually(&server, &room, &token, "main.rs", "precious").await;
+    assert!(server.terminate().await.success());
+
+    let db = format!(
+        "sqlite://{}",
+        storage.dir.path().join("coderoom.db").display()
+    );
+    let mut conn = sqlx::SqliteConnection::connect(&db).await.unwrap();
+    sqlx::query("INSERT INTO doc_updates (room_id, seq, data) VALUES ($1, 1000000, $2)")
+        .bind(&room)
+        .bind(vec![0xffu8, 0xff, 0xff, 0x01])
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let before = stored_rows(&mut conn, &room).await;
+
+    let server = Server::start(&storage, &["--room-idle-ms", "100"]).await;
+    let mut c = Client::connect(&server, &room, &token).await;
+    assert_eq!(
+        c.closed().await,
+        Some(1011),
+        "a room that cannot load must refuse joins"
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Nothing was compacted away: the good history is still there for an operator to repair.
+    assert_eq!(stored_rows(&mut conn, &room).await, before);
+    assert!(server.terminate().await.success());
+}
+
+async fn stored_rows(conn: &mut sqlx::SqliteConnection, room: &str) -> i64 {
+    let (n,): (i64,) = sqlx::query_as(
+        "SELECT (SELECT COUNT(*) FROM doc_updates WHERE room_id = $1) \
+         + (SELECT COUNT(*) FROM doc_snapshots WHERE room_id = $1)",
+    )
+    .bind(room)
+    .fetch_one(conn)
+    .await
+    .unwrap();
+    n
+}
