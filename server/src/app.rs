@@ -1,15 +1,16 @@
 //! The server: shared state, routes, and the serve loop with graceful shutdown.
 
 use crate::config::{Limits, ServeArgs};
+use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::room::RoomDeps;
 use crate::rooms::Rooms;
 use crate::store::Store;
-use crate::{api, ws};
+use crate::{api, login, ws};
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
-use axum::routing::get;
+use axum::routing::{get, post};
 use axum::serve::ListenerExt;
 use axum::Router;
 use std::sync::Arc;
@@ -28,10 +29,39 @@ pub struct AppState {
     pub shutdown: CancellationToken,
     /// Tracks room tasks and WebSocket connections, so shutdown waits for their close frames.
     pub tracker: TaskTracker,
+    pub hasher: crate::login::Hasher,
+    pub mailer: crate::mail::Mailer,
+    pub cookie: crate::auth::CookieConfig,
+    /// `scheme://host[:port]` of `--public-url`: the only Origin cookie requests may carry.
+    pub public_origin: String,
+    pub admin_emails: Arc<Vec<String>>,
+    pub trusted_proxies: crate::ratelimit::TrustedProxies,
 }
 
 pub fn router(state: AppState) -> Router {
+    let limits = &state.limits;
+    let governor = tower_governor::governor::GovernorConfigBuilder::default()
+        .key_extractor(crate::ratelimit::ClientIpKey(state.trusted_proxies.clone()))
+        .period(std::time::Duration::from_millis(
+            limits.auth_replenish_ms.max(1),
+        ))
+        .burst_size(limits.auth_burst.max(1))
+        .finish()
+        .map(Arc::new);
+    let mut auth = Router::new()
+        .route("/api/auth/code", post(login::request_code))
+        .route("/api/auth/verify", post(login::verify_code))
+        .route("/api/auth/logout", post(login::logout));
+    if let Some(config) = governor {
+        // Refused before any handler (so before any argon2 work) runs.
+        auth = auth.layer(
+            tower_governor::GovernorLayer::new(config)
+                .error_handler(|_| ApiError::TooMany.into_response()),
+        );
+    }
     Router::new()
+        .merge(auth)
+        .route("/api/me", get(login::me))
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/api/rooms", get(api::list_rooms).post(api::create_room))
@@ -71,6 +101,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let tracker = TaskTracker::new();
     let metrics = Metrics::new();
     let limits = Arc::new(args.limits.clone());
+    let metrics_for_hasher = metrics.clone();
     let rooms = Rooms::new(
         RoomDeps {
             store: store.clone(),
@@ -80,6 +111,36 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         },
         tracker.clone(),
     );
+    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    let addr = listener.local_addr()?;
+    let public_origin = public_origin(args.public_url.as_deref(), addr)?;
+    let host = public_origin.split("://").nth(1).unwrap_or("localhost");
+    let host = host.split(':').next().unwrap_or("localhost");
+    let domain = if host.contains('.') && host.parse::<std::net::IpAddr>().is_err() {
+        host
+    } else {
+        "localhost.localdomain"
+    };
+    let from = format!("Coderoom <noreply@{domain}>")
+        .parse()
+        .map_err(|_| anyhow::anyhow!("cannot build a sender address from --public-url"))?;
+    let mailer = crate::mail::Mailer::start(
+        args.smtp_url.as_deref(),
+        args.storage.data_dir.join("outbox"),
+        from,
+        &tracker,
+        shutdown.clone(),
+    )?;
+    let permits = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let admin_emails = args
+        .admin_emails
+        .iter()
+        .filter(|e| !e.trim().is_empty())
+        .map(|e| {
+            crate::email::canonicalize(e)
+                .map_err(|_| anyhow::anyhow!("invalid --admin-emails entry {e:?}"))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     let state = AppState {
         store: store.clone(),
         rooms,
@@ -87,9 +148,13 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         limits,
         shutdown: shutdown.clone(),
         tracker: tracker.clone(),
+        hasher: crate::login::Hasher::new(permits, metrics_for_hasher),
+        mailer,
+        cookie: crate::auth::CookieConfig::for_origin(&public_origin),
+        public_origin,
+        admin_emails: Arc::new(admin_emails),
+        trusted_proxies: crate::ratelimit::TrustedProxies::parse(&args.trusted_proxies)?,
     };
-    let listener = tokio::net::TcpListener::bind(args.listen).await?;
-    let addr = listener.local_addr()?;
     // Tests and scripts read this exact line to find the port.
     println!("listening on http://{addr}");
     tracing::info!(%addr, backend = ?store.backend(), "serving");
@@ -108,9 +173,12 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             tracing::debug!(error = %e, "cannot set TCP_NODELAY");
         }
     });
-    axum::serve(listener, router(state))
-        .with_graceful_shutdown(async move { graceful.cancelled().await })
-        .await?;
+    axum::serve(
+        listener,
+        router(state).into_make_service_with_connect_info::<std::net::SocketAddr>(),
+    )
+    .with_graceful_shutdown(async move { graceful.cancelled().await })
+    .await?;
     tracker.close();
     tracker.wait().await;
     store.close().await;
@@ -136,18 +204,14 @@ async fn wait_for_signal() {
 /// Flags of the public contract whose features later work fills in: accepted now so scripts
 /// written against the contract start, and said out loud so nobody believes they act.
 fn warn_unbuilt(args: &ServeArgs) {
-    let set: [(&str, bool); 8] = [
-        ("--smtp-url", args.smtp_url.is_some()),
-        ("--admin-emails", !args.admin_emails.is_empty()),
+    let set: [(&str, bool); 4] = [
         (
             "--cloud-hypervisor-bin",
             args.cloud_hypervisor_bin.is_some(),
         ),
         ("--sandbox-rootfs", args.sandbox_rootfs.is_some()),
         ("--preview-url", args.preview_url.is_some()),
-        ("--trusted-proxies", !args.trusted_proxies.is_empty()),
         ("--secret-key-file", args.secret_key_file.is_some()),
-        ("--public-url", args.public_url.is_some()),
     ];
     for (flag, given) in set {
         if given {
@@ -159,4 +223,37 @@ fn warn_unbuilt(args: &ServeArgs) {
         vmm = %args.vmm,
         "sandbox tier: none (no sandbox backend is built yet; terminal and exec are unavailable)"
     );
+}
+
+/// `scheme://host[:port]` of the public URL, or of the bound address when none is given.
+fn public_origin(public_url: Option<&str>, bound: std::net::SocketAddr) -> anyhow::Result<String> {
+    let Some(url) = public_url else {
+        return Ok(format!("http://{bound}"));
+    };
+    let (scheme, rest) = url
+        .split_once("://")
+        .filter(|(s, _)| *s == "http" || *s == "https")
+        .ok_or_else(|| anyhow::anyhow!("--public-url must start with http:// or https://"))?;
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    if authority.is_empty() || authority.contains('@') {
+        anyhow::bail!("--public-url must name a host (and no credentials)");
+    }
+    Ok(format!("{scheme}://{}", authority.to_ascii_lowercase()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::public_origin;
+
+    #[test]
+    fn origins() {
+        let bound = "127.0.0.1:9000".parse().unwrap();
+        assert_eq!(public_origin(None, bound).unwrap(), "http://127.0.0.1:9000");
+        assert_eq!(
+            public_origin(Some("https://Rooms.Example.com/app/"), bound).unwrap(),
+            "https://rooms.example.com"
+        );
+        assert!(public_origin(Some("ftp://x"), bound).is_err());
+        assert!(public_origin(Some("https://u:p@x"), bound).is_err());
+    }
 }

@@ -1,21 +1,74 @@
-//! Bearer-token sessions. Tokens are 256 random bits; only their SHA-256 is stored, so a
-//! database leak does not hand out live sessions.
+//! Sessions: opaque 256-bit tokens, stored only as SHA-256, presented either as a bearer token
+//! (agents, scripts) or as the session cookie (browsers).
+//!
+//! Cookie-authenticated requests that change state, and WebSocket upgrades, must carry an
+//! `Origin` equal to the server's public origin: a page on another site can make the browser
+//! send the cookie, but not forge the Origin (cross-site request forgery and cross-site
+//! WebSocket hijacking). Bearer tokens are not sent automatically by browsers, so they need no
+//! Origin.
 
 use crate::app::AppState;
 use crate::error::ApiError;
 use crate::store::{now_ms, Store, StoreError, UserRow};
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue, Method};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 
 const TOKEN_PREFIX: &str = "crt_";
+/// Absolute session lifetime.
+pub const SESSION_ABSOLUTE_S: u64 = 30 * 24 * 3600;
+/// A session unused for this long is dead.
+pub const SESSION_IDLE_MS: i64 = 7 * 24 * 3600 * 1000;
 
 /// The authenticated caller.
 #[derive(Debug, Clone)]
 pub struct AuthUser {
     pub id: String,
     pub email: String,
+    /// Hash of the presented token, to end this session on logout.
+    pub session_hash: String,
+}
+
+/// The session cookie's name and attributes, fixed by `--public-url`.
+#[derive(Debug, Clone)]
+pub struct CookieConfig {
+    name: &'static str,
+    secure: bool,
+}
+
+impl CookieConfig {
+    /// HTTPS deployments get `Secure` and the `__Host-` prefix (no Domain, Path=/, Secure).
+    pub fn for_origin(origin: &str) -> Self {
+        let secure = origin.starts_with("https://");
+        CookieConfig {
+            name: if secure {
+                "__Host-coderoom_session"
+            } else {
+                "coderoom_session"
+            },
+            secure,
+        }
+    }
+
+    pub fn set(&self, token: &str) -> HeaderValue {
+        let secure = if self.secure { "; Secure" } else { "" };
+        let v = format!(
+            "{}={token}; Path=/; HttpOnly; SameSite=Lax; Max-Age={SESSION_ABSOLUTE_S}{secure}",
+            self.name
+        );
+        HeaderValue::from_str(&v).unwrap_or_else(|_| HeaderValue::from_static(""))
+    }
+
+    pub fn clear(&self) -> HeaderValue {
+        let secure = if self.secure { "; Secure" } else { "" };
+        let v = format!(
+            "{}=; Path=/; HttpOnly; SameSite=Lax; Max-Age=0{secure}",
+            self.name
+        );
+        HeaderValue::from_str(&v).unwrap_or_else(|_| HeaderValue::from_static(""))
+    }
 }
 
 pub fn hash_token(token: &str) -> String {
@@ -38,36 +91,113 @@ pub async fn issue_token(store: &Store, user_id: &str, ttl_s: u64) -> Result<Str
     Ok(token)
 }
 
-/// Creates the user if needed and returns it.
+/// Creates the user if needed and returns it. `email` must be canonical (see `email.rs`).
 pub async fn ensure_user(store: &Store, email: &str) -> Result<UserRow, StoreError> {
     let id = uuid::Uuid::new_v4().simple().to_string();
-    store
-        .upsert_user(&id, &email.trim().to_ascii_lowercase())
-        .await
+    store.upsert_user(&id, email).await
+}
+
+fn well_formed(token: &str) -> bool {
+    token.starts_with(TOKEN_PREFIX)
+        && token.len() == TOKEN_PREFIX.len() + 64
+        && token[TOKEN_PREFIX.len()..]
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit())
+}
+
+/// The session token in the request's cookie, if any.
+pub fn session_cookie(headers: &HeaderMap, cookie: &CookieConfig) -> Option<String> {
+    headers
+        .get_all(axum::http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(k, v)| *k == cookie.name && well_formed(v))
+        .map(|(_, v)| v.to_owned())
+}
+
+fn needs_origin(parts: &Parts) -> bool {
+    let safe = matches!(parts.method, Method::GET | Method::HEAD | Method::OPTIONS);
+    let upgrade = parts
+        .headers
+        .get(axum::http::header::UPGRADE)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"));
+    !safe || upgrade
 }
 
 impl FromRequestParts<AppState> for AuthUser {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let header = parts
+        let bearer = parts
             .headers
             .get(axum::http::header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .ok_or(ApiError::Unauthorized)?;
-        let token = header
-            .strip_prefix("Bearer ")
-            .map(str::trim)
-            .filter(|t| t.starts_with(TOKEN_PREFIX) && t.len() <= 128)
-            .ok_or(ApiError::Unauthorized)?;
+            .and_then(|h| h.strip_prefix("Bearer "))
+            .map(str::trim);
+        let token = match bearer {
+            Some(t) if well_formed(t) => t.to_owned(),
+            Some(_) => return Err(ApiError::Unauthorized),
+            None => {
+                let t =
+                    session_cookie(&parts.headers, &state.cookie).ok_or(ApiError::Unauthorized)?;
+                if needs_origin(parts) {
+                    let origin = parts
+                        .headers
+                        .get(axum::http::header::ORIGIN)
+                        .and_then(|v| v.to_str().ok());
+                    if origin != Some(state.public_origin.as_str()) {
+                        tracing::info!(?origin, "cookie request refused: Origin does not match");
+                        return Err(ApiError::Forbidden);
+                    }
+                }
+                t
+            }
+        };
+        let session_hash = hash_token(&token);
         let user = state
             .store
-            .session_user(&hash_token(token), now_ms())
+            .live_session_user(&session_hash, now_ms(), SESSION_IDLE_MS)
             .await?
             .ok_or(ApiError::Unauthorized)?;
         Ok(AuthUser {
             id: user.id,
             email: user.email,
+            session_hash,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cookie_attributes_follow_the_public_origin() {
+        let https = CookieConfig::for_origin("https://rooms.example.com");
+        let v = https.set("crt_x");
+        let v = v.to_str().unwrap();
+        assert!(v.starts_with("__Host-coderoom_session=crt_x; Path=/; HttpOnly; SameSite=Lax"));
+        assert!(v.ends_with("; Secure"));
+        let http = CookieConfig::for_origin("http://127.0.0.1:8080");
+        let v = http.set("crt_x");
+        assert!(v.to_str().unwrap().starts_with("coderoom_session=crt_x;"));
+        assert!(!v.to_str().unwrap().contains("Secure"));
+    }
+
+    #[test]
+    fn cookie_parsing_ignores_other_and_malformed_cookies() {
+        let c = CookieConfig::for_origin("http://x");
+        let good = format!("crt_{}", "a".repeat(64));
+        let mut h = HeaderMap::new();
+        h.insert(
+            axum::http::header::COOKIE,
+            HeaderValue::from_str(&format!(
+                "a=b; coderoom_session=junk; coderoom_session={good}"
+            ))
+            .unwrap(),
+        );
+        assert_eq!(session_cookie(&h, &c), Some(good));
     }
 }

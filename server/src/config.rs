@@ -131,6 +131,12 @@ pub struct Limits {
     /// A room with no connections for this long is flushed and unloaded.
     #[arg(long, env = "CODEROOM_ROOM_IDLE_MS", default_value_t = 30_000)]
     pub room_idle_ms: u64,
+    /// Requests to /api/auth/* one client address may make in a burst.
+    #[arg(long, env = "CODEROOM_AUTH_BURST", default_value_t = 10)]
+    pub auth_burst: u32,
+    /// One more /api/auth/* request is allowed per client address every this many ms.
+    #[arg(long, env = "CODEROOM_AUTH_REPLENISH_MS", default_value_t = 6_000)]
+    pub auth_replenish_ms: u64,
     /// Fold the update log into the snapshot after this many logged updates.
     #[arg(long, env = "CODEROOM_COMPACT_EVERY", default_value_t = 1_000)]
     pub compact_every: u64,
@@ -147,6 +153,8 @@ impl Default for Limits {
             outbound_queue_bytes: 8 << 20,
             room_idle_ms: 30_000,
             compact_every: 1_000,
+            auth_burst: 10,
+            auth_replenish_ms: 6_000,
         }
     }
 }

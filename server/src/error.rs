@@ -16,6 +16,8 @@ pub enum ApiError {
     NotFound,
     #[error("{0}")]
     BadRequest(&'static str),
+    #[error("too many requests")]
+    TooMany,
     #[error("storage unavailable")]
     Store(#[from] StoreError),
 }
@@ -27,6 +29,7 @@ impl IntoResponse for ApiError {
             ApiError::Forbidden => StatusCode::FORBIDDEN,
             ApiError::NotFound => StatusCode::NOT_FOUND,
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::TooMany => StatusCode::TOO_MANY_REQUESTS,
             // Fail closed: when the database does not answer, nothing happens.
             ApiError::Store(e) => {
                 tracing::error!(error = ?e, "storage error");

@@ -44,9 +44,8 @@ async fn main() -> anyhow::Result<()> {
                 },
         } => {
             init_logging(false);
-            if !email.contains('@') || email.len() > 254 || email.chars().any(char::is_control) {
-                anyhow::bail!("not an email address: {email:?}");
-            }
+            let email = coderoom_server::email::canonicalize(&email)
+                .map_err(|_| anyhow::anyhow!("not a plain email address: {email:?}"))?;
             let store = Store::connect(&storage.database_url()).await?;
             store.migrate().await?;
             let user = auth::ensure_user(&store, &email).await?;

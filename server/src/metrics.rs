@@ -24,6 +24,7 @@ pub struct Inner {
     pub room_panics: Counter,
     pub connections_dropped_slow: Counter,
     pub protocol_errors: Counter,
+    pub argon2_operations: Counter,
 }
 
 impl Metrics {
@@ -40,6 +41,12 @@ impl Metrics {
         let room_panics = Counter::default();
         let connections_dropped_slow = Counter::default();
         let protocol_errors = Counter::default();
+        let argon2_operations = Counter::default();
+        registry.register(
+            "argon2_operations",
+            "Login code hashes and verifications run",
+            argon2_operations.clone(),
+        );
         registry.register("rooms_loaded", "Rooms held in memory", rooms_loaded.clone());
         registry.register(
             "connections",
@@ -99,6 +106,7 @@ impl Metrics {
                 room_panics,
                 connections_dropped_slow,
                 protocol_errors,
+                argon2_operations,
             }),
         }
     }

@@ -173,21 +173,42 @@ impl Server {
     }
 }
 
+pub struct Resp {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl Resp {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
 /// Minimal HTTP/1.1 client over a raw socket (keeps the dev-dependency list short).
-pub async fn http(
+pub async fn request(
     url: &str,
     method: &str,
-    token: Option<&str>,
+    headers: &[(&str, &str)],
     body: Option<&str>,
-) -> (u16, String) {
+) -> Resp {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let rest = url.strip_prefix("http://").unwrap();
     let (host, path) = rest.split_at(rest.find('/').unwrap());
     let mut s = TcpStream::connect(host).await.unwrap();
     let body = body.unwrap_or("");
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
-    if let Some(t) = token {
-        req.push_str(&format!("Authorization: Bearer {t}\r\n"));
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\n");
+    if !headers
+        .iter()
+        .any(|(k, _)| k.eq_ignore_ascii_case("connection"))
+    {
+        req.push_str("Connection: close\r\n");
+    }
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
     }
     if !body.is_empty() {
         req.push_str("Content-Type: application/json\r\n");
@@ -195,14 +216,45 @@ pub async fn http(
     req.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
     s.write_all(req.as_bytes()).await.unwrap();
     let mut buf = Vec::new();
-    s.read_to_end(&mut buf).await.unwrap();
+    // An upgraded (101) connection stays open: stop once its head is in.
+    let _ = tokio::time::timeout(TIMEOUT, async {
+        let mut chunk = [0u8; 8192];
+        loop {
+            match s.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+            if buf.starts_with(b"HTTP/1.1 101") && buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                break;
+            }
+        }
+    })
+    .await;
     let text = String::from_utf8_lossy(&buf).into_owned();
-    let status = text[9..12].parse().unwrap();
-    let body = text
-        .split_once("\r\n\r\n")
-        .map(|x| x.1.to_owned())
-        .unwrap_or_default();
-    (status, body)
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let status = lines.next().unwrap()[9..12].parse().unwrap();
+    let headers = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+        .collect();
+    Resp {
+        status,
+        headers,
+        body: body.to_owned(),
+    }
+}
+
+pub async fn http(
+    url: &str,
+    method: &str,
+    token: Option<&str>,
+    body: Option<&str>,
+) -> (u16, String) {
+    let auth = token.map(|t| format!("Bearer {t}"));
+    let headers: Vec<(&str, &str)> = auth.iter().map(|a| ("Authorization", a.as_str())).collect();
+    let r = request(url, method, &headers, body).await;
+    (r.status, r.body)
 }
 
 pub async fn create_room(server: &Server, token: &str) -> String {

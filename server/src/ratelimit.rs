@@ -1,0 +1,147 @@
+//! Who is calling, for rate limits: the socket peer, or, only when the peer is one of
+//! `--trusted-proxies`, the right-most `X-Forwarded-For` entry that is not itself a trusted
+//! proxy. A client cannot escape its limit by sending its own `X-Forwarded-For`.
+
+use crate::app::AppState;
+use crate::error::ApiError;
+use axum::extract::{ConnectInfo, FromRequestParts};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, Request};
+use ipnet::IpNet;
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use tower_governor::key_extractor::KeyExtractor;
+use tower_governor::GovernorError;
+
+/// Longest `X-Forwarded-For` list considered.
+const MAX_FORWARDED: usize = 32;
+
+#[derive(Debug, Clone, Default)]
+pub struct TrustedProxies(Arc<Vec<IpNet>>);
+
+#[derive(Debug, thiserror::Error)]
+#[error("invalid --trusted-proxies entry `{0}` (expected CIDR such as 10.0.0.0/8)")]
+pub struct BadCidr(String);
+
+impl TrustedProxies {
+    pub fn parse(list: &[String]) -> Result<Self, BadCidr> {
+        let nets = list
+            .iter()
+            .map(|s| s.trim())
+            .filter(|s| !s.is_empty())
+            .map(|s| {
+                s.parse::<IpNet>()
+                    .or_else(|_| s.parse::<IpAddr>().map(IpNet::from))
+                    .map_err(|_| BadCidr(s.to_owned()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(TrustedProxies(Arc::new(nets)))
+    }
+
+    fn trusts(&self, ip: &IpAddr) -> bool {
+        self.0.iter().any(|n| n.contains(ip))
+    }
+
+    /// The address a request's limits are keyed on.
+    pub fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        if !self.trusts(&peer) {
+            return peer;
+        }
+        let forwarded: Vec<IpAddr> = headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .take(MAX_FORWARDED)
+            .map_while(|s| s.trim().parse().ok())
+            .collect();
+        forwarded
+            .iter()
+            .rev()
+            .find(|ip| !self.trusts(ip))
+            .or(forwarded.first())
+            .copied()
+            .unwrap_or(peer)
+    }
+}
+
+/// The caller's address as the limits see it.
+#[derive(Debug, Clone, Copy)]
+pub struct ClientIp(pub IpAddr);
+
+impl fmt::Display for ClientIp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl FromRequestParts<AppState> for ClientIp {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let peer = parts
+            .extensions
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|c| c.0.ip())
+            .ok_or(ApiError::BadRequest("no peer address"))?;
+        Ok(ClientIp(
+            state.trusted_proxies.client_ip(peer, &parts.headers),
+        ))
+    }
+}
+
+/// tower-governor key: the same client address.
+#[derive(Debug, Clone)]
+pub struct ClientIpKey(pub TrustedProxies);
+
+impl KeyExtractor for ClientIpKey {
+    type Key = IpAddr;
+
+    fn extract<T>(&self, req: &Request<T>) -> Result<IpAddr, GovernorError> {
+        let peer = req
+            .extensions()
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|c| c.0.ip())
+            .ok_or(GovernorError::UnableToExtractKey)?;
+        Ok(self.0.client_ip(peer, req.headers()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn xff(v: &str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert("x-forwarded-for", v.parse().unwrap());
+        h
+    }
+
+    #[test]
+    fn forwarded_for_counts_only_behind_a_trusted_proxy() {
+        let none = TrustedProxies::default();
+        let peer: IpAddr = "203.0.113.9".parse().unwrap();
+        assert_eq!(
+            none.client_ip(peer, &xff("1.2.3.4")),
+            peer,
+            "spoofed header ignored"
+        );
+
+        let t = TrustedProxies::parse(&["10.0.0.0/8".into(), "127.0.0.1".into()]).unwrap();
+        let proxy: IpAddr = "10.1.2.3".parse().unwrap();
+        assert_eq!(t.client_ip(proxy, &xff("1.2.3.4")).to_string(), "1.2.3.4");
+        // The client prepends a lie; the proxy appends the truth: the right-most untrusted wins.
+        assert_eq!(
+            t.client_ip(proxy, &xff("9.9.9.9, 1.2.3.4")).to_string(),
+            "1.2.3.4"
+        );
+        assert_eq!(
+            t.client_ip(proxy, &xff("1.2.3.4, 10.0.0.7")).to_string(),
+            "1.2.3.4"
+        );
+        assert_eq!(t.client_ip(proxy, &HeaderMap::new()), proxy);
+        assert_eq!(t.client_ip(proxy, &xff("garbage")), proxy);
+        assert!(TrustedProxies::parse(&["nope".into()]).is_err());
+    }
+}

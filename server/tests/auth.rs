@@ -1,0 +1,522 @@
+//! Email login against a real SMTP server (Python `aiosmtpd`, started per test), sessions,
+//! rate limits and the Origin checks.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+use tokio::process::{Child, Command};
+
+/// A real SMTP server that stores every message it accepts in a maildir.
+struct Smtp {
+    _child: Child,
+    port: u16,
+    maildir: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Smtp {
+    async fn start() -> Option<Smtp> {
+        let have = Command::new("python3")
+            .args(["-c", "import aiosmtpd"])
+            .stderr(Stdio::null())
+            .status()
+            .await
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if !have {
+            assert!(
+                std::env::var("CI").is_err(),
+                "CI must install aiosmtpd (pip)"
+            );
+            eprintln!("SKIPPED: real-SMTP tests need `pip install aiosmtpd`");
+            return None;
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let dir = tempfile::tempdir().unwrap();
+        let maildir = dir.path().join("maildir");
+        let child = Command::new("python3")
+            .args(["-m", "aiosmtpd", "-n", "-l", &format!("127.0.0.1:{port}")])
+            .args(["-c", "aiosmtpd.handlers.Mailbox", maildir.to_str().unwrap()])
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        for _ in 0..100 {
+            if tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok()
+            {
+                return Some(Smtp {
+                    _child: child,
+                    port,
+                    maildir,
+                    _dir: dir,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("aiosmtpd did not start");
+    }
+
+    fn url(&self) -> String {
+        format!("smtp://127.0.0.1:{}", self.port)
+    }
+
+    fn messages(&self) -> Vec<String> {
+        let Ok(dir) = std::fs::read_dir(self.maildir.join("new")) else {
+            return Vec::new();
+        };
+        let mut v: Vec<(std::time::SystemTime, String)> = dir
+            .filter_map(|e| e.ok())
+            .map(|e| {
+                (
+                    e.metadata().unwrap().modified().unwrap(),
+                    std::fs::read_to_string(e.path()).unwrap(),
+                )
+            })
+            .collect();
+        v.sort();
+        v.into_iter().map(|(_, m)| m).collect()
+    }
+
+    /// Waits for the `n`-th message (1-based) and returns it.
+    async fn nth(&self, n: usize) -> String {
+        for _ in 0..200 {
+            let m = self.messages();
+            if m.len() >= n {
+                return m[n - 1].clone();
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("message {n} never arrived");
+    }
+}
+
+fn code_in(message: &str) -> String {
+    let at = message.find("code is ").unwrap() + "code is ".len();
+    message[at..at + 6].to_owned()
+}
+
+fn headers_of(message: &str) -> Vec<(String, String)> {
+    let head = message.split("\n\n").next().unwrap();
+    head.lines()
+        .filter(|l| !l.starts_with(' ') && !l.starts_with('\t'))
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_owned()))
+        .collect()
+}
+
+async fn ask_code(server: &Server, email: &str) -> Resp {
+    let body = serde_json::json!({ "email": email }).to_string();
+    request(&server.url("/api/auth/code"), "POST", &[], Some(&body)).await
+}
+
+async fn verify(server: &Server, email: &str, code: &str) -> Resp {
+    let body = serde_json::json!({ "email": email, "code": code }).to_string();
+    request(&server.url("/api/auth/verify"), "POST", &[], Some(&body)).await
+}
+
+fn cookie_of(r: &Resp) -> String {
+    r.header("set-cookie")
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned()
+}
+
+async fn auth_events(dir: &Path, kind: &str) -> i64 {
+    use sqlx::Connection;
+    let db = format!("sqlite://{}", dir.join("coderoom.db").display());
+    let mut conn = sqlx::SqliteConnection::connect(&db).await.unwrap();
+    let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM auth_events WHERE kind = $1")
+        .bind(kind)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    n
+}
+
+#[tokio::test]
+async fn login_through_real_smtp_once() {
+    let Some(smtp) = Smtp::start().await else {
+        return;
+    };
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let url = smtp.url();
+    let server = Server::start(
+        &storage,
+        &["--smtp-url", &url, "--admin-emails", "boss@example.com"],
+    )
+    .await;
+
+    let r = ask_code(&server, "Ana@Example.com").await;
+    assert_eq!(r.status, 202);
+    let mail = smtp.nth(1).await;
+    let headers = headers_of(&mail);
+    let to: Vec<_> = headers.iter().filter(|(k, _)| k == "to").collect();
+    assert_eq!(to.len(), 1, "exactly one To header");
+    assert_eq!(to[0].1, "ana@example.com");
+    // aiosmtpd records the envelope: exactly the stored address.
+    let rcpt: Vec<_> = headers.iter().filter(|(k, _)| k == "x-rcptto").collect();
+    assert_eq!(rcpt.len(), 1);
+    assert_eq!(rcpt[0].1, "ana@example.com");
+    assert!(!headers.iter().any(|(k, _)| k == "bcc" || k == "cc"));
+    let code = code_in(&mail);
+
+    let ok = verify(&server, "ana@example.com", &code).await;
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    let v: serde_json::Value = serde_json::from_str(&ok.body).unwrap();
+    assert_eq!(v["user"]["email"], "ana@example.com");
+    let set_cookie = ok.header("set-cookie").unwrap();
+    assert!(
+        set_cookie.contains("HttpOnly") && set_cookie.contains("SameSite=Lax"),
+        "{set_cookie}"
+    );
+    let cookie = cookie_of(&ok);
+    let me = request(&server.url("/api/me"), "GET", &[("Cookie", &cookie)], None).await;
+    assert_eq!(me.status, 200);
+    let me: serde_json::Value = serde_json::from_str(&me.body).unwrap();
+    assert_eq!(me["is_admin"], false);
+
+    // Single use.
+    assert_eq!(verify(&server, "ana@example.com", &code).await.status, 401);
+
+    // Admins come from --admin-emails.
+    assert_eq!(ask_code(&server, "boss@example.com").await.status, 202);
+    let code = code_in(&smtp.nth(2).await);
+    let boss = cookie_of(&verify(&server, "boss@example.com", &code).await);
+    let me = request(&server.url("/api/me"), "GET", &[("Cookie", &boss)], None).await;
+    assert!(me.body.contains("\"is_admin\":true"), "{}", me.body);
+
+    // Logout kills the session server-side.
+    let origin = format!("http://{}", server.addr);
+    let out = request(
+        &server.url("/api/auth/logout"),
+        "POST",
+        &[("Cookie", &cookie), ("Origin", &origin)],
+        None,
+    )
+    .await;
+    assert_eq!(out.status, 204);
+    assert_eq!(
+        request(&server.url("/api/me"), "GET", &[("Cookie", &cookie)], None)
+            .await
+            .status,
+        401
+    );
+    assert_eq!(auth_events(storage.dir.path(), "login_ok").await, 2);
+    assert_eq!(auth_events(storage.dir.path(), "logout").await, 1);
+    server.terminate().await;
+}
+
+#[tokio::test]
+async fn brute_force_replay_and_foreign_codes_fail_alike() {
+    let Some(smtp) = Smtp::start().await else {
+        return;
+    };
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let url = smtp.url();
+    let server = Server::start(&storage, &["--smtp-url", &url, "--auth-burst", "100"]).await;
+
+    assert_eq!(ask_code(&server, "ben@example.com").await.status, 202);
+    let ben_code = code_in(&smtp.nth(1).await);
+    assert_eq!(ask_code(&server, "cleo@example.com").await.status, 202);
+    let cleo_code = code_in(&smtp.nth(2).await);
+
+    // Another login's code does not open this account.
+    if cleo_code != ben_code {
+        let r = verify(&server, "ben@example.com", &cleo_code).await;
+        assert_eq!(r.status, 401);
+    }
+    // Five wrong tries in all void the code; every refusal looks the same.
+    let wrong = if ben_code == "000000" {
+        "111111"
+    } else {
+        "000000"
+    };
+    let first = verify(&server, "ben@example.com", wrong).await;
+    let tries = if cleo_code != ben_code { 4 } else { 5 };
+    for _ in 1..tries {
+        let r = verify(&server, "ben@example.com", wrong).await;
+        assert_eq!((r.status, &r.body), (first.status, &first.body));
+    }
+    let late = verify(&server, "ben@example.com", &ben_code).await;
+    assert_eq!(
+        (late.status, &late.body),
+        (first.status, &first.body),
+        "the right code after 5 wrong ones"
+    );
+    assert_eq!(auth_events(storage.dir.path(), "code_locked").await, 1);
+
+    // A new code is refused within the per-email minute, with 429.
+    assert_eq!(ask_code(&server, "ben@example.com").await.status, 429);
+    // Malformed codes are refused the same way.
+    assert_eq!(
+        verify(&server, "cleo@example.com", "12ab56").await.body,
+        first.body
+    );
+    server.terminate().await;
+}
+
+#[tokio::test]
+async fn known_and_unknown_emails_get_identical_answers() {
+    let Some(smtp) = Smtp::start().await else {
+        return;
+    };
+    let storage = Storage::new(&Backend::Sqlite).await;
+    storage.token("known@example.com").await;
+    let url = smtp.url();
+    let server = Server::start(&storage, &["--smtp-url", &url]).await;
+    let hashes_before = server.metric("coderoom_argon2_operations_total").await;
+    let known = ask_code(&server, "known@example.com").await;
+    let unknown = ask_code(&server, "nobody@example.com").await;
+    assert_eq!(known.status, unknown.status);
+    assert_eq!(known.body, unknown.body);
+    let names = |r: &Resp| {
+        let mut v: Vec<(String, String)> = r
+            .headers
+            .iter()
+            .filter(|(k, _)| !k.eq_ignore_ascii_case("date"))
+            .map(|(k, v)| (k.to_ascii_lowercase(), v.clone()))
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(names(&known), names(&unknown));
+    // The same work ran for both (one argon2 hash each).
+    assert_eq!(
+        server.metric("coderoom_argon2_operations_total").await - hashes_before,
+        2.0
+    );
+    smtp.nth(2).await;
+    server.terminate().await;
+}
+
+#[tokio::test]
+async fn hostile_addresses_never_reach_smtp() {
+    let Some(smtp) = Smtp::start().await else {
+        return;
+    };
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let url = smtp.url();
+    let server = Server::start(&storage, &["--smtp-url", &url, "--auth-burst", "100"]).await;
+    for bad in [
+        "\"a@evil.com\"@victim.com",
+        "a@x.com,b@y.com",
+        "a@x.com\r\nBcc: c@evil.com",
+        "victim@example.com\nCc: spy@evil.com",
+        "a\u{FF20}example.com",
+        "Victim <victim@example.com>, spy@evil.com",
+    ] {
+        let r = ask_code(&server, bad).await;
+        assert_eq!(r.status, 400, "{bad:?}");
+    }
+    // A legitimate request after them: once it arrives, nothing else has.
+    assert_eq!(ask_code(&server, "sentinel@example.com").await.status, 202);
+    let mail = smtp.nth(1).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(smtp.messages().len(), 1);
+    assert!(headers_of(&mail)
+        .iter()
+        .any(|(k, v)| k == "x-rcptto" && v == "sentinel@example.com"));
+    server.terminate().await;
+}
+
+#[tokio::test]
+async fn one_ip_is_limited_before_any_hashing() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let server = Server::start(&storage, &[]).await;
+    let before = server.metric("coderoom_argon2_operations_total").await;
+    let mut limited = 0;
+    for i in 0..1000 {
+        let r = verify(&server, "x@example.com", &format!("{:06}", i)).await;
+        if r.status == 429 {
+            limited += 1;
+        } else {
+            assert_eq!(r.status, 401);
+        }
+    }
+    let hashed = server.metric("coderoom_argon2_operations_total").await - before;
+    assert!(limited >= 985, "only {limited} of 1000 were limited");
+    assert!(
+        hashed <= 15.0,
+        "argon2 ran {hashed} times for 1000 limited requests"
+    );
+
+    // A spoofed X-Forwarded-For from an untrusted peer changes nothing.
+    for i in 0..50 {
+        let body = r#"{"email":"x@example.com","code":"123456"}"#;
+        let xff = format!("10.9.{}.{}", i / 250, i % 250);
+        let r = request(
+            &server.url("/api/auth/verify"),
+            "POST",
+            &[("X-Forwarded-For", &xff)],
+            Some(body),
+        )
+        .await;
+        assert_eq!(r.status, 429, "spoofed X-Forwarded-For escaped the limiter");
+    }
+    server.terminate().await;
+
+    // Behind a trusted proxy the forwarded address is the key: distinct clients are distinct.
+    let server = Server::start(
+        &storage,
+        &["--trusted-proxies", "127.0.0.1/32", "--auth-burst", "2"],
+    )
+    .await;
+    for i in 0..20 {
+        let body = r#"{"email":"x@example.com","code":"123456"}"#;
+        let xff = format!("198.51.100.{i}");
+        let r = request(
+            &server.url("/api/auth/verify"),
+            "POST",
+            &[("X-Forwarded-For", &xff)],
+            Some(body),
+        )
+        .await;
+        assert_eq!(
+            r.status, 401,
+            "client {xff} behind the proxy was limited by others' requests"
+        );
+    }
+    server.terminate().await;
+}
+
+#[tokio::test]
+async fn cookies_need_the_right_origin() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let server = Server::start(&storage, &[]).await;
+    // Log in through the dev outbox this time.
+    assert_eq!(ask_code(&server, "ana@example.com").await.status, 202);
+    let outbox = storage.dir.path().join("outbox");
+    let mut mail = String::new();
+    for _ in 0..100 {
+        if let Some(e) = std::fs::read_dir(&outbox).ok().and_then(|mut d| d.next()) {
+            mail = std::fs::read_to_string(e.unwrap().path()).unwrap();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let cookie = cookie_of(&verify(&server, "ana@example.com", &code_in(&mail)).await);
+    let origin = format!("http://{}", server.addr);
+    let rooms = server.url("/api/rooms");
+    let body = Some(r#"{"name":"r"}"#);
+
+    let no_origin = request(&rooms, "POST", &[("Cookie", &cookie)], body).await;
+    assert_eq!(no_origin.status, 403);
+    let evil = request(
+        &rooms,
+        "POST",
+        &[("Cookie", &cookie), ("Origin", "http://evil.example")],
+        body,
+    )
+    .await;
+    assert_eq!(evil.status, 403);
+    let ok = request(
+        &rooms,
+        "POST",
+        &[("Cookie", &cookie), ("Origin", &origin)],
+        body,
+    )
+    .await;
+    assert_eq!(ok.status, 201);
+    let room: serde_json::Value = serde_json::from_str(&ok.body).unwrap();
+    let room = room["id"].as_str().unwrap();
+
+    // Cross-site WebSocket hijacking: the browser sends the cookie, the Origin gives it away.
+    let doc = server.url(&format!("/api/rooms/{room}/doc"));
+    let upgrade = |o: &'static str| {
+        let cookie = cookie.clone();
+        let doc = doc.clone();
+        async move {
+            let o = if o == "self" {
+                format!("http://{}", doc.split('/').nth(2).unwrap())
+            } else {
+                o.to_owned()
+            };
+            request(
+                &doc,
+                "GET",
+                &[
+                    ("Cookie", &cookie),
+                    ("Origin", &o),
+                    ("Upgrade", "websocket"),
+                    ("Connection", "Upgrade"),
+                    ("Sec-WebSocket-Version", "13"),
+                    ("Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="),
+                ],
+                None,
+            )
+            .await
+            .status
+        }
+    };
+    assert_eq!(upgrade("http://evil.example").await, 403);
+    assert_eq!(upgrade("self").await, 101);
+    server.terminate().await;
+}
+
+#[tokio::test]
+async fn a_dead_relay_never_delays_the_request() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("smtp://127.0.0.1:{port}");
+    let server = Server::start(&storage, &["--smtp-url", &url]).await;
+    let started = std::time::Instant::now();
+    assert_eq!(ask_code(&server, "ana@example.com").await.status, 202);
+    // Retries take seconds (1 s + 4 s backoff); the answer does not wait for them.
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "request waited on SMTP"
+    );
+    server.terminate().await;
+}
+
+#[tokio::test]
+async fn idle_sessions_die() {
+    use sqlx::Connection;
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let token = storage.token("ana@example.com").await;
+    let server = Server::start(&storage, &[]).await;
+    assert_eq!(
+        http(&server.url("/api/me"), "GET", Some(&token), None)
+            .await
+            .0,
+        200
+    );
+    let db = format!(
+        "sqlite://{}",
+        storage.dir.path().join("coderoom.db").display()
+    );
+    let mut conn = sqlx::SqliteConnection::connect(&db).await.unwrap();
+    // Last used eight days ago: past the seven-day idle limit.
+    let eight_days_ago = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+        - 8 * 24 * 3600 * 1000;
+    sqlx::query("UPDATE sessions SET last_seen_at = $1")
+        .bind(eight_days_ago)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        http(&server.url("/api/me"), "GET", Some(&token), None)
+            .await
+            .0,
+        401
+    );
+    server.terminate().await;
+}
