@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 use tokio::process::{Child, Command};
@@ -132,10 +132,16 @@ fn cookie_of(r: &Resp) -> String {
         .to_owned()
 }
 
-async fn auth_events(dir: &Path, kind: &str) -> i64 {
+async fn auth_events(storage: &Storage, kind: &str) -> i64 {
     use sqlx::Connection;
-    let db = format!("sqlite://{}", dir.join("coderoom.db").display());
-    let mut conn = sqlx::SqliteConnection::connect(&db).await.unwrap();
+    sqlx::any::install_default_drivers();
+    let db = storage.database_url.clone().unwrap_or_else(|| {
+        format!(
+            "sqlite://{}",
+            storage.dir.path().join("coderoom.db").display()
+        )
+    });
+    let mut conn = sqlx::AnyConnection::connect(&db).await.unwrap();
     let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM auth_events WHERE kind = $1")
         .bind(kind)
         .fetch_one(&mut conn)
@@ -146,10 +152,16 @@ async fn auth_events(dir: &Path, kind: &str) -> i64 {
 
 #[tokio::test]
 async fn login_through_real_smtp_once() {
+    for backend in backends() {
+        login_once(&backend).await;
+    }
+}
+
+async fn login_once(backend: &Backend) {
     let Some(smtp) = Smtp::start().await else {
         return;
     };
-    let storage = Storage::new(&Backend::Sqlite).await;
+    let storage = Storage::new(backend).await;
     let url = smtp.url();
     let server = Server::start(
         &storage,
@@ -212,17 +224,24 @@ async fn login_through_real_smtp_once() {
             .status,
         401
     );
-    assert_eq!(auth_events(storage.dir.path(), "login_ok").await, 2);
-    assert_eq!(auth_events(storage.dir.path(), "logout").await, 1);
+    assert_eq!(auth_events(&storage, "login_ok").await, 2);
+    assert_eq!(auth_events(&storage, "logout").await, 1);
     server.terminate().await;
+    storage.drop_db().await;
 }
 
 #[tokio::test]
 async fn brute_force_replay_and_foreign_codes_fail_alike() {
+    for backend in backends() {
+        brute_force_on(&backend).await;
+    }
+}
+
+async fn brute_force_on(backend: &Backend) {
     let Some(smtp) = Smtp::start().await else {
         return;
     };
-    let storage = Storage::new(&Backend::Sqlite).await;
+    let storage = Storage::new(backend).await;
     let url = smtp.url();
     let server = Server::start(&storage, &["--smtp-url", &url, "--auth-burst", "100"]).await;
 
@@ -254,7 +273,7 @@ async fn brute_force_replay_and_foreign_codes_fail_alike() {
         (first.status, &first.body),
         "the right code after 5 wrong ones"
     );
-    assert_eq!(auth_events(storage.dir.path(), "code_locked").await, 1);
+    assert_eq!(auth_events(&storage, "code_locked").await, 1);
 
     // A new code is refused within the per-email minute, with 429.
     assert_eq!(ask_code(&server, "ben@example.com").await.status, 429);
@@ -264,6 +283,7 @@ async fn brute_force_replay_and_foreign_codes_fail_alike() {
         first.body
     );
     server.terminate().await;
+    storage.drop_db().await;
 }
 
 #[tokio::test]
