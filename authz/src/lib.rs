@@ -1,9 +1,17 @@
-//! Coderoom authorization core: capabilities and role presets.
+//! Coderoom authorization core: capabilities, role presets, per-participant grants, the one
+//! decision function and the hash-chained audit log.
 //!
-//! Pure logic, no I/O. The server resolves a participant's role into a [`CapabilitySet`] and
-//! checks it on every message. The full decision function, grants, invites, approvals and the
-//! audit chain build on these types.
+//! Pure logic, no I/O, no clock: time is a parameter (`now`, Unix milliseconds). The server
+//! loads the room's state, asks [`decide`], and performs an action only with the
+//! [`Authorized`] proof it returns.
 #![forbid(unsafe_code)]
+
+pub mod audit;
+mod decide;
+mod grants;
+
+pub use decide::{decide, Action, Authorized, Decision, DenyReason, Principal};
+pub use grants::{Grant, Participant, RoomState};
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -147,6 +155,37 @@ impl CapabilitySet {
         Capability::ALL
             .into_iter()
             .filter(move |c| self.contains(*c))
+    }
+
+    /// Every capability in either set.
+    #[must_use]
+    pub const fn union(self, other: CapabilitySet) -> Self {
+        CapabilitySet(self.0 | other.0)
+    }
+
+    /// The capabilities of `self` that are not in `other`.
+    #[must_use]
+    pub const fn minus(self, other: CapabilitySet) -> Self {
+        CapabilitySet(self.0 & !other.0)
+    }
+
+    /// Whether the set is empty.
+    pub const fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// The wire names, in API order.
+    pub fn names(self) -> Vec<&'static str> {
+        self.iter().map(Capability::as_str).collect()
+    }
+
+    /// Parses a list of wire names.
+    pub fn parse_names<S: AsRef<str>>(names: &[S]) -> Result<Self, UnknownName> {
+        names
+            .iter()
+            .map(|n| n.as_ref().parse::<Capability>())
+            .collect::<Result<Vec<_>, _>>()
+            .map(|caps| CapabilitySet::of(&caps))
     }
 }
 

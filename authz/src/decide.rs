@@ -1,0 +1,539 @@
+//! The one decision function. Every HTTP route and every WebSocket message that acts on a room
+//! asks it, and the code that performs an action requires the [`Authorized`] value it returns.
+
+use crate::{Capability, CapabilitySet, RoomState};
+use std::fmt;
+
+/// Who is asking.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Principal {
+    /// The user id.
+    pub user: String,
+    /// A system admin: may remove anyone and confirm deletions, but sees no room content
+    /// unless also a participant with `observe`.
+    pub is_admin: bool,
+}
+
+/// What is being attempted, with the parameters the decision depends on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Use one capability on the room (read the document, send an edit, type, ...).
+    Use(Capability),
+    /// Create an invite link that will grant `grants` to whoever accepts it.
+    CreateInvite {
+        /// What the invite grants.
+        grants: CapabilitySet,
+    },
+    /// Accept an invite created by `issuer` granting `grants`. Decided for the issuer's rights
+    /// at acceptance time: an invite never grants more than its issuer still holds.
+    AcceptInvite {
+        /// The invite's creator.
+        issuer: String,
+        /// What the invite grants.
+        grants: CapabilitySet,
+    },
+    /// Give `target` exactly the capabilities `to` (role change, grant or revoke), stored as
+    /// [`crate::Participant::exactly`]`(to, expires_at)`.
+    ChangeParticipant {
+        /// The participant whose rights change.
+        target: String,
+        /// The capabilities the participant will hold afterwards.
+        to: CapabilitySet,
+        /// When the capabilities beyond the role preset lapse.
+        expires_at: Option<i64>,
+    },
+    /// Remove `target` from the room.
+    RemoveParticipant {
+        /// The participant to remove.
+        target: String,
+    },
+    /// Ask for the room to be deleted (an admin confirms).
+    RequestDeletion,
+    /// Confirm a pending deletion.
+    ConfirmDeletion,
+}
+
+impl Action {
+    /// The name recorded in the audit log.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Action::Use(c) => match c {
+                Capability::Observe => "observe",
+                Capability::Edit => "edit",
+                Capability::Type => "type",
+                Capability::Approve => "approve",
+                Capability::Invite => "invite",
+                Capability::ConnectRepo => "connect_repo",
+                Capability::AddSecret => "add_secret",
+                Capability::Spend => "spend",
+                Capability::Export => "export",
+                Capability::Publish => "publish",
+                Capability::Revoke => "revoke",
+                Capability::Delete => "delete",
+            },
+            Action::CreateInvite { .. } => "create_invite",
+            Action::AcceptInvite { .. } => "accept_invite",
+            Action::ChangeParticipant { .. } => "change_participant",
+            Action::RemoveParticipant { .. } => "remove_participant",
+            Action::RequestDeletion => "request_deletion",
+            Action::ConfirmDeletion => "confirm_deletion",
+        }
+    }
+}
+
+/// Why an action was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DenyReason {
+    /// The principal is not a participant of the room.
+    NotParticipant,
+    /// The principal lacks this capability.
+    Missing(Capability),
+    /// The principal would hand out capabilities it does not hold.
+    ExceedsOwn(CapabilitySet),
+    /// The target is not a participant.
+    NoSuchParticipant,
+    /// The room would be left with nobody who can revoke.
+    LastRevoker,
+    /// Only system admins may do this.
+    AdminOnly,
+}
+
+impl fmt::Display for DenyReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DenyReason::NotParticipant => f.write_str("not a participant"),
+            DenyReason::Missing(c) => write!(f, "missing capability {c}"),
+            DenyReason::ExceedsOwn(caps) => {
+                write!(
+                    f,
+                    "cannot grant what you do not hold: {}",
+                    caps.names().join(",")
+                )
+            }
+            DenyReason::NoSuchParticipant => f.write_str("no such participant"),
+            DenyReason::LastRevoker => {
+                f.write_str("the room must keep a participant who can revoke")
+            }
+            DenyReason::AdminOnly => f.write_str("system admins only"),
+        }
+    }
+}
+
+/// Proof that [`decide`] allowed an action. Only this module can make one, so code that
+/// requires it cannot run without the check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Authorized {
+    action: Action,
+    actor: String,
+    actor_caps: CapabilitySet,
+}
+
+impl Authorized {
+    /// The action that was allowed.
+    pub fn action(&self) -> &Action {
+        &self.action
+    }
+
+    /// The user it was allowed for.
+    pub fn actor(&self) -> &str {
+        &self.actor
+    }
+
+    /// The actor's capabilities when it was decided.
+    pub fn actor_capabilities(&self) -> CapabilitySet {
+        self.actor_caps
+    }
+}
+
+/// The outcome of [`decide`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Go ahead, holding this proof.
+    Allow(Authorized),
+    /// Refused, for this reason.
+    Deny(DenyReason),
+}
+
+/// Decides whether `principal` may perform `action` on the room in `room` at `now`.
+pub fn decide(principal: &Principal, action: &Action, room: &RoomState, now: i64) -> Decision {
+    let caps = room.capabilities_of(&principal.user, now);
+    let member = room.participants.contains_key(&principal.user);
+    let need = |cap: Capability| -> Result<(), DenyReason> {
+        if !member {
+            Err(DenyReason::NotParticipant)
+        } else if caps.contains(cap) {
+            Ok(())
+        } else {
+            Err(DenyReason::Missing(cap))
+        }
+    };
+    let within_own = |grants: CapabilitySet, holder: CapabilitySet| -> Result<(), DenyReason> {
+        let excess = grants.minus(holder);
+        if excess.is_empty() {
+            Ok(())
+        } else {
+            Err(DenyReason::ExceedsOwn(excess))
+        }
+    };
+    // A room always keeps someone who can revoke for good (not through a grant that lapses),
+    // so it can never become unmanageable by its members.
+    let keeps_revoker =
+        |target: &str, after: Option<&crate::Participant>| -> Result<(), DenyReason> {
+            let keeps = after.is_some_and(|p| p.holds_permanently(Capability::Revoke));
+            if keeps || room.permanent_holders_besides(Capability::Revoke, target) > 0 {
+                Ok(())
+            } else {
+                Err(DenyReason::LastRevoker)
+            }
+        };
+    let result = match action {
+        Action::Use(cap) => need(*cap),
+        Action::CreateInvite { grants } => {
+            need(Capability::Invite).and_then(|()| within_own(*grants, caps))
+        }
+        Action::AcceptInvite { issuer, grants } => {
+            let issuer_caps = room.capabilities_of(issuer, now);
+            if !issuer_caps.contains(Capability::Invite) {
+                Err(DenyReason::Missing(Capability::Invite))
+            } else {
+                within_own(*grants, issuer_caps)
+            }
+        }
+        Action::ChangeParticipant {
+            target,
+            to,
+            expires_at,
+        } => {
+            if !room.participants.contains_key(target) {
+                Err(DenyReason::NoSuchParticipant)
+            } else {
+                let from = room.capabilities_of(target, now);
+                let lowering = !from.minus(*to).is_empty();
+                let raising = to.minus(from);
+                let lower_ok = if lowering && !principal.is_admin {
+                    need(Capability::Revoke)
+                } else {
+                    Ok(())
+                };
+                lower_ok
+                    .and_then(|()| {
+                        if raising.is_empty() {
+                            Ok(())
+                        } else if !member {
+                            Err(DenyReason::NotParticipant)
+                        } else {
+                            within_own(raising, caps)
+                        }
+                    })
+                    .and_then(|()| {
+                        keeps_revoker(target, Some(&crate::Participant::exactly(*to, *expires_at)))
+                    })
+            }
+        }
+        Action::RemoveParticipant { target } => {
+            if !room.participants.contains_key(target) {
+                Err(DenyReason::NoSuchParticipant)
+            } else if principal.is_admin {
+                Ok(())
+            } else {
+                need(Capability::Revoke).and_then(|()| keeps_revoker(target, None))
+            }
+        }
+        Action::RequestDeletion => need(Capability::Delete),
+        Action::ConfirmDeletion => {
+            if principal.is_admin {
+                Ok(())
+            } else {
+                Err(DenyReason::AdminOnly)
+            }
+        }
+    };
+    match result {
+        Ok(()) => Decision::Allow(Authorized {
+            action: action.clone(),
+            actor: principal.user.clone(),
+            actor_caps: caps,
+        }),
+        Err(reason) => Decision::Deny(reason),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Grant, Participant, Role};
+    use proptest::prelude::*;
+    use std::collections::{BTreeMap, BTreeSet};
+
+    fn user(u: &str) -> Principal {
+        Principal {
+            user: u.into(),
+            is_admin: false,
+        }
+    }
+
+    fn room(ps: &[(&str, Role)]) -> RoomState {
+        RoomState {
+            participants: ps
+                .iter()
+                .map(|(u, r)| ((*u).to_owned(), Participant::with_role(*r)))
+                .collect(),
+        }
+    }
+
+    fn allowed(d: &Decision) -> bool {
+        matches!(d, Decision::Allow(_))
+    }
+
+    #[test]
+    fn presets_and_admins() {
+        let r = room(&[
+            ("ana", Role::Owner),
+            ("ben", Role::Editor),
+            ("cy", Role::Viewer),
+        ]);
+        assert!(allowed(&decide(
+            &user("ben"),
+            &Action::Use(Capability::Edit),
+            &r,
+            0
+        )));
+        assert_eq!(
+            decide(&user("cy"), &Action::Use(Capability::Edit), &r, 0),
+            Decision::Deny(DenyReason::Missing(Capability::Edit))
+        );
+        let admin = Principal {
+            user: "root".into(),
+            is_admin: true,
+        };
+        // Admins see no content, but can remove anyone and confirm deletions.
+        assert_eq!(
+            decide(&admin, &Action::Use(Capability::Observe), &r, 0),
+            Decision::Deny(DenyReason::NotParticipant)
+        );
+        assert!(allowed(&decide(
+            &admin,
+            &Action::RemoveParticipant {
+                target: "ben".into()
+            },
+            &r,
+            0
+        )));
+        assert!(allowed(&decide(&admin, &Action::ConfirmDeletion, &r, 0)));
+        assert!(!allowed(&decide(
+            &user("ana"),
+            &Action::ConfirmDeletion,
+            &r,
+            0
+        )));
+    }
+
+    #[test]
+    fn lowering_needs_revoke_and_raising_needs_the_capability() {
+        let r = room(&[
+            ("ana", Role::Owner),
+            ("ben", Role::Editor),
+            ("cy", Role::Viewer),
+        ]);
+        let viewer = Role::Viewer.capabilities();
+        assert!(allowed(&decide(
+            &user("ana"),
+            &Action::ChangeParticipant {
+                target: "ben".into(),
+                to: viewer,
+                expires_at: None
+            },
+            &r,
+            0
+        )));
+        assert!(!allowed(&decide(
+            &user("ben"),
+            &Action::ChangeParticipant {
+                target: "cy".into(),
+                to: CapabilitySet::EMPTY,
+                expires_at: None
+            },
+            &r,
+            0
+        )));
+        // An editor can pass on edit, never approve.
+        let cy_edit = viewer.with(Capability::Edit);
+        let ben = {
+            let mut r = r.clone();
+            if let Some(p) = r.participants.get_mut("ben") {
+                p.extra.push(Grant {
+                    capability: Capability::Invite,
+                    expires_at: None,
+                });
+            }
+            r
+        };
+        assert!(allowed(&decide(
+            &user("ben"),
+            &Action::ChangeParticipant {
+                target: "cy".into(),
+                to: cy_edit,
+                expires_at: None
+            },
+            &r,
+            0
+        )));
+        assert_eq!(
+            decide(
+                &user("ben"),
+                &Action::CreateInvite {
+                    grants: Role::Owner.capabilities()
+                },
+                &ben,
+                0
+            ),
+            Decision::Deny(DenyReason::ExceedsOwn(
+                Role::Owner
+                    .capabilities()
+                    .minus(Role::Editor.capabilities().with(Capability::Invite))
+            ))
+        );
+        // The last owner cannot be demoted or removed.
+        assert_eq!(
+            decide(
+                &user("ana"),
+                &Action::RemoveParticipant {
+                    target: "ana".into()
+                },
+                &r,
+                0
+            ),
+            Decision::Deny(DenyReason::LastRevoker)
+        );
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Change {
+            actor: usize,
+            target: usize,
+            to: u16,
+            expires: Option<i64>,
+        },
+        Remove {
+            actor: usize,
+            target: usize,
+        },
+        Invite {
+            issuer: usize,
+            grants: u16,
+            acceptor: usize,
+        },
+        Tick(i64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (
+                0..5usize,
+                0..5usize,
+                0u16..4096,
+                proptest::option::of(0i64..1000)
+            )
+                .prop_map(|(actor, target, to, expires)| Op::Change {
+                    actor,
+                    target,
+                    to,
+                    expires
+                }),
+            (0..5usize, 0..5usize).prop_map(|(actor, target)| Op::Remove { actor, target }),
+            (0..5usize, 0u16..4096, 0..5usize).prop_map(|(issuer, grants, acceptor)| Op::Invite {
+                issuer,
+                grants,
+                acceptor
+            }),
+            (0i64..300).prop_map(Op::Tick),
+        ]
+    }
+
+    fn set_of(bits: u16) -> CapabilitySet {
+        CapabilitySet::of(
+            &Capability::ALL
+                .into_iter()
+                .enumerate()
+                .filter(|(i, _)| bits & (1 << i) != 0)
+                .map(|(_, c)| c)
+                .collect::<Vec<_>>(),
+        )
+    }
+
+    fn apply(room: &mut RoomState, target: &str, to: CapabilitySet, expires: Option<i64>) {
+        room.participants
+            .insert(target.to_owned(), Participant::exactly(to, expires));
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        /// No principal ever holds a capability that was not granted to it by someone who held
+        /// it at the time; invites never exceed their issuer.
+        #[test]
+        fn nobody_holds_what_nobody_who_had_it_gave(ops in proptest::collection::vec(op(), 1..60)) {
+            let users = ["u0", "u1", "u2", "u3", "u4"];
+            let mut r = room(&[("u0", Role::Owner)]);
+            // Independent ledger: which (user, capability) pairs were ever legitimately given.
+            let mut ledger: BTreeMap<&str, BTreeSet<Capability>> = BTreeMap::new();
+            ledger.insert("u0", Capability::ALL.into_iter().collect());
+            let mut now = 0i64;
+            for op in ops {
+                match op {
+                    Op::Tick(d) => now += d,
+                    Op::Change { actor, target, to, expires } => {
+                        let (a, t, to) = (users[actor], users[target], set_of(to));
+                        let action = Action::ChangeParticipant { target: t.into(), to, expires_at: expires };
+                        let d = decide(&user(a), &action, &r, now);
+                        if allowed(&d) {
+                            let raised = to.minus(r.capabilities_of(t, now));
+                            for c in raised.iter() {
+                                prop_assert!(r.capabilities_of(a, now).contains(c), "{a} gave {c} without holding it");
+                                prop_assert!(ledger.get(a).is_some_and(|l| l.contains(&c)));
+                                ledger.entry(t).or_default().insert(c);
+                            }
+                            apply(&mut r, t, to, expires);
+                        }
+                    }
+                    Op::Remove { actor, target } => {
+                        let (a, t) = (users[actor], users[target]);
+                        if allowed(&decide(&user(a), &Action::RemoveParticipant { target: t.into() }, &r, now)) {
+                            r.participants.remove(t);
+                        }
+                    }
+                    Op::Invite { issuer, grants, acceptor } => {
+                        let (i, u, g) = (users[issuer], users[acceptor], set_of(grants));
+                        let created = allowed(&decide(&user(i), &Action::CreateInvite { grants: g }, &r, now));
+                        if created && !r.participants.contains_key(u) {
+                            let accepted = decide(
+                                &user(u),
+                                &Action::AcceptInvite { issuer: i.into(), grants: g },
+                                &r,
+                                now,
+                            );
+                            if allowed(&accepted) {
+                                prop_assert!(g.is_subset_of(r.capabilities_of(i, now)), "invite exceeded its issuer");
+                                for c in g.iter() {
+                                    prop_assert!(ledger.get(i).is_some_and(|l| l.contains(&c)));
+                                    ledger.entry(u).or_default().insert(c);
+                                }
+                                apply(&mut r, u, g, None);
+                            }
+                        }
+                    }
+                }
+                for (u, p) in &r.participants {
+                    let held = p.capabilities(now);
+                    let given = ledger.get(u.as_str()).cloned().unwrap_or_default();
+                    for c in held.iter() {
+                        prop_assert!(given.contains(&c), "{u} holds {c} that nobody who had it gave");
+                    }
+                }
+                // Someone can always still revoke, and will be able to whatever the clock does.
+                prop_assert!(r.permanent_holders_besides(Capability::Revoke, "") >= 1);
+            }
+        }
+    }
+}
