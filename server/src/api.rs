@@ -3,10 +3,11 @@
 use crate::app::AppState;
 use crate::auth::AuthUser;
 use crate::error::ApiError;
+use crate::store::now_ms;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
-use coderoom_authz::{Capability, CapabilitySet, Role};
+use coderoom_authz::{decide, Action, Capability, CapabilitySet, Decision};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -59,20 +60,20 @@ pub async fn get_room(
 ) -> Result<Json<Value>, ApiError> {
     let mine = room_capabilities(&app, &id, &user).await?;
     let room = app.store.room(&id).await?.ok_or(ApiError::NotFound)?;
-    let participants = app.store.participants(&id).await?;
-    let participants: Vec<Value> = participants
+    let state = app.store.room_state(&id).await?;
+    let now = now_ms();
+    let participants: Vec<Value> = app
+        .store
+        .participants(&id)
+        .await?
         .into_iter()
         .map(|p| {
-            let caps = p
-                .role
-                .parse::<Role>()
-                .map(Role::capabilities)
-                .unwrap_or(CapabilitySet::EMPTY);
+            let caps = state.capabilities_of(&p.user_id, now);
             json!({
                 "user_id": p.user_id,
                 "email": p.email,
                 "role": p.role,
-                "capabilities": cap_names(caps),
+                "capabilities": caps.names(),
             })
         })
         .collect();
@@ -80,17 +81,13 @@ pub async fn get_room(
         "id": room.id,
         "name": room.name,
         "participants": participants,
-        "my_capabilities": cap_names(mine),
+        "my_capabilities": mine.names(),
         "sandbox": { "tier": "none", "state": "absent" },
     })))
 }
 
-fn cap_names(caps: CapabilitySet) -> Vec<&'static str> {
-    caps.iter().map(Capability::as_str).collect()
-}
-
-/// The caller's capabilities in the room. Rooms the caller is not in are reported as missing,
-/// so their existence does not leak.
+/// The caller's capabilities in the room, decided like every other action. Rooms the caller
+/// cannot observe are reported as missing, so their existence does not leak.
 pub async fn room_capabilities(
     app: &AppState,
     room_id: &str,
@@ -99,17 +96,10 @@ pub async fn room_capabilities(
     if room_id.len() > MAX_ROOM_ID || !room_id.bytes().all(|b| b.is_ascii_alphanumeric()) {
         return Err(ApiError::NotFound);
     }
-    let role = app
-        .store
-        .role_of(room_id, &user.id)
-        .await?
-        .ok_or(ApiError::NotFound)?;
-    let caps = role
-        .parse::<Role>()
-        .map(Role::capabilities)
-        .map_err(|_| ApiError::Forbidden)?;
-    if !caps.contains(Capability::Observe) {
-        return Err(ApiError::NotFound);
+    let state = app.store.room_state(room_id).await?;
+    let who = crate::access::principal(app, user);
+    match decide(&who, &Action::Use(Capability::Observe), &state, now_ms()) {
+        Decision::Allow(proof) => Ok(proof.actor_capabilities()),
+        Decision::Deny(_) => Err(ApiError::NotFound),
     }
-    Ok(caps)
 }

@@ -6,7 +6,7 @@ use crate::metrics::Metrics;
 use crate::room::RoomDeps;
 use crate::rooms::Rooms;
 use crate::store::Store;
-use crate::{api, login, ws};
+use crate::{access, api, login, ws};
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
@@ -30,6 +30,7 @@ pub struct AppState {
     /// Tracks room tasks and WebSocket connections, so shutdown waits for their close frames.
     pub tracker: TaskTracker,
     pub hasher: crate::login::Hasher,
+    pub audit: crate::audit::Audit,
     pub mailer: crate::mail::Mailer,
     pub cookie: crate::auth::CookieConfig,
     /// `scheme://host[:port]` of `--public-url`: the only Origin cookie requests may carry.
@@ -66,6 +67,17 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics))
         .route("/api/rooms", get(api::list_rooms).post(api::create_room))
         .route("/api/rooms/{id}", get(api::get_room))
+        .route("/api/rooms/{id}/invites", post(access::create_invite))
+        .route("/api/invites/{token}/accept", post(access::accept_invite))
+        .route(
+            "/api/invites/{token}",
+            axum::routing::delete(access::revoke_invite),
+        )
+        .route(
+            "/api/rooms/{id}/participants/{user_id}",
+            axum::routing::patch(access::change_participant).delete(access::remove_participant),
+        )
+        .route("/api/rooms/{id}/audit", get(access::room_audit))
         .route("/api/rooms/{id}/doc", get(ws::doc_socket))
         .layer(DefaultBodyLimit::max(MAX_API_BODY))
         .with_state(state)
@@ -102,9 +114,12 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let metrics = Metrics::new();
     let limits = Arc::new(args.limits.clone());
     let metrics_for_hasher = metrics.clone();
+    let audit = crate::audit::Audit::new(store.clone(), &args.storage.data_dir);
     let rooms = Rooms::new(
         RoomDeps {
             store: store.clone(),
+            audit: audit.clone(),
+            tracker: tracker.clone(),
             metrics: metrics.clone(),
             limits: limits.clone(),
             shutdown: shutdown.clone(),
@@ -149,6 +164,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         shutdown: shutdown.clone(),
         tracker: tracker.clone(),
         hasher: crate::login::Hasher::new(permits, metrics_for_hasher),
+        audit,
         mailer,
         cookie: crate::auth::CookieConfig::for_origin(&public_origin),
         public_origin,

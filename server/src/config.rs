@@ -21,10 +21,28 @@ pub enum Command {
     Serve(Box<ServeArgs>),
     /// Apply database migrations and exit.
     Migrate(StorageArgs),
+    /// The audit log.
+    Audit {
+        #[command(subcommand)]
+        command: AuditCommand,
+    },
     /// Administrative tasks.
     Admin {
         #[command(subcommand)]
         command: AdminCommand,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AuditCommand {
+    /// Verify every hash chain (or one room's) against the stored checkpoints; exits non-zero
+    /// naming the first bad record.
+    Verify {
+        /// Only this room's chain.
+        #[arg(long)]
+        room: Option<String>,
+        #[command(flatten)]
+        storage: StorageArgs,
     },
 }
 

@@ -18,6 +18,10 @@ pub enum ApiError {
     BadRequest(&'static str),
     #[error("too many requests")]
     TooMany,
+    #[error("{0}")]
+    Denied(String),
+    #[error("this link no longer works")]
+    Gone,
     #[error("storage unavailable")]
     Store(#[from] StoreError),
 }
@@ -30,6 +34,8 @@ impl IntoResponse for ApiError {
             ApiError::NotFound => StatusCode::NOT_FOUND,
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::TooMany => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::Denied(_) => StatusCode::FORBIDDEN,
+            ApiError::Gone => StatusCode::GONE,
             // Fail closed: when the database does not answer, nothing happens.
             ApiError::Store(e) => {
                 tracing::error!(error = ?e, "storage error");

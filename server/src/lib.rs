@@ -1,8 +1,10 @@
 //! Coderoom room server: HTTP API, y-websocket document sync, durable storage.
 #![forbid(unsafe_code)]
 
+pub mod access;
 pub mod api;
 pub mod app;
+pub mod audit;
 pub mod auth;
 pub mod config;
 pub mod email;

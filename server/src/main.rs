@@ -1,7 +1,7 @@
 #![forbid(unsafe_code)]
 
 use clap::Parser;
-use coderoom_server::config::{AdminCommand, Cli, Command};
+use coderoom_server::config::{AdminCommand, AuditCommand, Cli, Command};
 use coderoom_server::store::Store;
 use coderoom_server::{app, auth};
 use tracing_subscriber::EnvFilter;
@@ -27,6 +27,27 @@ async fn main() -> anyhow::Result<()> {
         Command::Serve(args) => {
             init_logging(args.log_format == "json");
             app::serve(*args).await
+        }
+        Command::Audit {
+            command: AuditCommand::Verify { room, storage },
+        } => {
+            init_logging(false);
+            let store = Store::connect(&storage.database_url()).await?;
+            store.migrate().await?;
+            let result =
+                coderoom_server::audit::verify_all(&store, &storage.data_dir, room.as_deref())
+                    .await?;
+            store.close().await;
+            match result {
+                Ok(n) => {
+                    println!("ok: {n} audit chain(s) verified");
+                    Ok(())
+                }
+                Err(e) => {
+                    eprintln!("FAILED: {e}");
+                    std::process::exit(1);
+                }
+            }
         }
         Command::Migrate(storage) => {
             init_logging(false);

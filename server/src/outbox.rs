@@ -36,6 +36,8 @@ pub enum CloseCode {
     Internal,
     /// 1013: the room is full; try later.
     TryAgain,
+    /// 4003: the participant was removed from the room (or lost `observe`).
+    Removed,
 }
 
 impl CloseCode {
@@ -49,6 +51,7 @@ impl CloseCode {
             CloseCode::Policy => "refused",
             CloseCode::Internal => "room unavailable, reconnect",
             CloseCode::TryAgain => "room is full",
+            CloseCode::Removed => "removed from the room",
         }
     }
 
@@ -61,6 +64,7 @@ impl CloseCode {
             CloseCode::TooBig => 1009,
             CloseCode::Internal => 1011,
             CloseCode::TryAgain => 1013,
+            CloseCode::Removed => 4003,
         }
     }
 }

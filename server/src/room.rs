@@ -6,12 +6,14 @@
 //! resulting updates in one transaction, and only then releases the replies and broadcasts the
 //! batch produced (group commit: under load one fsync covers many keystrokes).
 
+use crate::audit::Audit;
 use crate::config::Limits;
 use crate::metrics::Metrics;
 use crate::outbox::{Class, CloseCode, Outbound, Outbox};
 use crate::protocol::Inbound;
-use crate::store::{Store, StoreError};
+use crate::store::{Change, Store, StoreError};
 use bytes::Bytes;
+use coderoom_authz::{Capability, CapabilitySet};
 use std::collections::{HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
@@ -49,6 +51,11 @@ pub enum RoomCmd {
     Leave {
         conn: ConnId,
     },
+    /// A participant's rights changed (`None`: removed). Applies from the next frame on.
+    Access {
+        user_id: String,
+        capabilities: Option<CapabilitySet>,
+    },
     /// Test hook: makes the room task panic, as a bug in it would.
     #[cfg(test)]
     Panic,
@@ -64,12 +71,15 @@ pub enum JoinError {
 #[derive(Clone)]
 pub struct RoomDeps {
     pub store: Store,
+    pub audit: Audit,
+    pub tracker: tokio_util::task::TaskTracker,
     pub metrics: Metrics,
     pub limits: Arc<Limits>,
     pub shutdown: CancellationToken,
 }
 
 struct Conn {
+    user_id: String,
     can_edit: bool,
     out: Outbox,
     awareness_ids: HashSet<ClientID>,
@@ -153,6 +163,8 @@ pub struct Room {
     presence_queries: HashSet<ConnId>,
     /// Presence changes of this batch, coalesced per client id, broadcast after the commit.
     presence_changes: HashMap<ClientID, AwarenessUpdateEntry>,
+    /// Refused edits of this batch by connection: (user, count), audited after the commit.
+    denials: HashMap<ConnId, (String, u64)>,
     /// Connections refused this batch; nothing more of theirs is handled.
     closing: Vec<(ConnId, CloseCode, &'static str)>,
     refused: HashSet<ConnId>,
@@ -216,6 +228,7 @@ impl Room {
             presence_changes: HashMap::new(),
             closing: Vec::new(),
             refused: HashSet::new(),
+            denials: HashMap::new(),
         })
     }
 
@@ -297,6 +310,7 @@ impl Room {
                 self.conns.insert(
                     conn,
                     Conn {
+                        user_id,
                         can_edit,
                         out,
                         awareness_ids: HashSet::new(),
@@ -319,6 +333,10 @@ impl Room {
                 }
             }
             RoomCmd::Leave { conn } => self.leave(conn),
+            RoomCmd::Access {
+                user_id,
+                capabilities,
+            } => self.access(&user_id, capabilities),
             #[cfg(test)]
             RoomCmd::Panic => panic!("room panic requested by test"),
         }
@@ -339,12 +357,41 @@ impl Room {
         }
     }
 
+    fn access(&mut self, user_id: &str, capabilities: Option<CapabilitySet>) {
+        let theirs: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.user_id == user_id)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in theirs {
+            match capabilities {
+                Some(caps) if caps.contains(Capability::Observe) => {
+                    if let Some(c) = self.conns.get_mut(&id) {
+                        c.can_edit = caps.contains(Capability::Edit);
+                    }
+                }
+                _ => {
+                    self.refused.insert(id);
+                    self.closing
+                        .push((id, CloseCode::Removed, "removed from the room"));
+                }
+            }
+        }
+    }
+
     fn apply(&mut self, conn: ConnId, update: Update, len: usize) {
-        let can_edit = self.conns.get(&conn).is_some_and(|c| c.can_edit);
-        if !can_edit {
+        let Some(c) = self.conns.get(&conn) else {
+            return;
+        };
+        if !c.can_edit {
             // Refused, not fatal: the connection keeps receiving, the document is untouched.
-            self.deps.metrics.updates_denied.inc();
-            tracing::info!(room = %self.id, conn, "update refused: no edit capability");
+            // An empty update (a viewer's sync step 2 with nothing new) changes nothing.
+            if !update.is_empty() {
+                self.deps.metrics.updates_denied.inc();
+                let user = c.user_id.clone();
+                self.denials.entry(conn).or_insert((user, 0)).1 += 1;
+            }
             return;
         }
         if self.stored_bytes.saturating_add(len) > self.deps.limits.max_doc_bytes {
@@ -569,6 +616,28 @@ impl Room {
             self.send(&Target::AllBut(origin), &frame);
         }
         self.flush_presence();
+        for (conn, (user, count)) in std::mem::take(&mut self.denials) {
+            // Off the room task: the audit append waits on its lock and the database.
+            let audit = self.deps.audit.clone();
+            let room = self.id.clone();
+            self.deps.tracker.spawn(async move {
+                let details = serde_json::json!({ "updates_refused": count, "connection": conn });
+                if let Err(e) = audit
+                    .record(
+                        &room,
+                        &user,
+                        "edit",
+                        "deny",
+                        "missing capability edit",
+                        details,
+                        Change::None,
+                    )
+                    .await
+                {
+                    tracing::error!(room = %room, error = %e, "cannot audit a refused edit");
+                }
+            });
+        }
         true
     }
 

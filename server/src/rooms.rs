@@ -122,6 +122,15 @@ impl Rooms {
         }
     }
 
+    /// Sends `cmd` to the room's task if the room is loaded (a room that is not loaded has no
+    /// connections to tell).
+    pub async fn notify(&self, room_id: &str, cmd: RoomCmd) {
+        let tx = self.map().get(room_id).map(|e| e.tx.clone());
+        if let Some(tx) = tx {
+            let _ = tx.send(cmd).await;
+        }
+    }
+
     /// Number of rooms currently registered.
     pub fn loaded(&self) -> usize {
         self.map().len()
@@ -155,6 +164,8 @@ mod tests {
         }
         let deps = RoomDeps {
             store: store.clone(),
+            audit: crate::audit::Audit::new(store.clone(), dir.path()),
+            tracker: TaskTracker::new(),
             metrics: Metrics::new(),
             limits: Arc::new(Limits::default()),
             shutdown: CancellationToken::new(),

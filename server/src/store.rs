@@ -3,6 +3,7 @@
 //! Queries use `$N` placeholders, which both backends accept, so one code path serves both and
 //! the same test suite runs against each. Times are Unix milliseconds.
 
+use coderoom_authz::{audit, CapabilitySet, Grant, Participant, Role, RoomState};
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::migrate::Migrator;
 use sqlx::{AnyPool, Executor, Row};
@@ -31,8 +32,10 @@ pub enum StoreError {
     Db(#[from] sqlx::Error),
     #[error("migration failed")]
     Migrate(#[from] sqlx::migrate::MigrateError),
-    #[error("stored document data is corrupt")]
+    #[error("stored data is corrupt")]
     Corrupt,
+    #[error("the change conflicts with another one")]
+    Conflict,
     #[error("cannot create the database directory")]
     Io(#[from] std::io::Error),
 }
@@ -380,6 +383,130 @@ impl Store {
         Ok(row.try_get("n")?)
     }
 
+    // ---- authorization state ----
+
+    /// The room's participants with their grants.
+    pub async fn room_state(&self, room_id: &str) -> Result<RoomState, StoreError> {
+        let rows = sqlx::query(
+            "SELECT user_id, role, extra, removed FROM participants WHERE room_id = $1",
+        )
+        .bind(room_id)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut state = RoomState::default();
+        for r in rows {
+            let user: String = r.try_get("user_id")?;
+            let p = participant_from(
+                &r.try_get::<String, _>("role")?,
+                &r.try_get::<String, _>("extra")?,
+                &r.try_get::<String, _>("removed")?,
+            )?;
+            state.participants.insert(user, p);
+        }
+        Ok(state)
+    }
+
+    /// Every audit chain id.
+    pub async fn audit_chains(&self) -> Result<Vec<String>, StoreError> {
+        let rows = sqlx::query("SELECT DISTINCT chain FROM audit_log ORDER BY chain")
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| r.try_get("chain"))
+            .collect::<Result<_, _>>()?)
+    }
+
+    /// A chain's records, oldest first.
+    pub async fn audit_records(&self, chain: &str) -> Result<Vec<audit::Record>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT seq, at, actor, action, decision, reason, details, prev_hash, hash \
+             FROM audit_log WHERE chain = $1 ORDER BY seq",
+        )
+        .bind(chain)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(audit::Record {
+                    seq: r.try_get("seq")?,
+                    fields: audit::Fields {
+                        at: r.try_get("at")?,
+                        actor: r.try_get("actor")?,
+                        action: r.try_get("action")?,
+                        decision: r.try_get("decision")?,
+                        reason: r.try_get("reason")?,
+                        details: r.try_get("details")?,
+                    },
+                    prev_hash: r.try_get("prev_hash")?,
+                    hash: r.try_get("hash")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Applies `change` and appends its audit record to `chain`, in one transaction.
+    pub async fn record(
+        &self,
+        chain: &str,
+        fields: audit::Fields,
+        change: &Change,
+    ) -> Result<audit::Record, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        apply_change(&mut tx, change).await?;
+        let head = sqlx::query(
+            "SELECT seq, hash FROM audit_log WHERE chain = $1 ORDER BY seq DESC LIMIT 1",
+        )
+        .bind(chain)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let head = match head {
+            Some(r) => Some((r.try_get::<i64, _>("seq")?, r.try_get::<String, _>("hash")?)),
+            None => None,
+        };
+        let rec = audit::seal(chain, head.as_ref().map(|(s, h)| (*s, h.as_str())), fields);
+        sqlx::query(
+            "INSERT INTO audit_log (chain, seq, at, actor, action, decision, reason, details, prev_hash, hash) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+        )
+        .bind(chain)
+        .bind(rec.seq)
+        .bind(rec.fields.at)
+        .bind(&rec.fields.actor)
+        .bind(&rec.fields.action)
+        .bind(&rec.fields.decision)
+        .bind(&rec.fields.reason)
+        .bind(&rec.fields.details)
+        .bind(&rec.prev_hash)
+        .bind(&rec.hash)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(rec)
+    }
+
+    pub async fn invite(&self, token_hash: &str) -> Result<Option<InviteRow>, StoreError> {
+        let row = sqlx::query(
+            "SELECT room_id, role, created_by, expires_at, max_uses, uses, revoked_at \
+             FROM invites WHERE token_hash = $1",
+        )
+        .bind(token_hash)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|r| {
+            Ok(InviteRow {
+                room_id: r.try_get("room_id")?,
+                role: r.try_get("role")?,
+                created_by: r.try_get("created_by")?,
+                expires_at: r.try_get("expires_at")?,
+                max_uses: r.try_get("max_uses")?,
+                uses: r.try_get("uses")?,
+                revoked: r.try_get::<Option<i64>, _>("revoked_at")?.is_some(),
+            })
+        })
+        .transpose()
+    }
+
     // ---- rooms ----
 
     pub async fn create_room(&self, id: &str, name: &str, owner: &str) -> Result<(), StoreError> {
@@ -538,6 +665,193 @@ impl Store {
         tx.commit().await?;
         Ok(())
     }
+}
+
+/// A state change recorded together with its audit record.
+#[derive(Debug, Clone)]
+pub enum Change {
+    /// Only the audit record (a denial, or an action with no stored effect).
+    None,
+    /// Store a participant's rights (insert or replace).
+    SetParticipant {
+        room_id: String,
+        user_id: String,
+        participant: Participant,
+    },
+    RemoveParticipant {
+        room_id: String,
+        user_id: String,
+    },
+    CreateInvite {
+        token_hash: String,
+        room_id: String,
+        role: String,
+        created_by: String,
+        expires_at: i64,
+        max_uses: i64,
+    },
+    /// Spend one use of an invite and add its participant (unless already one).
+    AcceptInvite {
+        token_hash: String,
+        room_id: String,
+        user_id: String,
+        participant: Participant,
+        now: i64,
+    },
+    RevokeInvite {
+        token_hash: String,
+        now: i64,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct InviteRow {
+    pub room_id: String,
+    pub role: String,
+    pub created_by: String,
+    pub expires_at: i64,
+    pub max_uses: i64,
+    pub uses: i64,
+    pub revoked: bool,
+}
+
+async fn apply_change(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    change: &Change,
+) -> Result<(), StoreError> {
+    match change {
+        Change::None => {}
+        Change::SetParticipant {
+            room_id,
+            user_id,
+            participant,
+        } => {
+            let (role, extra, removed) = participant_columns(participant);
+            sqlx::query(
+                "INSERT INTO participants (room_id, user_id, role, created_at, extra, removed) \
+                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (room_id, user_id) DO UPDATE SET \
+                 role = excluded.role, extra = excluded.extra, removed = excluded.removed",
+            )
+            .bind(room_id)
+            .bind(user_id)
+            .bind(role)
+            .bind(now_ms())
+            .bind(extra)
+            .bind(removed)
+            .execute(&mut **tx)
+            .await?;
+        }
+        Change::RemoveParticipant { room_id, user_id } => {
+            sqlx::query("DELETE FROM participants WHERE room_id = $1 AND user_id = $2")
+                .bind(room_id)
+                .bind(user_id)
+                .execute(&mut **tx)
+                .await?;
+        }
+        Change::CreateInvite {
+            token_hash,
+            room_id,
+            role,
+            created_by,
+            expires_at,
+            max_uses,
+        } => {
+            sqlx::query(
+                "INSERT INTO invites (token_hash, room_id, role, created_by, created_at, expires_at, max_uses) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            )
+            .bind(token_hash)
+            .bind(room_id)
+            .bind(role)
+            .bind(created_by)
+            .bind(now_ms())
+            .bind(expires_at)
+            .bind(max_uses)
+            .execute(&mut **tx)
+            .await?;
+        }
+        Change::AcceptInvite {
+            token_hash,
+            room_id,
+            user_id,
+            participant,
+            now,
+        } => {
+            let used = sqlx::query(
+                "UPDATE invites SET uses = uses + 1 WHERE token_hash = $1 AND uses < max_uses \
+                 AND revoked_at IS NULL AND expires_at > $2",
+            )
+            .bind(token_hash)
+            .bind(*now)
+            .execute(&mut **tx)
+            .await?;
+            if used.rows_affected() != 1 {
+                return Err(StoreError::Conflict);
+            }
+            let (role, extra, removed) = participant_columns(participant);
+            sqlx::query(
+                "INSERT INTO participants (room_id, user_id, role, created_at, extra, removed) \
+                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (room_id, user_id) DO NOTHING",
+            )
+            .bind(room_id)
+            .bind(user_id)
+            .bind(role)
+            .bind(*now)
+            .bind(extra)
+            .bind(removed)
+            .execute(&mut **tx)
+            .await?;
+        }
+        Change::RevokeInvite { token_hash, now } => {
+            sqlx::query(
+                "UPDATE invites SET revoked_at = $1 WHERE token_hash = $2 AND revoked_at IS NULL",
+            )
+            .bind(*now)
+            .bind(token_hash)
+            .execute(&mut **tx)
+            .await?;
+        }
+    }
+    Ok(())
+}
+
+fn participant_columns(p: &Participant) -> (&'static str, String, String) {
+    let extra: Vec<serde_json::Value> = p
+        .extra
+        .iter()
+        .map(|g| serde_json::json!({ "capability": g.capability.as_str(), "expires_at": g.expires_at }))
+        .collect();
+    (
+        p.role.as_str(),
+        serde_json::Value::Array(extra).to_string(),
+        p.removed.names().join(","),
+    )
+}
+
+fn participant_from(role: &str, extra: &str, removed: &str) -> Result<Participant, StoreError> {
+    let role: Role = role.parse().map_err(|_| StoreError::Corrupt)?;
+    let extra: Vec<serde_json::Value> =
+        serde_json::from_str(extra).map_err(|_| StoreError::Corrupt)?;
+    let extra = extra
+        .iter()
+        .map(|g| {
+            let capability = g["capability"]
+                .as_str()
+                .and_then(|c| c.parse().ok())
+                .ok_or(StoreError::Corrupt)?;
+            Ok(Grant {
+                capability,
+                expires_at: g["expires_at"].as_i64(),
+            })
+        })
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    let names: Vec<&str> = removed.split(',').filter(|n| !n.is_empty()).collect();
+    let removed = CapabilitySet::parse_names(&names).map_err(|_| StoreError::Corrupt)?;
+    Ok(Participant {
+        role,
+        extra,
+        removed,
+    })
 }
 
 fn room_row(r: &sqlx::any::AnyRow) -> Result<RoomRow, StoreError> {

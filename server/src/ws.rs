@@ -71,6 +71,27 @@ async fn serve(app: AppState, room_id: String, user: AuthUser, can_edit: bool, s
         }
     };
 
+    // Rights may have changed between the check before the upgrade and the join; the room only
+    // hears about changes made after it knew this connection, so look once more.
+    match room_capabilities(&app, &room_id, &user).await {
+        Ok(caps) if caps.contains(Capability::Edit) == can_edit => {}
+        Ok(caps) => {
+            let _ = room
+                .send(RoomCmd::Access {
+                    user_id: user.id.clone(),
+                    capabilities: Some(caps),
+                })
+                .await;
+        }
+        Err(_) => {
+            let _ = room
+                .send(RoomCmd::Access {
+                    user_id: user.id.clone(),
+                    capabilities: None,
+                })
+                .await;
+        }
+    }
     let max_awareness = app.limits.max_awareness_entry_bytes;
     loop {
         let frame = tokio::select! {

@@ -1,0 +1,428 @@
+//! Who may do what in a room: invites, participant changes and removals, and the audit log.
+//! Every route asks `coderoom_authz::decide`, records the decision (allowed or denied) in the
+//! room's audit chain in the same transaction as the change, and tells the loaded room so the
+//! change applies to open connections from their next frame.
+
+use crate::app::AppState;
+use crate::auth::{hash_token, AuthUser};
+use crate::error::ApiError;
+use crate::room::RoomCmd;
+use crate::store::{now_ms, Change, StoreError};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use coderoom_authz::{
+    decide, Action, Authorized, Capability, CapabilitySet, Decision, DenyReason, Participant,
+    Principal, Role,
+};
+use rand::RngCore;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+/// Longest invite lifetime.
+const MAX_INVITE_TTL_S: u64 = 30 * 24 * 3600;
+/// Most uses one invite may allow.
+const MAX_INVITE_USES: i64 = 1000;
+/// Longest id accepted in a path (ids we issue are 32 hex characters).
+const MAX_ID: usize = 64;
+
+pub fn principal(app: &AppState, user: &AuthUser) -> Principal {
+    Principal {
+        user: user.id.clone(),
+        is_admin: app.admin_emails.contains(&user.email),
+    }
+}
+
+fn valid_id(id: &str) -> bool {
+    !id.is_empty() && id.len() <= MAX_ID && id.bytes().all(|b| b.is_ascii_alphanumeric())
+}
+
+/// Decides `action` in `room_id` for `user`; a denial is recorded in the room's chain and
+/// answered 404 for outsiders (the room's existence does not leak) and 403 for participants.
+pub async fn authorize(
+    app: &AppState,
+    room_id: &str,
+    user: &AuthUser,
+    action: Action,
+    details: Value,
+) -> Result<Authorized, ApiError> {
+    if !valid_id(room_id) || app.store.room(room_id).await?.is_none() {
+        return Err(ApiError::NotFound);
+    }
+    let state = app.store.room_state(room_id).await?;
+    let who = principal(app, user);
+    match decide(&who, &action, &state, now_ms()) {
+        Decision::Allow(proof) => Ok(proof),
+        Decision::Deny(reason) => {
+            app.audit
+                .record(
+                    room_id,
+                    &user.id,
+                    action.name(),
+                    "deny",
+                    &reason.to_string(),
+                    details,
+                    Change::None,
+                )
+                .await?;
+            Err(match reason {
+                DenyReason::NotParticipant if !who.is_admin => ApiError::NotFound,
+                _ => ApiError::Denied(reason.to_string()),
+            })
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateInvite {
+    role: String,
+    ttl_s: u64,
+    max_uses: i64,
+}
+
+pub async fn create_invite(
+    State(app): State<AppState>,
+    user: AuthUser,
+    Path(room_id): Path<String>,
+    Json(body): Json<CreateInvite>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let role: Role = body
+        .role
+        .parse()
+        .map_err(|_| ApiError::BadRequest("role must be owner, editor or viewer"))?;
+    if body.ttl_s == 0 || body.ttl_s > MAX_INVITE_TTL_S {
+        return Err(ApiError::BadRequest("ttl_s must be 1 to 2592000"));
+    }
+    if !(1..=MAX_INVITE_USES).contains(&body.max_uses) {
+        return Err(ApiError::BadRequest("max_uses must be 1 to 1000"));
+    }
+    let details = json!({ "role": role.as_str(), "ttl_s": body.ttl_s, "max_uses": body.max_uses });
+    let action = Action::CreateInvite {
+        grants: role.capabilities(),
+    };
+    let proof = authorize(&app, &room_id, &user, action, details.clone()).await?;
+    let mut raw = [0u8; 32];
+    rand::rngs::OsRng.fill_bytes(&mut raw);
+    let token = format!("inv_{}", hex::encode(raw));
+    let ttl_ms = i64::try_from(body.ttl_s * 1000).unwrap_or(i64::MAX);
+    let change = Change::CreateInvite {
+        token_hash: hash_token(&token),
+        room_id: room_id.clone(),
+        role: role.as_str().into(),
+        created_by: proof.actor().to_owned(),
+        expires_at: now_ms() + ttl_ms,
+        max_uses: body.max_uses,
+    };
+    app.audit
+        .record(
+            &room_id,
+            proof.actor(),
+            "create_invite",
+            "allow",
+            "",
+            details,
+            change,
+        )
+        .await?;
+    let url = format!("{}/invite/{token}", app.public_origin);
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({ "token": token, "url": url })),
+    ))
+}
+
+fn invite_token_ok(token: &str) -> bool {
+    token.len() == 68
+        && token.starts_with("inv_")
+        && token[4..].bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+pub async fn accept_invite(
+    State(app): State<AppState>,
+    user: AuthUser,
+    Path(token): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    if !invite_token_ok(&token) {
+        return Err(ApiError::NotFound);
+    }
+    let token_hash = hash_token(&token);
+    let invite = app
+        .store
+        .invite(&token_hash)
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    let now = now_ms();
+    if invite.revoked || invite.expires_at <= now || invite.uses >= invite.max_uses {
+        return Err(ApiError::Gone);
+    }
+    let role: Role = invite
+        .role
+        .parse()
+        .map_err(|_| ApiError::Store(StoreError::Corrupt))?;
+    let state = app.store.room_state(&invite.room_id).await?;
+    if state.participants.contains_key(&user.id) {
+        // Already in: an invite never changes existing rights.
+        return Ok(Json(json!({ "room_id": invite.room_id })));
+    }
+    let action = Action::AcceptInvite {
+        issuer: invite.created_by.clone(),
+        grants: role.capabilities(),
+    };
+    let details = json!({ "role": role.as_str(), "issuer": invite.created_by });
+    let proof = match decide(&principal(&app, &user), &action, &state, now) {
+        Decision::Allow(p) => p,
+        Decision::Deny(reason) => {
+            app.audit
+                .record(
+                    &invite.room_id,
+                    &user.id,
+                    "accept_invite",
+                    "deny",
+                    &reason.to_string(),
+                    details,
+                    Change::None,
+                )
+                .await?;
+            return Err(ApiError::Gone);
+        }
+    };
+    let change = Change::AcceptInvite {
+        token_hash,
+        room_id: invite.room_id.clone(),
+        user_id: proof.actor().to_owned(),
+        participant: Participant::with_role(role),
+        now,
+    };
+    match app
+        .audit
+        .record(
+            &invite.room_id,
+            proof.actor(),
+            "accept_invite",
+            "allow",
+            "",
+            details,
+            change,
+        )
+        .await
+    {
+        Ok(_) => Ok(Json(json!({ "room_id": invite.room_id }))),
+        // Used up or revoked between the read and the write.
+        Err(StoreError::Conflict) => Err(ApiError::Gone),
+        Err(e) => Err(e.into()),
+    }
+}
+
+pub async fn revoke_invite(
+    State(app): State<AppState>,
+    user: AuthUser,
+    Path(token): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    if !invite_token_ok(&token) {
+        return Err(ApiError::NotFound);
+    }
+    let token_hash = hash_token(&token);
+    let invite = app
+        .store
+        .invite(&token_hash)
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    // The creator may withdraw it; so may anyone who could have created it.
+    if invite.created_by != user.id {
+        let action = Action::Use(Capability::Invite);
+        authorize(
+            &app,
+            &invite.room_id,
+            &user,
+            action,
+            json!({ "revoke_invite": true }),
+        )
+        .await?;
+    }
+    let change = Change::RevokeInvite {
+        token_hash,
+        now: now_ms(),
+    };
+    app.audit
+        .record(
+            &invite.room_id,
+            &user.id,
+            "revoke_invite",
+            "allow",
+            "",
+            json!({ "role": invite.role }),
+            change,
+        )
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChangeBody {
+    role: Option<String>,
+    #[serde(default)]
+    grant: Vec<String>,
+    #[serde(default)]
+    revoke: Vec<String>,
+    /// When granted capabilities lapse (Unix ms); absent for no expiry.
+    expires_at: Option<i64>,
+}
+
+pub async fn change_participant(
+    State(app): State<AppState>,
+    user: AuthUser,
+    Path((room_id, target)): Path<(String, String)>,
+    Json(body): Json<ChangeBody>,
+) -> Result<Json<Value>, ApiError> {
+    if !valid_id(&target) {
+        return Err(ApiError::NotFound);
+    }
+    let grant = CapabilitySet::parse_names(&body.grant)
+        .map_err(|_| ApiError::BadRequest("unknown capability"))?;
+    let revoke = CapabilitySet::parse_names(&body.revoke)
+        .map_err(|_| ApiError::BadRequest("unknown capability"))?;
+    let now = now_ms();
+    if body.expires_at.is_some_and(|t| t <= now) {
+        return Err(ApiError::BadRequest("expires_at must be in the future"));
+    }
+    let state = app.store.room_state(&room_id).await?;
+    let current = state.capabilities_of(&target, now);
+    let base = match &body.role {
+        Some(r) => r
+            .parse::<Role>()
+            .map_err(|_| ApiError::BadRequest("role must be owner, editor or viewer"))?
+            .capabilities(),
+        None if grant.is_empty() && revoke.is_empty() => {
+            return Err(ApiError::BadRequest(
+                "give a role, or capabilities to grant or revoke",
+            ))
+        }
+        None => current,
+    };
+    let to = base.union(grant).minus(revoke);
+    let details = json!({
+        "target": target,
+        "from": current.names(),
+        "to": to.names(),
+        "expires_at": body.expires_at,
+    });
+    let action = Action::ChangeParticipant {
+        target: target.clone(),
+        to,
+        expires_at: body.expires_at,
+    };
+    let proof = authorize(&app, &room_id, &user, action, details.clone()).await?;
+    let participant = Participant::exactly(to, body.expires_at);
+    let change = Change::SetParticipant {
+        room_id: room_id.clone(),
+        user_id: target.clone(),
+        participant,
+    };
+    app.audit
+        .record(
+            &room_id,
+            proof.actor(),
+            "change_participant",
+            "allow",
+            "",
+            details,
+            change,
+        )
+        .await?;
+    app.rooms
+        .notify(
+            &room_id,
+            RoomCmd::Access {
+                user_id: target.clone(),
+                capabilities: Some(to),
+            },
+        )
+        .await;
+    Ok(Json(
+        json!({ "user_id": target, "capabilities": to.names() }),
+    ))
+}
+
+pub async fn remove_participant(
+    State(app): State<AppState>,
+    user: AuthUser,
+    Path((room_id, target)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    if !valid_id(&target) {
+        return Err(ApiError::NotFound);
+    }
+    let details = json!({ "target": target });
+    let action = Action::RemoveParticipant {
+        target: target.clone(),
+    };
+    let proof = authorize(&app, &room_id, &user, action, details.clone()).await?;
+    let change = Change::RemoveParticipant {
+        room_id: room_id.clone(),
+        user_id: target.clone(),
+    };
+    app.audit
+        .record(
+            &room_id,
+            proof.actor(),
+            "remove_participant",
+            "allow",
+            "",
+            details,
+            change,
+        )
+        .await?;
+    app.rooms
+        .notify(
+            &room_id,
+            RoomCmd::Access {
+                user_id: target,
+                capabilities: None,
+            },
+        )
+        .await;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+pub async fn room_audit(
+    State(app): State<AppState>,
+    user: AuthUser,
+    Path(room_id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let who = principal(&app, &user);
+    // Participants who observe, and system admins (who revoke and delete), read the chain.
+    let state = if valid_id(&room_id) {
+        app.store.room_state(&room_id).await?
+    } else {
+        Default::default()
+    };
+    let allowed = who.is_admin
+        || matches!(
+            decide(&who, &Action::Use(Capability::Observe), &state, now_ms()),
+            Decision::Allow(_)
+        );
+    if !allowed || app.store.room(&room_id).await?.is_none() {
+        return Err(ApiError::NotFound);
+    }
+    let records = app.store.audit_records(&room_id).await?;
+    Ok(Json(Value::Array(
+        records
+            .into_iter()
+            .map(|r| {
+                let details: Value = serde_json::from_str(&r.fields.details).unwrap_or(Value::Null);
+                json!({
+                    "seq": r.seq,
+                    "at": r.fields.at,
+                    "actor": r.fields.actor,
+                    "action": r.fields.action,
+                    "decision": r.fields.decision,
+                    "reason": r.fields.reason,
+                    "details": details,
+                    "prev_hash": r.prev_hash,
+                    "hash": r.hash,
+                })
+            })
+            .collect(),
+    )))
+}

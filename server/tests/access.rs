@@ -1,0 +1,455 @@
+//! Authorization end to end: invites, live downgrades and removals, refused edits, and the
+//! tamper-evident audit chain checked by `coderoom audit verify`.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use std::time::Duration;
+use yrs::sync::protocol::{Message as YMessage, SyncMessage};
+
+async fn me(server: &Server, token: &str) -> String {
+    let (status, body) = http(&server.url("/api/me"), "GET", Some(token), None).await;
+    assert_eq!(status, 200);
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    v["id"].as_str().unwrap().to_owned()
+}
+
+async fn invite(server: &Server, token: &str, room: &str, role: &str, uses: i64) -> (u16, String) {
+    let body = format!(r#"{{"role":"{role}","ttl_s":3600,"max_uses":{uses}}}"#);
+    let (status, body) = http(
+        &server.url(&format!("/api/rooms/{room}/invites")),
+        "POST",
+        Some(token),
+        Some(&body),
+    )
+    .await;
+    let token = serde_json::from_str::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v["token"].as_str().map(str::to_owned))
+        .unwrap_or_default();
+    (status, token)
+}
+
+async fn accept(server: &Server, token: &str, invite: &str) -> u16 {
+    http(
+        &server.url(&format!("/api/invites/{invite}/accept")),
+        "POST",
+        Some(token),
+        None,
+    )
+    .await
+    .0
+}
+
+async fn set_role(server: &Server, token: &str, room: &str, user: &str, body: &str) -> u16 {
+    let url = server.url(&format!("/api/rooms/{room}/participants/{user}"));
+    http(&url, "PATCH", Some(token), Some(body)).await.0
+}
+
+async fn audit(server: &Server, token: &str, room: &str) -> Vec<serde_json::Value> {
+    let (status, body) = http(
+        &server.url(&format!("/api/rooms/{room}/audit")),
+        "GET",
+        Some(token),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str::<serde_json::Value>(&body)
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+async fn verify_cli(storage: &Storage) -> (bool, String) {
+    let out = tokio::process::Command::new(BIN)
+        .args(["audit", "verify"])
+        .args(storage.args())
+        .output()
+        .await
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+struct Room {
+    server: Server,
+    room: String,
+    ana: String,
+    ben: String,
+    ben_id: String,
+    cy: String,
+}
+
+/// Ana owns a room; Ben joined as editor and Cy as viewer, through invites.
+async fn team(storage: &Storage) -> Room {
+    let ana = storage.token("ana@example.com").await;
+    let ben = storage.token("ben@example.com").await;
+    let cy = storage.token("cy@example.com").await;
+    let server = Server::start(storage, &[]).await;
+    let room = create_room(&server, &ana).await;
+    let (status, inv) = invite(&server, &ana, &room, "editor", 1).await;
+    assert_eq!(status, 201);
+    assert_eq!(accept(&server, &ben, &inv).await, 200);
+    assert_eq!(
+        accept(&server, &cy, &inv).await,
+        410,
+        "a one-use invite works once"
+    );
+    let (_, inv) = invite(&server, &ana, &room, "viewer", 5).await;
+    assert_eq!(accept(&server, &cy, &inv).await, 200);
+    let ben_id = me(&server, &ben).await;
+    Room {
+        server,
+        room,
+        ana,
+        ben,
+        ben_id,
+        cy,
+    }
+}
+
+#[tokio::test]
+async fn invites_never_exceed_their_issuer() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let t = team(&storage).await;
+    let (status, body) = http(
+        &t.server.url(&format!("/api/rooms/{}", t.room)),
+        "GET",
+        Some(&t.ben),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        v["my_capabilities"],
+        serde_json::json!(["observe", "edit", "type"])
+    );
+    assert_eq!(v["participants"].as_array().unwrap().len(), 3);
+    // An editor holds no `invite`; with `invite` granted, still no owner invites.
+    assert_eq!(invite(&t.server, &t.ben, &t.room, "viewer", 1).await.0, 403);
+    let grant = r#"{"grant":["invite"]}"#;
+    assert_eq!(
+        set_role(&t.server, &t.ana, &t.room, &t.ben_id, grant).await,
+        200
+    );
+    assert_eq!(invite(&t.server, &t.ben, &t.room, "owner", 1).await.0, 403);
+    let (status, ben_invite) = invite(&t.server, &t.ben, &t.room, "editor", 5).await;
+    assert_eq!(status, 201);
+    // Revoked links stop at once; so do links of an issuer who lost `invite`.
+    let (_, ana_invite) = invite(&t.server, &t.ana, &t.room, "viewer", 5).await;
+    let del = http(
+        &t.server.url(&format!("/api/invites/{ana_invite}")),
+        "DELETE",
+        Some(&t.ana),
+        None,
+    )
+    .await;
+    assert_eq!(del.0, 204);
+    let dan = storage.token("dan@example.com").await;
+    assert_eq!(accept(&t.server, &dan, &ana_invite).await, 410);
+    assert_eq!(
+        set_role(
+            &t.server,
+            &t.ana,
+            &t.room,
+            &t.ben_id,
+            r#"{"revoke":["invite"]}"#
+        )
+        .await,
+        200
+    );
+    assert_eq!(accept(&t.server, &dan, &ben_invite).await, 410);
+    // Viewers cannot raise themselves, editors cannot lower others.
+    let cy_id = me(&t.server, &t.cy).await;
+    assert_eq!(
+        set_role(&t.server, &t.cy, &t.room, &cy_id, r#"{"role":"owner"}"#).await,
+        403
+    );
+    assert_eq!(
+        set_role(
+            &t.server,
+            &t.ben,
+            &t.room,
+            &cy_id,
+            r#"{"revoke":["observe"]}"#
+        )
+        .await,
+        403
+    );
+    let denials = audit(&t.server, &t.ana, &t.room).await;
+    assert!(denials.iter().filter(|r| r["decision"] == "deny").count() >= 4);
+    assert!(verify_cli(&storage).await.0);
+    t.server.terminate().await;
+}
+
+#[tokio::test]
+async fn viewers_cannot_edit_and_downgrades_bite_on_the_next_frame() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let t = team(&storage).await;
+    let mut ana = Client::connect(&t.server, &t.room, &t.ana).await;
+    ana.synced().await;
+    ana.insert("main.rs", 0, "seed").await;
+    eventually(&t.server, &t.room, &t.ana, "main.rs", "seed").await;
+
+    // A viewer's update (as `update` and as `sync step 2`) is refused: nothing changes and
+    // nothing reaches the peers.
+    let mut cy = Client::connect(&t.server, &t.room, &t.cy).await;
+    cy.synced().await;
+    let before = snapshot(&t.server, &t.room, &t.ana, "main.rs").await.1;
+    cy.insert("main.rs", 0, "viewer was here").await;
+    let step2 = {
+        use yrs::{ReadTxn, Transact};
+        cy.doc
+            .transact()
+            .encode_state_as_update_v1(&yrs::StateVector::default())
+    };
+    cy.send(YMessage::Sync(SyncMessage::SyncStep2(step2))).await;
+    let quiet = tokio::time::timeout(Duration::from_millis(500), async {
+        loop {
+            if let Event::Y(YMessage::Sync(SyncMessage::Update(_))) = ana.next().await {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(quiet.is_err(), "a peer received the viewer's update");
+    let (text, after) = snapshot(&t.server, &t.room, &t.ana, "main.rs").await;
+    assert_eq!((text.as_str(), after), ("seed", before));
+    let mut audited = false;
+    for _ in 0..50 {
+        let log = audit(&t.server, &t.ana, &t.room).await;
+        if log
+            .iter()
+            .any(|r| r["action"] == "edit" && r["decision"] == "deny")
+        {
+            audited = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(audited, "the refused edit was not audited");
+
+    // Ben edits, is downgraded, and his very next edit is refused.
+    let mut ben = Client::connect(&t.server, &t.room, &t.ben).await;
+    ben.synced().await;
+    ben.insert("main.rs", 4, "!").await;
+    eventually(&t.server, &t.room, &t.ana, "main.rs", "seed!").await;
+    assert_eq!(
+        set_role(
+            &t.server,
+            &t.ana,
+            &t.room,
+            &t.ben_id,
+            r#"{"role":"viewer"}"#
+        )
+        .await,
+        200
+    );
+    ben.insert("main.rs", 5, "?").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        snapshot(&t.server, &t.room, &t.ana, "main.rs").await.0,
+        "seed!"
+    );
+
+    // Removal closes his sockets within a second, and reconnecting fails.
+    let started = std::time::Instant::now();
+    let del = http(
+        &t.server
+            .url(&format!("/api/rooms/{}/participants/{}", t.room, t.ben_id)),
+        "DELETE",
+        Some(&t.ana),
+        None,
+    )
+    .await;
+    assert_eq!(del.0, 204);
+    let code = tokio::time::timeout(Duration::from_secs(1), ben.closed())
+        .await
+        .expect("socket still open after 1 s");
+    assert_eq!(code, Some(4003));
+    assert!(started.elapsed() < Duration::from_secs(1));
+    let doc = format!("/api/rooms/{}/doc", t.room);
+    assert_eq!(
+        http(&t.server.url(&doc), "GET", Some(&t.ben), None).await.0,
+        404
+    );
+    assert_eq!(
+        http(
+            &t.server.url(&format!("/api/rooms/{}", t.room)),
+            "GET",
+            Some(&t.ben),
+            None
+        )
+        .await
+        .0,
+        404
+    );
+    assert!(verify_cli(&storage).await.0);
+    t.server.terminate().await;
+}
+
+#[tokio::test]
+async fn audit_verify_names_tampered_records() {
+    use sqlx::Connection;
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let t = team(&storage).await;
+    // 50 concurrent sensitive actions: exactly 50 records, and a chain that verifies.
+    let before = audit(&t.server, &t.ana, &t.room).await.len();
+    let mut tasks = Vec::new();
+    for i in 0..50 {
+        let (url, ana) = (
+            t.server
+                .url(&format!("/api/rooms/{}/participants/{}", t.room, t.ben_id)),
+            t.ana.clone(),
+        );
+        let body = if i % 2 == 0 {
+            r#"{"grant":["invite"]}"#
+        } else {
+            r#"{"revoke":["invite"]}"#
+        };
+        tasks.push(tokio::spawn(async move {
+            http(&url, "PATCH", Some(&ana), Some(body)).await.0
+        }));
+    }
+    for task in tasks {
+        assert_eq!(task.await.unwrap(), 200);
+    }
+    let log = audit(&t.server, &t.ana, &t.room).await;
+    assert_eq!(log.len(), before + 50);
+    let (ok, text) = verify_cli(&storage).await;
+    assert!(ok, "{text}");
+    t.server.terminate().await;
+
+    let db = format!(
+        "sqlite://{}",
+        storage.dir.path().join("coderoom.db").display()
+    );
+    let mut conn = sqlx::SqliteConnection::connect(&db).await.unwrap();
+    let snapshot_rows = sqlx::query_as::<_, (i64, String, String)>(
+        "SELECT seq, details, hash FROM audit_log WHERE chain = $1 ORDER BY seq",
+    )
+    .bind(&t.room)
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    let n = snapshot_rows.len() as i64;
+
+    // A flipped byte.
+    exec(
+        &mut conn,
+        &t.room,
+        "UPDATE audit_log SET at = at + 1 WHERE chain = $1 AND seq = 10",
+    )
+    .await;
+    let (ok, text) = verify_cli(&storage).await;
+    assert!(!ok && text.contains("record 10"), "{text}");
+    exec(
+        &mut conn,
+        &t.room,
+        "UPDATE audit_log SET at = at - 1 WHERE chain = $1 AND seq = 10",
+    )
+    .await;
+    assert!(verify_cli(&storage).await.0);
+
+    // A swapped pair.
+    exec(
+        &mut conn,
+        &t.room,
+        "UPDATE audit_log SET seq = -1 WHERE chain = $1 AND seq = 20",
+    )
+    .await;
+    exec(
+        &mut conn,
+        &t.room,
+        "UPDATE audit_log SET seq = 20 WHERE chain = $1 AND seq = 21",
+    )
+    .await;
+    exec(
+        &mut conn,
+        &t.room,
+        "UPDATE audit_log SET seq = 21 WHERE chain = $1 AND seq = -1",
+    )
+    .await;
+    let (ok, text) = verify_cli(&storage).await;
+    assert!(!ok && text.contains("record 20"), "{text}");
+    exec(
+        &mut conn,
+        &t.room,
+        "UPDATE audit_log SET seq = -1 WHERE chain = $1 AND seq = 20",
+    )
+    .await;
+    exec(
+        &mut conn,
+        &t.room,
+        "UPDATE audit_log SET seq = 20 WHERE chain = $1 AND seq = 21",
+    )
+    .await;
+    exec(
+        &mut conn,
+        &t.room,
+        "UPDATE audit_log SET seq = 21 WHERE chain = $1 AND seq = -1",
+    )
+    .await;
+    assert!(verify_cli(&storage).await.0);
+
+    // Truncation: the tail is gone, caught against the checkpoint outside the table.
+    sqlx::query("DELETE FROM audit_log WHERE chain = $1 AND seq > $2")
+        .bind(&t.room)
+        .bind(n - 3)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let (ok, text) = verify_cli(&storage).await;
+    assert!(!ok && text.contains(&format!("record {}", n - 2)), "{text}");
+
+    // A deleted record in the middle.
+    exec(
+        &mut conn,
+        &t.room,
+        "DELETE FROM audit_log WHERE chain = $1 AND seq = 5",
+    )
+    .await;
+    let (ok, text) = verify_cli(&storage).await;
+    assert!(!ok && text.contains("record 5"), "{text}");
+}
+
+#[tokio::test]
+async fn sensitive_actions_fail_closed_without_the_database() {
+    let Some(Backend::Postgres(admin)) = backends()
+        .into_iter()
+        .find(|b| matches!(b, Backend::Postgres(_)))
+    else {
+        return;
+    };
+    let storage = Storage::new(&Backend::Postgres(admin)).await;
+    let t = team(&storage).await;
+    storage.drop_db().await;
+    let body = r#"{"role":"viewer"}"#;
+    let url = t
+        .server
+        .url(&format!("/api/rooms/{}/participants/{}", t.room, t.ben_id));
+    let (status, _) = http(&url, "PATCH", Some(&t.ana), Some(body)).await;
+    assert_eq!(status, 503);
+    let (status, _) = http(
+        &t.server.url(&format!("/api/rooms/{}/invites", t.room)),
+        "POST",
+        Some(&t.ana),
+        Some(r#"{"role":"viewer","ttl_s":60,"max_uses":1}"#),
+    )
+    .await;
+    assert_eq!(status, 503);
+    let _ = t.cy;
+    t.server.kill9().await;
+}
+
+async fn exec(conn: &mut sqlx::SqliteConnection, room: &str, sql: &str) {
+    sqlx::query(sql).bind(room).execute(conn).await.unwrap();
+}
