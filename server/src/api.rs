@@ -82,7 +82,14 @@ pub async fn get_room(
         "name": room.name,
         "participants": participants,
         "my_capabilities": mine.names(),
-        "sandbox": { "tier": "none", "state": "absent" },
+        // The room manifest: only an authorised, audited change alters it; joining never does.
+        // Repositories, secret rules, egress and budgets come with the features that use them;
+        // until then a room has none.
+        "repos": [],
+        "secret_rules": [],
+        "egress_allowlist": [],
+        "budget": null,
+        "sandbox": { "tier": "none", "state": "absent", "limits": null },
     })))
 }
 

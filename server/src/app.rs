@@ -6,7 +6,7 @@ use crate::metrics::Metrics;
 use crate::room::RoomDeps;
 use crate::rooms::Rooms;
 use crate::store::Store;
-use crate::{access, api, login, ws};
+use crate::{access, api, deletion, login, ws};
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
@@ -37,6 +37,7 @@ pub struct AppState {
     pub public_origin: String,
     pub admin_emails: Arc<Vec<String>>,
     pub trusted_proxies: crate::ratelimit::TrustedProxies,
+    pub data_dir: std::path::PathBuf,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -66,7 +67,12 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/api/rooms", get(api::list_rooms).post(api::create_room))
-        .route("/api/rooms/{id}", get(api::get_room))
+        .route(
+            "/api/rooms/{id}",
+            get(api::get_room).delete(deletion::request),
+        )
+        .route("/api/deletions/{id}/confirm", post(deletion::confirm))
+        .route("/api/deletions/{id}", get(deletion::get))
         .route("/api/rooms/{id}/invites", post(access::create_invite))
         .route("/api/invites/{token}/accept", post(access::accept_invite))
         .route(
@@ -170,7 +176,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         public_origin,
         admin_emails: Arc::new(admin_emails),
         trusted_proxies: crate::ratelimit::TrustedProxies::parse(&args.trusted_proxies)?,
+        data_dir: args.storage.data_dir.clone(),
     };
+    // Deletions a crash interrupted are finished before anything else touches those rooms.
+    deletion::resume(&state).await?;
     // Tests and scripts read this exact line to find the port.
     println!("listening on http://{addr}");
     tracing::info!(%addr, backend = ?store.backend(), "serving");

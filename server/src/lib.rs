@@ -7,6 +7,7 @@ pub mod app;
 pub mod audit;
 pub mod auth;
 pub mod config;
+pub mod deletion;
 pub mod email;
 pub mod error;
 pub mod login;

@@ -38,6 +38,8 @@ pub enum CloseCode {
     TryAgain,
     /// 4003: the participant was removed from the room (or lost `observe`).
     Removed,
+    /// 4004: the room was deleted.
+    Deleted,
 }
 
 impl CloseCode {
@@ -52,6 +54,7 @@ impl CloseCode {
             CloseCode::Internal => "room unavailable, reconnect",
             CloseCode::TryAgain => "room is full",
             CloseCode::Removed => "removed from the room",
+            CloseCode::Deleted => "room deleted",
         }
     }
 
@@ -65,6 +68,7 @@ impl CloseCode {
             CloseCode::Internal => 1011,
             CloseCode::TryAgain => 1013,
             CloseCode::Removed => 4003,
+            CloseCode::Deleted => 4004,
         }
     }
 }

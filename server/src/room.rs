@@ -51,6 +51,10 @@ pub enum RoomCmd {
     Leave {
         conn: ConnId,
     },
+    /// The room is being deleted: close every connection, log nothing more, unload.
+    Delete {
+        done: oneshot::Sender<usize>,
+    },
     /// A participant's rights changed (`None`: removed). Applies from the next frame on.
     Access {
         user_id: String,
@@ -135,6 +139,7 @@ pub enum Exit {
     Idle,
     Shutdown,
     Failed,
+    Deleted,
 }
 
 pub struct Room {
@@ -274,10 +279,15 @@ impl Room {
             let Some(first) = first else {
                 return self.finish(Exit::Shutdown).await;
             };
+            if let RoomCmd::Delete { done } = first {
+                return self.delete(done);
+            }
             self.handle(first);
             let mut handled = 1;
             while handled < MAX_BATCH_COMMANDS {
                 match rx.try_recv() {
+                    // Nothing of this batch is logged once deletion is asked for.
+                    Ok(RoomCmd::Delete { done }) => return self.delete(done),
                     Ok(cmd) => self.handle(cmd),
                     Err(_) => break,
                 }
@@ -337,6 +347,10 @@ impl Room {
                 user_id,
                 capabilities,
             } => self.access(&user_id, capabilities),
+            // Handled by the loop before anything else of its batch.
+            RoomCmd::Delete { done } => {
+                let _ = done.send(0);
+            }
             #[cfg(test)]
             RoomCmd::Panic => panic!("room panic requested by test"),
         }
@@ -708,6 +722,14 @@ impl Room {
         }
     }
 
+    fn delete(self, done: oneshot::Sender<usize>) -> Exit {
+        for c in self.conns.values() {
+            c.out.close(CloseCode::Deleted, "room deleted");
+        }
+        let _ = done.send(self.conns.len());
+        Exit::Deleted
+    }
+
     async fn finish(mut self, exit: Exit) -> Exit {
         if exit == Exit::Shutdown && self.logged_since_snapshot > 0 {
             self.compact().await;
@@ -715,6 +737,7 @@ impl Room {
         let (code, reason) = match exit {
             Exit::Shutdown => (CloseCode::Away, "server shutting down"),
             Exit::Idle | Exit::Failed => (CloseCode::Internal, "room unavailable, reconnect"),
+            Exit::Deleted => (CloseCode::Deleted, "room deleted"),
         };
         for c in self.conns.values() {
             c.out.close(code, reason);

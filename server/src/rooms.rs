@@ -124,10 +124,12 @@ impl Rooms {
 
     /// Sends `cmd` to the room's task if the room is loaded (a room that is not loaded has no
     /// connections to tell).
-    pub async fn notify(&self, room_id: &str, cmd: RoomCmd) {
+    /// Returns whether the room took the command.
+    pub async fn notify(&self, room_id: &str, cmd: RoomCmd) -> bool {
         let tx = self.map().get(room_id).map(|e| e.tx.clone());
-        if let Some(tx) = tx {
-            let _ = tx.send(cmd).await;
+        match tx {
+            Some(tx) => tx.send(cmd).await.is_ok(),
+            None => false,
         }
     }
 

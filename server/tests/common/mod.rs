@@ -113,7 +113,12 @@ pub struct Server {
 
 impl Server {
     pub async fn start(storage: &Storage, extra: &[&str]) -> Server {
+        Self::start_with_env(storage, extra, &[]).await
+    }
+
+    pub async fn start_with_env(storage: &Storage, extra: &[&str], env: &[(&str, &str)]) -> Server {
         let mut child = Command::new(BIN)
+            .envs(env.iter().copied())
             .arg("serve")
             .args(["--listen", "127.0.0.1:0"])
             .args(storage.args())

@@ -1,0 +1,275 @@
+//! Room deletion: an owner asks (`DELETE /api/rooms/{id}`), a system admin confirms
+//! (`POST /api/deletions/{id}/confirm`), and the server destroys every artifact of the room,
+//! one step at a time. Each step and its result are recorded in one transaction, so a rerun
+//! after a crash skips what is done, the receipt lists every artifact, and a deletion is never
+//! reported done before its last step. Confirmed deletions left unfinished by a crash resume
+//! when the server starts. The audit chain keeps a tombstone with the receipt's hash.
+
+use crate::access::{authorize, principal};
+use crate::app::AppState;
+use crate::auth::AuthUser;
+use crate::error::ApiError;
+use crate::room::RoomCmd;
+use crate::store::{now_ms, Change, StoreError};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use coderoom_authz::{decide, Action, Decision, RoomState};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use std::time::Duration;
+use tokio::sync::oneshot;
+
+/// How long the room task gets to close its connections and stop.
+const STOP_ROOM_WAIT: Duration = Duration::from_secs(5);
+
+/// Test hook: abort the process after this many newly executed steps (a crash in the middle).
+const FAULT_ENV: &str = "CODEROOM_FAULT_ABORT_AFTER_DELETION_STEPS";
+
+/// The artifacts of a room, in the order they are destroyed, with the SQL that destroys each
+/// (`None`: nothing of that kind is stored by this server version, so the receipt says `none`).
+/// Participants go first, so nobody can join while the rest is destroyed; the room row goes
+/// last, and its foreign keys sweep up anything written in between.
+const STEPS: &[(&str, Option<&str>)] = &[
+    (
+        "participants",
+        Some("DELETE FROM participants WHERE room_id = $1"),
+    ),
+    ("sessions", None),
+    ("documents", None),
+    ("invites", Some("DELETE FROM invites WHERE room_id = $1")),
+    (
+        "update_log",
+        Some("DELETE FROM doc_updates WHERE room_id = $1"),
+    ),
+    (
+        "snapshots",
+        Some("DELETE FROM doc_snapshots WHERE room_id = $1"),
+    ),
+    ("workspace", None),
+    ("recordings", None),
+    ("secrets", None),
+    ("previews", None),
+    ("sandbox", None),
+    ("room", Some("DELETE FROM rooms WHERE id = $1")),
+];
+
+pub async fn request(
+    State(app): State<AppState>,
+    user: AuthUser,
+    Path(room_id): Path<String>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let proof = authorize(&app, &room_id, &user, Action::RequestDeletion, json!({})).await?;
+    let id = match app.store.open_deletion(&room_id).await? {
+        Some(d) => d.id,
+        None => {
+            let id = uuid::Uuid::new_v4().simple().to_string();
+            app.store
+                .insert_deletion(&id, &room_id, proof.actor())
+                .await?;
+            app.audit
+                .record(
+                    &room_id,
+                    proof.actor(),
+                    "request_deletion",
+                    "allow",
+                    "",
+                    json!({ "deletion_id": id }),
+                    Change::None,
+                )
+                .await?;
+            id
+        }
+    };
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(json!({ "deletion_id": id, "state": "pending_confirmation" })),
+    ))
+}
+
+fn valid_id(id: &str) -> bool {
+    id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+pub async fn confirm(
+    State(app): State<AppState>,
+    user: AuthUser,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    if !valid_id(&id) {
+        return Err(ApiError::NotFound);
+    }
+    let who = principal(&app, &user);
+    if let Decision::Deny(reason) = decide(
+        &who,
+        &Action::ConfirmDeletion,
+        &RoomState::default(),
+        now_ms(),
+    ) {
+        app.audit
+            .record(
+                "system",
+                &user.id,
+                "confirm_deletion",
+                "deny",
+                &reason.to_string(),
+                json!({ "deletion_id": id }),
+                Change::None,
+            )
+            .await?;
+        return Err(ApiError::Denied(reason.to_string()));
+    }
+    let deletion = app.store.deletion(&id).await?.ok_or(ApiError::NotFound)?;
+    if deletion.state != "done" {
+        app.store.confirm_deletion(&id, &user.id).await?;
+        run(&app, &id, &deletion.room_id).await?;
+    }
+    receipt_of(&app, &id).await.map(Json)
+}
+
+pub async fn get(
+    State(app): State<AppState>,
+    user: AuthUser,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    if !valid_id(&id) {
+        return Err(ApiError::NotFound);
+    }
+    let deletion = app.store.deletion(&id).await?.ok_or(ApiError::NotFound)?;
+    if deletion.requested_by != user.id && !principal(&app, &user).is_admin {
+        return Err(ApiError::NotFound);
+    }
+    receipt_of(&app, &id).await.map(Json)
+}
+
+async fn receipt_of(app: &AppState, id: &str) -> Result<Value, ApiError> {
+    let d = app.store.deletion(id).await?.ok_or(ApiError::NotFound)?;
+    let receipt = match &d.receipt {
+        Some(r) => serde_json::from_str(r).map_err(|_| ApiError::Store(StoreError::Corrupt))?,
+        // Not done: what has been destroyed so far, never presented as complete.
+        None => receipt_body(&d.room_id, id, &app.store.deletion_steps(id).await?, false),
+    };
+    Ok(json!({ "deletion_id": id, "state": d.state, "receipt": receipt }))
+}
+
+fn receipt_body(room_id: &str, id: &str, steps: &[(String, String, i64)], complete: bool) -> Value {
+    json!({
+        "deletion_id": id,
+        "room_id": room_id,
+        "complete": complete,
+        "artifacts": steps
+            .iter()
+            .map(|(artifact, status, count)| json!({ "artifact": artifact, "status": status, "count": count }))
+            .collect::<Vec<_>>(),
+    })
+}
+
+/// Carries out (or resumes) a confirmed deletion.
+pub async fn run(app: &AppState, id: &str, room_id: &str) -> Result<(), StoreError> {
+    let fault_after: Option<usize> = std::env::var(FAULT_ENV).ok().and_then(|v| v.parse().ok());
+    let mut executed = 0usize;
+    let done: Vec<String> = app
+        .store
+        .deletion_steps(id)
+        .await?
+        .into_iter()
+        .map(|(a, _, _)| a)
+        .collect();
+    for (artifact, sql) in STEPS {
+        if done.iter().any(|d| d == artifact) {
+            continue;
+        }
+        match *artifact {
+            "sessions" => {
+                // Live connections: the room task closes them (4004) and unloads.
+                let (tx, rx) = oneshot::channel();
+                let loaded = app
+                    .rooms
+                    .notify(room_id, RoomCmd::Delete { done: tx })
+                    .await;
+                let closed = if loaded {
+                    tokio::time::timeout(STOP_ROOM_WAIT, rx)
+                        .await
+                        .ok()
+                        .and_then(Result::ok)
+                        .unwrap_or(0)
+                } else {
+                    0
+                };
+                let status = if closed > 0 { "destroyed" } else { "none" };
+                app.store
+                    .deletion_step_done(id, artifact, status, closed as i64)
+                    .await?;
+            }
+            "documents" => {
+                // The in-memory document went with the room task; its stored form is the
+                // update log and the snapshot, below.
+                app.store
+                    .deletion_step_done(id, artifact, "unloaded", 0)
+                    .await?;
+            }
+            "workspace" | "recordings" => {
+                let dir = app.data_dir.join("rooms").join(room_id).join(artifact);
+                let status = match tokio::fs::remove_dir_all(&dir).await {
+                    Ok(()) => "destroyed",
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => "none",
+                    Err(e) => return Err(StoreError::Io(e)),
+                };
+                app.store
+                    .deletion_step_done(id, artifact, status, 0)
+                    .await?;
+            }
+            _ => {
+                app.store
+                    .deletion_step(id, room_id, artifact, *sql, "none")
+                    .await?
+            }
+        }
+        executed += 1;
+        if fault_after == Some(executed) {
+            tracing::error!("{FAULT_ENV}: aborting in the middle of a deletion");
+            std::process::abort();
+        }
+    }
+    let _ = tokio::fs::remove_dir(app.data_dir.join("rooms").join(room_id)).await;
+    let steps = app.store.deletion_steps(id).await?;
+    let receipt = receipt_body(room_id, id, &steps, true);
+    let text = receipt.to_string();
+    let hash = hex::encode(Sha256::digest(text.as_bytes()));
+    let details = json!({ "deletion_id": id, "receipt_hash": hash });
+    // Tombstones: in the room's own chain (kept, it holds no content) and in the system chain.
+    app.audit
+        .record(
+            room_id,
+            "system",
+            "room_deleted",
+            "allow",
+            "",
+            details.clone(),
+            Change::None,
+        )
+        .await?;
+    app.audit
+        .record(
+            "system",
+            "system",
+            "room_deleted",
+            "allow",
+            "",
+            json!({ "room_id": room_id, "deletion_id": id, "receipt_hash": hash }),
+            Change::None,
+        )
+        .await?;
+    app.store.finish_deletion(id, &text, &hash).await?;
+    tracing::info!(room = %room_id, deletion = %id, "room deleted");
+    Ok(())
+}
+
+/// Resumes deletions a crash interrupted.
+pub async fn resume(app: &AppState) -> Result<(), StoreError> {
+    for d in app.store.unfinished_deletions().await? {
+        tracing::warn!(deletion = %d.id, room = %d.room_id, "resuming an interrupted deletion");
+        run(app, &d.id, &d.room_id).await?;
+    }
+    Ok(())
+}

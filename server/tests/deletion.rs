@@ -1,0 +1,234 @@
+//! Room deletion: owner request, admin confirmation, a receipt for every artifact, and a
+//! kill -9 in the middle that a rerun completes.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use std::time::Duration;
+
+async fn count(storage: &Storage, sql: &str, room: &str) -> i64 {
+    use sqlx::Connection;
+    let db = format!(
+        "sqlite://{}",
+        storage.dir.path().join("coderoom.db").display()
+    );
+    let mut conn = sqlx::SqliteConnection::connect(&db).await.unwrap();
+    let (n,): (i64,) = sqlx::query_as(sql)
+        .bind(room)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    n
+}
+
+#[tokio::test]
+async fn deletion_survives_a_crash_and_leaves_nothing() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let ana = storage.token("ana@example.com").await;
+    let root = storage.token("root@example.com").await;
+    let admins = ["--admin-emails", "root@example.com"];
+    let server = Server::start(&storage, &admins).await;
+    let room = create_room(&server, &ana).await;
+    let mut c = Client::connect(&server, &room, &ana).await;
+    c.synced().await;
+    c.insert("main.rs", 0, "secret sauce").await;
+    eventually(&server, &room, &ana, "main.rs", "secret sauce").await;
+    let inv = http(
+        &server.url(&format!("/api/rooms/{room}/invites")),
+        "POST",
+        Some(&ana),
+        Some(r#"{"role":"viewer","ttl_s":600,"max_uses":3}"#),
+    )
+    .await;
+    assert_eq!(inv.0, 201);
+    let inv: serde_json::Value = serde_json::from_str(&inv.1).unwrap();
+    let inv = inv["token"].as_str().unwrap().to_owned();
+
+    let (status, body) = http(
+        &server.url(&format!("/api/rooms/{room}")),
+        "DELETE",
+        Some(&ana),
+        None,
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["state"], "pending_confirmation");
+    let id = v["deletion_id"].as_str().unwrap().to_owned();
+    // Only a system admin confirms; the room is untouched until then.
+    let confirm = format!("/api/deletions/{id}/confirm");
+    assert_eq!(
+        http(&server.url(&confirm), "POST", Some(&ana), None)
+            .await
+            .0,
+        403
+    );
+    assert_eq!(
+        snapshot(&server, &room, &ana, "main.rs").await.0,
+        "secret sauce"
+    );
+    server.terminate().await;
+
+    // The admin confirms on a server that crashes (abort) after three steps.
+    let mut crashing = Server::start_with_env(
+        &storage,
+        &admins,
+        &[("CODEROOM_FAULT_ABORT_AFTER_DELETION_STEPS", "3")],
+    )
+    .await;
+    let mut c = Client::connect(&crashing, &room, &ana).await;
+    c.synced().await;
+    let url = crashing.url(&confirm);
+    let _ = tokio::time::timeout(TIMEOUT, http_maybe(&url, &root)).await;
+    let status = tokio::time::timeout(TIMEOUT, crashing.child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        !status.success(),
+        "the fault hook should have killed the server"
+    );
+    // The connected client was told the room is gone before the crash.
+    assert_eq!(c.closed().await, Some(4004));
+    let state: (String,) = {
+        use sqlx::Connection;
+        let db = format!(
+            "sqlite://{}",
+            storage.dir.path().join("coderoom.db").display()
+        );
+        let mut conn = sqlx::SqliteConnection::connect(&db).await.unwrap();
+        sqlx::query_as("SELECT state FROM deletions WHERE id = $1")
+            .bind(&id)
+            .fetch_one(&mut conn)
+            .await
+            .unwrap()
+    };
+    assert_eq!(state.0, "confirmed", "a partial run must never report done");
+
+    // Restart: the interrupted deletion resumes; confirming again is idempotent.
+    let server = Server::start(&storage, &admins).await;
+    let (status, body) = http(&server.url(&confirm), "POST", Some(&root), None).await;
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["state"], "done");
+    assert_eq!(v["receipt"]["complete"], true);
+    let artifacts: Vec<String> = v["receipt"]["artifacts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["artifact"].as_str().unwrap().to_owned())
+        .collect();
+    for expected in [
+        "participants",
+        "sessions",
+        "documents",
+        "invites",
+        "update_log",
+        "snapshots",
+        "workspace",
+        "recordings",
+        "secrets",
+        "previews",
+        "sandbox",
+        "room",
+    ] {
+        assert!(
+            artifacts.iter().any(|a| a == expected),
+            "receipt lacks {expected}: {artifacts:?}"
+        );
+    }
+    let again = http(
+        &server.url(&format!("/api/deletions/{id}")),
+        "GET",
+        Some(&ana),
+        None,
+    )
+    .await;
+    assert_eq!(again.0, 200);
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&again.1).unwrap()["receipt"],
+        v["receipt"]
+    );
+
+    // Nothing of the room is left but its audit chain (with the tombstone).
+    for table in ["participants", "invites", "doc_updates", "doc_snapshots"] {
+        let n = count(
+            &storage,
+            &format!("SELECT COUNT(*) FROM {table} WHERE room_id = $1"),
+            &room,
+        )
+        .await;
+        assert_eq!(n, 0, "{table} still holds the room");
+    }
+    assert_eq!(
+        count(&storage, "SELECT COUNT(*) FROM rooms WHERE id = $1", &room).await,
+        0
+    );
+    assert!(!storage.dir.path().join("rooms").join(&room).exists());
+    let tomb = count(
+        &storage,
+        "SELECT COUNT(*) FROM audit_log WHERE chain = $1 AND action = 'room_deleted'",
+        &room,
+    )
+    .await;
+    assert_eq!(tomb, 1);
+    // Reconnects and links fail.
+    assert_eq!(
+        http(
+            &server.url(&format!("/api/rooms/{room}/doc")),
+            "GET",
+            Some(&ana),
+            None
+        )
+        .await
+        .0,
+        404
+    );
+    assert_eq!(
+        http(
+            &server.url(&format!("/api/rooms/{room}")),
+            "GET",
+            Some(&ana),
+            None
+        )
+        .await
+        .0,
+        404
+    );
+    let dan = storage.token("dan@example.com").await;
+    let acc = http(
+        &server.url(&format!("/api/invites/{inv}/accept")),
+        "POST",
+        Some(&dan),
+        None,
+    )
+    .await;
+    assert_eq!(acc.0, 404);
+    server.terminate().await;
+    let out = tokio::process::Command::new(BIN)
+        .args(["audit", "verify"])
+        .args(storage.args())
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let _ = Duration::ZERO;
+}
+
+/// A request whose server may die before answering.
+async fn http_maybe(url: &str, token: &str) {
+    let rest = url.strip_prefix("http://").unwrap();
+    let (host, path) = rest.split_at(rest.find('/').unwrap());
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    if let Ok(mut s) = tokio::net::TcpStream::connect(host).await {
+        let req = format!("POST {path} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {token}\r\nConnection: close\r\nContent-Length: 0\r\n\r\n");
+        let _ = s.write_all(req.as_bytes()).await;
+        let mut buf = Vec::new();
+        let _ = s.read_to_end(&mut buf).await;
+    }
+}
