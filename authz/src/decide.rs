@@ -49,6 +49,19 @@ pub enum Action {
     },
     /// Ask for the room to be deleted (an admin confirms).
     RequestDeletion,
+    /// Export room content with `params` (canonical JSON). Needs `export` and an approval by
+    /// another holder of `approve`, bound to exactly these parameters.
+    Export {
+        /// The export's parameters, canonical JSON.
+        params: String,
+        /// The approval presented with the request, if any.
+        approval: Option<Approval>,
+    },
+    /// Approve or deny a pending request.
+    DecideApproval {
+        /// The request being decided.
+        approval: Approval,
+    },
     /// Confirm a pending deletion.
     ConfirmDeletion,
 }
@@ -76,6 +89,8 @@ impl Action {
             Action::ChangeParticipant { .. } => "change_participant",
             Action::RemoveParticipant { .. } => "remove_participant",
             Action::RequestDeletion => "request_deletion",
+            Action::Export { .. } => "export",
+            Action::DecideApproval { .. } => "decide_approval",
             Action::ConfirmDeletion => "confirm_deletion",
         }
     }
@@ -96,6 +111,42 @@ pub enum DenyReason {
     LastRevoker,
     /// Only system admins may do this.
     AdminOnly,
+    /// A requester cannot approve its own request.
+    SelfApproval,
+    /// The approval has expired.
+    ApprovalExpired,
+    /// The approval was already decided (or used).
+    AlreadyDecided,
+    /// The approval is for another action, requester or parameters, or was not granted.
+    ApprovalMismatch,
+}
+
+/// A request that needs someone else's approval, as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Approval {
+    /// The request id.
+    pub id: String,
+    /// Who asked.
+    pub requester: String,
+    /// The action's audit name.
+    pub action: String,
+    /// The exact parameters, canonical JSON.
+    pub params: String,
+    /// Unix ms after which the request (and an approval of it) is void.
+    pub expires_at: i64,
+    /// `(approver, approved)` once decided.
+    pub decided: Option<(String, bool)>,
+    /// Whether an approved request was already carried out (approvals are single use).
+    pub used: bool,
+}
+
+/// What [`decide`] asks to be stored when an action needs approval.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApprovalRequest {
+    /// The action's audit name.
+    pub action: &'static str,
+    /// The exact parameters, canonical JSON.
+    pub params: String,
 }
 
 impl fmt::Display for DenyReason {
@@ -115,6 +166,12 @@ impl fmt::Display for DenyReason {
                 f.write_str("the room must keep a participant who can revoke")
             }
             DenyReason::AdminOnly => f.write_str("system admins only"),
+            DenyReason::SelfApproval => f.write_str("a requester cannot approve its own request"),
+            DenyReason::ApprovalExpired => f.write_str("the request has expired"),
+            DenyReason::AlreadyDecided => f.write_str("the request was already decided or used"),
+            DenyReason::ApprovalMismatch => {
+                f.write_str("the approval does not cover this action with these parameters")
+            }
         }
     }
 }
@@ -152,6 +209,8 @@ pub enum Decision {
     Allow(Authorized),
     /// Refused, for this reason.
     Deny(DenyReason),
+    /// Allowed once another holder of `approve` approves exactly this request.
+    NeedsApproval(ApprovalRequest),
 }
 
 /// Decides whether `principal` may perform `action` on the room in `room` at `now`.
@@ -240,6 +299,44 @@ pub fn decide(principal: &Principal, action: &Action, room: &RoomState, now: i64
             }
         }
         Action::RequestDeletion => need(Capability::Delete),
+        Action::Export { params, approval } => match need(Capability::Export) {
+            Err(e) => Err(e),
+            Ok(()) => match approval {
+                None => {
+                    return Decision::NeedsApproval(ApprovalRequest {
+                        action: action.name(),
+                        params: params.clone(),
+                    })
+                }
+                Some(a) => {
+                    let granted = matches!(&a.decided, Some((by, true)) if *by != a.requester);
+                    if a.expires_at <= now {
+                        Err(DenyReason::ApprovalExpired)
+                    } else if a.used {
+                        Err(DenyReason::AlreadyDecided)
+                    } else if !granted
+                        || a.action != action.name()
+                        || a.requester != principal.user
+                        || a.params != *params
+                    {
+                        Err(DenyReason::ApprovalMismatch)
+                    } else {
+                        Ok(())
+                    }
+                }
+            },
+        },
+        Action::DecideApproval { approval } => need(Capability::Approve).and_then(|()| {
+            if approval.requester == principal.user {
+                Err(DenyReason::SelfApproval)
+            } else if approval.expires_at <= now {
+                Err(DenyReason::ApprovalExpired)
+            } else if approval.decided.is_some() || approval.used {
+                Err(DenyReason::AlreadyDecided)
+            } else {
+                Ok(())
+            }
+        }),
         Action::ConfirmDeletion => {
             if principal.is_admin {
                 Ok(())
@@ -283,6 +380,90 @@ mod tests {
 
     fn allowed(d: &Decision) -> bool {
         matches!(d, Decision::Allow(_))
+    }
+
+    #[test]
+    fn approvals_are_bound_to_another_approver_and_the_parameters() {
+        let r = room(&[("ana", Role::Owner), ("ben", Role::Owner)]);
+        let params = r#"{"files":["a"]}"#.to_owned();
+        let export = |approval| Action::Export {
+            params: params.clone(),
+            approval,
+        };
+        assert!(matches!(
+            decide(&user("ben"), &export(None), &r, 0),
+            Decision::NeedsApproval(_)
+        ));
+        let pending = Approval {
+            id: "1".into(),
+            requester: "ben".into(),
+            action: "export".into(),
+            params: params.clone(),
+            expires_at: 100,
+            decided: None,
+            used: false,
+        };
+        let decide_it = |who: &str, now| {
+            decide(
+                &user(who),
+                &Action::DecideApproval {
+                    approval: pending.clone(),
+                },
+                &r,
+                now,
+            )
+        };
+        assert_eq!(
+            decide_it("ben", 0),
+            Decision::Deny(DenyReason::SelfApproval)
+        );
+        assert_eq!(
+            decide_it("ana", 100),
+            Decision::Deny(DenyReason::ApprovalExpired)
+        );
+        assert!(allowed(&decide_it("ana", 0)));
+        let approved = Approval {
+            decided: Some(("ana".into(), true)),
+            ..pending.clone()
+        };
+        assert!(allowed(&decide(
+            &user("ben"),
+            &export(Some(approved.clone())),
+            &r,
+            50
+        )));
+        let other = Action::Export {
+            params: r#"{"files":["a","b"]}"#.into(),
+            approval: Some(approved.clone()),
+        };
+        assert_eq!(
+            decide(&user("ben"), &other, &r, 50),
+            Decision::Deny(DenyReason::ApprovalMismatch)
+        );
+        assert_eq!(
+            decide(&user("ana"), &export(Some(approved.clone())), &r, 50),
+            Decision::Deny(DenyReason::ApprovalMismatch)
+        );
+        assert_eq!(
+            decide(&user("ben"), &export(Some(approved.clone())), &r, 100),
+            Decision::Deny(DenyReason::ApprovalExpired)
+        );
+        let used = Approval {
+            used: true,
+            ..approved
+        };
+        assert_eq!(
+            decide(&user("ben"), &export(Some(used)), &r, 50),
+            Decision::Deny(DenyReason::AlreadyDecided)
+        );
+        let self_approved = Approval {
+            decided: Some(("ben".into(), true)),
+            ..pending
+        };
+        assert_eq!(
+            decide(&user("ben"), &export(Some(self_approved)), &r, 50),
+            Decision::Deny(DenyReason::ApprovalMismatch)
+        );
     }
 
     #[test]

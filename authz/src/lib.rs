@@ -10,7 +10,9 @@ pub mod audit;
 mod decide;
 mod grants;
 
-pub use decide::{decide, Action, Authorized, Decision, DenyReason, Principal};
+pub use decide::{
+    decide, Action, Approval, ApprovalRequest, Authorized, Decision, DenyReason, Principal,
+};
 pub use grants::{Grant, Participant, RoomState};
 
 use serde::{Deserialize, Serialize};

@@ -70,6 +70,8 @@ pub async fn authorize(
                 _ => ApiError::Denied(reason.to_string()),
             })
         }
+        // Routes whose actions can need approval handle that outcome themselves.
+        Decision::NeedsApproval(_) => Err(ApiError::Denied("this action needs an approval".into())),
     }
 }
 
@@ -186,6 +188,7 @@ pub async fn accept_invite(
                 .await?;
             return Err(ApiError::Gone);
         }
+        Decision::NeedsApproval(_) => return Err(ApiError::Gone),
     };
     let change = Change::AcceptInvite {
         token_hash,

@@ -107,6 +107,6 @@ pub async fn room_capabilities(
     let who = crate::access::principal(app, user);
     match decide(&who, &Action::Use(Capability::Observe), &state, now_ms()) {
         Decision::Allow(proof) => Ok(proof.actor_capabilities()),
-        Decision::Deny(_) => Err(ApiError::NotFound),
+        Decision::Deny(_) | Decision::NeedsApproval(_) => Err(ApiError::NotFound),
     }
 }

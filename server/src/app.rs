@@ -6,7 +6,7 @@ use crate::metrics::Metrics;
 use crate::room::RoomDeps;
 use crate::rooms::Rooms;
 use crate::store::Store;
-use crate::{access, api, deletion, login, ws};
+use crate::{access, api, approvals, deletion, login, ws};
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
@@ -84,6 +84,12 @@ pub fn router(state: AppState) -> Router {
             axum::routing::patch(access::change_participant).delete(access::remove_participant),
         )
         .route("/api/rooms/{id}/audit", get(access::room_audit))
+        .route("/api/rooms/{id}/exports", post(approvals::export))
+        .route("/api/rooms/{id}/approvals", get(approvals::list))
+        .route(
+            "/api/rooms/{id}/approvals/{approval_id}/decision",
+            post(approvals::decide_request),
+        )
         .route("/api/rooms/{id}/doc", get(ws::doc_socket))
         .layer(DefaultBodyLimit::max(MAX_API_BODY))
         .with_state(state)

@@ -4,6 +4,7 @@
 pub mod access;
 pub mod api;
 pub mod app;
+pub mod approvals;
 pub mod audit;
 pub mod auth;
 pub mod config;

@@ -3,7 +3,7 @@
 //! Queries use `$N` placeholders, which both backends accept, so one code path serves both and
 //! the same test suite runs against each. Times are Unix milliseconds.
 
-use coderoom_authz::{audit, CapabilitySet, Grant, Participant, Role, RoomState};
+use coderoom_authz::{audit, Approval, CapabilitySet, Grant, Participant, Role, RoomState};
 use sqlx::any::{AnyConnectOptions, AnyPoolOptions};
 use sqlx::migrate::Migrator;
 use sqlx::{AnyPool, Executor, Row};
@@ -507,6 +507,33 @@ impl Store {
         .transpose()
     }
 
+    // ---- approvals ----
+
+    pub async fn approval(&self, room_id: &str, id: &str) -> Result<Option<Approval>, StoreError> {
+        let row = sqlx::query(
+            "SELECT id, requester, action, params, expires_at, decided_by, approved, used_at \
+             FROM approvals WHERE room_id = $1 AND id = $2",
+        )
+        .bind(room_id)
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.as_ref().map(approval_row).transpose()
+    }
+
+    pub async fn approvals(&self, room_id: &str) -> Result<Vec<(Approval, i64)>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT id, requester, action, params, expires_at, decided_by, approved, used_at, created_at \
+             FROM approvals WHERE room_id = $1 ORDER BY created_at, id",
+        )
+        .bind(room_id)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| Ok((approval_row(r)?, r.try_get("created_at")?)))
+            .collect()
+    }
+
     // ---- deletions ----
 
     /// The deletion of `room_id` in progress or pending, if any.
@@ -862,6 +889,24 @@ pub enum Change {
         token_hash: String,
         now: i64,
     },
+    CreateApproval {
+        id: String,
+        room_id: String,
+        requester: String,
+        action: String,
+        params: String,
+        expires_at: i64,
+    },
+    /// Records a decision on a request nobody decided yet.
+    DecideApproval {
+        id: String,
+        by: String,
+        approved: bool,
+    },
+    /// Spends an approved request (single use).
+    UseApproval {
+        id: String,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -962,6 +1007,55 @@ async fn apply_change(
             .execute(&mut **tx)
             .await?;
         }
+        Change::CreateApproval {
+            id,
+            room_id,
+            requester,
+            action,
+            params,
+            expires_at,
+        } => {
+            sqlx::query(
+                "INSERT INTO approvals (id, room_id, requester, action, params, created_at, expires_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            )
+            .bind(id)
+            .bind(room_id)
+            .bind(requester)
+            .bind(action)
+            .bind(params)
+            .bind(now_ms())
+            .bind(*expires_at)
+            .execute(&mut **tx)
+            .await?;
+        }
+        Change::DecideApproval { id, by, approved } => {
+            let done = sqlx::query(
+                "UPDATE approvals SET decided_by = $1, decided_at = $2, approved = $3 \
+                 WHERE id = $4 AND decided_by IS NULL",
+            )
+            .bind(by)
+            .bind(now_ms())
+            .bind(i64::from(*approved))
+            .bind(id)
+            .execute(&mut **tx)
+            .await?;
+            if done.rows_affected() != 1 {
+                return Err(StoreError::Conflict);
+            }
+        }
+        Change::UseApproval { id } => {
+            let done = sqlx::query(
+                "UPDATE approvals SET used_at = $1 WHERE id = $2 AND approved = 1 AND used_at IS NULL",
+            )
+            .bind(now_ms())
+            .bind(id)
+            .execute(&mut **tx)
+            .await?;
+            if done.rows_affected() != 1 {
+                return Err(StoreError::Conflict);
+            }
+        }
         Change::RevokeInvite { token_hash, now } => {
             sqlx::query(
                 "UPDATE invites SET revoked_at = $1 WHERE token_hash = $2 AND revoked_at IS NULL",
@@ -1011,6 +1105,20 @@ fn participant_from(role: &str, extra: &str, removed: &str) -> Result<Participan
         role,
         extra,
         removed,
+    })
+}
+
+fn approval_row(r: &sqlx::any::AnyRow) -> Result<Approval, StoreError> {
+    let decided_by: Option<String> = r.try_get("decided_by")?;
+    let approved: Option<i64> = r.try_get("approved")?;
+    Ok(Approval {
+        id: r.try_get("id")?,
+        requester: r.try_get("requester")?,
+        action: r.try_get("action")?,
+        params: r.try_get("params")?,
+        expires_at: r.try_get("expires_at")?,
+        decided: decided_by.map(|by| (by, approved == Some(1))),
+        used: r.try_get::<Option<i64>, _>("used_at")?.is_some(),
     })
 }
 

@@ -453,3 +453,197 @@ async fn sensitive_actions_fail_closed_without_the_database() {
 async fn exec(conn: &mut sqlx::SqliteConnection, room: &str, sql: &str) {
     sqlx::query(sql).bind(room).execute(conn).await.unwrap();
 }
+
+#[tokio::test]
+async fn approvals_bind_to_another_approver_and_the_exact_parameters() {
+    use sqlx::Connection;
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let t = team(&storage).await;
+    // Ana writes a file the way the editor does: files map -> Y.Text.
+    let mut ana = Client::connect(&t.server, &t.room, &t.ana).await;
+    ana.synced().await;
+    let update = {
+        use yrs::{Map, Transact};
+        let files = ana.doc.get_or_insert_map("files");
+        let mut txn = ana.doc.transact_mut();
+        files.insert(&mut txn, "main.rs", yrs::TextPrelim::new("fn main() {}"));
+        txn.encode_update_v1()
+    };
+    ana.send(YMessage::Sync(SyncMessage::Update(update))).await;
+    // No acknowledgements in y-websocket: wait until a fresh client sees the file.
+    let mut seen = false;
+    for _ in 0..100 {
+        let mut c = Client::connect(&t.server, &t.room, &t.ana).await;
+        c.synced().await;
+        let has = {
+            use yrs::{Map, Transact};
+            let files = c.doc.get_or_insert_map("files");
+            let txn = c.doc.transact();
+            files.get(&txn, "main.rs").is_some()
+        };
+        if has {
+            seen = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(seen);
+    let grant = r#"{"grant":["export"]}"#;
+    assert_eq!(
+        set_role(&t.server, &t.ana, &t.room, &t.ben_id, grant).await,
+        200
+    );
+
+    let exports = t.server.url(&format!("/api/rooms/{}/exports", t.room));
+    let (status, body) = http(
+        &exports,
+        "POST",
+        Some(&t.ben),
+        Some(r#"{"files":["main.rs"]}"#),
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    let id = serde_json::from_str::<serde_json::Value>(&body).unwrap()["approval_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    // Not usable before a decision.
+    let with = |files: &str| format!(r#"{{"files":{files},"approval_id":"{id}"}}"#);
+    assert_eq!(
+        http(
+            &exports,
+            "POST",
+            Some(&t.ben),
+            Some(&with(r#"["main.rs"]"#))
+        )
+        .await
+        .0,
+        403
+    );
+
+    let decision = t
+        .server
+        .url(&format!("/api/rooms/{}/approvals/{id}/decision", t.room));
+    assert_eq!(
+        http(&decision, "POST", Some(&t.ben), Some(r#"{"approve":true}"#))
+            .await
+            .0,
+        403,
+        "self-approval"
+    );
+    assert_eq!(
+        http(&decision, "POST", Some(&t.cy), Some(r#"{"approve":true}"#))
+            .await
+            .0,
+        403,
+        "no approve capability"
+    );
+    assert_eq!(
+        http(&decision, "POST", Some(&t.ana), Some(r#"{"approve":true}"#))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        http(
+            &decision,
+            "POST",
+            Some(&t.ana),
+            Some(r#"{"approve":false}"#)
+        )
+        .await
+        .0,
+        403,
+        "decided once"
+    );
+
+    // Other parameters need a new approval; the approved ones work once.
+    assert_eq!(
+        http(
+            &exports,
+            "POST",
+            Some(&t.ben),
+            Some(&with(r#"["main.rs","secret.env"]"#))
+        )
+        .await
+        .0,
+        403
+    );
+    let (status, body) = http(
+        &exports,
+        "POST",
+        Some(&t.ben),
+        Some(&with(r#"["main.rs"]"#)),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["files"]["main.rs"], "fn main() {}");
+    assert_eq!(
+        http(
+            &exports,
+            "POST",
+            Some(&t.ben),
+            Some(&with(r#"["main.rs"]"#))
+        )
+        .await
+        .0,
+        403,
+        "single use"
+    );
+
+    // Expired requests can be neither decided nor used.
+    let (_, body) = http(
+        &exports,
+        "POST",
+        Some(&t.ben),
+        Some(r#"{"files":["main.rs"]}"#),
+    )
+    .await;
+    let late = serde_json::from_str::<serde_json::Value>(&body).unwrap()["approval_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let db = format!(
+        "sqlite://{}",
+        storage.dir.path().join("coderoom.db").display()
+    );
+    let mut conn = sqlx::SqliteConnection::connect(&db).await.unwrap();
+    sqlx::query("UPDATE approvals SET expires_at = 1 WHERE id = $1")
+        .bind(&late)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let late_decision = t
+        .server
+        .url(&format!("/api/rooms/{}/approvals/{late}/decision", t.room));
+    assert_eq!(
+        http(
+            &late_decision,
+            "POST",
+            Some(&t.ana),
+            Some(r#"{"approve":true}"#)
+        )
+        .await
+        .0,
+        403
+    );
+    let (status, list) = http(
+        &t.server.url(&format!("/api/rooms/{}/approvals", t.room)),
+        "GET",
+        Some(&t.cy),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    let list: serde_json::Value = serde_json::from_str(&list).unwrap();
+    let states: Vec<&str> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["used", "expired"]);
+    assert!(verify_cli(&storage).await.0);
+    t.server.terminate().await;
+}

@@ -1,0 +1,280 @@
+//! Approvals, and the first action that needs one: exporting room content.
+//!
+//! `POST /api/rooms/{id}/exports {"files": [...]}` from a holder of `export` is stored as a
+//! request with its exact parameters (202, `pending_approval`). Another holder of `approve`
+//! decides it (`POST /api/rooms/{id}/approvals/{approval_id}/decision`); a requester never
+//! decides its own. The requester then repeats the export with `"approval_id"`: it runs only
+//! with exactly the approved parameters, before the request expires, once.
+
+use crate::access::{authorize, principal};
+use crate::app::AppState;
+use crate::auth::AuthUser;
+use crate::error::ApiError;
+use crate::store::{now_ms, Change, StoreError};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use coderoom_authz::{decide, Action, Capability, Decision, DenyReason};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use yrs::updates::decoder::Decode;
+use yrs::{GetString, Map, Transact};
+
+/// A request waits this long for a decision; an approval lapses with it.
+const APPROVAL_TTL_MS: i64 = 60 * 60 * 1000;
+/// Most files one export names.
+const MAX_EXPORT_FILES: usize = 100;
+/// Longest path in a file list.
+const MAX_PATH: usize = 1024;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExportBody {
+    files: Vec<String>,
+    approval_id: Option<String>,
+}
+
+/// The canonical parameters: the set of files, sorted.
+fn export_params(files: &[String]) -> Result<String, ApiError> {
+    if files.is_empty() || files.len() > MAX_EXPORT_FILES {
+        return Err(ApiError::BadRequest("files must list 1 to 100 paths"));
+    }
+    if files
+        .iter()
+        .any(|f| f.is_empty() || f.len() > MAX_PATH || f.contains('\0'))
+    {
+        return Err(ApiError::BadRequest("invalid path in files"));
+    }
+    let mut files = files.to_vec();
+    files.sort();
+    files.dedup();
+    Ok(json!({ "files": files }).to_string())
+}
+
+fn valid_id(id: &str) -> bool {
+    id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+pub async fn export(
+    State(app): State<AppState>,
+    user: AuthUser,
+    Path(room_id): Path<String>,
+    Json(body): Json<ExportBody>,
+) -> Result<Response, ApiError> {
+    // Membership and `export` first (a denial is audited there).
+    authorize(
+        &app,
+        &room_id,
+        &user,
+        Action::Use(Capability::Export),
+        json!({}),
+    )
+    .await?;
+    let params = export_params(&body.files)?;
+    let approval = match &body.approval_id {
+        Some(id) if valid_id(id) => Some(
+            app.store
+                .approval(&room_id, id)
+                .await?
+                .ok_or(ApiError::NotFound)?,
+        ),
+        Some(_) => return Err(ApiError::NotFound),
+        None => None,
+    };
+    let state = app.store.room_state(&room_id).await?;
+    let action = Action::Export {
+        params: params.clone(),
+        approval: approval.clone(),
+    };
+    let details: Value = serde_json::from_str(&params).unwrap_or(Value::Null);
+    match decide(&principal(&app, &user), &action, &state, now_ms()) {
+        Decision::NeedsApproval(request) => {
+            let id = uuid::Uuid::new_v4().simple().to_string();
+            let change = Change::CreateApproval {
+                id: id.clone(),
+                room_id: room_id.clone(),
+                requester: user.id.clone(),
+                action: request.action.to_owned(),
+                params: request.params,
+                expires_at: now_ms() + APPROVAL_TTL_MS,
+            };
+            let details = json!({ "approval_id": id, "params": details });
+            app.audit
+                .record(
+                    &room_id,
+                    &user.id,
+                    "export",
+                    "needs_approval",
+                    "",
+                    details,
+                    change,
+                )
+                .await?;
+            Ok((
+                StatusCode::ACCEPTED,
+                Json(json!({ "approval_id": id, "state": "pending_approval" })),
+            )
+                .into_response())
+        }
+        Decision::Deny(reason) => {
+            let details = json!({ "approval_id": body.approval_id, "params": details });
+            app.audit
+                .record(
+                    &room_id,
+                    &user.id,
+                    "export",
+                    "deny",
+                    &reason.to_string(),
+                    details,
+                    Change::None,
+                )
+                .await?;
+            Err(ApiError::Denied(reason.to_string()))
+        }
+        Decision::Allow(proof) => {
+            let id = approval.map(|a| a.id).unwrap_or_default();
+            let details = json!({ "approval_id": id, "params": details });
+            let change = Change::UseApproval { id };
+            match app
+                .audit
+                .record(
+                    &room_id,
+                    proof.actor(),
+                    "export",
+                    "allow",
+                    "",
+                    details,
+                    change,
+                )
+                .await
+            {
+                Ok(_) => {}
+                // Used by a concurrent request in between.
+                Err(StoreError::Conflict) => {
+                    return Err(ApiError::Denied(DenyReason::AlreadyDecided.to_string()))
+                }
+                Err(e) => return Err(e.into()),
+            }
+            let files = read_files(&app, &room_id, &body.files).await?;
+            Ok(Json(json!({ "files": files })).into_response())
+        }
+    }
+}
+
+/// The named files' text as stored (what every peer has been sent).
+async fn read_files(app: &AppState, room_id: &str, names: &[String]) -> Result<Value, ApiError> {
+    let stored = app.store.load_doc(room_id).await?;
+    let doc = yrs::Doc::new();
+    {
+        let mut txn = doc.transact_mut();
+        for data in stored
+            .snapshot
+            .iter()
+            .chain(stored.updates.iter().map(|(_, d)| d))
+        {
+            let update =
+                yrs::Update::decode_v1(data).map_err(|_| ApiError::Store(StoreError::Corrupt))?;
+            txn.apply_update(update)
+                .map_err(|_| ApiError::Store(StoreError::Corrupt))?;
+        }
+    }
+    let files = doc.get_or_insert_map("files");
+    let txn = doc.transact();
+    let mut out = serde_json::Map::new();
+    for name in names {
+        let text = match files.get(&txn, name.as_str()) {
+            Some(yrs::Out::YText(t)) => Value::String(t.get_string(&txn)),
+            _ => Value::Null,
+        };
+        out.insert(name.clone(), text);
+    }
+    Ok(Value::Object(out))
+}
+
+pub async fn list(
+    State(app): State<AppState>,
+    user: AuthUser,
+    Path(room_id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    crate::api::room_capabilities(&app, &room_id, &user).await?;
+    let now = now_ms();
+    let items: Vec<Value> = app
+        .store
+        .approvals(&room_id)
+        .await?
+        .into_iter()
+        .map(|(a, created_at)| {
+            let state = match (&a.decided, a.used) {
+                (_, true) => "used",
+                (Some((_, true)), _) if a.expires_at <= now => "expired",
+                (Some((_, true)), _) => "approved",
+                (Some((_, false)), _) => "denied",
+                (None, _) if a.expires_at <= now => "expired",
+                (None, _) => "pending",
+            };
+            json!({
+                "id": a.id,
+                "action": a.action,
+                "params": serde_json::from_str::<Value>(&a.params).unwrap_or(Value::Null),
+                "requester": a.requester,
+                "state": state,
+                "decided_by": a.decided.map(|(by, _)| by),
+                "created_at": created_at,
+                "expires_at": a.expires_at,
+            })
+        })
+        .collect();
+    Ok(Json(Value::Array(items)))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecisionBody {
+    approve: bool,
+}
+
+pub async fn decide_request(
+    State(app): State<AppState>,
+    user: AuthUser,
+    Path((room_id, id)): Path<(String, String)>,
+    Json(body): Json<DecisionBody>,
+) -> Result<Json<Value>, ApiError> {
+    if !valid_id(&id) {
+        return Err(ApiError::NotFound);
+    }
+    crate::api::room_capabilities(&app, &room_id, &user).await?;
+    let approval = app
+        .store
+        .approval(&room_id, &id)
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    let details = json!({ "approval_id": id, "approve": body.approve, "params": approval.params });
+    let action = Action::DecideApproval { approval };
+    let proof = authorize(&app, &room_id, &user, action, details.clone()).await?;
+    let change = Change::DecideApproval {
+        id: id.clone(),
+        by: proof.actor().to_owned(),
+        approved: body.approve,
+    };
+    let decision = if body.approve { "approve" } else { "reject" };
+    match app
+        .audit
+        .record(
+            &room_id,
+            proof.actor(),
+            "decide_approval",
+            decision,
+            "",
+            details,
+            change,
+        )
+        .await
+    {
+        Ok(_) => Ok(Json(
+            json!({ "id": id, "state": if body.approve { "approved" } else { "denied" } }),
+        )),
+        Err(StoreError::Conflict) => Err(ApiError::Denied(DenyReason::AlreadyDecided.to_string())),
+        Err(e) => Err(e.into()),
+    }
+}
