@@ -23,8 +23,9 @@ use tokio::sync::oneshot;
 /// How long the room task gets to close its connections and stop.
 const STOP_ROOM_WAIT: Duration = Duration::from_secs(5);
 
-/// Test hook: abort the process after this many newly executed steps (a crash in the middle).
-const FAULT_ENV: &str = "CODEROOM_FAULT_ABORT_AFTER_DELETION_STEPS";
+/// Test hook: stop making progress after this many newly executed steps, so a test can
+/// `kill -9` the server in the middle of a deletion.
+const FAULT_ENV: &str = "CODEROOM_FAULT_PAUSE_AFTER_DELETION_STEPS";
 
 /// The artifacts of a room, in the order they are destroyed, with the SQL that destroys each
 /// (`None`: nothing of that kind is stored by this server version, so the receipt says `none`).
@@ -227,8 +228,8 @@ pub async fn run(app: &AppState, id: &str, room_id: &str) -> Result<(), StoreErr
         }
         executed += 1;
         if fault_after == Some(executed) {
-            tracing::error!("{FAULT_ENV}: aborting in the middle of a deletion");
-            std::process::abort();
+            tracing::error!("{FAULT_ENV}: pausing in the middle of a deletion");
+            std::future::pending::<()>().await;
         }
     }
     let _ = tokio::fs::remove_dir(app.data_dir.join("rooms").join(room_id)).await;

@@ -70,25 +70,33 @@ async fn deletion_survives_a_crash_and_leaves_nothing() {
     );
     server.terminate().await;
 
-    // The admin confirms on a server that crashes (abort) after three steps.
-    let mut crashing = Server::start_with_env(
+    // The admin confirms; the server is killed with SIGKILL after three steps.
+    let crashing = Server::start_with_env(
         &storage,
         &admins,
-        &[("CODEROOM_FAULT_ABORT_AFTER_DELETION_STEPS", "3")],
+        &[("CODEROOM_FAULT_PAUSE_AFTER_DELETION_STEPS", "3")],
     )
     .await;
     let mut c = Client::connect(&crashing, &room, &ana).await;
     c.synced().await;
-    let url = crashing.url(&confirm);
-    let _ = tokio::time::timeout(TIMEOUT, http_maybe(&url, &root)).await;
-    let status = tokio::time::timeout(TIMEOUT, crashing.child.wait())
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(
-        !status.success(),
-        "the fault hook should have killed the server"
-    );
+    let (url, root2) = (crashing.url(&confirm), root.clone());
+    let confirming = tokio::spawn(async move { http_maybe(&url, &root2).await });
+    let mut steps = 0;
+    for _ in 0..200 {
+        steps = count(
+            &storage,
+            "SELECT COUNT(*) FROM deletion_steps WHERE deletion_id = $1",
+            &id,
+        )
+        .await;
+        if steps >= 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(steps, 3);
+    crashing.kill9().await;
+    let _ = confirming.await;
     // The connected client was told the room is gone before the crash.
     assert_eq!(c.closed().await, Some(4004));
     let state: (String,) = {
@@ -217,7 +225,6 @@ async fn deletion_survives_a_crash_and_leaves_nothing() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let _ = Duration::ZERO;
 }
 
 /// A request whose server may die before answering.
