@@ -32,15 +32,16 @@ pub enum Action {
         /// What the invite grants.
         grants: CapabilitySet,
     },
-    /// Give `target` exactly the capabilities `to` (role change, grant or revoke), stored as
-    /// [`crate::Participant::exactly`]`(to, expires_at)`.
+    /// Replace `target`'s rights with `after` (a role change, grant or revoke, built with
+    /// [`crate::Participant::granting`] / [`crate::Participant::revoking`]). Compared capability
+    /// by capability on how long each is held: anything held shorter (or not at all) is a
+    /// lowering and needs `revoke`; anything held longer is a raise and the actor must hold that
+    /// capability at least as long.
     ChangeParticipant {
         /// The participant whose rights change.
         target: String,
-        /// The capabilities the participant will hold afterwards.
-        to: CapabilitySet,
-        /// When the capabilities beyond the role preset lapse.
-        expires_at: Option<i64>,
+        /// The participant's rights afterwards.
+        after: crate::Participant,
     },
     /// Remove `target` from the room.
     RemoveParticipant {
@@ -258,37 +259,46 @@ pub fn decide(principal: &Principal, action: &Action, room: &RoomState, now: i64
                 within_own(*grants, issuer_caps)
             }
         }
-        Action::ChangeParticipant {
-            target,
-            to,
-            expires_at,
-        } => {
-            if !room.participants.contains_key(target) {
-                Err(DenyReason::NoSuchParticipant)
-            } else {
-                let from = room.capabilities_of(target, now);
-                let lowering = !from.minus(*to).is_empty();
-                let raising = to.minus(from);
-                let lower_ok = if lowering && !principal.is_admin {
+        Action::ChangeParticipant { target, after } => match room.participants.get(target) {
+            _ if !member && !principal.is_admin => Err(DenyReason::NotParticipant),
+            None => Err(DenyReason::NoSuchParticipant),
+            Some(before) => {
+                let actor = room.participants.get(&principal.user);
+                let mut lowered = CapabilitySet::EMPTY;
+                let mut beyond_actor = CapabilitySet::EMPTY;
+                let mut raised = CapabilitySet::EMPTY;
+                for cap in Capability::ALL {
+                    let (was, will) = (before.until(cap, now), after.until(cap, now));
+                    if will < was {
+                        lowered = lowered.with(cap);
+                    }
+                    if will > was {
+                        raised = raised.with(cap);
+                        if actor.is_none_or(|a| a.until(cap, now) < will) {
+                            beyond_actor = beyond_actor.with(cap);
+                        }
+                    }
+                }
+                let lower_ok = if !lowered.is_empty() && !principal.is_admin {
                     need(Capability::Revoke)
                 } else {
                     Ok(())
                 };
                 lower_ok
                     .and_then(|()| {
-                        if raising.is_empty() {
+                        if raised.is_empty() {
                             Ok(())
                         } else if !member {
                             Err(DenyReason::NotParticipant)
+                        } else if !beyond_actor.is_empty() {
+                            Err(DenyReason::ExceedsOwn(beyond_actor))
                         } else {
-                            within_own(raising, caps)
+                            Ok(())
                         }
                     })
-                    .and_then(|()| {
-                        keeps_revoker(target, Some(&crate::Participant::exactly(*to, *expires_at)))
-                    })
+                    .and_then(|()| keeps_revoker(target, Some(after)))
             }
-        }
+        },
         Action::RemoveParticipant { target } => {
             if !room.participants.contains_key(target) {
                 Err(DenyReason::NoSuchParticipant)
@@ -521,8 +531,7 @@ mod tests {
             &user("ana"),
             &Action::ChangeParticipant {
                 target: "ben".into(),
-                to: viewer,
-                expires_at: None
+                after: Participant::with_role(Role::Viewer),
             },
             &r,
             0
@@ -531,8 +540,7 @@ mod tests {
             &user("ben"),
             &Action::ChangeParticipant {
                 target: "cy".into(),
-                to: CapabilitySet::EMPTY,
-                expires_at: None
+                after: Participant::with_role(Role::Viewer).revoking(viewer),
             },
             &r,
             0
@@ -553,8 +561,7 @@ mod tests {
             &user("ben"),
             &Action::ChangeParticipant {
                 target: "cy".into(),
-                to: cy_edit,
-                expires_at: None
+                after: Participant::with_role(Role::Viewer).granting(cy_edit, None),
             },
             &r,
             0
@@ -586,6 +593,52 @@ mod tests {
             ),
             Decision::Deny(DenyReason::LastRevoker)
         );
+    }
+
+    #[test]
+    fn expiry_changes_are_lowerings_or_raises_and_outsiders_change_nothing() {
+        let mut r = room(&[("ana", Role::Owner), ("ben", Role::Editor)]);
+        let approve = CapabilitySet::of(&[Capability::Approve]);
+        let ben_temp = Participant::with_role(Role::Editor).granting(approve, Some(100));
+        r.participants.insert("ben".into(), ben_temp.clone());
+        // Ben cannot make his own temporary grant permanent (or longer).
+        for after in [
+            ben_temp.granting(approve, None),
+            ben_temp.granting(approve, Some(200)),
+        ] {
+            assert_eq!(
+                decide(
+                    &user("ben"),
+                    &Action::ChangeParticipant {
+                        target: "ben".into(),
+                        after
+                    },
+                    &r,
+                    0
+                ),
+                Decision::Deny(DenyReason::ExceedsOwn(approve))
+            );
+        }
+        // Nobody outside the room changes anything, not even "nothing".
+        let same = Action::ChangeParticipant {
+            target: "ben".into(),
+            after: ben_temp.clone(),
+        };
+        assert_eq!(
+            decide(&user("zed"), &same, &r, 0),
+            Decision::Deny(DenyReason::NotParticipant)
+        );
+        // Shortening someone's grant is a lowering: it needs revoke.
+        let shorter = Participant::with_role(Role::Editor).granting(approve, Some(10));
+        let cut = Action::ChangeParticipant {
+            target: "ben".into(),
+            after: shorter,
+        };
+        assert_eq!(
+            decide(&user("ben"), &cut, &r, 0),
+            Decision::Deny(DenyReason::Missing(Capability::Revoke))
+        );
+        assert!(allowed(&decide(&user("ana"), &cut, &r, 0)));
     }
 
     #[derive(Debug, Clone)]
@@ -643,9 +696,10 @@ mod tests {
         )
     }
 
-    fn apply(room: &mut RoomState, target: &str, to: CapabilitySet, expires: Option<i64>) {
+    fn apply(room: &mut RoomState, target: &str, to: CapabilitySet) {
+        let nothing = Participant::with_role(Role::Viewer).revoking(Role::Viewer.capabilities());
         room.participants
-            .insert(target.to_owned(), Participant::exactly(to, expires));
+            .insert(target.to_owned(), nothing.granting(to, None));
     }
 
     proptest! {
@@ -665,17 +719,27 @@ mod tests {
                 match op {
                     Op::Tick(d) => now += d,
                     Op::Change { actor, target, to, expires } => {
-                        let (a, t, to) = (users[actor], users[target], set_of(to));
-                        let action = Action::ChangeParticipant { target: t.into(), to, expires_at: expires };
-                        let d = decide(&user(a), &action, &r, now);
+                        let (a, t) = (users[actor], users[target]);
+                        let Some(before) = r.participants.get(t).cloned() else { continue };
+                        // Bits 12-13 pick the kind of change, the low bits the capabilities.
+                        let after = match to >> 12 {
+                            0 => Participant::with_role([Role::Owner, Role::Editor, Role::Viewer][usize::from(to % 3)]),
+                            1 => before.revoking(set_of(to)),
+                            _ => before.granting(set_of(to), expires),
+                        };
+                        let d = decide(&user(a), &Action::ChangeParticipant { target: t.into(), after: after.clone() }, &r, now);
                         if allowed(&d) {
-                            let raised = to.minus(r.capabilities_of(t, now));
-                            for c in raised.iter() {
-                                prop_assert!(r.capabilities_of(a, now).contains(c), "{a} gave {c} without holding it");
-                                prop_assert!(ledger.get(a).is_some_and(|l| l.contains(&c)));
-                                ledger.entry(t).or_default().insert(c);
+                            for c in Capability::ALL {
+                                if after.until(c, now) > before.until(c, now) {
+                                    prop_assert!(
+                                        r.participants.get(a).is_some_and(|p| p.until(c, now) >= after.until(c, now)),
+                                        "{a} gave {c} beyond its own holding"
+                                    );
+                                    prop_assert!(ledger.get(a).is_some_and(|l| l.contains(&c)));
+                                    ledger.entry(t).or_default().insert(c);
+                                }
                             }
-                            apply(&mut r, t, to, expires);
+                            r.participants.insert(t.to_owned(), after);
                         }
                     }
                     Op::Remove { actor, target } => {
@@ -700,7 +764,7 @@ mod tests {
                                     prop_assert!(ledger.get(i).is_some_and(|l| l.contains(&c)));
                                     ledger.entry(u).or_default().insert(c);
                                 }
-                                apply(&mut r, u, g, None);
+                                apply(&mut r, u, g);
                             }
                         }
                     }

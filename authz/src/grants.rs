@@ -13,6 +13,17 @@ pub struct Grant {
     pub expires_at: Option<i64>,
 }
 
+/// How long a capability is held: not at all, until a time, or for good.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Until {
+    /// Not held.
+    Never,
+    /// Held until this Unix millisecond.
+    At(i64),
+    /// Held with no expiry.
+    Forever,
+}
+
 /// One participant of a room.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Participant {
@@ -20,7 +31,7 @@ pub struct Participant {
     pub role: Role,
     /// Extra capabilities beyond the role.
     pub extra: Vec<Grant>,
-    /// Capabilities taken away from the role (and from any extra grant).
+    /// Capabilities taken away from the role preset.
     pub removed: CapabilitySet,
 }
 
@@ -34,46 +45,78 @@ impl Participant {
         }
     }
 
-    /// The participant that holds exactly `to`: the largest role preset inside it, the rest as
-    /// extra grants (expiring at `expires_at`), the role's surplus as removals. This is how the
-    /// server stores every change.
-    pub fn exactly(to: CapabilitySet, expires_at: Option<i64>) -> Self {
-        let role = [Role::Owner, Role::Editor, Role::Viewer]
-            .into_iter()
-            .find(|r| r.capabilities().is_subset_of(to))
-            .unwrap_or(Role::Viewer);
-        Participant {
-            role,
-            extra: to
-                .minus(role.capabilities())
-                .iter()
-                .map(|capability| Grant {
-                    capability,
-                    expires_at,
-                })
-                .collect(),
-            removed: role.capabilities().minus(to),
+    /// How long `cap` is held, as of `now`.
+    pub fn until(&self, cap: Capability, now: i64) -> Until {
+        if self.role.capabilities().contains(cap) && !self.removed.contains(cap) {
+            return Until::Forever;
         }
+        self.extra
+            .iter()
+            .filter(|g| g.capability == cap)
+            .map(|g| match g.expires_at {
+                None => Until::Forever,
+                Some(t) if t > now => Until::At(t),
+                Some(_) => Until::Never,
+            })
+            .max()
+            .unwrap_or(Until::Never)
     }
 
     /// Whether `cap` is held with no expiry (through the role or a permanent grant).
     pub fn holds_permanently(&self, cap: Capability) -> bool {
-        !self.removed.contains(cap)
-            && (self.role.capabilities().contains(cap)
-                || self
-                    .extra
-                    .iter()
-                    .any(|g| g.capability == cap && g.expires_at.is_none()))
+        self.until(cap, i64::MIN) == Until::Forever
     }
 
-    /// The capabilities in force at `now`: role plus unexpired grants, minus removals.
+    /// This participant with `caps` granted until `expires_at` (`None`: for good). A grant
+    /// never shortens what is already held for longer.
+    #[must_use]
+    pub fn granting(&self, caps: CapabilitySet, expires_at: Option<i64>) -> Participant {
+        let mut p = self.clone();
+        for cap in caps.iter() {
+            match expires_at {
+                None => {
+                    p.removed = p.removed.without(cap);
+                    p.extra.retain(|g| g.capability != cap);
+                    if !p.role.capabilities().contains(cap) {
+                        p.extra.push(Grant {
+                            capability: cap,
+                            expires_at: None,
+                        });
+                    }
+                }
+                Some(t) => {
+                    if p.until(cap, i64::MIN) < Until::At(t) {
+                        p.extra.retain(|g| g.capability != cap);
+                        p.extra.push(Grant {
+                            capability: cap,
+                            expires_at: Some(t),
+                        });
+                    }
+                }
+            }
+        }
+        p
+    }
+
+    /// This participant without `caps`.
+    #[must_use]
+    pub fn revoking(&self, caps: CapabilitySet) -> Participant {
+        let mut p = self.clone();
+        for cap in caps.iter() {
+            p.extra.retain(|g| g.capability != cap);
+            if p.role.capabilities().contains(cap) {
+                p.removed = p.removed.with(cap);
+            }
+        }
+        p
+    }
+
+    /// The capabilities in force at `now`: the role minus its removals, plus unexpired grants.
     pub fn capabilities(&self, now: i64) -> CapabilitySet {
-        let extra = self
-            .extra
-            .iter()
-            .filter(|g| g.expires_at.is_none_or(|t| t > now))
-            .fold(CapabilitySet::EMPTY, |set, g| set.with(g.capability));
-        self.role.capabilities().union(extra).minus(self.removed)
+        Capability::ALL
+            .into_iter()
+            .filter(|c| self.until(*c, now) > Until::Never)
+            .fold(CapabilitySet::EMPTY, |set, c| set.with(c))
     }
 }
 
@@ -124,5 +167,20 @@ mod tests {
         assert!(!p.capabilities(100).contains(Capability::Edit));
         p.removed = CapabilitySet::of(&[Capability::Observe]);
         assert!(!p.capabilities(0).contains(Capability::Observe));
+    }
+
+    #[test]
+    fn grants_with_expiry_stay_temporary_even_for_role_capabilities() {
+        let editor = Participant::with_role(Role::Editor);
+        let no_edit = editor.revoking(CapabilitySet::of(&[Capability::Edit]));
+        assert_eq!(no_edit.until(Capability::Edit, 0), Until::Never);
+        let temp = no_edit.granting(CapabilitySet::of(&[Capability::Edit]), Some(50));
+        assert_eq!(temp.until(Capability::Edit, 0), Until::At(50));
+        assert!(!temp.capabilities(50).contains(Capability::Edit));
+        // A temporary grant never shortens a permanent one.
+        let still = editor.granting(CapabilitySet::of(&[Capability::Edit]), Some(50));
+        assert_eq!(still.until(Capability::Edit, 0), Until::Forever);
+        let back = temp.granting(CapabilitySet::of(&[Capability::Edit]), None);
+        assert_eq!(back.until(Capability::Edit, 99), Until::Forever);
     }
 }

@@ -13,7 +13,7 @@ mod grants;
 pub use decide::{
     decide, Action, Approval, ApprovalRequest, Authorized, Decision, DenyReason, Principal,
 };
-pub use grants::{Grant, Participant, RoomState};
+pub use grants::{Grant, Participant, RoomState, Until};
 
 use serde::{Deserialize, Serialize};
 use std::fmt;

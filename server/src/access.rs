@@ -4,6 +4,7 @@
 //! change applies to open connections from their next frame.
 
 use crate::app::AppState;
+use crate::audit::Locked;
 use crate::auth::{hash_token, AuthUser};
 use crate::error::ApiError;
 use crate::room::RoomCmd;
@@ -37,10 +38,12 @@ fn valid_id(id: &str) -> bool {
     !id.is_empty() && id.len() <= MAX_ID && id.bytes().all(|b| b.is_ascii_alphanumeric())
 }
 
-/// Decides `action` in `room_id` for `user`; a denial is recorded in the room's chain and
-/// answered 404 for outsiders (the room's existence does not leak) and 403 for participants.
-pub async fn authorize(
+/// Decides `action` in `room_id` for `user` under the audit lock; a participant's denial is
+/// recorded in the room's chain (an outsider's only logged, so outsiders cannot fill a chain)
+/// and answered 404 for outsiders (the room's existence does not leak) and 403 otherwise.
+pub async fn authorize_locked(
     app: &AppState,
+    locked: &Locked<'_>,
     room_id: &str,
     user: &AuthUser,
     action: Action,
@@ -53,8 +56,12 @@ pub async fn authorize(
     let who = principal(app, user);
     match decide(&who, &action, &state, now_ms()) {
         Decision::Allow(proof) => Ok(proof),
+        Decision::Deny(DenyReason::NotParticipant) if !who.is_admin => {
+            tracing::info!(room = %room_id, user = %user.id, action = action.name(), "outsider refused");
+            Err(ApiError::NotFound)
+        }
         Decision::Deny(reason) => {
-            app.audit
+            locked
                 .record(
                     room_id,
                     &user.id,
@@ -65,14 +72,23 @@ pub async fn authorize(
                     Change::None,
                 )
                 .await?;
-            Err(match reason {
-                DenyReason::NotParticipant if !who.is_admin => ApiError::NotFound,
-                _ => ApiError::Denied(reason.to_string()),
-            })
+            Err(ApiError::Denied(reason.to_string()))
         }
         // Routes whose actions can need approval handle that outcome themselves.
         Decision::NeedsApproval(_) => Err(ApiError::Denied("this action needs an approval".into())),
     }
+}
+
+/// [`authorize_locked`] for a check that is not followed by a change.
+pub async fn authorize(
+    app: &AppState,
+    room_id: &str,
+    user: &AuthUser,
+    action: Action,
+    details: Value,
+) -> Result<Authorized, ApiError> {
+    let locked = app.audit.lock().await;
+    authorize_locked(app, &locked, room_id, user, action, details).await
 }
 
 #[derive(Deserialize)]
@@ -103,7 +119,8 @@ pub async fn create_invite(
     let action = Action::CreateInvite {
         grants: role.capabilities(),
     };
-    let proof = authorize(&app, &room_id, &user, action, details.clone()).await?;
+    let locked = app.audit.lock().await;
+    let proof = authorize_locked(&app, &locked, &room_id, &user, action, details.clone()).await?;
     let mut raw = [0u8; 32];
     rand::rngs::OsRng.fill_bytes(&mut raw);
     let token = format!("inv_{}", hex::encode(raw));
@@ -116,7 +133,7 @@ pub async fn create_invite(
         expires_at: now_ms() + ttl_ms,
         max_uses: body.max_uses,
     };
-    app.audit
+    locked
         .record(
             &room_id,
             proof.actor(),
@@ -149,6 +166,7 @@ pub async fn accept_invite(
         return Err(ApiError::NotFound);
     }
     let token_hash = hash_token(&token);
+    let locked = app.audit.lock().await;
     let invite = app
         .store
         .invite(&token_hash)
@@ -175,13 +193,14 @@ pub async fn accept_invite(
     let proof = match decide(&principal(&app, &user), &action, &state, now) {
         Decision::Allow(p) => p,
         Decision::Deny(reason) => {
-            app.audit
+            let reason = reason.to_string();
+            locked
                 .record(
                     &invite.room_id,
                     &user.id,
                     "accept_invite",
                     "deny",
-                    &reason.to_string(),
+                    &reason,
                     details,
                     Change::None,
                 )
@@ -197,8 +216,7 @@ pub async fn accept_invite(
         participant: Participant::with_role(role),
         now,
     };
-    match app
-        .audit
+    match locked
         .record(
             &invite.room_id,
             proof.actor(),
@@ -211,7 +229,7 @@ pub async fn accept_invite(
         .await
     {
         Ok(_) => Ok(Json(json!({ "room_id": invite.room_id }))),
-        // Used up or revoked between the read and the write.
+        // Used up, revoked, or the user was removed after the link was made.
         Err(StoreError::Conflict) => Err(ApiError::Gone),
         Err(e) => Err(e.into()),
     }
@@ -226,6 +244,7 @@ pub async fn revoke_invite(
         return Err(ApiError::NotFound);
     }
     let token_hash = hash_token(&token);
+    let locked = app.audit.lock().await;
     let invite = app
         .store
         .invite(&token_hash)
@@ -234,8 +253,9 @@ pub async fn revoke_invite(
     // The creator may withdraw it; so may anyone who could have created it.
     if invite.created_by != user.id {
         let action = Action::Use(Capability::Invite);
-        authorize(
+        authorize_locked(
             &app,
+            &locked,
             &invite.room_id,
             &user,
             action,
@@ -247,7 +267,7 @@ pub async fn revoke_invite(
         token_hash,
         now: now_ms(),
     };
-    app.audit
+    locked
         .record(
             &invite.room_id,
             &user.id,
@@ -269,7 +289,7 @@ pub struct ChangeBody {
     grant: Vec<String>,
     #[serde(default)]
     revoke: Vec<String>,
-    /// When granted capabilities lapse (Unix ms); absent for no expiry.
+    /// When the granted capabilities lapse (Unix ms); absent for no expiry.
     expires_at: Option<i64>,
 }
 
@@ -279,7 +299,7 @@ pub async fn change_participant(
     Path((room_id, target)): Path<(String, String)>,
     Json(body): Json<ChangeBody>,
 ) -> Result<Json<Value>, ApiError> {
-    if !valid_id(&target) {
+    if !valid_id(&target) || !valid_id(&room_id) {
         return Err(ApiError::NotFound);
     }
     let grant = CapabilitySet::parse_names(&body.grant)
@@ -290,40 +310,49 @@ pub async fn change_participant(
     if body.expires_at.is_some_and(|t| t <= now) {
         return Err(ApiError::BadRequest("expires_at must be in the future"));
     }
+    if body.expires_at.is_some() && grant.is_empty() {
+        return Err(ApiError::BadRequest(
+            "expires_at applies to granted capabilities",
+        ));
+    }
+    if body.role.is_none() && grant.is_empty() && revoke.is_empty() {
+        return Err(ApiError::BadRequest(
+            "give a role, or capabilities to grant or revoke",
+        ));
+    }
+    let role = body
+        .role
+        .as_deref()
+        .map(str::parse::<Role>)
+        .transpose()
+        .map_err(|_| ApiError::BadRequest("role must be owner, editor or viewer"))?;
+    let locked = app.audit.lock().await;
     let state = app.store.room_state(&room_id).await?;
-    let current = state.capabilities_of(&target, now);
-    let base = match &body.role {
-        Some(r) => r
-            .parse::<Role>()
-            .map_err(|_| ApiError::BadRequest("role must be owner, editor or viewer"))?
-            .capabilities(),
-        None if grant.is_empty() && revoke.is_empty() => {
-            return Err(ApiError::BadRequest(
-                "give a role, or capabilities to grant or revoke",
-            ))
-        }
-        None => current,
+    let before = state.participants.get(&target).cloned();
+    let base = match (role, &before) {
+        (Some(r), _) => Participant::with_role(r),
+        (None, Some(p)) => p.clone(),
+        // Decided below (outsiders get 404, participants "no such participant").
+        (None, None) => Participant::with_role(Role::Viewer),
     };
-    let to = base.union(grant).minus(revoke);
+    let after = base.granting(grant, body.expires_at).revoking(revoke);
     let details = json!({
         "target": target,
-        "from": current.names(),
-        "to": to.names(),
+        "from": before.as_ref().map(|p| p.capabilities(now).names()),
+        "to": after.capabilities(now).names(),
         "expires_at": body.expires_at,
     });
     let action = Action::ChangeParticipant {
         target: target.clone(),
-        to,
-        expires_at: body.expires_at,
+        after: after.clone(),
     };
-    let proof = authorize(&app, &room_id, &user, action, details.clone()).await?;
-    let participant = Participant::exactly(to, body.expires_at);
+    let proof = authorize_locked(&app, &locked, &room_id, &user, action, details.clone()).await?;
     let change = Change::SetParticipant {
         room_id: room_id.clone(),
         user_id: target.clone(),
-        participant,
+        participant: after.clone(),
     };
-    app.audit
+    locked
         .record(
             &room_id,
             proof.actor(),
@@ -334,17 +363,20 @@ pub async fn change_participant(
             change,
         )
         .await?;
+    drop(locked);
+    let (edit_until, observe_until) = crate::room::until_pair(&after, now);
     app.rooms
         .notify(
             &room_id,
             RoomCmd::Access {
                 user_id: target.clone(),
-                capabilities: Some(to),
+                edit_until,
+                observe_until,
             },
         )
         .await;
     Ok(Json(
-        json!({ "user_id": target, "capabilities": to.names() }),
+        json!({ "user_id": target, "capabilities": after.capabilities(now).names() }),
     ))
 }
 
@@ -360,12 +392,14 @@ pub async fn remove_participant(
     let action = Action::RemoveParticipant {
         target: target.clone(),
     };
-    let proof = authorize(&app, &room_id, &user, action, details.clone()).await?;
+    let locked = app.audit.lock().await;
+    let proof = authorize_locked(&app, &locked, &room_id, &user, action, details.clone()).await?;
     let change = Change::RemoveParticipant {
         room_id: room_id.clone(),
         user_id: target.clone(),
+        now: now_ms(),
     };
-    app.audit
+    locked
         .record(
             &room_id,
             proof.actor(),
@@ -376,12 +410,14 @@ pub async fn remove_participant(
             change,
         )
         .await?;
+    drop(locked);
     app.rooms
         .notify(
             &room_id,
             RoomCmd::Access {
                 user_id: target,
-                capabilities: None,
+                edit_until: 0,
+                observe_until: 0,
             },
         )
         .await;

@@ -35,7 +35,15 @@ pub async fn create_room(
         ));
     }
     let id = uuid::Uuid::new_v4().simple().to_string();
-    app.store.create_room(&id, name, &user.id).await?;
+    let change = crate::store::Change::CreateRoom {
+        id: id.clone(),
+        name: name.to_owned(),
+        owner: user.id.clone(),
+    };
+    let details = json!({ "name": name });
+    app.audit
+        .record(&id, &user.id, "create_room", "allow", "", details, change)
+        .await?;
     tracing::info!(room = %id, user = %user.id, "room created");
     Ok((StatusCode::CREATED, Json(json!({ "id": id }))))
 }
@@ -109,4 +117,16 @@ pub async fn room_capabilities(
         Decision::Allow(proof) => Ok(proof.actor_capabilities()),
         Decision::Deny(_) | Decision::NeedsApproval(_) => Err(ApiError::NotFound),
     }
+}
+
+/// Until when the caller may edit and observe in the room (see `room::until_pair`).
+pub async fn room_access(
+    app: &AppState,
+    room_id: &str,
+    user: &AuthUser,
+) -> Result<(i64, i64), ApiError> {
+    room_capabilities(app, room_id, user).await?;
+    let state = app.store.room_state(room_id).await?;
+    let p = state.participants.get(&user.id).ok_or(ApiError::NotFound)?;
+    Ok(crate::room::until_pair(p, now_ms()))
 }

@@ -38,6 +38,12 @@ pub struct AppState {
     pub admin_emails: Arc<Vec<String>>,
     pub trusted_proxies: crate::ratelimit::TrustedProxies,
     pub data_dir: std::path::PathBuf,
+    /// Serialises the per-email issuance check with its record (no racing past the caps).
+    pub issuance: Arc<tokio::sync::Mutex<()>>,
+    /// One deletion run at a time.
+    pub deletions: Arc<tokio::sync::Mutex<()>>,
+    /// Hashes of sessions that just ended (logout): their open sockets close.
+    pub sessions_ended: tokio::sync::broadcast::Sender<String>,
 }
 
 pub fn router(state: AppState) -> Router {
@@ -55,6 +61,15 @@ pub fn router(state: AppState) -> Router {
         .route("/api/auth/verify", post(login::verify_code))
         .route("/api/auth/logout", post(login::logout));
     if let Some(config) = governor {
+        // Forget idle client keys, so distinct addresses cannot grow the limiter without bound.
+        let limiter = config.limiter().clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+                limiter.retain_recent();
+                limiter.shrink_to_fit();
+            }
+        });
         // Refused before any handler (so before any argon2 work) runs.
         auth = auth.layer(
             tower_governor::GovernorLayer::new(config)
@@ -183,6 +198,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         admin_emails: Arc::new(admin_emails),
         trusted_proxies: crate::ratelimit::TrustedProxies::parse(&args.trusted_proxies)?,
         data_dir: args.storage.data_dir.clone(),
+        sessions_ended: tokio::sync::broadcast::channel(256).0,
+        issuance: Arc::default(),
+        deletions: Arc::default(),
     };
     // Deletions a crash interrupted are finished before anything else touches those rooms.
     deletion::resume(&state).await?;

@@ -28,7 +28,43 @@ impl Audit {
         }
     }
 
+    /// Takes the append lock. Routes that decide on the room's state hold it from reading the
+    /// state to recording the change, so no decision is made on state another change is about
+    /// to replace.
+    pub async fn lock(&self) -> Locked<'_> {
+        Locked {
+            audit: self,
+            _guard: self.lock.lock().await,
+        }
+    }
+
     /// Performs `change` and records it (or a denial, with `Change::None`) in `chain`.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn record(
+        &self,
+        chain: &str,
+        actor: &str,
+        action: &str,
+        decision: &str,
+        reason: &str,
+        details: serde_json::Value,
+        change: Change,
+    ) -> Result<Record, StoreError> {
+        self.lock()
+            .await
+            .record(chain, actor, action, decision, reason, details, change)
+            .await
+    }
+}
+
+/// The audit log, held for a read-decide-write sequence.
+pub struct Locked<'a> {
+    audit: &'a Audit,
+    _guard: tokio::sync::MutexGuard<'a, ()>,
+}
+
+impl Locked<'_> {
+    /// Performs `change` and records it in `chain`, in one transaction.
     #[allow(clippy::too_many_arguments)]
     pub async fn record(
         &self,
@@ -48,9 +84,8 @@ impl Audit {
             reason: reason.to_owned(),
             details: details.to_string(),
         };
-        let _one_at_a_time = self.lock.lock().await;
-        let rec = self.store.record(chain, fields, &change).await?;
-        if let Err(e) = write_checkpoint(&self.checkpoint, chain, rec.seq, &rec.hash).await {
+        let rec = self.audit.store.record(chain, fields, &change).await?;
+        if let Err(e) = write_checkpoint(&self.audit.checkpoint, chain, rec.seq, &rec.hash).await {
             // The record is committed; a stale checkpoint only weakens truncation detection.
             tracing::error!(error = %e, "cannot update the audit checkpoint");
         }

@@ -5,7 +5,7 @@
 //! reported done before its last step. Confirmed deletions left unfinished by a crash resume
 //! when the server starts. The audit chain keeps a tombstone with the receipt's hash.
 
-use crate::access::{authorize, principal};
+use crate::access::{authorize_locked, principal};
 use crate::app::AppState;
 use crate::auth::AuthUser;
 use crate::error::ApiError;
@@ -60,23 +60,35 @@ pub async fn request(
     user: AuthUser,
     Path(room_id): Path<String>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let proof = authorize(&app, &room_id, &user, Action::RequestDeletion, json!({})).await?;
+    let locked = app.audit.lock().await;
+    let proof = authorize_locked(
+        &app,
+        &locked,
+        &room_id,
+        &user,
+        Action::RequestDeletion,
+        json!({}),
+    )
+    .await?;
     let id = match app.store.open_deletion(&room_id).await? {
         Some(d) => d.id,
         None => {
             let id = uuid::Uuid::new_v4().simple().to_string();
-            app.store
-                .insert_deletion(&id, &room_id, proof.actor())
-                .await?;
-            app.audit
+            let change = Change::CreateDeletion {
+                id: id.clone(),
+                room_id: room_id.clone(),
+                requested_by: proof.actor().to_owned(),
+            };
+            let details = json!({ "deletion_id": id });
+            locked
                 .record(
                     &room_id,
                     proof.actor(),
                     "request_deletion",
                     "allow",
                     "",
-                    json!({ "deletion_id": id }),
-                    Change::None,
+                    details,
+                    change,
                 )
                 .await?;
             id
@@ -120,7 +132,44 @@ pub async fn confirm(
             .await?;
         return Err(ApiError::Denied(reason.to_string()));
     }
+    let _one_deletion_at_a_time = app.deletions.lock().await;
     let deletion = app.store.deletion(&id).await?.ok_or(ApiError::NotFound)?;
+    if deletion.state == "pending_confirmation" {
+        // The request stands only while its requester may still delete the room.
+        let state = app.store.room_state(&deletion.room_id).await?;
+        let requester = coderoom_authz::Principal {
+            user: deletion.requested_by.clone(),
+            is_admin: false,
+        };
+        let still = decide(&requester, &Action::RequestDeletion, &state, now_ms());
+        let details = json!({ "deletion_id": id, "room_id": deletion.room_id });
+        if !matches!(still, Decision::Allow(_)) {
+            let reason = "the requester no longer holds delete";
+            app.audit
+                .record(
+                    "system",
+                    &user.id,
+                    "confirm_deletion",
+                    "deny",
+                    reason,
+                    details,
+                    Change::None,
+                )
+                .await?;
+            return Err(ApiError::Denied(reason.into()));
+        }
+        app.audit
+            .record(
+                "system",
+                &user.id,
+                "confirm_deletion",
+                "allow",
+                "",
+                details,
+                Change::None,
+            )
+            .await?;
+    }
     if deletion.state != "done" {
         app.store.confirm_deletion(&id, &user.id).await?;
         run(&app, &id, &deletion.room_id).await?;
@@ -268,6 +317,7 @@ pub async fn run(app: &AppState, id: &str, room_id: &str) -> Result<(), StoreErr
 
 /// Resumes deletions a crash interrupted.
 pub async fn resume(app: &AppState) -> Result<(), StoreError> {
+    let _one_deletion_at_a_time = app.deletions.lock().await;
     for d in app.store.unfinished_deletions().await? {
         tracing::warn!(deletion = %d.id, room = %d.room_id, "resuming an interrupted deletion");
         run(app, &d.id, &d.room_id).await?;

@@ -186,17 +186,20 @@ pub async fn request_code(
     let email =
         canonicalize(&body.email).map_err(|_| ApiError::BadRequest("invalid email address"))?;
     let now = now_ms();
-    let recent = app
-        .store
-        .recent_issuance(&email, now - ISSUE_CAPS[1].0)
-        .await?;
-    if !may_issue(&recent, now) {
-        app.store
-            .auth_event("code_rate_limited", Some(&email), None, &ip.to_string())
+    {
+        let _one_at_a_time = app.issuance.lock().await;
+        let recent = app
+            .store
+            .recent_issuance(&email, now - ISSUE_CAPS[1].0)
             .await?;
-        return Err(ApiError::TooMany);
+        if !may_issue(&recent, now) {
+            app.store
+                .auth_event("code_rate_limited", Some(&email), None, &ip.to_string())
+                .await?;
+            return Err(ApiError::TooMany);
+        }
+        app.store.record_issuance(&email, now).await?;
     }
-    app.store.record_issuance(&email, now).await?;
     let code = new_code();
     let hash = match app.hasher.hash(code.clone()).await {
         Ok(h) => h,
@@ -300,6 +303,8 @@ pub async fn logout(State(app): State<AppState>, user: AuthUser) -> Result<Respo
     app.store
         .auth_event("logout", Some(&user.email), Some(&user.id), "")
         .await?;
+    // Sockets opened with this session end too.
+    let _ = app.sessions_ended.send(user.session_hash.clone());
     let mut resp = StatusCode::NO_CONTENT.into_response();
     resp.headers_mut()
         .insert(axum::http::header::SET_COOKIE, app.cookie.clear());

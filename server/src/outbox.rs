@@ -40,6 +40,8 @@ pub enum CloseCode {
     Removed,
     /// 4004: the room was deleted.
     Deleted,
+    /// 4001: the session that opened the socket ended.
+    LoggedOut,
 }
 
 impl CloseCode {
@@ -55,6 +57,7 @@ impl CloseCode {
             CloseCode::TryAgain => "room is full",
             CloseCode::Removed => "removed from the room",
             CloseCode::Deleted => "room deleted",
+            CloseCode::LoggedOut => "session ended",
         }
     }
 
@@ -69,6 +72,7 @@ impl CloseCode {
             CloseCode::TryAgain => 1013,
             CloseCode::Removed => 4003,
             CloseCode::Deleted => 4004,
+            CloseCode::LoggedOut => 4001,
         }
     }
 }

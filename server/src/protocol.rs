@@ -96,6 +96,27 @@ pub fn parse_frame(data: &[u8], max_awareness_entry: usize) -> Result<Vec<Inboun
     Ok(out)
 }
 
+/// Whether `update` skips clocks: a client's blocks in it must be one contiguous run starting
+/// at or below what the document `have` already holds of that client. A stock client never
+/// sends anything else (its updates follow its own state), and yrs 0.28's integration of
+/// out-of-order blocks is where fuzzing found a use-after-free, so such updates are refused
+/// before they reach the document (and never parked as "pending").
+pub fn skips_clocks(update: &Update, have: &StateVector) -> bool {
+    let inserted = update.insertions(true);
+    for (client, ranges) in inserted.iter() {
+        let mut expected = have.get(client);
+        let mut first = true;
+        for r in ranges.iter() {
+            if r.start > expected || (!first && r.start != expected) {
+                return true;
+            }
+            expected = expected.max(r.end);
+            first = false;
+        }
+    }
+    false
+}
+
 /// yrs decodes a state vector, a presence update or an update by reserving room for as many
 /// entries as the sender claims, so a dozen bytes can ask for gigabytes. Check the claimed
 /// entry count against the bytes that carry it, and a state vector's client ids, before yrs
@@ -289,6 +310,21 @@ mod tests {
             parse_frame(&aw_bomb, 4096).unwrap_err(),
             ProtocolError::Malformed
         );
+        // Found by the fuzzer: two updates of client 16, the first starting at clock 2, made
+        // yrs 0.28 read freed memory when the second (clock 0) was integrated. The first one
+        // skips clocks and is refused before it reaches a document.
+        let uaf = [
+            0u8, 1, 9, 1, 1, 16, 2, 1, 1, 0, 16, 0, 0, 1, 9, 1, 1, 16, 0, 1, 1, 0, 16, 0,
+        ];
+        let parsed = parse_frame(&uaf, 4096).unwrap();
+        let Inbound::Update { update, .. } = &parsed[0] else {
+            panic!("expected an update");
+        };
+        assert!(skips_clocks(update, &StateVector::default()));
+        let Inbound::Update { update, .. } = &parsed[1] else {
+            panic!("expected an update");
+        };
+        assert!(!skips_clocks(update, &StateVector::default()));
         let many = Message::AwarenessQuery
             .encode_v1()
             .repeat(MAX_MESSAGES_PER_FRAME + 1);

@@ -43,26 +43,44 @@ impl TrustedProxies {
         self.0.iter().any(|n| n.contains(ip))
     }
 
-    /// The address a request's limits are keyed on.
+    /// The address a request's limits are keyed on: the peer, or behind trusted proxies the
+    /// right-most forwarded address that no trusted proxy vouches for. Entries are read from
+    /// the right (the end the proxies append to); an unparseable entry stops the walk at the
+    /// proxy that appended it. IPv6 clients are keyed by their /64, which one host controls.
     pub fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
         if !self.trusts(&peer) {
-            return peer;
+            return prefix_key(peer);
         }
-        let forwarded: Vec<IpAddr> = headers
+        let values: Vec<&str> = headers
             .get_all("x-forwarded-for")
             .iter()
             .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .take(MAX_FORWARDED)
-            .map_while(|s| s.trim().parse().ok())
             .collect();
-        forwarded
+        let mut hop = peer;
+        for entry in values
             .iter()
             .rev()
-            .find(|ip| !self.trusts(ip))
-            .or(forwarded.first())
-            .copied()
-            .unwrap_or(peer)
+            .flat_map(|v| v.rsplit(','))
+            .take(MAX_FORWARDED)
+        {
+            match entry.trim().parse::<IpAddr>() {
+                Ok(ip) if self.trusts(&ip) => hop = ip,
+                Ok(ip) => return prefix_key(ip),
+                Err(_) => break,
+            }
+        }
+        prefix_key(hop)
+    }
+}
+
+/// IPv4 addresses as they are; IPv6 addresses reduced to their /64.
+fn prefix_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => ip,
+        IpAddr::V6(v6) => {
+            let s = v6.segments();
+            IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+        }
     }
 }
 
@@ -142,6 +160,26 @@ mod tests {
         );
         assert_eq!(t.client_ip(proxy, &HeaderMap::new()), proxy);
         assert_eq!(t.client_ip(proxy, &xff("garbage")), proxy);
+        // Junk to the left of a real entry cannot pick the key; junk to its right stops at the
+        // proxy that appended it.
+        assert_eq!(
+            t.client_ip(proxy, &xff("1.2.3.4, x, 5.6.7.8")).to_string(),
+            "5.6.7.8"
+        );
+        assert_eq!(t.client_ip(proxy, &xff("1.2.3.4, x")), proxy);
+        let many = (0..40)
+            .map(|i| format!("9.9.9.{i}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+            + ", 5.6.7.8";
+        assert_eq!(t.client_ip(proxy, &xff(&many)).to_string(), "5.6.7.8");
+        // One /64 is one client.
+        let a: IpAddr = "2001:db8:1:2::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:ffff::9".parse().unwrap();
+        assert_eq!(
+            none.client_ip(a, &HeaderMap::new()),
+            none.client_ip(b, &HeaderMap::new())
+        );
         assert!(TrustedProxies::parse(&["nope".into()]).is_err());
     }
 }

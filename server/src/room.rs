@@ -13,7 +13,7 @@ use crate::outbox::{Class, CloseCode, Outbound, Outbox};
 use crate::protocol::Inbound;
 use crate::store::{Change, Store, StoreError};
 use bytes::Bytes;
-use coderoom_authz::{Capability, CapabilitySet};
+use coderoom_authz::{Capability, Participant};
 use std::collections::{HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
@@ -40,7 +40,8 @@ pub enum RoomCmd {
     Join {
         conn: ConnId,
         user_id: String,
-        can_edit: bool,
+        edit_until: i64,
+        observe_until: i64,
         out: Outbox,
         reply: oneshot::Sender<Result<(), JoinError>>,
     },
@@ -55,10 +56,12 @@ pub enum RoomCmd {
     Delete {
         done: oneshot::Sender<usize>,
     },
-    /// A participant's rights changed (`None`: removed). Applies from the next frame on.
+    /// A participant's rights changed: until when they may edit and observe (Unix ms; 0 for
+    /// not at all, `i64::MAX` for good). Applies from the next frame on.
     Access {
         user_id: String,
-        capabilities: Option<CapabilitySet>,
+        edit_until: i64,
+        observe_until: i64,
     },
     /// Test hook: makes the room task panic, as a bug in it would.
     #[cfg(test)]
@@ -69,6 +72,18 @@ pub enum RoomCmd {
 pub enum JoinError {
     #[error("room is full")]
     Full,
+}
+
+/// Until when a participant may edit and observe, in the form rooms use (0: not at all,
+/// `i64::MAX`: for good).
+pub fn until_pair(p: &Participant, now: i64) -> (i64, i64) {
+    let at = |cap| match p.until(cap, now) {
+        coderoom_authz::Until::Never => 0,
+        coderoom_authz::Until::At(t) => t,
+        coderoom_authz::Until::Forever => i64::MAX,
+    };
+    let observe = at(Capability::Observe);
+    (at(Capability::Edit).min(observe), observe)
 }
 
 /// What a room needs from the rest of the server.
@@ -84,7 +99,9 @@ pub struct RoomDeps {
 
 struct Conn {
     user_id: String,
-    can_edit: bool,
+    /// Until when this connection's user may edit / observe (Unix ms).
+    edit_until: i64,
+    observe_until: i64,
     out: Outbox,
     awareness_ids: HashSet<ClientID>,
 }
@@ -100,6 +117,11 @@ enum Target {
     All,
     AllBut(ConnId),
 }
+
+/// A connection's refused edits are audited at most this often (the first one at once).
+const DENIAL_AUDIT_EVERY_MS: i64 = 60_000;
+/// Audit appends of refused edits one room may have waiting.
+const MAX_AUDITS_IN_FLIGHT: usize = 4;
 
 /// Departed presence ids remembered per room; the oldest are forgotten first.
 const MAX_TOMBSTONES: usize = 1024;
@@ -170,6 +192,9 @@ pub struct Room {
     presence_changes: HashMap<ClientID, AwarenessUpdateEntry>,
     /// Refused edits of this batch by connection: (user, count), audited after the commit.
     denials: HashMap<ConnId, (String, u64)>,
+    /// When each connection's refusals were last audited.
+    denials_audited: HashMap<ConnId, i64>,
+    audits_in_flight: Arc<std::sync::atomic::AtomicUsize>,
     /// Connections refused this batch; nothing more of theirs is handled.
     closing: Vec<(ConnId, CloseCode, &'static str)>,
     refused: HashSet<ConnId>,
@@ -234,6 +259,8 @@ impl Room {
             closing: Vec::new(),
             refused: HashSet::new(),
             denials: HashMap::new(),
+            denials_audited: HashMap::new(),
+            audits_in_flight: Arc::default(),
         })
     }
 
@@ -252,6 +279,13 @@ impl Room {
         loop {
             let first = tokio::select! {
                 cmd = rx.recv() => cmd,
+                () = sleep_until_ms(self.next_expiry()) => {
+                    self.expire(crate::store::now_ms());
+                    if !self.commit().await {
+                        return self.finish(Exit::Failed).await;
+                    }
+                    continue;
+                }
                 () = sleep_until_idle(idle_since, idle) => {
                     if self.logged_since_snapshot > 0 {
                         self.compact().await;
@@ -308,7 +342,8 @@ impl Room {
             RoomCmd::Join {
                 conn,
                 user_id,
-                can_edit,
+                edit_until,
+                observe_until,
                 out,
                 reply,
             } => {
@@ -321,7 +356,8 @@ impl Room {
                     conn,
                     Conn {
                         user_id,
-                        can_edit,
+                        edit_until,
+                        observe_until,
                         out,
                         awareness_ids: HashSet::new(),
                     },
@@ -345,8 +381,9 @@ impl Room {
             RoomCmd::Leave { conn } => self.leave(conn),
             RoomCmd::Access {
                 user_id,
-                capabilities,
-            } => self.access(&user_id, capabilities),
+                edit_until,
+                observe_until,
+            } => self.access(&user_id, edit_until, observe_until),
             // Handled by the loop before anything else of its batch.
             RoomCmd::Delete { done } => {
                 let _ = done.send(0);
@@ -371,34 +408,43 @@ impl Room {
         }
     }
 
-    fn access(&mut self, user_id: &str, capabilities: Option<CapabilitySet>) {
-        let theirs: Vec<ConnId> = self
+    fn access(&mut self, user_id: &str, edit_until: i64, observe_until: i64) {
+        for c in self.conns.values_mut().filter(|c| c.user_id == user_id) {
+            c.edit_until = edit_until;
+            c.observe_until = observe_until;
+        }
+        self.expire(crate::store::now_ms());
+    }
+
+    /// Closes connections whose user may no longer observe.
+    fn expire(&mut self, now: i64) {
+        let gone: Vec<ConnId> = self
             .conns
             .iter()
-            .filter(|(_, c)| c.user_id == user_id)
+            .filter(|(id, c)| c.observe_until <= now && !self.refused.contains(*id))
             .map(|(id, _)| *id)
             .collect();
-        for id in theirs {
-            match capabilities {
-                Some(caps) if caps.contains(Capability::Observe) => {
-                    if let Some(c) = self.conns.get_mut(&id) {
-                        c.can_edit = caps.contains(Capability::Edit);
-                    }
-                }
-                _ => {
-                    self.refused.insert(id);
-                    self.closing
-                        .push((id, CloseCode::Removed, "removed from the room"));
-                }
-            }
+        for id in gone {
+            self.refused.insert(id);
+            self.closing
+                .push((id, CloseCode::Removed, "removed from the room"));
         }
+    }
+
+    /// The next moment a connection's `observe` lapses, if any.
+    fn next_expiry(&self) -> Option<i64> {
+        self.conns
+            .values()
+            .map(|c| c.observe_until)
+            .filter(|t| *t != i64::MAX)
+            .min()
     }
 
     fn apply(&mut self, conn: ConnId, update: Update, len: usize) {
         let Some(c) = self.conns.get(&conn) else {
             return;
         };
-        if !c.can_edit {
+        if c.edit_until <= crate::store::now_ms() {
             // Refused, not fatal: the connection keeps receiving, the document is untouched.
             // An empty update (a viewer's sync step 2 with nothing new) changes nothing.
             if !update.is_empty() {
@@ -410,6 +456,12 @@ impl Room {
         }
         if self.stored_bytes.saturating_add(len) > self.deps.limits.max_doc_bytes {
             self.close(conn, CloseCode::Policy, "document size limit reached");
+            return;
+        }
+        let have = self.doc.transact().state_vector();
+        if crate::protocol::skips_clocks(&update, &have) {
+            tracing::info!(room = %self.id, conn, "update skips clocks");
+            self.close(conn, CloseCode::Policy, "update depends on missing content");
             return;
         }
         let applied = std::panic::catch_unwind(AssertUnwindSafe(|| {
@@ -534,6 +586,7 @@ impl Room {
             return;
         };
         self.deps.metrics.connections.dec();
+        self.denials_audited.remove(&conn);
         for client in c.awareness_ids {
             if let Some(p) = self.presence.remove(&client) {
                 // Clocks come from clients: saturate rather than overflow.
@@ -630,29 +683,53 @@ impl Room {
             self.send(&Target::AllBut(origin), &frame);
         }
         self.flush_presence();
-        for (conn, (user, count)) in std::mem::take(&mut self.denials) {
-            // Off the room task: the audit append waits on its lock and the database.
-            let audit = self.deps.audit.clone();
-            let room = self.id.clone();
+        self.audit_denials();
+        true
+    }
+
+    /// Audits refused edits: a connection's first refusal at once, later ones summed at most
+    /// once a minute, with a few appends in flight per room at most, so a flood of refused
+    /// edits can neither grow memory nor fill the chain.
+    fn audit_denials(&mut self) {
+        let now = crate::store::now_ms();
+        let due: Vec<ConnId> = self
+            .denials
+            .keys()
+            .filter(|c| {
+                self.denials_audited
+                    .get(*c)
+                    .is_none_or(|t| now - t >= DENIAL_AUDIT_EVERY_MS)
+            })
+            .copied()
+            .collect();
+        for conn in due {
+            if self
+                .audits_in_flight
+                .load(std::sync::atomic::Ordering::Acquire)
+                >= MAX_AUDITS_IN_FLIGHT
+            {
+                return;
+            }
+            let Some((user, count)) = self.denials.remove(&conn) else {
+                continue;
+            };
+            self.denials_audited.insert(conn, now);
+            let (audit, room) = (self.deps.audit.clone(), self.id.clone());
+            let in_flight = self.audits_in_flight.clone();
+            in_flight.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            // Off the room task: the append waits on the audit lock and the database.
             self.deps.tracker.spawn(async move {
                 let details = serde_json::json!({ "updates_refused": count, "connection": conn });
+                let reason = "missing capability edit";
                 if let Err(e) = audit
-                    .record(
-                        &room,
-                        &user,
-                        "edit",
-                        "deny",
-                        "missing capability edit",
-                        details,
-                        Change::None,
-                    )
+                    .record(&room, &user, "edit", "deny", reason, details, Change::None)
                     .await
                 {
                     tracing::error!(room = %room, error = %e, "cannot audit a refused edit");
                 }
+                in_flight.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
             });
         }
-        true
     }
 
     /// Broadcasts this batch's presence changes (and the departures of dropped connections),
@@ -753,6 +830,17 @@ impl Drop for Room {
             .metrics
             .connections
             .dec_by(self.conns.len() as i64);
+    }
+}
+
+/// Sleeps until the given Unix millisecond (forever for `None`).
+async fn sleep_until_ms(at: Option<i64>) {
+    match at {
+        Some(t) => {
+            let wait = t.saturating_sub(crate::store::now_ms()).max(0);
+            tokio::time::sleep(Duration::from_millis(u64::try_from(wait).unwrap_or(0) + 1)).await;
+        }
+        None => std::future::pending().await,
     }
 }
 

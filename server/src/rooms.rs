@@ -162,7 +162,20 @@ mod tests {
         store.migrate().await.unwrap();
         store.upsert_user("u", "u@example.com").await.unwrap();
         for id in ["a", "b"] {
-            store.create_room(id, id, "u").await.unwrap();
+            let change = crate::store::Change::CreateRoom {
+                id: id.into(),
+                name: id.into(),
+                owner: "u".into(),
+            };
+            let fields = coderoom_authz::audit::Fields {
+                at: 0,
+                actor: "u".into(),
+                action: "create_room".into(),
+                decision: "allow".into(),
+                reason: String::new(),
+                details: "{}".into(),
+            };
+            store.record(id, fields, &change).await.unwrap();
         }
         let deps = RoomDeps {
             store: store.clone(),
@@ -186,7 +199,8 @@ mod tests {
         tx.send(RoomCmd::Join {
             conn,
             user_id: "u".into(),
-            can_edit: true,
+            edit_until: i64::MAX,
+            observe_until: i64::MAX,
             out,
             reply,
         })

@@ -193,8 +193,8 @@ impl Store {
         expires_at: i64,
     ) -> Result<(), StoreError> {
         sqlx::query(
-            "INSERT INTO sessions (token_hash, user_id, created_at, expires_at) \
-             VALUES ($1, $2, $3, $4)",
+            "INSERT INTO sessions (token_hash, user_id, created_at, expires_at, last_seen_at) \
+             VALUES ($1, $2, $3, $4, $3)",
         )
         .bind(token_hash)
         .bind(user_id)
@@ -216,7 +216,7 @@ impl Store {
         let row = sqlx::query(
             "SELECT u.id, u.email, s.last_seen_at FROM sessions s JOIN users u ON u.id = s.user_id \
              WHERE s.token_hash = $1 AND s.expires_at > $2 AND u.disabled_at IS NULL \
-             AND (s.last_seen_at = 0 OR s.last_seen_at > $3)",
+             AND s.last_seen_at > $3",
         )
         .bind(token_hash)
         .bind(now)
@@ -568,25 +568,6 @@ impl Store {
         rows.iter().map(deletion_row).collect()
     }
 
-    pub async fn insert_deletion(
-        &self,
-        id: &str,
-        room_id: &str,
-        by: &str,
-    ) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO deletions (id, room_id, requested_by, requested_at, state) \
-             VALUES ($1, $2, $3, $4, 'pending_confirmation')",
-        )
-        .bind(id)
-        .bind(room_id)
-        .bind(by)
-        .bind(now_ms())
-        .execute(&self.pool)
-        .await?;
-        Ok(())
-    }
-
     pub async fn confirm_deletion(&self, id: &str, by: &str) -> Result<(), StoreError> {
         sqlx::query(
             "UPDATE deletions SET state = 'confirmed', confirmed_by = $1, confirmed_at = $2 \
@@ -695,29 +676,6 @@ impl Store {
     }
 
     // ---- rooms ----
-
-    pub async fn create_room(&self, id: &str, name: &str, owner: &str) -> Result<(), StoreError> {
-        let now = now_ms();
-        let mut tx = self.pool.begin().await?;
-        sqlx::query("INSERT INTO rooms (id, name, created_by, created_at) VALUES ($1, $2, $3, $4)")
-            .bind(id)
-            .bind(name)
-            .bind(owner)
-            .bind(now)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query(
-            "INSERT INTO participants (room_id, user_id, role, created_at) \
-             VALUES ($1, $2, 'owner', $3)",
-        )
-        .bind(id)
-        .bind(owner)
-        .bind(now)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(())
-    }
 
     pub async fn rooms_of(&self, user_id: &str) -> Result<Vec<RoomRow>, StoreError> {
         let rows = sqlx::query(
@@ -868,6 +826,7 @@ pub enum Change {
     RemoveParticipant {
         room_id: String,
         user_id: String,
+        now: i64,
     },
     CreateInvite {
         token_hash: String,
@@ -888,6 +847,18 @@ pub enum Change {
     RevokeInvite {
         token_hash: String,
         now: i64,
+    },
+    /// A new room and its owner.
+    CreateRoom {
+        id: String,
+        name: String,
+        owner: String,
+    },
+    /// A pending deletion request.
+    CreateDeletion {
+        id: String,
+        room_id: String,
+        requested_by: String,
     },
     CreateApproval {
         id: String,
@@ -931,27 +902,42 @@ async fn apply_change(
             user_id,
             participant,
         } => {
+            // Only an existing participant changes; a removal is never undone by a change.
             let (role, extra, removed) = participant_columns(participant);
-            sqlx::query(
-                "INSERT INTO participants (room_id, user_id, role, created_at, extra, removed) \
-                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (room_id, user_id) DO UPDATE SET \
-                 role = excluded.role, extra = excluded.extra, removed = excluded.removed",
+            let done = sqlx::query(
+                "UPDATE participants SET role = $1, extra = $2, removed = $3 \
+                 WHERE room_id = $4 AND user_id = $5",
             )
-            .bind(room_id)
-            .bind(user_id)
             .bind(role)
-            .bind(now_ms())
             .bind(extra)
             .bind(removed)
+            .bind(room_id)
+            .bind(user_id)
             .execute(&mut **tx)
             .await?;
+            if done.rows_affected() != 1 {
+                return Err(StoreError::Conflict);
+            }
         }
-        Change::RemoveParticipant { room_id, user_id } => {
+        Change::RemoveParticipant {
+            room_id,
+            user_id,
+            now,
+        } => {
             sqlx::query("DELETE FROM participants WHERE room_id = $1 AND user_id = $2")
                 .bind(room_id)
                 .bind(user_id)
                 .execute(&mut **tx)
                 .await?;
+            sqlx::query(
+                "INSERT INTO removals (room_id, user_id, at) VALUES ($1, $2, $3) \
+                 ON CONFLICT (room_id, user_id) DO UPDATE SET at = excluded.at",
+            )
+            .bind(room_id)
+            .bind(user_id)
+            .bind(*now)
+            .execute(&mut **tx)
+            .await?;
         }
         Change::CreateInvite {
             token_hash,
@@ -984,10 +970,12 @@ async fn apply_change(
         } => {
             let used = sqlx::query(
                 "UPDATE invites SET uses = uses + 1 WHERE token_hash = $1 AND uses < max_uses \
-                 AND revoked_at IS NULL AND expires_at > $2",
+                 AND revoked_at IS NULL AND expires_at > $2 AND NOT EXISTS (SELECT 1 FROM removals r \
+                 WHERE r.room_id = invites.room_id AND r.user_id = $3 AND r.at >= invites.created_at)",
             )
             .bind(token_hash)
             .bind(*now)
+            .bind(user_id)
             .execute(&mut **tx)
             .await?;
             if used.rows_affected() != 1 {
@@ -1004,6 +992,42 @@ async fn apply_change(
             .bind(*now)
             .bind(extra)
             .bind(removed)
+            .execute(&mut **tx)
+            .await?;
+        }
+        Change::CreateRoom { id, name, owner } => {
+            let now = now_ms();
+            sqlx::query(
+                "INSERT INTO rooms (id, name, created_by, created_at) VALUES ($1, $2, $3, $4)",
+            )
+            .bind(id)
+            .bind(name)
+            .bind(owner)
+            .bind(now)
+            .execute(&mut **tx)
+            .await?;
+            sqlx::query(
+                "INSERT INTO participants (room_id, user_id, role, created_at) VALUES ($1, $2, 'owner', $3)",
+            )
+            .bind(id)
+            .bind(owner)
+            .bind(now)
+            .execute(&mut **tx)
+            .await?;
+        }
+        Change::CreateDeletion {
+            id,
+            room_id,
+            requested_by,
+        } => {
+            sqlx::query(
+                "INSERT INTO deletions (id, room_id, requested_by, requested_at, state) \
+                 VALUES ($1, $2, $3, $4, 'pending_confirmation')",
+            )
+            .bind(id)
+            .bind(room_id)
+            .bind(requested_by)
+            .bind(now_ms())
             .execute(&mut **tx)
             .await?;
         }

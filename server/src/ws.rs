@@ -1,7 +1,7 @@
 //! `GET /api/rooms/{id}/doc`: the y-websocket endpoint. One reader (this task) decodes and
 //! validates frames and forwards them to the room; one writer drains the connection's outbox.
 
-use crate::api::room_capabilities;
+use crate::api::room_access;
 use crate::app::AppState;
 use crate::auth::AuthUser;
 use crate::outbox::{CloseCode, Outbound, Outbox, OutboxRx};
@@ -11,7 +11,6 @@ use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
-use coderoom_authz::Capability;
 use futures_util::stream::SplitSink;
 use futures_util::{SinkExt, StreamExt};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -33,29 +32,34 @@ pub async fn doc_socket(
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, Response> {
     // Authorization first, so a plain GET learns nothing more than an upgrade would.
-    let caps = room_capabilities(&app, &room_id, &user)
+    let access = room_access(&app, &room_id, &user)
         .await
         .map_err(IntoResponse::into_response)?;
     let ws = ws.map_err(IntoResponse::into_response)?;
-    let can_edit = caps.contains(Capability::Edit);
     let max = app.limits.max_message_bytes;
     Ok(ws
         .max_message_size(max)
         .max_frame_size(max)
         .on_upgrade(move |socket| {
             let tracker = app.tracker.clone();
-            tracker.track_future(serve(app, room_id, user, can_edit, socket))
+            tracker.track_future(serve(app, room_id, user, access, socket))
         }))
 }
 
-async fn serve(app: AppState, room_id: String, user: AuthUser, can_edit: bool, socket: WebSocket) {
+async fn serve(
+    app: AppState,
+    room_id: String,
+    user: AuthUser,
+    access: (i64, i64),
+    socket: WebSocket,
+) {
     let conn: ConnId = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
     let (outbox, out_rx) = Outbox::new(app.limits.outbound_queue_bytes, app.limits.max_doc_bytes);
     let (sink, mut stream) = socket.split();
     let done = out_rx.kill_token();
     let writer = tokio::spawn(write_loop(sink, out_rx));
 
-    let room = match join(&app, &room_id, conn, &user, can_edit, &outbox).await {
+    let room = match join(&app, &room_id, conn, &user, access, &outbox).await {
         Ok(room) => room,
         Err(code) => {
             outbox.close(
@@ -73,30 +77,27 @@ async fn serve(app: AppState, room_id: String, user: AuthUser, can_edit: bool, s
 
     // Rights may have changed between the check before the upgrade and the join; the room only
     // hears about changes made after it knew this connection, so look once more.
-    match room_capabilities(&app, &room_id, &user).await {
-        Ok(caps) if caps.contains(Capability::Edit) == can_edit => {}
-        Ok(caps) => {
-            let _ = room
-                .send(RoomCmd::Access {
-                    user_id: user.id.clone(),
-                    capabilities: Some(caps),
-                })
-                .await;
-        }
-        Err(_) => {
-            let _ = room
-                .send(RoomCmd::Access {
-                    user_id: user.id.clone(),
-                    capabilities: None,
-                })
-                .await;
-        }
-    }
+    let (edit_until, observe_until) = room_access(&app, &room_id, &user).await.unwrap_or((0, 0));
+    let _ = room
+        .send(RoomCmd::Access {
+            user_id: user.id.clone(),
+            edit_until,
+            observe_until,
+        })
+        .await;
     let max_awareness = app.limits.max_awareness_entry_bytes;
+    let mut ended = app.sessions_ended.subscribe();
     loop {
         let frame = tokio::select! {
             frame = stream.next() => frame,
             () = done.cancelled() => break,
+            Ok(hash) = ended.recv() => {
+                if hash == user.session_hash {
+                    outbox.close(CloseCode::LoggedOut, CloseCode::LoggedOut.reason());
+                    break;
+                }
+                continue;
+            }
             // The room refused this connection: stop taking input while the close frame goes out.
             () = outbox.closing() => break,
             () = room.closed() => {
@@ -154,7 +155,7 @@ async fn join(
     room_id: &str,
     conn: ConnId,
     user: &AuthUser,
-    can_edit: bool,
+    access: (i64, i64),
     outbox: &Outbox,
 ) -> Result<mpsc::Sender<RoomCmd>, CloseCode> {
     for _ in 0..JOIN_ATTEMPTS {
@@ -163,7 +164,8 @@ async fn join(
         let cmd = RoomCmd::Join {
             conn,
             user_id: user.id.clone(),
-            can_edit,
+            edit_until: access.0,
+            observe_until: access.1,
             out: outbox.clone(),
             reply,
         };

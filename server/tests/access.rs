@@ -647,3 +647,104 @@ async fn approvals_bind_to_another_approver_and_the_exact_parameters() {
     assert!(verify_cli(&storage).await.0);
     t.server.terminate().await;
 }
+
+#[tokio::test]
+async fn expiry_removal_and_logout_hold_on_open_sockets() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let t = team(&storage).await;
+    let cy_id = me(&t.server, &t.cy).await;
+    let url = |u: &str| {
+        t.server
+            .url(&format!("/api/rooms/{}/participants/{u}", t.room))
+    };
+
+    // Outsiders change nothing, not even a no-op, and learn nothing.
+    let zed = storage.token("zed@example.com").await;
+    assert_eq!(
+        http(
+            &url(&t.ben_id),
+            "PATCH",
+            Some(&zed),
+            Some(r#"{"grant":["observe"]}"#)
+        )
+        .await
+        .0,
+        404
+    );
+    // An expiry applies to granted capabilities only.
+    let in_a_minute = store_now() + 60_000;
+    let body = format!(r#"{{"role":"editor","expires_at":{in_a_minute}}}"#);
+    assert_eq!(
+        http(&url(&cy_id), "PATCH", Some(&t.ana), Some(&body))
+            .await
+            .0,
+        400
+    );
+    // A temporary grant cannot be made permanent by its holder.
+    let body = format!(r#"{{"grant":["approve"],"expires_at":{in_a_minute}}}"#);
+    assert_eq!(
+        http(&url(&t.ben_id), "PATCH", Some(&t.ana), Some(&body))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        http(
+            &url(&t.ben_id),
+            "PATCH",
+            Some(&t.ben),
+            Some(r#"{"grant":["approve"]}"#)
+        )
+        .await
+        .0,
+        403
+    );
+
+    // Cy may edit for 1.5 s; an open socket loses the right when it lapses.
+    let soon = store_now() + 1500;
+    let body = format!(r#"{{"grant":["edit"],"expires_at":{soon}}}"#);
+    assert_eq!(
+        http(&url(&cy_id), "PATCH", Some(&t.ana), Some(&body))
+            .await
+            .0,
+        200
+    );
+    let mut cy = Client::connect(&t.server, &t.room, &t.cy).await;
+    cy.synced().await;
+    cy.insert("notes", 0, "early").await;
+    eventually(&t.server, &t.room, &t.ana, "notes", "early").await;
+    while store_now() <= soon + 50 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    cy.insert("notes", 5, " late").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        snapshot(&t.server, &t.room, &t.ana, "notes").await.0,
+        "early"
+    );
+
+    // Logging out closes the sockets that session opened.
+    let out = http(&t.server.url("/api/auth/logout"), "POST", Some(&t.cy), None).await;
+    assert_eq!(out.0, 204);
+    let code = tokio::time::timeout(Duration::from_secs(1), cy.closed())
+        .await
+        .unwrap();
+    assert_eq!(code, Some(4001));
+
+    // A removed participant cannot come back through an old link; a new invite works.
+    let (_, old_link) = invite(&t.server, &t.ana, &t.room, "viewer", 10).await;
+    let ben_del = http(&url(&t.ben_id), "DELETE", Some(&t.ana), None).await;
+    assert_eq!(ben_del.0, 204);
+    assert_eq!(accept(&t.server, &t.ben, &old_link).await, 410);
+    let (_, new_link) = invite(&t.server, &t.ana, &t.room, "viewer", 1).await;
+    assert_eq!(accept(&t.server, &t.ben, &new_link).await, 200);
+    assert!(verify_cli(&storage).await.0);
+    t.server.terminate().await;
+}
+
+fn store_now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
