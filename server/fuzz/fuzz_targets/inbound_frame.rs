@@ -1,18 +1,12 @@
-//! The inbound path of the document WebSocket, as the room runs it: any bytes a client sends go
-//! through `parse_frame`; each accepted update is applied to the room's document, anything left
-//! pending (depending on content the room does not have) is pruned at once, and a refused
-//! update ends the connection's input.
-//!
-//! The server catches panics where yrs asserts on hostile input (decoding, applying), so the
-//! target does the same: a panic hook that does not abort, `catch_unwind` where the server has
-//! it. What stays a finding: an uncaught panic (libfuzzer-sys aborts on it), memory errors
-//! (AddressSanitizer), an allocation over the RSS limit, a hang.
+//! The inbound path of the document WebSocket up to the room: any bytes a client sends go
+//! through `parse_frame` (decoding, size and count guards, presence checks, full update
+//! decoding) and the clock-continuity check. This is the server's own code; CI fuzzes it.
+//! `room_apply` goes one step further into yrs's integration (see its header).
 #![no_main]
 
-use coderoom_server::protocol::{parse_frame, Inbound};
+use coderoom_server::protocol::{parse_frame, skips_clocks, Inbound};
 use libfuzzer_sys::fuzz_target;
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use yrs::{Doc, ReadTxn, Transact, WriteTxn};
+use yrs::StateVector;
 
 fuzz_target!(
     init: {
@@ -22,22 +16,9 @@ fuzz_target!(
         let Ok(messages) = parse_frame(data, 4096) else {
             return;
         };
-        let doc = Doc::new();
         for m in messages {
             if let Inbound::Update { update, .. } = m {
-                if coderoom_server::protocol::skips_clocks(&update, &doc.transact().state_vector()) {
-                    return;
-                }
-                let outcome = catch_unwind(AssertUnwindSafe(|| {
-                    let mut txn = doc.transact_mut();
-                    let applied = txn.apply_update(update);
-                    let dangling = txn.prune_pending().is_some();
-                    applied.is_ok() && !dangling
-                }));
-                if !matches!(outcome, Ok(true)) {
-                    // The room closes the connection: nothing more of this frame is applied.
-                    return;
-                }
+                let _ = skips_clocks(&update, &StateVector::default());
             }
         }
     }

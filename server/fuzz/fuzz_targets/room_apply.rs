@@ -1,0 +1,49 @@
+//! Known to find memory errors inside yrs 0.28.1's integration of hostile updates (use after
+//! free in `integrate_item` / `resolve_conflict`; inputs under `known-yrs-crashes/`). Not run
+//! in CI until yrs is fixed or integration moves out of process; run it by hand with
+//! `cargo +nightly fuzz run room_apply`.
+//!
+//! The inbound path of the document WebSocket, as the room runs it: any bytes a client sends go
+//! through `parse_frame`; each accepted update is applied to the room's document, anything left
+//! pending (depending on content the room does not have) is pruned at once, and a refused
+//! update ends the connection's input.
+//!
+//! The server catches panics where yrs asserts on hostile input (decoding, applying), so the
+//! target does the same: a panic hook that does not abort, `catch_unwind` where the server has
+//! it. What stays a finding: an uncaught panic (libfuzzer-sys aborts on it), memory errors
+//! (AddressSanitizer), an allocation over the RSS limit, a hang.
+#![no_main]
+
+use coderoom_server::protocol::{parse_frame, Inbound};
+use libfuzzer_sys::fuzz_target;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use yrs::{Doc, ReadTxn, Transact, WriteTxn};
+
+fuzz_target!(
+    init: {
+        std::panic::set_hook(Box::new(|_| {}));
+    },
+    |data: &[u8]| {
+        let Ok(messages) = parse_frame(data, 4096) else {
+            return;
+        };
+        let doc = Doc::new();
+        for m in messages {
+            if let Inbound::Update { update, .. } = m {
+                if coderoom_server::protocol::skips_clocks(&update, &doc.transact().state_vector()) {
+                    return;
+                }
+                let outcome = catch_unwind(AssertUnwindSafe(|| {
+                    let mut txn = doc.transact_mut();
+                    let applied = txn.apply_update(update);
+                    let dangling = txn.prune_pending().is_some();
+                    applied.is_ok() && !dangling
+                }));
+                if !matches!(outcome, Ok(true)) {
+                    // The room closes the connection: nothing more of this frame is applied.
+                    return;
+                }
+            }
+        }
+    }
+);
