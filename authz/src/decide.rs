@@ -71,20 +71,7 @@ impl Action {
     /// The name recorded in the audit log.
     pub fn name(&self) -> &'static str {
         match self {
-            Action::Use(c) => match c {
-                Capability::Observe => "observe",
-                Capability::Edit => "edit",
-                Capability::Type => "type",
-                Capability::Approve => "approve",
-                Capability::Invite => "invite",
-                Capability::ConnectRepo => "connect_repo",
-                Capability::AddSecret => "add_secret",
-                Capability::Spend => "spend",
-                Capability::Export => "export",
-                Capability::Publish => "publish",
-                Capability::Revoke => "revoke",
-                Capability::Delete => "delete",
-            },
+            Action::Use(c) => c.as_str(),
             Action::CreateInvite { .. } => "create_invite",
             Action::AcceptInvite { .. } => "accept_invite",
             Action::ChangeParticipant { .. } => "change_participant",
