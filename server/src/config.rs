@@ -146,6 +146,9 @@ pub struct Limits {
     /// Bytes queued for one connection before it is considered stuck and dropped.
     #[arg(long, env = "CODEROOM_OUTBOUND_QUEUE_BYTES", default_value_t = 8 << 20)]
     pub outbound_queue_bytes: usize,
+    /// A client that accepts no byte of a frame for this long is dropped.
+    #[arg(long, env = "CODEROOM_WRITE_STALL_MS", default_value_t = 30_000)]
+    pub write_stall_ms: u64,
     /// A room with no connections for this long is flushed and unloaded.
     #[arg(long, env = "CODEROOM_ROOM_IDLE_MS", default_value_t = 30_000)]
     pub room_idle_ms: u64,
@@ -170,6 +173,7 @@ impl Default for Limits {
             max_connections_per_room: 256,
             outbound_queue_bytes: 8 << 20,
             room_idle_ms: 30_000,
+            write_stall_ms: 30_000,
             compact_every: 1_000,
             auth_burst: 10,
             auth_replenish_ms: 6_000,

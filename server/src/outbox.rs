@@ -201,6 +201,12 @@ impl Outbox {
         }
     }
 
+    /// Whether no broadcast bytes are waiting: a lagging connection has caught up with its
+    /// queue and can be sent what it missed.
+    pub fn broadcast_idle(&self) -> bool {
+        self.budgets.broadcast.used.load(Ordering::Acquire) == 0
+    }
+
     /// Resolves once a close was requested (by the room or by the reader itself).
     pub fn closing(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
         self.closing.cancelled()

@@ -104,6 +104,10 @@ struct Conn {
     observe_until: i64,
     out: Outbox,
     awareness_ids: HashSet<ClientID>,
+    /// Set while broadcasts to this connection are held back because it fell behind: the
+    /// document state it is known to have been sent up to. Once its queue drains it gets the
+    /// difference in one update, instead of being dropped.
+    lag_from: Option<StateVector>,
 }
 
 struct Presence {
@@ -178,6 +182,9 @@ pub struct Room {
     logged_since_snapshot: u64,
     /// Snapshot plus logged updates, the figure the document size cap applies to.
     stored_bytes: usize,
+    /// The document's state vector when the current batch began: what a connection that falls
+    /// behind during the batch is known to have been sent.
+    batch_sv: StateVector,
     /// Updates produced this batch: (seq, bytes, origin connection).
     batch: Vec<(i64, Bytes, ConnId)>,
     /// Small replies built while handling (join greetings).
@@ -251,6 +258,7 @@ impl Room {
             next_seq,
             logged_since_snapshot: stored.updates.len() as u64,
             stored_bytes,
+            batch_sv: StateVector::default(),
             batch: Vec::new(),
             replies: Vec::new(),
             sync_requests: Vec::new(),
@@ -276,9 +284,14 @@ impl Room {
     ) -> Exit {
         let idle = Duration::from_millis(self.deps.limits.room_idle_ms);
         let mut idle_since = Some(tokio::time::Instant::now());
+        let mut lagging = false;
         loop {
             let first = tokio::select! {
                 cmd = rx.recv() => cmd,
+                () = lag_tick(lagging) => {
+                    lagging = self.catch_up();
+                    continue;
+                }
                 () = sleep_until_ms(self.next_expiry()) => {
                     self.expire(crate::store::now_ms());
                     if !self.commit().await {
@@ -316,6 +329,7 @@ impl Room {
             if let RoomCmd::Delete { done } = first {
                 return self.delete(done);
             }
+            self.batch_sv = self.doc.transact().state_vector();
             self.handle(first);
             let mut handled = 1;
             while handled < MAX_BATCH_COMMANDS {
@@ -330,6 +344,7 @@ impl Room {
             if !self.commit().await {
                 return self.finish(Exit::Failed).await;
             }
+            lagging = self.catch_up();
             idle_since = self.conns.is_empty().then(tokio::time::Instant::now);
             if self.logged_since_snapshot >= self.deps.limits.compact_every {
                 self.compact().await;
@@ -360,6 +375,7 @@ impl Room {
                         observe_until,
                         out,
                         awareness_ids: HashSet::new(),
+                        lag_from: None,
                     },
                 );
                 self.deps.metrics.connections.inc();
@@ -592,12 +608,11 @@ impl Room {
                 // Clocks come from clients: saturate rather than overflow.
                 let clock = p.clock.saturating_add(1);
                 self.tombstones.insert(client, clock);
+                // A state already cleared by the client has its removal queued or sent.
                 if p.json.is_some() {
                     let json = "null".into();
                     self.presence_changes
                         .insert(client, AwarenessUpdateEntry { clock, json });
-                } else {
-                    self.presence_changes.remove(&client);
                 }
             }
         }
@@ -753,9 +768,16 @@ impl Room {
             Target::All | Target::AllBut(_) => Class::Broadcast,
         };
         let mut stuck = Vec::new();
+        let mut behind = Vec::new();
         let mut deliver = |id: ConnId, c: &Conn| {
+            if class == Class::Broadcast && c.lag_from.is_some() {
+                return; // held back; caught up once its queue drains
+            }
             if c.out.push(Outbound::Frame(class, frame.clone())).is_err() {
-                stuck.push(id);
+                match class {
+                    Class::Broadcast => behind.push(id),
+                    Class::Reply => stuck.push(id),
+                }
             }
         };
         match target {
@@ -771,8 +793,15 @@ impl Room {
                 .filter(|(id, _)| *id != origin)
                 .for_each(|(id, c)| deliver(*id, c)),
         }
+        for id in behind {
+            // It has been sent everything up to this batch; what follows waits.
+            if let Some(c) = self.conns.get_mut(&id) {
+                tracing::debug!(room = %self.id, conn = id, "connection fell behind; holding broadcasts");
+                c.lag_from = Some(self.batch_sv.clone());
+            }
+        }
         for id in stuck {
-            // A client that stops reading is cut off; it never grows our memory.
+            // A reply (a whole document at most) does not fit: the client is not reading.
             tracing::info!(room = %self.id, conn = id, "dropping connection: outbound queue full");
             self.deps.metrics.connections_dropped_slow.inc();
             if let Some(c) = self.conns.get(&id) {
@@ -780,6 +809,30 @@ impl Room {
             }
             self.leave(id);
         }
+    }
+
+    /// Sends lagging connections whose queues drained what they missed, in one update, and the
+    /// presence table. Returns whether some connection is still behind.
+    fn catch_up(&mut self) -> bool {
+        let ready: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.lag_from.is_some() && c.out.broadcast_idle())
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ready {
+            let Some(from) = self.conns.get_mut(&id).and_then(|c| c.lag_from.take()) else {
+                continue;
+            };
+            let diff = self.doc.transact().encode_state_as_update_v1(&from);
+            let frame = Bytes::from(Message::Sync(SyncMessage::Update(diff)).encode_v1());
+            self.send(&Target::One(id), &frame);
+            if let Some(update) = self.presence_update() {
+                let frame = Bytes::from(Message::Awareness(update).encode_v1());
+                self.send(&Target::One(id), &frame);
+            }
+        }
+        self.conns.values().any(|c| c.lag_from.is_some())
     }
 
     /// Folds the update log into one snapshot.
@@ -830,6 +883,16 @@ impl Drop for Room {
             .metrics
             .connections
             .dec_by(self.conns.len() as i64);
+    }
+}
+
+/// While a connection is behind, wakes the room often enough to catch it up soon after its
+/// queue drains, even when nothing else happens.
+async fn lag_tick(lagging: bool) {
+    if lagging {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    } else {
+        std::future::pending().await
     }
 }
 

@@ -22,8 +22,6 @@ static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
 const JOIN_ATTEMPTS: usize = 3;
 /// Time the writer gets to flush a close frame once the reader is done.
 const WRITER_GRACE: Duration = Duration::from_secs(2);
-/// A client that accepts no byte of a frame for this long is gone; its connection is dropped.
-const WRITE_STALL: Duration = Duration::from_secs(30);
 
 pub async fn doc_socket(
     State(app): State<AppState>,
@@ -57,7 +55,8 @@ async fn serve(
     let (outbox, out_rx) = Outbox::new(app.limits.outbound_queue_bytes, app.limits.max_doc_bytes);
     let (sink, mut stream) = socket.split();
     let done = out_rx.kill_token();
-    let writer = tokio::spawn(write_loop(sink, out_rx));
+    let stall = Duration::from_millis(app.limits.write_stall_ms);
+    let writer = tokio::spawn(write_loop(sink, out_rx, stall, app.metrics.clone()));
 
     let room = match join(&app, &room_id, conn, &user, access, &outbox).await {
         Ok(room) => room,
@@ -191,7 +190,12 @@ async fn finish_writer(mut writer: tokio::task::JoinHandle<()>) {
     }
 }
 
-async fn write_loop(mut sink: SplitSink<WebSocket, Message>, mut rx: OutboxRx) {
+async fn write_loop(
+    mut sink: SplitSink<WebSocket, Message>,
+    mut rx: OutboxRx,
+    stall: Duration,
+    metrics: crate::metrics::Metrics,
+) {
     let kill = rx.kill_token();
     loop {
         let Some(msg) = rx.recv().await else {
@@ -209,9 +213,16 @@ async fn write_loop(mut sink: SplitSink<WebSocket, Message>, mut rx: OutboxRx) {
         let sent = match msg {
             Outbound::Frame(_, bytes) => {
                 tokio::select! {
-                    r = tokio::time::timeout(WRITE_STALL, sink.send(Message::Binary(bytes))) => {
-                        matches!(r, Ok(Ok(())))
-                    }
+                    r = tokio::time::timeout(stall, sink.send(Message::Binary(bytes))) => match r {
+                        Ok(Ok(())) => true,
+                        Ok(Err(_)) => false,
+                        Err(_) => {
+                            // The client accepts nothing: it is gone or stuck.
+                            tracing::info!("dropping connection: client stopped reading");
+                            metrics.connections_dropped_slow.inc();
+                            false
+                        }
+                    },
                     () = kill.cancelled() => false,
                 }
             }

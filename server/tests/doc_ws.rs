@@ -280,8 +280,18 @@ async fn awareness_limits() {
 #[tokio::test]
 async fn client_that_stops_reading_is_dropped() {
     let storage = Storage::new(&Backend::Sqlite).await;
-    let (server, token, room) = seeded(&storage, &["--outbound-queue-bytes", "65536"]).await;
-    // The slow client joins and then never reads again.
+    let (server, token, room) = seeded(
+        &storage,
+        &[
+            "--outbound-queue-bytes",
+            "65536",
+            "--write-stall-ms",
+            "1000",
+        ],
+    )
+    .await;
+    // The slow client joins and then never reads again: held back, then dropped once its socket
+    // has accepted nothing for a second.
     let slow = raw_ws(&server, &room, &token).await;
     let mut w = Client::connect(&server, &room, &token).await;
     w.synced().await;
@@ -462,6 +472,25 @@ async fn presence_edge_cases_keep_the_room_alive() {
     }
     assert_eq!(server.metric("coderoom_room_panics_total").await, 0.0);
 
+    // A client that clears its own presence and leaves at once (as y-websocket does on
+    // destroy): the others still learn it is gone.
+    let mut leaver = Client::connect(&server, &room, &token).await;
+    leaver.synced().await;
+    leaver.send(awareness(&[(950, 1, r#"{"user":{}}"#)])).await;
+    eventually_presence(&mut relayer, 950).await;
+    leaver.send(awareness(&[(950, 2, "null")])).await;
+    let _ = leaver.ws.close(None).await;
+    loop {
+        if let Event::Y(YMessage::Awareness(u)) = relayer.next().await {
+            if u.clients
+                .get(&ClientID::new(950))
+                .is_some_and(|e| &*e.json == "null")
+            {
+                break;
+            }
+        }
+    }
+
     // Text that is not UTF-8 closes with 1007.
     let mut t = raw_ws(&server, &room, &token).await;
     let bad = tokio_tungstenite::tungstenite::protocol::frame::Frame::message(
@@ -500,4 +529,36 @@ async fn eventually_presence(c: &mut Client, id: u64) {
             Event::Closed(code) => panic!("closed ({code:?}) waiting for presence {id}"),
         }
     }
+}
+
+#[tokio::test]
+async fn a_reader_that_falls_behind_catches_up_instead_of_being_dropped() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let (server, token, room) = seeded(&storage, &["--outbound-queue-bytes", "65536"]).await;
+    let mut reader = Client::connect(&server, &room, &token).await;
+    reader.synced().await;
+    let mut writer = Client::connect(&server, &room, &token).await;
+    writer.synced().await;
+    // A burst twelve times the reader's broadcast budget, sent as fast as possible.
+    let chunk = "b".repeat(16 * 1024);
+    for _ in 0..50 {
+        writer.insert("big.txt", 0, &chunk).await;
+    }
+    writer.insert("main.rs", 4, "!").await;
+    let expected = writer.content("big.txt");
+    // The reader ends up with everything, still connected.
+    let started = std::time::Instant::now();
+    while reader.content("big.txt") != expected || reader.content("main.rs") != "seed!" {
+        assert!(started.elapsed() < TIMEOUT, "reader never caught up");
+        if let Event::Closed(code) = reader.next().await {
+            panic!("reader was dropped ({code:?})");
+        }
+    }
+    assert_eq!(
+        server
+            .metric("coderoom_connections_dropped_slow_total")
+            .await,
+        0.0
+    );
+    server.terminate().await;
 }
