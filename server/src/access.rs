@@ -8,7 +8,7 @@ use crate::audit::Locked;
 use crate::auth::{hash_token, AuthUser};
 use crate::error::ApiError;
 use crate::room::RoomCmd;
-use crate::store::{now_ms, Change, StoreError};
+use crate::store::{now_ms, Change, InviteRow, StoreError};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
@@ -151,6 +151,20 @@ pub async fn create_invite(
     ))
 }
 
+/// The invite a link's token names (looked up by the token's hash).
+async fn invite_by_token(app: &AppState, token: &str) -> Result<(String, InviteRow), ApiError> {
+    if !invite_token_ok(token) {
+        return Err(ApiError::NotFound);
+    }
+    let token_hash = hash_token(token);
+    let invite = app
+        .store
+        .invite(&token_hash)
+        .await?
+        .ok_or(ApiError::NotFound)?;
+    Ok((token_hash, invite))
+}
+
 fn invite_token_ok(token: &str) -> bool {
     token.len() == 68
         && token.starts_with("inv_")
@@ -162,16 +176,8 @@ pub async fn accept_invite(
     user: AuthUser,
     Path(token): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    if !invite_token_ok(&token) {
-        return Err(ApiError::NotFound);
-    }
-    let token_hash = hash_token(&token);
     let locked = app.audit.lock().await;
-    let invite = app
-        .store
-        .invite(&token_hash)
-        .await?
-        .ok_or(ApiError::NotFound)?;
+    let (token_hash, invite) = invite_by_token(&app, &token).await?;
     let now = now_ms();
     if invite.revoked || invite.expires_at <= now || invite.uses >= invite.max_uses {
         return Err(ApiError::Gone);
@@ -240,16 +246,8 @@ pub async fn revoke_invite(
     user: AuthUser,
     Path(token): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    if !invite_token_ok(&token) {
-        return Err(ApiError::NotFound);
-    }
-    let token_hash = hash_token(&token);
     let locked = app.audit.lock().await;
-    let invite = app
-        .store
-        .invite(&token_hash)
-        .await?
-        .ok_or(ApiError::NotFound)?;
+    let (token_hash, invite) = invite_by_token(&app, &token).await?;
     // The creator may withdraw it; so may anyone who could have created it.
     if invite.created_by != user.id {
         let action = Action::Use(Capability::Invite);
