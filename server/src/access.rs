@@ -34,8 +34,14 @@ pub fn principal(app: &AppState, user: &AuthUser) -> Principal {
     }
 }
 
-fn valid_id(id: &str) -> bool {
+/// A room or user id as accepted in a path (before any lookup).
+pub(crate) fn valid_id(id: &str) -> bool {
     !id.is_empty() && id.len() <= MAX_ID && id.bytes().all(|b| b.is_ascii_alphanumeric())
+}
+
+/// An id this server issued for a deletion or an approval (a v4 UUID, 32 hex digits).
+pub(crate) fn valid_issued_id(id: &str) -> bool {
+    id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 /// Decides `action` in `room_id` for `user` under the audit lock; a participant's denial is

@@ -7,14 +7,12 @@ use crate::store::now_ms;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
-use coderoom_authz::{decide, Action, Capability, CapabilitySet, Decision};
+use coderoom_authz::{decide, Action, Authorized, Capability, CapabilitySet, Decision, RoomState};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 /// Longest room name, in characters.
 const MAX_ROOM_NAME: usize = 100;
-/// Longest room id accepted in a path (ids we issue are 32 hex characters).
-const MAX_ROOM_ID: usize = 64;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -101,22 +99,31 @@ pub async fn get_room(
     })))
 }
 
-/// The caller's capabilities in the room, decided like every other action. Rooms the caller
-/// cannot observe are reported as missing, so their existence does not leak.
-pub async fn room_capabilities(
+/// The room's state and the caller's proof of `observe`, decided like every other action.
+/// Rooms the caller cannot observe are reported as missing, so their existence does not leak.
+async fn observed(
     app: &AppState,
     room_id: &str,
     user: &AuthUser,
-) -> Result<CapabilitySet, ApiError> {
-    if room_id.len() > MAX_ROOM_ID || !room_id.bytes().all(|b| b.is_ascii_alphanumeric()) {
+) -> Result<(RoomState, Authorized), ApiError> {
+    if !crate::access::valid_id(room_id) {
         return Err(ApiError::NotFound);
     }
     let state = app.store.room_state(room_id).await?;
     let who = crate::access::principal(app, user);
     match decide(&who, &Action::Use(Capability::Observe), &state, now_ms()) {
-        Decision::Allow(proof) => Ok(proof.actor_capabilities()),
+        Decision::Allow(proof) => Ok((state, proof)),
         Decision::Deny(_) | Decision::NeedsApproval(_) => Err(ApiError::NotFound),
     }
+}
+
+/// The caller's capabilities in the room (404 unless it may observe it).
+pub async fn room_capabilities(
+    app: &AppState,
+    room_id: &str,
+    user: &AuthUser,
+) -> Result<CapabilitySet, ApiError> {
+    Ok(observed(app, room_id, user).await?.1.actor_capabilities())
 }
 
 /// Until when the caller may edit and observe in the room (see `room::until_pair`).
@@ -125,8 +132,7 @@ pub async fn room_access(
     room_id: &str,
     user: &AuthUser,
 ) -> Result<(i64, i64), ApiError> {
-    room_capabilities(app, room_id, user).await?;
-    let state = app.store.room_state(room_id).await?;
+    let (state, _) = observed(app, room_id, user).await?;
     let p = state.participants.get(&user.id).ok_or(ApiError::NotFound)?;
     Ok(crate::room::until_pair(p, now_ms()))
 }

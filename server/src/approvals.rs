@@ -18,7 +18,6 @@ use axum::Json;
 use coderoom_authz::{decide, Action, Capability, Decision, DenyReason};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use yrs::updates::decoder::Decode;
 use yrs::{GetString, Map, Transact};
 
 /// A request waits this long for a decision; an approval lapses with it.
@@ -52,10 +51,6 @@ fn export_params(files: &[String]) -> Result<String, ApiError> {
     Ok(json!({ "files": files }).to_string())
 }
 
-fn valid_id(id: &str) -> bool {
-    id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())
-}
-
 pub async fn export(
     State(app): State<AppState>,
     user: AuthUser,
@@ -73,7 +68,7 @@ pub async fn export(
     .await?;
     let params = export_params(&body.files)?;
     let approval = match &body.approval_id {
-        Some(id) if valid_id(id) => Some(
+        Some(id) if crate::access::valid_issued_id(id) => Some(
             app.store
                 .approval(&room_id, id)
                 .await?
@@ -165,20 +160,8 @@ pub async fn export(
 /// The named files' text as stored (what every peer has been sent).
 async fn read_files(app: &AppState, room_id: &str, names: &[String]) -> Result<Value, ApiError> {
     let stored = app.store.load_doc(room_id).await?;
-    let doc = yrs::Doc::new();
-    {
-        let mut txn = doc.transact_mut();
-        for data in stored
-            .snapshot
-            .iter()
-            .chain(stored.updates.iter().map(|(_, d)| d))
-        {
-            let update =
-                yrs::Update::decode_v1(data).map_err(|_| ApiError::Store(StoreError::Corrupt))?;
-            txn.apply_update(update)
-                .map_err(|_| ApiError::Store(StoreError::Corrupt))?;
-        }
-    }
+    let (doc, _) =
+        crate::room::doc_from_stored(&stored).map_err(|_| ApiError::Store(StoreError::Corrupt))?;
     let files = doc.get_or_insert_map("files");
     let txn = doc.transact();
     let mut out = serde_json::Map::new();
@@ -240,7 +223,7 @@ pub async fn decide_request(
     Path((room_id, id)): Path<(String, String)>,
     Json(body): Json<DecisionBody>,
 ) -> Result<Json<Value>, ApiError> {
-    if !valid_id(&id) {
+    if !crate::access::valid_issued_id(&id) {
         return Err(ApiError::NotFound);
     }
     crate::api::room_capabilities(&app, &room_id, &user).await?;

@@ -100,16 +100,12 @@ pub async fn request(
     ))
 }
 
-fn valid_id(id: &str) -> bool {
-    id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())
-}
-
 pub async fn confirm(
     State(app): State<AppState>,
     user: AuthUser,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    if !valid_id(&id) {
+    if !crate::access::valid_issued_id(&id) {
         return Err(ApiError::NotFound);
     }
     let who = principal(&app, &user);
@@ -182,7 +178,7 @@ pub async fn get(
     user: AuthUser,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    if !valid_id(&id) {
+    if !crate::access::valid_issued_id(&id) {
         return Err(ApiError::NotFound);
     }
     let deletion = app.store.deletion(&id).await?.ok_or(ApiError::NotFound)?;

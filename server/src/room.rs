@@ -11,7 +11,7 @@ use crate::config::Limits;
 use crate::metrics::Metrics;
 use crate::outbox::{Class, CloseCode, Outbound, Outbox};
 use crate::protocol::Inbound;
-use crate::store::{Change, Store, StoreError};
+use crate::store::{Change, Store, StoreError, StoredDoc};
 use bytes::Bytes;
 use coderoom_authz::{Capability, Participant};
 use std::collections::{HashMap, HashSet};
@@ -72,6 +72,27 @@ pub enum RoomCmd {
 pub enum JoinError {
     #[error("room is full")]
     Full,
+}
+
+/// Rebuilds a room's document from its snapshot and log, failing on any entry that does not
+/// decode or apply. Returns the document and the stored bytes it came from.
+pub fn doc_from_stored(stored: &StoredDoc) -> Result<(Doc, usize), String> {
+    let doc = Doc::new();
+    let mut bytes = 0;
+    {
+        let mut txn = doc.transact_mut();
+        let parts = stored
+            .snapshot
+            .iter()
+            .map(Vec::as_slice)
+            .chain(stored.updates.iter().map(|(_, d)| d.as_slice()));
+        for data in parts {
+            bytes += data.len();
+            let update = Update::decode_v1(data).map_err(|e| e.to_string())?;
+            txn.apply_update(update).map_err(|e| e.to_string())?;
+        }
+    }
+    Ok((doc, bytes))
 }
 
 /// Until when a participant may edit and observe, in the form rooms use (0: not at all,
@@ -211,29 +232,12 @@ impl Room {
     /// Loads the room's document from storage.
     pub async fn load(id: String, deps: RoomDeps) -> Result<Room, StoreError> {
         let stored = deps.store.load_doc(&id).await?;
-        let doc = Doc::new();
-        let mut stored_bytes = 0;
-        {
-            let mut txn = doc.transact_mut();
-            let parts = stored
-                .snapshot
-                .iter()
-                .map(Vec::as_slice)
-                .chain(stored.updates.iter().map(|(_, d)| d.as_slice()));
-            for data in parts {
-                stored_bytes += data.len();
-                // Fail closed: a room loaded without part of its history would compact that
-                // loss into its next snapshot and delete the log that still holds it.
-                let update = Update::decode_v1(data).map_err(|e| {
-                    tracing::error!(room = %id, error = %e, "stored update is corrupt; room not loaded");
-                    StoreError::Corrupt
-                })?;
-                txn.apply_update(update).map_err(|e| {
-                    tracing::error!(room = %id, error = %e, "stored update does not apply; room not loaded");
-                    StoreError::Corrupt
-                })?;
-            }
-        }
+        // Fail closed: a room loaded without part of its history would compact that loss into
+        // its next snapshot and delete the log that still holds it.
+        let (doc, stored_bytes) = doc_from_stored(&stored).map_err(|e| {
+            tracing::error!(room = %id, error = %e, "stored document is corrupt; room not loaded");
+            StoreError::Corrupt
+        })?;
         let next_seq = stored
             .updates
             .last()
