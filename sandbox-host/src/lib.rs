@@ -1,10 +1,35 @@
-//! Coderoom room sandboxes: the namespace and microVM backends and the guest agent.
+//! Coderoom room sandboxes: the backends that isolate a room's workspace, the typed operations
+//! the control plane sends into a sandbox, and the guest agent that performs them.
 //!
-//! Not built yet: the sandbox issue fills this crate. Until then the server runs with the
-//! `none` tier and this crate only names the tiers the server's configuration accepts.
-#![forbid(unsafe_code)]
+//! The control plane never touches a backend's mechanics: it picks a [`Backend`], starts a
+//! sandbox (getting a [`Sandbox`] handle that is ready only once its agent answers), and then
+//! drives it with the closed set of operations in [`proto::Op`]. Lifecycle in one place:
+//!
+//! | step            | how                                   | legal when      |
+//! |-----------------|---------------------------------------|-----------------|
+//! | create + start  | [`Backend::start`]                    | no sandbox runs |
+//! | resume          | [`Backend::start`] then [`Sandbox::restore`] of the latest snapshot | no sandbox runs |
+//! | operations      | [`Sandbox::call`] / [`Sandbox::send`] with an [`proto::Op`] | running |
+//! | stop            | [`Sandbox::snapshot`] then [`Sandbox::kill`] | running   |
+//! | delete          | kill, then the caller removes its snapshots | any        |
+#![deny(unsafe_op_in_unsafe_fn)]
 
+pub mod agent;
+pub mod cgroup;
+pub mod handle;
+pub mod namespace;
+pub mod path;
+pub mod proto;
+pub mod seccomp;
+
+pub use handle::{CallError, Ended, Event, Sandbox};
+pub use namespace::{AgentCommand, Namespace};
 use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+use tokio::sync::mpsc;
+
+/// This crate's version, reported in receipts.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
 /// The isolation tier a room's sandbox runs in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -18,4 +43,172 @@ pub enum Tier {
     Microvm,
     /// No sandbox: terminal and exec are unavailable.
     None,
+}
+
+impl Tier {
+    /// The tier's name as the configuration spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::Auto => "auto",
+            Tier::Namespace => "namespace",
+            Tier::Microvm => "microvm",
+            Tier::None => "none",
+        }
+    }
+}
+
+/// Resource limits of one sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// Memory, including the workspace tmpfs and `/tmp`, in bytes.
+    pub memory_bytes: u64,
+    /// Processes and threads at once.
+    pub pids: u64,
+    /// CPU time per wall second, in thousandths of a core.
+    pub cpu_millis: u64,
+    /// Workspace size in bytes (the disk quota).
+    pub workspace_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            memory_bytes: 1 << 30,
+            pids: 512,
+            cpu_millis: 1000,
+            workspace_bytes: 512 << 20,
+        }
+    }
+}
+
+/// What a sandbox was started with, recorded in the audit log with every transition.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Receipt {
+    /// `namespace` or `microvm`.
+    pub tier: String,
+    /// Implementation and versions.
+    pub implementation: String,
+    /// Every mount inside, with its mode and source.
+    pub mounts: Vec<String>,
+    /// The limits applied.
+    pub limits: Limits,
+    /// Network policy.
+    pub network: String,
+    /// The syscall filter.
+    pub seccomp: String,
+    /// How memory, pids and CPU are limited.
+    pub cgroups: String,
+    /// Host uid the sandbox's processes run as.
+    pub host_uid: u32,
+}
+
+/// Why a sandbox could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// This host cannot run the tier.
+    #[error("the sandbox tier is unavailable: {0}")]
+    Unavailable(String),
+    /// The request was malformed.
+    #[error("{0}")]
+    Invalid(&'static str),
+    /// The host refused a step (cgroup, socket, spawn).
+    #[error("the host refused to start the sandbox")]
+    Host(#[source] std::io::Error),
+    /// It started but its agent never answered.
+    #[error("the sandbox did not become ready: {0}")]
+    NotReady(String),
+}
+
+/// The backend chosen for this server.
+#[derive(Debug)]
+pub enum Backend {
+    /// Linux namespaces through bubblewrap.
+    Namespace(Namespace),
+    /// No sandbox; the reason is shown to clients.
+    None(String),
+}
+
+/// A started sandbox: its handle, its events and its receipt.
+pub type Started = (Sandbox, mpsc::Receiver<Event>, Receipt);
+
+impl Backend {
+    /// Chooses the backend for `tier`; returns it with a sentence saying what was chosen and
+    /// why. `auto` prefers a microVM on hardware KVM, then namespaces, then none.
+    pub fn select(tier: Tier, agent: AgentCommand, rootfs: Option<PathBuf>) -> (Backend, String) {
+        match tier {
+            Tier::None => (
+                Backend::None("sandboxes are disabled (--sandbox-tier none)".into()),
+                "sandbox tier none: chosen by configuration".into(),
+            ),
+            Tier::Microvm => {
+                let why = "the microVM tier is not built yet".to_owned();
+                (
+                    Backend::None(why.clone()),
+                    format!("sandbox tier none: {why}"),
+                )
+            }
+            Tier::Namespace => match Namespace::new(agent, rootfs) {
+                Ok(ns) => {
+                    let limits = limits_note(&ns);
+                    (
+                        Backend::Namespace(ns),
+                        format!("sandbox tier namespace: chosen by configuration; {limits}"),
+                    )
+                }
+                Err(e) => (
+                    Backend::None(e.to_string()),
+                    format!("sandbox tier none: {e}"),
+                ),
+            },
+            Tier::Auto => {
+                let kvm = kvm_note();
+                match Namespace::new(agent, rootfs) {
+                    Ok(ns) => {
+                        let limits = limits_note(&ns);
+                        (
+                            Backend::Namespace(ns),
+                            format!("sandbox tier namespace: {kvm}; {limits}"),
+                        )
+                    }
+                    Err(e) => (
+                        Backend::None(e.to_string()),
+                        format!("sandbox tier none: {kvm}; namespace tier: {e}"),
+                    ),
+                }
+            }
+        }
+    }
+
+    /// The tier in use.
+    pub fn tier(&self) -> Tier {
+        match self {
+            Backend::Namespace(_) => Tier::Namespace,
+            Backend::None(_) => Tier::None,
+        }
+    }
+
+    /// Starts a sandbox named `name` with `limits`.
+    pub async fn start(&self, name: &str, limits: &Limits) -> Result<Started, StartError> {
+        match self {
+            Backend::Namespace(ns) => ns.start(name, limits).await,
+            Backend::None(why) => Err(StartError::Unavailable(why.clone())),
+        }
+    }
+}
+
+fn limits_note(ns: &Namespace) -> String {
+    match ns.cgroups() {
+        Ok(l) => format!("limits through {}", l.name()),
+        Err(why) => format!("cgroup limits unavailable ({why}); rlimits only"),
+    }
+}
+
+/// Why the microVM tier is not picked on this host.
+fn kvm_note() -> String {
+    if !std::path::Path::new("/dev/kvm").exists() {
+        return "no /dev/kvm, so no microVM".into();
+    }
+    // A nested, software-emulated KVM (this project's CI hosts) cannot boot a standard guest
+    // kernel; the microVM tier would need cloud-hypervisor or QEMU, which is not built yet.
+    "the microVM tier is not built yet".into()
 }

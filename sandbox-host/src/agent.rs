@@ -1,0 +1,709 @@
+//! The guest agent: runs inside the sandbox as PID 1 and performs the typed operations of
+//! [`crate::proto`] on behalf of the control plane. It holds no authority of its own; everything
+//! it can reach is what the sandbox can reach.
+//!
+//! Process layout inside the sandbox: PID 1 is this binary in reaper mode (it reaps every
+//! orphan and exits when the serving agent exits, which tears the sandbox down); PID 2 is the
+//! serving agent, parent of every exec and of the PTY's shell.
+
+use crate::path::WorkspacePath;
+use crate::proto::{
+    self, AgentError, FileEntry, Message, Op, Reply, Request, CHUNK, PROTOCOL_VERSION,
+};
+use portable_pty::{CommandBuilder, MasterPty, PtySize};
+use serde_bytes::ByteBuf;
+use std::io::{Read, Write};
+use std::os::fd::{AsFd, FromRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::AsyncReadExt;
+use tokio::sync::mpsc;
+
+/// Where the room's files live inside the sandbox.
+pub const WORKSPACE: &str = "/workspace";
+
+/// Frames queued for the socket before producers wait (terminal output then blocks the PTY
+/// reader, which is the flow control the control plane relies on).
+const OUT_QUEUE: usize = 64;
+/// Terminal input chunks queued for the PTY before new input is dropped (a program that does
+/// not read its input must not grow the agent).
+const PTY_INPUT_QUEUE: usize = 256;
+/// Deepest directory level walked when listing files.
+const MAX_DEPTH: usize = 32;
+/// Directories never listed: tool state, not the room's text.
+const SKIP_DIRS: [&str; 2] = [".git", "node_modules"];
+/// After an exec's main process exits, how long its output pipes may stay open.
+const DRAIN_GRACE: Duration = Duration::from_millis(500);
+
+/// Entry point of `coderoom agent --fd N`: becomes the reaper if PID 1, then serves the stream
+/// on `fd` until it closes. Returns the process exit code.
+pub fn main(fd: RawFd) -> i32 {
+    if std::process::id() == 1 {
+        // SAFETY: nothing else runs yet (no threads, no runtime), so the child may continue
+        // with any code; the parent only reaps.
+        let pid = unsafe { libc::fork() };
+        match pid {
+            -1 => return 70,
+            0 => {}
+            child => return reap_until(child),
+        }
+    }
+    // SAFETY: the spawner passed this descriptor to us and nothing else in this process owns it.
+    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let rt = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(_) => return 71,
+    };
+    match rt.block_on(serve(owned)) {
+        Ok(()) => 0,
+        Err(_) => 1,
+    }
+}
+
+/// PID 1's loop: reap every child, and exit with the serving agent's status when it ends.
+fn reap_until(main_child: libc::pid_t) -> i32 {
+    loop {
+        let mut status = 0;
+        // SAFETY: plain waitpid on any child with a valid out-pointer.
+        let pid = unsafe { libc::waitpid(-1, &mut status, 0) };
+        if pid == main_child {
+            return if libc::WIFEXITED(status) {
+                libc::WEXITSTATUS(status)
+            } else {
+                128 + libc::WTERMSIG(status)
+            };
+        }
+        if pid < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD) {
+            return 1;
+        }
+    }
+}
+
+type Out = mpsc::Sender<Vec<u8>>;
+
+struct Pty {
+    master: Box<dyn MasterPty + Send>,
+    input: std::sync::mpsc::SyncSender<Vec<u8>>,
+}
+
+struct State {
+    out: Out,
+    pty: Arc<Mutex<Option<Pty>>>,
+    restore: Option<Restore>,
+}
+
+struct Restore {
+    id: u64,
+    feed: std::sync::mpsc::SyncSender<Vec<u8>>,
+    done: tokio::sync::oneshot::Receiver<Result<(), AgentError>>,
+}
+
+async fn serve(fd: OwnedFd) -> std::io::Result<()> {
+    let std_stream = std::os::unix::net::UnixStream::from(fd);
+    std_stream.set_nonblocking(true)?;
+    let stream = tokio::net::UnixStream::from_std(std_stream)?;
+    let (mut rd, mut wr) = stream.into_split();
+    let (out, mut out_rx) = mpsc::channel::<Vec<u8>>(OUT_QUEUE);
+    let writer = tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        while let Some(frame) = out_rx.recv().await {
+            if wr.write_all(&frame).await.is_err() {
+                break;
+            }
+        }
+    });
+    let mut state = State {
+        out,
+        pty: Arc::default(),
+        restore: None,
+    };
+    let mut buf = Vec::new();
+    loop {
+        let req: Request = match proto::read_frame(&mut rd, &mut buf).await {
+            Ok(Some(req)) => req,
+            Ok(None) => break,
+            Err(_) => break,
+        };
+        handle(&mut state, req).await;
+    }
+    drop(state);
+    writer.abort();
+    // Drain nothing more: the control plane closed the stream, so the sandbox ends.
+    let _ = rd.read(&mut [0u8; 1]).await;
+    Ok(())
+}
+
+async fn send(out: &Out, msg: &Message) {
+    if let Ok(frame) = proto::encode(msg) {
+        let _ = out.send(frame).await;
+    }
+}
+
+fn reply(id: u64, result: Result<Reply, AgentError>) -> Message {
+    Message::Reply { id, result }
+}
+
+async fn handle(state: &mut State, req: Request) {
+    let id = req.id;
+    match req.op {
+        Op::Hello => {
+            let r = Reply::Hello {
+                version: PROTOCOL_VERSION,
+                pid: std::process::id(),
+            };
+            send(&state.out, &reply(id, Ok(r))).await;
+        }
+        Op::PtyInput(data) => {
+            let guard = state.pty.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(pty) = guard.as_ref() {
+                // A full queue means the program is not reading; dropping keeps us bounded.
+                let _ = pty.input.try_send(data.into_vec());
+            }
+        }
+        Op::PtyResize { cols, rows } => {
+            let guard = state.pty.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(pty) = guard.as_ref() {
+                let _ = pty.master.resize(size(cols, rows));
+            }
+        }
+        Op::PtyOpen { argv, cols, rows } => {
+            let r = open_pty(state, argv, cols, rows);
+            send(&state.out, &reply(id, r)).await;
+        }
+        Op::Exec {
+            argv,
+            cwd,
+            timeout_ms,
+            max_output,
+        } => {
+            let out = state.out.clone();
+            tokio::spawn(async move {
+                let r = exec(argv, cwd, timeout_ms, max_output as usize).await;
+                send(&out, &reply(id, r)).await;
+            });
+        }
+        Op::ReadFile { path, max_bytes } => {
+            let r =
+                blocking(move || read_file(&path, max_bytes).map(|d| Reply::File(d.into()))).await;
+            send(&state.out, &reply(id, r)).await;
+        }
+        Op::WriteFile { path, data } => {
+            let r = blocking(move || write_file(&path, &data).map(|()| Reply::Done)).await;
+            send(&state.out, &reply(id, r)).await;
+        }
+        Op::RemoveFile { path } => {
+            let r = blocking(move || remove_file(&path).map(|()| Reply::Done)).await;
+            send(&state.out, &reply(id, r)).await;
+        }
+        Op::ListFiles { max_entries } => {
+            let r = blocking(move || Ok(list_files(max_entries as usize))).await;
+            send(&state.out, &reply(id, r)).await;
+        }
+        Op::Snapshot { max_bytes } => {
+            let out = state.out.clone();
+            tokio::spawn(async move {
+                let out2 = out.clone();
+                let r = blocking(move || snapshot(id, max_bytes, &out2)).await;
+                send(&out, &reply(id, r)).await;
+            });
+        }
+        Op::Restore { data, last } => {
+            let r = restore_chunk(state, id, data.into_vec(), last).await;
+            if let Some(r) = r {
+                send(&state.out, &reply(id, r)).await;
+            }
+        }
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, AgentError> + Send + 'static,
+) -> Result<T, AgentError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .unwrap_or_else(|_| Err(AgentError::Failed("the operation panicked".into())))
+}
+
+fn size(cols: u16, rows: u16) -> PtySize {
+    PtySize {
+        rows: rows.clamp(1, 500),
+        cols: cols.clamp(1, 1000),
+        pixel_width: 0,
+        pixel_height: 0,
+    }
+}
+
+fn failed(e: impl std::fmt::Display) -> AgentError {
+    AgentError::Failed(e.to_string())
+}
+
+fn base_env() -> Vec<(&'static str, &'static str)> {
+    vec![
+        ("PATH", "/usr/local/bin:/usr/bin:/bin"),
+        ("HOME", WORKSPACE),
+        ("USER", "coder"),
+        ("LANG", "C.UTF-8"),
+        ("TERM", "xterm-256color"),
+    ]
+}
+
+fn open_pty(
+    state: &mut State,
+    argv: Vec<String>,
+    cols: u16,
+    rows: u16,
+) -> Result<Reply, AgentError> {
+    let mut slot = state.pty.lock().unwrap_or_else(|e| e.into_inner());
+    if slot.is_some() {
+        return Err(AgentError::Invalid("a terminal is already open".into()));
+    }
+    let Some((prog, args)) = argv.split_first() else {
+        return Err(AgentError::Invalid("empty argv".into()));
+    };
+    let pair = portable_pty::native_pty_system()
+        .openpty(size(cols, rows))
+        .map_err(failed)?;
+    let mut cmd = CommandBuilder::new(prog);
+    cmd.args(args);
+    cmd.cwd(WORKSPACE);
+    cmd.env_clear();
+    for (k, v) in base_env() {
+        cmd.env(k, v);
+    }
+    let mut child = pair.slave.spawn_command(cmd).map_err(failed)?;
+    drop(pair.slave);
+    let mut reader = pair.master.try_clone_reader().map_err(failed)?;
+    let mut writer = pair.master.take_writer().map_err(failed)?;
+    let (input, input_rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(PTY_INPUT_QUEUE);
+    std::thread::spawn(move || {
+        while let Ok(chunk) = input_rx.recv() {
+            if writer.write_all(&chunk).is_err() {
+                break;
+            }
+        }
+    });
+    let out = state.out.clone();
+    let pty_slot = state.pty.clone();
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            match reader.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    let msg = Message::PtyOutput(ByteBuf::from(buf[..n].to_vec()));
+                    let Ok(frame) = proto::encode(&msg) else {
+                        break;
+                    };
+                    // Blocks while the control plane is behind: the PTY then fills and the
+                    // program writing to it waits, instead of output piling up here.
+                    if out.blocking_send(frame).is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        let code = child
+            .wait()
+            .ok()
+            .map(|s| i32::try_from(s.exit_code()).unwrap_or(i32::MAX));
+        *pty_slot.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        if let Ok(frame) = proto::encode(&Message::PtyExit { code }) {
+            let _ = out.blocking_send(frame);
+        }
+    });
+    *slot = Some(Pty {
+        master: pair.master,
+        input,
+    });
+    Ok(Reply::Done)
+}
+
+async fn exec(
+    argv: Vec<String>,
+    cwd: String,
+    timeout_ms: u64,
+    max_output: usize,
+) -> Result<Reply, AgentError> {
+    let Some((prog, args)) = argv.split_first() else {
+        return Err(AgentError::Invalid("empty argv".into()));
+    };
+    let dir = if cwd.is_empty() {
+        PathBuf::from(WORKSPACE)
+    } else {
+        let p = WorkspacePath::parse(&cwd).map_err(|e| AgentError::InvalidPath(e.to_string()))?;
+        Path::new(WORKSPACE).join(p.as_str())
+    };
+    let mut cmd = tokio::process::Command::new(prog);
+    cmd.args(args)
+        .current_dir(&dir)
+        .env_clear()
+        .envs(base_env())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    let mut child = cmd.spawn().map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => AgentError::NotFound,
+        _ => failed(e),
+    })?;
+    let pgid = child.id().map(|p| p as i32);
+    let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
+    let out_task = tokio::spawn(capture(stdout, max_output));
+    let err_task = tokio::spawn(capture(stderr, max_output));
+    let (status, timed_out) =
+        match tokio::time::timeout(Duration::from_millis(timeout_ms), child.wait()).await {
+            Ok(s) => (s.ok(), false),
+            Err(_) => (None, true),
+        };
+    // The command is over: whatever it left running in its group goes with it.
+    if let Some(pgid) = pgid {
+        let _ = rustix::process::kill_process_group(
+            rustix::process::Pid::from_raw(pgid).ok_or_else(|| failed("bad pid"))?,
+            rustix::process::Signal::KILL,
+        );
+    }
+    if timed_out {
+        let _ = child.wait().await;
+    }
+    let (stdout, t1) = tokio::time::timeout(DRAIN_GRACE, out_task)
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default();
+    let (stderr, t2) = tokio::time::timeout(DRAIN_GRACE, err_task)
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default();
+    Ok(Reply::Exec {
+        exit_code: status.and_then(|s| s.code()),
+        stdout: stdout.into(),
+        stderr: stderr.into(),
+        truncated: t1 || t2,
+        timed_out,
+    })
+}
+
+async fn capture(pipe: Option<impl tokio::io::AsyncRead + Unpin>, max: usize) -> (Vec<u8>, bool) {
+    let Some(mut pipe) = pipe else {
+        return (Vec::new(), false);
+    };
+    let mut kept = Vec::new();
+    let mut truncated = false;
+    let mut buf = vec![0u8; 16 << 10];
+    loop {
+        match pipe.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                let room = max.saturating_sub(kept.len());
+                if n > room {
+                    truncated = true;
+                }
+                kept.extend_from_slice(&buf[..n.min(room)]);
+            }
+        }
+    }
+    (kept, truncated)
+}
+
+fn workspace_dir() -> Result<OwnedFd, AgentError> {
+    rustix::fs::open(
+        WORKSPACE,
+        rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(failed)
+}
+
+fn io_error(e: rustix::io::Errno) -> AgentError {
+    match e {
+        rustix::io::Errno::NOENT => AgentError::NotFound,
+        // RESOLVE_BENEATH refuses a path that leaves the workspace with EXDEV.
+        rustix::io::Errno::XDEV | rustix::io::Errno::LOOP => {
+            AgentError::InvalidPath("the path leaves the workspace".into())
+        }
+        e => failed(e),
+    }
+}
+
+/// Opens `path` beneath the workspace: symlinks may point within it, never out of it.
+fn open_beneath(path: &str, flags: rustix::fs::OFlags) -> Result<OwnedFd, AgentError> {
+    let p = WorkspacePath::parse(path).map_err(|e| AgentError::InvalidPath(e.to_string()))?;
+    let dir = workspace_dir()?;
+    rustix::fs::openat2(
+        dir.as_fd(),
+        p.as_str(),
+        flags | rustix::fs::OFlags::CLOEXEC,
+        // openat2 refuses a mode without O_CREAT.
+        rustix::fs::Mode::empty(),
+        rustix::fs::ResolveFlags::BENEATH | rustix::fs::ResolveFlags::NO_MAGICLINKS,
+    )
+    .map_err(io_error)
+}
+
+fn read_file(path: &str, max: u64) -> Result<Vec<u8>, AgentError> {
+    let fd = open_beneath(path, rustix::fs::OFlags::RDONLY)?;
+    let st = rustix::fs::fstat(&fd).map_err(failed)?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
+        return Err(AgentError::Invalid("not a regular file".into()));
+    }
+    if st.st_size as u64 > max {
+        return Err(AgentError::TooLarge);
+    }
+    let mut data = Vec::new();
+    std::fs::File::from(fd)
+        .take(max + 1)
+        .read_to_end(&mut data)
+        .map_err(failed)?;
+    if data.len() as u64 > max {
+        return Err(AgentError::TooLarge);
+    }
+    Ok(data)
+}
+
+/// Splits a checked path into its parent directory (opened, created as needed, beneath the
+/// workspace) and its final name.
+fn parent_of(path: &str) -> Result<(OwnedFd, String), AgentError> {
+    let p = WorkspacePath::parse(path).map_err(|e| AgentError::InvalidPath(e.to_string()))?;
+    let (parent, name) = match p.as_str().rsplit_once('/') {
+        Some((parent, name)) => (Some(parent), name),
+        None => (None, p.as_str()),
+    };
+    let mut dir = workspace_dir()?;
+    if let Some(parent) = parent {
+        for part in parent.split('/') {
+            match rustix::fs::mkdirat(&dir, part, rustix::fs::Mode::from_raw_mode(0o755)) {
+                Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                Err(e) => return Err(io_error(e)),
+            }
+            dir = rustix::fs::openat2(
+                dir.as_fd(),
+                part,
+                rustix::fs::OFlags::DIRECTORY
+                    | rustix::fs::OFlags::RDONLY
+                    | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+                rustix::fs::ResolveFlags::BENEATH | rustix::fs::ResolveFlags::NO_MAGICLINKS,
+            )
+            .map_err(io_error)?;
+        }
+    }
+    Ok((dir, name.to_owned()))
+}
+
+fn write_file(path: &str, data: &[u8]) -> Result<(), AgentError> {
+    let (dir, name) = parent_of(path)?;
+    // Written beside and renamed over, so readers (and the change watcher) never see half.
+    let tmp = format!(".{}.coderoom-tmp", &name[..name.len().min(200)]);
+    let fd = rustix::fs::openat2(
+        dir.as_fd(),
+        tmp.as_str(),
+        rustix::fs::OFlags::WRONLY
+            | rustix::fs::OFlags::CREATE
+            | rustix::fs::OFlags::TRUNC
+            | rustix::fs::OFlags::NOFOLLOW
+            | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::from_raw_mode(0o644),
+        rustix::fs::ResolveFlags::BENEATH | rustix::fs::ResolveFlags::NO_SYMLINKS,
+    )
+    .map_err(io_error)?;
+    let mut file = std::fs::File::from(fd);
+    file.write_all(data).map_err(failed)?;
+    drop(file);
+    rustix::fs::renameat(&dir, tmp.as_str(), &dir, name.as_str()).map_err(io_error)
+}
+
+fn remove_file(path: &str) -> Result<(), AgentError> {
+    let (dir, name) = parent_of(path)?;
+    match rustix::fs::unlinkat(&dir, name.as_str(), rustix::fs::AtFlags::empty()) {
+        Err(rustix::io::Errno::ISDIR) => {
+            rustix::fs::unlinkat(&dir, name.as_str(), rustix::fs::AtFlags::REMOVEDIR)
+                .map_err(io_error)
+        }
+        r => r.map_err(io_error),
+    }
+}
+
+fn list_files(max: usize) -> Reply {
+    let mut entries = Vec::new();
+    let mut truncated = false;
+    let mut stack = vec![(PathBuf::from(WORKSPACE), String::new(), 0usize)];
+    while let Some((dir, rel, depth)) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for entry in rd.flatten() {
+            let Ok(name) = entry.file_name().into_string() else {
+                continue;
+            };
+            let Ok(meta) = entry.metadata() else { continue };
+            let path = if rel.is_empty() {
+                name.clone()
+            } else {
+                format!("{rel}/{name}")
+            };
+            if meta.is_dir() {
+                if depth < MAX_DEPTH && !SKIP_DIRS.contains(&name.as_str()) {
+                    stack.push((entry.path(), path, depth + 1));
+                }
+            } else if meta.is_file() && WorkspacePath::parse(&path).is_ok() {
+                if entries.len() >= max {
+                    truncated = true;
+                    break;
+                }
+                use std::os::unix::fs::MetadataExt;
+                entries.push(FileEntry {
+                    path,
+                    size: meta.len(),
+                    mtime_ns: i128::from(meta.mtime()) * 1_000_000_000
+                        + i128::from(meta.mtime_nsec()),
+                });
+            }
+        }
+    }
+    entries.sort_by(|a, b| a.path.cmp(&b.path));
+    Reply::Files { entries, truncated }
+}
+
+/// Sends written bytes as [`Message::Chunk`] frames and enforces the size cap.
+struct ChunkWriter<'a> {
+    id: u64,
+    out: &'a Out,
+    buf: Vec<u8>,
+    total: u64,
+    max: u64,
+}
+
+impl ChunkWriter<'_> {
+    fn flush_chunk(&mut self) -> std::io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let msg = Message::Chunk {
+            id: self.id,
+            data: ByteBuf::from(std::mem::take(&mut self.buf)),
+        };
+        let frame = proto::encode(&msg).map_err(std::io::Error::other)?;
+        self.out
+            .blocking_send(frame)
+            .map_err(|_| std::io::Error::other("control plane gone"))
+    }
+}
+
+impl Write for ChunkWriter<'_> {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.total += data.len() as u64;
+        if self.total > self.max {
+            return Err(std::io::Error::other("snapshot too large"));
+        }
+        self.buf.extend_from_slice(data);
+        if self.buf.len() >= CHUNK {
+            self.flush_chunk()?;
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.flush_chunk()
+    }
+}
+
+fn snapshot(id: u64, max: u64, out: &Out) -> Result<Reply, AgentError> {
+    let mut w = ChunkWriter {
+        id,
+        out,
+        buf: Vec::with_capacity(CHUNK),
+        total: 0,
+        max,
+    };
+    let mut b = tar::Builder::new(&mut w);
+    b.follow_symlinks(false);
+    b.mode(tar::HeaderMode::Deterministic);
+    let r = b.append_dir_all(".", WORKSPACE).and_then(|()| b.finish());
+    drop(b);
+    if let Err(e) = r {
+        return Err(if w.total > w.max {
+            AgentError::TooLarge
+        } else {
+            failed(e)
+        });
+    }
+    w.flush().map_err(failed)?;
+    Ok(Reply::Snapshot { bytes: w.total })
+}
+
+/// Feeds restore chunks to an unpacking thread; answers when the last chunk is unpacked.
+async fn restore_chunk(
+    state: &mut State,
+    id: u64,
+    data: Vec<u8>,
+    last: bool,
+) -> Option<Result<Reply, AgentError>> {
+    if state.restore.as_ref().is_some_and(|r| r.id != id) {
+        return Some(Err(AgentError::Invalid(
+            "another restore is running".into(),
+        )));
+    }
+    if state.restore.is_none() {
+        let (feed, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(8);
+        let (done_tx, done) = tokio::sync::oneshot::channel();
+        std::thread::spawn(move || {
+            let reader = ChannelReader {
+                rx,
+                cur: Vec::new(),
+                pos: 0,
+            };
+            let mut archive = tar::Archive::new(reader);
+            archive.set_preserve_permissions(true);
+            archive.set_overwrite(true);
+            let r = archive.unpack(WORKSPACE).map_err(failed);
+            let _ = done_tx.send(r);
+        });
+        state.restore = Some(Restore { id, feed, done });
+    }
+    let job = state.restore.as_ref()?;
+    let feed = job.feed.clone();
+    let sent = tokio::task::spawn_blocking(move || feed.send(data).is_ok())
+        .await
+        .unwrap_or(false);
+    if !last && sent {
+        return None;
+    }
+    let job = state.restore.take()?;
+    drop(job.feed);
+    let r = job
+        .done
+        .await
+        .unwrap_or_else(|_| Err(failed("unpacking stopped")));
+    Some(r.map(|()| Reply::Done))
+}
+
+struct ChannelReader {
+    rx: std::sync::mpsc::Receiver<Vec<u8>>,
+    cur: Vec<u8>,
+    pos: usize,
+}
+
+impl Read for ChannelReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        while self.pos >= self.cur.len() {
+            match self.rx.recv() {
+                Ok(next) => {
+                    self.cur = next;
+                    self.pos = 0;
+                }
+                Err(_) => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.cur.len() - self.pos);
+        buf[..n].copy_from_slice(&self.cur[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}

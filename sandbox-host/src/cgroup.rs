@@ -1,0 +1,274 @@
+//! Memory, pids and CPU limits through cgroups: the v1 hierarchy (one mount per controller) or
+//! the unified v2 hierarchy, whichever holds the controllers on this host.
+
+use crate::Limits;
+use std::path::{Path, PathBuf};
+
+/// CFS period used for the CPU quota.
+const CPU_PERIOD_US: u64 = 100_000;
+/// Name of the directory under each controller that holds every sandbox's group.
+const PARENT: &str = "coderoom";
+
+/// Which cgroup layout this host offers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Layout {
+    /// Controllers mounted separately (`/sys/fs/cgroup/memory`, `.../pids`, `.../cpu`).
+    V1 {
+        /// The memory controller's mount.
+        memory: PathBuf,
+        /// The pids controller's mount.
+        pids: PathBuf,
+        /// The cpu controller's mount.
+        cpu: PathBuf,
+    },
+    /// The unified hierarchy with memory, pids and cpu available.
+    V2 {
+        /// The hierarchy's root.
+        root: PathBuf,
+    },
+}
+
+impl Layout {
+    /// Finds the controllers under `/sys/fs/cgroup`, or says why there are none.
+    pub fn detect() -> Result<Layout, String> {
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        Self::detect_in(Path::new("/sys/fs/cgroup"), &own)
+    }
+
+    /// `own` is this process's `/proc/self/cgroup`.
+    fn detect_in(base: &Path, own: &str) -> Result<Layout, String> {
+        // On v1 each sandbox's group nests under the server's own group of that controller,
+        // so whatever limits the server's service also bounds its sandboxes.
+        let v1 = |c: &str| {
+            let mine = own
+                .lines()
+                .filter_map(|l| {
+                    let mut parts = l.splitn(3, ':');
+                    let _id = parts.next()?;
+                    Some((parts.next()?, parts.next()?))
+                })
+                .find(|(ctrls, _)| ctrls.split(',').any(|x| x == c))
+                .map(|(_, path)| path.trim_start_matches('/').to_owned())
+                .unwrap_or_default();
+            base.join(c).join(mine)
+        };
+        if v1("memory").join("memory.limit_in_bytes").exists()
+            && v1("pids").join("cgroup.procs").exists()
+            && base.join("pids").join("cgroup.procs").exists()
+            && v1("cpu").join("cpu.cfs_quota_us").exists()
+        {
+            return Ok(Layout::V1 {
+                memory: v1("memory"),
+                pids: v1("pids"),
+                cpu: v1("cpu"),
+            });
+        }
+        let controllers = std::fs::read_to_string(base.join("cgroup.controllers"))
+            .map_err(|_| "no cgroup v1 controllers and no cgroup v2 hierarchy".to_owned())?;
+        let has = |c: &str| controllers.split_whitespace().any(|x| x == c);
+        if has("memory") && has("pids") && has("cpu") {
+            Ok(Layout::V2 {
+                root: base.to_owned(),
+            })
+        } else {
+            Err(format!(
+                "cgroup v2 lacks controllers (has: {})",
+                controllers.trim()
+            ))
+        }
+    }
+
+    /// Short name for receipts.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Layout::V1 { .. } => "cgroup-v1",
+            Layout::V2 { .. } => "cgroup-v2",
+        }
+    }
+}
+
+/// One sandbox's cgroup (a directory per controller on v1, one directory on v2).
+#[derive(Debug)]
+pub struct Cgroup {
+    layout: Layout,
+    dirs: Vec<PathBuf>,
+}
+
+/// What the kernel reported about limits being hit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pressure {
+    /// Processes killed by the OOM killer.
+    pub oom_kills: u64,
+    /// Forks refused by the pids limit.
+    pub pids_refused: u64,
+}
+
+fn write(path: &Path, value: &str) -> std::io::Result<()> {
+    std::fs::write(path, value)
+        .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))
+}
+
+fn counter(file: &Path, key: &str) -> u64 {
+    std::fs::read_to_string(file)
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                let (k, v) = l.split_once(' ')?;
+                (k == key).then(|| v.trim().parse().ok()).flatten()
+            })
+        })
+        .unwrap_or(0)
+}
+
+impl Cgroup {
+    /// Creates the group `name` with `limits` (replacing a leftover one of the same name).
+    pub fn create(layout: &Layout, name: &str, limits: &Limits) -> std::io::Result<Cgroup> {
+        let cpu_quota = (limits.cpu_millis.max(10) * CPU_PERIOD_US) / 1000;
+        let dirs = match layout {
+            Layout::V1 { memory, pids, cpu } => {
+                let d = |root: &Path| root.join(PARENT).join(name);
+                let (m, p, c) = (d(memory), d(pids), d(cpu));
+                for dir in [&m, &p, &c] {
+                    std::fs::create_dir_all(dir)?;
+                }
+                write(
+                    &m.join("memory.limit_in_bytes"),
+                    &limits.memory_bytes.to_string(),
+                )?;
+                // With swap accounting, swap counts too; without it the file is absent.
+                let memsw = m.join("memory.memsw.limit_in_bytes");
+                if memsw.exists() {
+                    write(&memsw, &limits.memory_bytes.to_string())?;
+                }
+                write(&p.join("pids.max"), &limits.pids.to_string())?;
+                write(&c.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
+                write(&c.join("cpu.cfs_quota_us"), &cpu_quota.to_string())?;
+                vec![m, p, c]
+            }
+            Layout::V2 { root } => {
+                let parent = root.join(PARENT);
+                std::fs::create_dir_all(&parent)?;
+                // Controllers must be enabled on every level above the group.
+                let _ = write(&root.join("cgroup.subtree_control"), "+memory +pids +cpu");
+                write(&parent.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
+                let g = parent.join(name);
+                std::fs::create_dir_all(&g)?;
+                write(&g.join("memory.max"), &limits.memory_bytes.to_string())?;
+                let swap = g.join("memory.swap.max");
+                if swap.exists() {
+                    write(&swap, "0")?;
+                }
+                write(&g.join("pids.max"), &limits.pids.to_string())?;
+                write(&g.join("cpu.max"), &format!("{cpu_quota} {CPU_PERIOD_US}"))?;
+                vec![g]
+            }
+        };
+        Ok(Cgroup {
+            layout: layout.clone(),
+            dirs,
+        })
+    }
+
+    /// The `cgroup.procs` files a new process writes `0` to, to join the group.
+    pub fn procs_files(&self) -> Vec<PathBuf> {
+        self.dirs.iter().map(|d| d.join("cgroup.procs")).collect()
+    }
+
+    /// Limits hit so far.
+    pub fn pressure(&self) -> Pressure {
+        match &self.layout {
+            Layout::V1 { .. } => Pressure {
+                oom_kills: counter(&self.dirs[0].join("memory.oom_control"), "oom_kill"),
+                pids_refused: counter(&self.dirs[1].join("pids.events"), "max"),
+            },
+            Layout::V2 { .. } => Pressure {
+                oom_kills: counter(&self.dirs[0].join("memory.events"), "oom_kill"),
+                pids_refused: counter(&self.dirs[0].join("pids.events"), "max"),
+            },
+        }
+    }
+
+    /// Current memory use in bytes.
+    pub fn memory_bytes(&self) -> u64 {
+        let file = match &self.layout {
+            Layout::V1 { .. } => self.dirs[0].join("memory.usage_in_bytes"),
+            Layout::V2 { .. } => self.dirs[0].join("memory.current"),
+        };
+        std::fs::read_to_string(file)
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Kills whatever is left in the group and removes it.
+    pub fn remove(&self) {
+        for _ in 0..50 {
+            let mut left = false;
+            for dir in &self.dirs {
+                if let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+                    for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                        left = true;
+                        if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+                            let _ =
+                                rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                        }
+                    }
+                }
+            }
+            if !left {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        for dir in &self.dirs {
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layouts_are_told_apart() {
+        let v1 = tempfile::tempdir().unwrap();
+        for (c, f) in [
+            ("memory", "memory.limit_in_bytes"),
+            ("pids", "cgroup.procs"),
+            ("cpu", "cpu.cfs_quota_us"),
+        ] {
+            std::fs::create_dir_all(v1.path().join(c)).unwrap();
+            std::fs::write(v1.path().join(c).join(f), "max").unwrap();
+        }
+        assert!(matches!(
+            Layout::detect_in(v1.path(), "4:memory:/\n"),
+            Ok(Layout::V1 { .. })
+        ));
+
+        let v2 = tempfile::tempdir().unwrap();
+        std::fs::write(
+            v2.path().join("cgroup.controllers"),
+            "cpuset cpu io memory pids\n",
+        )
+        .unwrap();
+        assert!(matches!(
+            Layout::detect_in(v2.path(), "0::/\n"),
+            Ok(Layout::V2 { .. })
+        ));
+
+        let poor = tempfile::tempdir().unwrap();
+        std::fs::write(poor.path().join("cgroup.controllers"), "hugetlb\n").unwrap();
+        let err = Layout::detect_in(poor.path(), "").unwrap_err();
+        assert!(err.contains("hugetlb"), "{err}");
+    }
+
+    #[test]
+    fn counters_are_read_by_key() {
+        let d = tempfile::tempdir().unwrap();
+        let f = d.path().join("memory.oom_control");
+        std::fs::write(&f, "oom_kill_disable 0\nunder_oom 0\noom_kill 3\n").unwrap();
+        assert_eq!(counter(&f, "oom_kill"), 3);
+        assert_eq!(counter(&f, "missing"), 0);
+    }
+}

@@ -1,0 +1,438 @@
+//! The control plane's handle on one running sandbox: it speaks to the guest agent over the
+//! framed stream, pairs replies with requests, and reports output and the sandbox's end as
+//! [`Event`]s. The agent is untrusted: a malformed or oversized frame ends the sandbox.
+
+use crate::cgroup::Pressure;
+use crate::proto::{self, AgentError, Message, Op, Reply, Request, CHUNK, PROTOCOL_VERSION};
+use serde_bytes::ByteBuf;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{mpsc, oneshot, watch};
+
+/// Requests queued for the agent before callers wait.
+const REQUEST_QUEUE: usize = 256;
+/// Events queued for the control plane before reading from the agent pauses (which in turn
+/// pauses the agent's PTY reader: terminal flow control).
+const EVENT_QUEUE: usize = 64;
+/// Snapshot chunks queued between the agent and the file they are written to.
+const MAX_PENDING_CHUNKS: usize = 64;
+
+/// Something the sandbox reports without being asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event {
+    /// Terminal output.
+    PtyOutput(Vec<u8>),
+    /// The terminal's program ended.
+    PtyExit {
+        /// Its exit code, if it exited normally.
+        code: Option<i32>,
+    },
+}
+
+/// How a sandbox ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ended {
+    /// The control plane stopped it.
+    Stopped,
+    /// The agent (PID 1) exited or was killed; `reason` says what the host observed.
+    Died {
+        /// Human-readable cause: OOM, pids limit, exit status.
+        reason: String,
+    },
+    /// The agent broke the protocol; the sandbox was killed.
+    ProtocolViolation(String),
+}
+
+/// Why a call failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CallError {
+    /// The agent refused or failed the operation.
+    #[error(transparent)]
+    Agent(#[from] AgentError),
+    /// The sandbox is gone.
+    #[error("the sandbox is not running")]
+    Gone,
+    /// No answer in time.
+    #[error("the sandbox did not answer in time")]
+    Timeout,
+    /// The answer had the wrong shape (the sandbox is then killed).
+    #[error("the sandbox answered out of protocol")]
+    Protocol,
+}
+
+struct Pending {
+    reply: oneshot::Sender<Result<Reply, AgentError>>,
+    chunks: Option<mpsc::Sender<Vec<u8>>>,
+}
+
+struct Inner {
+    requests: mpsc::Sender<Vec<u8>>,
+    pending: Mutex<HashMap<u64, Pending>>,
+    next_id: AtomicU64,
+    ended: watch::Receiver<Option<Ended>>,
+    kill: watch::Sender<bool>,
+    pressure: Mutex<Option<PressureFn>>,
+    /// Set when the agent's stream has ended: no reply will ever come.
+    closed: std::sync::atomic::AtomicBool,
+}
+
+type PressureFn = Box<dyn Fn() -> Pressure + Send + Sync>;
+
+/// A running sandbox. Cheap to clone; every clone drives the same agent.
+#[derive(Clone)]
+pub struct Sandbox {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Sandbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sandbox").finish_non_exhaustive()
+    }
+}
+
+/// The other half of a connection, for the backend: it must call `ended` with what it observed
+/// when the sandbox's process ends, and may watch `killed` to kill it on request.
+pub(crate) struct Control {
+    pub(crate) ended: watch::Sender<Option<Ended>>,
+    pub(crate) killed: watch::Receiver<bool>,
+}
+
+impl Sandbox {
+    /// Wires a handle to an agent stream. Returns the handle, its events, and the backend's
+    /// control half.
+    pub(crate) fn connect<S>(stream: S) -> (Sandbox, mpsc::Receiver<Event>, Control)
+    where
+        S: AsyncRead + AsyncWrite + Send + 'static,
+    {
+        let (rd, mut wr) = tokio::io::split(stream);
+        let (requests, mut req_rx) = mpsc::channel::<Vec<u8>>(REQUEST_QUEUE);
+        let (events_tx, events) = mpsc::channel(EVENT_QUEUE);
+        let (ended_tx, ended) = watch::channel(None);
+        let (kill, killed) = watch::channel(false);
+        let inner = Arc::new(Inner {
+            requests,
+            pending: Mutex::default(),
+            next_id: AtomicU64::new(1),
+            ended,
+            kill,
+            pressure: Mutex::default(),
+            closed: Default::default(),
+        });
+        tokio::spawn(async move {
+            while let Some(frame) = req_rx.recv().await {
+                if wr.write_all(&frame).await.is_err() {
+                    break;
+                }
+            }
+            let _ = wr.shutdown().await;
+        });
+        let weak = Arc::downgrade(&inner);
+        tokio::spawn(async move {
+            let err = read_loop(rd, &weak, events_tx).await;
+            if let Some(inner) = weak.upgrade() {
+                inner.closed.store(true, Ordering::SeqCst);
+                inner
+                    .pending
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .clear();
+                if let Some(violation) = err {
+                    tracing::warn!(%violation, "sandbox agent broke the protocol; killing it");
+                    let _ = inner.kill.send(true);
+                }
+            }
+        });
+        (
+            Sandbox { inner },
+            events,
+            Control {
+                ended: ended_tx,
+                killed,
+            },
+        )
+    }
+
+    /// Waits for the agent's hello; the sandbox is ready only once it answers.
+    pub async fn ready(&self, within: Duration) -> Result<u32, CallError> {
+        match self.call(Op::Hello, within).await? {
+            Reply::Hello { version, pid } if version == PROTOCOL_VERSION => Ok(pid),
+            _ => {
+                self.kill();
+                Err(CallError::Protocol)
+            }
+        }
+    }
+
+    /// Sends `op` and waits up to `within` for its reply.
+    pub async fn call(&self, op: Op, within: Duration) -> Result<Reply, CallError> {
+        self.call_with_chunks(op, within, None).await
+    }
+
+    async fn call_with_chunks(
+        &self,
+        op: Op,
+        within: Duration,
+        chunks: Option<mpsc::Sender<Vec<u8>>>,
+    ) -> Result<Reply, CallError> {
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let frame = proto::encode(&Request { id, op })
+            .map_err(|_| CallError::Agent(AgentError::TooLarge))?;
+        let (tx, rx) = oneshot::channel();
+        self.inner
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, Pending { reply: tx, chunks });
+        if self.inner.closed.load(Ordering::SeqCst) {
+            self.forget(id);
+            return Err(CallError::Gone);
+        }
+        let result = tokio::time::timeout(within, async {
+            self.inner
+                .requests
+                .send(frame)
+                .await
+                .map_err(|_| CallError::Gone)?;
+            rx.await.map_err(|_| CallError::Gone)
+        })
+        .await;
+        self.inner
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
+        match result {
+            Ok(Ok(r)) => r.map_err(CallError::Agent),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(CallError::Timeout),
+        }
+    }
+
+    fn forget(&self, id: u64) {
+        self.inner
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
+    }
+
+    /// Sends an operation that gets no reply (terminal input, resize).
+    pub async fn send(&self, op: Op) -> Result<(), CallError> {
+        let frame = proto::encode(&Request { id: 0, op })
+            .map_err(|_| CallError::Agent(AgentError::TooLarge))?;
+        self.inner
+            .requests
+            .send(frame)
+            .await
+            .map_err(|_| CallError::Gone)
+    }
+
+    /// Streams a tar archive of the workspace into `sink`; fails past `max_bytes`.
+    pub async fn snapshot<W: AsyncWrite + Unpin>(
+        &self,
+        sink: &mut W,
+        max_bytes: u64,
+        within: Duration,
+    ) -> Result<u64, CallError> {
+        let (tx, mut rx) = mpsc::channel::<Vec<u8>>(MAX_PENDING_CHUNKS);
+        let call = self.call_with_chunks(Op::Snapshot { max_bytes }, within, Some(tx));
+        tokio::pin!(call);
+        let mut written = 0u64;
+        let mut write_failed = false;
+        let reply = loop {
+            tokio::select! {
+                r = &mut call => break r,
+                Some(chunk) = rx.recv() => {
+                    written += chunk.len() as u64;
+                    if written > max_bytes || sink.write_all(&chunk).await.is_err() {
+                        write_failed = true;
+                    }
+                }
+            }
+        };
+        // Chunks sent before the reply are already queued here.
+        while let Ok(chunk) = rx.try_recv() {
+            written += chunk.len() as u64;
+            if written > max_bytes || sink.write_all(&chunk).await.is_err() {
+                write_failed = true;
+            }
+        }
+        match reply? {
+            Reply::Snapshot { bytes } if bytes == written && !write_failed => Ok(written),
+            Reply::Snapshot { .. } if write_failed => Err(CallError::Agent(AgentError::Failed(
+                "cannot store the snapshot".into(),
+            ))),
+            _ => Err(CallError::Protocol),
+        }
+    }
+
+    /// Unpacks a tar archive read from `source` into the workspace.
+    pub async fn restore<R: AsyncRead + Unpin>(
+        &self,
+        source: &mut R,
+        within: Duration,
+    ) -> Result<(), CallError> {
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.inner
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(
+                id,
+                Pending {
+                    reply: tx,
+                    chunks: None,
+                },
+            );
+        if self.inner.closed.load(Ordering::SeqCst) {
+            self.forget(id);
+            return Err(CallError::Gone);
+        }
+        let work = async {
+            let mut buf = vec![0u8; CHUNK];
+            loop {
+                let mut filled = 0;
+                while filled < buf.len() {
+                    let n = source.read(&mut buf[filled..]).await.map_err(|_| {
+                        CallError::Agent(AgentError::Failed("cannot read the snapshot".into()))
+                    })?;
+                    if n == 0 {
+                        break;
+                    }
+                    filled += n;
+                }
+                let last = filled < buf.len();
+                let op = Op::Restore {
+                    data: ByteBuf::from(buf[..filled].to_vec()),
+                    last,
+                };
+                let frame = proto::encode(&Request { id, op }).map_err(|_| CallError::Protocol)?;
+                self.inner
+                    .requests
+                    .send(frame)
+                    .await
+                    .map_err(|_| CallError::Gone)?;
+                if last {
+                    break;
+                }
+            }
+            rx.await.map_err(|_| CallError::Gone)
+        };
+        let result = tokio::time::timeout(within, work).await;
+        self.inner
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
+        match result {
+            Ok(Ok(Ok(Reply::Done))) => Ok(()),
+            Ok(Ok(Ok(_))) => Err(CallError::Protocol),
+            Ok(Ok(Err(e))) => Err(CallError::Agent(e)),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(CallError::Timeout),
+        }
+    }
+
+    pub(crate) fn set_pressure(&self, f: PressureFn) {
+        *self
+            .inner
+            .pressure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(f);
+    }
+
+    /// Limits hit so far (zero when the backend cannot tell).
+    pub fn pressure(&self) -> Pressure {
+        self.inner
+            .pressure
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .map(|f| f())
+            .unwrap_or_default()
+    }
+
+    /// Asks the backend to kill the sandbox now.
+    pub fn kill(&self) {
+        let _ = self.inner.kill.send(true);
+    }
+
+    /// Waits until the sandbox has ended and says how.
+    pub async fn ended(&self) -> Ended {
+        let mut rx = self.inner.ended.clone();
+        loop {
+            if let Some(e) = rx.borrow_and_update().clone() {
+                return e;
+            }
+            if rx.changed().await.is_err() {
+                return Ended::Died {
+                    reason: "the sandbox supervisor went away".into(),
+                };
+            }
+        }
+    }
+
+    /// Whether it has ended.
+    pub fn has_ended(&self) -> bool {
+        self.inner.ended.borrow().is_some()
+    }
+}
+
+/// Reads agent messages until the stream ends; returns a description of a protocol violation.
+async fn read_loop<R: AsyncRead + Unpin>(
+    mut rd: R,
+    inner: &std::sync::Weak<Inner>,
+    events: mpsc::Sender<Event>,
+) -> Option<String> {
+    let mut buf = Vec::new();
+    loop {
+        let msg: Message = match proto::read_frame(&mut rd, &mut buf).await {
+            Ok(Some(m)) => m,
+            Ok(None) => return None,
+            Err(proto::FrameError::Io(_)) => return None,
+            Err(e) => return Some(e.to_string()),
+        };
+        match msg {
+            Message::PtyOutput(data) => {
+                if events
+                    .send(Event::PtyOutput(data.into_vec()))
+                    .await
+                    .is_err()
+                {
+                    // Nobody listens for output any more; keep serving replies.
+                }
+            }
+            Message::PtyExit { code } => {
+                let _ = events.send(Event::PtyExit { code }).await;
+            }
+            Message::Reply { id, result } => {
+                let inner = inner.upgrade()?;
+                let p = inner
+                    .pending
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&id);
+                if let Some(p) = p {
+                    let _ = p.reply.send(result);
+                }
+            }
+            Message::Chunk { id, data } => {
+                let inner = inner.upgrade()?;
+                let sink = inner
+                    .pending
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .get(&id)
+                    .and_then(|p| p.chunks.clone());
+                // Chunks of a request that timed out are dropped, not treated as hostile.
+                if let Some(sink) = sink {
+                    let _ = sink.send(data.into_vec()).await;
+                }
+            }
+        }
+    }
+}

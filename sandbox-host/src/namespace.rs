@@ -1,0 +1,487 @@
+//! The namespace tier: bubblewrap (`bwrap`, Debian's package) builds the user, mount, pid, net,
+//! ipc, uts and cgroup namespaces, the read-only base, the workspace and the seccomp filter;
+//! this module adds cgroup limits, rlimits, an unprivileged host uid, and the agent's stream.
+//!
+//! Why bubblewrap: it is small, setuid-free here, audited, packaged by Debian and used by
+//! Flatpak for exactly this job; hand-written namespace code would re-derive its ordering rules
+//! (mount propagation, `/proc` after the pid namespace, no_new_privs before seccomp).
+
+use crate::cgroup::{Cgroup, Layout};
+use crate::handle::{Ended, Event, Sandbox};
+use crate::{Limits, Receipt, StartError};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::AsyncReadExt;
+use tokio::sync::mpsc;
+
+/// Host uid/gid sandboxes run as when the server runs as root (`nobody`): root outside must
+/// never be what a sandbox's user maps to.
+const UNPRIVILEGED: u32 = 65534;
+/// The sandbox user's uid and gid inside.
+const INSIDE_ID: u32 = 1000;
+/// Private `/tmp` size.
+const TMP_BYTES: u64 = 64 << 20;
+/// Open files per process.
+const NOFILE: u64 = 4096;
+/// Where the agent binary appears inside.
+const AGENT_PATH: &str = "/.coderoom/agent";
+/// Time the agent gets to answer its first hello.
+const READY_WITHIN: Duration = Duration::from_secs(20);
+/// bwrap diagnostics kept for the error message.
+const STDERR_KEEP: usize = 4096;
+/// Host directories mirrored read-only when no rootfs is given.
+const BASE_DIRS: [&str; 7] = [
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+];
+/// The `/etc` essentials: dynamic linking, certificates, time zone, shell setup, alternatives.
+/// Never passwd/shadow/group: the sandbox gets its own.
+const ETC_FILES: [&str; 12] = [
+    "/etc/alternatives",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/ssl",
+    "/etc/ca-certificates",
+    "/etc/localtime",
+    "/etc/nsswitch.conf",
+    "/etc/bash.bashrc",
+    "/etc/profile",
+    "/etc/inputrc",
+    "/etc/terminfo",
+];
+
+/// How to start the agent inside: a binary and the arguments before `--fd N`.
+#[derive(Debug, Clone)]
+pub struct AgentCommand {
+    /// The executable on the host (bound read-only into the sandbox).
+    pub exe: PathBuf,
+    /// Arguments before `--fd N` (e.g. `["agent"]` when the server binary is the agent).
+    pub args: Vec<String>,
+}
+
+/// The namespace backend.
+#[derive(Debug)]
+pub struct Namespace {
+    bwrap: PathBuf,
+    bwrap_version: String,
+    agent: AgentCommand,
+    rootfs: Option<PathBuf>,
+    cgroups: Result<Layout, String>,
+    run_as: Option<u32>,
+    filter: Vec<u8>,
+}
+
+fn find_in_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+impl Namespace {
+    /// Prepares the backend: finds `bwrap`, compiles the seccomp filter, detects cgroups.
+    pub fn new(agent: AgentCommand, rootfs: Option<PathBuf>) -> Result<Namespace, StartError> {
+        let bwrap = find_in_path("bwrap")
+            .ok_or_else(|| StartError::Unavailable("bubblewrap (bwrap) is not installed".into()))?;
+        let out = std::process::Command::new(&bwrap)
+            .arg("--version")
+            .output()
+            .map_err(|e| StartError::Unavailable(format!("cannot run bwrap: {e}")))?;
+        let bwrap_version = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        if let Some(root) = &rootfs {
+            if !root.join("usr").is_dir() {
+                return Err(StartError::Unavailable(format!(
+                    "{} does not look like a root filesystem (no usr/)",
+                    root.display()
+                )));
+            }
+        }
+        let filter = crate::seccomp::compile()
+            .map(|p| crate::seccomp::to_bytes(&p))
+            .map_err(|e| StartError::Unavailable(e.to_string()))?;
+        let root = rustix::process::geteuid().is_root();
+        Ok(Namespace {
+            bwrap,
+            bwrap_version,
+            agent,
+            rootfs,
+            cgroups: if root {
+                Layout::detect()
+            } else {
+                Err("the server is not root, so it cannot create cgroups".into())
+            },
+            run_as: root.then_some(UNPRIVILEGED),
+            filter,
+        })
+    }
+
+    /// Where limits are enforced: the cgroup layout, or why cgroups are unavailable.
+    pub fn cgroups(&self) -> Result<&Layout, &str> {
+        self.cgroups.as_ref().map_err(String::as_str)
+    }
+
+    /// Starts a sandbox named `name` (a room id: letters and digits) and waits until its agent
+    /// answers.
+    pub async fn start(
+        &self,
+        name: &str,
+        limits: &Limits,
+    ) -> Result<(Sandbox, mpsc::Receiver<Event>, Receipt), StartError> {
+        if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric()) {
+            return Err(StartError::Invalid(
+                "sandbox names are 1 to 64 letters or digits",
+            ));
+        }
+        let cgroup = match &self.cgroups {
+            Ok(layout) => Some(Arc::new(
+                Cgroup::create(layout, name, limits).map_err(StartError::Host)?,
+            )),
+            Err(_) => None,
+        };
+        let procs: Vec<std::fs::File> = match &cgroup {
+            Some(cg) => cg
+                .procs_files()
+                .iter()
+                .map(|p| std::fs::OpenOptions::new().write(true).open(p))
+                .collect::<Result<_, _>>()
+                .map_err(StartError::Host)?,
+            None => Vec::new(),
+        };
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(StartError::Host)?;
+        let seccomp = memfd("coderoom-seccomp", &self.filter)?;
+        let passwd = memfd(
+            "coderoom-passwd",
+            format!("root:x:0:0:root:/root:/bin/sh\ncoder:x:{INSIDE_ID}:{INSIDE_ID}:coder:/workspace:/bin/bash\nnobody:x:65534:65534:nobody:/:/usr/sbin/nologin\n").as_bytes(),
+        )?;
+        let group = memfd(
+            "coderoom-group",
+            format!("root:x:0:\ncoder:x:{INSIDE_ID}:\nnogroup:x:65534:\n").as_bytes(),
+        )?;
+        let theirs: OwnedFd = theirs.into();
+        let inherit = [
+            theirs.as_raw_fd(),
+            seccomp.as_raw_fd(),
+            passwd.as_raw_fd(),
+            group.as_raw_fd(),
+        ];
+
+        let (args, mounts) = self.bwrap_args(limits, &inherit);
+        let mut cmd = std::process::Command::new(&self.bwrap);
+        cmd.args(&args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .env_clear();
+        let hooks = ChildHooks {
+            procs: procs.iter().map(|f| f.as_raw_fd()).collect(),
+            inherit: inherit.to_vec(),
+            run_as: self.run_as,
+            fsize: limits.workspace_bytes,
+            nproc: cgroup.is_none().then_some(limits.pids),
+        };
+        // SAFETY: `ChildHooks::run` only makes async-signal-safe system calls (write, fcntl,
+        // setrlimit, setgroups, setresgid, setresuid) on values prepared before the fork.
+        unsafe {
+            cmd.pre_exec(move || hooks.run());
+        }
+        let mut child = tokio::process::Command::from(cmd)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(StartError::Host)?;
+        drop((theirs, seccomp, passwd, group, procs));
+        let mut stderr = child.stderr.take();
+
+        ours.set_nonblocking(true).map_err(StartError::Host)?;
+        let stream = tokio::net::UnixStream::from_std(ours).map_err(StartError::Host)?;
+        let (sandbox, events, control) = Sandbox::connect(stream);
+        if let Some(cg) = &cgroup {
+            let cg = cg.clone();
+            sandbox.set_pressure(Box::new(move || cg.pressure()));
+        }
+        let reaper_cgroup = cgroup.clone();
+        let mut killed = control.killed;
+        let ended = control.ended;
+        let diag = Arc::new(std::sync::Mutex::new(String::new()));
+        let diag_w = diag.clone();
+        tokio::spawn(async move {
+            if let Some(mut s) = stderr.take() {
+                let mut kept = Vec::new();
+                let mut buf = [0u8; 1024];
+                // Drain to the end so bwrap never blocks on a full pipe; keep the start.
+                while let Ok(n) = s.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    let room = STDERR_KEEP.saturating_sub(kept.len());
+                    kept.extend_from_slice(&buf[..n.min(room)]);
+                }
+                *diag_w.lock().unwrap_or_else(|e| e.into_inner()) =
+                    String::from_utf8_lossy(&kept).trim().to_owned();
+            }
+        });
+        tokio::spawn(async move {
+            let mut stopped = false;
+            let status = tokio::select! {
+                s = child.wait() => s.ok(),
+                _ = async { let _ = killed.wait_for(|k| *k).await; } => {
+                    stopped = true;
+                    None
+                }
+            };
+            let status = if stopped {
+                let _ = child.start_kill();
+                child.wait().await.ok()
+            } else {
+                status
+            };
+            let pressure = reaper_cgroup
+                .as_ref()
+                .map(|c| c.pressure())
+                .unwrap_or_default();
+            if let Some(cg) = reaper_cgroup {
+                let _ = tokio::task::spawn_blocking(move || cg.remove()).await;
+            }
+            let outcome = if stopped {
+                Ended::Stopped
+            } else {
+                let how = match status {
+                    Some(s) => describe(s),
+                    None => "unknown status".into(),
+                };
+                let mut reason = format!("the agent ended: {how}");
+                if pressure.oom_kills > 0 {
+                    reason.push_str(&format!(
+                        "; the out-of-memory killer had killed {} process(es) in this sandbox",
+                        pressure.oom_kills
+                    ));
+                }
+                if pressure.pids_refused > 0 {
+                    reason.push_str(&format!(
+                        "; {} fork(s) had been refused at the process limit",
+                        pressure.pids_refused
+                    ));
+                }
+                Ended::Died { reason }
+            };
+            let _ = ended.send(Some(outcome));
+        });
+
+        match sandbox.ready(READY_WITHIN).await {
+            Ok(_) => {}
+            Err(e) => {
+                sandbox.kill();
+                let _ = sandbox.ended().await;
+                let why = diag.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                return Err(StartError::NotReady(if why.is_empty() {
+                    e.to_string()
+                } else {
+                    format!("{e}: {why}")
+                }));
+            }
+        }
+        let receipt = Receipt {
+            tier: "namespace".into(),
+            implementation: format!("{}, coderoom-agent {}", self.bwrap_version, crate::VERSION),
+            mounts,
+            limits: limits.clone(),
+            network: "none: private network namespace with loopback only".into(),
+            seccomp: format!(
+                "deny-list of {} syscalls (EPERM), x32 ABI refused, other ABIs killed",
+                crate::seccomp::denied().len()
+            ),
+            cgroups: match &self.cgroups {
+                Ok(l) => l.name().to_owned(),
+                Err(why) => format!("unavailable: {why}"),
+            },
+            host_uid: self
+                .run_as
+                .unwrap_or_else(|| rustix::process::geteuid().as_raw()),
+        };
+        Ok((sandbox, events, receipt))
+    }
+
+    fn bwrap_args(&self, limits: &Limits, inherit: &[RawFd; 4]) -> (Vec<String>, Vec<String>) {
+        let [agent_fd, seccomp_fd, passwd_fd, group_fd] = *inherit;
+        let mut a: Vec<String> = Vec::new();
+        let mut mounts = Vec::new();
+        let push = |a: &mut Vec<String>, parts: &[&str]| {
+            a.extend(parts.iter().map(|s| (*s).to_owned()));
+        };
+        push(
+            &mut a,
+            &[
+                "--unshare-all",
+                "--unshare-user",
+                "--disable-userns",
+                "--as-pid-1",
+                "--new-session",
+            ],
+        );
+        let (uid, gid) = (INSIDE_ID.to_string(), INSIDE_ID.to_string());
+        push(
+            &mut a,
+            &["--uid", &uid, "--gid", &gid, "--hostname", "coderoom"],
+        );
+        match &self.rootfs {
+            Some(root) => {
+                if let Ok(rd) = std::fs::read_dir(root) {
+                    for entry in rd.flatten() {
+                        let name = entry.file_name().to_string_lossy().into_owned();
+                        if ["proc", "dev", "sys", "tmp", "workspace", "run", ".coderoom"]
+                            .contains(&name.as_str())
+                        {
+                            continue;
+                        }
+                        let src = entry.path();
+                        let dst = format!("/{name}");
+                        if let Ok(target) = std::fs::read_link(&src) {
+                            push(&mut a, &["--symlink", &target.to_string_lossy(), &dst]);
+                        } else {
+                            push(&mut a, &["--ro-bind", &src.to_string_lossy(), &dst]);
+                        }
+                        mounts.push(format!("{dst} (read-only, from {})", src.display()));
+                    }
+                }
+            }
+            None => {
+                for dir in BASE_DIRS {
+                    let p = Path::new(dir);
+                    if let Ok(target) = std::fs::read_link(p) {
+                        push(&mut a, &["--symlink", &target.to_string_lossy(), dir]);
+                    } else if p.is_dir() {
+                        push(&mut a, &["--ro-bind", dir, dir]);
+                        mounts.push(format!("{dir} (read-only, host)"));
+                    }
+                }
+                for f in ETC_FILES {
+                    if Path::new(f).exists() {
+                        push(&mut a, &["--ro-bind", f, f]);
+                        mounts.push(format!("{f} (read-only, host)"));
+                    }
+                }
+            }
+        }
+        push(
+            &mut a,
+            &["--ro-bind-data", &passwd_fd.to_string(), "/etc/passwd"],
+        );
+        push(
+            &mut a,
+            &["--ro-bind-data", &group_fd.to_string(), "/etc/group"],
+        );
+        push(&mut a, &["--proc", "/proc", "--dev", "/dev"]);
+        push(
+            &mut a,
+            &["--size", &TMP_BYTES.to_string(), "--tmpfs", "/tmp"],
+        );
+        push(
+            &mut a,
+            &[
+                "--size",
+                &limits.workspace_bytes.to_string(),
+                "--tmpfs",
+                "/workspace",
+            ],
+        );
+        push(
+            &mut a,
+            &["--ro-bind", &self.agent.exe.to_string_lossy(), AGENT_PATH],
+        );
+        push(&mut a, &["--remount-ro", "/"]);
+        mounts.push("/etc/passwd, /etc/group (generated)".into());
+        mounts.push("/proc (private pid namespace), /dev (minimal)".into());
+        mounts.push(format!("/tmp (private tmpfs, {TMP_BYTES} bytes)"));
+        mounts.push(format!(
+            "/workspace (tmpfs, {} bytes)",
+            limits.workspace_bytes
+        ));
+        mounts.push(format!("{AGENT_PATH} (read-only)"));
+        push(&mut a, &["--seccomp", &seccomp_fd.to_string()]);
+        push(&mut a, &["--chdir", "/workspace", "--"]);
+        a.push(AGENT_PATH.to_owned());
+        a.extend(self.agent.args.iter().cloned());
+        push(&mut a, &["--fd", &agent_fd.to_string()]);
+        (a, mounts)
+    }
+}
+
+fn describe(s: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (s.code(), s.signal()) {
+        (Some(c), _) if c > 128 => format!("killed by signal {}", c - 128),
+        (Some(c), _) => format!("exit status {c}"),
+        (None, Some(sig)) => format!("killed by signal {sig}"),
+        (None, None) => "unknown status".into(),
+    }
+}
+
+/// A sealed in-memory file holding `data`, readable from offset 0.
+fn memfd(name: &str, data: &[u8]) -> Result<OwnedFd, StartError> {
+    use std::io::{Seek, Write};
+    let fd = rustix::fs::memfd_create(name, rustix::fs::MemfdFlags::CLOEXEC)
+        .map_err(|e| StartError::Host(e.into()))?;
+    let mut f = std::fs::File::from(fd);
+    f.write_all(data).map_err(StartError::Host)?;
+    f.rewind().map_err(StartError::Host)?;
+    Ok(f.into())
+}
+
+/// What the forked child does before exec'ing bwrap. Holds only plain values.
+struct ChildHooks {
+    procs: Vec<RawFd>,
+    inherit: Vec<RawFd>,
+    run_as: Option<u32>,
+    fsize: u64,
+    nproc: Option<u64>,
+}
+
+impl ChildHooks {
+    fn run(&self) -> std::io::Result<()> {
+        let check = |r: libc::c_int| {
+            if r < 0 {
+                Err(std::io::Error::last_os_error())
+            } else {
+                Ok(())
+            }
+        };
+        for &fd in &self.procs {
+            // SAFETY: `fd` is an open cgroup.procs file; writing "0" moves this process.
+            let n = unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) };
+            if n != 1 {
+                return Err(std::io::Error::last_os_error());
+            }
+        }
+        let limits = [
+            (libc::RLIMIT_NOFILE, Some(NOFILE)),
+            (libc::RLIMIT_CORE, Some(0)),
+            (libc::RLIMIT_FSIZE, Some(self.fsize)),
+            (libc::RLIMIT_NPROC, self.nproc),
+        ];
+        for (res, v) in limits {
+            let Some(v) = v else { continue };
+            let lim = libc::rlimit {
+                rlim_cur: v,
+                rlim_max: v,
+            };
+            // SAFETY: a valid rlimit struct for a known resource.
+            check(unsafe { libc::setrlimit(res, &lim) })?;
+        }
+        if let Some(id) = self.run_as {
+            // SAFETY: plain credential calls with constant arguments; order: groups, gid, uid.
+            unsafe {
+                check(libc::setgroups(0, std::ptr::null()))?;
+                check(libc::setresgid(id, id, id))?;
+                check(libc::setresuid(id, id, id))?;
+            }
+        }
+        for &fd in &self.inherit {
+            // SAFETY: clears FD_CLOEXEC on a descriptor this child owns, so bwrap inherits it.
+            check(unsafe { libc::fcntl(fd, libc::F_SETFD, 0) })?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,303 @@
+//! The wire protocol between the control plane and the guest agent: one byte stream (a unix
+//! socket pair in the namespace tier, vsock or virtio-serial in the microVM tier), carrying
+//! frames of a 4-byte big-endian length followed by a postcard-encoded message.
+//!
+//! Both ends treat the other as untrusted: a frame longer than [`MAX_FRAME`] or one that does
+//! not decode ends the connection.
+
+use serde::{Deserialize, Serialize};
+use serde_bytes::ByteBuf;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// Protocol version the agent announces in [`Reply::Hello`]; the server refuses any other.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Largest frame body either side accepts. Bulk data (terminal output, snapshots, file
+/// contents) travels in chunks of at most [`CHUNK`] bytes, so this leaves room for headers.
+pub const MAX_FRAME: usize = 1 << 20;
+
+/// Largest payload chunk of bulk data in one frame.
+pub const CHUNK: usize = 256 << 10;
+
+/// A request from the control plane. `id` pairs it with its [`Reply`]; requests that get no
+/// reply (terminal input and resize) use id 0.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Request {
+    /// Correlates the reply.
+    pub id: u64,
+    /// What to do.
+    pub op: Op,
+}
+
+/// The typed operations the agent performs. Paths are relative to `/workspace` and checked by
+/// [`crate::path::WorkspacePath`] on both sides.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub enum Op {
+    /// Liveness and version check; the sandbox is ready once this is answered.
+    Hello,
+    /// Run a command to completion, capturing output.
+    Exec {
+        /// Program and arguments (`argv[0]` is looked up in `PATH`).
+        argv: Vec<String>,
+        /// Working directory relative to `/workspace` (empty for the workspace itself).
+        cwd: String,
+        /// The process group is killed after this long.
+        timeout_ms: u64,
+        /// Bytes of stdout and of stderr kept each; the rest is discarded.
+        max_output: u32,
+    },
+    /// Open the room's PTY running `argv` (replaces none: fails if one is open).
+    PtyOpen {
+        /// The shell to run.
+        argv: Vec<String>,
+        /// Columns.
+        cols: u16,
+        /// Rows.
+        rows: u16,
+    },
+    /// Bytes typed into the PTY (no reply).
+    PtyInput(ByteBuf),
+    /// New PTY size (no reply).
+    PtyResize {
+        /// Columns.
+        cols: u16,
+        /// Rows.
+        rows: u16,
+    },
+    /// Read a file of at most `max_bytes`.
+    ReadFile {
+        /// Workspace-relative path.
+        path: String,
+        /// Larger files are refused with [`AgentError::TooLarge`].
+        max_bytes: u64,
+    },
+    /// Create or replace a file (parents are created).
+    WriteFile {
+        /// Workspace-relative path.
+        path: String,
+        /// New content.
+        data: ByteBuf,
+    },
+    /// Remove a file or an empty directory.
+    RemoveFile {
+        /// Workspace-relative path.
+        path: String,
+    },
+    /// List regular files under the workspace with their size and modification time.
+    ListFiles {
+        /// At most this many entries are returned; `truncated` says when more exist.
+        max_entries: u32,
+    },
+    /// Archive the workspace as a tar stream, sent as [`Message::Chunk`] frames with this
+    /// request's id, then the reply. Fails when the archive would exceed `max_bytes`.
+    Snapshot {
+        /// Cap on the archive size.
+        max_bytes: u64,
+    },
+    /// One chunk of a tar archive to unpack into the workspace; `last` unpacks and replies.
+    Restore {
+        /// Archive bytes.
+        data: ByteBuf,
+        /// The final chunk.
+        last: bool,
+    },
+}
+
+/// A message from the agent.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub enum Message {
+    /// The outcome of request `id`.
+    Reply {
+        /// The request's id.
+        id: u64,
+        /// What happened.
+        result: Result<Reply, AgentError>,
+    },
+    /// Bulk data belonging to request `id` (a snapshot).
+    Chunk {
+        /// The request's id.
+        id: u64,
+        /// Bytes.
+        data: ByteBuf,
+    },
+    /// Terminal output.
+    PtyOutput(ByteBuf),
+    /// The PTY's program ended.
+    PtyExit {
+        /// Its exit code, when it exited rather than being killed by a signal.
+        code: Option<i32>,
+    },
+}
+
+/// Successful replies, one shape per [`Op`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub enum Reply {
+    /// Answer to [`Op::Hello`].
+    Hello {
+        /// [`PROTOCOL_VERSION`] of the agent.
+        version: u32,
+        /// The agent's process id inside the sandbox (1 when it is init).
+        pid: u32,
+    },
+    /// The operation succeeded with nothing to report.
+    Done,
+    /// Answer to [`Op::Exec`].
+    Exec {
+        /// Exit code, or `None` when killed by a signal.
+        exit_code: Option<i32>,
+        /// Captured standard output.
+        stdout: ByteBuf,
+        /// Captured standard error.
+        stderr: ByteBuf,
+        /// Output beyond `max_output` was discarded.
+        truncated: bool,
+        /// The timeout killed it.
+        timed_out: bool,
+    },
+    /// Answer to [`Op::ReadFile`].
+    File(ByteBuf),
+    /// Answer to [`Op::ListFiles`].
+    Files {
+        /// The files found.
+        entries: Vec<FileEntry>,
+        /// More files exist than were listed.
+        truncated: bool,
+    },
+    /// Answer to [`Op::Snapshot`] after its chunks.
+    Snapshot {
+        /// Total archive bytes sent.
+        bytes: u64,
+    },
+}
+
+/// One regular file of the workspace.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FileEntry {
+    /// Workspace-relative path.
+    pub path: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// Modification time, nanoseconds since the epoch.
+    pub mtime_ns: i128,
+}
+
+/// Why the agent refused or failed an operation. The text is safe to show to room members: it
+/// describes their own workspace.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, thiserror::Error)]
+pub enum AgentError {
+    /// The path is not a valid workspace path.
+    #[error("invalid path: {0}")]
+    InvalidPath(String),
+    /// No such file.
+    #[error("not found")]
+    NotFound,
+    /// The file or output is larger than allowed.
+    #[error("too large")]
+    TooLarge,
+    /// The operation is not valid now (e.g. a second PTY).
+    #[error("{0}")]
+    Invalid(String),
+    /// An I/O or process error inside the sandbox.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// Errors reading or writing frames.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    /// The stream failed or closed.
+    #[error("stream failed")]
+    Io(#[from] std::io::Error),
+    /// A frame was longer than [`MAX_FRAME`].
+    #[error("frame of {0} bytes exceeds the limit")]
+    TooLong(usize),
+    /// A frame did not decode.
+    #[error("malformed frame")]
+    Malformed(#[from] postcard::Error),
+}
+
+/// Encodes one frame (length prefix included).
+pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, FrameError> {
+    let mut out = postcard::to_extend(msg, vec![0u8; 4])?;
+    let len = out.len() - 4;
+    if len > MAX_FRAME {
+        return Err(FrameError::TooLong(len));
+    }
+    out[..4].copy_from_slice(&(len as u32).to_be_bytes());
+    Ok(out)
+}
+
+/// Writes one frame.
+pub async fn write_frame<W: AsyncWrite + Unpin, T: Serialize>(
+    w: &mut W,
+    msg: &T,
+) -> Result<(), FrameError> {
+    let bytes = encode(msg)?;
+    w.write_all(&bytes).await?;
+    Ok(())
+}
+
+/// Reads one frame; `Ok(None)` at a clean end of stream between frames.
+pub async fn read_frame<R: AsyncRead + Unpin, T: for<'de> Deserialize<'de>>(
+    r: &mut R,
+    buf: &mut Vec<u8>,
+) -> Result<Option<T>, FrameError> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e.into()),
+    }
+    let len = u32::from_be_bytes(len) as usize;
+    if len > MAX_FRAME {
+        return Err(FrameError::TooLong(len));
+    }
+    buf.clear();
+    buf.resize(len, 0);
+    r.read_exact(buf).await?;
+    Ok(Some(postcard::from_bytes(buf)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn frames_round_trip_and_refuse_garbage() {
+        let req = Request {
+            id: 7,
+            op: Op::WriteFile {
+                path: "a/b.txt".into(),
+                data: ByteBuf::from(vec![1, 2, 3]),
+            },
+        };
+        let bytes = encode(&req).unwrap();
+        let mut r = &bytes[..];
+        let mut buf = Vec::new();
+        let back: Request = read_frame(&mut r, &mut buf).await.unwrap().unwrap();
+        assert_eq!(back, req);
+        let end: Option<Request> = read_frame(&mut r, &mut buf).await.unwrap();
+        assert!(end.is_none());
+
+        let mut huge = ((MAX_FRAME + 1) as u32).to_be_bytes().to_vec();
+        huge.extend_from_slice(&[0; 16]);
+        let mut r = &huge[..];
+        let err = read_frame::<_, Request>(&mut r, &mut buf)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, FrameError::TooLong(_)));
+
+        let garbage = [0u8, 0, 0, 3, 0xff, 0xff, 0xff];
+        let mut r = &garbage[..];
+        let err = read_frame::<_, Message>(&mut r, &mut buf)
+            .await
+            .unwrap_err();
+        assert!(matches!(err, FrameError::Malformed(_)));
+
+        let oversized = Request {
+            id: 1,
+            op: Op::PtyInput(ByteBuf::from(vec![0; MAX_FRAME + 1])),
+        };
+        assert!(matches!(encode(&oversized), Err(FrameError::TooLong(_))));
+    }
+}

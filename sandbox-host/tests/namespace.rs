@@ -1,0 +1,354 @@
+//! The namespace tier against the real kernel: bubblewrap, seccomp, cgroups, the agent.
+#![allow(clippy::unwrap_used)]
+
+use coderoom_sandbox::proto::{Op, Reply};
+use coderoom_sandbox::{AgentCommand, Backend, Event, Limits, Namespace, Sandbox, Tier};
+use serde_bytes::ByteBuf;
+use std::time::Duration;
+
+const T: Duration = Duration::from_secs(30);
+
+fn backend() -> Namespace {
+    let agent = AgentCommand {
+        exe: env!("CARGO_BIN_EXE_coderoom-agent").into(),
+        args: vec![],
+    };
+    match Backend::select(Tier::Namespace, agent, None) {
+        (Backend::Namespace(ns), _) => ns,
+        (_, why) => panic!("the namespace tier must work on this host: {why}"),
+    }
+}
+
+fn name(tag: &str) -> String {
+    format!("t{}{}", tag, std::process::id())
+}
+
+async fn sh(sb: &Sandbox, script: &str) -> (Option<i32>, String, String) {
+    let op = Op::Exec {
+        argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
+        cwd: String::new(),
+        timeout_ms: 20_000,
+        max_output: 1 << 20,
+    };
+    match sb.call(op, T).await.unwrap() {
+        Reply::Exec {
+            exit_code,
+            stdout,
+            stderr,
+            ..
+        } => (
+            exit_code,
+            String::from_utf8_lossy(&stdout).into_owned(),
+            String::from_utf8_lossy(&stderr).into_owned(),
+        ),
+        other => panic!("unexpected {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn files_exec_pty_and_snapshots() {
+    let ns = backend();
+    let (sb, mut events, receipt) = ns.start(&name("a"), &Limits::default()).await.unwrap();
+    assert_eq!(receipt.tier, "namespace");
+    assert!(receipt.implementation.contains("bubblewrap"), "{receipt:?}");
+
+    let (code, out, _) = sh(
+        &sb,
+        "echo hello; id -u; echo $$; cat /proc/1/cmdline | tr '\\0' ' '",
+    )
+    .await;
+    assert_eq!(code, Some(0));
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], "hello");
+    assert_eq!(lines[1], "1000");
+    assert!(lines[3].contains("/.coderoom/agent"), "{out}");
+
+    let write = Op::WriteFile {
+        path: "src/main.rs".into(),
+        data: ByteBuf::from(b"fn main() {}\n".to_vec()),
+    };
+    assert_eq!(sb.call(write, T).await.unwrap(), Reply::Done);
+    let (_, out, _) = sh(&sb, "cat /workspace/src/main.rs").await;
+    assert_eq!(out, "fn main() {}\n");
+    let read = Op::ReadFile {
+        path: "src/main.rs".into(),
+        max_bytes: 100,
+    };
+    assert_eq!(
+        sb.call(read, T).await.unwrap(),
+        Reply::File(ByteBuf::from(b"fn main() {}\n".to_vec()))
+    );
+    // A symlink out of the workspace is not followed by file operations.
+    sh(&sb, "ln -s /etc/passwd leak; ln -s src/main.rs inside").await;
+    let leak = Op::ReadFile {
+        path: "leak".into(),
+        max_bytes: 1 << 20,
+    };
+    let err = sb.call(leak, T).await.unwrap_err();
+    assert!(err.to_string().contains("leaves the workspace"), "{err}");
+    let inside = Op::ReadFile {
+        path: "inside".into(),
+        max_bytes: 100,
+    };
+    assert!(matches!(sb.call(inside, T).await.unwrap(), Reply::File(_)));
+    let bad = Op::ReadFile {
+        path: "../etc/passwd".into(),
+        max_bytes: 100,
+    };
+    assert!(sb
+        .call(bad, T)
+        .await
+        .unwrap_err()
+        .to_string()
+        .contains("invalid path"));
+
+    // PTY: input reaches the shell, output comes back as events.
+    let open = Op::PtyOpen {
+        argv: vec!["/bin/sh".into()],
+        cols: 80,
+        rows: 24,
+    };
+    assert_eq!(sb.call(open, T).await.unwrap(), Reply::Done);
+    sb.send(Op::PtyInput(ByteBuf::from(b"echo pty-$((6*7))\n".to_vec())))
+        .await
+        .unwrap();
+    let mut seen = String::new();
+    tokio::time::timeout(T, async {
+        while !seen.contains("pty-42") {
+            if let Some(Event::PtyOutput(d)) = events.recv().await {
+                seen.push_str(&String::from_utf8_lossy(&d));
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no PTY output: {seen:?}"));
+
+    // Snapshot, then restore into a fresh sandbox.
+    let mut tar = Vec::new();
+    let n = sb.snapshot(&mut tar, 64 << 20, T).await.unwrap();
+    assert_eq!(n as usize, tar.len());
+    sb.kill();
+    assert_eq!(sb.ended().await, coderoom_sandbox::Ended::Stopped);
+
+    let (sb2, _ev, _) = ns.start(&name("b"), &Limits::default()).await.unwrap();
+    sb2.restore(&mut &tar[..], T).await.unwrap();
+    let (_, out, _) = sh(&sb2, "cat src/main.rs; readlink inside").await;
+    assert_eq!(out, "fn main() {}\nsrc/main.rs\n");
+    sb2.kill();
+    sb2.ended().await;
+}
+
+/// Every way out that a room's code might try, run inside a real sandbox.
+#[tokio::test]
+async fn escape_canaries_all_fail() {
+    let ns = backend();
+    let (sb, _events, receipt) = ns.start(&name("c"), &Limits::default()).await.unwrap();
+    assert!(receipt.network.contains("loopback only"));
+
+    // A host file outside the mounts, e.g. a server's data directory.
+    let host = tempfile::tempdir().unwrap();
+    let secret = host.path().join("coderoom.db");
+    std::fs::write(&secret, "host secret").unwrap();
+    let (code, _, err) = sh(&sb, &format!("cat {}", secret.display())).await;
+    assert_ne!(code, Some(0));
+    assert!(err.contains("No such file"), "{err}");
+    let (_, out, _) = sh(
+        &sb,
+        "ls / | tr '\\n' ' '; ls /root /home /var /srv 2>&1 | head -3",
+    )
+    .await;
+    assert!(!out.contains("coderoom.db"));
+    assert!(out.contains("No such file"), "{out}");
+
+    // Writes to the base root.
+    for target in [
+        "/usr/canary",
+        "/canary",
+        "/etc/canary",
+        "/bin/canary",
+        "/.coderoom/canary",
+    ] {
+        let (code, _, err) = sh(&sb, &format!("echo x > {target}")).await;
+        assert_ne!(code, Some(0), "{target} was writable");
+        assert!(
+            err.contains("Read-only") || err.contains("Permission denied"),
+            "{target}: {err}"
+        );
+    }
+
+    // Any TCP address, including a listener on the host's loopback.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    listener.set_nonblocking(true).unwrap();
+    let probe = format!(
+        "import socket\nfor a in [('127.0.0.1',{port}),('10.0.2.2',80),('1.1.1.1',443)]:\n  s=socket.socket(); s.settimeout(2)\n  try:\n    s.connect(a); print('CONNECTED', a)\n  except OSError as e: print('refused', a, e.errno)\n"
+    );
+    let (_, out, err) = sh(&sb, &format!("python3 -c \"{probe}\"")).await;
+    assert!(!out.contains("CONNECTED"), "{out}{err}");
+    assert_eq!(out.matches("refused").count(), 3, "{out}{err}");
+    assert!(
+        listener.accept().is_err(),
+        "the host listener saw a connection"
+    );
+
+    // Host processes are invisible, so they cannot be signalled; ptrace is filtered.
+    let me = std::process::id();
+    let (code, _, _) = sh(&sb, &format!("kill -0 {me}")).await;
+    assert_ne!(code, Some(0));
+    let (_, out, _) = sh(&sb, "ls /proc | grep -E '^[0-9]+$' | wc -l").await;
+    let visible: u32 = out.trim().parse().unwrap();
+    assert!(visible < 10, "{visible} processes visible");
+
+    // Denied syscalls fail with EPERM (numbers for x86_64); mount too.
+    let calls = "import ctypes,os\nlibc=ctypes.CDLL(None,use_errno=True)\nfor name,nr in [('ptrace',101),('mount',165),('bpf',321),('keyctl',250),('add_key',248),('kexec_load',246),('perf_event_open',298),('userfaultfd',323),('unshare',272),('x32-getpid',0x40000000|39)]:\n  ctypes.set_errno(0)\n  r=libc.syscall(nr,16,1,0,0,0,0)\n  print(name, r, ctypes.get_errno())\n";
+    let (_, out, err) = sh(&sb, &format!("python3 -c \"{calls}\"")).await;
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines.len(), 10, "{out}{err}");
+    for line in lines {
+        assert!(line.ends_with(" -1 1"), "not refused with EPERM: {line}");
+    }
+    let (code, _, _) = sh(&sb, "mount -t tmpfs none /tmp").await;
+    assert_ne!(code, Some(0));
+
+    // The 32-bit ABI kills the caller (SIGSYS).
+    let c = "int main(void){int r; __asm__ volatile(\\\"int \\$0x80\\\":\\\"=a\\\"(r):\\\"a\\\"(20)); return 0;}";
+    let (code, out, err) = sh(
+        &sb,
+        &format!("echo \"{c}\" > /tmp/i.c && gcc -o /tmp/i /tmp/i.c && /tmp/i; echo status $?"),
+    )
+    .await;
+    if err.contains("gcc: not found") {
+        panic!("gcc is needed inside the sandbox for the 32-bit canary: {err}");
+    }
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(
+        out.contains("status 159"),
+        "int 0x80 was not killed: {out}{err}"
+    );
+
+    // Every sandbox process runs filtered and without new privileges.
+    let (_, out, _) = sh(
+        &sb,
+        "sleep 5 & for p in 1 $$ $!; do grep -E '^(Seccomp|NoNewPrivs):' /proc/$p/status; done",
+    )
+    .await;
+    assert_eq!(out.matches("Seccomp:\t2").count(), 3, "{out}");
+    assert_eq!(out.matches("NoNewPrivs:\t1").count(), 3, "{out}");
+
+    sb.kill();
+    sb.ended().await;
+}
+
+/// Host pids of a sandbox's processes and their pids inside (from its pids cgroup).
+fn sandbox_pids(sandbox: &str) -> Vec<(u32, u32)> {
+    let procs = std::fs::read_to_string(format!(
+        "/sys/fs/cgroup/pids/coderoom/{sandbox}/cgroup.procs"
+    ))
+    .or_else(|_| std::fs::read_to_string(format!("/sys/fs/cgroup/coderoom/{sandbox}/cgroup.procs")))
+    .unwrap_or_default();
+    procs
+        .lines()
+        .filter_map(|l| {
+            let host: u32 = l.trim().parse().ok()?;
+            let status = std::fs::read_to_string(format!("/proc/{host}/status")).ok()?;
+            let ns = status.lines().find(|l| l.starts_with("NSpid:"))?;
+            let inner: u32 = ns.split_whitespace().last()?.parse().ok()?;
+            Some((host, inner))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn fork_bombs_memory_hogs_and_disk_fillers_are_contained() {
+    let ns = backend();
+    ns.cgroups().expect("these tests run as root with cgroups");
+    let limits = Limits {
+        memory_bytes: 192 << 20,
+        pids: 64,
+        cpu_millis: 500,
+        workspace_bytes: 16 << 20,
+    };
+    let n = name("l");
+    let (sb, _events, _) = ns.start(&n, &limits).await.unwrap();
+
+    // Fork bomb: forks are refused at the pids limit; the sandbox still answers afterwards.
+    let bomb = Op::Exec {
+        argv: vec![
+            "/bin/bash".into(),
+            "-c".into(),
+            "b(){ b|b& }; b; sleep 2".into(),
+        ],
+        cwd: String::new(),
+        timeout_ms: 3000,
+        max_output: 4096,
+    };
+    sb.call(bomb, T).await.unwrap();
+    assert!(sb.pressure().pids_refused > 0, "{:?}", sb.pressure());
+    let (code, out, _) = sh(&sb, "echo alive").await;
+    assert_eq!((code, out.as_str()), (Some(0), "alive\n"));
+
+    // Memory hog: killed by the OOM killer inside the group; the agent survives.
+    let (code, _, _) = sh(&sb, "python3 -c \"a = b'x' * (400 << 20); print(len(a))\"").await;
+    assert_ne!(code, Some(0));
+    assert!(sb.pressure().oom_kills > 0, "{:?}", sb.pressure());
+    let (code, _, _) = sh(&sb, "true").await;
+    assert_eq!(code, Some(0));
+
+    // Disk filler: the workspace quota stops it.
+    let (code, _, err) = sh(&sb, "dd if=/dev/zero of=/workspace/fill bs=1M count=64").await;
+    assert_ne!(code, Some(0));
+    assert!(err.contains("File size limit exceeded"), "{err}");
+    let (code, _, err) = sh(
+        &sb,
+        "for i in 1 2 3 4; do dd if=/dev/zero of=/workspace/f$i bs=1M count=6 || exit 1; done",
+    )
+    .await;
+    assert_ne!(code, Some(0));
+    assert!(err.contains("No space left"), "{err}");
+    let (_, out, _) = sh(
+        &sb,
+        "rm /workspace/f*; echo ok > /workspace/after; cat /workspace/after",
+    )
+    .await;
+    assert_eq!(out, "ok\n");
+
+    // Endless output is capped and the command ends at its timeout.
+    let yes = Op::Exec {
+        argv: vec!["yes".into()],
+        cwd: String::new(),
+        timeout_ms: 500,
+        max_output: 1 << 16,
+    };
+    match sb.call(yes, T).await.unwrap() {
+        Reply::Exec {
+            stdout,
+            truncated,
+            timed_out,
+            ..
+        } => {
+            assert_eq!(stdout.len(), 1 << 16);
+            assert!(truncated && timed_out);
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // kill -9 of the serving agent (pid 2 inside) from the host ends the sandbox, observed.
+    let agent = sandbox_pids(&n)
+        .into_iter()
+        .find(|(_, inner)| *inner == 2)
+        .expect("agent pid");
+    rustix::process::kill_process(
+        rustix::process::Pid::from_raw(agent.0 as i32).unwrap(),
+        rustix::process::Signal::KILL,
+    )
+    .unwrap();
+    match tokio::time::timeout(T, sb.ended()).await.unwrap() {
+        coderoom_sandbox::Ended::Died { reason } => {
+            assert!(reason.contains("signal 9"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(sb.call(Op::Hello, T).await.is_err());
+    // The cgroup is gone with it.
+    assert!(!std::path::Path::new(&format!("/sys/fs/cgroup/pids/coderoom/{n}")).exists());
+}
