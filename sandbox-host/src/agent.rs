@@ -51,13 +51,19 @@ pub fn main(fd: RawFd) -> i32 {
     }
     // SAFETY: the spawner passed this descriptor to us and nothing else in this process owns it.
     let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    // Blocking threads are kept for good: a sandbox at its pids limit cannot spawn new ones,
+    // and tokio copes with a failed spawn only while it has a thread already.
     let rt = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        .thread_keep_alive(Duration::from_secs(365 * 24 * 3600))
         .build()
     {
         Ok(rt) => rt,
         Err(_) => return 71,
     };
+    rt.block_on(async {
+        let _ = tokio::task::spawn_blocking(|| ()).await;
+    });
     match rt.block_on(serve(owned)) {
         Ok(()) => 0,
         Err(_) => 1,
@@ -279,42 +285,47 @@ fn open_pty(
     let mut reader = pair.master.try_clone_reader().map_err(failed)?;
     let mut writer = pair.master.take_writer().map_err(failed)?;
     let (input, input_rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(PTY_INPUT_QUEUE);
-    std::thread::spawn(move || {
-        while let Ok(chunk) = input_rx.recv() {
-            if writer.write_all(&chunk).is_err() {
-                break;
+    // Threads are spawned fallibly: at the pids limit the terminal fails to open, nothing more.
+    std::thread::Builder::new()
+        .spawn(move || {
+            while let Ok(chunk) = input_rx.recv() {
+                if writer.write_all(&chunk).is_err() {
+                    break;
+                }
             }
-        }
-    });
+        })
+        .map_err(failed)?;
     let out = state.out.clone();
     let pty_slot = state.pty.clone();
-    std::thread::spawn(move || {
-        let mut buf = vec![0u8; 64 << 10];
-        loop {
-            match reader.read(&mut buf) {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    let msg = Message::PtyOutput(ByteBuf::from(buf[..n].to_vec()));
-                    let Ok(frame) = proto::encode(&msg) else {
-                        break;
-                    };
-                    // Blocks while the control plane is behind: the PTY then fills and the
-                    // program writing to it waits, instead of output piling up here.
-                    if out.blocking_send(frame).is_err() {
-                        break;
+    std::thread::Builder::new()
+        .spawn(move || {
+            let mut buf = vec![0u8; 64 << 10];
+            loop {
+                match reader.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        let msg = Message::PtyOutput(ByteBuf::from(buf[..n].to_vec()));
+                        let Ok(frame) = proto::encode(&msg) else {
+                            break;
+                        };
+                        // Blocks while the control plane is behind: the PTY then fills and the
+                        // program writing to it waits, instead of output piling up here.
+                        if out.blocking_send(frame).is_err() {
+                            break;
+                        }
                     }
                 }
             }
-        }
-        let code = child
-            .wait()
-            .ok()
-            .map(|s| i32::try_from(s.exit_code()).unwrap_or(i32::MAX));
-        *pty_slot.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        if let Ok(frame) = proto::encode(&Message::PtyExit { code }) {
-            let _ = out.blocking_send(frame);
-        }
-    });
+            let code = child
+                .wait()
+                .ok()
+                .map(|s| i32::try_from(s.exit_code()).unwrap_or(i32::MAX));
+            *pty_slot.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            if let Ok(frame) = proto::encode(&Message::PtyExit { code }) {
+                let _ = out.blocking_send(frame);
+            }
+        })
+        .map_err(failed)?;
     *slot = Some(Pty {
         master: pair.master,
         input,
@@ -653,7 +664,7 @@ async fn restore_chunk(
     if state.restore.is_none() {
         let (feed, rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(8);
         let (done_tx, done) = tokio::sync::oneshot::channel();
-        std::thread::spawn(move || {
+        let spawned = std::thread::Builder::new().spawn(move || {
             let reader = ChannelReader {
                 rx,
                 cur: Vec::new(),
@@ -665,6 +676,9 @@ async fn restore_chunk(
             let r = archive.unpack(WORKSPACE).map_err(failed);
             let _ = done_tx.send(r);
         });
+        if let Err(e) = spawned {
+            return Some(Err(failed(e)));
+        }
         state.restore = Some(Restore { id, feed, done });
     }
     let job = state.restore.as_ref()?;

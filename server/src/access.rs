@@ -369,6 +369,7 @@ pub async fn change_participant(
         .await?;
     drop(locked);
     let (edit_until, observe_until) = crate::room::until_pair(&after, now);
+    let _ = app.access_changed.send((room_id.clone(), target.clone()));
     app.rooms
         .notify(
             &room_id,
@@ -415,6 +416,7 @@ pub async fn remove_participant(
         )
         .await?;
     drop(locked);
+    let _ = app.access_changed.send((room_id.clone(), target.clone()));
     app.rooms
         .notify(
             &room_id,

@@ -95,7 +95,7 @@ pub async fn get_room(
         "secret_rules": [],
         "egress_allowlist": [],
         "budget": null,
-        "sandbox": { "tier": "none", "state": "absent", "limits": null },
+        "sandbox": app.sandboxes.status(&id).await?,
     })))
 }
 
@@ -132,7 +132,18 @@ pub async fn room_access(
     room_id: &str,
     user: &AuthUser,
 ) -> Result<(i64, i64), ApiError> {
+    room_until(app, room_id, user, Capability::Edit).await
+}
+
+/// Until when (Unix ms; `i64::MAX` for ever, 0 for not at all) the caller may use `cap` (never
+/// past its `observe`) and until when it may observe; 404 unless it may observe now.
+pub async fn room_until(
+    app: &AppState,
+    room_id: &str,
+    user: &AuthUser,
+    cap: Capability,
+) -> Result<(i64, i64), ApiError> {
     let (state, _) = observed(app, room_id, user).await?;
     let p = state.participants.get(&user.id).ok_or(ApiError::NotFound)?;
-    Ok(crate::room::until_pair(p, now_ms()))
+    Ok(crate::room::until_of(p, cap, now_ms()))
 }

@@ -31,6 +31,13 @@ pub enum Command {
         #[command(subcommand)]
         command: AdminCommand,
     },
+    /// The guest agent (runs inside a sandbox; started by the server, not by hand).
+    #[command(hide = true)]
+    Agent {
+        /// The stream to the control plane.
+        #[arg(long)]
+        fd: i32,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -118,6 +125,64 @@ pub struct ServeArgs {
     pub log_format: String,
     #[command(flatten)]
     pub limits: Limits,
+    #[command(flatten)]
+    pub sandbox: SandboxArgs,
+}
+
+/// Room sandbox sizing and the shared terminal's bounds.
+#[derive(Debug, Clone, Args)]
+pub struct SandboxArgs {
+    /// Memory of one sandbox (its processes, /tmp and the workspace), in MiB.
+    #[arg(long, env = "CODEROOM_SANDBOX_MEMORY_MB", default_value_t = 1024)]
+    pub sandbox_memory_mb: u64,
+    /// Processes and threads one sandbox may run at once (stops fork bombs).
+    #[arg(long, env = "CODEROOM_SANDBOX_PIDS", default_value_t = 512)]
+    pub sandbox_pids: u64,
+    /// CPU one sandbox may use, in thousandths of a core.
+    #[arg(long, env = "CODEROOM_SANDBOX_CPU_MILLIS", default_value_t = 1000)]
+    pub sandbox_cpu_millis: u64,
+    /// Workspace quota, in MiB.
+    #[arg(long, env = "CODEROOM_SANDBOX_WORKSPACE_MB", default_value_t = 512)]
+    pub sandbox_workspace_mb: u64,
+    /// A sandbox with no terminal open and no operation for this long is snapshotted and stopped.
+    #[arg(long, env = "CODEROOM_SANDBOX_IDLE_MS", default_value_t = 15 * 60 * 1000)]
+    pub sandbox_idle_ms: u64,
+    /// Terminal output kept for viewers who join later (replayed on join).
+    #[arg(long, env = "CODEROOM_TERMINAL_SCROLLBACK_BYTES", default_value_t = 1 << 20)]
+    pub terminal_scrollback_bytes: usize,
+    /// Terminal output passed on per second; a program writing faster is slowed down.
+    #[arg(long, env = "CODEROOM_TERMINAL_OUTPUT_BYTES_PER_S", default_value_t = 8 << 20)]
+    pub terminal_output_bytes_per_s: u64,
+    /// Largest terminal recording (asciicast plus input attribution) kept per room.
+    #[arg(long, env = "CODEROOM_RECORDING_MAX_BYTES", default_value_t = 64 << 20)]
+    pub recording_max_bytes: u64,
+}
+
+impl Default for SandboxArgs {
+    fn default() -> Self {
+        SandboxArgs {
+            sandbox_memory_mb: 1024,
+            sandbox_pids: 512,
+            sandbox_cpu_millis: 1000,
+            sandbox_workspace_mb: 512,
+            sandbox_idle_ms: 15 * 60 * 1000,
+            terminal_scrollback_bytes: 1 << 20,
+            terminal_output_bytes_per_s: 8 << 20,
+            recording_max_bytes: 64 << 20,
+        }
+    }
+}
+
+impl SandboxArgs {
+    /// The limits every sandbox starts with.
+    pub fn limits(&self) -> coderoom_sandbox::Limits {
+        coderoom_sandbox::Limits {
+            memory_bytes: self.sandbox_memory_mb << 20,
+            pids: self.sandbox_pids,
+            cpu_millis: self.sandbox_cpu_millis,
+            workspace_bytes: self.sandbox_workspace_mb << 20,
+        }
+    }
 }
 
 /// Bounds on what one client or one room may use. Defaults suit a real deployment; tests lower
@@ -197,6 +262,14 @@ mod tests {
         assert_eq!(args.limits.outbound_queue_bytes, d.outbound_queue_bytes);
         assert_eq!(args.limits.room_idle_ms, d.room_idle_ms);
         assert_eq!(args.listen.to_string(), "127.0.0.1:8080");
+        let s = SandboxArgs::default();
+        assert_eq!(args.sandbox.limits(), s.limits());
+        assert_eq!(args.sandbox.sandbox_idle_ms, s.sandbox_idle_ms);
+        assert_eq!(
+            args.sandbox.terminal_scrollback_bytes,
+            s.terminal_scrollback_bytes
+        );
+        assert_eq!(args.sandbox.recording_max_bytes, s.recording_max_bytes);
         assert_eq!(args.storage.database_url(), "sqlite://./data/coderoom.db");
     }
 }

@@ -47,11 +47,13 @@ const STEPS: &[(&str, Option<&str>)] = &[
         "snapshots",
         Some("DELETE FROM doc_snapshots WHERE room_id = $1"),
     ),
+    // The running sandbox goes before its workspace snapshots and recordings, so nothing writes
+    // a new one behind the deletion.
+    ("sandbox", None),
     ("workspace", None),
     ("recordings", None),
     ("secrets", None),
     ("previews", None),
-    ("sandbox", None),
     ("room", Some("DELETE FROM rooms WHERE id = $1")),
 ];
 
@@ -252,6 +254,13 @@ pub async fn run(app: &AppState, id: &str, room_id: &str) -> Result<(), StoreErr
                 // update log and the snapshot, below.
                 app.store
                     .deletion_step_done(id, artifact, "unloaded", 0)
+                    .await?;
+            }
+            "sandbox" => {
+                let was_running = app.sandboxes.destroy(room_id).await;
+                let status = if was_running { "destroyed" } else { "none" };
+                app.store
+                    .deletion_step_done(id, artifact, status, i64::from(was_running))
                     .await?;
             }
             "workspace" | "recordings" => {

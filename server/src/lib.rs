@@ -19,5 +19,8 @@ pub mod protocol;
 pub mod ratelimit;
 pub mod room;
 pub mod rooms;
+pub mod sandbox;
+pub mod sandbox_api;
 pub mod store;
+pub mod terminal;
 pub mod ws;

@@ -20,10 +20,22 @@ fn init_logging(json: bool) {
     }
 }
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    // The agent forks into a reaper and a server before any thread exists, so it runs before
+    // (and without) the server's runtime.
+    if let Command::Agent { fd } = cli.command {
+        std::process::exit(coderoom_sandbox::agent::main(fd));
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(run(cli))
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
+        Command::Agent { .. } => unreachable!("handled before the runtime starts"),
         Command::Serve(args) => {
             init_logging(args.log_format == "json");
             app::serve(*args).await

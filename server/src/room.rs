@@ -98,13 +98,18 @@ pub fn doc_from_stored(stored: &StoredDoc) -> Result<(Doc, usize), String> {
 /// Until when a participant may edit and observe, in the form rooms use (0: not at all,
 /// `i64::MAX`: for good).
 pub fn until_pair(p: &Participant, now: i64) -> (i64, i64) {
+    until_of(p, Capability::Edit, now)
+}
+
+/// Until when `p` may use `cap` (never past its `observe`), and until when it may observe.
+pub fn until_of(p: &Participant, cap: Capability, now: i64) -> (i64, i64) {
     let at = |cap| match p.until(cap, now) {
         coderoom_authz::Until::Never => 0,
         coderoom_authz::Until::At(t) => t,
         coderoom_authz::Until::Forever => i64::MAX,
     };
     let observe = at(Capability::Observe);
-    (at(Capability::Edit).min(observe), observe)
+    (at(cap).min(observe), observe)
 }
 
 /// What a room needs from the rest of the server.

@@ -385,6 +385,52 @@ impl Store {
 
     // ---- authorization state ----
 
+    /// The room's sandbox row, if it ever had a sandbox.
+    pub async fn sandbox(&self, room_id: &str) -> Result<Option<SandboxRow>, StoreError> {
+        let row = sqlx::query(
+            "SELECT state, reason, receipt, snapshot, snapshot_at, stop_at FROM sandboxes WHERE room_id = $1",
+        )
+        .bind(room_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|r| {
+            Ok(SandboxRow {
+                state: r.try_get("state")?,
+                reason: r.try_get("reason")?,
+                receipt: r.try_get("receipt")?,
+                snapshot: r.try_get("snapshot")?,
+                snapshot_at: r.try_get("snapshot_at")?,
+                stop_at: r.try_get("stop_at")?,
+            })
+        })
+        .transpose()
+    }
+
+    /// Arms (or with `None` disarms) a sandbox's idle timer. Not audited: the stop it leads to is.
+    pub async fn set_idle_timer(
+        &self,
+        room_id: &str,
+        stop_at: Option<i64>,
+    ) -> Result<(), StoreError> {
+        sqlx::query("UPDATE sandboxes SET stop_at = $1 WHERE room_id = $2")
+            .bind(stop_at)
+            .bind(room_id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Rooms whose sandbox idle timer is due at `now`.
+    pub async fn due_sandboxes(&self, now: i64) -> Result<Vec<String>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT room_id FROM sandboxes WHERE stop_at IS NOT NULL AND stop_at <= $1 LIMIT 100",
+        )
+        .bind(now)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(|r| Ok(r.try_get("room_id")?)).collect()
+    }
+
     /// The room's participants with their grants.
     pub async fn room_state(&self, room_id: &str) -> Result<RoomState, StoreError> {
         let rows = sqlx::query(
@@ -878,6 +924,27 @@ pub enum Change {
     UseApproval {
         id: String,
     },
+    /// A sandbox lifecycle transition: the room's whole sandbox row afterwards.
+    SandboxState {
+        room_id: String,
+        row: SandboxRow,
+    },
+}
+
+/// A room's sandbox as stored: lifecycle state, latest snapshot and the idle timer.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct SandboxRow {
+    /// `running`, `suspended` (snapshotted at server shutdown), `stopped` or `failed`.
+    pub state: String,
+    /// Why it is in this state (shown to participants).
+    pub reason: String,
+    /// The receipt of its last start (JSON).
+    pub receipt: String,
+    /// File name of the latest workspace snapshot.
+    pub snapshot: Option<String>,
+    pub snapshot_at: Option<i64>,
+    /// When the idle timer stops it (Unix ms), if armed.
+    pub stop_at: Option<i64>,
 }
 
 #[derive(Debug, Clone)]
@@ -1067,6 +1134,25 @@ async fn apply_change(
             if done.rows_affected() != 1 {
                 return Err(StoreError::Conflict);
             }
+        }
+        Change::SandboxState { room_id, row } => {
+            sqlx::query(
+                "INSERT INTO sandboxes (room_id, state, reason, receipt, snapshot, snapshot_at, stop_at, updated_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+                 ON CONFLICT (room_id) DO UPDATE SET state = excluded.state, reason = excluded.reason, \
+                 receipt = excluded.receipt, snapshot = excluded.snapshot, snapshot_at = excluded.snapshot_at, \
+                 stop_at = excluded.stop_at, updated_at = excluded.updated_at",
+            )
+            .bind(room_id)
+            .bind(&row.state)
+            .bind(&row.reason)
+            .bind(&row.receipt)
+            .bind(row.snapshot.clone())
+            .bind(row.snapshot_at)
+            .bind(row.stop_at)
+            .bind(now_ms())
+            .execute(&mut **tx)
+            .await?;
         }
         Change::UseApproval { id } => {
             let done = sqlx::query(

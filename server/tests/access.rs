@@ -8,61 +8,6 @@ use common::*;
 use std::time::Duration;
 use yrs::sync::protocol::{Message as YMessage, SyncMessage};
 
-async fn me(server: &Server, token: &str) -> String {
-    let (status, body) = http(&server.url("/api/me"), "GET", Some(token), None).await;
-    assert_eq!(status, 200);
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
-    v["id"].as_str().unwrap().to_owned()
-}
-
-async fn invite(server: &Server, token: &str, room: &str, role: &str, uses: i64) -> (u16, String) {
-    let body = format!(r#"{{"role":"{role}","ttl_s":3600,"max_uses":{uses}}}"#);
-    let (status, body) = http(
-        &server.url(&format!("/api/rooms/{room}/invites")),
-        "POST",
-        Some(token),
-        Some(&body),
-    )
-    .await;
-    let token = serde_json::from_str::<serde_json::Value>(&body)
-        .ok()
-        .and_then(|v| v["token"].as_str().map(str::to_owned))
-        .unwrap_or_default();
-    (status, token)
-}
-
-async fn accept(server: &Server, token: &str, invite: &str) -> u16 {
-    http(
-        &server.url(&format!("/api/invites/{invite}/accept")),
-        "POST",
-        Some(token),
-        None,
-    )
-    .await
-    .0
-}
-
-async fn set_role(server: &Server, token: &str, room: &str, user: &str, body: &str) -> u16 {
-    let url = server.url(&format!("/api/rooms/{room}/participants/{user}"));
-    http(&url, "PATCH", Some(token), Some(body)).await.0
-}
-
-async fn audit(server: &Server, token: &str, room: &str) -> Vec<serde_json::Value> {
-    let (status, body) = http(
-        &server.url(&format!("/api/rooms/{room}/audit")),
-        "GET",
-        Some(token),
-        None,
-    )
-    .await;
-    assert_eq!(status, 200, "{body}");
-    serde_json::from_str::<serde_json::Value>(&body)
-        .unwrap()
-        .as_array()
-        .unwrap()
-        .clone()
-}
-
 async fn verify_cli(storage: &Storage) -> (bool, String) {
     let out = tokio::process::Command::new(BIN)
         .args(["audit", "verify"])
@@ -76,43 +21,6 @@ async fn verify_cli(storage: &Storage) -> (bool, String) {
         String::from_utf8_lossy(&out.stderr)
     );
     (out.status.success(), text)
-}
-
-struct Room {
-    server: Server,
-    room: String,
-    ana: String,
-    ben: String,
-    ben_id: String,
-    cy: String,
-}
-
-/// Ana owns a room; Ben joined as editor and Cy as viewer, through invites.
-async fn team(storage: &Storage) -> Room {
-    let ana = storage.token("ana@example.com").await;
-    let ben = storage.token("ben@example.com").await;
-    let cy = storage.token("cy@example.com").await;
-    let server = Server::start(storage, &[]).await;
-    let room = create_room(&server, &ana).await;
-    let (status, inv) = invite(&server, &ana, &room, "editor", 1).await;
-    assert_eq!(status, 201);
-    assert_eq!(accept(&server, &ben, &inv).await, 200);
-    assert_eq!(
-        accept(&server, &cy, &inv).await,
-        410,
-        "a one-use invite works once"
-    );
-    let (_, inv) = invite(&server, &ana, &room, "viewer", 5).await;
-    assert_eq!(accept(&server, &cy, &inv).await, 200);
-    let ben_id = me(&server, &ben).await;
-    Room {
-        server,
-        room,
-        ana,
-        ben,
-        ben_id,
-        cy,
-    }
 }
 
 #[tokio::test]

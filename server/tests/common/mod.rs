@@ -456,3 +456,108 @@ pub async fn eventually(server: &Server, room: &str, token: &str, file: &str, ex
     }
     panic!("{file} never became {expected:?}; last {last:?}");
 }
+
+// Room participants and their rights, shared by the authorization and sandbox tests.
+
+pub async fn me(server: &Server, token: &str) -> String {
+    let (status, body) = http(&server.url("/api/me"), "GET", Some(token), None).await;
+    assert_eq!(status, 200);
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    v["id"].as_str().unwrap().to_owned()
+}
+
+pub async fn invite(
+    server: &Server,
+    token: &str,
+    room: &str,
+    role: &str,
+    uses: i64,
+) -> (u16, String) {
+    let body = format!(r#"{{"role":"{role}","ttl_s":3600,"max_uses":{uses}}}"#);
+    let (status, body) = http(
+        &server.url(&format!("/api/rooms/{room}/invites")),
+        "POST",
+        Some(token),
+        Some(&body),
+    )
+    .await;
+    let token = serde_json::from_str::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v["token"].as_str().map(str::to_owned))
+        .unwrap_or_default();
+    (status, token)
+}
+
+pub async fn accept(server: &Server, token: &str, invite: &str) -> u16 {
+    http(
+        &server.url(&format!("/api/invites/{invite}/accept")),
+        "POST",
+        Some(token),
+        None,
+    )
+    .await
+    .0
+}
+
+pub async fn set_role(server: &Server, token: &str, room: &str, user: &str, body: &str) -> u16 {
+    let url = server.url(&format!("/api/rooms/{room}/participants/{user}"));
+    http(&url, "PATCH", Some(token), Some(body)).await.0
+}
+
+pub async fn audit(server: &Server, token: &str, room: &str) -> Vec<serde_json::Value> {
+    let (status, body) = http(
+        &server.url(&format!("/api/rooms/{room}/audit")),
+        "GET",
+        Some(token),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str::<serde_json::Value>(&body)
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+pub struct Room {
+    pub server: Server,
+    pub room: String,
+    pub ana: String,
+    pub ben: String,
+    pub ben_id: String,
+    pub cy: String,
+}
+
+/// Ana owns a room; Ben joined as editor and Cy as viewer, through invites.
+pub async fn team(storage: &Storage) -> Room {
+    team_with(storage, &[]).await
+}
+
+/// [`team`] with extra server flags.
+pub async fn team_with(storage: &Storage, extra: &[&str]) -> Room {
+    let ana = storage.token("ana@example.com").await;
+    let ben = storage.token("ben@example.com").await;
+    let cy = storage.token("cy@example.com").await;
+    let server = Server::start(storage, extra).await;
+    let room = create_room(&server, &ana).await;
+    let (status, inv) = invite(&server, &ana, &room, "editor", 1).await;
+    assert_eq!(status, 201);
+    assert_eq!(accept(&server, &ben, &inv).await, 200);
+    assert_eq!(
+        accept(&server, &cy, &inv).await,
+        410,
+        "a one-use invite works once"
+    );
+    let (_, inv) = invite(&server, &ana, &room, "viewer", 5).await;
+    assert_eq!(accept(&server, &cy, &inv).await, 200);
+    let ben_id = me(&server, &ben).await;
+    Room {
+        server,
+        room,
+        ana,
+        ben,
+        ben_id,
+        cy,
+    }
+}

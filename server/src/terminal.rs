@@ -1,0 +1,503 @@
+//! `GET /api/rooms/{id}/terminal`: the room's shared PTY over a WebSocket, and its recording.
+//!
+//! Server to client: binary frames are output (the scrollback first), text frames are JSON
+//! events (`denied`, `exit`, `sandbox`, `error`). Client to server: binary frames are input,
+//! forwarded only while the sender holds `type`; text frames are `{"type":"resize",...}`.
+//!
+//! Resize policy: the PTY takes the size most recently asked for by a participant who may type
+//! (the people typing decide the layout); resizes from observers are ignored, and every viewer
+//! renders the same grid.
+
+use crate::app::AppState;
+use crate::auth::AuthUser;
+use crate::error::ApiError;
+use crate::sandbox::TermOut;
+use crate::store::{now_ms, Change};
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{Path, Query, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use coderoom_authz::Capability;
+use futures_util::{SinkExt, StreamExt};
+use serde::Deserialize;
+use serde_json::json;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Largest input frame (a big paste) and control frame accepted.
+const MAX_INPUT_FRAME: usize = 64 << 10;
+/// A viewer without `type` gets its refusals audited at most this often (with a count), so
+/// a held-down key cannot flood the audit chain.
+const DENIAL_AUDIT_EVERY: Duration = Duration::from_secs(10);
+/// Largest terminal size accepted.
+const MAX_COLS: u16 = 1000;
+const MAX_ROWS: u16 = 500;
+/// File names of the recording.
+pub const CAST_FILE: &str = "terminal.cast";
+pub const INPUTS_FILE: &str = "terminal-inputs.jsonl";
+
+#[derive(Deserialize)]
+pub struct SizeQuery {
+    cols: Option<u16>,
+    rows: Option<u16>,
+}
+
+fn clamp_size(cols: u16, rows: u16) -> (u16, u16) {
+    (cols.clamp(2, MAX_COLS), rows.clamp(1, MAX_ROWS))
+}
+
+pub async fn terminal_socket(
+    State(app): State<AppState>,
+    user: AuthUser,
+    Path(room_id): Path<String>,
+    Query(size): Query<SizeQuery>,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Result<Response, Response> {
+    let rights = crate::api::room_until(&app, &room_id, &user, Capability::Type)
+        .await
+        .map_err(IntoResponse::into_response)?;
+    let ws = ws.map_err(IntoResponse::into_response)?;
+    let (cols, rows) = clamp_size(size.cols.unwrap_or(80), size.rows.unwrap_or(24));
+    Ok(ws
+        .max_message_size(MAX_INPUT_FRAME)
+        .max_frame_size(MAX_INPUT_FRAME)
+        .on_upgrade(move |socket| {
+            let tracker = app.tracker.clone();
+            tracker.track_future(serve(app, room_id, user, rights, (cols, rows), socket))
+        }))
+}
+
+async fn close(
+    socket: &mut futures_util::stream::SplitSink<WebSocket, Message>,
+    code: u16,
+    reason: &str,
+) {
+    let _ = socket
+        .send(Message::Close(Some(CloseFrame {
+            code,
+            reason: reason.to_owned().into(),
+        })))
+        .await;
+}
+
+async fn serve(
+    app: AppState,
+    room_id: String,
+    user: AuthUser,
+    rights: (i64, i64),
+    (cols, rows): (u16, u16),
+    socket: WebSocket,
+) {
+    let (mut sink, mut stream) = socket.split();
+    let (mut type_until, mut observe_until) = rights;
+    let joined = match app.sandboxes.join(&room_id, cols, rows).await {
+        Ok(j) => j,
+        Err(e) => {
+            let msg = json!({ "type": "error", "reason": e.to_string() }).to_string();
+            let _ = sink.send(Message::Text(msg.into())).await;
+            close(&mut sink, 1011, "sandbox unavailable").await;
+            return;
+        }
+    };
+    let viewer = joined.viewer;
+    let mut rx = joined.rx;
+    if !joined.scrollback.is_empty()
+        && sink
+            .send(Message::Binary(joined.scrollback.into()))
+            .await
+            .is_err()
+    {
+        app.sandboxes.leave(&room_id, viewer).await;
+        return;
+    }
+    for ev in joined.events {
+        let _ = sink.send(Message::Text(ev.into())).await;
+    }
+    if now_ms() >= type_until {
+        let msg = json!({ "type": "read_only", "reason": "you may watch but not type" });
+        let _ = sink.send(Message::Text(msg.to_string().into())).await;
+    }
+    let mut access = app.access_changed.subscribe();
+    let mut ended = app.sessions_ended.subscribe();
+    let mut denied = Denials::default();
+    loop {
+        let observe_left = Duration::from_millis(
+            u64::try_from(observe_until.saturating_sub(now_ms())).unwrap_or(0),
+        );
+        tokio::select! {
+            frame = stream.next() => match frame {
+                None | Some(Ok(Message::Close(_))) | Some(Err(_)) => break,
+                Some(Ok(Message::Binary(data))) => {
+                    if now_ms() < type_until {
+                        app.sandboxes.input(&room_id, viewer, &user.id, data.to_vec()).await;
+                    } else {
+                        let msg = json!({ "type": "denied", "reason": "you do not hold type in this room" });
+                        if sink.send(Message::Text(msg.to_string().into())).await.is_err() {
+                            break;
+                        }
+                        denied.record(&app, &room_id, &user.id, data.len()).await;
+                    }
+                }
+                Some(Ok(Message::Text(text))) => {
+                    match serde_json::from_str::<Control>(&text) {
+                        Ok(Control::Resize { cols, rows }) => {
+                            if now_ms() < type_until {
+                                let (c, r) = clamp_size(cols, rows);
+                                app.sandboxes.resize(&room_id, c, r).await;
+                            }
+                        }
+                        Err(_) => {
+                            let msg = json!({ "type": "error", "reason": "unknown control message; expected {\"type\":\"resize\",\"cols\":N,\"rows\":N}" });
+                            if sink.send(Message::Text(msg.to_string().into())).await.is_err() {
+                                break;
+                            }
+                        }
+                    }
+                }
+                Some(Ok(_)) => {}
+            },
+            out = rx.recv() => match out {
+                Some(TermOut::Output(bytes)) => {
+                    if sink.send(Message::Binary(bytes)).await.is_err() {
+                        break;
+                    }
+                }
+                Some(TermOut::Event(text)) => {
+                    if sink.send(Message::Text(text.into())).await.is_err() {
+                        break;
+                    }
+                }
+                Some(TermOut::Close(code, reason)) => {
+                    close(&mut sink, code, reason).await;
+                    break;
+                }
+                None => {
+                    close(&mut sink, 4008, "too far behind; reconnect to catch up").await;
+                    break;
+                }
+            },
+            changed = access.recv() => {
+                let relevant = match &changed {
+                    Ok((room, who)) => *room == room_id && *who == user.id,
+                    // Missed notices: look again to be safe.
+                    Err(_) => true,
+                };
+                if relevant {
+                    let (t, o) = crate::api::room_until(&app, &room_id, &user, Capability::Type)
+                        .await
+                        .unwrap_or((0, 0));
+                    let was_typing = now_ms() < type_until;
+                    (type_until, observe_until) = (t, o);
+                    if was_typing && now_ms() >= type_until {
+                        let msg = json!({ "type": "read_only", "reason": "your right to type was withdrawn" });
+                        let _ = sink.send(Message::Text(msg.to_string().into())).await;
+                    }
+                }
+            }
+            Ok(hash) = ended.recv() => {
+                if hash == user.session_hash {
+                    close(&mut sink, 4001, "logged out").await;
+                    break;
+                }
+            }
+            () = tokio::time::sleep(observe_left), if observe_until != i64::MAX => {
+                close(&mut sink, 4003, "removed from the room").await;
+                break;
+            }
+            () = app.shutdown.cancelled() => {
+                close(&mut sink, 1001, "server shutting down").await;
+                break;
+            }
+        }
+    }
+    app.sandboxes.leave(&room_id, viewer).await;
+    denied.flush(&app, &room_id, &user.id).await;
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+enum Control {
+    Resize { cols: u16, rows: u16 },
+}
+
+/// Refused input of one connection, audited in batches.
+#[derive(Default)]
+struct Denials {
+    last_audit: Option<tokio::time::Instant>,
+    pending_chunks: u64,
+    pending_bytes: u64,
+}
+
+impl Denials {
+    async fn record(&mut self, app: &AppState, room_id: &str, user_id: &str, bytes: usize) {
+        self.pending_chunks += 1;
+        self.pending_bytes += bytes as u64;
+        let due = self
+            .last_audit
+            .is_none_or(|t| t.elapsed() >= DENIAL_AUDIT_EVERY);
+        if due {
+            self.flush(app, room_id, user_id).await;
+        }
+    }
+
+    async fn flush(&mut self, app: &AppState, room_id: &str, user_id: &str) {
+        if self.pending_chunks == 0 {
+            return;
+        }
+        let details = json!({ "chunks": self.pending_chunks, "bytes": self.pending_bytes });
+        let r = app
+            .audit
+            .record(
+                room_id,
+                user_id,
+                "type",
+                "deny",
+                "missing capability type",
+                details,
+                Change::None,
+            )
+            .await;
+        if let Err(e) = r {
+            tracing::error!(error = %e, "cannot audit refused terminal input");
+        }
+        self.last_audit = Some(tokio::time::Instant::now());
+        self.pending_chunks = 0;
+        self.pending_bytes = 0;
+    }
+}
+
+/// The room's terminal recording: asciicast v2 (`terminal.cast`) with input events, and a
+/// sidecar (`terminal-inputs.jsonl`) naming who sent each input chunk. Both are capped
+/// together; past the cap a marker is written and recording stops.
+pub struct Recorder {
+    dir: PathBuf,
+    max: u64,
+    written: u64,
+    cast: Option<std::fs::File>,
+    inputs: Option<std::fs::File>,
+    /// Unix ms the cast's time axis starts at.
+    start_ms: i64,
+    /// An incomplete UTF-8 sequence held back from the last output chunk.
+    carry: Vec<u8>,
+    full: bool,
+    failed: bool,
+}
+
+impl Recorder {
+    pub fn new(dir: PathBuf, max: u64) -> Self {
+        Recorder {
+            dir,
+            max,
+            written: 0,
+            cast: None,
+            inputs: None,
+            start_ms: 0,
+            carry: Vec::new(),
+            full: false,
+            failed: false,
+        }
+    }
+
+    fn open(&mut self, size: (u16, u16)) -> bool {
+        if self.cast.is_some() {
+            return true;
+        }
+        if self.failed || self.full {
+            return false;
+        }
+        let opened = (|| -> std::io::Result<()> {
+            std::fs::create_dir_all(&self.dir)?;
+            let path = self.dir.join(CAST_FILE);
+            let existing = std::fs::read(&path).unwrap_or_default();
+            let mut cast = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&path)?;
+            let header_ts = existing
+                .split(|b| *b == b'\n')
+                .next()
+                .and_then(|l| serde_json::from_slice::<serde_json::Value>(l).ok())
+                .and_then(|h| h.get("timestamp").and_then(serde_json::Value::as_i64));
+            match header_ts {
+                Some(ts) => self.start_ms = ts * 1000,
+                None => {
+                    self.start_ms = (now_ms() / 1000) * 1000;
+                    let header = json!({
+                        "version": 2,
+                        "width": size.0,
+                        "height": size.1,
+                        "timestamp": self.start_ms / 1000,
+                        "env": { "TERM": "xterm-256color" },
+                    });
+                    writeln!(cast, "{header}")?;
+                }
+            }
+            let inputs = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(self.dir.join(INPUTS_FILE))?;
+            self.written = existing.len() as u64
+                + std::fs::metadata(self.dir.join(INPUTS_FILE)).map_or(0, |m| m.len());
+            self.cast = Some(cast);
+            self.inputs = Some(inputs);
+            Ok(())
+        })();
+        if let Err(e) = opened {
+            tracing::error!(dir = %self.dir.display(), error = %e, "cannot open the terminal recording");
+            self.failed = true;
+            return false;
+        }
+        true
+    }
+
+    fn t(&self) -> f64 {
+        (now_ms() - self.start_ms).max(0) as f64 / 1000.0
+    }
+
+    fn append(&mut self, cast_line: String, input_line: Option<String>) {
+        let size =
+            cast_line.len() as u64 + 1 + input_line.as_ref().map_or(0, |l| l.len() as u64 + 1);
+        if self.written + size > self.max {
+            let marker = json!([
+                self.t(),
+                "m",
+                "recording size cap reached; recording stopped"
+            ]);
+            if let Some(c) = self.cast.as_mut() {
+                let _ = writeln!(c, "{marker}");
+            }
+            self.full = true;
+            self.cast = None;
+            self.inputs = None;
+            return;
+        }
+        self.written += size;
+        let ok = self
+            .cast
+            .as_mut()
+            .is_some_and(|c| writeln!(c, "{cast_line}").is_ok())
+            && match (&input_line, self.inputs.as_mut()) {
+                (Some(l), Some(f)) => writeln!(f, "{l}").is_ok(),
+                _ => true,
+            };
+        if !ok {
+            tracing::error!("cannot write the terminal recording; recording stopped");
+            self.failed = true;
+            self.cast = None;
+            self.inputs = None;
+        }
+    }
+
+    pub fn output(&mut self, data: &[u8], size: (u16, u16)) {
+        if !self.open(size) {
+            return;
+        }
+        let mut bytes = std::mem::take(&mut self.carry);
+        bytes.extend_from_slice(data);
+        // Hold back a multi-byte character split across reads; asciicast lines are UTF-8 text.
+        let cut = match std::str::from_utf8(&bytes) {
+            Ok(_) => bytes.len(),
+            Err(e) if e.error_len().is_none() => e.valid_up_to(),
+            Err(_) => bytes.len(),
+        };
+        self.carry = bytes.split_off(cut);
+        let text = String::from_utf8_lossy(&bytes);
+        let line = json!([self.t(), "o", text]).to_string();
+        self.append(line, None);
+    }
+
+    pub fn input(&mut self, user_id: &str, data: &[u8]) {
+        if !self.open((80, 24)) {
+            return;
+        }
+        let t = self.t();
+        let text = String::from_utf8_lossy(data);
+        let line = json!([t, "i", text]).to_string();
+        let who = json!({ "t": t, "user": user_id, "bytes": data.len(), "data": text }).to_string();
+        self.append(line, Some(who));
+    }
+}
+
+/// `GET /api/rooms/{id}/terminal/recording`: the asciicast v2 file (needs `observe`).
+pub async fn recording(
+    State(app): State<AppState>,
+    user: AuthUser,
+    Path(room_id): Path<String>,
+) -> Result<Response, ApiError> {
+    download(&app, &room_id, &user, CAST_FILE, "application/x-asciicast").await
+}
+
+/// `GET /api/rooms/{id}/terminal/recording/inputs`: who typed each input chunk (JSON lines).
+pub async fn recording_inputs(
+    State(app): State<AppState>,
+    user: AuthUser,
+    Path(room_id): Path<String>,
+) -> Result<Response, ApiError> {
+    download(&app, &room_id, &user, INPUTS_FILE, "application/x-ndjson").await
+}
+
+async fn download(
+    app: &AppState,
+    room_id: &str,
+    user: &AuthUser,
+    file: &str,
+    content_type: &'static str,
+) -> Result<Response, ApiError> {
+    crate::api::room_capabilities(app, room_id, user).await?;
+    let path = app
+        .data_dir
+        .join("rooms")
+        .join(room_id)
+        .join("recordings")
+        .join(file);
+    let body = match tokio::fs::read(&path).await {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(ApiError::Store(crate::store::StoreError::Io(e))),
+    };
+    Ok(([(header::CONTENT_TYPE, content_type)], body).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recordings_are_valid_asciicast_with_attributed_input_and_a_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut r = Recorder::new(dir.path().to_owned(), 400);
+        r.output("héllo ".as_bytes(), (100, 30));
+        // A multi-byte character split across two reads stays whole.
+        let snow = "☃".as_bytes();
+        r.output(&snow[..1], (100, 30));
+        r.output(&snow[1..], (100, 30));
+        r.input("u1", b"ls\r");
+        let cast = std::fs::read_to_string(dir.path().join(CAST_FILE)).unwrap();
+        let lines: Vec<serde_json::Value> = cast
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines[0]["version"], 2);
+        assert_eq!(lines[0]["width"], 100);
+        let text: String = lines[1..]
+            .iter()
+            .filter(|e| e[1] == "o")
+            .map(|e| e[2].as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(text, "héllo ☃");
+        assert!(lines.iter().any(|e| e[1] == "i" && e[2] == "ls\r"));
+        let inputs = std::fs::read_to_string(dir.path().join(INPUTS_FILE)).unwrap();
+        let who: serde_json::Value = serde_json::from_str(inputs.lines().next().unwrap()).unwrap();
+        assert_eq!(who["user"], "u1");
+        assert_eq!(who["data"], "ls\r");
+
+        for _ in 0..20 {
+            r.output(b"0123456789012345678901234567890123456789", (100, 30));
+        }
+        let cast = std::fs::read_to_string(dir.path().join(CAST_FILE)).unwrap();
+        assert!(cast.len() < 500, "{}", cast.len());
+        assert!(cast.contains("recording size cap reached"));
+    }
+}

@@ -1,0 +1,607 @@
+//! The room sandbox through the server: the shared terminal, typed operations, escape attempts
+//! aimed at the server itself, limits that leave other rooms running, failure and restart, and
+//! the idle timer across a server restart. Needs bubblewrap and root (for cgroups), as in CI.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use futures_util::{SinkExt, StreamExt};
+use serde_json::Value;
+use std::time::Duration;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::Message;
+
+struct Term {
+    ws: Ws,
+    output: String,
+    events: Vec<Value>,
+    closed: Option<u16>,
+}
+
+async fn term(server: &Server, room: &str, token: &str) -> Term {
+    let mut req = format!(
+        "ws://{}/api/rooms/{room}/terminal?cols=100&rows=30",
+        server.addr
+    )
+    .into_client_request()
+    .unwrap();
+    req.headers_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    let (ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
+    Term {
+        ws,
+        output: String::new(),
+        events: Vec::new(),
+        closed: None,
+    }
+}
+
+impl Term {
+    async fn send(&mut self, bytes: &[u8]) {
+        self.ws
+            .send(Message::Binary(bytes.to_vec().into()))
+            .await
+            .unwrap();
+    }
+
+    /// Reads until `pred` holds (or fails after the timeout).
+    async fn until(&mut self, what: &str, pred: impl Fn(&Term) -> bool) {
+        let r = tokio::time::timeout(Duration::from_secs(20), async {
+            while !pred(self) {
+                match self.ws.next().await {
+                    Some(Ok(Message::Binary(b))) => {
+                        self.output.push_str(&String::from_utf8_lossy(&b))
+                    }
+                    Some(Ok(Message::Text(t))) => {
+                        self.events.push(serde_json::from_str(&t).unwrap())
+                    }
+                    Some(Ok(Message::Close(f))) => {
+                        self.closed = Some(f.map_or(1005, |f| f.code.into()));
+                        return;
+                    }
+                    Some(Ok(_)) => {}
+                    None | Some(Err(_)) => {
+                        self.closed.get_or_insert(1006);
+                        return;
+                    }
+                }
+            }
+        })
+        .await;
+        assert!(
+            r.is_ok() && pred(self),
+            "waiting for {what}: output {:?}, events {:?}, closed {:?}",
+            self.output,
+            self.events,
+            self.closed
+        );
+    }
+
+    async fn output_contains(&mut self, needle: &str) {
+        let n = needle.to_owned();
+        self.until(needle, move |t| t.output.contains(&n)).await;
+    }
+
+    fn has_event(&self, kind: &str) -> bool {
+        self.events.iter().any(|e| e["type"] == kind)
+    }
+}
+
+async fn exec(server: &Server, token: &str, room: &str, script: &str) -> (u16, Value) {
+    let body = serde_json::json!({ "argv": ["sh", "-c", script], "timeout_ms": 30000 }).to_string();
+    let (status, body) = http(
+        &server.url(&format!("/api/rooms/{room}/exec")),
+        "POST",
+        Some(token),
+        Some(&body),
+    )
+    .await;
+    (
+        status,
+        serde_json::from_str(&body).unwrap_or(Value::String(format!("{status}: {body}"))),
+    )
+}
+
+async fn sandbox_status(server: &Server, token: &str, room: &str) -> Value {
+    let (status, body) = http(
+        &server.url(&format!("/api/rooms/{room}/sandbox")),
+        "GET",
+        Some(token),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
+
+#[tokio::test]
+async fn the_terminal_is_shared_and_only_typers_reach_the_pty() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let t = team(&storage).await;
+    let (server, room) = (&t.server, &t.room);
+    let cy_id = me(server, &t.cy).await;
+
+    let mut ana = term(server, room, &t.ana).await;
+    let mut ben = term(server, room, &t.ben).await;
+    let mut cy = term(server, room, &t.cy).await;
+    cy.until("read-only notice", |t| t.has_event("read_only"))
+        .await;
+
+    // Ben (editor) starts a program that logs every line the PTY delivers to a file.
+    // (READY is printed after bash put the terminal back in cooked mode with echo on.)
+    ben.send(b"echo READY-$((40+2)); cat > /workspace/stdin.log\n")
+        .await;
+    ben.output_contains("READY-42").await;
+    ben.send(b"from-ben-1\n").await;
+    // Echoed by the terminal to every viewer, the typer included.
+    ana.output_contains("from-ben-1").await;
+    ben.output_contains("from-ben-1").await;
+    cy.output_contains("from-ben-1").await;
+
+    // Cy (viewer) types: refused with an event, never delivered.
+    cy.send(b"from-cy-viewer\n").await;
+    cy.until("denied event", |t| t.has_event("denied")).await;
+    ben.send(b"from-ben-2\n").await;
+    ana.output_contains("from-ben-2").await;
+    ben.send(b"\x04").await; // end cat's input
+                             // The terminal echoes a line before cat reads it: wait for cat to have written it.
+    let mut log = String::new();
+    for _ in 0..100 {
+        let (status, body) = http(
+            &server.url(&format!("/api/rooms/{room}/files/stdin.log")),
+            "GET",
+            Some(&t.ana),
+            None,
+        )
+        .await;
+        assert_eq!(status, 200);
+        log = body;
+        if log.contains("from-ben-2") {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(log, "from-ben-1\nfrom-ben-2\n");
+    assert!(!ana.output.contains("from-cy-viewer"));
+
+    // The refusal is in the room's audit chain.
+    let audit = audit(server, &t.ana, room).await;
+    assert!(
+        audit
+            .iter()
+            .any(|r| r["actor"] == cy_id && r["action"] == "type" && r["decision"] == "deny"),
+        "{audit:?}"
+    );
+
+    // The recording attributes every input chunk, and never the refused one.
+    let (status, inputs) = http(
+        &server.url(&format!("/api/rooms/{room}/terminal/recording/inputs")),
+        "GET",
+        Some(&t.cy),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    let lines: Vec<Value> = inputs
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["user"] == t.ben_id.as_str() && l["data"] == "from-ben-1\n"),
+        "{inputs}"
+    );
+    assert!(!inputs.contains("from-cy-viewer"));
+    let (status, cast) = http(
+        &server.url(&format!("/api/rooms/{room}/terminal/recording")),
+        "GET",
+        Some(&t.cy),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    let header: Value = serde_json::from_str(cast.lines().next().unwrap()).unwrap();
+    assert_eq!(header["version"], 2);
+    assert!(cast.contains("from-ben-2"));
+
+    // A late joiner gets the scrollback first.
+    let mut late = term(server, room, &t.cy).await;
+    late.output_contains("from-ben-1").await;
+
+    // Downgraded to viewer: the next keystroke is refused.
+    assert_eq!(
+        set_role(server, &t.ana, room, &t.ben_id, r#"{"role":"viewer"}"#).await,
+        200
+    );
+    ben.until("read-only after the downgrade", |t| {
+        t.has_event("read_only")
+    })
+    .await;
+    ben.send(b"echo after-downgrade\n").await;
+    ben.until("denied after the downgrade", |t| t.has_event("denied"))
+        .await;
+    assert!(!ana.output.contains("after-downgrade"));
+
+    // Removed: the socket closes.
+    let url = server.url(&format!("/api/rooms/{room}/participants/{}", t.ben_id));
+    assert_eq!(http(&url, "DELETE", Some(&t.ana), None).await.0, 204);
+    ben.until("close after removal", |t| t.closed.is_some())
+        .await;
+    assert_eq!(ben.closed, Some(4003));
+}
+
+#[tokio::test]
+async fn typed_operations_check_paths_and_rights() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let t = team(&storage).await;
+    let (server, room) = (&t.server, &t.room);
+
+    let status0 = sandbox_status(server, &t.cy, room).await;
+    assert_eq!(status0["tier"], "namespace");
+    assert_eq!(status0["state"], "absent");
+
+    let (status, out) = exec(server, &t.ben, room, "echo out; echo err >&2; exit 3").await;
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(out["exit_code"], 3);
+    assert_eq!(out["stdout"], "out\n");
+    assert_eq!(out["stderr"], "err\n");
+    let (status, _) = exec(server, &t.cy, room, "echo no").await;
+    assert_eq!(status, 403, "viewers cannot run commands");
+
+    let s = sandbox_status(server, &t.cy, room).await;
+    assert_eq!(s["state"], "running");
+    let receipt = &s["receipt"];
+    assert_eq!(receipt["tier"], "namespace");
+    assert!(receipt["network"]
+        .as_str()
+        .unwrap()
+        .contains("loopback only"));
+    assert!(receipt["mounts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|m| m.as_str().unwrap().starts_with("/workspace")));
+
+    let file = |p: &str| server.url(&format!("/api/rooms/{room}/files/{p}"));
+    assert_eq!(
+        http(
+            &file("src/lib.rs"),
+            "PUT",
+            Some(&t.ben),
+            Some("pub fn x() {}\n")
+        )
+        .await
+        .0,
+        204
+    );
+    assert_eq!(
+        http(&file("src/lib.rs"), "GET", Some(&t.cy), None).await,
+        (200, "pub fn x() {}\n".to_owned())
+    );
+    assert_eq!(
+        http(&file("src/lib.rs"), "PUT", Some(&t.cy), Some("no"))
+            .await
+            .0,
+        403
+    );
+    let (_, out) = exec(server, &t.ben, room, "cat src/lib.rs").await;
+    assert_eq!(out["stdout"], "pub fn x() {}\n");
+    assert_eq!(
+        http(&file("src/lib.rs"), "DELETE", Some(&t.ben), None)
+            .await
+            .0,
+        204
+    );
+    assert_eq!(
+        http(&file("src/lib.rs"), "GET", Some(&t.ben), None).await.0,
+        404
+    );
+
+    // Hostile paths are refused before they reach anything.
+    exec(server, &t.ben, room, "ln -s /etc/passwd leak").await;
+    for bad in [
+        "a/../../etc/passwd",
+        "..",
+        "a//b",
+        "%00x",
+        "x%0Ay",
+        &"n".repeat(300),
+        "leak",
+    ] {
+        let (status, body) = http(&file(bad), "GET", Some(&t.ben), None).await;
+        assert_eq!(status, 400, "{bad}: {body}");
+    }
+    let (status, _) = http(&file("a/../x"), "PUT", Some(&t.ben), Some("x")).await;
+    assert_eq!(status, 400);
+
+    // Outsiders learn nothing.
+    let eve = storage.token("eve@example.com").await;
+    assert_eq!(http(&file("x"), "GET", Some(&eve), None).await.0, 404);
+    let (status, _) = exec(server, &eve, room, "id").await;
+    assert_eq!(status, 404);
+}
+
+#[tokio::test]
+async fn the_server_is_out_of_reach_from_inside() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let t = team(&storage).await;
+    let (server, room) = (&t.server, &t.room);
+    let data = storage.dir.path().display().to_string();
+    let (_, out) = exec(
+        server,
+        &t.ana,
+        room,
+        &format!("cat {data}/coderoom.db; ls {data}; ls /proc/1/root{data}"),
+    )
+    .await;
+    assert_ne!(out["exit_code"], 0);
+    let err = out["stderr"].as_str().unwrap();
+    assert_eq!(err.matches("No such file or directory").count(), 3, "{out}");
+    assert!(out["stdout"].as_str().unwrap().is_empty());
+
+    let port = server.addr.rsplit(':').next().unwrap();
+    let probe = format!("import socket\ns=socket.socket(); s.settimeout(3)\ntry:\n  s.connect(('127.0.0.1',{port})); print('CONNECTED')\nexcept OSError as e: print('refused', e.errno)\n");
+    let (_, out) = exec(server, &t.ana, room, &format!("python3 -c \"{probe}\"")).await;
+    assert!(
+        out["stdout"].as_str().unwrap().starts_with("refused"),
+        "{out}"
+    );
+    let (_, out) = exec(
+        server,
+        &t.ana,
+        room,
+        "grep -E '^(Seccomp|NoNewPrivs):' /proc/self/status",
+    )
+    .await;
+    assert_eq!(out["stdout"], "NoNewPrivs:\t1\nSeccomp:\t2\n");
+}
+
+/// Doc edits in another room keep flowing while this room's sandbox meets its limits.
+#[tokio::test]
+async fn limits_contain_abuse_and_failures_are_recorded_and_restartable() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let t = team_with(
+        &storage,
+        &[
+            "--sandbox-pids",
+            "64",
+            "--sandbox-memory-mb",
+            "192",
+            "--sandbox-workspace-mb",
+            "16",
+        ],
+    )
+    .await;
+    let (server, room) = (&t.server, &t.room);
+    let other = create_room(server, &t.ana).await;
+    let mut writer = Client::connect(server, &other, &t.ana).await;
+    writer.synced().await;
+    let mut reader = Client::connect(server, &other, &t.ana).await;
+    reader.synced().await;
+
+    let abuse = async {
+        let (_, bomb) = exec(
+            server,
+            &t.ben,
+            room,
+            "b(){ b|b& }; b; sleep 3; echo survived",
+        )
+        .await;
+        let (_, hog) = exec(
+            server,
+            &t.ben,
+            room,
+            "python3 -c \"a = b'x' * (400 << 20)\"; echo $?",
+        )
+        .await;
+        let (_, fill) = exec(
+            server,
+            &t.ben,
+            room,
+            "for i in 1 2 3 4; do dd if=/dev/zero of=f$i bs=1M count=6 2>&1 || exit 1; done",
+        )
+        .await;
+        (bomb, hog, fill)
+    };
+    let edits = async {
+        let mut text = String::new();
+        for i in 0..30 {
+            let s = format!("{i},");
+            writer.insert("notes.txt", text.len() as u32, &s).await;
+            text.push_str(&s);
+            tokio::time::timeout(Duration::from_secs(3), reader.wait_for("notes.txt", &text))
+                .await
+                .unwrap_or_else(|_| panic!("edit {i} did not reach the other client in 3 s"));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let ((bomb, hog, fill), ()) = tokio::join!(abuse, edits);
+    assert!(bomb["stdout"] == "survived\n", "{bomb}");
+    assert_eq!(hog["stdout"], "137\n", "the hog is OOM-killed: {hog}");
+    assert!(
+        fill["stdout"].as_str().unwrap().contains("No space left"),
+        "{fill}"
+    );
+    let s = sandbox_status(server, &t.ana, room).await;
+    assert_eq!(s["state"], "running", "{s}");
+    assert!(s["usage"]["oom_kills"].as_u64().unwrap() >= 1, "{s}");
+    assert!(s["usage"]["forks_refused"].as_u64().unwrap() >= 1, "{s}");
+
+    // kill -9 of the agent: observed, recorded, told to viewers, restartable.
+    let mut viewer = term(server, room, &t.cy).await;
+    viewer
+        .until("sandbox running", |t| t.has_event("sandbox"))
+        .await;
+    let (_, out) = exec(
+        server,
+        &t.ben,
+        room,
+        "rm -f f1 f2 f3 f4; echo keep > kept.txt",
+    )
+    .await;
+    assert_eq!(out["exit_code"], 0);
+    assert_eq!(lifecycle(server, &t.ben, room, "stop").await, 200);
+    assert_eq!(lifecycle(server, &t.ben, room, "start").await, 200);
+    let agent_pid = agent_host_pid(room);
+    std::process::Command::new("kill")
+        .args(["-9", &agent_pid.to_string()])
+        .status()
+        .unwrap();
+    viewer
+        .until("exit event", |t| {
+            t.events
+                .iter()
+                .any(|e| e["type"] == "exit" && e["reason"].is_string())
+        })
+        .await;
+    let s = sandbox_status(server, &t.ana, room).await;
+    assert_eq!(s["state"], "failed");
+    assert!(s["reason"].as_str().unwrap().contains("signal 9"), "{s}");
+    let (status, body) = exec(server, &t.ben, room, "true").await;
+    assert_eq!(status, 409, "a failed sandbox waits for a restart: {body}");
+    let audit = audit(server, &t.ana, room).await;
+    assert!(audit.iter().any(|r| r["action"] == "sandbox_failed"));
+    assert_eq!(lifecycle(server, &t.ben, room, "start").await, 200);
+    let (_, out) = exec(server, &t.ben, room, "cat kept.txt").await;
+    assert_eq!(out["stdout"], "keep\n", "restarted from the last snapshot");
+    writer.insert("notes.txt", 0, "still-alive ").await;
+    reader
+        .wait_for(
+            "notes.txt",
+            &format!(
+                "still-alive {}",
+                writer
+                    .content("notes.txt")
+                    .trim_start_matches("still-alive ")
+            ),
+        )
+        .await;
+}
+
+async fn lifecycle(server: &Server, token: &str, room: &str, which: &str) -> u16 {
+    let url = server.url(&format!("/api/rooms/{room}/sandbox/{which}"));
+    http(&url, "POST", Some(token), None).await.0
+}
+
+/// The host pid of the serving agent (pid 2 inside) of a room's sandbox.
+fn agent_host_pid(room: &str) -> u32 {
+    let procs =
+        std::fs::read_to_string(format!("/sys/fs/cgroup/pids/coderoom/{room}/cgroup.procs"))
+            .or_else(|_| {
+                std::fs::read_to_string(format!("/sys/fs/cgroup/coderoom/{room}/cgroup.procs"))
+            })
+            .unwrap();
+    procs
+        .lines()
+        .filter_map(|l| l.trim().parse::<u32>().ok())
+        .find(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/status"))
+                .ok()
+                .and_then(|s| {
+                    s.lines()
+                        .find(|l| l.starts_with("NSpid:"))
+                        .map(str::to_owned)
+                })
+                .is_some_and(|l| l.split_whitespace().last() == Some("2"))
+        })
+        .expect("the agent's pid")
+}
+
+/// Polls the sandbox's status until it reaches `want` (10 s at most).
+async fn wait_for_state(server: &Server, token: &str, room: &str, want: &str) -> Value {
+    let mut state = Value::Null;
+    for _ in 0..100 {
+        state = sandbox_status(server, token, room).await;
+        if state["state"] == want {
+            return state;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the sandbox never became {want}: {state}");
+}
+
+#[tokio::test]
+async fn idle_sandboxes_stop_and_the_timer_survives_a_restart() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let idle = ["--sandbox-idle-ms", "1500"];
+    let t = team_with(&storage, &idle).await;
+    let room = t.room.clone();
+    let file = |server: &Server, p: &str| server.url(&format!("/api/rooms/{room}/files/{p}"));
+
+    // Idle stop while the server runs: snapshot, stopped, resumed on the next use.
+    assert_eq!(
+        http(
+            &file(&t.server, "a.txt"),
+            "PUT",
+            Some(&t.ben),
+            Some("first")
+        )
+        .await
+        .0,
+        204
+    );
+    assert_eq!(
+        sandbox_status(&t.server, &t.ana, &room).await["state"],
+        "running"
+    );
+    let state = wait_for_state(&t.server, &t.ana, &room, "stopped").await;
+    assert!(state["reason"].as_str().unwrap().starts_with("idle"));
+    assert_eq!(
+        http(&file(&t.server, "a.txt"), "GET", Some(&t.ana), None).await,
+        (200, "first".to_owned())
+    );
+
+    // Armed, then the server restarts before it fires: the workspace is snapshotted at
+    // shutdown and the timer fires after the restart.
+    assert_eq!(
+        http(
+            &file(&t.server, "b.txt"),
+            "PUT",
+            Some(&t.ben),
+            Some("second")
+        )
+        .await
+        .0,
+        204
+    );
+    let status = t.server.terminate().await;
+    assert!(status.success());
+    let server = Server::start(&storage, &idle).await;
+    let state = wait_for_state(&server, &t.ana, &room, "stopped").await;
+    assert!(
+        state["reason"]
+            .as_str()
+            .unwrap()
+            .contains("after a server restart"),
+        "{state}"
+    );
+    assert_eq!(
+        http(&file(&server, "a.txt"), "GET", Some(&t.ana), None).await,
+        (200, "first".to_owned())
+    );
+    assert_eq!(
+        http(&file(&server, "b.txt"), "GET", Some(&t.ana), None).await,
+        (200, "second".to_owned())
+    );
+
+    // Every transition carries the receipt.
+    let audit = audit(&server, &t.ana, &room).await;
+    let transitions: Vec<&Value> = audit
+        .iter()
+        .filter(|r| r["action"].as_str().unwrap().starts_with("sandbox_"))
+        .collect();
+    assert!(transitions.len() >= 5, "{transitions:?}");
+    for r in transitions {
+        let details: Value = r["details"].clone();
+        let details: Value = if details.is_string() {
+            serde_json::from_str(details.as_str().unwrap()).unwrap()
+        } else {
+            details
+        };
+        assert_eq!(details["receipt"]["tier"], "namespace", "{r}");
+        assert!(details["receipt"]["limits"]["memory_bytes"].is_u64(), "{r}");
+        assert!(details["reason"].is_string(), "{r}");
+    }
+}
