@@ -202,7 +202,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         shutdown.clone(),
     )?;
     let permits = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let sandboxes = sandboxes(&args, &store, &audit, &shutdown)?;
+    let sandboxes = sandboxes(&args, &store, &audit, &rooms, &shutdown)?;
     let admin_emails = args
         .admin_emails
         .iter()
@@ -307,6 +307,7 @@ fn sandboxes(
     args: &ServeArgs,
     store: &Store,
     audit: &crate::audit::Audit,
+    rooms: &Rooms,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<crate::sandbox::Sandboxes> {
     use coderoom_sandbox::{AgentCommand, Backend, Tier};
@@ -332,6 +333,8 @@ fn sandboxes(
     Ok(crate::sandbox::Sandboxes::new(
         backend,
         crate::sandbox::Deps {
+            rooms: rooms.clone(),
+            limits: Arc::new(args.limits.clone()),
             store: store.clone(),
             audit: audit.clone(),
             data_dir: args.storage.data_dir.clone(),

@@ -11,6 +11,7 @@ pub mod config;
 pub mod deletion;
 pub mod email;
 pub mod error;
+pub mod filesync;
 pub mod login;
 pub mod mail;
 pub mod metrics;

@@ -7,6 +7,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::mpsc;
+
+/// Attempts to join a room that is unloading at the moment of the join.
+const JOIN_ATTEMPTS: usize = 3;
 use tokio_util::task::TaskTracker;
 
 #[derive(Clone)]
@@ -131,6 +134,40 @@ impl Rooms {
             Some(tx) => tx.send(cmd).await.is_ok(),
             None => false,
         }
+    }
+
+    /// Joins connection `conn` of `user_id` (with its edit and observe deadlines) to the room,
+    /// loading it if needed. `Err(None)`: the room could not be loaded.
+    pub async fn join(
+        &self,
+        room_id: &str,
+        conn: crate::room::ConnId,
+        user_id: &str,
+        (edit_until, observe_until): (i64, i64),
+        outbox: &crate::outbox::Outbox,
+    ) -> Result<mpsc::Sender<RoomCmd>, Option<crate::room::JoinError>> {
+        for _ in 0..JOIN_ATTEMPTS {
+            let room = self.handle(room_id);
+            let (reply, answer) = tokio::sync::oneshot::channel();
+            let cmd = RoomCmd::Join {
+                conn,
+                user_id: user_id.to_owned(),
+                edit_until,
+                observe_until,
+                out: outbox.clone(),
+                reply,
+            };
+            if room.send(cmd).await.is_err() {
+                continue;
+            }
+            match answer.await {
+                Ok(Ok(())) => return Ok(room),
+                Ok(Err(e)) => return Err(Some(e)),
+                // The room unloaded or failed while we joined: try a fresh load.
+                Err(_) => continue,
+            }
+        }
+        Err(None)
     }
 
     /// Number of rooms currently registered.

@@ -37,6 +37,8 @@ const VIEWER_QUEUE: usize = 64;
 const SNAPSHOT_WITHIN: Duration = Duration::from_secs(120);
 /// Time the sandbox gets to end after being killed.
 const KILL_WITHIN: Duration = Duration::from_secs(10);
+/// Time the file sync gets to write pending edits before a snapshot.
+const SYNC_STOP_WITHIN: Duration = Duration::from_secs(10);
 /// Snapshots kept per room (the newest ones).
 const KEEP_SNAPSHOTS: usize = 2;
 /// How often the idle scheduler looks for due timers.
@@ -148,6 +150,8 @@ enum Cmd {
 /// What the supervisors need from the rest of the server.
 #[derive(Clone)]
 pub struct Deps {
+    pub rooms: crate::rooms::Rooms,
+    pub limits: Arc<crate::config::Limits>,
     pub store: Store,
     pub audit: Audit,
     pub data_dir: PathBuf,
@@ -368,6 +372,8 @@ enum Life {
         sandbox: Sandbox,
         generation: u64,
         receipt: Receipt,
+        /// The document <-> workspace sync of this sandbox.
+        sync: (CancellationToken, tokio::task::JoinHandle<()>),
     },
     Failed(String),
 }
@@ -531,7 +537,8 @@ impl Actor {
             }
             Cmd::Destroy { reply } => {
                 let was = matches!(self.life, Life::Running { .. });
-                if let Life::Running { sandbox, .. } = &self.life {
+                if let Life::Running { sandbox, sync, .. } = &self.life {
+                    sync.0.cancel();
                     sandbox.kill();
                     let _ = tokio::time::timeout(KILL_WITHIN, sandbox.ended()).await;
                 }
@@ -669,10 +676,19 @@ impl Actor {
             });
         }
         tracing::info!(room = %self.room_id, tier = %receipt.tier, "sandbox running");
+        let cancel = CancellationToken::new();
+        let sync = tokio::spawn(crate::filesync::run(crate::filesync::SyncCtx {
+            rooms: self.deps().rooms.clone(),
+            limits: self.deps().limits.clone(),
+            room_id: self.room_id.clone(),
+            sandbox: sandbox.clone(),
+            cancel: cancel.clone(),
+        }));
         self.life = Life::Running {
             sandbox: sandbox.clone(),
             generation,
             receipt,
+            sync: (cancel, sync),
         };
         self.hub.pty_open = false;
         self.broadcast_event(json!({ "type": "sandbox", "state": "running" }));
@@ -722,12 +738,18 @@ impl Actor {
     /// (nothing is lost), except at server shutdown, where the previous snapshot stands.
     async fn stop(&mut self, actor: &str, reason: &str, state: &str) -> Result<(), SandboxError> {
         let Life::Running {
-            sandbox, receipt, ..
-        } = &self.life
+            sandbox,
+            receipt,
+            sync,
+            ..
+        } = &mut self.life
         else {
             return Ok(());
         };
         let (sandbox, receipt) = (sandbox.clone(), receipt.clone());
+        // The sync writes the last document edits to disk as it stops: the snapshot has them.
+        sync.0.cancel();
+        let _ = tokio::time::timeout(SYNC_STOP_WITHIN, &mut sync.1).await;
         let snap = self.take_snapshot(&sandbox).await;
         let (snapshot, snapshot_at, bytes) = match snap {
             Ok((name, bytes)) => (Some(name), Some(now_ms()), bytes),
@@ -831,6 +853,7 @@ impl Actor {
         let Life::Running {
             generation: current,
             receipt,
+            sync,
             ..
         } = &self.life
         else {
@@ -839,6 +862,7 @@ impl Actor {
         if *current != generation {
             return;
         }
+        sync.0.cancel();
         let receipt = receipt.clone();
         let reason = match how {
             Ended::Stopped => "stopped".to_owned(),

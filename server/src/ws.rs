@@ -15,11 +15,14 @@ use futures_util::stream::SplitSink;
 use futures_util::{SinkExt, StreamExt};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
-/// Attempts to join a room that is unloading at the moment of the join.
-const JOIN_ATTEMPTS: usize = 3;
+
+/// A connection id no other connection of this process has.
+pub fn next_conn_id() -> ConnId {
+    NEXT_CONN.fetch_add(1, Ordering::Relaxed)
+}
 /// Time the writer gets to flush a close frame once the reader is done.
 const WRITER_GRACE: Duration = Duration::from_secs(2);
 
@@ -51,7 +54,7 @@ async fn serve(
     access: (i64, i64),
     socket: WebSocket,
 ) {
-    let conn: ConnId = NEXT_CONN.fetch_add(1, Ordering::Relaxed);
+    let conn = next_conn_id();
     let (outbox, out_rx) = Outbox::new(app.limits.outbound_queue_bytes, app.limits.max_doc_bytes);
     let (sink, mut stream) = socket.split();
     let done = out_rx.kill_token();
@@ -157,28 +160,15 @@ async fn join(
     access: (i64, i64),
     outbox: &Outbox,
 ) -> Result<mpsc::Sender<RoomCmd>, CloseCode> {
-    for _ in 0..JOIN_ATTEMPTS {
-        let room = app.rooms.handle(room_id);
-        let (reply, answer) = oneshot::channel();
-        let cmd = RoomCmd::Join {
-            conn,
-            user_id: user.id.clone(),
-            edit_until: access.0,
-            observe_until: access.1,
-            out: outbox.clone(),
-            reply,
-        };
-        if room.send(cmd).await.is_err() {
-            continue;
-        }
-        match answer.await {
-            Ok(Ok(())) => return Ok(room),
-            Ok(Err(JoinError::Full)) => return Err(CloseCode::TryAgain),
-            // The room unloaded or failed while we joined: try a fresh load.
-            Err(_) => continue,
-        }
+    match app
+        .rooms
+        .join(room_id, conn, &user.id, access, outbox)
+        .await
+    {
+        Ok(room) => Ok(room),
+        Err(Some(JoinError::Full)) => Err(CloseCode::TryAgain),
+        Err(None) => Err(CloseCode::Internal),
     }
-    Err(CloseCode::Internal)
 }
 
 async fn finish_writer(mut writer: tokio::task::JoinHandle<()>) {

@@ -605,3 +605,155 @@ async fn idle_sandboxes_stop_and_the_timer_survives_a_restart() {
         assert!(details["reason"].is_string(), "{r}");
     }
 }
+
+/// Runs `script` until its output contains `needle` (5 s at most); returns the last output.
+async fn stdout_until(
+    server: &Server,
+    token: &str,
+    room: &str,
+    script: &str,
+    needle: &str,
+) -> Value {
+    let mut out = Value::Null;
+    for _ in 0..100 {
+        out = exec(server, token, room, script).await.1["stdout"].clone();
+        if out.as_str().is_some_and(|s| s.contains(needle)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    out
+}
+
+/// Editor edits reach the files inside the sandbox; files changed by commands inside reach
+/// every editor as minimal edits, so a collaborator's cursor elsewhere in the file stays put.
+#[tokio::test]
+async fn editors_and_the_workspace_are_one() {
+    use yrs::{Assoc, IndexedSequence, Transact};
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let t = team(&storage).await;
+    let (server, room) = (&t.server, &t.room);
+    let mut ana = Client::connect(server, room, &t.ana).await;
+    ana.synced().await;
+    let mut ben = Client::connect(server, room, &t.ben).await;
+    ben.synced().await;
+
+    // A file written in the editor appears on disk (starting the sandbox on first use).
+    ana.put_file("src/main.rs", "fn main() {\n    println!(\"hi\");\n}\n")
+        .await;
+    ben.wait_for_file("src/main.rs", "fn main() {\n    println!(\"hi\");\n}\n")
+        .await;
+    let on_disk = stdout_until(server, &t.ben, room, "cat src/main.rs", "hi").await;
+    assert_eq!(on_disk, "fn main() {\n    println!(\"hi\");\n}\n");
+
+    // Typing in the editor reaches the file within a moment.
+    ana.edit_file("src/main.rs", 0, "// edited\n").await;
+    let on_disk = stdout_until(server, &t.ben, room, "cat src/main.rs", "// edited").await;
+    assert!(
+        on_disk
+            .as_str()
+            .unwrap()
+            .starts_with("// edited\nfn main()"),
+        "{on_disk}"
+    );
+
+    // Ben's cursor sits on the closing brace, after the line a command will change.
+    ben.wait_for_file(
+        "src/main.rs",
+        "// edited\nfn main() {\n    println!(\"hi\");\n}\n",
+    )
+    .await;
+    let text = ben.file("src/main.rs").unwrap();
+    let brace = ben.file_content("src/main.rs").unwrap().rfind('}').unwrap() as u32;
+    let cursor = {
+        let txn = ben.doc.transact();
+        text.sticky_index(&txn, brace, Assoc::After).unwrap()
+    };
+
+    // A command inside changes the file and generates a new one: both editors see both.
+    let (_, out) = exec(
+        server,
+        &t.ben,
+        room,
+        "sed -i 's/hi/hello, world/' src/main.rs && printf 'generated\\n' > gen.txt",
+    )
+    .await;
+    assert_eq!(out["exit_code"], 0, "{out}");
+    let expected = "// edited\nfn main() {\n    println!(\"hello, world\");\n}\n";
+    ana.wait_for_file("src/main.rs", expected).await;
+    ben.wait_for_file("src/main.rs", expected).await;
+    ana.wait_for_file("gen.txt", "generated\n").await;
+    ben.wait_for_file("gen.txt", "generated\n").await;
+    let moved = {
+        let txn = ben.doc.transact();
+        cursor.get_offset(&txn).unwrap().index
+    };
+    assert_eq!(
+        moved as usize,
+        expected.rfind('}').unwrap(),
+        "the cursor followed its text"
+    );
+
+    // Binary and oversized files stay out of the document.
+    exec(
+        server,
+        &t.ben,
+        room,
+        "printf 'a\\000b' > blob.bin; head -c 2000000 /dev/zero | tr '\\0' x > big.txt",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let probe = Client::connect(server, room, &t.cy).await;
+    let mut probe = probe;
+    probe.synced().await;
+    assert!(probe.file("blob.bin").is_none());
+    assert!(probe.file("big.txt").is_none());
+    assert_eq!(
+        probe.file_content("gen.txt").as_deref(),
+        Some("generated\n")
+    );
+
+    // A file deleted inside leaves the document.
+    exec(server, &t.ben, room, "rm gen.txt").await;
+    let mut gone = false;
+    for _ in 0..100 {
+        let mut c = Client::connect(server, room, &t.cy).await;
+        c.synced().await;
+        if c.file("gen.txt").is_none() {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(gone, "gen.txt is still in the document");
+
+    // Wiping the workspace from inside does not wipe the room: the document keeps the files
+    // and writes them back.
+    exec(
+        server,
+        &t.ben,
+        room,
+        "mkdir -p many && for i in $(seq 1 12); do echo $i > many/f$i.txt; done",
+    )
+    .await;
+    ana.wait_for_file("many/f12.txt", "12\n").await;
+    exec(
+        server,
+        &t.ben,
+        room,
+        "rm -rf /workspace/* /workspace/.[!.]* 2>/dev/null; true",
+    )
+    .await;
+    let restored = stdout_until(
+        server,
+        &t.ben,
+        room,
+        "cat many/f12.txt src/main.rs 2>/dev/null",
+        "hello, world",
+    )
+    .await;
+    assert_eq!(restored, format!("12\n{expected}"));
+    let mut c = Client::connect(server, room, &t.cy).await;
+    c.synced().await;
+    assert_eq!(c.file_content("src/main.rs").as_deref(), Some(expected));
+}

@@ -407,6 +407,63 @@ impl Client {
     pub fn state_vector(&self) -> StateVector {
         self.doc.transact().state_vector()
     }
+
+    /// The `Y.Text` of a workspace file (`files` map), if the document has it.
+    pub fn file(&self, path: &str) -> Option<yrs::TextRef> {
+        use yrs::Map;
+        let files = self.doc.get_or_insert_map("files");
+        let txn = self.doc.transact();
+        match files.get(&txn, path) {
+            Some(yrs::Out::YText(t)) => Some(t),
+            _ => None,
+        }
+    }
+
+    pub fn file_content(&self, path: &str) -> Option<String> {
+        let t = self.file(path)?;
+        let txn = self.doc.transact();
+        Some(t.get_string(&txn))
+    }
+
+    /// Creates (or replaces) a workspace file in the document and sends the update.
+    pub async fn put_file(&mut self, path: &str, content: &str) {
+        use yrs::Map;
+        let update = {
+            let files = self.doc.get_or_insert_map("files");
+            let mut txn = self.doc.transact_mut();
+            files.insert(&mut txn, path, yrs::TextPrelim::new(content));
+            txn.encode_update_v1()
+        };
+        self.send(YMessage::Sync(SyncMessage::Update(update))).await;
+    }
+
+    /// Inserts into a workspace file of the document and sends the update.
+    pub async fn edit_file(&mut self, path: &str, at: u32, s: &str) {
+        let text = self.file(path).expect("the file exists");
+        let update = {
+            let mut txn = self.doc.transact_mut();
+            text.insert(&mut txn, at, s);
+            txn.encode_update_v1()
+        };
+        self.send(YMessage::Sync(SyncMessage::Update(update))).await;
+    }
+
+    /// Receives until the workspace file `path` reads `expected`.
+    pub async fn wait_for_file(&mut self, path: &str, expected: &str) {
+        let r = tokio::time::timeout(Duration::from_secs(20), async {
+            while self.file_content(path).as_deref() != Some(expected) {
+                if let Event::Closed(c) = self.next().await {
+                    panic!("closed ({c:?}) waiting for {path}");
+                }
+            }
+        })
+        .await;
+        assert!(
+            r.is_ok(),
+            "{path} never became {expected:?}; it is {:?}",
+            self.file_content(path)
+        );
+    }
 }
 
 pub async fn raw_ws(server: &Server, room: &str, token: &str) -> Ws {

@@ -1,0 +1,648 @@
+//! Editor and workspace in one: the text files of a running sandbox's workspace mirror the
+//! room document's `files` map (path -> `Y.Text`).
+//!
+//! The sync is a participant of the room like any editor: it joins the room task with its own
+//! replica of the document, so what it adds goes through the same checks, log and broadcast as
+//! a keystroke. Document edits reach the disk through the agent, debounced. Changes made inside
+//! the sandbox are found by a periodic listing (size and mtime), read, and turned into minimal
+//! text edits, so collaborators' cursors outside the changed text stay where they were.
+//!
+//! Conflict rule (both sides changed a file since they last agreed): the change on disk is
+//! applied as a three-way merge against the text both sides last agreed on. Hunks of the disk
+//! change that touch only text the editors left alone are applied; where editors and the disk
+//! changed the same characters, the editors' text wins. The merged text is then written back
+//! to the disk, so both sides agree again.
+//!
+//! Only text goes into the document: files larger than [`MAX_SYNC_FILE`], with NUL bytes or not
+//! UTF-8 stay on disk only. Deleting a file on disk removes it from the document, except when a
+//! single scan sees most of the synced files vanish at once (`rm -rf` of the workspace): then
+//! the document keeps them and they are written back.
+
+use crate::config::Limits;
+use crate::outbox::{Outbound, Outbox};
+use crate::protocol::Inbound;
+use crate::room::RoomCmd;
+use crate::rooms::Rooms;
+use coderoom_sandbox::path::WorkspacePath;
+use coderoom_sandbox::proto::{FileEntry, Op, Reply};
+use coderoom_sandbox::Sandbox;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use yrs::sync::protocol::{Message, SyncMessage};
+use yrs::types::{Event, PathSegment};
+use yrs::updates::decoder::Decode;
+use yrs::{
+    DeepObservable, Doc, GetString, Map, MapRef, Out, ReadTxn, Text, TextRef, Transact, Update,
+};
+
+/// Largest file mirrored into the document.
+pub const MAX_SYNC_FILE: u64 = 1 << 20;
+/// Most files one room mirrors (a listing beyond it is truncated).
+const MAX_SYNC_FILES: u32 = 5000;
+/// How often the workspace is listed for changes made inside.
+const SCAN_EVERY: Duration = Duration::from_millis(300);
+/// Quiet time after a document edit before the file is written.
+const DEBOUNCE: Duration = Duration::from_millis(150);
+/// A scan that sees more than this many synced files vanish, and more than half of them, is
+/// treated as a wipe and not mirrored into the document.
+const MASS_DELETE: usize = 10;
+/// Time an agent file operation may take.
+const AGENT_WITHIN: Duration = Duration::from_secs(30);
+/// Time allowed for a character diff before a coarser one is used.
+const DIFF_DEADLINE: Duration = Duration::from_millis(200);
+
+/// One text edit in byte offsets of the text it applies to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Edit {
+    pub at: usize,
+    pub delete: usize,
+    pub insert: String,
+}
+
+/// Byte offset of every char boundary of `s` (including the end).
+fn boundaries(s: &str) -> Vec<usize> {
+    let mut v: Vec<usize> = s.char_indices().map(|(i, _)| i).collect();
+    v.push(s.len());
+    v
+}
+
+/// Hunks turning `old` into `new`: (old char range, replacement text).
+fn hunks(old: &str, new: &str) -> Vec<(std::ops::Range<usize>, String)> {
+    let diff = similar::TextDiff::configure()
+        .algorithm(similar::Algorithm::Myers)
+        .deadline(std::time::Instant::now() + DIFF_DEADLINE)
+        .diff_chars(old, new);
+    let new_chars: Vec<char> = new.chars().collect();
+    let mut out = Vec::new();
+    for op in diff.ops() {
+        let (old_r, new_r) = (op.old_range(), op.new_range());
+        if matches!(op, similar::DiffOp::Equal { .. }) {
+            continue;
+        }
+        out.push((old_r, new_chars[new_r].iter().collect()));
+    }
+    out
+}
+
+/// The edits that carry the disk's change (`base` -> `disk`) into the document's text `doc`,
+/// following the module's conflict rule. Returned last first, so each applies at its offsets.
+pub fn merge(base: &str, doc: &str, disk: &str) -> Vec<Edit> {
+    let base_b = boundaries(base);
+    let doc_b = boundaries(doc);
+    // Unchanged stretches of base in the document: (base chars, doc char start).
+    let equal: Vec<(std::ops::Range<usize>, usize)> = if base == doc {
+        vec![(0..base_b.len() - 1, 0)]
+    } else {
+        let diff = similar::TextDiff::configure()
+            .algorithm(similar::Algorithm::Myers)
+            .deadline(std::time::Instant::now() + DIFF_DEADLINE)
+            .diff_chars(base, doc);
+        diff.ops()
+            .iter()
+            .filter(|op| matches!(op, similar::DiffOp::Equal { .. }))
+            .map(|op| (op.old_range(), op.new_range().start))
+            .collect()
+    };
+    let mut edits = Vec::new();
+    for (range, text) in hunks(base, disk) {
+        let within = equal
+            .iter()
+            .find(|(eq, _)| eq.start <= range.start && range.end <= eq.end);
+        // Touches text the editors changed: their version wins.
+        let Some((eq, doc_start)) = within else {
+            continue;
+        };
+        let from = doc_start + (range.start - eq.start);
+        let to = from + (range.end - range.start);
+        edits.push(Edit {
+            at: doc_b[from],
+            delete: doc_b[to] - doc_b[from],
+            insert: text,
+        });
+    }
+    edits.reverse();
+    edits
+}
+
+/// Whether file content belongs in the document.
+fn as_text(data: Vec<u8>) -> Option<String> {
+    if data.contains(&0) {
+        return None;
+    }
+    String::from_utf8(data).ok()
+}
+
+/// What the sync needs to run.
+pub struct SyncCtx {
+    pub rooms: Rooms,
+    pub limits: Arc<Limits>,
+    pub room_id: String,
+    pub sandbox: Sandbox,
+    pub cancel: CancellationToken,
+}
+
+struct Replica {
+    doc: Doc,
+    files: MapRef,
+    /// Paths the document changed since the last write to disk.
+    dirty: Arc<Mutex<HashSet<String>>>,
+}
+
+impl Replica {
+    fn new() -> Self {
+        let doc = Doc::new();
+        let files = doc.get_or_insert_map("files");
+        let dirty: Arc<Mutex<HashSet<String>>> = Arc::default();
+        let sink = dirty.clone();
+        files.observe_deep("sync", move |txn, events| {
+            let mut dirty = sink.lock().unwrap_or_else(|e| e.into_inner());
+            for event in events.iter() {
+                match event {
+                    Event::Map(m) if m.path().is_empty() => {
+                        dirty.extend(m.keys(txn).keys().map(|k| k.to_string()));
+                    }
+                    other => {
+                        if let Some(PathSegment::Key(k)) = other.path().front() {
+                            dirty.insert(k.to_string());
+                        }
+                    }
+                }
+            }
+        });
+        Replica { doc, files, dirty }
+    }
+
+    fn text(&self, path: &str) -> Option<String> {
+        let txn = self.doc.transact();
+        match self.files.get(&txn, path) {
+            Some(Out::YText(t)) => Some(t.get_string(&txn)),
+            _ => None,
+        }
+    }
+
+    fn paths(&self) -> Vec<String> {
+        let txn = self.doc.transact();
+        self.files.keys(&txn).map(str::to_owned).collect()
+    }
+
+    fn take_dirty(&self) -> HashSet<String> {
+        std::mem::take(&mut *self.dirty.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// Runs the sync until `cancel` fires. Rejoins the room if it goes away.
+pub async fn run(ctx: SyncCtx) {
+    let mut base: HashMap<String, String> = HashMap::new();
+    while !ctx.cancel.is_cancelled() {
+        if let Err(e) = session(&ctx, &mut base).await {
+            tracing::warn!(room = %ctx.room_id, error = %e, "file sync interrupted; retrying");
+            tokio::select! {
+                () = ctx.cancel.cancelled() => break,
+                () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        }
+    }
+}
+
+struct Session<'a> {
+    ctx: &'a SyncCtx,
+    conn: crate::room::ConnId,
+    room: tokio::sync::mpsc::Sender<RoomCmd>,
+    replica: Replica,
+    /// Text both sides last agreed on, per path.
+    base: &'a mut HashMap<String, String>,
+    listing: HashMap<String, (u64, i128)>,
+}
+
+/// One membership in the room: join, sync, reconcile, then mirror until cancelled.
+async fn session(ctx: &SyncCtx, base: &mut HashMap<String, String>) -> Result<(), String> {
+    let conn = crate::ws::next_conn_id();
+    let (outbox, mut out_rx) =
+        Outbox::new(ctx.limits.outbound_queue_bytes, ctx.limits.max_doc_bytes);
+    let room = ctx
+        .rooms
+        .join(&ctx.room_id, conn, "sandbox", (i64::MAX, i64::MAX), &outbox)
+        .await
+        .map_err(|e| e.map_or_else(|| "the room is unavailable".to_owned(), |e| e.to_string()))?;
+    let replica = Replica::new();
+    let mut s = Session {
+        ctx,
+        conn,
+        room,
+        replica,
+        base,
+        listing: HashMap::new(),
+    };
+    let sv = s.replica.doc.transact().state_vector();
+    s.send(vec![Inbound::SyncStep1(sv)]).await?;
+    // Wait for the room's answer: the replica then holds the whole document.
+    loop {
+        match out_rx.recv().await {
+            Some(Outbound::Frame(_, bytes)) => {
+                if s.receive(&bytes).await? {
+                    break;
+                }
+            }
+            Some(Outbound::Close(..)) | None => return Err("the room closed the sync".into()),
+        }
+    }
+    s.reconcile().await?;
+    let mut scan = tokio::time::interval(SCAN_EVERY);
+    scan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut flush_at: Option<tokio::time::Instant> = None;
+    let result = loop {
+        let flush = async {
+            match flush_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            () = ctx.cancel.cancelled() => {
+                // Edits still waiting reach the disk before the sandbox is snapshotted.
+                let _ = s.flush().await;
+                break Ok(());
+            }
+            frame = out_rx.recv() => match frame {
+                Some(Outbound::Frame(_, bytes)) => {
+                    s.receive(&bytes).await?;
+                    if !s.replica.dirty.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
+                        flush_at = Some(tokio::time::Instant::now() + DEBOUNCE);
+                    }
+                }
+                Some(Outbound::Close(..)) | None => break Err("the room closed the sync".to_owned()),
+            },
+            () = flush => {
+                flush_at = None;
+                s.flush().await?;
+            }
+            _ = scan.tick() => s.scan().await?,
+        }
+    };
+    let _ = s.room.send(RoomCmd::Leave { conn }).await;
+    result
+}
+
+impl Session<'_> {
+    async fn send(&self, messages: Vec<Inbound>) -> Result<(), String> {
+        self.room
+            .send(RoomCmd::Inbound {
+                conn: self.conn,
+                messages,
+            })
+            .await
+            .map_err(|_| "the room went away".to_owned())
+    }
+
+    /// Applies a frame from the room to the replica. Returns whether it was the answer to our
+    /// sync request.
+    async fn receive(&mut self, bytes: &[u8]) -> Result<bool, String> {
+        let msg = Message::decode_v1(bytes).map_err(|e| e.to_string())?;
+        match msg {
+            // We hold nothing the room lacks: our changes are sent as we make them.
+            Message::Sync(SyncMessage::SyncStep1(_)) => Ok(false),
+            Message::Sync(SyncMessage::SyncStep2(data)) => {
+                self.apply_remote(&data)?;
+                Ok(true)
+            }
+            Message::Sync(SyncMessage::Update(data)) => {
+                self.apply_remote(&data)?;
+                Ok(false)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    fn apply_remote(&mut self, data: &[u8]) -> Result<(), String> {
+        let update = Update::decode_v1(data).map_err(|e| e.to_string())?;
+        self.replica
+            .doc
+            .transact_mut()
+            .apply_update(update)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Sends what a local transaction changed in the replica to the room.
+    async fn publish(&self, update: Vec<u8>) -> Result<(), String> {
+        if update.len() <= 2 {
+            return Ok(());
+        }
+        let len = update.len();
+        let update = Update::decode_v1(&update).map_err(|e| e.to_string())?;
+        self.send(vec![Inbound::Update { update, len }]).await
+    }
+
+    async fn call(&self, op: Op) -> Result<Reply, String> {
+        self.ctx
+            .sandbox
+            .call(op, AGENT_WITHIN)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    async fn list(&self) -> Result<Vec<FileEntry>, String> {
+        match self
+            .call(Op::ListFiles {
+                max_entries: MAX_SYNC_FILES,
+            })
+            .await?
+        {
+            Reply::Files { entries, .. } => Ok(entries
+                .into_iter()
+                .filter(|e| e.size <= MAX_SYNC_FILE && !e.path.ends_with(".coderoom-tmp"))
+                .collect()),
+            _ => Err("unexpected reply to a listing".into()),
+        }
+    }
+
+    async fn read_text(&self, path: &str) -> Result<Option<String>, String> {
+        let op = Op::ReadFile {
+            path: path.to_owned(),
+            max_bytes: MAX_SYNC_FILE,
+        };
+        match self.ctx.sandbox.call(op, AGENT_WITHIN).await {
+            Ok(Reply::File(data)) => Ok(as_text(data.into_vec())),
+            // Gone, grown or turned into something else since the listing: not text now.
+            Ok(_) | Err(coderoom_sandbox::CallError::Agent(_)) => Ok(None),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    async fn write(&self, path: &str, text: &str) -> Result<(), String> {
+        let op = Op::WriteFile {
+            path: path.to_owned(),
+            data: serde_bytes::ByteBuf::from(text.as_bytes().to_vec()),
+        };
+        match self.ctx.sandbox.call(op, AGENT_WITHIN).await {
+            Ok(_) => Ok(()),
+            // A path the workspace refuses (e.g. a directory is in the way): the document
+            // keeps it; the disk cannot.
+            Err(coderoom_sandbox::CallError::Agent(e)) => {
+                tracing::info!(room = %self.ctx.room_id, path, error = %e, "cannot write a document file to the workspace");
+                Ok(())
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// First agreement after joining: the document wins for files both have (it is durable
+    /// to the last keystroke; the workspace may come from an older snapshot); files only on
+    /// disk are imported; files only in the document are written.
+    async fn reconcile(&mut self) -> Result<(), String> {
+        let listing = self.list().await?;
+        let on_disk: HashSet<String> = listing.iter().map(|e| e.path.clone()).collect();
+        self.listing = listing
+            .iter()
+            .map(|e| (e.path.clone(), (e.size, e.mtime_ns)))
+            .collect();
+        self.replica.take_dirty();
+        for path in self.replica.paths() {
+            if WorkspacePath::parse(&path).is_err() {
+                continue;
+            }
+            let Some(text) = self.replica.text(&path) else {
+                continue;
+            };
+            if text.len() as u64 > MAX_SYNC_FILE {
+                continue;
+            }
+            let same = on_disk.contains(&path)
+                && self.read_text(&path).await?.as_deref() == Some(text.as_str());
+            if !same {
+                self.write(&path, &text).await?;
+            }
+            self.base.insert(path, text);
+        }
+        for entry in listing {
+            if self.base.contains_key(&entry.path) {
+                continue;
+            }
+            if let Some(text) = self.read_text(&entry.path).await? {
+                self.import(&entry.path, &text).await?;
+            }
+        }
+        self.replica.take_dirty();
+        Ok(())
+    }
+
+    async fn import(&mut self, path: &str, text: &str) -> Result<(), String> {
+        let update = {
+            let mut txn = self.replica.doc.transact_mut();
+            let t: TextRef = self
+                .replica
+                .files
+                .insert(&mut txn, path, yrs::TextPrelim::new(text));
+            let _ = t;
+            txn.encode_update_v1()
+        };
+        self.publish(update).await?;
+        self.base.insert(path.to_owned(), text.to_owned());
+        Ok(())
+    }
+
+    /// Document -> disk, for the paths edited since the last flush.
+    async fn flush(&mut self) -> Result<(), String> {
+        for path in self.replica.take_dirty() {
+            if WorkspacePath::parse(&path).is_err() {
+                continue;
+            }
+            match self.replica.text(&path) {
+                Some(text) => {
+                    if text.len() as u64 > MAX_SYNC_FILE || self.base.get(&path) == Some(&text) {
+                        continue;
+                    }
+                    self.write(&path, &text).await?;
+                    self.base.insert(path, text);
+                }
+                None => {
+                    if self.base.remove(&path).is_some() {
+                        let _ = self.call(Op::RemoveFile { path: path.clone() }).await;
+                        self.listing.remove(&path);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Disk -> document, for files changed inside the sandbox since the last scan.
+    async fn scan(&mut self) -> Result<(), String> {
+        let listing = self.list().await?;
+        let now: HashMap<String, (u64, i128)> = listing
+            .iter()
+            .map(|e| (e.path.clone(), (e.size, e.mtime_ns)))
+            .collect();
+        let changed: Vec<String> = now
+            .iter()
+            .filter(|(p, v)| self.listing.get(*p) != Some(v))
+            .map(|(p, _)| p.clone())
+            .collect();
+        let vanished: Vec<String> = self
+            .base
+            .keys()
+            .filter(|p| !now.contains_key(*p))
+            .cloned()
+            .collect();
+        self.listing = now;
+        for path in changed {
+            let Some(disk) = self.read_text(&path).await? else {
+                continue;
+            };
+            match self.base.get(&path) {
+                Some(b) if *b == disk => {}
+                Some(b) => {
+                    let b = b.clone();
+                    self.merge_in(&path, &b, &disk).await?;
+                }
+                None => {
+                    if self.replica.text(&path).is_none() {
+                        self.import(&path, &disk).await?;
+                    } else {
+                        // The document has it but never agreed with the disk: merge against
+                        // an empty base (both kept where they differ, editors first).
+                        self.merge_in(&path, "", &disk).await?;
+                    }
+                }
+            }
+        }
+        if !vanished.is_empty() {
+            let wipe = vanished.len() > MASS_DELETE && vanished.len() * 2 > self.base.len();
+            if wipe {
+                tracing::warn!(room = %self.ctx.room_id, files = vanished.len(), "most of the workspace vanished at once; restoring it from the document");
+                self.replica
+                    .dirty
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .extend(vanished.iter().cloned());
+                for p in &vanished {
+                    self.base.remove(p);
+                }
+                self.flush().await?;
+            } else {
+                let update = {
+                    let mut txn = self.replica.doc.transact_mut();
+                    for p in &vanished {
+                        self.replica.files.remove(&mut txn, p);
+                    }
+                    txn.encode_update_v1()
+                };
+                for p in &vanished {
+                    self.base.remove(p);
+                }
+                self.replica.take_dirty();
+                self.publish(update).await?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn merge_in(&mut self, path: &str, base: &str, disk: &str) -> Result<(), String> {
+        let update = {
+            let mut txn = self.replica.doc.transact_mut();
+            let text = match self.replica.files.get(&txn, path) {
+                Some(Out::YText(t)) => t,
+                _ => {
+                    let t: TextRef =
+                        self.replica
+                            .files
+                            .insert(&mut txn, path, yrs::TextPrelim::new(""));
+                    t
+                }
+            };
+            let current = text.get_string(&txn);
+            for e in merge(base, &current, disk) {
+                if e.delete > 0 {
+                    text.remove_range(&mut txn, e.at as u32, e.delete as u32);
+                }
+                if !e.insert.is_empty() {
+                    text.insert(&mut txn, e.at as u32, &e.insert);
+                }
+            }
+            txn.encode_update_v1()
+        };
+        self.publish(update).await?;
+        self.base.insert(path.to_owned(), disk.to_owned());
+        // If editors' text won somewhere, the merged text differs from the disk: write it.
+        if self.replica.text(path).as_deref() != Some(disk) {
+            self.replica
+                .dirty
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(path.to_owned());
+            self.flush().await?;
+        } else {
+            self.replica
+                .dirty
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(path);
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn apply(text: &str, edits: &[Edit]) -> String {
+        let mut s = text.to_owned();
+        for e in edits {
+            s.replace_range(e.at..e.at + e.delete, &e.insert);
+        }
+        s
+    }
+
+    #[test]
+    fn a_disk_change_becomes_minimal_edits() {
+        let base = "fn main() {\n    println!(\"hi\");\n}\n";
+        let disk = "fn main() {\n    println!(\"hello\");\n}\n";
+        let edits = merge(base, base, disk);
+        assert_eq!(apply(base, &edits), disk);
+        let touched: usize = edits.iter().map(|e| e.delete + e.insert.len()).sum();
+        assert!(touched <= 6, "{edits:?}");
+    }
+
+    #[test]
+    fn concurrent_changes_to_different_places_both_survive() {
+        let base = "alpha\nbeta\ngamma\n";
+        let doc = "ALPHA\nbeta\ngamma\n"; // an editor changed the first line
+        let disk = "alpha\nbeta\ngamma!\n"; // a tool changed the last line
+        assert_eq!(apply(doc, &merge(base, doc, disk)), "ALPHA\nbeta\ngamma!\n");
+    }
+
+    #[test]
+    fn where_both_changed_the_same_text_the_editors_win() {
+        let base = "let x = 1;\n";
+        let doc = "let x = 2;\n";
+        let disk = "let x = 3;\n";
+        assert_eq!(apply(doc, &merge(base, doc, disk)), doc);
+    }
+
+    #[test]
+    fn offsets_are_bytes_of_multibyte_text() {
+        let base = "héllo wörld";
+        let doc = "héllo wörld ☃";
+        let disk = "HÉllo wörld";
+        assert_eq!(apply(doc, &merge(base, doc, disk)), "HÉllo wörld ☃");
+    }
+
+    #[test]
+    fn binary_content_stays_out() {
+        assert_eq!(as_text(b"ok\n".to_vec()), Some("ok\n".into()));
+        assert_eq!(as_text(vec![0x7f, b'E', b'L', b'F', 0, 1]), None);
+        assert_eq!(as_text(vec![0xff, 0xfe]), None);
+    }
+
+    #[test]
+    fn yrs_text_offsets_are_bytes() {
+        let doc = Doc::new();
+        let t = doc.get_or_insert_text("t");
+        let mut txn = doc.transact_mut();
+        t.insert(&mut txn, 0, "é");
+        t.insert(&mut txn, 2, "x");
+        assert_eq!(t.get_string(&txn), "éx");
+    }
+}
