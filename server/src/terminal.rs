@@ -338,7 +338,7 @@ impl Recorder {
                 .create(true)
                 .append(true)
                 .open(self.dir.join(INPUTS_FILE))?;
-            self.written = existing.len() as u64
+            self.written = std::fs::metadata(&path).map_or(0, |m| m.len())
                 + std::fs::metadata(self.dir.join(INPUTS_FILE)).map_or(0, |m| m.len());
             self.cast = Some(cast);
             self.inputs = Some(inputs);
@@ -359,12 +359,13 @@ impl Recorder {
     fn append(&mut self, cast_line: String, input_line: Option<String>) {
         let size =
             cast_line.len() as u64 + 1 + input_line.as_ref().map_or(0, |l| l.len() as u64 + 1);
-        if self.written + size > self.max {
-            let marker = json!([
-                self.t(),
-                "m",
-                "recording size cap reached; recording stopped"
-            ]);
+        let marker = json!([
+            self.t(),
+            "m",
+            "recording size cap reached; recording stopped"
+        ]);
+        // Room for the marker is kept, so the files never pass the cap.
+        if self.written + size + marker.to_string().len() as u64 + 1 > self.max {
             if let Some(c) = self.cast.as_mut() {
                 let _ = writeln!(c, "{marker}");
             }
@@ -497,7 +498,12 @@ mod tests {
             r.output(b"0123456789012345678901234567890123456789", (100, 30));
         }
         let cast = std::fs::read_to_string(dir.path().join(CAST_FILE)).unwrap();
-        assert!(cast.len() < 500, "{}", cast.len());
+        let inputs = std::fs::read_to_string(dir.path().join(INPUTS_FILE)).unwrap();
+        assert!(
+            cast.len() + inputs.len() <= 400,
+            "{}\n{cast}\n{inputs}",
+            cast.len() + inputs.len()
+        );
         assert!(cast.contains("recording size cap reached"));
     }
 }
