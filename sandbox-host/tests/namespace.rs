@@ -352,3 +352,22 @@ async fn fork_bombs_memory_hogs_and_disk_fillers_are_contained() {
     // The cgroup is gone with it.
     assert!(!std::path::Path::new(&format!("/sys/fs/cgroup/pids/coderoom/{n}")).exists());
 }
+
+/// PID 1 reaps orphans: no zombie is left behind by commands that background children.
+#[tokio::test]
+async fn orphans_are_reaped() {
+    let ns = backend();
+    let (sb, _events, _) = ns.start(&name("z"), &Limits::default()).await.unwrap();
+    for _ in 0..5 {
+        sh(&sb, "(sleep 0.1 &) ; (true &) ; true").await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (_, out, _) = sh(
+        &sb,
+        "grep -l '^State:.*Z' /proc/[0-9]*/status 2>/dev/null | wc -l",
+    )
+    .await;
+    assert_eq!(out.trim(), "0", "zombies left");
+    sb.kill();
+    sb.ended().await;
+}

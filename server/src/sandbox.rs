@@ -30,9 +30,10 @@ use tokio_util::sync::CancellationToken;
 
 /// Requests queued for one room's supervisor before callers wait.
 const ACTOR_QUEUE: usize = 256;
-/// Terminal chunks queued for one viewer; a viewer this far behind is dropped and catches up
-/// from the scrollback when it reconnects, so it never slows the others.
-const VIEWER_QUEUE: usize = 64;
+/// Terminal chunks queued for one viewer (PTY reads, mostly 4 KiB: about 1 MiB); a viewer this
+/// far behind is dropped and catches up from the scrollback when it reconnects, so it never
+/// slows the others.
+const VIEWER_QUEUE: usize = 256;
 /// Time a snapshot (and a restore) may take.
 const SNAPSHOT_WITHIN: Duration = Duration::from_secs(120);
 /// Time the sandbox gets to end after being killed.
@@ -1122,13 +1123,16 @@ async fn pump(
     tx: mpsc::Sender<Cmd>,
 ) {
     let rate = rate as f64;
-    let mut tokens = rate;
+    // A burst of a tenth of a second: a screenful passes at once, a flood is paced from the
+    // start (so viewers' queues never see a second's worth at once).
+    let burst = (rate / 10.0).max(64.0 * 1024.0);
+    let mut tokens = burst;
     let mut last = tokio::time::Instant::now();
     while let Some(ev) = events.recv().await {
         let cmd = match ev {
             Event::PtyOutput(data) => {
                 let now = tokio::time::Instant::now();
-                tokens = (tokens + now.duration_since(last).as_secs_f64() * rate).min(rate);
+                tokens = (tokens + now.duration_since(last).as_secs_f64() * rate).min(burst);
                 last = now;
                 tokens -= data.len() as f64;
                 if tokens < 0.0 {
@@ -1141,5 +1145,40 @@ async fn pump(
         if tx.send(cmd).await.is_err() {
             break;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Output beyond the rate waits at the source: 10 MiB at 1 MiB/s take ~9.9 s (a tenth of a
+    /// second of burst), measured on the paused test clock.
+    #[tokio::test(start_paused = true)]
+    async fn terminal_output_is_held_to_its_rate() {
+        let (ev_tx, ev_rx) = mpsc::channel(4);
+        let (tx, mut rx) = mpsc::channel(4);
+        tokio::spawn(pump(ev_rx, 7, 1 << 20, tx));
+        let started = tokio::time::Instant::now();
+        tokio::spawn(async move {
+            for _ in 0..10 {
+                ev_tx
+                    .send(Event::PtyOutput(vec![b'x'; 1 << 20]))
+                    .await
+                    .unwrap();
+            }
+        });
+        let mut bytes = 0;
+        while bytes < 10 << 20 {
+            match rx.recv().await {
+                Some(Cmd::Output {
+                    generation: 7,
+                    data,
+                }) => bytes += data.len(),
+                _ => panic!("unexpected command"),
+            }
+        }
+        let took = started.elapsed().as_secs_f64();
+        assert!((9.8..10.1).contains(&took), "{took}");
     }
 }

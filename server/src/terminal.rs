@@ -34,6 +34,10 @@ const DENIAL_AUDIT_EVERY: Duration = Duration::from_secs(10);
 /// Largest terminal size accepted.
 const MAX_COLS: u16 = 1000;
 const MAX_ROWS: u16 = 500;
+/// Output coalesced into one frame for a viewer that is behind.
+const MAX_OUTPUT_FRAME: usize = 256 << 10;
+/// Time a close frame gets to go out.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
 /// File names of the recording.
 pub const CAST_FILE: &str = "terminal.cast";
 pub const INPUTS_FILE: &str = "terminal-inputs.jsonl";
@@ -69,17 +73,29 @@ pub async fn terminal_socket(
         }))
 }
 
+/// Sends one message; false when the client is gone or accepts nothing for `stall` (a
+/// viewer that stopped reading is dropped, its socket closed, instead of hanging here).
+async fn put(
+    sink: &mut futures_util::stream::SplitSink<WebSocket, Message>,
+    msg: Message,
+    stall: Duration,
+) -> bool {
+    matches!(
+        tokio::time::timeout(stall, sink.send(msg)).await,
+        Ok(Ok(()))
+    )
+}
+
 async fn close(
     socket: &mut futures_util::stream::SplitSink<WebSocket, Message>,
     code: u16,
     reason: &str,
 ) {
-    let _ = socket
-        .send(Message::Close(Some(CloseFrame {
-            code,
-            reason: reason.to_owned().into(),
-        })))
-        .await;
+    let frame = Message::Close(Some(CloseFrame {
+        code,
+        reason: reason.to_owned().into(),
+    }));
+    put(socket, frame, CLOSE_GRACE).await;
 }
 
 async fn serve(
@@ -91,12 +107,13 @@ async fn serve(
     socket: WebSocket,
 ) {
     let (mut sink, mut stream) = socket.split();
+    let stall = Duration::from_millis(app.limits.write_stall_ms);
     let (mut type_until, mut observe_until) = rights;
     let joined = match app.sandboxes.join(&room_id, cols, rows).await {
         Ok(j) => j,
         Err(e) => {
             let msg = json!({ "type": "error", "reason": e.to_string() }).to_string();
-            let _ = sink.send(Message::Text(msg.into())).await;
+            put(&mut sink, Message::Text(msg.into()), stall).await;
             close(&mut sink, 1011, "sandbox unavailable").await;
             return;
         }
@@ -104,20 +121,17 @@ async fn serve(
     let viewer = joined.viewer;
     let mut rx = joined.rx;
     if !joined.scrollback.is_empty()
-        && sink
-            .send(Message::Binary(joined.scrollback.into()))
-            .await
-            .is_err()
+        && !put(&mut sink, Message::Binary(joined.scrollback.into()), stall).await
     {
         app.sandboxes.leave(&room_id, viewer).await;
         return;
     }
     for ev in joined.events {
-        let _ = sink.send(Message::Text(ev.into())).await;
+        put(&mut sink, Message::Text(ev.into()), stall).await;
     }
     if now_ms() >= type_until {
         let msg = json!({ "type": "read_only", "reason": "you may watch but not type" });
-        let _ = sink.send(Message::Text(msg.to_string().into())).await;
+        put(&mut sink, Message::Text(msg.to_string().into()), stall).await;
     }
     let mut access = app.access_changed.subscribe();
     let mut ended = app.sessions_ended.subscribe();
@@ -133,11 +147,12 @@ async fn serve(
                     if now_ms() < type_until {
                         app.sandboxes.input(&room_id, viewer, &user.id, data.to_vec()).await;
                     } else {
+                        // Recorded before the client hears of it.
+                        denied.record(&app, &room_id, &user.id, data.len()).await;
                         let msg = json!({ "type": "denied", "reason": "you do not hold type in this room" });
-                        if sink.send(Message::Text(msg.to_string().into())).await.is_err() {
+                        if !put(&mut sink, Message::Text(msg.to_string().into()), stall).await {
                             break;
                         }
-                        denied.record(&app, &room_id, &user.id, data.len()).await;
                     }
                 }
                 Some(Ok(Message::Text(text))) => {
@@ -150,7 +165,7 @@ async fn serve(
                         }
                         Err(_) => {
                             let msg = json!({ "type": "error", "reason": "unknown control message; expected {\"type\":\"resize\",\"cols\":N,\"rows\":N}" });
-                            if sink.send(Message::Text(msg.to_string().into())).await.is_err() {
+                            if !put(&mut sink, Message::Text(msg.to_string().into()), stall).await {
                                 break;
                             }
                         }
@@ -160,12 +175,39 @@ async fn serve(
             },
             out = rx.recv() => match out {
                 Some(TermOut::Output(bytes)) => {
-                    if sink.send(Message::Binary(bytes)).await.is_err() {
+                    // Whatever else is already waiting goes out in the same frame: a viewer
+                    // that is briefly behind catches up with a few large frames, not many
+                    // small ones.
+                    let mut frame = bytes::BytesMut::from(&bytes[..]);
+                    let mut pending_event = None;
+                    while frame.len() < MAX_OUTPUT_FRAME {
+                        match rx.try_recv() {
+                            Ok(TermOut::Output(more)) => frame.extend_from_slice(&more),
+                            Ok(other) => {
+                                pending_event = Some(other);
+                                break;
+                            }
+                            Err(_) => break,
+                        }
+                    }
+                    if !put(&mut sink, Message::Binary(frame.freeze()), stall).await {
                         break;
+                    }
+                    match pending_event {
+                        Some(TermOut::Event(text)) => {
+                            if !put(&mut sink, Message::Text(text.into()), stall).await {
+                                break;
+                            }
+                        }
+                        Some(TermOut::Close(code, reason)) => {
+                            close(&mut sink, code, reason).await;
+                            break;
+                        }
+                        Some(TermOut::Output(_)) | None => {}
                     }
                 }
                 Some(TermOut::Event(text)) => {
-                    if sink.send(Message::Text(text.into())).await.is_err() {
+                    if !put(&mut sink, Message::Text(text.into()), stall).await {
                         break;
                     }
                 }
@@ -192,7 +234,7 @@ async fn serve(
                     (type_until, observe_until) = (t, o);
                     if was_typing && now_ms() >= type_until {
                         let msg = json!({ "type": "read_only", "reason": "your right to type was withdrawn" });
-                        let _ = sink.send(Message::Text(msg.to_string().into())).await;
+                        put(&mut sink, Message::Text(msg.to_string().into()), stall).await;
                     }
                 }
             }

@@ -47,45 +47,83 @@ impl Term {
 
     /// Reads until `pred` holds (or fails after the timeout).
     async fn until(&mut self, what: &str, pred: impl Fn(&Term) -> bool) {
-        let r = tokio::time::timeout(Duration::from_secs(20), async {
+        let r = tokio::time::timeout(Duration::from_secs(30), async {
             while !pred(self) {
-                match self.ws.next().await {
-                    Some(Ok(Message::Binary(b))) => {
-                        self.output.push_str(&String::from_utf8_lossy(&b))
-                    }
-                    Some(Ok(Message::Text(t))) => {
-                        self.events.push(serde_json::from_str(&t).unwrap())
-                    }
-                    Some(Ok(Message::Close(f))) => {
-                        self.closed = Some(f.map_or(1005, |f| f.code.into()));
-                        return;
-                    }
-                    Some(Ok(_)) => {}
-                    None | Some(Err(_)) => {
-                        self.closed.get_or_insert(1006);
-                        return;
-                    }
+                if !self.read_one().await {
+                    return;
                 }
             }
         })
         .await;
         assert!(
             r.is_ok() && pred(self),
-            "waiting for {what}: output {:?}, events {:?}, closed {:?}",
-            self.output,
+            "waiting for {what}: output ends {:?}, events {:?}, closed {:?}",
+            tail(&self.output),
             self.events,
             self.closed
         );
     }
 
+    /// Reads one message; false once the socket is closed.
+    async fn read_one(&mut self) -> bool {
+        match self.ws.next().await {
+            Some(Ok(Message::Binary(b))) => self.output.push_str(&String::from_utf8_lossy(&b)),
+            Some(Ok(Message::Text(t))) => self.events.push(serde_json::from_str(&t).unwrap()),
+            Some(Ok(Message::Close(f))) => {
+                self.closed = Some(f.map_or(1005, |f| f.code.into()));
+                return false;
+            }
+            Some(Ok(_)) => {}
+            None | Some(Err(_)) => {
+                self.closed.get_or_insert(1006);
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Reads until the output contains `needle`, searching only what is new each time (the
+    /// output may be tens of megabytes).
     async fn output_contains(&mut self, needle: &str) {
-        let n = needle.to_owned();
-        self.until(needle, move |t| t.output.contains(&n)).await;
+        let mut from = 0;
+        let r = tokio::time::timeout(Duration::from_secs(30), async {
+            loop {
+                let start = from.min(self.output.len());
+                let start = (0..=start)
+                    .rev()
+                    .find(|i| self.output.is_char_boundary(*i))
+                    .unwrap_or(0);
+                if self.output[start..].contains(needle) {
+                    return true;
+                }
+                from = self.output.len().saturating_sub(needle.len());
+                if !self.read_one().await {
+                    return false;
+                }
+            }
+        })
+        .await;
+        assert!(
+            r == Ok(true),
+            "waiting for {needle:?}: output ends {:?}, events {:?}, closed {:?}",
+            tail(&self.output),
+            self.events,
+            self.closed
+        );
     }
 
     fn has_event(&self, kind: &str) -> bool {
         self.events.iter().any(|e| e["type"] == kind)
     }
+}
+
+/// The last characters of a long output, for failure messages.
+fn tail(s: &str) -> &str {
+    let mut at = s.len().saturating_sub(300);
+    while !s.is_char_boundary(at) {
+        at += 1;
+    }
+    &s[at..]
 }
 
 async fn exec(server: &Server, token: &str, room: &str, script: &str) -> (u16, Value) {
@@ -756,4 +794,74 @@ async fn editors_and_the_workspace_are_one() {
     let mut c = Client::connect(server, room, &t.cy).await;
     c.synced().await;
     assert_eq!(c.file_content("src/main.rs").as_deref(), Some(expected));
+}
+
+/// A viewer that stops reading is dropped; the others get every byte without waiting for it.
+#[tokio::test]
+async fn a_stalled_viewer_never_slows_the_others() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let t = team_with(&storage, &["--write-stall-ms", "1000"]).await;
+    let (server, room) = (&t.server, &t.room);
+    let mut typer = term(server, room, &t.ben).await;
+    typer
+        .until("sandbox running", |t| t.has_event("sandbox"))
+        .await;
+    let mut stalled = term(server, room, &t.cy).await;
+    stalled.until("joined", |t| t.has_event("sandbox")).await;
+    // From here on `stalled` is never read: its socket buffers fill.
+    let started = std::time::Instant::now();
+    typer
+        .send(b"head -c 40000000 /dev/zero | tr '\\0' x; echo; echo DONE-$((40+2))\n")
+        .await;
+    typer.output_contains("DONE-42").await;
+    let took = started.elapsed();
+    assert!(typer.output.len() >= 40_000_000, "{}", typer.output.len());
+    // At the default 8 MiB/s output bound, 40 MB take about 5 s; a viewer that waited for the
+    // stalled one would never finish.
+    assert!(took < Duration::from_secs(15), "{took:?}");
+    // The stalled viewer was cut off: reading now, its stream ends without the marker.
+    stalled
+        .until("the stalled viewer is closed", |t| t.closed.is_some())
+        .await;
+    assert!(
+        !stalled.output.contains("DONE-42"),
+        "{}",
+        tail(&stalled.output)
+    );
+}
+
+/// Stop and start requests racing each other end in one state, and the audit chain shows each
+/// real transition once.
+#[tokio::test]
+async fn concurrent_stops_and_starts_reconcile() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let t = team(&storage).await;
+    let (server, room) = (&t.server, &t.room);
+    assert_eq!(lifecycle(server, &t.ben, room, "start").await, 200);
+    let calls = (0..12).map(|i| {
+        let which = if i % 2 == 0 { "stop" } else { "start" };
+        lifecycle(server, &t.ben, room, which)
+    });
+    for status in futures_util::future::join_all(calls).await {
+        assert_eq!(status, 200);
+    }
+    let state = sandbox_status(server, &t.ana, room).await["state"].clone();
+    let transitions: Vec<String> = audit(server, &t.ana, room)
+        .await
+        .iter()
+        .filter_map(|r| {
+            let a = r["action"].as_str()?;
+            matches!(a, "sandbox_start" | "sandbox_stop").then(|| a.to_owned())
+        })
+        .collect();
+    for pair in transitions.windows(2) {
+        assert_ne!(pair[0], pair[1], "a transition repeated: {transitions:?}");
+    }
+    let last = transitions.last().unwrap();
+    let expected = if last == "sandbox_start" {
+        "running"
+    } else {
+        "stopped"
+    };
+    assert_eq!(state, expected, "{transitions:?}");
 }
