@@ -86,6 +86,48 @@ async fn put(
     )
 }
 
+/// Sends what the hub queued for this viewer; false when the connection is over. Output that
+/// is already waiting goes out in the same frame: a viewer that is briefly behind catches up
+/// with a few large frames, not many small ones.
+async fn deliver(
+    sink: &mut futures_util::stream::SplitSink<WebSocket, Message>,
+    rx: &mut tokio::sync::mpsc::Receiver<TermOut>,
+    out: TermOut,
+    stall: Duration,
+) -> bool {
+    let mut next = Some(out);
+    while let Some(out) = next.take() {
+        match out {
+            TermOut::Output(bytes) => {
+                let mut frame = bytes::BytesMut::from(&bytes[..]);
+                while frame.len() < MAX_OUTPUT_FRAME {
+                    match rx.try_recv() {
+                        Ok(TermOut::Output(more)) => frame.extend_from_slice(&more),
+                        Ok(other) => {
+                            next = Some(other);
+                            break;
+                        }
+                        Err(_) => break,
+                    }
+                }
+                if !put(sink, Message::Binary(frame.freeze()), stall).await {
+                    return false;
+                }
+            }
+            TermOut::Event(text) => {
+                if !put(sink, Message::Text(text.into()), stall).await {
+                    return false;
+                }
+            }
+            TermOut::Close(code, reason) => {
+                close(sink, code, reason).await;
+                return false;
+            }
+        }
+    }
+    true
+}
+
 async fn close(
     socket: &mut futures_util::stream::SplitSink<WebSocket, Message>,
     code: u16,
@@ -174,46 +216,10 @@ async fn serve(
                 Some(Ok(_)) => {}
             },
             out = rx.recv() => match out {
-                Some(TermOut::Output(bytes)) => {
-                    // Whatever else is already waiting goes out in the same frame: a viewer
-                    // that is briefly behind catches up with a few large frames, not many
-                    // small ones.
-                    let mut frame = bytes::BytesMut::from(&bytes[..]);
-                    let mut pending_event = None;
-                    while frame.len() < MAX_OUTPUT_FRAME {
-                        match rx.try_recv() {
-                            Ok(TermOut::Output(more)) => frame.extend_from_slice(&more),
-                            Ok(other) => {
-                                pending_event = Some(other);
-                                break;
-                            }
-                            Err(_) => break,
-                        }
-                    }
-                    if !put(&mut sink, Message::Binary(frame.freeze()), stall).await {
+                Some(out) => {
+                    if !deliver(&mut sink, &mut rx, out, stall).await {
                         break;
                     }
-                    match pending_event {
-                        Some(TermOut::Event(text)) => {
-                            if !put(&mut sink, Message::Text(text.into()), stall).await {
-                                break;
-                            }
-                        }
-                        Some(TermOut::Close(code, reason)) => {
-                            close(&mut sink, code, reason).await;
-                            break;
-                        }
-                        Some(TermOut::Output(_)) | None => {}
-                    }
-                }
-                Some(TermOut::Event(text)) => {
-                    if !put(&mut sink, Message::Text(text.into()), stall).await {
-                        break;
-                    }
-                }
-                Some(TermOut::Close(code, reason)) => {
-                    close(&mut sink, code, reason).await;
-                    break;
                 }
                 None => {
                     close(&mut sink, 4008, "too far behind; reconnect to catch up").await;
