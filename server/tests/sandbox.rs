@@ -9,7 +9,6 @@ use common::*;
 use futures_util::{SinkExt, StreamExt};
 use serde_json::Value;
 use std::time::Duration;
-use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 
 struct Term {
@@ -20,15 +19,7 @@ struct Term {
 }
 
 async fn term(server: &Server, room: &str, token: &str) -> Term {
-    let mut req = format!(
-        "ws://{}/api/rooms/{room}/terminal?cols=100&rows=30",
-        server.addr
-    )
-    .into_client_request()
-    .unwrap();
-    req.headers_mut()
-        .insert("authorization", format!("Bearer {token}").parse().unwrap());
-    let (ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
+    let ws = terminal_ws(server, room, token).await;
     Term {
         ws,
         output: String::new(),

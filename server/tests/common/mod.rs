@@ -481,6 +481,19 @@ pub async fn raw_ws(server: &Server, room: &str, token: &str) -> Ws {
     ws
 }
 
+/// A WebSocket joined to the room's shared terminal (100x30).
+pub async fn terminal_ws(server: &Server, room: &str, token: &str) -> Ws {
+    let mut req = format!(
+        "ws://{}/api/rooms/{room}/terminal?cols=100&rows=30",
+        server.addr
+    )
+    .into_client_request()
+    .unwrap();
+    req.headers_mut()
+        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    tokio_tungstenite::connect_async(req).await.unwrap().0
+}
+
 /// The document as a fresh client sees it after syncing.
 pub async fn snapshot(
     server: &Server,
