@@ -12,6 +12,7 @@ use crate::proto::{
 };
 use portable_pty::{CommandBuilder, MasterPty, PtySize};
 use serde_bytes::ByteBuf;
+use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
@@ -33,6 +34,12 @@ const PTY_INPUT_QUEUE: usize = 256;
 const MAX_DEPTH: usize = 32;
 /// Directories never listed: tool state, not the room's text.
 const SKIP_DIRS: [&str; 2] = [".git", "node_modules"];
+/// Port connections open at once.
+const MAX_STREAMS: usize = 256;
+/// Chunks queued for one connection's socket before the stream is reset.
+const STREAM_QUEUE: usize = 64;
+/// Time a connection to a port inside may take.
+const CONNECT_WITHIN: Duration = Duration::from_secs(5);
 /// After an exec's main process exits, how long its output pipes may stay open.
 const DRAIN_GRACE: Duration = Duration::from_millis(500);
 
@@ -100,6 +107,8 @@ struct State {
     out: Out,
     pty: Arc<Mutex<Option<Pty>>>,
     restore: Option<Restore>,
+    /// Open port connections: their write queues.
+    streams: HashMap<u32, mpsc::Sender<Vec<u8>>>,
 }
 
 struct Restore {
@@ -126,6 +135,7 @@ async fn serve(fd: OwnedFd) -> std::io::Result<()> {
         out,
         pty: Arc::default(),
         restore: None,
+        streams: HashMap::new(),
     };
     let mut buf = Vec::new();
     loop {
@@ -216,6 +226,26 @@ async fn handle(state: &mut State, req: Request) {
                 let r = blocking(move || snapshot(id, max_bytes, &out2)).await;
                 send(&out, &reply(id, r)).await;
             });
+        }
+        Op::Connect { stream, port } => {
+            let r = connect(state, stream, port).await;
+            send(&state.out, &reply(id, r)).await;
+        }
+        Op::StreamData { stream, data } => {
+            let full = match state.streams.get(&stream) {
+                Some(q) => q.try_send(data.into_vec()).is_err(),
+                None => false,
+            };
+            // A peer that sends faster than the port reads is reset, never buffered
+            // without bound (and never allowed to stall the agent's other work).
+            if full {
+                state.streams.remove(&stream);
+                send(&state.out, &Message::StreamClosed { stream }).await;
+            }
+        }
+        Op::StreamClose { stream } => {
+            // Dropping the queue ends the writer, which shuts the socket's write half.
+            state.streams.remove(&stream);
         }
         Op::Restore { data, last } => {
             let r = restore_chunk(state, id, data.into_vec(), last).await;
@@ -647,6 +677,36 @@ fn snapshot(id: u64, max: u64, out: &Out) -> Result<Reply, AgentError> {
     }
     w.flush().map_err(failed)?;
     Ok(Reply::Snapshot { bytes: w.total })
+}
+
+/// Opens a TCP connection inside the sandbox and wires it to stream `stream`.
+async fn connect(state: &mut State, stream: u32, port: u16) -> Result<Reply, AgentError> {
+    if state.streams.len() >= MAX_STREAMS {
+        return Err(AgentError::Invalid("too many open connections".into()));
+    }
+    if state.streams.contains_key(&stream) {
+        return Err(AgentError::Invalid("stream id in use".into()));
+    }
+    let tcp = tokio::time::timeout(
+        CONNECT_WITHIN,
+        tokio::net::TcpStream::connect((std::net::Ipv4Addr::LOCALHOST, port)),
+    )
+    .await
+    .map_err(|_| AgentError::Failed("connection timed out".into()))?
+    .map_err(|e| AgentError::Failed(format!("cannot connect to port {port}: {e}")))?;
+    let (rd, wr) = tcp.into_split();
+    let (queue, rx) = mpsc::channel::<Vec<u8>>(STREAM_QUEUE);
+    tokio::spawn(crate::bridge::drain_into(rx, wr));
+    let closed = proto::encode(&Message::StreamClosed { stream }).ok();
+    let frame = move |data| proto::encode(&Message::StreamData { stream, data }).ok();
+    tokio::spawn(crate::bridge::frames_from(
+        rd,
+        state.out.clone(),
+        frame,
+        closed,
+    ));
+    state.streams.insert(stream, queue);
+    Ok(Reply::Done)
 }
 
 /// Feeds restore chunks to an unpacking thread; answers when the last chunk is unpacked.

@@ -17,6 +17,8 @@ const REQUEST_QUEUE: usize = 256;
 /// Events queued for the control plane before reading from the agent pauses (which in turn
 /// pauses the agent's PTY reader: terminal flow control).
 const EVENT_QUEUE: usize = 64;
+/// Chunks from the agent queued for one port connection before it is reset.
+const STREAM_CHUNKS: usize = 64;
 /// Snapshot chunks queued between the agent and the file they are written to.
 const MAX_PENDING_CHUNKS: usize = 64;
 
@@ -77,6 +79,9 @@ struct Inner {
     pressure: Mutex<Option<PressureFn>>,
     /// Set when the agent's stream has ended: no reply will ever come.
     closed: std::sync::atomic::AtomicBool,
+    /// Open port connections: where their incoming bytes go.
+    streams: Mutex<HashMap<u32, mpsc::Sender<Vec<u8>>>>,
+    next_stream: std::sync::atomic::AtomicU32,
 }
 
 type PressureFn = Box<dyn Fn() -> Pressure + Send + Sync>;
@@ -103,7 +108,7 @@ pub(crate) struct Control {
 impl Sandbox {
     /// Wires a handle to an agent stream. Returns the handle, its events, and the backend's
     /// control half.
-    pub(crate) fn connect<S>(stream: S) -> (Sandbox, mpsc::Receiver<Event>, Control)
+    pub(crate) fn wire<S>(stream: S) -> (Sandbox, mpsc::Receiver<Event>, Control)
     where
         S: AsyncRead + AsyncWrite + Send + 'static,
     {
@@ -120,6 +125,8 @@ impl Sandbox {
             kill,
             pressure: Mutex::default(),
             closed: Default::default(),
+            streams: Mutex::default(),
+            next_stream: std::sync::atomic::AtomicU32::new(1),
         });
         tokio::spawn(async move {
             while let Some(frame) = req_rx.recv().await {
@@ -356,6 +363,55 @@ impl Sandbox {
             .unwrap_or_default()
     }
 
+    /// Opens a TCP connection to `127.0.0.1:port` inside the sandbox. The returned stream
+    /// carries its bytes both ways; dropping it closes the connection. A caller that stops
+    /// reading while the port keeps sending gets its connection reset, never a stalled sandbox.
+    pub async fn connect(
+        &self,
+        port: u16,
+        within: Duration,
+    ) -> Result<tokio::io::DuplexStream, CallError> {
+        let stream = self.inner.next_stream.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel::<Vec<u8>>(STREAM_CHUNKS);
+        self.inner
+            .streams
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(stream, tx);
+        let forget = || {
+            self.inner
+                .streams
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&stream);
+        };
+        match self.call(Op::Connect { stream, port }, within).await {
+            Ok(Reply::Done) => {}
+            Ok(_) => {
+                forget();
+                self.kill();
+                return Err(CallError::Protocol);
+            }
+            Err(e) => {
+                forget();
+                return Err(e);
+            }
+        }
+        let (ours, theirs) = tokio::io::duplex(CHUNK);
+        let (rd, wr) = tokio::io::split(theirs);
+        tokio::spawn(crate::bridge::drain_into(rx, wr));
+        let request = move |op| proto::encode(&Request { id: 0, op }).ok();
+        let close = request(Op::StreamClose { stream });
+        let frame = move |data| request(Op::StreamData { stream, data });
+        tokio::spawn(crate::bridge::frames_from(
+            rd,
+            self.inner.requests.clone(),
+            frame,
+            close,
+        ));
+        Ok(ours)
+    }
+
     /// Asks the backend to kill the sandbox now.
     pub fn kill(&self) {
         let _ = self.inner.kill.send(true);
@@ -408,6 +464,37 @@ async fn read_loop<R: AsyncRead + Unpin>(
             }
             Message::PtyExit { code } => {
                 let _ = events.send(Event::PtyExit { code }).await;
+            }
+            Message::StreamData { stream, data } => {
+                let inner = inner.upgrade()?;
+                let mut streams = inner.streams.lock().unwrap_or_else(|e| e.into_inner());
+                let reset = match streams.get(&stream) {
+                    Some(q) => match q.try_send(data.into_vec()) {
+                        Ok(()) => false,
+                        // The caller is not reading: reset rather than stall every stream.
+                        Err(mpsc::error::TrySendError::Full(_)) => true,
+                        Err(mpsc::error::TrySendError::Closed(_)) => true,
+                    },
+                    None => false,
+                };
+                if reset {
+                    streams.remove(&stream);
+                    drop(streams);
+                    if let Ok(frame) = proto::encode(&Request {
+                        id: 0,
+                        op: Op::StreamClose { stream },
+                    }) {
+                        let _ = inner.requests.try_send(frame);
+                    }
+                }
+            }
+            Message::StreamClosed { stream } => {
+                let inner = inner.upgrade()?;
+                inner
+                    .streams
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&stream);
             }
             Message::Reply { id, result } => {
                 let inner = inner.upgrade()?;

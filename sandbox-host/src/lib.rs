@@ -10,11 +10,13 @@
 //! | create + start  | [`Backend::start`]                    | no sandbox runs |
 //! | resume          | [`Backend::start`] then [`Sandbox::restore`] of the latest snapshot | no sandbox runs |
 //! | operations      | [`Sandbox::call`] / [`Sandbox::send`] with an [`proto::Op`] | running |
+//! | connect to a port inside | [`Sandbox::connect`] | running |
 //! | stop            | [`Sandbox::snapshot`] then [`Sandbox::kill`] | running   |
 //! | delete          | kill, then the caller removes its snapshots | any        |
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod agent;
+mod bridge;
 pub mod cgroup;
 pub mod handle;
 pub mod namespace;

@@ -197,7 +197,7 @@ impl Namespace {
 
         ours.set_nonblocking(true).map_err(StartError::Host)?;
         let stream = tokio::net::UnixStream::from_std(ours).map_err(StartError::Host)?;
-        let (sandbox, events, control) = Sandbox::connect(stream);
+        let (sandbox, events, control) = Sandbox::wire(stream);
         if let Some(cg) = &cgroup {
             let cg = cg.clone();
             sandbox.set_pressure(Box::new(move || cg.pressure()));

@@ -101,6 +101,27 @@ pub enum Op {
         /// The final chunk.
         last: bool,
     },
+    /// Open a TCP connection to `127.0.0.1:port` inside the sandbox as stream `stream` (an id
+    /// the control plane picks). Replies once connected; data then flows as
+    /// [`Op::StreamData`] / [`Message::StreamData`].
+    Connect {
+        /// The control plane's id for this stream.
+        stream: u32,
+        /// Port inside the sandbox.
+        port: u16,
+    },
+    /// Bytes for an open stream (no reply).
+    StreamData {
+        /// The stream.
+        stream: u32,
+        /// Bytes.
+        data: ByteBuf,
+    },
+    /// Close an open stream (no reply).
+    StreamClose {
+        /// The stream.
+        stream: u32,
+    },
 }
 
 /// A message from the agent.
@@ -122,6 +143,18 @@ pub enum Message {
     },
     /// Terminal output.
     PtyOutput(ByteBuf),
+    /// Bytes from a connection opened with [`Op::Connect`].
+    StreamData {
+        /// The stream.
+        stream: u32,
+        /// Bytes.
+        data: ByteBuf,
+    },
+    /// The connection ended (or was refused after all).
+    StreamClosed {
+        /// The stream.
+        stream: u32,
+    },
     /// The PTY's program ended.
     PtyExit {
         /// Its exit code, when it exited rather than being killed by a signal.

@@ -371,3 +371,50 @@ async fn orphans_are_reaped() {
     sb.kill();
     sb.ended().await;
 }
+
+/// A port inside the sandbox is reachable through the agent only (the sandbox has no network).
+#[tokio::test]
+async fn ports_inside_are_reached_through_the_agent() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ns = backend();
+    let (sb, mut events, _) = ns.start(&name("p"), &Limits::default()).await.unwrap();
+    // Nothing listens yet.
+    let err = sb.connect(8000, T).await.unwrap_err();
+    assert!(err.to_string().contains("cannot connect"), "{err}");
+    sh(&sb, "echo 'hello from inside' > /workspace/index.html").await;
+    // A long-running server lives in the terminal (exec kills what it leaves behind).
+    let open = Op::PtyOpen {
+        argv: vec!["/bin/sh".into()],
+        cols: 80,
+        rows: 24,
+    };
+    sb.call(open, T).await.unwrap();
+    sb.send(Op::PtyInput(ByteBuf::from(
+        b"python3 -m http.server 8000 --bind 127.0.0.1\n".to_vec(),
+    )))
+    .await
+    .unwrap();
+    tokio::spawn(async move { while events.recv().await.is_some() {} });
+    let mut conn = None;
+    for _ in 0..100 {
+        if let Ok(c) = sb.connect(8000, T).await {
+            conn = Some(c);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut conn = conn.expect("the server inside never listened");
+    conn.write_all(b"GET /index.html HTTP/1.0\r\n\r\n")
+        .await
+        .unwrap();
+    let mut response = Vec::new();
+    tokio::time::timeout(T, conn.read_to_end(&mut response))
+        .await
+        .unwrap()
+        .unwrap();
+    let response = String::from_utf8_lossy(&response);
+    assert!(response.starts_with("HTTP/1.0 200"), "{response}");
+    assert!(response.ends_with("hello from inside\n"), "{response}");
+    sb.kill();
+    sb.ended().await;
+}
