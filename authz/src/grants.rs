@@ -46,7 +46,22 @@ impl Participant {
     }
 
     /// How long `cap` is held, as of `now`.
+    ///
+    /// `type` is effective only together with `edit` (and only as long as both): whoever types
+    /// in the terminal or runs commands can change every file of the workspace, and the
+    /// workspace's text files are the room's document. A grant of `type` alone is kept, and
+    /// takes effect if `edit` is granted later.
     pub fn until(&self, cap: Capability, now: i64) -> Until {
+        match cap {
+            Capability::Type => self
+                .granted_until(Capability::Type, now)
+                .min(self.granted_until(Capability::Edit, now)),
+            _ => self.granted_until(cap, now),
+        }
+    }
+
+    /// How long `cap` itself is granted, as of `now`, regardless of what it depends on.
+    fn granted_until(&self, cap: Capability, now: i64) -> Until {
         if self.role.capabilities().contains(cap) && !self.removed.contains(cap) {
             return Until::Forever;
         }
@@ -155,6 +170,18 @@ impl RoomState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn type_needs_edit() {
+        let viewer_typing = Participant::with_role(Role::Viewer)
+            .granting(CapabilitySet::of(&[Capability::Type]), None);
+        assert_eq!(viewer_typing.until(Capability::Type, 0), Until::Never);
+        assert!(!viewer_typing.capabilities(0).contains(Capability::Type));
+        let both = viewer_typing.granting(CapabilitySet::of(&[Capability::Edit]), Some(100));
+        assert_eq!(both.until(Capability::Type, 0), Until::At(100));
+        assert!(both.capabilities(0).contains(Capability::Type));
+        assert!(!both.capabilities(100).contains(Capability::Type));
+    }
 
     #[test]
     fn grants_expire_and_removals_win() {

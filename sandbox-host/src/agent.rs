@@ -32,8 +32,15 @@ const OUT_QUEUE: usize = 64;
 const PTY_INPUT_QUEUE: usize = 256;
 /// Deepest directory level walked when listing files.
 const MAX_DEPTH: usize = 32;
-/// Directories never listed: tool state, not the room's text.
-const SKIP_DIRS: [&str; 2] = [".git", "node_modules"];
+/// Directories never listed: tool state and build output, not the room's text.
+const SKIP_DIRS: [&str; 6] = [
+    ".git",
+    "node_modules",
+    "target",
+    ".venv",
+    "__pycache__",
+    ".cache",
+];
 /// Port connections open at once.
 const MAX_STREAMS: usize = 256;
 /// Chunks queued for one connection's socket before the stream is reset.
@@ -58,6 +65,12 @@ pub fn main(fd: RawFd) -> i32 {
     }
     // SAFETY: the spawner passed this descriptor to us and nothing else in this process owns it.
     let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    // Commands the agent runs must not inherit the control stream (they could speak the
+    // protocol in the agent's name), and its memory is not for them to read.
+    if rustix::io::fcntl_setfd(&owned, rustix::io::FdFlags::CLOEXEC).is_err() {
+        return 72;
+    }
+    let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
     // Blocking threads are kept for good: a sandbox at its pids limit cannot spawn new ones,
     // and tokio copes with a failed spawn only while it has a thread already.
     let rt = match tokio::runtime::Builder::new_current_thread()
@@ -154,9 +167,19 @@ async fn serve(fd: OwnedFd) -> std::io::Result<()> {
 }
 
 async fn send(out: &Out, msg: &Message) {
-    if let Ok(frame) = proto::encode(msg) {
-        let _ = out.send(frame).await;
-    }
+    let frame = match (proto::encode(msg), msg) {
+        (Ok(frame), _) => frame,
+        // A reply that does not fit a frame is answered, not dropped: the caller must not wait
+        // for its timeout.
+        (Err(_), Message::Reply { id, .. }) => {
+            match proto::encode(&reply(*id, Err(AgentError::TooLarge))) {
+                Ok(frame) => frame,
+                Err(_) => return,
+            }
+        }
+        (Err(_), _) => return,
+    };
+    let _ = out.send(frame).await;
 }
 
 fn reply(id: u64, result: Result<Reply, AgentError>) -> Message {
@@ -202,22 +225,19 @@ async fn handle(state: &mut State, req: Request) {
                 send(&out, &reply(id, r)).await;
             });
         }
-        Op::ReadFile { path, max_bytes } => {
-            let r =
-                blocking(move || read_file(&path, max_bytes).map(|d| Reply::File(d.into()))).await;
-            send(&state.out, &reply(id, r)).await;
-        }
-        Op::WriteFile { path, data } => {
-            let r = blocking(move || write_file(&path, &data).map(|()| Reply::Done)).await;
-            send(&state.out, &reply(id, r)).await;
-        }
-        Op::RemoveFile { path } => {
-            let r = blocking(move || remove_file(&path).map(|()| Reply::Done)).await;
-            send(&state.out, &reply(id, r)).await;
-        }
+        // File operations run beside the loop: a slow one (a huge directory, a stuck file
+        // system) never holds up the terminal or other requests.
+        Op::ReadFile { path, max_bytes } => spawn_reply(&state.out, id, move || {
+            read_file(&path, max_bytes).map(|d| Reply::File(d.into()))
+        }),
+        Op::WriteFile { path, data } => spawn_reply(&state.out, id, move || {
+            write_file(&path, &data).map(|()| Reply::Done)
+        }),
+        Op::RemoveFile { path } => spawn_reply(&state.out, id, move || {
+            remove_file(&path).map(|()| Reply::Done)
+        }),
         Op::ListFiles { max_entries } => {
-            let r = blocking(move || Ok(list_files(max_entries as usize))).await;
-            send(&state.out, &reply(id, r)).await;
+            spawn_reply(&state.out, id, move || Ok(list_files(max_entries as usize)))
         }
         Op::Snapshot { max_bytes } => {
             let out = state.out.clone();
@@ -254,6 +274,15 @@ async fn handle(state: &mut State, req: Request) {
             }
         }
     }
+}
+
+/// Runs `f` on the blocking pool and sends its reply, without waiting for it here.
+fn spawn_reply(out: &Out, id: u64, f: impl FnOnce() -> Result<Reply, AgentError> + Send + 'static) {
+    let out = out.clone();
+    tokio::spawn(async move {
+        let r = blocking(f).await;
+        send(&out, &reply(id, r)).await;
+    });
 }
 
 async fn blocking<T: Send + 'static>(
@@ -329,7 +358,7 @@ fn open_pty(
     let pty_slot = state.pty.clone();
     std::thread::Builder::new()
         .spawn(move || {
-            let mut buf = vec![0u8; 64 << 10];
+            let mut buf = vec![0u8; proto::MAX_PTY_CHUNK];
             loop {
                 match reader.read(&mut buf) {
                     Ok(0) | Err(_) => break,
@@ -489,7 +518,11 @@ fn open_beneath(path: &str, flags: rustix::fs::OFlags) -> Result<OwnedFd, AgentE
 }
 
 fn read_file(path: &str, max: u64) -> Result<Vec<u8>, AgentError> {
-    let fd = open_beneath(path, rustix::fs::OFlags::RDONLY)?;
+    // NONBLOCK: opening a FIFO must not wait for a writer; the type is checked right after.
+    let fd = open_beneath(
+        path,
+        rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::NONBLOCK,
+    )?;
     let st = rustix::fs::fstat(&fd).map_err(failed)?;
     if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
         return Err(AgentError::Invalid("not a regular file".into()));
@@ -574,8 +607,11 @@ fn remove_file(path: &str) -> Result<(), AgentError> {
 fn list_files(max: usize) -> Reply {
     let mut entries = Vec::new();
     let mut truncated = false;
-    let mut stack = vec![(PathBuf::from(WORKSPACE), String::new(), 0usize)];
-    while let Some((dir, rel, depth)) = stack.pop() {
+    // Breadth first: when the cap is reached, what is missing is the deepest, not a sibling
+    // of a huge directory.
+    let mut queue =
+        std::collections::VecDeque::from([(PathBuf::from(WORKSPACE), String::new(), 0usize)]);
+    while let Some((dir, rel, depth)) = queue.pop_front() {
         let Ok(rd) = std::fs::read_dir(&dir) else {
             continue;
         };
@@ -590,8 +626,10 @@ fn list_files(max: usize) -> Reply {
                 format!("{rel}/{name}")
             };
             if meta.is_dir() {
-                if depth < MAX_DEPTH && !SKIP_DIRS.contains(&name.as_str()) {
-                    stack.push((entry.path(), path, depth + 1));
+                if depth >= MAX_DEPTH {
+                    truncated = true;
+                } else if !SKIP_DIRS.contains(&name.as_str()) {
+                    queue.push_back((entry.path(), path, depth + 1));
                 }
             } else if meta.is_file() && WorkspacePath::parse(&path).is_ok() {
                 if entries.len() >= max {
@@ -619,6 +657,8 @@ struct ChunkWriter<'a> {
     buf: Vec<u8>,
     total: u64,
     max: u64,
+    /// Set when writing failed (cap reached, control plane gone): the snapshot is over.
+    broken: &'a std::cell::Cell<bool>,
 }
 
 impl ChunkWriter<'_> {
@@ -631,9 +671,10 @@ impl ChunkWriter<'_> {
             data: ByteBuf::from(std::mem::take(&mut self.buf)),
         };
         let frame = proto::encode(&msg).map_err(std::io::Error::other)?;
-        self.out
-            .blocking_send(frame)
-            .map_err(|_| std::io::Error::other("control plane gone"))
+        self.out.blocking_send(frame).map_err(|_| {
+            self.broken.set(true);
+            std::io::Error::other("control plane gone")
+        })
     }
 }
 
@@ -641,6 +682,7 @@ impl Write for ChunkWriter<'_> {
     fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
         self.total += data.len() as u64;
         if self.total > self.max {
+            self.broken.set(true);
             return Err(std::io::Error::other("snapshot too large"));
         }
         self.buf.extend_from_slice(data);
@@ -656,17 +698,19 @@ impl Write for ChunkWriter<'_> {
 }
 
 fn snapshot(id: u64, max: u64, out: &Out) -> Result<Reply, AgentError> {
+    let broken = std::cell::Cell::new(false);
     let mut w = ChunkWriter {
         id,
         out,
         buf: Vec::with_capacity(CHUNK),
         total: 0,
         max,
+        broken: &broken,
     };
     let mut b = tar::Builder::new(&mut w);
     b.follow_symlinks(false);
-    b.mode(tar::HeaderMode::Deterministic);
-    let r = b.append_dir_all(".", WORKSPACE).and_then(|()| b.finish());
+    let r = append_tree(&mut b, Path::new(WORKSPACE), Path::new(""), 0, &broken)
+        .and_then(|()| b.finish());
     drop(b);
     if let Err(e) = r {
         return Err(if w.total > w.max {
@@ -677,6 +721,66 @@ fn snapshot(id: u64, max: u64, out: &Out) -> Result<Reply, AgentError> {
     }
     w.flush().map_err(failed)?;
     Ok(Reply::Snapshot { bytes: w.total })
+}
+
+/// Reads that fail end the data early instead of failing the archive.
+struct Lenient<R>(R);
+
+impl<R: Read> Read for Lenient<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        Ok(self.0.read(buf).unwrap_or(0))
+    }
+}
+
+/// Archives `dir` as `rel`: directories, regular files and symlinks. What cannot be archived
+/// (sockets, FIFOs, devices, unreadable or vanished entries) is skipped, and a file that changes
+/// size while it is read is archived at the size it had, padded or cut, so the archive is
+/// always well formed. Only the writer failing (the cap, the control plane gone) is an error.
+fn append_tree<W: Write>(
+    b: &mut tar::Builder<W>,
+    dir: &Path,
+    rel: &Path,
+    depth: usize,
+    broken: &std::cell::Cell<bool>,
+) -> std::io::Result<()> {
+    let check = |r: std::io::Result<()>| if broken.get() { r } else { Ok(()) };
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Ok(());
+    };
+    let mut entries: Vec<_> = rd.flatten().collect();
+    entries.sort_by_key(std::fs::DirEntry::file_name);
+    for entry in entries {
+        let path = entry.path();
+        let name = rel.join(entry.file_name());
+        let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            continue;
+        };
+        let ft = meta.file_type();
+        let mut header = tar::Header::new_gnu();
+        header.set_metadata_in_mode(&meta, tar::HeaderMode::Deterministic);
+        if ft.is_dir() {
+            header.set_size(0);
+            check(b.append_data(&mut header, &name, std::io::empty()))?;
+            if depth < MAX_DEPTH {
+                append_tree(b, &path, &name, depth + 1, broken)?;
+            }
+        } else if ft.is_file() {
+            let Ok(file) = std::fs::File::open(&path) else {
+                continue;
+            };
+            let len = meta.len();
+            header.set_size(len);
+            let data = Lenient(file).take(len).chain(std::io::repeat(0)).take(len);
+            check(b.append_data(&mut header, &name, data))?;
+        } else if ft.is_symlink() {
+            let Ok(target) = std::fs::read_link(&path) else {
+                continue;
+            };
+            header.set_size(0);
+            check(b.append_link(&mut header, &name, &target))?;
+        }
+    }
+    Ok(())
 }
 
 /// Opens a TCP connection inside the sandbox and wires it to stream `stream`.

@@ -452,6 +452,15 @@ async fn read_loop<R: AsyncRead + Unpin>(
             Err(proto::FrameError::Io(_)) => return None,
             Err(e) => return Some(e.to_string()),
         };
+        // Streamed data comes in bounded chunks; anything bigger is not the agent we started.
+        let oversized = match &msg {
+            Message::PtyOutput(d) => d.len() > proto::MAX_PTY_CHUNK,
+            Message::Chunk { data, .. } | Message::StreamData { data, .. } => data.len() > CHUNK,
+            _ => false,
+        };
+        if oversized {
+            return Some("oversized streamed chunk".into());
+        }
         match msg {
             Message::PtyOutput(data) => {
                 if events

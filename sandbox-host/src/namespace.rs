@@ -319,6 +319,8 @@ impl Namespace {
                 "--disable-userns",
                 "--as-pid-1",
                 "--new-session",
+                // The sandbox dies with bwrap, even when its agent is stopped or wedged.
+                "--die-with-parent",
             ],
         );
         let (uid, gid) = (INSIDE_ID.to_string(), INSIDE_ID.to_string());

@@ -12,9 +12,13 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 /// Protocol version the agent announces in [`Reply::Hello`]; the server refuses any other.
 pub const PROTOCOL_VERSION: u32 = 1;
 
-/// Largest frame body either side accepts. Bulk data (terminal output, snapshots, file
-/// contents) travels in chunks of at most [`CHUNK`] bytes, so this leaves room for headers.
-pub const MAX_FRAME: usize = 1 << 20;
+/// Largest frame body either side accepts: a reply carrying a whole file (the API reads up to
+/// 16 MiB) or two captured output streams. Streamed data (terminal output, snapshots, port
+/// connections) travels in chunks of at most [`CHUNK`] bytes, which the control plane enforces.
+pub const MAX_FRAME: usize = 20 << 20;
+
+/// Largest terminal output chunk the agent may send (it reads the PTY 64 KiB at a time).
+pub const MAX_PTY_CHUNK: usize = 64 << 10;
 
 /// Largest payload chunk of bulk data in one frame.
 pub const CHUNK: usize = 256 << 10;
@@ -331,6 +335,7 @@ mod tests {
             id: 1,
             op: Op::PtyInput(ByteBuf::from(vec![0; MAX_FRAME + 1])),
         };
+        const { assert!(MAX_PTY_CHUNK <= CHUNK) };
         assert!(matches!(encode(&oversized), Err(FrameError::TooLong(_))));
     }
 }

@@ -61,6 +61,11 @@ pub fn denied() -> Vec<(&'static str, i64)> {
         ("ioperm", libc::SYS_ioperm),
         ("syslog", libc::SYS_syslog),
         ("vhangup", libc::SYS_vhangup),
+        ("pidfd_getfd", libc::SYS_pidfd_getfd),
+        ("process_madvise", libc::SYS_process_madvise),
+        ("io_uring_setup", libc::SYS_io_uring_setup),
+        ("io_uring_enter", libc::SYS_io_uring_enter),
+        ("io_uring_register", libc::SYS_io_uring_register),
     ]
 }
 

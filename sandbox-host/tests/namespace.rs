@@ -418,3 +418,71 @@ async fn ports_inside_are_reached_through_the_agent() {
     sb.kill();
     sb.ended().await;
 }
+
+/// Things code inside may leave in the workspace or do to the agent's requests: sockets, FIFOs,
+/// unreadable files, huge output. None of them wedges the agent or breaks a snapshot.
+#[tokio::test]
+async fn hostile_workspace_contents_do_not_break_the_agent() {
+    let ns = backend();
+    let (sb, _events, _) = ns.start(&name("h"), &Limits::default()).await.unwrap();
+    let (code, _, err) = sh(
+        &sb,
+        "echo keep > keep.txt && mkfifo pipe && chmod 000 keep.txt && echo ok > ok.txt && \
+         python3 -c \"import socket; socket.socket(socket.AF_UNIX).bind('sock')\" && \
+         mkdir -p d/e && echo deep > d/e/f.txt && ln -s d/e/f.txt link",
+    )
+    .await;
+    assert_eq!(code, Some(0), "{err}");
+
+    // A FIFO is refused at once, and the agent answers meanwhile.
+    let fifo = Op::ReadFile {
+        path: "pipe".into(),
+        max_bytes: 100,
+    };
+    let r = tokio::time::timeout(Duration::from_secs(5), sb.call(fifo, T))
+        .await
+        .unwrap();
+    assert!(r.unwrap_err().to_string().contains("not a regular file"));
+
+    // Commands do not inherit the agent's control socket.
+    let (_, out, _) = sh(&sb, "ls -l /proc/$$/fd | grep -c socket || true").await;
+    assert_eq!(out.trim(), "0", "the control socket leaked into a command");
+
+    // Output bigger than the cap comes back truncated, promptly.
+    let big = Op::Exec {
+        argv: vec![
+            "sh".into(),
+            "-c".into(),
+            "head -c 3000000 /dev/zero | tr '\\0' y".into(),
+        ],
+        cwd: String::new(),
+        timeout_ms: 20_000,
+        max_output: 1 << 20,
+    };
+    match tokio::time::timeout(Duration::from_secs(10), sb.call(big, T))
+        .await
+        .unwrap()
+        .unwrap()
+    {
+        Reply::Exec {
+            stdout, truncated, ..
+        } => {
+            assert_eq!(stdout.len(), 1 << 20);
+            assert!(truncated);
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // The snapshot skips what cannot be archived and keeps the rest.
+    let mut tar = Vec::new();
+    sb.snapshot(&mut tar, 64 << 20, T).await.unwrap();
+    sb.kill();
+    sb.ended().await;
+    let (sb2, _ev, _) = ns.start(&name("h2"), &Limits::default()).await.unwrap();
+    sb2.restore(&mut &tar[..], T).await.unwrap();
+    let (_, out, _) = sh(&sb2, "cat ok.txt d/e/f.txt link; ls -a | tr '\\n' ' '").await;
+    assert!(out.starts_with("ok\ndeep\ndeep\n"), "{out}");
+    assert!(!out.contains("sock") && !out.contains("pipe"), "{out}");
+    sb2.kill();
+    sb2.ended().await;
+}

@@ -342,17 +342,20 @@ impl Session<'_> {
             .map_err(|e| e.to_string())
     }
 
-    async fn list(&self) -> Result<Vec<FileEntry>, String> {
-        match self
-            .call(Op::ListFiles {
-                max_entries: MAX_SYNC_FILES,
-            })
-            .await?
-        {
-            Reply::Files { entries, .. } => Ok(entries
-                .into_iter()
-                .filter(|e| e.size <= MAX_SYNC_FILE && !e.path.ends_with(".coderoom-tmp"))
-                .collect()),
+    /// The workspace's files small enough to mirror, and whether the listing was cut short (so
+    /// a file missing from it may still exist).
+    async fn list(&self) -> Result<(Vec<FileEntry>, bool), String> {
+        let op = Op::ListFiles {
+            max_entries: MAX_SYNC_FILES,
+        };
+        match self.call(op).await? {
+            Reply::Files { entries, truncated } => Ok((
+                entries
+                    .into_iter()
+                    .filter(|e| e.size <= MAX_SYNC_FILE && !e.path.ends_with(".coderoom-tmp"))
+                    .collect(),
+                truncated,
+            )),
             _ => Err("unexpected reply to a listing".into()),
         }
     }
@@ -387,11 +390,13 @@ impl Session<'_> {
         }
     }
 
-    /// First agreement after joining: the document wins for files both have (it is durable
-    /// to the last keystroke; the workspace may come from an older snapshot); files only on
-    /// disk are imported; files only in the document are written.
+    /// Agreement after joining. On the first join of a sandbox the document wins for files both
+    /// have (it is durable to the keystroke; the workspace may come from an older snapshot).
+    /// On a rejoin (the sync was interrupted), files changed on disk since the last agreement
+    /// are merged like any disk change. Files only on disk are imported; files only in the
+    /// document are written.
     async fn reconcile(&mut self) -> Result<(), String> {
-        let listing = self.list().await?;
+        let (listing, _) = self.list().await?;
         let on_disk: HashSet<String> = listing.iter().map(|e| e.path.clone()).collect();
         self.listing = listing
             .iter()
@@ -408,12 +413,24 @@ impl Session<'_> {
             if text.len() as u64 > MAX_SYNC_FILE {
                 continue;
             }
-            let same = on_disk.contains(&path)
-                && self.read_text(&path).await?.as_deref() == Some(text.as_str());
-            if !same {
-                self.write(&path, &text).await?;
+            let disk = if on_disk.contains(&path) {
+                self.read_text(&path).await?
+            } else {
+                None
+            };
+            if disk.as_deref() == Some(text.as_str()) {
+                self.base.insert(path, text);
+                continue;
             }
-            self.base.insert(path, text);
+            match (self.base.get(&path).cloned(), disk) {
+                (Some(base), Some(disk)) if base != disk => {
+                    self.merge_in(&path, &base, &disk).await?;
+                }
+                _ => {
+                    self.write(&path, &text).await?;
+                    self.base.insert(path, text);
+                }
+            }
         }
         for entry in listing {
             if self.base.contains_key(&entry.path) {
@@ -469,7 +486,7 @@ impl Session<'_> {
 
     /// Disk -> document, for files changed inside the sandbox since the last scan.
     async fn scan(&mut self) -> Result<(), String> {
-        let listing = self.list().await?;
+        let (listing, truncated) = self.list().await?;
         let now: HashMap<String, (u64, i128)> = listing
             .iter()
             .map(|e| (e.path.clone(), (e.size, e.mtime_ns)))
@@ -479,12 +496,17 @@ impl Session<'_> {
             .filter(|(p, v)| self.listing.get(*p) != Some(v))
             .map(|(p, _)| p.clone())
             .collect();
-        let vanished: Vec<String> = self
-            .base
-            .keys()
-            .filter(|p| !now.contains_key(*p))
-            .cloned()
-            .collect();
+        // A file missing from a listing that was cut short may well exist: no deletion is
+        // inferred from one.
+        let vanished: Vec<String> = if truncated {
+            Vec::new()
+        } else {
+            self.base
+                .keys()
+                .filter(|p| !now.contains_key(*p))
+                .cloned()
+                .collect()
+        };
         self.listing = now;
         for path in changed {
             let Some(disk) = self.read_text(&path).await? else {

@@ -46,6 +46,14 @@ const KEEP_SNAPSHOTS: usize = 2;
 const IDLE_POLL: Duration = Duration::from_millis(250);
 /// The idle timer is re-armed in the database at most this often while operations arrive.
 const REARM_EVERY_MS: i64 = 1000;
+/// Idle stops whose snapshot fails before the sandbox is stopped without one.
+const IDLE_STOP_ATTEMPTS: u32 = 3;
+/// Terminal output held by the pump for the supervisor; past it the pump waits (that is the
+/// terminal's flow control) for at most [`PUMP_STALL`].
+const PUMP_PENDING: usize = 1 << 20;
+/// How long the pump waits on a supervisor that takes nothing before dropping output instead,
+/// so the agent's stream (which also carries snapshots) never stalls behind a busy supervisor.
+const PUMP_STALL: Duration = Duration::from_millis(200);
 /// Attempts at reaching a supervisor that is exiting at that moment.
 const SEND_ATTEMPTS: usize = 3;
 
@@ -374,7 +382,7 @@ enum Life {
         generation: u64,
         receipt: Receipt,
         /// The document <-> workspace sync of this sandbox.
-        sync: (CancellationToken, tokio::task::JoinHandle<()>),
+        sync: Option<(CancellationToken, tokio::task::JoinHandle<()>)>,
     },
     Failed(String),
 }
@@ -398,6 +406,20 @@ struct Actor {
     recorder: Recorder,
     last_armed: Option<i64>,
     destroyed: bool,
+    failed_idle_stops: u32,
+}
+
+impl Drop for Actor {
+    /// A supervisor that ends (even by a panic) takes its sandbox with it: no sandbox outlives
+    /// the task that accounts for it.
+    fn drop(&mut self) {
+        if let Life::Running { sandbox, sync, .. } = &self.life {
+            if let Some((cancel, _)) = sync {
+                cancel.cancel();
+            }
+            sandbox.kill();
+        }
+    }
 }
 
 impl Actor {
@@ -426,6 +448,7 @@ impl Actor {
             recorder,
             last_armed: None,
             destroyed: false,
+            failed_idle_stops: 0,
             owner,
         }
     }
@@ -482,7 +505,12 @@ impl Actor {
             }
             Cmd::Stop { actor, reply } => {
                 let r = self
-                    .stop(&actor, &format!("stop requested by {actor}"), "stopped")
+                    .stop(
+                        &actor,
+                        &format!("stop requested by {actor}"),
+                        "stopped",
+                        false,
+                    )
                     .await
                     .map(|()| self.status());
                 let _ = reply.send(r);
@@ -531,7 +559,10 @@ impl Actor {
             Cmd::Ended { generation, how } => self.ended(generation, how).await,
             Cmd::IdleDue => self.idle_due().await,
             Cmd::Suspend { reply } => {
-                if let Err(e) = self.stop("system", "server shutdown", "suspended").await {
+                if let Err(e) = self
+                    .stop("system", "server shutdown", "suspended", true)
+                    .await
+                {
                     tracing::error!(room = %self.room_id, error = %e, "cannot suspend the sandbox");
                 }
                 let _ = reply.send(());
@@ -539,7 +570,9 @@ impl Actor {
             Cmd::Destroy { reply } => {
                 let was = matches!(self.life, Life::Running { .. });
                 if let Life::Running { sandbox, sync, .. } = &self.life {
-                    sync.0.cancel();
+                    if let Some((cancel, _)) = sync {
+                        cancel.cancel();
+                    }
                     sandbox.kill();
                     let _ = tokio::time::timeout(KILL_WITHIN, sandbox.ended()).await;
                 }
@@ -611,19 +644,34 @@ impl Actor {
         if let Backend::None(why) = &self.owner.inner.backend {
             return Err(SandboxError::Unavailable(why.clone()));
         }
-        let limits = self.deps().cfg.limits();
-        let (sandbox, events, receipt) = self
-            .owner
-            .inner
-            .backend
-            .start(&self.room_id, &limits)
-            .await
-            .map_err(|e| {
-                tracing::error!(room = %self.room_id, error = %e, "sandbox start failed");
-                SandboxError::Start
-            })?;
-        let snapshot = self.row.as_ref().and_then(|r| r.snapshot.clone());
-        if let Some(name) = &snapshot {
+        // The latest snapshot first, then older ones, then an empty workspace: a snapshot that
+        // does not restore (it was written by the untrusted agent) never locks the room out.
+        // The document holds every text file anyway and wins at the next sync.
+        let mut candidates: Vec<Option<String>> =
+            self.snapshots().await.into_iter().map(Some).collect();
+        let latest = self.row.as_ref().and_then(|r| r.snapshot.clone());
+        if let Some(l) = &latest {
+            candidates.retain(|c| c.as_ref() != Some(l));
+            candidates.insert(0, Some(l.clone()));
+        }
+        candidates.push(None);
+        let mut failures = Vec::new();
+        let mut started = None;
+        for candidate in candidates {
+            let (sandbox, events, receipt) = self
+                .owner
+                .inner
+                .backend
+                .start(&self.room_id, &self.deps().cfg.limits())
+                .await
+                .map_err(|e| {
+                    tracing::error!(room = %self.room_id, error = %e, "sandbox start failed");
+                    SandboxError::Start
+                })?;
+            let Some(name) = &candidate else {
+                started = Some((sandbox, events, receipt, candidate));
+                break;
+            };
             let path = self.snapshot_dir().join(name);
             let restored = match tokio::fs::File::open(&path).await {
                 Ok(mut f) => sandbox
@@ -632,12 +680,23 @@ impl Actor {
                     .map_err(|e| e.to_string()),
                 Err(e) => Err(e.to_string()),
             };
-            if let Err(e) = restored {
-                tracing::error!(room = %self.room_id, snapshot = %name, error = %e, "cannot restore the snapshot");
-                sandbox.kill();
-                return Err(SandboxError::Start);
+            match restored {
+                Ok(()) => {
+                    started = Some((sandbox, events, receipt, candidate));
+                    break;
+                }
+                Err(e) => {
+                    tracing::error!(room = %self.room_id, snapshot = %name, error = %e, "cannot restore the snapshot");
+                    failures.push(json!({ "snapshot": name, "error": e }));
+                    sandbox.kill();
+                    // Its cgroup is removed before the next attempt creates it again.
+                    let _ = tokio::time::timeout(KILL_WITHIN, sandbox.ended()).await;
+                }
             }
         }
+        let Some((sandbox, events, receipt, snapshot)) = started else {
+            return Err(SandboxError::Start);
+        };
         self.generation = self
             .owner
             .inner
@@ -657,6 +716,7 @@ impl Actor {
         let details = json!({
             "reason": reason,
             "resumed_from": snapshot,
+            "restore_failures": failures,
             "receipt": receipt,
         });
         if let Err(e) = self
@@ -677,23 +737,29 @@ impl Actor {
             });
         }
         tracing::info!(room = %self.room_id, tier = %receipt.tier, "sandbox running");
+        let sync = Some(self.start_sync(&sandbox));
+        self.life = Life::Running {
+            sandbox: sandbox.clone(),
+            generation,
+            receipt,
+            sync,
+        };
+        self.hub.pty_open = false;
+        self.broadcast_event(json!({ "type": "sandbox", "state": "running" }));
+        Ok(sandbox)
+    }
+
+    /// Starts the document <-> workspace sync of a running sandbox.
+    fn start_sync(&self, sandbox: &Sandbox) -> (CancellationToken, tokio::task::JoinHandle<()>) {
         let cancel = CancellationToken::new();
-        let sync = tokio::spawn(crate::filesync::run(crate::filesync::SyncCtx {
+        let task = tokio::spawn(crate::filesync::run(crate::filesync::SyncCtx {
             rooms: self.deps().rooms.clone(),
             limits: self.deps().limits.clone(),
             room_id: self.room_id.clone(),
             sandbox: sandbox.clone(),
             cancel: cancel.clone(),
         }));
-        self.life = Life::Running {
-            sandbox: sandbox.clone(),
-            generation,
-            receipt,
-            sync: (cancel, sync),
-        };
-        self.hub.pty_open = false;
-        self.broadcast_event(json!({ "type": "sandbox", "state": "running" }));
-        Ok(sandbox)
+        (cancel, task)
     }
 
     fn idle_ms(&self) -> i64 {
@@ -737,7 +803,13 @@ impl Actor {
 
     /// Snapshots the workspace and stops the sandbox. A failed snapshot keeps it running
     /// (nothing is lost), except at server shutdown, where the previous snapshot stands.
-    async fn stop(&mut self, actor: &str, reason: &str, state: &str) -> Result<(), SandboxError> {
+    async fn stop(
+        &mut self,
+        actor: &str,
+        reason: &str,
+        state: &str,
+        force: bool,
+    ) -> Result<(), SandboxError> {
         let Life::Running {
             sandbox,
             receipt,
@@ -749,13 +821,15 @@ impl Actor {
         };
         let (sandbox, receipt) = (sandbox.clone(), receipt.clone());
         // The sync writes the last document edits to disk as it stops: the snapshot has them.
-        sync.0.cancel();
-        let _ = tokio::time::timeout(SYNC_STOP_WITHIN, &mut sync.1).await;
+        if let Some((cancel, task)) = sync.take() {
+            cancel.cancel();
+            let _ = tokio::time::timeout(SYNC_STOP_WITHIN, task).await;
+        }
         let snap = self.take_snapshot(&sandbox).await;
         let (snapshot, snapshot_at, bytes) = match snap {
             Ok((name, bytes)) => (Some(name), Some(now_ms()), bytes),
-            Err(e) if state == "suspended" => {
-                tracing::error!(room = %self.room_id, error = %e, "snapshot at shutdown failed; the previous one stands");
+            Err(e) if force => {
+                tracing::error!(room = %self.room_id, error = %e, "snapshot failed; stopping anyway, the previous snapshot stands");
                 (
                     self.row.as_ref().and_then(|r| r.snapshot.clone()),
                     self.row.as_ref().and_then(|r| r.snapshot_at),
@@ -764,6 +838,10 @@ impl Actor {
             }
             Err(e) => {
                 tracing::error!(room = %self.room_id, error = %e, "snapshot failed; the sandbox keeps running");
+                let restarted = self.start_sync(&sandbox);
+                if let Life::Running { sync, .. } = &mut self.life {
+                    *sync = Some(restarted);
+                }
                 return Err(e);
             }
         };
@@ -828,10 +906,10 @@ impl Actor {
         Ok((name, bytes))
     }
 
-    async fn prune_snapshots(&self) {
-        let dir = self.snapshot_dir();
-        let Ok(mut rd) = tokio::fs::read_dir(&dir).await else {
-            return;
+    /// The room's snapshot files, newest first.
+    async fn snapshots(&self) -> Vec<String> {
+        let Ok(mut rd) = tokio::fs::read_dir(self.snapshot_dir()).await else {
+            return Vec::new();
         };
         let mut names = Vec::new();
         while let Ok(Some(e)) = rd.next_entry().await {
@@ -841,6 +919,14 @@ impl Actor {
             }
         }
         names.sort();
+        names.reverse();
+        names
+    }
+
+    async fn prune_snapshots(&self) {
+        let dir = self.snapshot_dir();
+        let mut names = self.snapshots().await;
+        names.reverse();
         let current = self.row.as_ref().and_then(|r| r.snapshot.clone());
         let keep_from = names.len().saturating_sub(KEEP_SNAPSHOTS);
         for (i, name) in names.iter().enumerate() {
@@ -863,7 +949,9 @@ impl Actor {
         if *current != generation {
             return;
         }
-        sync.0.cancel();
+        if let Some((cancel, _)) = sync {
+            cancel.cancel();
+        }
         let receipt = receipt.clone();
         let reason = match how {
             Ended::Stopped => "stopped".to_owned(),
@@ -914,11 +1002,18 @@ impl Actor {
         let reason = "idle: no terminal and no operation for the idle period";
         match self.life {
             Life::Running { .. } => {
-                if let Err(e) = self.stop("system", reason, "stopped").await {
-                    tracing::error!(room = %self.room_id, error = %e, "idle stop failed");
-                    // Try again after another idle period rather than every poll.
-                    let next = now + self.idle_ms();
-                    self.arm(Some(next)).await;
+                // A sandbox whose snapshots keep failing (a wedged agent) is stopped anyway at
+                // the third attempt: the previous snapshot and the document stand.
+                let force = self.failed_idle_stops >= IDLE_STOP_ATTEMPTS - 1;
+                match self.stop("system", reason, "stopped", force).await {
+                    Ok(()) => self.failed_idle_stops = 0,
+                    Err(e) => {
+                        self.failed_idle_stops += 1;
+                        tracing::error!(room = %self.room_id, error = %e, "idle stop failed");
+                        // Try again after another idle period rather than every poll.
+                        let next = now + self.idle_ms();
+                        self.arm(Some(next)).await;
+                    }
                 }
             }
             Life::Dormant | Life::Failed(_) => {
@@ -1115,7 +1210,9 @@ impl Actor {
 
 /// Forwards the sandbox's events to its supervisor at no more than `rate` bytes of terminal
 /// output per second. Slowing down here fills the agent's queue and then the PTY, so a program
-/// that writes without end is slowed, never buffered.
+/// that writes without end is slowed, never buffered. While the supervisor is busy for long (a
+/// snapshot), output is dropped here instead of held up: the agent's stream, which also carries
+/// the snapshot, never waits on the supervisor for more than [`PUMP_STALL`].
 async fn pump(
     mut events: mpsc::Receiver<Event>,
     generation: u64,
@@ -1128,22 +1225,49 @@ async fn pump(
     let burst = (rate / 10.0).max(64.0 * 1024.0);
     let mut tokens = burst;
     let mut last = tokio::time::Instant::now();
-    while let Some(ev) = events.recv().await {
-        let cmd = match ev {
-            Event::PtyOutput(data) => {
-                let now = tokio::time::Instant::now();
-                tokens = (tokens + now.duration_since(last).as_secs_f64() * rate).min(burst);
-                last = now;
-                tokens -= data.len() as f64;
-                if tokens < 0.0 {
-                    tokio::time::sleep(Duration::from_secs_f64(-tokens / rate)).await;
-                }
-                Cmd::Output { generation, data }
-            }
-            Event::PtyExit { code } => Cmd::PtyExit { generation, code },
-        };
-        if tx.send(cmd).await.is_err() {
+    let mut pending: VecDeque<u8> = VecDeque::new();
+    let mut exit: Option<Option<i32>> = None;
+    let mut closed = false;
+    loop {
+        if closed && pending.is_empty() && exit.is_none() {
             break;
+        }
+        let full = pending.len() >= PUMP_PENDING;
+        tokio::select! {
+            biased;
+            permit = tx.reserve(), if !pending.is_empty() || exit.is_some() => {
+                let Ok(permit) = permit else { break };
+                if pending.is_empty() {
+                    if let Some(code) = exit.take() {
+                        permit.send(Cmd::PtyExit { generation, code });
+                    }
+                } else {
+                    let n = pending.len().min(coderoom_sandbox::proto::MAX_PTY_CHUNK);
+                    let data: Vec<u8> = pending.drain(..n).collect();
+                    permit.send(Cmd::Output { generation, data });
+                }
+            }
+            // The supervisor has taken nothing for a while (it is taking a snapshot): the
+            // oldest half of what waits is dropped and reading goes on, so the agent's stream
+            // never stalls behind it.
+            () = tokio::time::sleep(PUMP_STALL), if full => {
+                let n = pending.len() / 2;
+                pending.drain(..n);
+            }
+            ev = events.recv(), if !closed && !full => match ev {
+                None => closed = true,
+                Some(Event::PtyOutput(data)) => {
+                    let now = tokio::time::Instant::now();
+                    tokens = (tokens + now.duration_since(last).as_secs_f64() * rate).min(burst);
+                    last = now;
+                    tokens -= data.len() as f64;
+                    if tokens < 0.0 {
+                        tokio::time::sleep(Duration::from_secs_f64(-tokens / rate)).await;
+                    }
+                    pending.extend(data);
+                }
+                Some(Event::PtyExit { code }) => exit = Some(code),
+            },
         }
     }
 }
@@ -1175,10 +1299,30 @@ mod tests {
                     generation: 7,
                     data,
                 }) => bytes += data.len(),
-                _ => panic!("unexpected command"),
+                Some(_) => panic!("unexpected command"),
+                None => panic!("the pump ended after {bytes} bytes"),
             }
         }
         let took = started.elapsed().as_secs_f64();
         assert!((9.8..10.1).contains(&took), "{took}");
+    }
+
+    /// A supervisor that takes nothing (busy with a snapshot) never stops the pump from
+    /// reading the agent's events: output is dropped instead.
+    #[tokio::test(start_paused = true)]
+    async fn a_busy_supervisor_never_stalls_the_agent_stream() {
+        let (ev_tx, ev_rx) = mpsc::channel(4);
+        let (tx, _rx_never_read) = mpsc::channel(4);
+        tokio::spawn(pump(ev_rx, 1, 1 << 30, tx));
+        let sent = tokio::time::timeout(Duration::from_secs(30), async {
+            for _ in 0..200 {
+                ev_tx
+                    .send(Event::PtyOutput(vec![b'x'; 64 << 10]))
+                    .await
+                    .unwrap();
+            }
+        })
+        .await;
+        assert!(sent.is_ok(), "the pump stopped reading events");
     }
 }

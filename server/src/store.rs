@@ -143,6 +143,16 @@ impl Store {
         Ok(Store { pool, backend })
     }
 
+    /// A write transaction. On SQLite it takes the write lock at once (`BEGIN IMMEDIATE`): a
+    /// deferred transaction that reads and then writes fails with SQLITE_BUSY at once, without
+    /// waiting, when another connection wrote in between.
+    async fn begin_write(&self) -> Result<sqlx::Transaction<'static, sqlx::Any>, sqlx::Error> {
+        match self.backend {
+            Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await,
+            Backend::Postgres => self.pool.begin().await,
+        }
+    }
+
     pub fn backend(&self) -> Backend {
         self.backend
     }
@@ -270,7 +280,7 @@ impl Store {
     }
 
     pub async fn record_issuance(&self, email: &str, at: i64) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin_write().await?;
         // History older than the longest cap window is of no use.
         sqlx::query("DELETE FROM code_issuance WHERE email = $1 AND at < $2")
             .bind(email)
@@ -498,7 +508,7 @@ impl Store {
         fields: audit::Fields,
         change: &Change,
     ) -> Result<audit::Record, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin_write().await?;
         apply_change(&mut tx, change).await?;
         let head = sqlx::query(
             "SELECT seq, hash FROM audit_log WHERE chain = $1 ORDER BY seq DESC LIMIT 1",
@@ -653,7 +663,7 @@ impl Store {
         delete_sql: Option<&str>,
         status_if_none: &str,
     ) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin_write().await?;
         let count = match delete_sql {
             Some(sql) => sqlx::query(sql)
                 .bind(room_id)
@@ -815,7 +825,7 @@ impl Store {
         room_id: &str,
         batch: &[(i64, &[u8])],
     ) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin_write().await?;
         for (seq, data) in batch {
             sqlx::query("INSERT INTO doc_updates (room_id, seq, data) VALUES ($1, $2, $3)")
                 .bind(room_id)
@@ -836,7 +846,7 @@ impl Store {
         upto_seq: i64,
         data: &[u8],
     ) -> Result<(), StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin_write().await?;
         sqlx::query(
             "INSERT INTO doc_snapshots (room_id, upto_seq, data, updated_at) VALUES ($1, $2, $3, $4) \
              ON CONFLICT (room_id) DO UPDATE SET upto_seq = excluded.upto_seq, \

@@ -308,7 +308,7 @@ impl Denials {
             )
             .await;
         if let Err(e) = r {
-            tracing::error!(error = %e, "cannot audit refused terminal input");
+            tracing::error!(error = ?e, "cannot audit refused terminal input");
         }
         self.last_audit = Some(tokio::time::Instant::now());
         self.pending_chunks = 0;
