@@ -486,3 +486,71 @@ async fn hostile_workspace_contents_do_not_break_the_agent() {
     sb2.kill();
     sb2.ended().await;
 }
+
+/// `--sandbox-rootfs`: the sandbox's base is the given tree, not the host's `/usr`.
+#[tokio::test]
+async fn a_rootfs_replaces_the_host_base() {
+    let root = tempfile::tempdir().unwrap();
+    let r = root.path();
+    // A minimal tree: dash, the C libraries the agent and dash link against, the loader.
+    let libdir = r.join("usr/lib/x86_64-linux-gnu");
+    std::fs::create_dir_all(&libdir).unwrap();
+    std::fs::create_dir_all(r.join("usr/bin")).unwrap();
+    std::fs::create_dir_all(r.join("lib64")).unwrap();
+    std::fs::copy("/usr/bin/dash", r.join("usr/bin/sh")).unwrap();
+    for lib in [
+        "libc.so.6",
+        "libm.so.6",
+        "libgcc_s.so.1",
+        "ld-linux-x86-64.so.2",
+    ] {
+        std::fs::copy(format!("/lib/x86_64-linux-gnu/{lib}"), libdir.join(lib)).unwrap();
+    }
+    std::fs::copy(
+        "/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2",
+        r.join("lib64/ld-linux-x86-64.so.2"),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("usr/bin", r.join("bin")).unwrap();
+    std::os::unix::fs::symlink("usr/lib", r.join("lib")).unwrap();
+    std::fs::write(r.join("usr/marker"), "from the rootfs\n").unwrap();
+    // The unprivileged sandbox user must be able to read the tree.
+    std::process::Command::new("chmod")
+        .args(["-R", "a+rX"])
+        .arg(r)
+        .status()
+        .unwrap();
+
+    let agent = AgentCommand {
+        exe: env!("CARGO_BIN_EXE_coderoom-agent").into(),
+        args: vec![],
+    };
+    let (Backend::Namespace(ns), why) = Backend::select(Tier::Namespace, agent, Some(r.to_owned()))
+    else {
+        panic!("the namespace tier must work on this host");
+    };
+    assert!(why.contains("namespace"), "{why}");
+    let (sb, _events, receipt) = ns.start(&name("r"), &Limits::default()).await.unwrap();
+    assert!(
+        receipt
+            .mounts
+            .iter()
+            .any(|m| m.contains("from") && m.contains(&r.display().to_string())),
+        "{receipt:?}"
+    );
+    let op = Op::Exec {
+        argv: vec!["/bin/sh".into(), "-c".into(), "read m < /usr/marker; echo $m; [ -e /usr/bin/python3 ] && echo host-usr-visible; echo x > /usr/y || echo read-only".into()],
+        cwd: String::new(),
+        timeout_ms: 10_000,
+        max_output: 4096,
+    };
+    match sb.call(op, T).await.unwrap() {
+        Reply::Exec { stdout, .. } => {
+            let out = String::from_utf8_lossy(&stdout);
+            assert_eq!(out, "from the rootfs\nread-only\n", "{out}");
+        }
+        other => panic!("{other:?}"),
+    }
+    sb.kill();
+    sb.ended().await;
+}
