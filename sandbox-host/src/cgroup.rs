@@ -163,10 +163,29 @@ impl Cgroup {
                 vec![g]
             }
         };
-        Ok(Cgroup {
+        let group = Cgroup {
             layout: layout.clone(),
             dirs,
-        })
+        };
+        // A group left behind by a crashed server may still hold its sandbox's processes.
+        group.kill_all();
+        Ok(group)
+    }
+
+    /// Kills every process in the group; true if there were any.
+    fn kill_all(&self) -> bool {
+        let mut any = false;
+        for dir in &self.dirs {
+            if let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+                for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                    any = true;
+                    if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+                        let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                    }
+                }
+            }
+        }
+        any
     }
 
     /// The `cgroup.procs` files a new process writes `0` to, to join the group.
@@ -203,19 +222,7 @@ impl Cgroup {
     /// Kills whatever is left in the group and removes it.
     pub fn remove(&self) {
         for _ in 0..50 {
-            let mut left = false;
-            for dir in &self.dirs {
-                if let Ok(procs) = std::fs::read_to_string(dir.join("cgroup.procs")) {
-                    for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
-                        left = true;
-                        if let Some(pid) = rustix::process::Pid::from_raw(pid) {
-                            let _ =
-                                rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-                        }
-                    }
-                }
-            }
-            if !left {
+            if !self.kill_all() {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_millis(20));

@@ -147,6 +147,10 @@ pub struct SandboxArgs {
     /// A sandbox with no terminal open and no operation for this long is snapshotted and stopped.
     #[arg(long, env = "CODEROOM_SANDBOX_IDLE_MS", default_value_t = 15 * 60 * 1000)]
     pub sandbox_idle_ms: u64,
+    /// A running sandbox's workspace is snapshotted this often, so a crash of the server loses
+    /// at most this much of what is not in the document.
+    #[arg(long, env = "CODEROOM_SANDBOX_SNAPSHOT_EVERY_MS", default_value_t = 10 * 60 * 1000)]
+    pub sandbox_snapshot_every_ms: u64,
     /// Terminal output kept for viewers who join later (replayed on join).
     #[arg(long, env = "CODEROOM_TERMINAL_SCROLLBACK_BYTES", default_value_t = 1 << 20)]
     pub terminal_scrollback_bytes: usize,
@@ -166,6 +170,7 @@ impl Default for SandboxArgs {
             sandbox_cpu_millis: 1000,
             sandbox_workspace_mb: 512,
             sandbox_idle_ms: 15 * 60 * 1000,
+            sandbox_snapshot_every_ms: 10 * 60 * 1000,
             terminal_scrollback_bytes: 1 << 20,
             terminal_output_bytes_per_s: 8 << 20,
             recording_max_bytes: 64 << 20,
@@ -265,6 +270,10 @@ mod tests {
         let s = SandboxArgs::default();
         assert_eq!(args.sandbox.limits(), s.limits());
         assert_eq!(args.sandbox.sandbox_idle_ms, s.sandbox_idle_ms);
+        assert_eq!(
+            args.sandbox.sandbox_snapshot_every_ms,
+            s.sandbox_snapshot_every_ms
+        );
         assert_eq!(
             args.sandbox.terminal_scrollback_bytes,
             s.terminal_scrollback_bytes

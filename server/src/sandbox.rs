@@ -473,8 +473,19 @@ impl Actor {
                 // Answer what is queued with an error by dropping it, then let callers retry.
             }
         }
+        let every = Duration::from_millis(self.deps().cfg.sandbox_snapshot_every_ms.max(1000));
+        let mut next_snapshot = tokio::time::Instant::now() + every;
         loop {
-            let Some(cmd) = rx.recv().await else { break };
+            let running = matches!(self.life, Life::Running { .. });
+            let cmd = tokio::select! {
+                cmd = rx.recv() => cmd,
+                () = tokio::time::sleep_until(next_snapshot), if running => {
+                    self.periodic_snapshot().await;
+                    next_snapshot = tokio::time::Instant::now() + every;
+                    continue;
+                }
+            };
+            let Some(cmd) = cmd else { break };
             self.handle(cmd).await;
             let running = matches!(self.life, Life::Running { .. });
             let idle = !running && self.hub.viewers.is_empty();
@@ -873,6 +884,38 @@ impl Actor {
         self.prune_snapshots().await;
         self.broadcast_event(json!({ "type": "sandbox", "state": state, "reason": reason }));
         Ok(())
+    }
+
+    /// A snapshot while running, so a crash of the server loses at most this period of the
+    /// workspace (the document loses nothing). Not a lifecycle transition: no audit record.
+    async fn periodic_snapshot(&mut self) {
+        let Life::Running { sandbox, .. } = &self.life else {
+            return;
+        };
+        let sandbox = sandbox.clone();
+        match self.take_snapshot(&sandbox).await {
+            Ok((name, _)) => {
+                let at = now_ms();
+                match self
+                    .deps()
+                    .store
+                    .set_snapshot(&self.room_id, &name, at)
+                    .await
+                {
+                    Ok(()) => {
+                        if let Some(r) = self.row.as_mut() {
+                            r.snapshot = Some(name);
+                            r.snapshot_at = Some(at);
+                        }
+                        self.prune_snapshots().await;
+                    }
+                    Err(e) => {
+                        tracing::warn!(room = %self.room_id, error = %e, "cannot record the snapshot")
+                    }
+                }
+            }
+            Err(e) => tracing::warn!(room = %self.room_id, error = %e, "periodic snapshot failed"),
+        }
     }
 
     async fn take_snapshot(&self, sandbox: &Sandbox) -> Result<(String, u64), SandboxError> {

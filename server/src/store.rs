@@ -430,6 +430,17 @@ impl Store {
         Ok(())
     }
 
+    /// Points the room's sandbox at a newer snapshot (a periodic one, taken while running).
+    pub async fn set_snapshot(&self, room_id: &str, name: &str, at: i64) -> Result<(), StoreError> {
+        sqlx::query("UPDATE sandboxes SET snapshot = $1, snapshot_at = $2 WHERE room_id = $3")
+            .bind(name)
+            .bind(at)
+            .bind(room_id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
     /// Rooms whose sandbox idle timer is due at `now`.
     pub async fn due_sandboxes(&self, now: i64) -> Result<Vec<String>, StoreError> {
         let rows = sqlx::query(

@@ -902,3 +902,44 @@ async fn a_stop_during_endless_output_completes() {
     let (_, out) = exec(server, &t.ben, room, "cat kept.txt").await;
     assert_eq!(out["stdout"], "kept\n");
 }
+
+/// A running sandbox is snapshotted periodically: a kill -9 of the server loses at most one
+/// period of what is not in the document (here a binary file, which never is).
+#[tokio::test]
+async fn periodic_snapshots_bound_what_a_crash_loses() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let every = ["--sandbox-snapshot-every-ms", "1000"];
+    let t = team_with(&storage, &every).await;
+    let room = t.room.clone();
+    let (_, out) = exec(
+        &t.server,
+        &t.ben,
+        &room,
+        "printf 'bin\\000ary' > blob.bin && echo ok",
+    )
+    .await;
+    assert_eq!(out["stdout"], "ok\n");
+    let first = sandbox_status(&t.server, &t.ana, &room).await["snapshot_at"].clone();
+    let mut later = first.clone();
+    for _ in 0..60 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        later = sandbox_status(&t.server, &t.ana, &room).await["snapshot_at"].clone();
+        if later.is_i64() && later != first {
+            break;
+        }
+    }
+    assert!(
+        later.is_i64() && later != first,
+        "no periodic snapshot: {later}"
+    );
+    t.server.kill9().await;
+    let server = Server::start(&storage, &every).await;
+    let (_, out) = exec(&server, &t.ben, &room, "od -c blob.bin | head -1").await;
+    assert!(
+        out["stdout"]
+            .as_str()
+            .unwrap()
+            .contains("b   i   n  \\0   a   r   y"),
+        "{out}"
+    );
+}
