@@ -104,6 +104,14 @@ impl Namespace {
             .map(|p| crate::seccomp::to_bytes(&p))
             .map_err(|e| StartError::Unavailable(e.to_string()))?;
         let root = rustix::process::geteuid().is_root();
+        let mut agent = agent;
+        if root {
+            // Sandboxes then start as uid 65534, which must be able to reach the agent binary;
+            // the server's own may sit in a directory only root can enter.
+            agent.exe = reachable_copy(&agent.exe).map_err(|e| {
+                StartError::Unavailable(format!("cannot place the agent binary: {e}"))
+            })?;
+        }
         Ok(Namespace {
             bwrap,
             bwrap_version,
@@ -409,6 +417,51 @@ impl Namespace {
         push(&mut a, &["--fd", &agent_fd.to_string()]);
         (a, mounts)
     }
+}
+
+/// `exe` itself when any user can reach it; otherwise a copy that any user can execute, in a
+/// root-owned directory under the system's temporary directory (named after the binary's size and modification time, so a rebuilt
+/// binary gets a fresh copy). An existing directory of that name is used only if root owns it
+/// and nobody else can write to it.
+fn reachable_copy(exe: &Path) -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let exe = std::fs::canonicalize(exe)?;
+    let meta = std::fs::metadata(&exe)?;
+    // Already reachable by anyone (every directory above searchable, the file readable and
+    // executable by others): used in place.
+    let others_can =
+        |p: &Path, bits: u32| std::fs::metadata(p).is_ok_and(|m| m.mode() & bits == bits);
+    if others_can(&exe, 0o005) && exe.ancestors().skip(1).all(|d| others_can(d, 0o001)) {
+        return Ok(exe);
+    }
+    let dir = std::env::temp_dir().join(format!(
+        "coderoom-agent-{}-{}.{}",
+        meta.len(),
+        meta.mtime(),
+        meta.mtime_nsec()
+    ));
+    match std::fs::create_dir(&dir) {
+        Ok(()) => std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            let m = std::fs::symlink_metadata(&dir)?;
+            if !m.is_dir() || m.uid() != 0 || m.mode() & 0o022 != 0 {
+                return Err(std::io::Error::other(format!(
+                    "{} exists and is not a root-owned directory",
+                    dir.display()
+                )));
+            }
+        }
+        Err(e) => return Err(e),
+    }
+    let target = dir.join("coderoom-agent");
+    if std::fs::metadata(&target).is_ok_and(|m| m.len() == meta.len()) {
+        return Ok(target);
+    }
+    let partial = dir.join(format!("coderoom-agent.{}.partial", std::process::id()));
+    std::fs::copy(&exe, &partial)?;
+    std::fs::set_permissions(&partial, std::fs::Permissions::from_mode(0o555))?;
+    std::fs::rename(&partial, &target)?;
+    Ok(target)
 }
 
 fn describe(s: std::process::ExitStatus) -> String {

@@ -554,3 +554,26 @@ async fn a_rootfs_replaces_the_host_base() {
     sb.kill();
     sb.ended().await;
 }
+
+/// The server's binary may live where the sandbox's unprivileged uid cannot enter (a checkout
+/// under /root): the agent still starts.
+#[tokio::test]
+async fn an_agent_in_a_private_directory_still_starts() {
+    let private = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        private.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o700),
+    )
+    .unwrap();
+    let exe = private.path().join("coderoom-agent");
+    std::fs::copy(env!("CARGO_BIN_EXE_coderoom-agent"), &exe).unwrap();
+    let agent = AgentCommand { exe, args: vec![] };
+    let (Backend::Namespace(ns), _) = Backend::select(Tier::Namespace, agent, None) else {
+        panic!("the namespace tier must work on this host");
+    };
+    let (sb, _events, _) = ns.start(&name("v"), &Limits::default()).await.unwrap();
+    let (code, out, _) = sh(&sb, "echo up").await;
+    assert_eq!((code, out.as_str()), (Some(0), "up\n"));
+    sb.kill();
+    sb.ended().await;
+}
