@@ -943,3 +943,67 @@ async fn periodic_snapshots_bound_what_a_crash_loses() {
         "{out}"
     );
 }
+
+/// Deleting the room destroys its running sandbox, its workspace snapshots and its terminal
+/// recording, and the receipt says so.
+#[tokio::test]
+async fn deletion_destroys_the_sandbox_and_its_snapshots() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let root = storage.token("root@example.com").await;
+    let t = team_with(&storage, &["--admin-emails", "root@example.com"]).await;
+    let (server, room) = (&t.server, &t.room);
+    let mut typer = term(server, room, &t.ben).await;
+    typer.send(b"echo recorded-$((1+1))\n").await;
+    typer.output_contains("recorded-2").await;
+    assert_eq!(lifecycle(server, &t.ben, room, "stop").await, 200);
+    assert_eq!(lifecycle(server, &t.ben, room, "start").await, 200);
+    let room_dir = storage.dir.path().join("rooms").join(room);
+    assert!(
+        room_dir.join("workspace").read_dir().unwrap().count() >= 1,
+        "a snapshot exists"
+    );
+    assert!(room_dir.join("recordings").exists());
+
+    let (status, body) = http(
+        &server.url(&format!("/api/rooms/{room}")),
+        "DELETE",
+        Some(&t.ana),
+        None,
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    let id = serde_json::from_str::<Value>(&body).unwrap()["deletion_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (status, body) = http(
+        &server.url(&format!("/api/deletions/{id}/confirm")),
+        "POST",
+        Some(&root),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let receipt: Value = serde_json::from_str(&body).unwrap();
+    let status_of = |artifact: &str| {
+        receipt["receipt"]["artifacts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["artifact"] == artifact)
+            .map(|a| a["status"].clone())
+            .unwrap()
+    };
+    assert_eq!(status_of("sandbox"), "destroyed");
+    assert_eq!(status_of("workspace"), "destroyed");
+    assert_eq!(status_of("recordings"), "destroyed");
+    assert!(!room_dir.exists());
+    typer
+        .until("the terminal closes", |t| t.closed.is_some())
+        .await;
+    assert_eq!(typer.closed, Some(4004));
+    assert!(
+        !std::path::Path::new(&format!("/sys/fs/cgroup/pids/coderoom/{room}")).exists(),
+        "the sandbox's cgroup is gone"
+    );
+}
