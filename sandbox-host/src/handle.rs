@@ -22,6 +22,12 @@ const STREAM_CHUNKS: usize = 64;
 /// Snapshot chunks queued between the agent and the file they are written to.
 const MAX_PENDING_CHUNKS: usize = 64;
 
+/// Locks `m`, carrying on past a poisoned lock (its maps stay consistent: every critical
+/// section is a single insert, remove or lookup).
+fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Something the sandbox reports without being asked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Event {
@@ -141,11 +147,7 @@ impl Sandbox {
             let err = read_loop(rd, &weak, events_tx).await;
             if let Some(inner) = weak.upgrade() {
                 inner.closed.store(true, Ordering::SeqCst);
-                inner
-                    .pending
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .clear();
+                locked(&inner.pending).clear();
                 if let Some(violation) = err {
                     tracing::warn!(%violation, "sandbox agent broke the protocol; killing it");
                     let _ = inner.kill.send(true);
@@ -184,19 +186,14 @@ impl Sandbox {
         within: Duration,
         chunks: Option<mpsc::Sender<Vec<u8>>>,
     ) -> Result<Reply, CallError> {
-        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
-        let frame = proto::encode(&Request { id, op })
-            .map_err(|_| CallError::Agent(AgentError::TooLarge))?;
-        let (tx, rx) = oneshot::channel();
-        self.inner
-            .pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(id, Pending { reply: tx, chunks });
-        if self.inner.closed.load(Ordering::SeqCst) {
-            self.forget(id);
-            return Err(CallError::Gone);
-        }
+        let (id, rx) = self.register(chunks)?;
+        let frame = match proto::encode(&Request { id, op }) {
+            Ok(frame) => frame,
+            Err(_) => {
+                self.forget(id);
+                return Err(CallError::Agent(AgentError::TooLarge));
+            }
+        };
         let result = tokio::time::timeout(within, async {
             self.inner
                 .requests
@@ -206,11 +203,7 @@ impl Sandbox {
             rx.await.map_err(|_| CallError::Gone)
         })
         .await;
-        self.inner
-            .pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&id);
+        self.forget(id);
         match result {
             Ok(Ok(r)) => r.map_err(CallError::Agent),
             Ok(Err(e)) => Err(e),
@@ -218,12 +211,24 @@ impl Sandbox {
         }
     }
 
+    /// A fresh request id whose reply (and chunks, if any) will be routed back; `Gone` once the
+    /// agent's stream has ended, since no reply would ever come.
+    fn register(
+        &self,
+        chunks: Option<mpsc::Sender<Vec<u8>>>,
+    ) -> Result<(u64, oneshot::Receiver<Result<Reply, AgentError>>), CallError> {
+        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        locked(&self.inner.pending).insert(id, Pending { reply: tx, chunks });
+        if self.inner.closed.load(Ordering::SeqCst) {
+            self.forget(id);
+            return Err(CallError::Gone);
+        }
+        Ok((id, rx))
+    }
+
     fn forget(&self, id: u64) {
-        self.inner
-            .pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&id);
+        locked(&self.inner.pending).remove(&id);
     }
 
     /// Sends an operation that gets no reply (terminal input, resize).
@@ -247,26 +252,22 @@ impl Sandbox {
         let (tx, mut rx) = mpsc::channel::<Vec<u8>>(MAX_PENDING_CHUNKS);
         let call = self.call_with_chunks(Op::Snapshot { max_bytes }, within, Some(tx));
         tokio::pin!(call);
-        let mut written = 0u64;
-        let mut write_failed = false;
+        let mut stored = Stored {
+            written: 0,
+            max: max_bytes,
+            failed: false,
+        };
         let reply = loop {
             tokio::select! {
                 r = &mut call => break r,
-                Some(chunk) = rx.recv() => {
-                    written += chunk.len() as u64;
-                    if written > max_bytes || sink.write_all(&chunk).await.is_err() {
-                        write_failed = true;
-                    }
-                }
+                Some(chunk) = rx.recv() => stored.store(sink, &chunk).await,
             }
         };
         // Chunks sent before the reply are already queued here.
         while let Ok(chunk) = rx.try_recv() {
-            written += chunk.len() as u64;
-            if written > max_bytes || sink.write_all(&chunk).await.is_err() {
-                write_failed = true;
-            }
+            stored.store(sink, &chunk).await;
         }
+        let (written, write_failed) = (stored.written, stored.failed);
         match reply? {
             Reply::Snapshot { bytes } if bytes == written && !write_failed => Ok(written),
             Reply::Snapshot { .. } if write_failed => Err(CallError::Agent(AgentError::Failed(
@@ -282,23 +283,7 @@ impl Sandbox {
         source: &mut R,
         within: Duration,
     ) -> Result<(), CallError> {
-        let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        self.inner
-            .pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(
-                id,
-                Pending {
-                    reply: tx,
-                    chunks: None,
-                },
-            );
-        if self.inner.closed.load(Ordering::SeqCst) {
-            self.forget(id);
-            return Err(CallError::Gone);
-        }
+        let (id, rx) = self.register(None)?;
         let work = async {
             let mut buf = vec![0u8; CHUNK];
             loop {
@@ -330,11 +315,7 @@ impl Sandbox {
             rx.await.map_err(|_| CallError::Gone)
         };
         let result = tokio::time::timeout(within, work).await;
-        self.inner
-            .pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&id);
+        self.forget(id);
         match result {
             Ok(Ok(Ok(Reply::Done))) => Ok(()),
             Ok(Ok(Ok(_))) => Err(CallError::Protocol),
@@ -345,19 +326,12 @@ impl Sandbox {
     }
 
     pub(crate) fn set_pressure(&self, f: PressureFn) {
-        *self
-            .inner
-            .pressure
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(f);
+        *locked(&self.inner.pressure) = Some(f);
     }
 
     /// Limits hit so far (zero when the backend cannot tell).
     pub fn pressure(&self) -> Pressure {
-        self.inner
-            .pressure
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        locked(&self.inner.pressure)
             .as_ref()
             .map(|f| f())
             .unwrap_or_default()
@@ -373,17 +347,9 @@ impl Sandbox {
     ) -> Result<tokio::io::DuplexStream, CallError> {
         let stream = self.inner.next_stream.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel::<Vec<u8>>(STREAM_CHUNKS);
-        self.inner
-            .streams
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(stream, tx);
+        locked(&self.inner.streams).insert(stream, tx);
         let forget = || {
-            self.inner
-                .streams
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&stream);
+            locked(&self.inner.streams).remove(&stream);
         };
         match self.call(Op::Connect { stream, port }, within).await {
             Ok(Reply::Done) => {}
@@ -438,6 +404,23 @@ impl Sandbox {
     }
 }
 
+/// Snapshot bytes written to their sink so far.
+struct Stored {
+    written: u64,
+    max: u64,
+    /// The cap was passed or the sink failed: the snapshot cannot be kept.
+    failed: bool,
+}
+
+impl Stored {
+    async fn store<W: AsyncWrite + Unpin>(&mut self, sink: &mut W, chunk: &[u8]) {
+        self.written += chunk.len() as u64;
+        if self.written > self.max || sink.write_all(chunk).await.is_err() {
+            self.failed = true;
+        }
+    }
+}
+
 /// Reads agent messages until the stream ends; returns a description of a protocol violation.
 async fn read_loop<R: AsyncRead + Unpin>(
     mut rd: R,
@@ -476,7 +459,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
             }
             Message::StreamData { stream, data } => {
                 let inner = inner.upgrade()?;
-                let mut streams = inner.streams.lock().unwrap_or_else(|e| e.into_inner());
+                let mut streams = locked(&inner.streams);
                 let reset = match streams.get(&stream) {
                     Some(q) => match q.try_send(data.into_vec()) {
                         Ok(()) => false,
@@ -499,29 +482,18 @@ async fn read_loop<R: AsyncRead + Unpin>(
             }
             Message::StreamClosed { stream } => {
                 let inner = inner.upgrade()?;
-                inner
-                    .streams
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&stream);
+                locked(&inner.streams).remove(&stream);
             }
             Message::Reply { id, result } => {
                 let inner = inner.upgrade()?;
-                let p = inner
-                    .pending
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&id);
+                let p = locked(&inner.pending).remove(&id);
                 if let Some(p) = p {
                     let _ = p.reply.send(result);
                 }
             }
             Message::Chunk { id, data } => {
                 let inner = inner.upgrade()?;
-                let sink = inner
-                    .pending
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
+                let sink = locked(&inner.pending)
                     .get(&id)
                     .and_then(|p| p.chunks.clone());
                 // Chunks of a request that timed out are dropped, not treated as hostile.
