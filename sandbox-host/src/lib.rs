@@ -149,32 +149,23 @@ impl Backend {
                     format!("sandbox tier none: {why}"),
                 )
             }
-            Tier::Namespace => match Namespace::new(agent, rootfs) {
-                Ok(ns) => {
-                    let limits = limits_note(&ns);
-                    (
-                        Backend::Namespace(ns),
-                        format!("sandbox tier namespace: chosen by configuration; {limits}"),
-                    )
-                }
-                Err(e) => (
-                    Backend::None(e.to_string()),
-                    format!("sandbox tier none: {e}"),
-                ),
-            },
-            Tier::Auto => {
-                let kvm = kvm_note();
+            Tier::Namespace | Tier::Auto => {
+                let why = if tier == Tier::Auto {
+                    kvm_note()
+                } else {
+                    "chosen by configuration".to_owned()
+                };
                 match Namespace::new(agent, rootfs) {
                     Ok(ns) => {
                         let limits = limits_note(&ns);
                         (
                             Backend::Namespace(ns),
-                            format!("sandbox tier namespace: {kvm}; {limits}"),
+                            format!("sandbox tier namespace: {why}; {limits}"),
                         )
                     }
                     Err(e) => (
                         Backend::None(e.to_string()),
-                        format!("sandbox tier none: {kvm}; namespace tier: {e}"),
+                        format!("sandbox tier none: {why}; namespace tier: {e}"),
                     ),
                 }
             }
