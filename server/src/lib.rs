@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod outbox;
 pub mod protocol;
 pub mod ratelimit;
+pub mod registry;
 pub mod room;
 pub mod rooms;
 pub mod sandbox;

@@ -2,15 +2,14 @@
 //! unloads, fails or panics. A panic in one room ends that room's task only; the next join
 //! reloads it from storage.
 
+use crate::registry::Registry;
 use crate::room::{Room, RoomCmd, RoomDeps, ROOM_QUEUE};
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use tokio::sync::mpsc;
+use tokio_util::task::TaskTracker;
 
 /// Attempts to join a room that is unloading at the moment of the join.
 const JOIN_ATTEMPTS: usize = 3;
-use tokio_util::task::TaskTracker;
 
 #[derive(Clone)]
 pub struct Rooms {
@@ -18,15 +17,9 @@ pub struct Rooms {
 }
 
 struct Inner {
-    map: Mutex<HashMap<String, Entry>>,
+    registry: Registry<RoomCmd>,
     deps: RoomDeps,
     tracker: TaskTracker,
-    generation: AtomicU64,
-}
-
-struct Entry {
-    tx: mpsc::Sender<RoomCmd>,
-    generation: u64,
 }
 
 /// Counts a loaded room for as long as its task lives, panics included.
@@ -42,50 +35,31 @@ impl Rooms {
     pub fn new(deps: RoomDeps, tracker: TaskTracker) -> Self {
         Rooms {
             inner: Arc::new(Inner {
-                map: Mutex::default(),
+                registry: Registry::default(),
                 deps,
                 tracker,
-                generation: AtomicU64::new(1),
             }),
         }
     }
 
-    fn map(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
-        // The map is only touched in short critical sections that cannot panic half-way.
-        self.inner.map.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     /// The command channel of the room's task, starting the task when the room is not loaded.
     pub fn handle(&self, room_id: &str) -> mpsc::Sender<RoomCmd> {
-        let mut map = self.map();
-        if let Some(entry) = map.get(room_id) {
-            if !entry.tx.is_closed() {
-                return entry.tx.clone();
-            }
-        }
-        let (tx, rx) = mpsc::channel(ROOM_QUEUE);
-        let generation = self.inner.generation.fetch_add(1, Ordering::Relaxed);
-        map.insert(
-            room_id.to_owned(),
-            Entry {
-                tx: tx.clone(),
-                generation,
-            },
-        );
-        drop(map);
-        let rooms = self.clone();
-        let id = room_id.to_owned();
-        let task = tokio::spawn(rooms.clone().room_main(id.clone(), generation, rx));
-        self.inner.tracker.spawn(async move {
-            if let Err(e) = task.await {
-                if e.is_panic() {
-                    tracing::error!(room = %id, "room task panicked; it reloads from storage on the next join");
-                    rooms.inner.deps.metrics.room_panics.inc();
-                }
-                rooms.forget(&id, generation);
-            }
-        });
-        tx
+        self.inner
+            .registry
+            .get_or_start(room_id, ROOM_QUEUE, |_, rx, generation| {
+                let rooms = self.clone();
+                let id = room_id.to_owned();
+                let task = tokio::spawn(rooms.clone().room_main(id.clone(), generation, rx));
+                self.inner.tracker.spawn(async move {
+                    if let Err(e) = task.await {
+                        if e.is_panic() {
+                            tracing::error!(room = %id, "room task panicked; it reloads from storage on the next join");
+                            rooms.inner.deps.metrics.room_panics.inc();
+                        }
+                        rooms.inner.registry.forget(&id, generation);
+                    }
+                });
+            })
     }
 
     async fn room_main(self, id: String, generation: u64, mut rx: mpsc::Receiver<RoomCmd>) {
@@ -96,41 +70,23 @@ impl Rooms {
             Ok(room) => room,
             Err(e) => {
                 tracing::error!(room = %id, error = %e, "cannot load room");
-                self.forget(&id, generation);
+                self.inner.registry.forget(&id, generation);
                 return;
             }
         };
         tracing::debug!(room = %id, "room loaded");
-        let release = |rx: &mpsc::Receiver<RoomCmd>| {
-            let mut map = self.map();
-            // Checked under the registry lock: no one can pick up this room's channel between
-            // the emptiness check and the removal.
-            if !rx.is_empty() {
-                return false;
-            }
-            if map.get(&id).is_some_and(|e| e.generation == generation) {
-                map.remove(&id);
-            }
-            true
-        };
+        let release =
+            |rx: &mpsc::Receiver<RoomCmd>| self.inner.registry.release(&id, generation, rx);
         let exit = room.run(&mut rx, &release).await;
         tracing::debug!(room = %id, ?exit, "room unloaded");
-        self.forget(&id, generation);
-    }
-
-    fn forget(&self, room_id: &str, generation: u64) {
-        let mut map = self.map();
-        if map.get(room_id).is_some_and(|e| e.generation == generation) {
-            map.remove(room_id);
-        }
+        self.inner.registry.forget(&id, generation);
     }
 
     /// Sends `cmd` to the room's task if the room is loaded (a room that is not loaded has no
     /// connections to tell).
     /// Returns whether the room took the command.
     pub async fn notify(&self, room_id: &str, cmd: RoomCmd) -> bool {
-        let tx = self.map().get(room_id).map(|e| e.tx.clone());
-        match tx {
+        match self.inner.registry.get(room_id) {
             Some(tx) => tx.send(cmd).await.is_ok(),
             None => false,
         }
@@ -172,7 +128,7 @@ impl Rooms {
 
     /// Number of rooms currently registered.
     pub fn loaded(&self) -> usize {
-        self.map().len()
+        self.inner.registry.count()
     }
 }
 

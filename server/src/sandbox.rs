@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
@@ -168,15 +168,11 @@ pub struct Deps {
     pub shutdown: CancellationToken,
 }
 
-struct Entry {
-    tx: mpsc::Sender<Cmd>,
-    generation: u64,
-}
-
 struct Inner {
     backend: Backend,
     deps: Deps,
-    map: Mutex<HashMap<String, Entry>>,
+    supervisors: crate::registry::Registry<Cmd>,
+    /// Numbers each sandbox a supervisor starts, so events of an old one are told apart.
     next_generation: AtomicU64,
 }
 
@@ -192,7 +188,7 @@ impl Sandboxes {
             inner: Arc::new(Inner {
                 backend,
                 deps,
-                map: Mutex::default(),
+                supervisors: crate::registry::Registry::default(),
                 next_generation: AtomicU64::new(1),
             }),
         }
@@ -226,29 +222,14 @@ impl Sandboxes {
         });
     }
 
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Entry>> {
-        self.inner.map.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     fn supervisor(&self, room_id: &str) -> mpsc::Sender<Cmd> {
-        let mut map = self.map();
-        if let Some(e) = map.get(room_id) {
-            if !e.tx.is_closed() {
-                return e.tx.clone();
-            }
-        }
-        let generation = self.inner.next_generation.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = mpsc::channel(ACTOR_QUEUE);
-        map.insert(
-            room_id.to_owned(),
-            Entry {
-                tx: tx.clone(),
-                generation,
-            },
-        );
-        let actor = Actor::new(room_id.to_owned(), self.clone(), tx.downgrade());
-        tokio::spawn(actor.run(rx, generation));
-        tx
+        let owner = self.clone();
+        self.inner
+            .supervisors
+            .get_or_start(room_id, ACTOR_QUEUE, |tx, rx, generation| {
+                let actor = Actor::new(room_id.to_owned(), owner, tx.downgrade());
+                tokio::spawn(actor.run(rx, generation));
+            })
     }
 
     /// Sends a command without waiting for an answer.
@@ -335,7 +316,7 @@ impl Sandboxes {
 
     /// Server shutdown: snapshots and stops every running sandbox.
     pub async fn suspend_all(&self) {
-        let txs: Vec<mpsc::Sender<Cmd>> = self.map().values().map(|e| e.tx.clone()).collect();
+        let txs = self.inner.supervisors.all();
         let mut waits = Vec::new();
         for tx in txs {
             let (reply, rx) = oneshot::channel();
@@ -351,26 +332,13 @@ impl Sandboxes {
     /// Room deletion: kills the sandbox without a snapshot and closes its terminals. Returns
     /// whether a sandbox was running.
     pub async fn destroy(&self, room_id: &str) -> bool {
-        let tx = self.map().get(room_id).map(|e| e.tx.clone());
+        let tx = self.inner.supervisors.get(room_id);
         let Some(tx) = tx else { return false };
         let (reply, rx) = oneshot::channel();
         if tx.send(Cmd::Destroy { reply }).await.is_err() {
             return false;
         }
         rx.await.unwrap_or(false)
-    }
-
-    /// Removes the room's supervisor from the registry if its queue is empty (checked under
-    /// the registry lock, so nobody picks up its channel in between).
-    fn release(&self, room_id: &str, generation: u64, rx: &mpsc::Receiver<Cmd>) -> bool {
-        let mut map = self.map();
-        if !rx.is_empty() {
-            return false;
-        }
-        if map.get(room_id).is_some_and(|e| e.generation == generation) {
-            map.remove(room_id);
-        }
-        true
     }
 }
 
@@ -489,7 +457,13 @@ impl Actor {
             self.handle(cmd).await;
             let running = matches!(self.life, Life::Running { .. });
             let idle = !running && self.hub.viewers.is_empty();
-            if (idle || self.destroyed) && self.owner.release(&self.room_id, generation, &rx) {
+            if (idle || self.destroyed)
+                && self
+                    .owner
+                    .inner
+                    .supervisors
+                    .release(&self.room_id, generation, &rx)
+            {
                 break;
             }
         }
