@@ -68,12 +68,17 @@ fn boundaries(s: &str) -> Vec<usize> {
     v
 }
 
-/// Hunks turning `old` into `new`: (old char range, replacement text).
-fn hunks(old: &str, new: &str) -> Vec<(std::ops::Range<usize>, String)> {
-    let diff = similar::TextDiff::configure()
+/// A character diff of `old` and `new`, coarser past [`DIFF_DEADLINE`].
+fn char_diff<'a>(old: &'a str, new: &'a str) -> similar::TextDiff<'a, 'a, 'a, str> {
+    similar::TextDiff::configure()
         .algorithm(similar::Algorithm::Myers)
         .deadline(std::time::Instant::now() + DIFF_DEADLINE)
-        .diff_chars(old, new);
+        .diff_chars(old, new)
+}
+
+/// Hunks turning `old` into `new`: (old char range, replacement text).
+fn hunks(old: &str, new: &str) -> Vec<(std::ops::Range<usize>, String)> {
+    let diff = char_diff(old, new);
     let new_chars: Vec<char> = new.chars().collect();
     let mut out = Vec::new();
     for op in diff.ops() {
@@ -95,11 +100,8 @@ pub fn merge(base: &str, doc: &str, disk: &str) -> Vec<Edit> {
     let equal: Vec<(std::ops::Range<usize>, usize)> = if base == doc {
         vec![(0..base_b.len() - 1, 0)]
     } else {
-        let diff = similar::TextDiff::configure()
-            .algorithm(similar::Algorithm::Myers)
-            .deadline(std::time::Instant::now() + DIFF_DEADLINE)
-            .diff_chars(base, doc);
-        diff.ops()
+        char_diff(base, doc)
+            .ops()
             .iter()
             .filter(|op| matches!(op, similar::DiffOp::Equal { .. }))
             .map(|op| (op.old_range(), op.new_range().start))
@@ -187,8 +189,13 @@ impl Replica {
         self.files.keys(&txn).map(str::to_owned).collect()
     }
 
+    /// The set of paths edited since the last write to disk.
+    fn dirty(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.dirty.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn take_dirty(&self) -> HashSet<String> {
-        std::mem::take(&mut *self.dirty.lock().unwrap_or_else(|e| e.into_inner()))
+        std::mem::take(&mut *self.dirty())
     }
 }
 
@@ -268,7 +275,7 @@ async fn session(ctx: &SyncCtx, base: &mut HashMap<String, String>) -> Result<()
             frame = out_rx.recv() => match frame {
                 Some(Outbound::Frame(_, bytes)) => {
                     s.receive(&bytes).await?;
-                    if !s.replica.dirty.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
+                    if !s.replica.dirty().is_empty() {
                         flush_at = Some(tokio::time::Instant::now() + DEBOUNCE);
                     }
                 }
@@ -533,11 +540,7 @@ impl Session<'_> {
             let wipe = vanished.len() > MASS_DELETE && vanished.len() * 2 > self.base.len();
             if wipe {
                 tracing::warn!(room = %self.ctx.room_id, files = vanished.len(), "most of the workspace vanished at once; restoring it from the document");
-                self.replica
-                    .dirty
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .extend(vanished.iter().cloned());
+                self.replica.dirty().extend(vanished.iter().cloned());
                 for p in &vanished {
                     self.base.remove(p);
                 }
@@ -588,18 +591,10 @@ impl Session<'_> {
         self.base.insert(path.to_owned(), disk.to_owned());
         // If editors' text won somewhere, the merged text differs from the disk: write it.
         if self.replica.text(path).as_deref() != Some(disk) {
-            self.replica
-                .dirty
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(path.to_owned());
+            self.replica.dirty().insert(path.to_owned());
             self.flush().await?;
         } else {
-            self.replica
-                .dirty
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(path);
+            self.replica.dirty().remove(path);
         }
         Ok(())
     }
