@@ -694,8 +694,9 @@ impl Actor {
             state: "running".into(),
             reason: reason.to_owned(),
             receipt: serde_json::to_string(&receipt).unwrap_or_default(),
+            // The snapshot actually restored (an older one, or none, when the latest failed).
+            snapshot_at: snapshot.as_deref().and_then(snapshot_time),
             snapshot: snapshot.clone(),
-            snapshot_at: self.row.as_ref().and_then(|r| r.snapshot_at),
             stop_at,
         };
         let details = json!({
@@ -896,7 +897,7 @@ impl Actor {
         let dir = self.snapshot_dir();
         let io = |e: std::io::Error| SandboxError::Store(StoreError::Io(e));
         tokio::fs::create_dir_all(&dir).await.map_err(io)?;
-        let name = format!("snapshot-{:013}.tar", now_ms());
+        let name = format!("{SNAPSHOT_PREFIX}{:013}{SNAPSHOT_SUFFIX}", now_ms());
         let partial = dir.join(format!("{name}.partial"));
         let mut file = tokio::fs::File::create(&partial).await.map_err(io)?;
         // Tar headers add to the workspace's size; twice the quota bounds any honest archive.
@@ -931,7 +932,7 @@ impl Actor {
         let mut names = Vec::new();
         while let Ok(Some(e)) = rd.next_entry().await {
             let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with("snapshot-") && name.ends_with(".tar") {
+            if snapshot_time(&name).is_some() {
                 names.push(name);
             }
         }
@@ -1225,6 +1226,17 @@ impl Actor {
     }
 }
 
+const SNAPSHOT_PREFIX: &str = "snapshot-";
+const SNAPSHOT_SUFFIX: &str = ".tar";
+
+/// When a snapshot file was taken (Unix ms), from its name; `None` for any other file.
+fn snapshot_time(name: &str) -> Option<i64> {
+    name.strip_prefix(SNAPSHOT_PREFIX)?
+        .strip_suffix(SNAPSHOT_SUFFIX)?
+        .parse()
+        .ok()
+}
+
 /// Forwards the sandbox's events to its supervisor at no more than `rate` bytes of terminal
 /// output per second. Slowing down here fills the agent's queue and then the PTY, so a program
 /// that writes without end is slowed, never buffered. While the supervisor is busy for long (a
@@ -1341,5 +1353,12 @@ mod tests {
         })
         .await;
         assert!(sent.is_ok(), "the pump stopped reading events");
+    }
+
+    #[test]
+    fn snapshot_files_are_told_by_name() {
+        assert_eq!(snapshot_time("snapshot-1795961758998.tar"), Some(1_795_961_758_998));
+        assert_eq!(snapshot_time("snapshot-1795961758998.tar.partial"), None);
+        assert_eq!(snapshot_time("notes.tar"), None);
     }
 }
