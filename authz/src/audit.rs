@@ -157,6 +157,24 @@ pub fn verify(
 mod tests {
     use super::*;
 
+    /// The same record is pinned in the browser client's tests (`web/src/audit.test.ts`), which
+    /// verifies chains itself: a change to the encoding must change both.
+    #[test]
+    fn a_known_record_seals_to_a_pinned_hash() {
+        let fields = Fields {
+            at: 1,
+            actor: "a".into(),
+            action: "b".into(),
+            decision: "allow".into(),
+            reason: String::new(),
+            details: "{}".into(),
+        };
+        assert_eq!(
+            seal("room1", None, fields).hash,
+            "de65f5210251ebb472cd405ec87de4956fecdd64e5f40b2acf84af573199be85"
+        );
+    }
+
     fn chain(n: usize) -> Vec<Record> {
         let mut v: Vec<Record> = Vec::new();
         for i in 0..n {

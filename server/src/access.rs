@@ -464,6 +464,8 @@ pub async fn room_audit(
                     "decision": r.fields.decision,
                     "reason": r.fields.reason,
                     "details": details,
+                    // The exact text the hash covers, so a client can verify the chain itself.
+                    "details_json": r.fields.details,
                     "prev_hash": r.prev_hash,
                     "hash": r.hash,
                 })

@@ -6,7 +6,7 @@ use crate::metrics::Metrics;
 use crate::room::RoomDeps;
 use crate::rooms::Rooms;
 use crate::store::Store;
-use crate::{access, api, approvals, deletion, login, sandbox_api, terminal, ws};
+use crate::{access, api, approvals, deletion, login, sandbox_api, terminal, web, ws};
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
@@ -135,6 +135,7 @@ pub fn router(state: AppState) -> Router {
                 )
                 .layer(DefaultBodyLimit::max(sandbox_api::MAX_FILE_BYTES as usize)),
         )
+        .fallback(web::fallback)
         .with_state(state)
 }
 
@@ -332,6 +333,7 @@ fn sandboxes(
     tracing::info!(requested = %args.sandbox_tier, vmm = %args.vmm, "{why}");
     Ok(crate::sandbox::Sandboxes::new(
         backend,
+        why,
         crate::sandbox::Deps {
             rooms: rooms.clone(),
             limits: Arc::new(args.limits.clone()),

@@ -230,7 +230,13 @@ async fn session(ctx: &SyncCtx, base: &mut HashMap<String, String>) -> Result<()
         Outbox::new(ctx.limits.outbound_queue_bytes, ctx.limits.max_doc_bytes);
     let room = ctx
         .rooms
-        .join(&ctx.room_id, conn, "sandbox", (i64::MAX, i64::MAX), &outbox)
+        .join(
+            &ctx.room_id,
+            conn,
+            ("sandbox", "workspace"),
+            (i64::MAX, i64::MAX),
+            &outbox,
+        )
         .await
         .map_err(|e| e.map_or_else(|| "the room is unavailable".to_owned(), |e| e.to_string()))?;
     let replica = Replica::new();

@@ -40,6 +40,8 @@ pub enum RoomCmd {
     Join {
         conn: ConnId,
         user_id: String,
+        /// The name shown with this connection's presence (the login email).
+        name: String,
         edit_until: i64,
         observe_until: i64,
         out: Outbox,
@@ -125,6 +127,8 @@ pub struct RoomDeps {
 
 struct Conn {
     user_id: String,
+    /// Stamped into every presence state this connection announces.
+    identity: crate::presence::Identity,
     /// Until when this connection's user may edit / observe (Unix ms).
     edit_until: i64,
     observe_until: i64,
@@ -366,6 +370,7 @@ impl Room {
             RoomCmd::Join {
                 conn,
                 user_id,
+                name,
                 edit_until,
                 observe_until,
                 out,
@@ -379,6 +384,7 @@ impl Room {
                 self.conns.insert(
                     conn,
                     Conn {
+                        identity: crate::presence::Identity::new(&user_id, &name),
                         user_id,
                         edit_until,
                         observe_until,
@@ -564,7 +570,20 @@ impl Room {
                     self.tombstones.remove(&client);
                 }
             }
-            let json = (entry.json.as_ref() != "null").then(|| entry.json.clone());
+            let json = if removal {
+                None
+            } else {
+                let Some(c) = self.conns.get(&conn) else {
+                    return;
+                };
+                match c.identity.stamp(&entry.json) {
+                    Some(json) => Some(json),
+                    None => {
+                        self.close(conn, CloseCode::Policy, "malformed presence state");
+                        return;
+                    }
+                }
+            };
             let current = self.presence.get(&client);
             let newer = match current {
                 None => true,
@@ -574,6 +593,10 @@ impl Room {
                 }
             };
             if newer {
+                let entry = AwarenessUpdateEntry {
+                    clock: entry.clock,
+                    json: json.clone().unwrap_or(entry.json),
+                };
                 self.presence.insert(
                     client,
                     Presence {

@@ -98,7 +98,7 @@ impl Rooms {
         &self,
         room_id: &str,
         conn: crate::room::ConnId,
-        user_id: &str,
+        (user_id, name): (&str, &str),
         (edit_until, observe_until): (i64, i64),
         outbox: &crate::outbox::Outbox,
     ) -> Result<mpsc::Sender<RoomCmd>, Option<crate::room::JoinError>> {
@@ -108,6 +108,7 @@ impl Rooms {
             let cmd = RoomCmd::Join {
                 conn,
                 user_id: user_id.to_owned(),
+                name: name.to_owned(),
                 edit_until,
                 observe_until,
                 out: outbox.clone(),
@@ -192,6 +193,7 @@ mod tests {
         tx.send(RoomCmd::Join {
             conn,
             user_id: "u".into(),
+            name: "u@example.com".into(),
             edit_until: i64::MAX,
             observe_until: i64::MAX,
             out,

@@ -129,6 +129,7 @@ enum Cmd {
     Input {
         viewer: u64,
         user_id: String,
+        email: String,
         data: Vec<u8>,
     },
     Resize {
@@ -170,6 +171,8 @@ pub struct Deps {
 
 struct Inner {
     backend: Backend,
+    /// Why this tier was chosen (`--sandbox-tier auto` says what it found), for the panel.
+    tier_reason: String,
     deps: Deps,
     supervisors: crate::registry::Registry<Cmd>,
     /// Numbers each sandbox a supervisor starts, so events of an old one are told apart.
@@ -183,10 +186,11 @@ pub struct Sandboxes {
 }
 
 impl Sandboxes {
-    pub fn new(backend: Backend, deps: Deps) -> Self {
+    pub fn new(backend: Backend, tier_reason: String, deps: Deps) -> Self {
         Sandboxes {
             inner: Arc::new(Inner {
                 backend,
+                tier_reason,
                 deps,
                 supervisors: crate::registry::Registry::default(),
                 next_generation: AtomicU64::new(1),
@@ -299,12 +303,20 @@ impl Sandboxes {
         self.send(room_id, || Cmd::Leave { viewer }).await;
     }
 
-    /// Terminal input from `user_id`, already authorised for `type`.
-    pub async fn input(&self, room_id: &str, viewer: u64, user_id: &str, data: Vec<u8>) {
+    /// Terminal input from `user_id` (shown to viewers as `email`), already authorised for
+    /// `type`.
+    pub async fn input(
+        &self,
+        room_id: &str,
+        viewer: u64,
+        (user_id, email): (&str, &str),
+        data: Vec<u8>,
+    ) {
         let data = Arc::new(data);
         self.send(room_id, || Cmd::Input {
             viewer,
             user_id: user_id.to_owned(),
+            email: email.to_owned(),
             data: (*data).clone(),
         })
         .await;
@@ -361,7 +373,13 @@ struct Hub {
     next_viewer: u64,
     pty_open: bool,
     size: (u16, u16),
+    /// When each typist was last announced to viewers (`typing` events, at most one per user
+    /// per [`TYPING_EVERY`]).
+    typists: HashMap<String, tokio::time::Instant>,
 }
+
+/// How often viewers hear that someone is still typing.
+const TYPING_EVERY: Duration = Duration::from_secs(1);
 
 struct Actor {
     room_id: String,
@@ -412,6 +430,7 @@ impl Actor {
                 next_viewer: 1,
                 pty_open: false,
                 size: (80, 24),
+                typists: HashMap::new(),
             },
             recorder,
             last_armed: None,
@@ -522,8 +541,12 @@ impl Actor {
             Cmd::Input {
                 viewer,
                 user_id,
+                email,
                 data,
-            } => self.input(viewer, &user_id, data).await,
+            } => {
+                self.announce_typing(&user_id, &email);
+                self.input(viewer, &user_id, data).await;
+            }
             Cmd::Resize { cols, rows } => {
                 self.hub.size = (cols, rows);
                 if let Life::Running { sandbox, .. } = &self.life {
@@ -600,6 +623,7 @@ impl Actor {
         };
         json!({
             "tier": self.owner.tier(),
+            "tier_reason": self.owner.inner.tier_reason,
             "state": state,
             "reason": reason,
             "limits": limits,
@@ -1218,6 +1242,22 @@ impl Actor {
         });
     }
 
+    /// Tells every viewer who is typing (the people panel shows it), at most once a second per
+    /// typist.
+    fn announce_typing(&mut self, user_id: &str, email: &str) {
+        let now = tokio::time::Instant::now();
+        if let Some(last) = self.hub.typists.get(user_id) {
+            if now.duration_since(*last) < TYPING_EVERY {
+                return;
+            }
+        }
+        self.hub
+            .typists
+            .retain(|_, t| now.duration_since(*t) < TYPING_EVERY);
+        self.hub.typists.insert(user_id.to_owned(), now);
+        self.broadcast_event(json!({ "type": "typing", "user_id": user_id, "email": email }));
+    }
+
     fn broadcast_event(&mut self, event: Value) {
         let text = event.to_string();
         self.hub
@@ -1357,7 +1397,10 @@ mod tests {
 
     #[test]
     fn snapshot_files_are_told_by_name() {
-        assert_eq!(snapshot_time("snapshot-1795961758998.tar"), Some(1_795_961_758_998));
+        assert_eq!(
+            snapshot_time("snapshot-1795961758998.tar"),
+            Some(1_795_961_758_998)
+        );
         assert_eq!(snapshot_time("snapshot-1795961758998.tar.partial"), None);
         assert_eq!(snapshot_time("notes.tar"), None);
     }

@@ -175,6 +175,9 @@ async fn serve(
         let msg = json!({ "type": "read_only", "reason": "you may watch but not type" });
         put(&mut sink, Message::Text(msg.to_string().into()), stall).await;
     }
+    if let Some(msg) = capabilities(&app, &room_id, &user).await {
+        put(&mut sink, msg, stall).await;
+    }
     let mut access = app.access_changed.subscribe();
     let mut ended = app.sessions_ended.subscribe();
     let mut denied = Denials::default();
@@ -187,7 +190,7 @@ async fn serve(
                 None | Some(Ok(Message::Close(_))) | Some(Err(_)) => break,
                 Some(Ok(Message::Binary(data))) => {
                     if now_ms() < type_until {
-                        app.sandboxes.input(&room_id, viewer, &user.id, data.to_vec()).await;
+                        app.sandboxes.input(&room_id, viewer, (&user.id, &user.email), data.to_vec()).await;
                     } else {
                         // Recorded before the client hears of it.
                         denied.record(&app, &room_id, &user.id, data.len()).await;
@@ -227,11 +230,16 @@ async fn serve(
                 }
             },
             changed = access.recv() => {
-                let relevant = match &changed {
-                    Ok((room, who)) => *room == room_id && *who == user.id,
+                let (relevant, in_room) = match &changed {
+                    Ok((room, who)) => (*room == room_id && *who == user.id, *room == room_id),
                     // Missed notices: look again to be safe.
-                    Err(_) => true,
+                    Err(_) => (true, true),
                 };
+                if in_room && !relevant {
+                    // Someone else's rights changed: the people panel looks again.
+                    let msg = json!({ "type": "people_changed" }).to_string();
+                    put(&mut sink, Message::Text(msg.into()), stall).await;
+                }
                 if relevant {
                     let (t, o) = crate::api::room_until(&app, &room_id, &user, Capability::Type)
                         .await
@@ -241,6 +249,9 @@ async fn serve(
                     if was_typing && now_ms() >= type_until {
                         let msg = json!({ "type": "read_only", "reason": "your right to type was withdrawn" });
                         put(&mut sink, Message::Text(msg.to_string().into()), stall).await;
+                    }
+                    if let Some(msg) = capabilities(&app, &room_id, &user).await {
+                        put(&mut sink, msg, stall).await;
                     }
                 }
             }
@@ -262,6 +273,23 @@ async fn serve(
     }
     app.sandboxes.leave(&room_id, viewer).await;
     denied.flush(&app, &room_id, &user.id).await;
+}
+
+/// `{"type":"capabilities","capabilities":[...]}`: what the viewer may do now, sent on join and
+/// after every change to its rights, so a client can follow (an editor turning read-only)
+/// without asking. Empty when it lost the room; nothing when the answer is unknown (a storage
+/// error is not a loss of rights).
+async fn capabilities(app: &AppState, room_id: &str, user: &AuthUser) -> Option<Message> {
+    let caps = match crate::api::room_capabilities(app, room_id, user).await {
+        Ok(c) => c.names(),
+        Err(crate::error::ApiError::NotFound) => Vec::new(),
+        Err(e) => {
+            tracing::warn!(room = %room_id, error = %e, "cannot tell a viewer its capabilities");
+            return None;
+        }
+    };
+    let event = json!({ "type": "capabilities", "capabilities": caps });
+    Some(Message::Text(event.to_string().into()))
 }
 
 #[derive(Deserialize)]

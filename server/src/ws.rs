@@ -162,7 +162,7 @@ async fn join(
 ) -> Result<mpsc::Sender<RoomCmd>, CloseCode> {
     match app
         .rooms
-        .join(room_id, conn, &user.id, access, outbox)
+        .join(room_id, conn, (&user.id, &user.email), access, outbox)
         .await
     {
         Ok(room) => Ok(room),

@@ -205,11 +205,24 @@ async fn awareness_limits() {
     let mut b = Client::connect(&server, &room, &token).await;
     a.synced().await;
     b.synced().await;
-    a.send(awareness(&[(1, 1, r#"{"user":{"name":"ana"}}"#)]))
-        .await;
+    // The client claims to be someone else, with someone else's colour: the server states who
+    // the connection belongs to, keeping the client's other fields.
+    a.send(awareness(&[(
+        1,
+        1,
+        r##"{"user":{"name":"ben@example.com","color":"#000000","cursor":7}}"##,
+    )]))
+    .await;
+    let ana_id = me(&server, &token).await;
+    let stamped = |json: &str| -> serde_json::Value { serde_json::from_str(json).unwrap() };
     loop {
         if let Event::Y(YMessage::Awareness(u)) = b.next().await {
-            if u.clients.contains_key(&ClientID::new(1)) {
+            if let Some(e) = u.clients.get(&ClientID::new(1)) {
+                let v = stamped(&e.json);
+                assert_eq!(v["user"]["name"], "ana@example.com", "{v}");
+                assert_eq!(v["user"]["id"], ana_id.as_str(), "{v}");
+                assert_ne!(v["user"]["color"], "#000000", "{v}");
+                assert_eq!(v["user"]["cursor"], 7, "{v}");
                 break;
             }
         }
@@ -228,10 +241,12 @@ async fn awareness_limits() {
         match b.next().await {
             Event::Y(YMessage::Awareness(u)) => {
                 if let Some(e) = u.clients.get(&ClientID::new(1)) {
+                    let v = stamped(&e.json);
                     assert_eq!(
-                        &*e.json, r#"{"user":{"name":"ana"}}"#,
+                        v["user"]["name"], "ana@example.com",
                         "relay overwrote presence"
                     );
+                    assert_eq!(v["user"]["cursor"], 7, "relay overwrote presence");
                     break;
                 }
             }
@@ -259,6 +274,29 @@ async fn awareness_limits() {
     e.synced().await;
     e.send(awareness(&[(200, 1, "{nope")])).await;
     assert_eq!(e.closed().await, Some(1008));
+
+    // JSON a lax parser accepts but ours refuses (out-of-range number, lone surrogate, deep
+    // nesting): a peer might read an unstamped identity claim out of it, so it is refused and
+    // never forwarded.
+    let deep = format!(
+        r#"{{"user":{{"name":"ben@example.com"}},"d":{}{}}}"#,
+        "[".repeat(200),
+        "]".repeat(200)
+    );
+    for (i, bad) in [
+        r#"{"user":{"name":"ben@example.com"},"n":1e400}"#.to_owned(),
+        r#"{"user":{"name":"ben@example.com"},"s":"\ud800"}"#.to_owned(),
+        deep,
+    ]
+    .iter()
+    .enumerate()
+    {
+        let mut x = Client::connect(&server, &room, &token).await;
+        x.synced().await;
+        x.send(awareness(&[(300 + i as u64, 1, bad.as_str())]))
+            .await;
+        assert_eq!(x.closed().await, Some(1008), "{bad}");
+    }
 
     // When the owner leaves, its presence is removed for the others.
     let mut f = Client::connect(&server, &room, &token).await;

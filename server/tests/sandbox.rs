@@ -156,6 +156,21 @@ async fn the_terminal_is_shared_and_only_typers_reach_the_pty() {
     let mut cy = term(server, room, &t.cy).await;
     cy.until("read-only notice", |t| t.has_event("read_only"))
         .await;
+    // Each viewer is told what it may do (the browser's editor and terminal follow it).
+    let caps_of = |t: &Term| -> Option<Value> {
+        t.events
+            .iter()
+            .rev()
+            .find(|e| e["type"] == "capabilities")
+            .map(|e| e["capabilities"].clone())
+    };
+    cy.until("capabilities", |t| caps_of(t).is_some()).await;
+    assert_eq!(caps_of(&cy), Some(serde_json::json!(["observe"])));
+    ben.until("capabilities", |t| caps_of(t).is_some()).await;
+    assert_eq!(
+        caps_of(&ben),
+        Some(serde_json::json!(["observe", "edit", "type"]))
+    );
 
     // Ben (editor) starts a program that logs every line the PTY delivers to a file.
     // (READY is printed after bash put the terminal back in cooked mode with echo on.)
@@ -167,6 +182,16 @@ async fn the_terminal_is_shared_and_only_typers_reach_the_pty() {
     ana.output_contains("from-ben-1").await;
     ben.output_contains("from-ben-1").await;
     cy.output_contains("from-ben-1").await;
+    // Everyone sees who is typing.
+    let ben_id = t.ben_id.clone();
+    cy.until("Ben shown typing", |t| {
+        t.events.iter().any(|e| {
+            e["type"] == "typing"
+                && e["user_id"] == ben_id.as_str()
+                && e["email"] == "ben@example.com"
+        })
+    })
+    .await;
 
     // Cy (viewer) types: refused with an event, never delivered.
     cy.send(b"from-cy-viewer\n").await;
@@ -255,6 +280,13 @@ async fn the_terminal_is_shared_and_only_typers_reach_the_pty() {
         t.has_event("read_only")
     })
     .await;
+    ben.until("capabilities after the downgrade", |t| {
+        caps_of(t) == Some(serde_json::json!(["observe"]))
+    })
+    .await;
+    // The others hear that someone's rights changed (their people panel looks again).
+    cy.until("people changed", |t| t.has_event("people_changed"))
+        .await;
     ben.send(b"echo after-downgrade\n").await;
     ben.until("denied after the downgrade", |t| t.has_event("denied"))
         .await;

@@ -170,9 +170,9 @@ export async function mintToken (storage, email = 'ana@example.com') {
  * printed its listening line. The returned object has `url`, `wsUrl(roomId)`, `stop()` (graceful,
  * asserts exit 0), `kill()` and `logs()` (stderr tail).
  */
-export async function startServer (storage, { extraArgs = [], env = {} } = {}) {
+export async function startServer (storage, { extraArgs = [], env = {}, listen = '127.0.0.1:0' } = {}) {
   await waitForBinary()
-  const args = ['serve', '--listen', '127.0.0.1:0', ...storage.args(), ...extraArgs]
+  const args = ['serve', '--listen', listen, ...storage.args(), ...extraArgs]
   const child = spawn(CODEROOM_BIN, args, {
     stdio: ['ignore', 'pipe', 'pipe'],
     env: { ...process.env, CODEROOM_LOG: process.env.CODEROOM_LOG || 'info,sqlx=warn,tower_http=warn', ...env }

@@ -1,0 +1,279 @@
+// The browser room, end to end: real headless Chromium (playwright-core driving Debian's
+// `chromium`) against a real `coderoom serve`, logging in through the dev outbox.
+//
+// Screenshots of every step worth seeing land in target/screenshots/ (CODEROOM_SCREENSHOTS).
+
+import { test } from 'node:test'
+import assert from 'node:assert/strict'
+import {
+  cleanups, createStorage, mintToken, startServer, api, openProvider, waitSynced, waitFor, destroyAll, sleep
+} from './lib/server.mjs'
+import { HAVE_CHROMIUM, CHROMIUM, launch, person, login, shot, editorText, terminalText } from './lib/browser.mjs'
+
+const skip = HAVE_CHROMIUM ? false : `SKIPPED: no Chromium at ${CHROMIUM} (apt-get install chromium, or set CODEROOM_CHROMIUM)`
+
+/** The server's own copy of a file in the document, read by a fresh y-websocket client. */
+async function serverText (server, roomId, token, path) {
+  const c = openProvider(server, roomId, token)
+  try {
+    await waitSynced(c.provider)
+    return c.doc.getMap('files').get(path)?.toString()
+  } finally {
+    destroyAll([c])
+  }
+}
+
+async function inputsBy (server, roomId, token, userId) {
+  const res = await api(server, token, 'GET', `/api/rooms/${roomId}/terminal/recording/inputs`)
+  assert.equal(res.status, 200)
+  const text = typeof res.body === 'string' ? res.body : JSON.stringify(res.body)
+  return text.split('\n').filter(Boolean).map((l) => JSON.parse(l)).filter((e) => e.user === userId)
+}
+
+test('two people share a room in real browsers: editor, cursors, terminal, downgrade, removal',
+  { skip, timeout: 240_000 }, async (t) => {
+    const defer = cleanups(t)
+    const storage = await createStorage('sqlite')
+    defer(() => storage.cleanup())
+    const server = await startServer(storage)
+    defer(() => server.kill())
+    const browser = await launch()
+    defer(() => browser.close())
+
+    const ana = await person(browser, server, 'ana@example.com')
+    const ben = await person(browser, server, 'ben@example.com')
+
+    // Ana logs in through the outbox, lands on her room list, and creates a room.
+    await login(ana, storage.dataDir)
+    await ana.page.getByRole('heading', { name: 'Your rooms' }).waitFor()
+    await shot(ana.page, '01-room-list')
+    await ana.page.getByLabel('Room name').fill('parser-fix')
+    await ana.page.getByRole('button', { name: 'Create room' }).click()
+    await ana.page.waitForURL(/\/rooms\/[A-Za-z0-9_-]+$/)
+    const roomId = ana.page.url().split('/').pop()
+    await ana.page.getByTestId('conn-status').filter({ hasText: 'Synced' }).waitFor()
+
+    // She invites Ben as editor: one use, a day.
+    await ana.page.getByTestId('invite-open').click()
+    await ana.page.getByTestId('invite-role').selectOption('editor')
+    await ana.page.getByTestId('invite-create').click()
+    const inviteUrl = await ana.page.getByTestId('invite-url').inputValue()
+    assert.match(inviteUrl, new RegExp(`^${server.url}/invite/\\S+$`))
+    await shot(ana.page, '02-invite-dialog')
+
+    // Ben opens the link, logs in the same way, joins.
+    const invitePath = new URL(inviteUrl).pathname
+    await login(ben, storage.dataDir, invitePath)
+    await ben.page.getByRole('button', { name: 'Join the room' }).click()
+    await ben.page.waitForURL(`**/rooms/${roomId}`)
+    await ben.page.getByTestId('conn-status').filter({ hasText: 'Synced' }).waitFor()
+
+    const anaToken = await mintToken(storage, 'ana@example.com')
+    const room = (await api(server, anaToken, 'GET', `/api/rooms/${roomId}`)).body
+    const benId = room.participants.find((p) => p.email === 'ben@example.com').user_id
+
+    // Ana creates main.rs; Ben opens it from the tree.
+    await ana.page.getByTestId('new-file').click()
+    await ana.page.getByTestId('file-path').fill('main.rs')
+    await ana.page.getByTestId('file-path').press('Enter')
+    await ana.page.locator('.cm-content').waitFor()
+    await ben.page.locator('button.file[data-path="main.rs"]').click()
+    await ben.page.locator('.cm-content').waitFor()
+
+    // Both type at once.
+    await ana.page.locator('.cm-content').click()
+    await ben.page.locator('.cm-content').click()
+    await Promise.all([
+      ana.page.keyboard.type('fn ana() {}\n', { delay: 15 }),
+      ben.page.keyboard.type('// ben was here\n', { delay: 15 })
+    ])
+    for (const p of [ana, ben]) {
+      await waitFor(async () => {
+        const text = await editorText(p.page)
+        return text.includes('fn ana() {}') && text.includes('// ben was here')
+      }, 10_000, async () => `${p.email} does not see both edits: ${JSON.stringify(await editorText(p.page))}`)
+    }
+    // Each sees the other's cursor, labelled with the name (and colour) the server bound.
+    await ben.page.locator('.cm-content').press('End')
+    const benCaret = ana.page.locator('.cm-ySelectionInfo', { hasText: 'ben@example.com' })
+    await benCaret.waitFor({ state: 'attached', timeout: 10_000 })
+    const anaCaret = ben.page.locator('.cm-ySelectionInfo', { hasText: 'ana@example.com' })
+    await anaCaret.waitFor({ state: 'attached', timeout: 10_000 })
+    const benColour = await benCaret.evaluate((el) => getComputedStyle(el).backgroundColor)
+    const anaColour = await anaCaret.evaluate((el) => getComputedStyle(el).backgroundColor)
+    assert.notEqual(benColour, anaColour, 'each person has their own colour')
+
+    // The terminal: Ana runs a command, both see the output.
+    await ana.page.getByTestId('terminal').click()
+    await ana.page.keyboard.type('echo hello-from-ana-$((6*7))\n', { delay: 10 })
+    for (const p of [ana, ben]) {
+      await waitFor(async () => (await terminalText(p.page)).includes('hello-from-ana-42'), 20_000,
+        async () => `${p.email}'s terminal: ${JSON.stringify(await terminalText(p.page))}\n${server.logs()}`)
+    }
+    // Ben types too (he holds `type`), and the people panel shows who is typing.
+    await ben.page.getByTestId('terminal').click()
+    await ben.page.keyboard.type('echo ben-typed-$((2+3))\n', { delay: 10 })
+    await waitFor(async () => (await terminalText(ana.page)).includes('ben-typed-5'), 20_000, 'Ana did not see Ben\'s command')
+    await ana.page.getByTestId('person-ben@example.com').locator('.typing').waitFor({ timeout: 5000 })
+    await waitFor(async () => (await ana.page.getByTestId('person-ben@example.com').locator('.dot.on').count()) === 1,
+      5000, 'Ben is not shown online')
+    await shot(ana.page, '03-room-ana')
+    await shot(ben.page, '04-room-ben')
+
+    // The owner downgrades Ben to viewer: within a second his editor and terminal are read-only.
+    const benInputsBefore = (await inputsBy(server, roomId, anaToken, benId)).length
+    assert.ok(benInputsBefore > 0, 'Ben\'s earlier typing is attributed to him')
+    const patched = ana.page.waitForResponse((r) => r.url().endsWith(`/participants/${benId}`) && r.request().method() === 'PATCH')
+    await ana.page.getByTestId('role-ben@example.com').selectOption('viewer')
+    assert.equal((await patched).status(), 200)
+    const t0 = Date.now()
+    await ben.page.locator('.cm-content[contenteditable="false"]').waitFor({ timeout: 5000 })
+    await ben.page.getByTestId('terminal-view-only').waitFor({ state: 'visible', timeout: 5000 })
+    const took = Date.now() - t0
+    assert.ok(took < 1000, `read-only took ${took} ms`)
+    const docBefore = await serverText(server, roomId, anaToken, 'main.rs')
+    // Ben's keys now change nothing on the server.
+    await ben.page.locator('.cm-content').click()
+    await ben.page.keyboard.type('SHOULD NOT LAND', { delay: 5 })
+    await ben.page.getByTestId('terminal').click()
+    await ben.page.keyboard.type('echo viewer-typed\n', { delay: 5 })
+    await sleep(1000)
+    assert.equal(await serverText(server, roomId, anaToken, 'main.rs'), docBefore, 'the document is unchanged')
+    assert.ok(!(await editorText(ben.page)).includes('SHOULD NOT LAND'), 'the read-only editor took no keys')
+    assert.equal((await inputsBy(server, roomId, anaToken, benId)).length, benInputsBefore, 'no terminal input from Ben reached the PTY')
+    assert.ok(!(await terminalText(ana.page)).includes('viewer-typed'))
+    await shot(ben.page, '05-ben-read-only')
+
+    // Ana removes Ben: his page says so.
+    await ana.page.getByTestId('remove-ben@example.com').click()
+    await ana.page.getByTestId('remove-ben@example.com').click()
+    await ben.page.getByTestId('room-ended').filter({ hasText: 'You were removed from this room.' }).waitFor({ timeout: 5000 })
+    await shot(ben.page, '06-ben-removed')
+    await ana.page.getByTestId('person-ben@example.com').waitFor({ state: 'detached', timeout: 10_000 })
+
+    // A narrow window still works: no horizontal scrolling, everything reachable.
+    await ana.page.setViewportSize({ width: 420, height: 860 })
+    await sleep(300)
+    const overflow = await ana.page.evaluate(() => document.scrollingElement.scrollWidth - window.innerWidth)
+    const wide = await ana.page.evaluate(() => Array.from(document.querySelectorAll('body *'))
+      .filter((e) => e.getBoundingClientRect().right > window.innerWidth + 1)
+      .map((e) => `${e.tagName}.${e.className}`).slice(0, 10))
+    assert.ok(overflow <= 0, `the page scrolls sideways by ${overflow}px at 420px: ${wide.join(', ')}`)
+    await shot(ana.page, '07-narrow')
+
+    for (const p of [ana, ben]) {
+      assert.deepEqual(p.foreign, [], `${p.email}'s page made requests off the app's origin`)
+      assert.deepEqual(p.errors, [], `${p.email}'s page threw`)
+    }
+    assert.deepEqual(await server.stop(), { code: 0, signal: null })
+  })
+
+test('approvals, sandbox, audit chain and an admin-confirmed deletion, in real browsers',
+  { skip, timeout: 240_000 }, async (t) => {
+    const defer = cleanups(t)
+    const storage = await createStorage('sqlite')
+    defer(() => storage.cleanup())
+    const server = await startServer(storage, { extraArgs: ['--admin-emails', 'dana@example.com'] })
+    defer(() => server.kill())
+    const browser = await launch()
+    defer(() => browser.close())
+    const ana = await person(browser, server, 'ana@example.com')
+    const ben = await person(browser, server, 'ben@example.com')
+    const dana = await person(browser, server, 'dana@example.com')
+
+    await login(ana, storage.dataDir)
+    await ana.page.getByLabel('Room name').fill('parser-fix')
+    await ana.page.getByRole('button', { name: 'Create room' }).click()
+    await ana.page.waitForURL(/\/rooms\/[A-Za-z0-9_-]+$/)
+    const roomId = ana.page.url().split('/').pop()
+    await ana.page.getByTestId('new-file').click()
+    await ana.page.getByTestId('file-path').fill('notes/plan.md')
+    await ana.page.getByTestId('file-path').press('Enter')
+    await ana.page.locator('.cm-content').click()
+    await ana.page.keyboard.type('# the plan\n', { delay: 5 })
+
+    // Ben joins through an invite; Ana grants him `approve` from the people panel.
+    const anaToken = await mintToken(storage, 'ana@example.com')
+    const invite = await api(server, anaToken, 'POST', `/api/rooms/${roomId}/invites`, { role: 'editor', ttl_s: 3600, max_uses: 1 })
+    assert.equal(invite.status, 201)
+    await login(ben, storage.dataDir, new URL(invite.body.url).pathname)
+    await ben.page.getByRole('button', { name: 'Join the room' }).click()
+    await ben.page.waitForURL(`**/rooms/${roomId}`)
+    await ana.page.getByTestId('person-ben@example.com').waitFor()
+    await ana.page.getByLabel('Grant a capability to ben@example.com').selectOption('approve')
+    await ana.page.getByTestId('person-ben@example.com').locator('.chip', { hasText: 'approve' }).waitFor()
+
+    // Ana asks to export; she cannot approve her own request; Ben sees the exact parameters
+    // and approves; Ana downloads the export.
+    await ana.page.getByRole('tab', { name: 'Room' }).click()
+    await ana.page.getByTestId('export').click()
+    await ana.page.getByTestId('export-state').filter({ hasText: 'Waiting for approval' }).waitFor()
+    await ana.page.getByRole('tab', { name: 'Approvals' }).click()
+    await ana.page.getByText('You asked for this: someone else must decide.').waitFor()
+    await ben.page.getByRole('tab', { name: 'Approvals' }).click()
+    const params = ben.page.locator('li.approval.pending pre.params')
+    await params.waitFor()
+    assert.deepEqual(JSON.parse(await params.innerText()), { files: ['notes/plan.md'] })
+    await shot(ben.page, '08-approvals-inbox')
+    await ben.page.locator('li.approval.pending').getByRole('button', { name: 'Approve' }).click()
+    await ben.page.getByText('Nothing waits for a decision.').waitFor()
+    await ana.page.getByRole('tab', { name: 'Approvals' }).click()
+    await ana.page.getByRole('button', { name: 'Refresh' }).click()
+    const downloading = ana.page.waitForEvent('download')
+    await ana.page.getByRole('button', { name: 'Download the export' }).click()
+    const file = await (await downloading).path()
+    const exported = JSON.parse(await (await import('node:fs/promises')).readFile(file, 'utf8'))
+    assert.match(JSON.stringify(exported), /the plan/)
+
+    // The sandbox panel: tier, state and limits; stop and start.
+    await ana.page.getByRole('tab', { name: 'Sandbox' }).click()
+    const summary = ana.page.getByTestId('sandbox-summary')
+    await summary.filter({ hasText: 'running' }).waitFor({ timeout: 20_000 })
+    const sandbox = (await api(server, anaToken, 'GET', `/api/rooms/${roomId}/sandbox`)).body
+    assert.match(await summary.innerText(), new RegExp(`^${sandbox.tier} tier`))
+    assert.equal(await ana.page.getByTestId('tier-reason').innerText(), `Why this tier: ${sandbox.tier_reason}`)
+    await shot(ana.page, '09-sandbox-panel')
+    await ana.page.getByRole('button', { name: 'Stop (snapshot the workspace)' }).click()
+    await summary.filter({ hasText: 'stopped' }).waitFor({ timeout: 20_000 })
+    await ana.page.getByRole('button', { name: 'Start' }).click()
+    await summary.filter({ hasText: 'running' }).waitFor({ timeout: 20_000 })
+
+    // The audit log, verified in the browser; then a record edited behind the server's back.
+    await ana.page.getByRole('tab', { name: 'Audit' }).click()
+    const chain = ana.page.getByTestId('audit-chain')
+    await chain.filter({ hasText: 'Chain verified' }).waitFor()
+    await shot(ana.page, '10-audit-verified')
+    const { execFileSync } = await import('node:child_process')
+    execFileSync('python3', ['-c', `import sqlite3,sys
+c = sqlite3.connect(sys.argv[1]); c.execute("UPDATE audit_log SET reason = 'tampered' WHERE chain = ? AND seq = 2", (sys.argv[2],)); c.commit()`,
+    `${storage.dataDir}/coderoom.db`, roomId])
+    await ana.page.getByRole('button', { name: 'Refresh' }).click()
+    await chain.filter({ hasText: 'Chain broken at record #2' }).waitFor()
+    await shot(ana.page, '11-audit-broken')
+    execFileSync('python3', ['-c', `import sqlite3,sys
+c = sqlite3.connect(sys.argv[1]); c.execute("UPDATE audit_log SET reason = '' WHERE chain = ? AND seq = 2", (sys.argv[2],)); c.commit()`,
+    `${storage.dataDir}/coderoom.db`, roomId])
+
+    // Ana asks to delete the room; Dana (admin) confirms from the link and gets the receipt.
+    await ana.page.getByRole('tab', { name: 'Room' }).click()
+    await ana.page.getByTestId('request-deletion').click()
+    const link = await ana.page.getByTestId('deletion-requested').locator('a').getAttribute('href')
+    assert.match(link, /^\/deletions\/\w+$/)
+    await login(dana, storage.dataDir, link)
+    await dana.page.getByTestId('confirm-deletion').click()
+    await dana.page.getByTestId('deletion-state').filter({ hasText: 'done' }).waitFor({ timeout: 30_000 })
+    const receipt = await dana.page.getByTestId('receipt').innerText()
+    for (const artifact of ['workspace', 'snapshots', 'recordings', 'invites']) {
+      assert.match(receipt, new RegExp(artifact), `the receipt lists ${artifact}`)
+    }
+    await shot(dana.page, '12-deletion-receipt')
+    // Everyone still in the room is told it is gone.
+    for (const p of [ana, ben]) {
+      await p.page.getByTestId('room-ended').filter({ hasText: 'This room was deleted.' }).waitFor({ timeout: 10_000 })
+    }
+    for (const p of [ana, ben, dana]) {
+      assert.deepEqual(p.foreign, [], `${p.email}'s page made requests off the app's origin`)
+      assert.deepEqual(p.errors, [], `${p.email}'s page threw`)
+    }
+    assert.deepEqual(await server.stop(), { code: 0, signal: null })
+  })

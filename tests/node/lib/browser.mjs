@@ -1,0 +1,101 @@
+// Real headless Chromium (Debian's `chromium`) driven by playwright-core, for the browser
+// end-to-end tests.
+
+import { chromium } from 'playwright-core'
+import { existsSync } from 'node:fs'
+import { mkdir, readdir, readFile, stat } from 'node:fs/promises'
+import { join } from 'node:path'
+import { fileURLToPath } from 'node:url'
+import { waitFor } from './server.mjs'
+
+export const CHROMIUM = process.env.CODEROOM_CHROMIUM || '/usr/bin/chromium'
+export const HAVE_CHROMIUM = existsSync(CHROMIUM)
+/** Where the runs' screenshots go, for a reviewer to look at. */
+export const SCREENSHOTS = process.env.CODEROOM_SCREENSHOTS ||
+  fileURLToPath(new URL('../../../target/screenshots/', import.meta.url))
+
+export async function launch () {
+  await mkdir(SCREENSHOTS, { recursive: true })
+  return chromium.launch({
+    executablePath: CHROMIUM,
+    headless: true,
+    args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage', '--disable-background-networking',
+      '--disable-component-update', '--no-first-run', '--disable-sync', '--disable-features=Translate,MediaRouter']
+  })
+}
+
+/**
+ * A browser context for one person, recording every request that leaves the app's origin and
+ * every page error, so tests can assert there were none.
+ */
+export async function person (browser, server, email, viewport = { width: 1280, height: 800 }) {
+  const context = await browser.newContext({ viewport, baseURL: server.url })
+  const page = await context.newPage()
+  const foreign = []
+  const errors = []
+  const origin = new URL(server.url)
+  page.on('request', (r) => {
+    const u = new URL(r.url())
+    if (u.protocol === 'data:' || u.protocol === 'blob:') return
+    if (u.host !== origin.host) foreign.push(r.url())
+  })
+  page.on('websocket', (ws) => {
+    if (new URL(ws.url()).host !== origin.host) foreign.push(ws.url())
+  })
+  page.on('pageerror', (e) => errors.push(String(e)))
+  return { email, context, page, foreign, errors }
+}
+
+/** The newest login code mailed to `email` in the dev outbox. */
+export async function codeFor (dataDir, email, after = 0) {
+  const dir = join(dataDir, 'outbox')
+  let code = null
+  await waitFor(async () => {
+    let names = []
+    try { names = await readdir(dir) } catch { return false }
+    let best = null
+    for (const n of names.filter((n) => n.endsWith('.eml'))) {
+      const p = join(dir, n)
+      const s = await stat(p)
+      if (s.mtimeMs < after) continue
+      const text = await readFile(p, 'utf8')
+      if (!new RegExp(`^To: .*${email.replace(/[.@]/g, '\\$&')}`, 'mi').test(text)) continue
+      const m = text.match(/login code is (\d{6})/)
+      if (m && (!best || s.mtimeMs >= best.t)) best = { t: s.mtimeMs, code: m[1] }
+    }
+    code = best?.code ?? null
+    return code !== null
+  }, 15_000, `no login code mailed to ${email}`, 100)
+  return code
+}
+
+/** Logs in through the login page with a code read from the dev outbox. */
+export async function login (p, dataDir, next = '/') {
+  const { page, email } = p
+  const started = Date.now() - 1000
+  await page.goto(next)
+  await page.getByLabel('Email').fill(email)
+  await page.getByRole('button', { name: 'Send me a code' }).click()
+  await page.getByLabel('Code').waitFor()
+  const code = await codeFor(dataDir, email, started)
+  await page.getByLabel('Code').fill(code)
+  await page.getByRole('button', { name: 'Log in' }).click()
+  await page.getByTestId('me').filter({ hasText: email }).waitFor({ state: 'attached' })
+}
+
+export async function shot (page, name) {
+  const path = join(SCREENSHOTS, `${name}.png`)
+  await page.screenshot({ path, fullPage: false })
+  return path
+}
+
+/** Text of the open editor (CodeMirror's document, line by line). */
+export async function editorText (page) {
+  return page.locator('.cm-content').evaluate((el) =>
+    Array.from(el.querySelectorAll('.cm-line')).map((l) => l.textContent).join('\n'))
+}
+
+/** Everything the terminal shows (xterm's DOM renderer rows). */
+export async function terminalText (page) {
+  return page.locator('.xterm-rows').evaluate((el) => el.innerText)
+}

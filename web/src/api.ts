@@ -1,0 +1,134 @@
+// The server's HTTP API (shared/spec/api.md). Every call is same-origin with the session cookie;
+// errors carry the server's safe message and the status, so screens can say what went wrong.
+
+export type Capability =
+  | 'observe' | 'edit' | 'type' | 'approve' | 'invite' | 'connect_repo' | 'add_secret'
+  | 'spend' | 'export' | 'publish' | 'revoke' | 'delete'
+
+export const CAPABILITIES: Capability[] = [
+  'observe', 'edit', 'type', 'approve', 'invite', 'connect_repo', 'add_secret',
+  'spend', 'export', 'publish', 'revoke', 'delete',
+]
+
+export interface Me { id: string, email: string, is_admin: boolean }
+export interface RoomSummary { id: string, name: string, role?: string }
+export interface Participant { user_id: string, email: string, role: string, capabilities: Capability[] }
+export interface Room {
+  id: string
+  name: string
+  participants: Participant[]
+  my_capabilities: Capability[]
+  sandbox: SandboxStatus | null
+}
+export interface SandboxStatus {
+  tier: string
+  tier_reason?: string
+  state: string
+  reason?: string
+  limits?: Record<string, unknown>
+  receipt?: Record<string, unknown> | null
+  snapshot_at?: number | null
+  idle_stop_at?: number | null
+  usage?: Record<string, unknown> | null
+}
+export interface Approval {
+  id: string
+  action: string
+  params: unknown
+  requester: string
+  state: string
+  decided_by: string | null
+  created_at: number
+  expires_at: number
+}
+export interface AuditRecord {
+  seq: number
+  at: number
+  actor: string
+  action: string
+  decision: string
+  reason: string
+  details: unknown
+  details_json?: string
+  prev_hash: string
+  hash: string
+}
+export interface Receipt {
+  deletion_id?: string
+  room_id?: string
+  complete?: boolean
+  artifacts?: { artifact: string, status: string, count: number }[]
+  [k: string]: unknown
+}
+export interface Deletion { deletion_id?: string, state?: string, receipt: Receipt }
+
+export class ApiError extends Error {
+  constructor (readonly status: number, message: string) {
+    super(message)
+  }
+}
+
+/** The server's message for a failed call, or a plain description of the status. */
+async function failure (res: Response): Promise<ApiError> {
+  let message = `${res.status} ${res.statusText}`
+  try {
+    const body = await res.json() as { error?: string, message?: string, reason?: string }
+    message = body.error ?? body.message ?? body.reason ?? message
+  } catch { /* not JSON: keep the status line */ }
+  if (res.status === 429) message = `Too many attempts; wait a moment and try again (${message})`
+  return new ApiError(res.status, message)
+}
+
+export async function call<T> (method: string, path: string, body?: unknown): Promise<T> {
+  let res: Response
+  try {
+    res = await fetch(path, {
+      method,
+      credentials: 'same-origin',
+      headers: body === undefined ? {} : { 'content-type': 'application/json' },
+      body: body === undefined ? undefined : JSON.stringify(body),
+    })
+  } catch {
+    throw new ApiError(0, 'The server cannot be reached; check your connection')
+  }
+  if (!res.ok) throw await failure(res)
+  if (res.status === 204 || res.status === 202 && res.headers.get('content-length') === '0') return undefined as T
+  const text = await res.text()
+  return (text ? JSON.parse(text) : undefined) as T
+}
+
+export const api = {
+  me: () => call<Me>('GET', '/api/me'),
+  requestCode: (email: string) => call<void>('POST', '/api/auth/code', { email }),
+  verify: (email: string, code: string) => call<{ user: { id: string, email: string } }>('POST', '/api/auth/verify', { email, code }),
+  logout: () => call<void>('POST', '/api/auth/logout'),
+  rooms: () => call<RoomSummary[] | { rooms: RoomSummary[] }>('GET', '/api/rooms'),
+  createRoom: (name: string) => call<{ id: string }>('POST', '/api/rooms', { name }),
+  room: (id: string) => call<Room>('GET', `/api/rooms/${id}`),
+  invite: (id: string, role: string, ttl_s: number, max_uses: number) =>
+    call<{ token: string, url: string }>('POST', `/api/rooms/${id}/invites`, { role, ttl_s, max_uses }),
+  acceptInvite: (token: string) => call<{ room_id: string }>('POST', `/api/invites/${encodeURIComponent(token)}/accept`),
+  revokeInvite: (token: string) => call<void>('DELETE', `/api/invites/${encodeURIComponent(token)}`),
+  changeParticipant: (id: string, user: string, change: { role?: string, grant?: Capability[], revoke?: Capability[] }) =>
+    call<unknown>('PATCH', `/api/rooms/${id}/participants/${user}`, change),
+  removeParticipant: (id: string, user: string) => call<void>('DELETE', `/api/rooms/${id}/participants/${user}`),
+  approvals: (id: string) => call<Approval[] | { approvals: Approval[] }>('GET', `/api/rooms/${id}/approvals`),
+  decide: (id: string, approval: string, approve: boolean) =>
+    call<unknown>('POST', `/api/rooms/${id}/approvals/${approval}/decision`, { approve }),
+  exportFiles: (id: string, files: string[], approval_id?: string) =>
+    call<{ approval_id?: string, state?: string, files?: unknown }>('POST', `/api/rooms/${id}/exports`, { files, approval_id }),
+  audit: (id: string) => call<AuditRecord[]>('GET', `/api/rooms/${id}/audit`),
+  sandbox: (id: string) => call<SandboxStatus>('GET', `/api/rooms/${id}/sandbox`),
+  sandboxStop: (id: string) => call<SandboxStatus>('POST', `/api/rooms/${id}/sandbox/stop`),
+  sandboxStart: (id: string) => call<SandboxStatus>('POST', `/api/rooms/${id}/sandbox/start`),
+  requestDeletion: (id: string) => call<{ deletion_id: string, state: string }>('DELETE', `/api/rooms/${id}`),
+  deletion: (id: string) => call<Deletion>('GET', `/api/deletions/${id}`),
+  confirmDeletion: (id: string) => call<Deletion>('POST', `/api/deletions/${id}/confirm`),
+}
+
+/** Lists come bare or wrapped (`{"rooms": [...]}`); either way, the array. */
+export function list<T> (v: T[] | Record<string, T[]>): T[] {
+  if (Array.isArray(v)) return v
+  const first = Object.values(v).find(Array.isArray)
+  return first ?? []
+}

@@ -1,0 +1,87 @@
+// A few DOM helpers: the client is small enough not to need a framework.
+
+type Child = Node | string | number | null | undefined | false
+type Attrs = Record<string, unknown>
+
+export function h<K extends keyof HTMLElementTagNameMap> (tag: K, attrs?: Attrs | null, ...children: (Child | Child[])[]): HTMLElementTagNameMap[K] {
+  const el = document.createElement(tag)
+  for (const [k, v] of Object.entries(attrs ?? {})) {
+    if (v === undefined || v === null || v === false) continue
+    if (k.startsWith('on')) {
+      // Handlers only as functions: never as attribute text (that would be script).
+      if (typeof v === 'function') el.addEventListener(k.slice(2).toLowerCase(), v as EventListener)
+    } else if (k === 'class') {
+      el.className = String(v)
+    } else if (k === 'value' && 'value' in el) {
+      (el as HTMLInputElement).value = String(v)
+    } else if (v === true) {
+      el.setAttribute(k, '')
+    } else {
+      el.setAttribute(k, String(v))
+    }
+  }
+  append(el, children)
+  return el
+}
+
+function append (el: Element, children: (Child | Child[])[]): void {
+  for (const c of children.flat()) {
+    if (c === null || c === undefined || c === false) continue
+    el.append(c instanceof Node ? c : String(c))
+  }
+}
+
+export function replace (el: Element, ...children: (Child | Child[])[]): void {
+  el.replaceChildren()
+  append(el, children)
+}
+
+/** A short-lived message at the bottom of the screen (also read out by screen readers). */
+export function toast (message: string, kind: 'info' | 'error' = 'info'): void {
+  let box = document.getElementById('toasts')
+  if (!box) {
+    box = h('div', { id: 'toasts', role: 'status', 'aria-live': 'polite' })
+    document.body.append(box)
+  }
+  const t = h('div', { class: `toast ${kind}` }, message)
+  box.append(t)
+  setTimeout(() => t.remove(), kind === 'error' ? 8000 : 4000)
+}
+
+export function errorText (e: unknown): string {
+  return e instanceof Error ? e.message : String(e)
+}
+
+export function when (ms: number | null | undefined): string {
+  if (!ms) return '—'
+  return new Date(ms).toLocaleString()
+}
+
+/** A button that runs `action`, disabled while it runs, reporting failures. */
+export function action (label: string, run: () => Promise<void> | void, attrs: Attrs = {}): HTMLButtonElement {
+  const b = h('button', { type: 'button', ...attrs }, label)
+  b.addEventListener('click', async () => {
+    b.disabled = true
+    try {
+      await run()
+    } catch (e) {
+      toast(errorText(e), 'error')
+    } finally {
+      b.disabled = false
+    }
+  })
+  return b
+}
+
+/** Copies text, falling back to a selection copy where the clipboard API is unavailable (plain
+ *  http on a non-local host). */
+export async function copy (text: string, input?: HTMLInputElement): Promise<boolean> {
+  try {
+    await navigator.clipboard.writeText(text)
+    return true
+  } catch {
+    if (!input) return false
+    input.select()
+    return document.execCommand('copy')
+  }
+}

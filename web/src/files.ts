@@ -1,0 +1,59 @@
+// The file tree, built from the paths in the document's `files` map.
+
+export interface TreeNode {
+  name: string
+  /** Full path for files; the directory's path (with a trailing slash) for directories. */
+  path: string
+  dir: boolean
+  children: TreeNode[]
+}
+
+export function buildTree (paths: Iterable<string>): TreeNode[] {
+  const root: TreeNode = { name: '', path: '', dir: true, children: [] }
+  for (const path of paths) {
+    const parts = path.split('/').filter(Boolean)
+    let node = root
+    parts.forEach((name, i) => {
+      const last = i === parts.length - 1
+      let child = node.children.find((c) => c.name === name && c.dir === !last)
+      if (!child) {
+        child = { name, path: last ? path : parts.slice(0, i + 1).join('/') + '/', dir: !last, children: [] }
+        node.children.push(child)
+      }
+      node = child
+    })
+  }
+  sort(root)
+  return root.children
+}
+
+function sort (n: TreeNode): void {
+  n.children.sort((a, b) => (a.dir === b.dir ? a.name.localeCompare(b.name) : a.dir ? -1 : 1))
+  n.children.forEach(sort)
+}
+
+const MAX_PATH = 4096
+
+/** A workspace-relative path as the server accepts it, or the reason it is not one. */
+export function checkPath (raw: string): { ok: true, path: string } | { ok: false, reason: string } {
+  const path = raw.trim().replace(/^\.\//, '')
+  if (!path) return { ok: false, reason: 'Give the file a name' }
+  if (path.length > MAX_PATH) return { ok: false, reason: 'That path is too long' }
+  if (path.startsWith('/')) return { ok: false, reason: 'Use a path inside the workspace (no leading /)' }
+  if (path.endsWith('/')) return { ok: false, reason: 'A file name cannot end with /' }
+  // eslint-disable-next-line no-control-regex
+  if (/[\u0000-\u001f\u007f\\]/.test(path)) return { ok: false, reason: 'Control characters and backslashes are not allowed' }
+  const parts = path.split('/')
+  if (parts.some((p) => p === '' || p === '.' || p === '..')) return { ok: false, reason: 'Empty, . and .. path parts are not allowed' }
+  return { ok: true, path }
+}
+
+/** CodeMirror language for a file name. */
+export function languageOf (path: string): 'javascript' | 'typescript' | 'rust' | 'python' | 'plain' {
+  const ext = path.slice(path.lastIndexOf('.') + 1).toLowerCase()
+  if (['js', 'mjs', 'cjs', 'jsx', 'json'].includes(ext)) return 'javascript'
+  if (['ts', 'tsx', 'mts'].includes(ext)) return 'typescript'
+  if (ext === 'rs') return 'rust'
+  if (ext === 'py') return 'python'
+  return 'plain'
+}

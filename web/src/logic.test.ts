@@ -1,0 +1,133 @@
+import { describe, expect, it } from 'vitest'
+import { parse, safeNext, loginUrl } from './router'
+import { abilities, settableRoles, canRemove } from './caps'
+import { buildTree, checkPath, languageOf } from './files'
+import { DocConnection, closeMeaning } from './conn'
+import { FlowGate, Backoff, parseEvent } from './flow'
+import type { Participant } from './api'
+
+describe('routes', () => {
+  it('maps paths to pages', () => {
+    expect(parse('/')).toEqual({ page: 'rooms' })
+    expect(parse('/rooms/abc123')).toEqual({ page: 'room', id: 'abc123' })
+    expect(parse('/invite/tok_EN-1')).toEqual({ page: 'invite', token: 'tok_EN-1' })
+    expect(parse('/deletions/d1')).toEqual({ page: 'deletion', id: 'd1' })
+    expect(parse('/login', '?next=%2Frooms%2Fx')).toEqual({ page: 'login', next: '/rooms/x' })
+    expect(parse('/rooms/a/b').page).toBe('not_found')
+    expect(parse('/rooms/..%2Fetc').page).toBe('not_found')
+    expect(parse('/rooms/%E0').page).toBe('not_found')
+  })
+  it('never redirects off this origin after login', () => {
+    expect(safeNext('//evil.example')).toBe('/')
+    expect(safeNext('https://evil.example')).toBe('/')
+    expect(safeNext('/\\evil.example')).toBe('/')
+    expect(safeNext('/\t/evil.example')).toBe('/')
+    expect(safeNext('/\n/evil.example')).toBe('/')
+    expect(safeNext('/rooms/x?a=1#b')).toBe('/rooms/x?a=1#b')
+    expect(safeNext(null)).toBe('/')
+    expect(safeNext('/invite/t')).toBe('/invite/t')
+    expect(loginUrl('/invite/t')).toBe('/login?next=%2Finvite%2Ft')
+  })
+})
+
+describe('abilities', () => {
+  it('type is effective only with edit', () => {
+    expect(abilities(['observe', 'type']).type).toBe(false)
+    expect(abilities(['observe', 'edit', 'type']).type).toBe(true)
+  })
+  it('invites never offer more than the inviter holds', () => {
+    expect(abilities(['observe', 'edit', 'type', 'invite']).inviteRoles).toEqual(['editor', 'viewer'])
+    expect(abilities(['observe', 'edit', 'type']).inviteRoles).toEqual([])
+  })
+  it('role changes: lowering needs revoke, raising needs the new role\'s capabilities', () => {
+    const editor: Participant = { user_id: 'b', email: 'b@x', role: 'editor', capabilities: ['observe', 'edit', 'type'] }
+    const owner = abilities(['observe', 'edit', 'type', 'revoke', 'invite']).grantable
+    expect(settableRoles(['observe', 'edit', 'type', 'revoke'], editor, 'a', 'b')).toEqual(['viewer'])
+    expect(settableRoles(['observe', 'edit', 'type'], editor, 'a', 'b')).toEqual([])
+    expect(settableRoles(['observe', 'edit', 'type', 'revoke'], editor, 'b', 'b')).toEqual([])
+    const viewer: Participant = { ...editor, role: 'viewer', capabilities: ['observe'] }
+    expect(settableRoles(['observe', 'edit', 'type'], viewer, 'a', 'b')).toEqual(['editor'])
+    expect(owner).not.toContain('observe')
+    expect(canRemove(['revoke'], 'a', 'b')).toBe(true)
+    expect(canRemove(['revoke'], 'a', 'a')).toBe(false)
+    expect(canRemove(['edit'], 'a', 'b')).toBe(false)
+  })
+})
+
+describe('files', () => {
+  it('builds a sorted tree, directories first', () => {
+    const t = buildTree(['src/main.rs', 'README.md', 'src/lib/a.rs', 'Cargo.toml'])
+    expect(t.map((n) => n.name)).toEqual(['src', 'Cargo.toml', 'README.md'])
+    expect(t[0].children.map((n) => n.path)).toEqual(['src/lib/', 'src/main.rs'])
+    expect(t[0].children[0].children[0]).toMatchObject({ name: 'a.rs', path: 'src/lib/a.rs', dir: false })
+  })
+  it('refuses paths the server would refuse, with a reason', () => {
+    expect(checkPath(' src/x.rs ')).toEqual({ ok: true, path: 'src/x.rs' })
+    expect(checkPath('./a')).toEqual({ ok: true, path: 'a' })
+    for (const bad of ['', '/etc/passwd', 'a/../b', 'a//b', 'dir/', 'a\u0000b', 'a\\b', 'x'.repeat(5000)]) {
+      const r = checkPath(bad)
+      expect(r.ok, bad).toBe(false)
+      if (!r.ok) expect(r.reason.length).toBeGreaterThan(5)
+    }
+  })
+  it('picks a language by extension', () => {
+    expect(languageOf('src/main.rs')).toBe('rust')
+    expect(languageOf('a.TS')).toBe('typescript')
+    expect(languageOf('Makefile')).toBe('plain')
+  })
+})
+
+describe('connection state', () => {
+  it('says offline with local edits pending until a resync', () => {
+    const c = new DocConnection()
+    expect(c.view().kind).toBe('busy')
+    c.status('connected'); c.sync(true)
+    expect(c.view()).toEqual({ label: 'Synced', kind: 'ok' })
+    c.localEdit()
+    expect(c.pending).toBe(0)
+    c.status('disconnected')
+    c.localEdit(); c.localEdit()
+    expect(c.view()).toEqual({ label: 'Offline — 2 local edits not yet sent', kind: 'offline' })
+    c.status('connecting')
+    expect(c.view().label).toContain('2 local edits')
+    c.sync(true) // not connected yet: still pending
+    expect(c.pending).toBe(2)
+    c.status('connected'); c.sync(true)
+    expect(c.view().kind).toBe('ok')
+    c.end('You were removed from this room.')
+    expect(c.view()).toEqual({ label: 'You were removed from this room.', kind: 'ended' })
+  })
+  it('ends on removal, deletion and logout; reconnects otherwise', () => {
+    expect(closeMeaning(4003)).toEqual({ end: true, message: 'You were removed from this room.' })
+    expect(closeMeaning(4004).end).toBe(true)
+    expect(closeMeaning(4001).end).toBe(true)
+    expect(closeMeaning(1006).end).toBe(false)
+    expect(closeMeaning(4008).end).toBe(false)
+  })
+})
+
+describe('terminal flow control', () => {
+  it('asks to drop the connection past the high mark and resumes below the low mark', () => {
+    const g = new FlowGate(1000, 100)
+    expect(g.written(600)).toBe(true)
+    expect(g.written(600)).toBe(false)
+    expect(g.drawn(600)).toBe(false)
+    expect(g.drawn(550)).toBe(true)
+    expect(g.backlog).toBe(50)
+    g.drawn(10_000)
+    expect(g.backlog).toBe(0)
+    expect(g.written(1000)).toBe(true)
+  })
+  it('backs off exponentially up to a ceiling, and starts over after a success', () => {
+    const b = new Backoff(100, 1000)
+    expect([b.next(), b.next(), b.next(), b.next(), b.next()]).toEqual([100, 200, 400, 800, 1000])
+    b.reset()
+    expect(b.next()).toBe(100)
+  })
+  it('parses server events and ignores garbage', () => {
+    expect(parseEvent('{"type":"denied","reason":"no"}')).toEqual({ type: 'denied', reason: 'no' })
+    expect(parseEvent('nope')).toBeNull()
+    expect(parseEvent('{"x":1}')).toBeNull()
+    expect(parseEvent('null')).toBeNull()
+  })
+})

@@ -1,0 +1,92 @@
+// The app shell: who is logged in, the header, and the router.
+
+import './style.css'
+import { api, ApiError, type Me } from './api'
+import { h, replace } from './dom'
+import { parse, loginUrl, type Route } from './router'
+import { loginPage } from './pages/login'
+import { roomsPage } from './pages/rooms'
+import { invitePage } from './pages/invite'
+import { deletionPage } from './pages/deletion'
+import { roomPage } from './room/room'
+
+export interface App {
+  me: Me | null
+  go: (path: string) => void
+  main: HTMLElement
+}
+
+const root = document.getElementById('app') as HTMLElement
+let cleanup: (() => void) | null = null
+/** Each navigation's number: a render that awaited and was overtaken stops. */
+let renders = 0
+
+const app: App = {
+  me: null,
+  main: h('main', { id: 'main' }),
+  go (path: string) {
+    history.pushState(null, '', path)
+    void render()
+  },
+}
+
+function header (): HTMLElement {
+  const me = app.me
+  return h('header', { class: 'top' },
+    h('a', { href: '/', class: 'brand', onclick: link('/') }, 'Coderoom'),
+    h('span', { id: 'room-title', class: 'room-title' }),
+    h('span', { class: 'spacer' }),
+    me
+      ? h('span', { class: 'who' },
+        h('span', { class: 'me', 'data-testid': 'me' }, me.email, me.is_admin ? ' (admin)' : ''),
+        h('button', { type: 'button', class: 'link', onclick: logout }, 'Log out'))
+      : null)
+}
+
+function link (path: string) {
+  return (e: Event) => { e.preventDefault(); app.go(path) }
+}
+
+async function logout (): Promise<void> {
+  try { await api.logout() } catch { /* the session may already be gone */ }
+  app.me = null
+  app.go('/login')
+}
+
+async function render (): Promise<void> {
+  const seq = ++renders
+  cleanup?.()
+  cleanup = null
+  const route: Route = parse(location.pathname, location.search)
+  if (app.me === null && route.page !== 'login') {
+    try {
+      const me = await api.me()
+      if (seq !== renders) return
+      app.me = me
+    } catch (e) {
+      if (seq !== renders) return
+      if (e instanceof ApiError && e.status === 401) {
+        history.replaceState(null, '', loginUrl(location.pathname + location.search))
+        return render()
+      }
+      replace(root, h('p', { class: 'error', role: 'alert' }, `The server cannot be reached: ${(e as Error).message}`))
+      return
+    }
+  }
+  app.main = h('main', { id: 'main' })
+  replace(root, header(), app.main)
+  switch (route.page) {
+    case 'login': cleanup = loginPage(app, route.next); break
+    case 'rooms': cleanup = roomsPage(app); break
+    case 'room': cleanup = roomPage(app, route.id); break
+    case 'invite': cleanup = invitePage(app, route.token); break
+    case 'deletion': cleanup = deletionPage(app, route.id); break
+    default:
+      replace(app.main, h('section', { class: 'card' }, h('h1', null, 'Not found'),
+        h('p', null, 'There is no page at ', h('code', null, route.path), '. ',
+          h('a', { href: '/', onclick: link('/') }, 'Back to your rooms'))))
+  }
+}
+
+window.addEventListener('popstate', () => { void render() })
+void render()

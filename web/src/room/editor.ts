@@ -1,0 +1,103 @@
+// The editor: one CodeMirror view bound through y-codemirror.next to the open file's Y.Text,
+// with remote cursors labelled by the identity the server stamped on each connection.
+
+import * as Y from 'yjs'
+import type { Awareness } from 'y-protocols/awareness'
+import { yCollab } from 'y-codemirror.next'
+import { Compartment, EditorState, type Extension } from '@codemirror/state'
+import { EditorView, keymap, lineNumbers, highlightActiveLine, drawSelection, highlightActiveLineGutter } from '@codemirror/view'
+import { defaultKeymap, indentWithTab } from '@codemirror/commands'
+import { searchKeymap, highlightSelectionMatches } from '@codemirror/search'
+import { syntaxHighlighting, defaultHighlightStyle, indentOnInput, bracketMatching } from '@codemirror/language'
+import { javascript } from '@codemirror/lang-javascript'
+import { rust } from '@codemirror/lang-rust'
+import { python } from '@codemirror/lang-python'
+import { languageOf } from '../files'
+
+function language (path: string): Extension {
+  switch (languageOf(path)) {
+    case 'javascript': return javascript()
+    case 'typescript': return javascript({ typescript: true })
+    case 'rust': return rust()
+    case 'python': return python()
+    default: return []
+  }
+}
+
+export class Editor {
+  private view: EditorView | null = null
+  private readonly access = new Compartment()
+  /** Undo history per file, tied to the text it tracks (a file replaced by another client gets
+   *  a fresh history). */
+  private readonly undo = new Map<string, { text: Y.Text, undo: Y.UndoManager }>()
+  private editable = false
+  path: string | null = null
+
+  constructor (private readonly parent: HTMLElement, private readonly awareness: Awareness) {}
+
+  open (path: string, text: Y.Text): void {
+    this.close()
+    this.path = path
+    let entry = this.undo.get(path)
+    if (!entry || entry.text !== text) {
+      entry?.undo.destroy()
+      entry = { text, undo: new Y.UndoManager(text) }
+      this.undo.set(path, entry)
+    }
+    const undo = entry.undo
+    const state = EditorState.create({
+      doc: text.toString(),
+      extensions: [
+        lineNumbers(),
+        highlightActiveLineGutter(),
+        highlightActiveLine(),
+        drawSelection(),
+        indentOnInput(),
+        bracketMatching(),
+        highlightSelectionMatches(),
+        syntaxHighlighting(defaultHighlightStyle, { fallback: true }),
+        keymap.of([...defaultKeymap, ...searchKeymap, indentWithTab]),
+        language(path),
+        this.access.of(this.accessExt()),
+        yCollab(text, this.awareness, { undoManager: undo }),
+        EditorView.contentAttributes.of({ 'aria-label': `Editor: ${path}` }),
+      ],
+    })
+    this.view = new EditorView({ state, parent: this.parent })
+  }
+
+  private accessExt (): Extension {
+    return [EditorState.readOnly.of(!this.editable), EditorView.editable.of(this.editable)]
+  }
+
+  /** Read-only for those without `edit`; follows rights as they change. */
+  setEditable (editable: boolean): void {
+    if (editable === this.editable) return
+    this.editable = editable
+    this.view?.dispatch({ effects: this.access.reconfigure(this.accessExt()) })
+    this.parent.classList.toggle('read-only', !editable)
+  }
+
+  focus (): void { this.view?.focus() }
+
+  /** The file was deleted or renamed away. */
+  forget (path: string): void {
+    this.undo.get(path)?.undo.destroy()
+    this.undo.delete(path)
+    if (this.path === path) this.close()
+  }
+
+  close (): void {
+    this.view?.destroy()
+    this.view = null
+    this.path = null
+    // Not editing anything: no cursor to show to others.
+    this.awareness.setLocalStateField('cursor', null)
+  }
+
+  destroy (): void {
+    this.close()
+    for (const u of this.undo.values()) u.undo.destroy()
+    this.undo.clear()
+  }
+}

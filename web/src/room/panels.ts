@@ -1,0 +1,155 @@
+// The room's side panels besides People: approvals, sandbox, audit, and the room itself.
+
+import { api, list, type Approval, type Room, type SandboxStatus } from '../api'
+import { abilities } from '../caps'
+import { action, h, replace, toast, when } from '../dom'
+import { verifyChain } from '../audit'
+
+function emailOf (room: Room, id: string | null): string {
+  if (!id) return '—'
+  return room.participants.find((p) => p.user_id === id)?.email ?? id
+}
+
+/** Saves `data` as a JSON file through the browser's download. */
+function download (name: string, data: unknown): void {
+  const url = URL.createObjectURL(new Blob([JSON.stringify(data, null, 2)], { type: 'application/json' }))
+  const a = h('a', { href: url, download: name })
+  document.body.append(a)
+  a.click()
+  a.remove()
+  setTimeout(() => URL.revokeObjectURL(url), 10_000)
+}
+
+export async function approvalsPanel (el: HTMLElement, room: Room, selfId: string, refresh: () => void): Promise<void> {
+  const items = list<Approval>(await api.approvals(room.id))
+  const can = abilities(room.my_capabilities)
+  const pending = items.filter((a) => a.state === 'pending')
+  const ready = items.filter((a) => a.state === 'approved' && a.requester === selfId)
+  const decided = items.filter((a) => a.state !== 'pending' && !ready.includes(a))
+  const row = (a: Approval): HTMLElement => {
+    const own = a.requester === selfId
+    const files = (a.params as { files?: unknown } | null)?.files
+    const fetchExport = a.action === 'export' && a.state === 'approved' && own && Array.isArray(files)
+      ? action('Download the export', async () => {
+        const out = await api.exportFiles(room.id, files as string[], a.id)
+        download(`${room.name}-export.json`, out)
+        refresh()
+      }, { class: 'primary', 'data-testid': `download-${a.id}` })
+      : null
+    const buttons = fetchExport ?? (a.state === 'pending' && can.approve
+      ? own
+        ? h('p', { class: 'hint' }, 'You asked for this: someone else must decide.')
+        : h('div', { class: 'row' },
+          action('Approve', async () => { await api.decide(room.id, a.id, true); toast('Approved'); refresh() }, { class: 'primary', 'data-testid': `approve-${a.id}` }),
+          action('Deny', async () => { await api.decide(room.id, a.id, false); toast('Denied'); refresh() }, { class: 'danger' }))
+      : null)
+    return h('li', { class: `approval ${a.state}` },
+      h('div', null, h('strong', null, a.action), ' requested by ', emailOf(room, a.requester), ' — ', h('span', { class: 'state' }, a.state),
+        a.decided_by ? ` by ${emailOf(room, a.decided_by)}` : ''),
+      h('div', { class: 'hint' }, `asked ${when(a.created_at)}, expires ${when(a.expires_at)}`),
+      h('p', { class: 'hint' }, 'Exactly these parameters (an approval covers nothing else):'),
+      h('pre', { class: 'params' }, JSON.stringify(a.params, null, 2)),
+      buttons)
+  }
+  replace(el,
+    h('div', { class: 'panel-head' }, h('h2', null, 'Approvals'), action('Refresh', refresh)),
+    pending.length ? h('ul', { class: 'approvals' }, pending.map(row)) : h('p', { class: 'hint' }, 'Nothing waits for a decision.'),
+    ready.length ? [h('h3', null, 'Approved for you'), h('ul', { class: 'approvals' }, ready.map(row))] : null,
+    decided.length ? h('details', null, h('summary', null, `Decided (${decided.length})`), h('ul', { class: 'approvals' }, decided.map(row))) : null)
+}
+
+function table (obj: Record<string, unknown> | null | undefined): HTMLElement | null {
+  if (!obj || typeof obj !== 'object') return null
+  return h('table', { class: 'kv' }, h('tbody', null, Object.entries(obj).map(([k, v]) =>
+    h('tr', null, h('th', null, k), h('td', null, typeof v === 'object' ? JSON.stringify(v) : String(v))))))
+}
+
+export async function sandboxPanel (el: HTMLElement, room: Room, refresh: () => void): Promise<void> {
+  let s: SandboxStatus
+  try {
+    s = await api.sandbox(room.id)
+  } catch (e) {
+    replace(el, h('h2', null, 'Sandbox'), h('p', { class: 'error' }, (e as Error).message))
+    return
+  }
+  const can = abilities(room.my_capabilities)
+  const running = s.state === 'running'
+  const controls = can.type
+    ? running
+      ? action('Stop (snapshot the workspace)', async () => { await api.sandboxStop(room.id); refresh() })
+      : action('Start', async () => { await api.sandboxStart(room.id); refresh() }, { class: 'primary' })
+    : null
+  replace(el,
+    h('div', { class: 'panel-head' }, h('h2', null, 'Sandbox'), action('Refresh', refresh)),
+    h('p', { 'data-testid': 'sandbox-summary' },
+      h('strong', null, s.tier), ' tier — ', h('span', { class: `state ${s.state}` }, s.state),
+      s.reason ? h('span', { class: 'hint' }, ` (${s.reason})`) : null),
+    s.tier_reason ? h('p', { class: 'hint', 'data-testid': 'tier-reason' }, 'Why this tier: ', s.tier_reason) : null,
+    h('p', { class: 'hint' }, `Last snapshot: ${when(s.snapshot_at)}. Stops when idle at: ${when(s.idle_stop_at)}.`),
+    controls,
+    h('h3', null, 'Limits'), table(s.limits) ?? h('p', { class: 'hint' }, '—'),
+    h('h3', null, 'Spend so far'),
+    s.usage ? table(s.usage) : null,
+    h('p', { class: 'hint' }, 'This room has no budget: sandbox time, egress and model tokens are not metered yet.'),
+    h('h3', null, 'Receipt (what the sandbox was started with)'),
+    s.receipt ? h('pre', { class: 'params' }, JSON.stringify(s.receipt, null, 2)) : h('p', { class: 'hint' }, 'Not started yet.'))
+}
+
+export async function auditPanel (el: HTMLElement, room: Room, refresh: () => void): Promise<void> {
+  const records = await api.audit(room.id)
+  const verdict = verifyChain(room.id, records)
+  const indicator = verdict.ok
+    ? h('p', { class: 'chain ok', 'data-testid': 'audit-chain' }, `✔ Chain verified in this browser: ${verdict.count} records, each hash checked`)
+    : h('p', { class: 'chain broken', 'data-testid': 'audit-chain', role: 'alert' }, `✘ Chain broken at record #${verdict.seq}: ${verdict.problem}`)
+  const shown = records.slice(-500).reverse()
+  replace(el,
+    h('div', { class: 'panel-head' }, h('h2', null, 'Audit log'), action('Refresh', refresh)),
+    indicator,
+    records.length > shown.length ? h('p', { class: 'hint' }, `Showing the latest ${shown.length} of ${records.length}.`) : null,
+    h('ol', { class: 'audit', reversed: true }, shown.map((r) => h('li', { class: `audit-record ${r.decision}` },
+      h('div', { class: 'audit-head' },
+        h('span', { class: 'seq' }, `#${r.seq}`), h('strong', null, r.action),
+        h('span', { class: `decision ${r.decision}` }, r.decision),
+        h('span', { class: 'hint' }, emailOf(room, r.actor), ' · ', when(r.at))),
+      r.reason ? h('div', { class: 'reason' }, r.reason) : null,
+      h('code', { class: 'details' }, r.details_json ?? JSON.stringify(r.details))))))
+}
+
+export function roomPanel (el: HTMLElement, room: Room, paths: () => string[]): void {
+  const can = abilities(room.my_capabilities)
+  const out = h('div', { class: 'stack' })
+  const exported = h('p', { class: 'hint', 'data-testid': 'export-state' })
+  replace(el,
+    h('h2', null, 'Room'),
+    h('p', null, 'Name: ', h('strong', null, room.name)),
+    h('p', null, 'Your capabilities: ', room.my_capabilities.join(', ')),
+    h('p', { class: 'hint' }, 'Terminal recording: ',
+      h('a', { href: `/api/rooms/${room.id}/terminal/recording`, download: `${room.name}.cast` }, 'asciicast'), ' · ',
+      h('a', { href: `/api/rooms/${room.id}/terminal/recording/inputs` }, 'who typed what')),
+    room.my_capabilities.includes('export')
+      ? h('div', { class: 'stack' },
+        h('h3', null, 'Export'),
+        h('p', { class: 'hint' }, 'Exports every file of the document. Someone else who holds approve must agree first.'),
+        action('Export all files…', async () => {
+          const files = paths()
+          if (files.length === 0) { exported.textContent = 'There are no files to export.'; return }
+          const r = await api.exportFiles(room.id, files.slice(0, 100))
+          exported.textContent = r.state === 'pending_approval'
+            ? 'Waiting for approval. Once approved, download it from the Approvals panel.'
+            : 'Exported.'
+        }, { 'data-testid': 'export' }),
+        exported)
+      : null,
+    can.delete
+      ? h('div', { class: 'danger-zone stack' },
+        h('h3', null, 'Delete this room'),
+        h('p', { class: 'hint' }, 'A system admin must confirm. Then everything is destroyed and you get a receipt.'),
+        action('Ask to delete this room', async () => {
+          const d = await api.requestDeletion(room.id)
+          const link = `${location.origin}/deletions/${d.deletion_id}`
+          replace(out, h('p', { 'data-testid': 'deletion-requested' }, 'Deletion requested (', d.state, '). Send this link to a system admin: ',
+            h('a', { href: `/deletions/${d.deletion_id}` }, link)))
+        }, { class: 'danger', 'data-testid': 'request-deletion' }),
+        out)
+      : null)
+}

@@ -1,0 +1,133 @@
+// The people panel: who is in the room, what they may do, who is online and typing; and the
+// controls to invite, change roles, grant, revoke and remove (shown only to those allowed).
+
+import { api, CAPABILITIES, type Capability, type Room } from '../api'
+import { abilities, canRemove, settableRoles } from '../caps'
+import { action, copy, h, replace, toast } from '../dom'
+
+export interface PeopleState {
+  room: Room
+  selfId: string
+  online: Set<string>
+  /** user id -> when they last typed in the terminal (ms). */
+  typing: Map<string, number>
+}
+
+const TYPING_SHOWN_MS = 2500
+
+export function peoplePanel (el: HTMLElement, s: PeopleState, changed: () => Promise<void>): void {
+  const mine = s.room.my_capabilities
+  const can = abilities(mine)
+  const now = Date.now()
+  const rows = s.room.participants.map((p) => {
+    const online = s.online.has(p.user_id)
+    const typing = (s.typing.get(p.user_id) ?? 0) > now - TYPING_SHOWN_MS
+    const roles = settableRoles(mine, p, s.selfId, p.user_id)
+    const roleSelect = roles.length
+      ? h('select', { 'aria-label': `New role for ${p.email}`, 'data-testid': `role-${p.email}` },
+        h('option', { value: '' }, 'Change role…'), roles.map((r) => h('option', { value: r }, r)))
+      : null
+    roleSelect?.addEventListener('change', async () => {
+      const role = roleSelect.value
+      if (!role) return
+      roleSelect.disabled = true
+      try {
+        await api.changeParticipant(s.room.id, p.user_id, { role })
+        toast(`${p.email} is now ${role}`)
+        await changed()
+      } catch (e) {
+        toast((e as Error).message, 'error')
+        roleSelect.disabled = false
+      }
+    })
+    const grantable = can.grantable.filter((c) => !p.capabilities.includes(c))
+    const grant = grantable.length && p.user_id !== s.selfId
+      ? h('select', { 'aria-label': `Grant a capability to ${p.email}` },
+        h('option', { value: '' }, 'Grant…'), grantable.map((c) => h('option', { value: c }, c)))
+      : null
+    grant?.addEventListener('change', async () => {
+      const c = grant.value as Capability
+      if (!c) return
+      try {
+        await api.changeParticipant(s.room.id, p.user_id, { grant: [c] })
+        await changed()
+      } catch (e) { toast((e as Error).message, 'error'); grant.value = '' }
+    })
+    const chips = CAPABILITIES.filter((c) => p.capabilities.includes(c)).map((c) =>
+      h('span', { class: 'chip' }, c,
+        can.revoke && p.user_id !== s.selfId
+          ? action('×', async () => {
+            await api.changeParticipant(s.room.id, p.user_id, { revoke: [c] })
+            await changed()
+          }, { class: 'chip-x', title: `Revoke ${c} from ${p.email}`, 'aria-label': `Revoke ${c} from ${p.email}` })
+          : null))
+    let armed = false
+    const remove = canRemove(mine, s.selfId, p.user_id)
+      ? action('Remove', async () => {
+        if (!armed) {
+          armed = true
+          remove!.textContent = 'Confirm removal'
+          setTimeout(() => { armed = false; if (remove) remove.textContent = 'Remove' }, 5000)
+          return
+        }
+        await api.removeParticipant(s.room.id, p.user_id)
+        toast(`${p.email} was removed`)
+        await changed()
+      }, { class: 'danger small', 'data-testid': `remove-${p.email}` })
+      : null
+    return h('li', { class: 'person', 'data-testid': `person-${p.email}` },
+      h('div', { class: 'person-head' },
+        h('span', { class: `dot ${online ? 'on' : 'off'}`, title: online ? 'online' : 'offline', 'aria-label': online ? 'online' : 'offline' }),
+        h('strong', null, p.email), p.user_id === s.selfId ? h('span', { class: 'hint' }, ' (you)') : null,
+        h('span', { class: 'role', 'data-testid': `role-label-${p.email}` }, p.role),
+        typing ? h('span', { class: 'typing' }, 'typing in the terminal…') : null),
+      h('div', { class: 'chips' }, chips),
+      roleSelect || grant || remove ? h('div', { class: 'row' }, roleSelect, grant, remove) : null)
+  })
+  // An open invite form (and the link it made) survives redraws.
+  const keep = can.invite ? el.querySelector('.invite') : null
+  const head = h('div', { class: 'panel-head' }, h('h2', null, 'People'), can.invite ? inviteButton(el, s) : null)
+  replace(el, head, keep, h('ul', { class: 'people' }, rows))
+}
+
+function inviteButton (panel: HTMLElement, s: PeopleState): HTMLElement {
+  return action('Invite…', () => {
+    panel.querySelector('.invite')?.remove()
+    panel.querySelector('.panel-head')?.after(inviteForm(s))
+    ;(panel.querySelector('.invite select') as HTMLSelectElement | null)?.focus()
+  }, { 'data-testid': 'invite-open' })
+}
+
+function inviteForm (s: PeopleState): HTMLElement {
+  const roles = abilities(s.room.my_capabilities).inviteRoles
+  const role = h('select', { 'aria-label': 'Role', 'data-testid': 'invite-role' },
+    roles.map((r) => h('option', { value: r, selected: r === 'editor' }, r)))
+  const ttl = h('select', { 'aria-label': 'Valid for' },
+    h('option', { value: 3600 }, '1 hour'), h('option', { value: 86400, selected: true }, '1 day'), h('option', { value: 7 * 86400 }, '7 days'))
+  const uses = h('select', { 'aria-label': 'Uses' },
+    h('option', { value: 1, selected: true }, 'one use'), h('option', { value: 5 }, '5 uses'), h('option', { value: 25 }, '25 uses'))
+  const out = h('div', { class: 'stack' })
+  const form = h('form', { class: 'invite stack' },
+    h('div', { class: 'row' }, h('label', null, 'Role ', role), h('label', null, 'Valid for ', ttl), h('label', null, 'Uses ', uses)),
+    h('button', { type: 'submit', class: 'primary', 'data-testid': 'invite-create' }, 'Create link'),
+    out)
+  form.addEventListener('submit', async (e) => {
+    e.preventDefault()
+    try {
+      const inv = await api.invite(s.room.id, role.value, Number(ttl.value), Number(uses.value))
+      const link = h('input', { readonly: true, value: inv.url, 'aria-label': 'Invite link', 'data-testid': 'invite-url' })
+      replace(out,
+        h('div', { class: 'row' }, link,
+          action('Copy', async () => { toast(await copy(inv.url, link) ? 'Link copied' : 'Select the link and copy it') }),
+          action('Revoke link', async () => {
+            await api.revokeInvite(inv.token)
+            replace(out, h('p', { class: 'hint' }, 'Link revoked: it no longer works.'))
+          }, { class: 'danger small' })),
+        h('p', { class: 'hint' }, `Anyone with this link can join as ${role.value} until it expires or is used up.`))
+      link.select()
+    } catch (err) {
+      toast((err as Error).message, 'error')
+    }
+  })
+  return form
+}

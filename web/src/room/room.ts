@@ -1,0 +1,351 @@
+// The room: file tree, editor tabs, shared terminal, and the side panels, all following the
+// participant's rights as they change.
+
+import * as Y from 'yjs'
+import { WebsocketProvider } from 'y-websocket'
+import { api, ApiError, type Capability, type Room } from '../api'
+import type { App } from '../main'
+import { abilities } from '../caps'
+import { DocConnection, closeMeaning } from '../conn'
+import { buildTree, checkPath, type TreeNode } from '../files'
+import { action, errorText, h, replace, toast } from '../dom'
+import { Editor } from './editor'
+import { SharedTerminal } from './terminal'
+import { peoplePanel } from './people'
+import { approvalsPanel, auditPanel, roomPanel, sandboxPanel } from './panels'
+
+const PANELS = ['People', 'Approvals', 'Sandbox', 'Audit', 'Room'] as const
+type Panel = typeof PANELS[number]
+const POLL_MS = 5000
+
+export function roomPage (app: App, id: string): () => void {
+  const me = app.me!
+  const disposers: (() => void)[] = []
+  /** Set when the page is left: late timers and answers must not touch what was torn down. */
+  let disposed = false
+  let ended = false
+  let room: Room | null = null
+  let caps: Capability[] = []
+  let panel: Panel = 'People'
+  const online = new Set<string>()
+  const typing = new Map<string, number>()
+
+  const title = document.getElementById('room-title')
+  const connStatus = h('span', { class: 'conn', 'data-testid': 'conn-status', role: 'status' }, 'Connecting…')
+  const banner = h('div', { class: 'room-ended', hidden: true, role: 'alert', 'data-testid': 'room-ended' })
+  const tree = h('ul', { class: 'tree', role: 'tree', 'aria-label': 'Files' })
+  const treeTools = h('div', { class: 'tree-tools' })
+  const tabs = h('div', { class: 'tabs', role: 'tablist', 'aria-label': 'Open files' })
+  const editorEl = h('div', { class: 'editor', 'data-testid': 'editor' })
+  const empty = h('div', { class: 'editor-empty hint' }, 'Open a file from the tree, or create one (Alt+N).')
+  const termEl = h('section', { class: 'terminal', 'aria-label': 'Shared terminal' })
+  const sideNav = h('nav', { class: 'side-nav', role: 'tablist' })
+  const sideBody = h('div', { class: 'side-body' })
+  const layout = h('div', { class: 'room' },
+    h('aside', { class: 'files' }, h('div', { class: 'panel-head' }, h('h2', null, 'Files'), treeTools), tree),
+    h('section', { class: 'work' }, tabs, editorEl, empty, termEl),
+    h('aside', { class: 'side' }, sideNav, sideBody))
+  replace(app.main, banner, layout)
+  title?.append(connStatus)
+
+  // The document and its connection.
+  const doc = new Y.Doc()
+  const files = doc.getMap<Y.Text>('files')
+  const conn = new DocConnection()
+  const proto = location.protocol === 'https:' ? 'wss:' : 'ws:'
+  const provider = new WebsocketProvider(`${proto}//${location.host}/api/rooms/${id}`, 'doc', doc, {
+    shouldReconnect: (e: CloseEvent) => !closeMeaning(e.code).end,
+  })
+  provider.awareness.setLocalStateField('user', { name: me.email, id: me.id })
+  const showConn = (): void => {
+    const v = conn.view()
+    connStatus.textContent = v.label
+    connStatus.className = `conn ${v.kind}`
+  }
+  provider.on('status', ({ status }: { status: 'connected' | 'disconnected' | 'connecting' }) => { conn.status(status); showConn() })
+  provider.on('sync', (synced: boolean) => { conn.sync(synced); showConn() })
+  provider.on('connection-close', (e: CloseEvent | null) => {
+    const m = e ? closeMeaning(e.code) : { end: false as const }
+    if (m.end) end(m.message)
+  })
+  doc.on('update', (_u: Uint8Array, origin: unknown) => {
+    if (origin !== provider) { conn.localEdit(); showConn() }
+  })
+  disposers.push(() => { provider.destroy(); doc.destroy() })
+
+  // Editor and tabs.
+  const editor = new Editor(editorEl, provider.awareness)
+  disposers.push(() => editor.destroy())
+  const open: string[] = []
+  let active: string | null = null
+  const openFile = (path: string): void => {
+    const text = files.get(path)
+    if (!(text instanceof Y.Text)) return
+    if (!open.includes(path)) open.push(path)
+    active = path
+    editor.open(path, text)
+    editor.setEditable(caps.includes('edit') && !ended)
+    renderTabs()
+    renderTree()
+  }
+  const closeTab = (path: string): void => {
+    const i = open.indexOf(path)
+    if (i >= 0) open.splice(i, 1)
+    if (active === path) {
+      editor.close()
+      active = null
+      const next = open[Math.min(i, open.length - 1)]
+      if (next) { openFile(next); return }
+    }
+    renderTabs()
+    renderTree()
+  }
+  const renderTabs = (): void => {
+    empty.hidden = active !== null
+    editorEl.hidden = active === null
+    replace(tabs, open.map((p) => h('div', { class: `tab ${p === active ? 'active' : ''}`, role: 'tab', 'aria-selected': p === active ? 'true' : 'false' },
+      h('button', { type: 'button', class: 'tab-name', onclick: () => openFile(p), title: p }, p.split('/').pop()),
+      h('button', { type: 'button', class: 'tab-x', onclick: () => closeTab(p), 'aria-label': `Close ${p}` }, '×'))))
+  }
+
+  // File tree, with create / rename / delete for editors.
+  const fileForm = (label: string, initial: string, done: (path: string) => void): HTMLFormElement => {
+    const input = h('input', { value: initial, 'aria-label': label, placeholder: 'src/main.rs', 'data-testid': 'file-path' })
+    const err = h('p', { class: 'error', role: 'alert' })
+    const form = h('form', { class: 'file-form stack' }, input, err)
+    form.addEventListener('submit', (e) => {
+      e.preventDefault()
+      const r = checkPath(input.value)
+      if (!r.ok) { err.textContent = r.reason; return }
+      if (files.has(r.path)) { err.textContent = `${r.path} already exists`; return }
+      form.remove()
+      done(r.path)
+    })
+    input.addEventListener('keydown', (e) => { if (e.key === 'Escape') form.remove() })
+    return form
+  }
+  const newFile = (): void => {
+    if (!caps.includes('edit') || ended) return
+    tree.parentElement?.querySelector('.file-form')?.remove()
+    const form = fileForm('New file path', '', (path) => {
+      files.set(path, new Y.Text(''))
+      openFile(path)
+      editor.focus()
+    })
+    tree.before(form)
+    form.querySelector('input')?.focus()
+  }
+  const rename = (from: string): void => {
+    tree.parentElement?.querySelector('.file-form')?.remove()
+    const form = fileForm(`Rename ${from} to`, from, (to) => {
+      const old = files.get(from)
+      const text = new Y.Text(old instanceof Y.Text ? old.toString() : '')
+      // Read before the change: the map's observer runs inside the transaction and closes the
+      // old path's tab.
+      const wasActive = active === from
+      const at = open.indexOf(from)
+      doc.transact(() => { files.set(to, text); files.delete(from) })
+      if (at >= 0 && !open.includes(to)) open.splice(Math.min(at, open.length), 0, to)
+      if (wasActive) openFile(to)
+      else { renderTabs(); renderTree() }
+    })
+    tree.before(form)
+    const input = form.querySelector('input')!
+    input.focus()
+    input.select()
+  }
+  let deleteArmed: string | null = null
+  const remove = (path: string, button: HTMLButtonElement): void => {
+    if (deleteArmed !== path) {
+      deleteArmed = path
+      button.textContent = 'Delete?'
+      setTimeout(() => { if (!disposed && deleteArmed === path) { deleteArmed = null; renderTree() } }, 4000)
+      return
+    }
+    deleteArmed = null
+    files.delete(path)
+  }
+  const renderNode = (n: TreeNode): HTMLElement => {
+    if (n.dir) {
+      return h('li', { role: 'treeitem', 'aria-expanded': 'true' },
+        h('span', { class: 'dir' }, n.name, '/'),
+        h('ul', { role: 'group' }, n.children.map(renderNode)))
+    }
+    const editable = caps.includes('edit') && !ended
+    const del = h('button', { type: 'button', class: 'icon', 'aria-label': `Delete ${n.path}`, title: 'Delete' }, '✕')
+    del.addEventListener('click', () => remove(n.path, del))
+    return h('li', { role: 'treeitem', class: n.path === active ? 'active' : '' },
+      h('button', { type: 'button', class: 'file', onclick: () => openFile(n.path), 'data-path': n.path }, n.name),
+      editable ? h('button', { type: 'button', class: 'icon', 'aria-label': `Rename ${n.path}`, title: 'Rename', onclick: () => rename(n.path) }, '✎') : null,
+      editable ? del : null)
+  }
+  const renderTree = (): void => {
+    const nodes = buildTree(files.keys())
+    replace(tree, nodes.length ? nodes.map(renderNode) : h('li', { class: 'hint' }, 'No files yet.'))
+    replace(treeTools, caps.includes('edit') && !ended ? action('New file', newFile, { 'data-testid': 'new-file', title: 'New file (Alt+N)' }) : null)
+  }
+  files.observe((e) => {
+    for (const [key, change] of e.changes.keys) {
+      if (change.action === 'delete' && !files.has(key)) {
+        editor.forget(key)
+        const i = open.indexOf(key)
+        if (i >= 0) open.splice(i, 1)
+        if (active === key) { active = null; if (open.length) openFile(open[open.length - 1]) }
+      } else if (change.action === 'update' && active === key) {
+        // Replaced by another client (a rename or a reset): bind to the new text.
+        openFile(key)
+      }
+    }
+    renderTabs()
+    renderTree()
+  })
+  renderTabs()
+  renderTree()
+
+  // Terminal.
+  const terminal = new SharedTerminal(termEl, id, {
+    ended: (message) => end(message),
+    event: (e) => {
+      if (e.type === 'capabilities') {
+        setCaps(e.capabilities as Capability[])
+        // The people panel shows this person's role too.
+        void reload()
+      }
+      else if (e.type === 'typing') {
+        const shown = (typing.get(e.user_id) ?? 0) > Date.now() - 2500
+        typing.set(e.user_id, Date.now())
+        if (!shown && panel === 'People') {
+          renderSide()
+          setTimeout(() => { if (!disposed && panel === 'People') renderSide() }, 2600)
+        }
+      }
+      else if (e.type === 'people_changed' || e.type === 'sandbox') void reload()
+      else if (e.type === 'read_only') setCaps(caps.filter((c) => c !== 'type'))
+    },
+  })
+  disposers.push(() => terminal.destroy())
+
+  // Presence: who is online (the server stamps each state with its connection's user).
+  const updateOnline = (): void => {
+    const now = new Set([me.id])
+    for (const state of provider.awareness.getStates().values()) {
+      const uid = (state as { user?: { id?: unknown } }).user?.id
+      if (typeof uid === 'string') now.add(uid)
+    }
+    // Cursor moves change presence constantly; only a change in who is here redraws.
+    if (now.size === online.size && [...now].every((u) => online.has(u))) return
+    online.clear()
+    for (const u of now) online.add(u)
+    if (panel === 'People') renderSide()
+  }
+  provider.awareness.on('change', updateOnline)
+
+  // Side panels.
+  const renderNav = (): void => {
+    replace(sideNav, PANELS.map((p, i) => h('button', {
+      type: 'button', role: 'tab', class: p === panel ? 'active' : '', 'aria-selected': p === panel ? 'true' : 'false',
+      title: `${p} (Alt+${i + 1})`, onclick: () => { panel = p; renderNav(); renderSide() },
+    }, p)))
+  }
+  let sideSeq = 0
+  const renderSide = (): void => {
+    if (!room || disposed) return
+    const r = room
+    const seq = ++sideSeq
+    const refresh = (): void => { void reload().then(() => { if (seq === sideSeq) renderSide() }) }
+    // Panels that fetch draw into a box shown only if it is still the panel asked for.
+    const later = (draw: (box: HTMLElement) => Promise<void>): void => {
+      const box = h('div')
+      draw(box)
+        .then(() => { if (seq === sideSeq && !disposed) replace(sideBody, box) })
+        .catch((e: unknown) => { if (seq === sideSeq && !disposed) replace(sideBody, h('p', { class: 'error' }, errorText(e))) })
+    }
+    switch (panel) {
+      case 'People': peoplePanel(sideBody, { room: r, selfId: me.id, online, typing }, reload); break
+      case 'Approvals': later((box) => approvalsPanel(box, r, me.id, refresh)); break
+      case 'Sandbox': later((box) => sandboxPanel(box, r, refresh)); break
+      case 'Audit': later((box) => auditPanel(box, r, refresh)); break
+      case 'Room': roomPanel(sideBody, r, () => Array.from(files.keys()).sort()); break
+    }
+  }
+
+  // Rights: from the terminal's `capabilities` events, and from polling the room.
+  const setCaps = (next: Capability[]): void => {
+    const changed = next.join() !== caps.join()
+    caps = next
+    const can = abilities(caps)
+    editor.setEditable(can.edit && !ended)
+    terminal.setCanType(can.type && !ended)
+    layout.classList.toggle('viewer', !can.edit)
+    if (room) room.my_capabilities = caps
+    if (changed) { renderTree(); renderSide() }
+  }
+  // What the People panel shows: a change in anything else (sandbox timers) must not redraw it.
+  const shown = (r: Room | null): string => r ? JSON.stringify([r.name, r.participants, r.my_capabilities]) : ''
+  const reload = async (): Promise<void> => {
+    if (ended || disposed) return
+    try {
+      const next = await api.room(id)
+      if (disposed || ended) return
+      const changed = shown(next) !== shown(room)
+      const first = room === null
+      room = next
+      if (title && !title.querySelector('.name')) title.prepend(h('span', { class: 'name' }, room.name))
+      setCaps(room.my_capabilities)
+      // Panels with their own Refresh are left alone (a poll must not wipe what someone reads).
+      if (first || (changed && panel === 'People')) renderSide()
+    } catch (e) {
+      if (disposed) return
+      if (e instanceof ApiError && e.status === 404) {
+        end(room ? 'You were removed from this room.' : 'This room does not exist, or you are not in it.')
+      } else if (!room) {
+        end(`The room cannot be loaded: ${errorText(e)}`)
+      }
+    }
+  }
+  const poll = setInterval(() => { void reload() }, POLL_MS)
+  disposers.push(() => clearInterval(poll))
+
+  function end (message: string): void {
+    if (ended) return
+    ended = true
+    conn.end(message)
+    showConn()
+    editor.setEditable(false)
+    terminal.stop(message)
+    provider.disconnect()
+    replace(banner, h('strong', null, message), ' ',
+      h('a', { href: '/', onclick: (e: Event) => { e.preventDefault(); app.go('/') } }, 'Back to your rooms'))
+    banner.hidden = false
+    layout.classList.add('is-ended')
+    renderTree()
+  }
+
+  // Keyboard.
+  const keys = (e: KeyboardEvent): void => {
+    if (e.altKey && !e.ctrlKey && !e.metaKey) {
+      const k = e.key.toLowerCase()
+      if (k === 'n') { e.preventDefault(); newFile() } else if (k === 't') { e.preventDefault(); terminal.focus() } else if (k === 'e') { e.preventDefault(); editor.focus() } else if (/^[1-5]$/.test(k)) {
+        e.preventDefault()
+        panel = PANELS[Number(k) - 1]
+        renderNav(); renderSide()
+      }
+    }
+    if ((e.ctrlKey || e.metaKey) && e.key.toLowerCase() === 's') {
+      e.preventDefault()
+      toast('Saved: every edit is stored as you type')
+    }
+  }
+  window.addEventListener('keydown', keys)
+  disposers.push(() => window.removeEventListener('keydown', keys))
+
+  renderNav()
+  void reload()
+  return () => {
+    disposed = true
+    for (const d of disposers.reverse()) {
+      try { d() } catch { /* keep tearing down */ }
+    }
+    connStatus.remove()
+  }
+}

@@ -1,0 +1,186 @@
+// The shared terminal: xterm.js joined to the room's PTY over /api/rooms/{id}/terminal.
+
+import { Terminal } from '@xterm/xterm'
+import { FitAddon } from '@xterm/addon-fit'
+import '@xterm/xterm/css/xterm.css'
+import { h } from '../dom'
+import { Backoff, FlowGate, parseEvent, type TermEvent } from '../flow'
+import { closeMeaning } from '../conn'
+
+export interface TerminalHooks {
+  event: (e: TermEvent) => void
+  /** The server ended this membership (removed, deleted, logged out). */
+  ended: (message: string) => void
+}
+
+export class SharedTerminal {
+  readonly term: Terminal
+  private readonly fit = new FitAddon()
+  private ws: WebSocket | null = null
+  private readonly gate = new FlowGate()
+  private readonly backoff = new Backoff()
+  private catchingUp = false
+  private retry: ReturnType<typeof setTimeout> | null = null
+  private closed = false
+  private canType = false
+  private readonly status: HTMLElement
+  private readonly badge: HTMLElement
+  private readonly observer: ResizeObserver
+  private readonly encoder = new TextEncoder()
+
+  constructor (readonly el: HTMLElement, private readonly roomId: string, private readonly hooks: TerminalHooks) {
+    this.term = new Terminal({
+      convertEol: false,
+      cursorBlink: true,
+      scrollback: 5000,
+      fontFamily: 'ui-monospace, "DejaVu Sans Mono", Menlo, Consolas, monospace',
+      fontSize: 13,
+      disableStdin: true,
+      theme: { background: '#1b1e23' },
+    })
+    this.term.loadAddon(this.fit)
+    const screen = h('div', { class: 'term-screen', 'data-testid': 'terminal' })
+    this.status = h('span', { class: 'term-status', 'data-testid': 'terminal-status' }, 'Connecting…')
+    this.badge = h('span', { class: 'badge view-only', 'data-testid': 'terminal-view-only', hidden: true }, 'View only: you cannot type here')
+    el.append(h('div', { class: 'term-bar' }, h('strong', null, 'Terminal'), this.badge, this.status), screen)
+    this.term.open(screen)
+    this.term.onData((data) => this.input(data))
+    // With stdin disabled xterm drops keys silently: say why nothing happens.
+    this.term.attachCustomKeyEventHandler((e) => {
+      if (!this.canType && e.type === 'keydown') this.flash('View only: your keys are not sent')
+      return true
+    })
+    this.term.onBinary((data) => this.input(data))
+    this.observer = new ResizeObserver(() => this.resize())
+    this.observer.observe(screen)
+    this.connect()
+  }
+
+  setCanType (can: boolean): void {
+    this.canType = can
+    this.term.options.disableStdin = !can
+    this.badge.hidden = can
+    this.el.classList.toggle('read-only', !can)
+    if (can) this.sendSize()
+  }
+
+  focus (): void { this.term.focus() }
+
+  private input (data: string): void {
+    if (!this.canType) {
+      this.flash('View only: your keys are not sent')
+      return
+    }
+    if (this.ws?.readyState === WebSocket.OPEN) this.ws.send(this.encoder.encode(data))
+  }
+
+  private flash (text: string): void {
+    this.status.textContent = text
+  }
+
+  private resize (): void {
+    try { this.fit.fit() } catch { /* not laid out yet */ }
+    this.sendSize()
+  }
+
+  private sendSize (): void {
+    if (this.canType && this.ws?.readyState === WebSocket.OPEN) {
+      this.ws.send(JSON.stringify({ type: 'resize', cols: this.term.cols, rows: this.term.rows }))
+    }
+  }
+
+  private connect (): void {
+    if (this.closed) return
+    const proto = location.protocol === 'https:' ? 'wss:' : 'ws:'
+    try { this.fit.fit() } catch { /* not laid out yet */ }
+    const url = `${proto}//${location.host}/api/rooms/${this.roomId}/terminal?cols=${this.term.cols}&rows=${this.term.rows}`
+    const ws = new WebSocket(url)
+    ws.binaryType = 'arraybuffer'
+    this.ws = ws
+    let fresh = true
+    ws.onopen = () => {
+      this.backoff.reset()
+      this.flash('Connected')
+    }
+    ws.onmessage = (m) => {
+      // A replaced connection's last frames are stale: the new one replays the scrollback.
+      if (this.ws !== ws) return
+      if (typeof m.data === 'string') {
+        const e = parseEvent(m.data)
+        if (e) this.onEvent(e)
+        return
+      }
+      if (fresh) {
+        // The scrollback replay follows: start from a clean screen. In-band (RIS), so output
+        // of an earlier connection still queued for drawing is drawn first, then cleared.
+        this.term.write('\x1bc')
+        fresh = false
+      }
+      const bytes = new Uint8Array(m.data as ArrayBuffer)
+      if (!this.gate.written(bytes.length) && !this.catchingUp) {
+        // Drawing fell too far behind: stop receiving, reconnect once caught up.
+        this.catchingUp = true
+        this.flash('Catching up…')
+        ws.close(1000, 'catching up')
+      }
+      this.term.write(bytes, () => {
+        this.gate.drawn(bytes.length)
+        // Reconnect once everything queued is drawn, so the replay starts from a clean slate.
+        if (this.catchingUp && this.gate.backlog === 0 && !this.closed) {
+          this.catchingUp = false
+          this.connect()
+        }
+      })
+    }
+    ws.onclose = (e) => {
+      if (this.ws !== ws) return
+      this.ws = null
+      if (this.closed || this.catchingUp) return
+      const meaning = closeMeaning(e.code)
+      if (meaning.end) {
+        this.flash(meaning.message)
+        this.closed = true
+        this.hooks.ended(meaning.message)
+        return
+      }
+      // 4008: we fell behind on the server's side; catch up from the scrollback at once.
+      const delay = e.code === 4008 ? 0 : this.backoff.next()
+      const why = e.reason ? `${e.reason}; ` : ''
+      this.flash(`Disconnected (${why}reconnecting in ${Math.round(delay / 100) / 10} s)`)
+      this.retry = setTimeout(() => this.connect(), delay)
+    }
+  }
+
+  private onEvent (e: TermEvent): void {
+    switch (e.type) {
+      case 'denied': this.flash(`Refused: ${e.reason}`); break
+      case 'error': this.flash(e.reason); break
+      case 'exit':
+        this.term.write(e.reason
+          ? `\r\n\x1b[2m[the sandbox stopped: ${e.reason}]\x1b[0m\r\n`
+          : `\r\n\x1b[2m[the shell exited${e.code != null ? ` with ${e.code}` : ''}; type to start a new one]\x1b[0m\r\n`)
+        break
+      default: break
+    }
+    this.hooks.event(e)
+  }
+
+  /** Stops for good, keeping what the screen shows. */
+  stop (message: string): void {
+    this.closed = true
+    this.catchingUp = false
+    if (this.retry) clearTimeout(this.retry)
+    this.retry = null
+    const ws = this.ws
+    this.ws = null
+    ws?.close(1000, 'left the room')
+    this.setCanType(false)
+    this.flash(message)
+  }
+
+  destroy (): void {
+    this.stop('')
+    this.observer.disconnect()
+    this.term.dispose()
+  }
+}
