@@ -76,15 +76,19 @@ fn mtime(p: &Path) -> Option<SystemTime> {
     std::fs::metadata(p).and_then(|m| m.modified()).ok()
 }
 
+/// The newest modification under `p`, directories included (a deleted file changes its
+/// directory's time).
 fn newest(p: &Path) -> Option<SystemTime> {
     let meta = std::fs::metadata(p).ok()?;
+    let own = meta.modified().ok();
     if !meta.is_dir() {
-        return meta.modified().ok();
+        return own;
     }
     std::fs::read_dir(p)
         .ok()?
         .filter_map(Result::ok)
         .filter_map(|e| newest(&e.path()))
+        .chain(own)
         .max()
 }
 

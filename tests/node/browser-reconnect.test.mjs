@@ -4,8 +4,8 @@
 
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { cleanups, createStorage, mintToken, startServer, openProvider, waitSynced, waitFor, destroyAll, freePort } from './lib/server.mjs'
-import { HAVE_CHROMIUM, CHROMIUM, launch, person, login, shot, editorText, terminalText } from './lib/browser.mjs'
+import { api, mintToken, startServer, openProvider, waitSynced, waitFor, destroyAll, freePort } from './lib/server.mjs'
+import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login, shot, editorText, terminalText } from './lib/browser.mjs'
 
 const skip = HAVE_CHROMIUM ? false : `SKIPPED: no Chromium at ${CHROMIUM} (apt-get install chromium, or set CODEROOM_CHROMIUM)`
 
@@ -21,15 +21,10 @@ async function serverFiles (server, roomId, token) {
 
 test('offline edits are kept, shown as pending, and land after a server restart; files are created, renamed and deleted',
   { skip, timeout: 240_000 }, async (t) => {
-    const defer = cleanups(t)
-    const storage = await createStorage('sqlite')
-    defer(() => storage.cleanup())
     const listen = `127.0.0.1:${await freePort()}`
-    let server = await startServer(storage, { listen })
-    defer(() => server.kill())
-    const browser = await launch()
-    defer(() => browser.close())
-    const ana = await person(browser, server, 'ana@example.com')
+    const s = await scene(t, ['ana@example.com'], { listen })
+    const { storage, people: [ana] } = s
+    let server = s.server
     const { page } = ana
     const dialogs = []
     page.on('dialog', (d) => { dialogs.push(d.message()); void d.dismiss() })
@@ -37,13 +32,9 @@ test('offline edits are kept, shown as pending, and land after a server restart;
     await login(ana, storage.dataDir)
     // Names are text, never markup.
     const hostile = '<img src=x onerror=alert(1)>'
-    await page.getByLabel('Room name').fill(hostile)
-    await page.getByRole('button', { name: 'Create room' }).click()
-    await page.waitForURL(/\/rooms\/[A-Za-z0-9_-]+$/)
-    const roomId = page.url().split('/').pop()
+    const roomId = await createRoomFromPage(ana, hostile)
     const token = await mintToken(storage, 'ana@example.com')
     const status = page.getByTestId('conn-status')
-    await status.filter({ hasText: 'Synced' }).waitFor()
     await page.locator('#room-title .name').filter({ hasText: hostile }).waitFor()
 
     // Keyboard first: Alt+N opens the new-file field.
@@ -80,6 +71,7 @@ test('offline edits are kept, shown as pending, and land after a server restart;
 
     // Back on the same address: the edits land, the terminal works again.
     server = await startServer(storage, { listen })
+    s.defer(() => server.kill())
     await status.filter({ hasText: 'Synced' }).waitFor({ timeout: 30_000 })
     await waitFor(async () => (await serverFiles(server, roomId, token))['a.txt'] === 'one two', 15_000,
       'the offline edits did not reach the server')
@@ -107,5 +99,44 @@ test('offline edits are kept, shown as pending, and land after a server restart;
     assert.deepEqual(dialogs, [], 'no script ran from a name')
     assert.deepEqual(ana.foreign, [])
     assert.deepEqual(ana.errors, [])
+    assert.deepEqual(await server.stop(), { code: 0, signal: null })
+  })
+
+test('a flood of terminal output never freezes the page, and both viewers see where it ends',
+  { skip, timeout: 240_000 }, async (t) => {
+    const { storage, server, people: [ana, cy] } = await scene(t, ['ana@example.com', 'cy@example.com'])
+    await login(ana, storage.dataDir)
+    const roomId = await createRoomFromPage(ana, 'flood')
+    const token = await mintToken(storage, 'ana@example.com')
+    const inv = await api(server, token, 'POST', `/api/rooms/${roomId}/invites`,
+      { role: 'viewer', ttl_s: 600, max_uses: 1 })
+    await login(cy, storage.dataDir, new URL(inv.body.url).pathname)
+    await cy.page.getByRole('button', { name: 'Join the room' }).click()
+    await cy.page.getByTestId('terminal-view-only').waitFor({ state: 'visible' })
+    await ana.page.getByTestId('terminal-status').filter({ hasText: 'Connected' }).waitFor({ timeout: 20_000 })
+
+    // 24 MB of output: three seconds at the server's rate bound, far more than a screen.
+    await ana.page.getByTestId('terminal').click()
+    await ana.page.keyboard.type("head -c 24000000 /dev/zero | tr '\\0' x | fold -w 120; echo FLOOD-END-$((40+2))\n")
+    // While it pours in, the pages still answer.
+    let slowest = 0
+    for (let i = 0; i < 10; i++) {
+      for (const p of [ana, cy]) {
+        const t0 = Date.now()
+        await p.page.evaluate(() => document.title)
+        slowest = Math.max(slowest, Date.now() - t0)
+      }
+      await new Promise((resolve) => setTimeout(resolve, 300))
+    }
+    for (const p of [ana, cy]) {
+      await waitFor(async () => (await terminalText(p.page)).includes('FLOOD-END-42'), 90_000,
+        async () => `${p.email} never saw the end of the flood: ${(await terminalText(p.page)).slice(-300)}`)
+    }
+    assert.ok(slowest < 5000, `a page took ${slowest} ms to answer during the flood`)
+    // What the page holds stays bounded (5,000 lines of scrollback), whatever went by.
+    const heap = await cy.page.evaluate(() => performance.memory?.usedJSHeapSize ?? 0)
+    assert.ok(heap < 300 << 20, `the viewer's page holds ${heap >> 20} MiB after the flood`)
+    await shot(cy.page, '14-after-flood-viewer')
+    for (const p of [ana, cy]) assert.deepEqual(p.errors, [], `${p.email}'s page threw`)
     assert.deepEqual(await server.stop(), { code: 0, signal: null })
   })

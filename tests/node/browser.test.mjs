@@ -5,10 +5,8 @@
 
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import {
-  cleanups, createStorage, mintToken, startServer, api, openProvider, waitSynced, waitFor, destroyAll, sleep
-} from './lib/server.mjs'
-import { HAVE_CHROMIUM, CHROMIUM, launch, person, login, shot, editorText, terminalText } from './lib/browser.mjs'
+import { mintToken, api, openProvider, waitSynced, waitFor, destroyAll, sleep } from './lib/server.mjs'
+import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login, shot, editorText, terminalText } from './lib/browser.mjs'
 
 const skip = HAVE_CHROMIUM ? false : `SKIPPED: no Chromium at ${CHROMIUM} (apt-get install chromium, or set CODEROOM_CHROMIUM)`
 
@@ -32,26 +30,13 @@ async function inputsBy (server, roomId, token, userId) {
 
 test('two people share a room in real browsers: editor, cursors, terminal, downgrade, removal',
   { skip, timeout: 240_000 }, async (t) => {
-    const defer = cleanups(t)
-    const storage = await createStorage('sqlite')
-    defer(() => storage.cleanup())
-    const server = await startServer(storage)
-    defer(() => server.kill())
-    const browser = await launch()
-    defer(() => browser.close())
-
-    const ana = await person(browser, server, 'ana@example.com')
-    const ben = await person(browser, server, 'ben@example.com')
+    const { storage, server, people: [ana, ben] } = await scene(t, ['ana@example.com', 'ben@example.com'])
 
     // Ana logs in through the outbox, lands on her room list, and creates a room.
     await login(ana, storage.dataDir)
     await ana.page.getByRole('heading', { name: 'Your rooms' }).waitFor()
     await shot(ana.page, '01-room-list')
-    await ana.page.getByLabel('Room name').fill('parser-fix')
-    await ana.page.getByRole('button', { name: 'Create room' }).click()
-    await ana.page.waitForURL(/\/rooms\/[A-Za-z0-9_-]+$/)
-    const roomId = ana.page.url().split('/').pop()
-    await ana.page.getByTestId('conn-status').filter({ hasText: 'Synced' }).waitFor()
+    const roomId = await createRoomFromPage(ana, 'parser-fix')
 
     // She invites Ben as editor: one use, a day.
     await ana.page.getByTestId('invite-open').click()
@@ -170,22 +155,11 @@ test('two people share a room in real browsers: editor, cursors, terminal, downg
 
 test('approvals, sandbox, audit chain and an admin-confirmed deletion, in real browsers',
   { skip, timeout: 240_000 }, async (t) => {
-    const defer = cleanups(t)
-    const storage = await createStorage('sqlite')
-    defer(() => storage.cleanup())
-    const server = await startServer(storage, { extraArgs: ['--admin-emails', 'dana@example.com'] })
-    defer(() => server.kill())
-    const browser = await launch()
-    defer(() => browser.close())
-    const ana = await person(browser, server, 'ana@example.com')
-    const ben = await person(browser, server, 'ben@example.com')
-    const dana = await person(browser, server, 'dana@example.com')
+    const { storage, server, people: [ana, ben, dana] } = await scene(t,
+      ['ana@example.com', 'ben@example.com', 'dana@example.com'], { extraArgs: ['--admin-emails', 'dana@example.com'] })
 
     await login(ana, storage.dataDir)
-    await ana.page.getByLabel('Room name').fill('parser-fix')
-    await ana.page.getByRole('button', { name: 'Create room' }).click()
-    await ana.page.waitForURL(/\/rooms\/[A-Za-z0-9_-]+$/)
-    const roomId = ana.page.url().split('/').pop()
+    const roomId = await createRoomFromPage(ana, 'parser-fix')
     await ana.page.getByTestId('new-file').click()
     await ana.page.getByTestId('file-path').fill('notes/plan.md')
     await ana.page.getByTestId('file-path').press('Enter')

@@ -6,7 +6,7 @@ import { existsSync } from 'node:fs'
 import { mkdir, readdir, readFile, stat } from 'node:fs/promises'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
-import { waitFor } from './server.mjs'
+import { cleanups, createStorage, startServer, waitFor } from './server.mjs'
 
 export const CHROMIUM = process.env.CODEROOM_CHROMIUM || '/usr/bin/chromium'
 export const HAVE_CHROMIUM = existsSync(CHROMIUM)
@@ -98,4 +98,28 @@ export async function editorText (page) {
 /** Everything the terminal shows (xterm's DOM renderer rows). */
 export async function terminalText (page) {
   return page.locator('.xterm-rows').evaluate((el) => el.innerText)
+}
+
+/** A server on fresh storage, a browser, and one browser context per email, all torn down
+ *  with the test. */
+export async function scene (t, emails, serverOpts = {}) {
+  const defer = cleanups(t)
+  const storage = await createStorage('sqlite')
+  defer(() => storage.cleanup())
+  const server = await startServer(storage, serverOpts)
+  defer(() => server.kill())
+  const browser = await launch()
+  defer(() => browser.close())
+  const people = []
+  for (const email of emails) people.push(await person(browser, server, email))
+  return { defer, storage, server, browser, people }
+}
+
+/** Creates a room from the room list; returns its id once the room page has synced. */
+export async function createRoomFromPage (p, name) {
+  await p.page.getByLabel('Room name').fill(name)
+  await p.page.getByRole('button', { name: 'Create room' }).click()
+  await p.page.waitForURL(/\/rooms\/[A-Za-z0-9_-]+$/)
+  await p.page.getByTestId('conn-status').filter({ hasText: 'Synced' }).waitFor()
+  return p.page.url().split('/').pop()
 }

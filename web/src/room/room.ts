@@ -26,6 +26,8 @@ export function roomPage (app: App, id: string): () => void {
   let ended = false
   let room: Room | null = null
   let caps: Capability[] = []
+  /** Counts pushed rights changes, so an older poll answer cannot undo a newer push. */
+  let capsEpoch = 0
   let panel: Panel = 'People'
   const online = new Set<string>()
   const typing = new Map<string, number>()
@@ -207,6 +209,7 @@ export function roomPage (app: App, id: string): () => void {
     ended: (message) => end(message),
     event: (e) => {
       if (e.type === 'capabilities') {
+        capsEpoch++
         setCaps(e.capabilities as Capability[])
         // The people panel shows this person's role too.
         void reload()
@@ -284,9 +287,12 @@ export function roomPage (app: App, id: string): () => void {
   const shown = (r: Room | null): string => r ? JSON.stringify([r.name, r.participants, r.my_capabilities]) : ''
   const reload = async (): Promise<void> => {
     if (ended || disposed) return
+    const epoch = capsEpoch
     try {
       const next = await api.room(id)
       if (disposed || ended) return
+      // The terminal pushed newer rights while this answer was on its way: they win.
+      if (epoch !== capsEpoch) next.my_capabilities = caps
       const changed = shown(next) !== shown(room)
       const first = room === null
       room = next
