@@ -155,10 +155,17 @@ impl BuildLock {
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
                     let holder = std::fs::read_to_string(&pid_file).ok();
-                    let alive = holder
-                        .as_deref()
-                        .map(str::trim)
-                        .is_some_and(|pid| Path::new("/proc").join(pid).exists());
+                    let alive = if Path::new("/proc/self").exists() {
+                        holder
+                            .as_deref()
+                            .map(str::trim)
+                            .is_some_and(|pid| Path::new("/proc").join(pid).exists())
+                    } else {
+                        // No /proc to ask: a lock younger than any build is held.
+                        mtime(&path)
+                            .and_then(|t| t.elapsed().ok())
+                            .is_some_and(|age| age < Duration::from_secs(600))
+                    };
                     // No pid yet: the holder is between making the directory and writing it;
                     // give it a moment before calling it gone.
                     if !alive && (holder.is_some() || waited > Duration::from_secs(5)) {

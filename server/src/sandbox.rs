@@ -393,6 +393,9 @@ struct Actor {
     last_armed: Option<i64>,
     destroyed: bool,
     failed_idle_stops: u32,
+    /// When the snapshot the running sandbox was restored from was taken (`None` for a fresh
+    /// workspace), so viewers can be told it was resumed.
+    resumed_from: Option<i64>,
 }
 
 impl Drop for Actor {
@@ -436,6 +439,7 @@ impl Actor {
             last_armed: None,
             destroyed: false,
             failed_idle_stops: 0,
+            resumed_from: None,
             owner,
         }
     }
@@ -629,6 +633,11 @@ impl Actor {
             "limits": limits,
             "receipt": receipt,
             "snapshot_at": self.row.as_ref().and_then(|r| r.snapshot_at),
+            // Running on a workspace restored from the snapshot taken at this time.
+            "resumed_from": match &self.life {
+                Life::Running { .. } => self.resumed_from,
+                _ => None,
+            },
             "idle_stop_at": self.row.as_ref().and_then(|r| r.stop_at),
             "usage": usage,
         })
@@ -737,6 +746,7 @@ impl Actor {
             return Err(e);
         }
         self.last_armed = stop_at;
+        self.resumed_from = snapshot.as_deref().and_then(snapshot_time);
         if let Some(me) = self.me.upgrade() {
             let rate = self.deps().cfg.terminal_output_bytes_per_s.max(1024);
             tokio::spawn(pump(events, generation, rate, me.clone()));
@@ -837,7 +847,11 @@ impl Actor {
         }
         let snap = self.take_snapshot(&sandbox).await;
         let (snapshot, snapshot_at, bytes) = match snap {
-            Ok((name, bytes)) => (Some(name), Some(now_ms()), bytes),
+            // A snapshot's time is the one in its name, everywhere it is shown.
+            Ok((name, bytes)) => {
+                let at = snapshot_time(&name).unwrap_or_else(now_ms);
+                (Some(name), Some(at), bytes)
+            }
             Err(e) if force => {
                 tracing::error!(room = %self.room_id, error = %e, "snapshot failed; stopping anyway, the previous snapshot stands");
                 (
@@ -894,7 +908,7 @@ impl Actor {
         let sandbox = sandbox.clone();
         match self.take_snapshot(&sandbox).await {
             Ok((name, _)) => {
-                let at = now_ms();
+                let at = snapshot_time(&name).unwrap_or_else(now_ms);
                 match self
                     .deps()
                     .store

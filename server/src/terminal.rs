@@ -151,6 +151,10 @@ async fn serve(
     let (mut sink, mut stream) = socket.split();
     let stall = Duration::from_millis(app.limits.write_stall_ms);
     let (mut type_until, mut observe_until) = rights;
+    // Listen before anything slow (joining may start or restore the sandbox), so no change of
+    // rights or end of session can fall between the check at upgrade and the loop.
+    let mut access = app.access_changed.subscribe();
+    let mut ended = app.sessions_ended.subscribe();
     let joined = match app.sandboxes.join(&room_id, cols, rows).await {
         Ok(j) => j,
         Err(e) => {
@@ -162,6 +166,17 @@ async fn serve(
     };
     let viewer = joined.viewer;
     let mut rx = joined.rx;
+    // Rights as they are now, after the join (a removal meanwhile closes with 4003 below).
+    match crate::api::room_until(&app, &room_id, &user, Capability::Type).await {
+        Ok(now) => (type_until, observe_until) = now,
+        Err(crate::error::ApiError::NotFound) => (type_until, observe_until) = (0, 0),
+        Err(e) => tracing::warn!(room = %room_id, error = %e, "cannot recheck terminal rights"),
+    }
+    if now_ms() >= observe_until {
+        close(&mut sink, 4003, "removed from the room").await;
+        app.sandboxes.leave(&room_id, viewer).await;
+        return;
+    }
     if !joined.scrollback.is_empty()
         && !put(&mut sink, Message::Binary(joined.scrollback.into()), stall).await
     {
@@ -178,8 +193,6 @@ async fn serve(
     if let Some(msg) = capabilities(&app, &room_id, &user).await {
         put(&mut sink, msg, stall).await;
     }
-    let mut access = app.access_changed.subscribe();
-    let mut ended = app.sessions_ended.subscribe();
     let mut denied = Denials::default();
     loop {
         let observe_left = Duration::from_millis(

@@ -618,16 +618,25 @@ async fn idle_sandboxes_stop_and_the_timer_survives_a_restart() {
         .0,
         204
     );
+    let fresh = sandbox_status(&t.server, &t.ana, &room).await;
+    assert_eq!(fresh["state"], "running");
     assert_eq!(
-        sandbox_status(&t.server, &t.ana, &room).await["state"],
-        "running"
+        fresh["resumed_from"],
+        Value::Null,
+        "a fresh workspace: {fresh}"
     );
     let state = wait_for_state(&t.server, &t.ana, &room, "stopped").await;
     assert!(state["reason"].as_str().unwrap().starts_with("idle"));
+    assert_eq!(state["resumed_from"], Value::Null, "not running: {state}");
     assert_eq!(
         http(&file(&t.server, "a.txt"), "GET", Some(&t.ana), None).await,
         (200, "first".to_owned())
     );
+    // Running again on the snapshot the idle stop took: the status says when it was taken.
+    let resumed = sandbox_status(&t.server, &t.ana, &room).await;
+    assert_eq!(resumed["state"], "running");
+    assert_eq!(resumed["resumed_from"], state["snapshot_at"], "{resumed}");
+    assert!(resumed["resumed_from"].is_i64(), "{resumed}");
 
     // Armed, then the server restarts before it fires: the workspace is snapshotted at
     // shutdown and the timer fires after the restart.

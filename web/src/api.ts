@@ -28,6 +28,7 @@ export interface SandboxStatus {
   limits?: Record<string, unknown>
   receipt?: Record<string, unknown> | null
   snapshot_at?: number | null
+  resumed_from?: number | null
   idle_stop_at?: number | null
   usage?: Record<string, unknown> | null
 }

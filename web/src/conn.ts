@@ -14,6 +14,8 @@ export class DocConnection {
   /** Local changes made since the connection was last synced (they are sent on resync). */
   pending = 0
   ended: string | null = null
+  /** Why the server last closed the connection, until the next successful sync. */
+  problem: string | null = null
 
   status (link: Link): void {
     this.link = link
@@ -22,11 +24,15 @@ export class DocConnection {
 
   sync (synced: boolean): void {
     this.synced = synced && this.link === 'connected'
-    if (this.synced) this.pending = 0
+    if (this.synced) { this.pending = 0; this.problem = null }
   }
 
   localEdit (): void {
     if (!this.synced) this.pending++
+  }
+
+  refused (reason: string): void {
+    this.problem = reason
   }
 
   end (why: string): void {
@@ -37,8 +43,9 @@ export class DocConnection {
     if (this.ended) return { label: this.ended, kind: 'ended' }
     if (this.link === 'connected' && this.synced) return { label: 'Synced', kind: 'ok' }
     const pending = this.pending > 0 ? ` — ${this.pending} local edit${this.pending === 1 ? '' : 's'} not yet sent` : ''
-    if (this.link === 'disconnected') return { label: `Offline${pending}`, kind: 'offline' }
-    return { label: `Connecting…${pending}`, kind: 'busy' }
+    const why = this.problem ? ` (the server said: ${this.problem})` : ''
+    if (this.link === 'disconnected') return { label: `Offline${pending}${why}`, kind: 'offline' }
+    return { label: `Connecting…${pending}${why}`, kind: 'busy' }
   }
 }
 

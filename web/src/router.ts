@@ -42,6 +42,8 @@ export function safeNext (next: string | null): string {
     return '/'
   }
   if (u.origin !== base) return '/'
+  // Dot segments can leave `//host`, which the browser would read as another origin.
+  if (u.pathname.startsWith('//')) return '/'
   return u.pathname + u.search + u.hash
 }
 

@@ -71,7 +71,7 @@ export async function waitFor (predicate, timeoutMs, message, intervalMs = 20) {
   for (;;) {
     if (await predicate()) return
     if (Date.now() > deadline) {
-      throw new Error(`timed out after ${timeoutMs} ms: ${typeof message === 'function' ? message() : message}`)
+      throw new Error(`timed out after ${timeoutMs} ms: ${typeof message === 'function' ? await message() : message}`)
     }
     await sleep(intervalMs)
   }

@@ -85,6 +85,7 @@ export async function sandboxPanel (el: HTMLElement, room: Room, refresh: () => 
       h('strong', null, s.tier), ' tier — ', h('span', { class: `state ${s.state}` }, s.state),
       s.reason ? h('span', { class: 'hint' }, ` (${s.reason})`) : null),
     s.tier_reason ? h('p', { class: 'hint', 'data-testid': 'tier-reason' }, 'Why this tier: ', s.tier_reason) : null,
+    s.resumed_from ? h('p', { 'data-testid': 'resumed' }, `Resumed: the workspace was restored from its snapshot of ${when(s.resumed_from)}.`) : null,
     h('p', { class: 'hint' }, `Last snapshot: ${when(s.snapshot_at)}. Stops when idle at: ${when(s.idle_stop_at)}.`),
     controls,
     h('h3', null, 'Limits'), table(s.limits) ?? h('p', { class: 'hint' }, '—'),

@@ -31,6 +31,7 @@ export function roomPage (app: App, id: string): () => void {
   let panel: Panel = 'People'
   const online = new Set<string>()
   const typing = new Map<string, number>()
+  const typingTimers = new Map<string, ReturnType<typeof setTimeout>>()
 
   const title = document.getElementById('room-title')
   const connStatus = h('span', { class: 'conn', 'data-testid': 'conn-status', role: 'status' }, 'Connecting…')
@@ -69,9 +70,11 @@ export function roomPage (app: App, id: string): () => void {
   provider.on('connection-close', (e: CloseEvent | null) => {
     const m = e ? closeMeaning(e.code) : { end: false as const }
     if (m.end) end(m.message)
+    else if (e && e.code >= 1002 && e.code !== 1006 && e.reason) { conn.refused(e.reason); showConn() }
   })
+  let lastLocalEdit = 0
   doc.on('update', (_u: Uint8Array, origin: unknown) => {
-    if (origin !== provider) { conn.localEdit(); showConn() }
+    if (origin !== provider) { lastLocalEdit = Date.now(); conn.localEdit(); showConn() }
   })
   disposers.push(() => { provider.destroy(); doc.destroy() })
 
@@ -117,6 +120,7 @@ export function roomPage (app: App, id: string): () => void {
     const form = h('form', { class: 'file-form stack' }, input, err)
     form.addEventListener('submit', (e) => {
       e.preventDefault()
+      if (!caps.includes('edit') || ended) { form.remove(); return }
       const r = checkPath(input.value)
       if (!r.ok) { err.textContent = r.reason; return }
       if (files.has(r.path)) { err.textContent = `${r.path} already exists`; return }
@@ -207,6 +211,7 @@ export function roomPage (app: App, id: string): () => void {
   // Terminal.
   const terminal = new SharedTerminal(termEl, id, {
     ended: (message) => end(message),
+    isShortcut: (e) => shortcut(e) !== null,
     event: (e) => {
       if (e.type === 'capabilities') {
         capsEpoch++
@@ -217,16 +222,17 @@ export function roomPage (app: App, id: string): () => void {
       else if (e.type === 'typing') {
         const shown = (typing.get(e.user_id) ?? 0) > Date.now() - 2500
         typing.set(e.user_id, Date.now())
-        if (!shown && panel === 'People') {
-          renderSide()
-          setTimeout(() => { if (!disposed && panel === 'People') renderSide() }, 2600)
-        }
+        if (!shown && panel === 'People') renderSide()
+        // The indicator goes 2.6 s after the last event (one arrives each second of typing).
+        clearTimeout(typingTimers.get(e.user_id))
+        typingTimers.set(e.user_id, setTimeout(() => { if (!disposed && panel === 'People') renderSide() }, 2600))
       }
       else if (e.type === 'people_changed' || e.type === 'sandbox') void reload()
       else if (e.type === 'read_only') setCaps(caps.filter((c) => c !== 'type'))
     },
   })
   disposers.push(() => terminal.destroy())
+  disposers.push(() => { for (const t of typingTimers.values()) clearTimeout(t) })
 
   // Presence: who is online (the server stamps each state with its connection's user).
   const updateOnline = (): void => {
@@ -275,7 +281,18 @@ export function roomPage (app: App, id: string): () => void {
   // Rights: from the terminal's `capabilities` events, and from polling the room.
   const setCaps = (next: Capability[]): void => {
     const changed = next.join() !== caps.join()
+    const lostEdit = caps.includes('edit') && !next.includes('edit')
     caps = next
+    if (lostEdit) {
+      layout.querySelector('.file-form')?.remove()
+      // Edits sent just before the change (or waiting offline) were refused by the server:
+      // this copy may now differ from everyone else's.
+      if (conn.pending > 0 || Date.now() - lastLocalEdit < 5000) {
+        replace(banner, h('strong', null, 'You can no longer edit this room; your latest edits may not have been kept. '),
+          action('Reload the room', () => app.go(location.pathname)))
+        banner.hidden = false
+      }
+    }
     const can = abilities(caps)
     editor.setEditable(can.edit && !ended)
     terminal.setCanType(can.type && !ended)
@@ -303,7 +320,9 @@ export function roomPage (app: App, id: string): () => void {
     } catch (e) {
       if (disposed) return
       if (e instanceof ApiError && e.status === 404) {
-        end(room ? 'You were removed from this room.' : 'This room does not exist, or you are not in it.')
+        if (!room) end('This room does not exist, or you are not in it.')
+        // The sockets' close codes say why (removed, deleted); give them a moment to arrive.
+        else if (!lostAccess) lostAccess = setTimeout(() => end('You no longer have access to this room.'), 2000)
       } else if (!room) {
         end(`The room cannot be loaded: ${errorText(e)}`)
       }
@@ -312,9 +331,12 @@ export function roomPage (app: App, id: string): () => void {
   const poll = setInterval(() => { void reload() }, POLL_MS)
   disposers.push(() => clearInterval(poll))
 
+  let lostAccess: ReturnType<typeof setTimeout> | null = null
+  disposers.push(() => { if (lostAccess) clearTimeout(lostAccess) })
   function end (message: string): void {
     if (ended) return
     ended = true
+    if (lostAccess) clearTimeout(lostAccess)
     conn.end(message)
     showConn()
     editor.setEditable(false)
@@ -329,18 +351,29 @@ export function roomPage (app: App, id: string): () => void {
 
   // Keyboard.
   const keys = (e: KeyboardEvent): void => {
+    const run = shortcut(e)
+    if (!run) return
+    e.preventDefault()
+    if (e.type === 'keydown') run()
+  }
+  function shortcut (e: KeyboardEvent): (() => void) | null {
     if (e.altKey && !e.ctrlKey && !e.metaKey) {
-      const k = e.key.toLowerCase()
-      if (k === 'n') { e.preventDefault(); newFile() } else if (k === 't') { e.preventDefault(); terminal.focus() } else if (k === 'e') { e.preventDefault(); editor.focus() } else if (/^[1-5]$/.test(k)) {
-        e.preventDefault()
-        panel = PANELS[Number(k) - 1]
-        renderNav(); renderSide()
+      // By physical key, so layouts where Alt+letter types a character still work.
+      const k = e.code.startsWith('Key') ? e.code.slice(3).toLowerCase() : e.code.startsWith('Digit') ? e.code.slice(5) : ''
+      if (k === 'n') return newFile
+      if (k === 't') return () => terminal.focus()
+      if (k === 'e') return () => editor.focus()
+      if (/^[1-5]$/.test(k)) return () => { panel = PANELS[Number(k) - 1]; renderNav(); renderSide() }
+    }
+    if ((e.ctrlKey || e.metaKey) && !e.altKey && e.code === 'KeyS') {
+      return () => {
+        const v = conn.view()
+        toast(!caps.includes('edit')
+          ? 'You cannot edit this room.'
+          : v.kind === 'ok' ? 'Saved: every edit is stored as you type.' : `Not saved yet: ${v.label}.`)
       }
     }
-    if ((e.ctrlKey || e.metaKey) && e.key.toLowerCase() === 's') {
-      e.preventDefault()
-      toast('Saved: every edit is stored as you type')
-    }
+    return null
   }
   window.addEventListener('keydown', keys)
   disposers.push(() => window.removeEventListener('keydown', keys))

@@ -9,6 +9,8 @@ import { closeMeaning } from '../conn'
 
 export interface TerminalHooks {
   event: (e: TermEvent) => void
+  /** Keys the page handles itself (its shortcuts); the terminal leaves them alone. */
+  isShortcut: (e: KeyboardEvent) => boolean
   /** The server ended this membership (removed, deleted, logged out). */
   ended: (message: string) => void
 }
@@ -47,6 +49,9 @@ export class SharedTerminal {
     this.term.onData((data) => this.input(data))
     // With stdin disabled xterm drops keys silently: say why nothing happens.
     this.term.attachCustomKeyEventHandler((e) => {
+      // The page's shortcuts (and Ctrl+S, which would send XOFF and freeze the shared shell
+      // for everyone) go to the page, not the shell.
+      if (this.hooks.isShortcut(e)) return false
       if (!this.canType && e.type === 'keydown') this.flash('View only: your keys are not sent')
       return true
     })
@@ -98,13 +103,19 @@ export class SharedTerminal {
     ws.binaryType = 'arraybuffer'
     this.ws = ws
     let fresh = true
-    ws.onopen = () => {
+    // The backoff starts over only once the server has said something: a socket that is
+    // accepted and closed at once (the sandbox is unavailable) keeps backing off.
+    let heard = false
+    const heardFrom = (): void => {
+      if (heard) return
+      heard = true
       this.backoff.reset()
-      this.flash('Connected')
     }
+    ws.onopen = () => { this.flash('Connected') }
     ws.onmessage = (m) => {
       // A replaced connection's last frames are stale: the new one replays the scrollback.
       if (this.ws !== ws) return
+      heardFrom()
       if (typeof m.data === 'string') {
         const e = parseEvent(m.data)
         if (e) this.onEvent(e)
@@ -144,7 +155,8 @@ export class SharedTerminal {
         return
       }
       // 4008: we fell behind on the server's side; catch up from the scrollback at once.
-      const delay = e.code === 4008 ? 0 : this.backoff.next()
+      // 1011: the sandbox is unavailable; no point asking more than every few seconds.
+      const delay = e.code === 4008 ? 0 : e.code === 1011 ? Math.max(3000, this.backoff.next()) : this.backoff.next()
       const why = e.reason ? `${e.reason}; ` : ''
       this.flash(`Disconnected (${why}reconnecting in ${Math.round(delay / 100) / 10} s)`)
       this.retry = setTimeout(() => this.connect(), delay)
