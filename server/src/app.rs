@@ -135,7 +135,10 @@ pub fn router(state: AppState) -> Router {
                 )
                 .layer(DefaultBodyLimit::max(sandbox_api::MAX_FILE_BYTES as usize)),
         )
-        .fallback(web::fallback)
+        // The client's assets (a megabyte of JavaScript) go out gzipped to browsers that ask.
+        .fallback_service(tower_http::compression::Compression::new(
+            axum::handler::Handler::with_state(web::fallback, state.clone()),
+        ))
         .with_state(state)
 }
 

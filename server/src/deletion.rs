@@ -265,13 +265,19 @@ pub async fn run(app: &AppState, id: &str, room_id: &str) -> Result<(), StoreErr
             }
             "workspace" | "recordings" => {
                 let dir = app.data_dir.join("rooms").join(room_id).join(artifact);
+                // The receipt says how many files went (snapshots, recordings), not just that
+                // the directory did.
+                let counted = dir.clone();
+                let files = tokio::task::spawn_blocking(move || count_files(&counted))
+                    .await
+                    .unwrap_or(0);
                 let status = match tokio::fs::remove_dir_all(&dir).await {
                     Ok(()) => "destroyed",
                     Err(e) if e.kind() == std::io::ErrorKind::NotFound => "none",
                     Err(e) => return Err(StoreError::Io(e)),
                 };
                 app.store
-                    .deletion_step_done(id, artifact, status, 0)
+                    .deletion_step_done(id, artifact, status, files)
                     .await?;
             }
             _ => {
@@ -328,4 +334,19 @@ pub async fn resume(app: &AppState) -> Result<(), StoreError> {
         run(app, &d.id, &d.room_id).await?;
     }
     Ok(())
+}
+
+/// Regular files under `dir` (0 when it does not exist); symlinks are not followed.
+fn count_files(dir: &std::path::Path) -> i64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .filter_map(Result::ok)
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => count_files(&e.path()),
+            Ok(t) if t.is_file() => 1,
+            _ => 0,
+        })
+        .sum()
 }

@@ -1038,6 +1038,18 @@ async fn deletion_destroys_the_sandbox_and_its_snapshots() {
     assert_eq!(status_of("sandbox"), "destroyed");
     assert_eq!(status_of("workspace"), "destroyed");
     assert_eq!(status_of("recordings"), "destroyed");
+    // With how many files each: the workspace snapshots and the recording's files.
+    let count_of = |artifact: &str| {
+        receipt["receipt"]["artifacts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["artifact"] == artifact)
+            .and_then(|a| a["count"].as_i64())
+            .unwrap()
+    };
+    assert!(count_of("workspace") >= 1, "{receipt}");
+    assert!(count_of("recordings") >= 1, "{receipt}");
     assert!(!room_dir.exists());
     typer
         .until("the terminal closes", |t| t.closed.is_some())

@@ -84,6 +84,18 @@ async fn the_app_shell_and_its_assets_are_served_with_a_strict_policy() {
         Some("public, max-age=31536000, immutable")
     );
     assert!(js.body.len() > 1000);
+    assert_eq!(js.header("content-encoding"), None, "not asked for");
+    // Gzipped for browsers that accept it.
+    let gz = request(
+        &server.url(script),
+        "GET",
+        &[("Accept-Encoding", "gzip")],
+        None,
+    )
+    .await;
+    assert_eq!(gz.status, 200);
+    assert_eq!(gz.header("content-encoding"), Some("gzip"));
+    assert_eq!(gz.header("vary"), Some("accept-encoding"));
 
     // A missing asset is a 404, not the shell; so is a missing API route (as JSON).
     let missing = request(&server.url("/assets/nope-123.js"), "GET", &[], None).await;

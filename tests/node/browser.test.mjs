@@ -126,6 +126,7 @@ test('two people share a room in real browsers: editor, cursors, terminal, downg
     await ben.page.getByTestId('terminal-view-only').waitFor({ state: 'visible', timeout: 5000 })
     const took = (await ben.page.evaluate(() => window.__readOnlyAt)) - t0
     assert.ok(took < 1000, `read-only took ${took} ms after the owner's change`)
+    t.diagnostic(`Ben's editor and terminal were read-only ${took} ms after the owner's change`)
     const docBefore = await serverText(server, roomId, anaToken, 'main.rs')
     // Ben's keys now change nothing on the server.
     await ben.page.locator('.cm-content').click()
