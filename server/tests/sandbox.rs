@@ -1026,30 +1026,27 @@ async fn deletion_destroys_the_sandbox_and_its_snapshots() {
     .await;
     assert_eq!(status, 200, "{body}");
     let receipt: Value = serde_json::from_str(&body).unwrap();
-    let status_of = |artifact: &str| {
+    let artifact = |name: &str| {
         receipt["receipt"]["artifacts"]
             .as_array()
             .unwrap()
             .iter()
-            .find(|a| a["artifact"] == artifact)
-            .map(|a| a["status"].clone())
+            .find(|a| a["artifact"] == name)
+            .cloned()
             .unwrap()
     };
-    assert_eq!(status_of("sandbox"), "destroyed");
-    assert_eq!(status_of("workspace"), "destroyed");
-    assert_eq!(status_of("recordings"), "destroyed");
+    assert_eq!(artifact("sandbox")["status"], "destroyed");
+    assert_eq!(artifact("workspace")["status"], "destroyed");
+    assert_eq!(artifact("recordings")["status"], "destroyed");
     // With how many files each: the workspace snapshots and the recording's files.
-    let count_of = |artifact: &str| {
-        receipt["receipt"]["artifacts"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|a| a["artifact"] == artifact)
-            .and_then(|a| a["count"].as_i64())
-            .unwrap()
-    };
-    assert!(count_of("workspace") >= 1, "{receipt}");
-    assert!(count_of("recordings") >= 1, "{receipt}");
+    assert!(
+        artifact("workspace")["count"].as_i64() >= Some(1),
+        "{receipt}"
+    );
+    assert!(
+        artifact("recordings")["count"].as_i64() >= Some(1),
+        "{receipt}"
+    );
     assert!(!room_dir.exists());
     typer
         .until("the terminal closes", |t| t.closed.is_some())
