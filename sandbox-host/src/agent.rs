@@ -293,6 +293,21 @@ async fn blocking<T: Send + 'static>(
         .unwrap_or_else(|_| Err(AgentError::Failed("the operation panicked".into())))
 }
 
+/// A shared terminal must not freeze for everyone because one person pressed Ctrl+S (XOFF):
+/// software flow control is off, so Ctrl+S reaches programs (readline's forward search,
+/// Emacs' save) like any other key. Best effort: a terminal that keeps it still works.
+fn no_xoff(fd: RawFd) {
+    // SAFETY: `fd` is the PTY master, open for the duration of this call; `termios` is plain
+    // data that tcgetattr fills completely before it is read.
+    unsafe {
+        let mut t: libc::termios = std::mem::zeroed();
+        if libc::tcgetattr(fd, &mut t) == 0 {
+            t.c_iflag &= !libc::IXON;
+            libc::tcsetattr(fd, libc::TCSANOW, &t);
+        }
+    }
+}
+
 fn size(cols: u16, rows: u16) -> PtySize {
     PtySize {
         rows: rows.clamp(1, 500),
@@ -332,6 +347,9 @@ fn open_pty(
     let pair = portable_pty::native_pty_system()
         .openpty(size(cols, rows))
         .map_err(failed)?;
+    if let Some(fd) = pair.master.as_raw_fd() {
+        no_xoff(fd);
+    }
     let mut cmd = CommandBuilder::new(prog);
     cmd.args(args);
     cmd.cwd(WORKSPACE);

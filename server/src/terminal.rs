@@ -157,7 +157,18 @@ async fn serve(
     let mut ended = app.sessions_ended.subscribe();
     let joined = match app.sandboxes.join(&room_id, cols, rows).await {
         Ok(j) => j,
+        Err(_) if app.shutdown.is_cancelled() => {
+            close(&mut sink, 1001, "server shutting down").await;
+            return;
+        }
         Err(e) => {
+            // Said only to someone still in the room (the join may have taken a while).
+            if let Err(crate::error::ApiError::NotFound) =
+                crate::api::room_until(&app, &room_id, &user, Capability::Type).await
+            {
+                close(&mut sink, 4003, "removed from the room").await;
+                return;
+            }
             let msg = json!({ "type": "error", "reason": e.to_string() }).to_string();
             put(&mut sink, Message::Text(msg.into()), stall).await;
             close(&mut sink, 1011, "sandbox unavailable").await;

@@ -174,6 +174,10 @@ async fn the_terminal_is_shared_and_only_typers_reach_the_pty() {
 
     // Ben (editor) starts a program that logs every line the PTY delivers to a file.
     // (READY is printed after bash put the terminal back in cooked mode with echo on.)
+    // Ctrl+S cannot freeze the shared terminal for everyone: software flow control is off.
+    ben.send(b"stty -a | tr ' ;' '\\n\\n' | grep -x -- -ixon | sed 's/^/FLOW:/'\n")
+        .await;
+    ben.output_contains("FLOW:-ixon").await;
     ben.send(b"echo READY-$((40+2)); cat > /workspace/stdin.log\n")
         .await;
     ben.output_contains("READY-42").await;

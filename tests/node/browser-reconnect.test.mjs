@@ -79,6 +79,10 @@ test('offline edits are kept, shown as pending, and land after a server restart;
     await page.getByTestId('terminal').click()
     await page.keyboard.type('echo back-$((20+1))\n', { delay: 5 })
     await waitFor(async () => (await terminalText(page)).includes('back-21'), 20_000, 'the terminal did not come back')
+    // Keyboard first: Alt+E leaves the terminal for the editor (the shell keeps other Alt keys).
+    await page.keyboard.press('Alt+E')
+    await waitFor(() => page.evaluate(() => !!document.activeElement?.closest('.cm-editor')), 5000,
+      'Alt+E did not move the focus from the terminal to the editor')
 
     // Rename from the tree: the text moves, the old path is gone, the tab follows.
     await page.getByRole('button', { name: 'Rename a.txt' }).click()

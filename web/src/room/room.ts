@@ -17,6 +17,7 @@ import { approvalsPanel, auditPanel, roomPanel, sandboxPanel } from './panels'
 const PANELS = ['People', 'Approvals', 'Sandbox', 'Audit', 'Room'] as const
 type Panel = typeof PANELS[number]
 const POLL_MS = 5000
+const MAC = /Mac|iPhone|iPad/.test(navigator.userAgent)
 
 export function roomPage (app: App, id: string): () => void {
   const me = app.me!
@@ -211,7 +212,7 @@ export function roomPage (app: App, id: string): () => void {
   // Terminal.
   const terminal = new SharedTerminal(termEl, id, {
     ended: (message) => end(message),
-    isShortcut: (e) => shortcut(e) !== null,
+    isShortcut: (e) => shortcut(e, true) !== null,
     event: (e) => {
       if (e.type === 'capabilities') {
         capsEpoch++
@@ -282,7 +283,9 @@ export function roomPage (app: App, id: string): () => void {
   const setCaps = (next: Capability[]): void => {
     const changed = next.join() !== caps.join()
     const lostEdit = caps.includes('edit') && !next.includes('edit')
+    const regained = !caps.includes('edit') && next.includes('edit')
     caps = next
+    if (regained && !ended) banner.hidden = true
     if (lostEdit) {
       layout.querySelector('.file-form')?.remove()
       // Edits sent just before the change (or waiting offline) were refused by the server:
@@ -308,6 +311,7 @@ export function roomPage (app: App, id: string): () => void {
     try {
       const next = await api.room(id)
       if (disposed || ended) return
+      if (lostAccess) { clearTimeout(lostAccess); lostAccess = null }
       // The terminal pushed newer rights while this answer was on its way: they win.
       if (epoch !== capsEpoch) next.my_capabilities = caps
       const changed = shown(next) !== shown(room)
@@ -356,15 +360,21 @@ export function roomPage (app: App, id: string): () => void {
     e.preventDefault()
     if (e.type === 'keydown') run()
   }
-  function shortcut (e: KeyboardEvent): (() => void) | null {
-    if (e.altKey && !e.ctrlKey && !e.metaKey) {
-      // By physical key, so layouts where Alt+letter types a character still work.
-      const k = e.code.startsWith('Key') ? e.code.slice(3).toLowerCase() : e.code.startsWith('Digit') ? e.code.slice(5) : ''
-      if (k === 'n') return newFile
-      if (k === 't') return () => terminal.focus()
+  /** The page's shortcut for a key, if it is one. `inTerminal`: only those that leave the
+   *  terminal (Alt+E, Alt+1-5); the shell keeps every other key, Ctrl+S and Alt+N/T included. */
+  function shortcut (e: KeyboardEvent, inTerminal = false): (() => void) | null {
+    // Alt+letter, by the character it gives: where Alt (macOS Option) types a character of
+    // its own (é, #, [) it stays a character. On macOS, Ctrl+Option gives the shortcuts (there
+    // Ctrl+Alt is not AltGr).
+    if (e.altKey && !e.metaKey && (MAC || !e.ctrlKey)) {
+      const k = /^[a-z0-9]$/i.test(e.key) ? e.key.toLowerCase() : ''
       if (k === 'e') return () => editor.focus()
       if (/^[1-5]$/.test(k)) return () => { panel = PANELS[Number(k) - 1]; renderNav(); renderSide() }
+      if (inTerminal) return null
+      if (k === 'n') return newFile
+      if (k === 't') return () => terminal.focus()
     }
+    if (inTerminal) return null
     if ((e.ctrlKey || e.metaKey) && !e.altKey && e.code === 'KeyS') {
       return () => {
         const v = conn.view()

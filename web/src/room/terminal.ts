@@ -115,12 +115,14 @@ export class SharedTerminal {
     ws.onmessage = (m) => {
       // A replaced connection's last frames are stale: the new one replays the scrollback.
       if (this.ws !== ws) return
-      heardFrom()
       if (typeof m.data === 'string') {
         const e = parseEvent(m.data)
+        // An error before a close (the sandbox is unavailable) is not a working connection.
+        if (e && e.type !== 'error') heardFrom()
         if (e) this.onEvent(e)
         return
       }
+      heardFrom()
       if (fresh) {
         // The scrollback replay follows: start from a clean screen. In-band (RIS), so output
         // of an earlier connection still queued for drawing is drawn first, then cleared.
@@ -146,9 +148,13 @@ export class SharedTerminal {
     ws.onclose = (e) => {
       if (this.ws !== ws) return
       this.ws = null
-      if (this.closed || this.catchingUp) return
+      if (this.closed) return
       const meaning = closeMeaning(e.code)
+      // Closed by us to catch up: the reconnect is already arranged (unless the server ended
+      // the membership meanwhile).
+      if (this.catchingUp && !meaning.end) return
       if (meaning.end) {
+        this.catchingUp = false
         this.flash(meaning.message)
         this.closed = true
         this.hooks.ended(meaning.message)
