@@ -8,7 +8,6 @@ import { loginPage } from './pages/login'
 import { roomsPage } from './pages/rooms'
 import { invitePage } from './pages/invite'
 import { deletionPage } from './pages/deletion'
-import { roomPage } from './room/room'
 
 export interface App {
   me: Me | null
@@ -78,7 +77,24 @@ async function render (): Promise<void> {
   switch (route.page) {
     case 'login': cleanup = loginPage(app, route.next); break
     case 'rooms': cleanup = roomsPage(app); break
-    case 'room': cleanup = roomPage(app, route.id); break
+    case 'room': {
+      // The editor and terminal (most of the code) load only when a room is opened, so the
+      // login and room list pages come up fast.
+      replace(app.main, h('p', { class: 'card hint' }, 'Opening the room…'))
+      let room: typeof import('./room/room')
+      try {
+        room = await import('./room/room')
+      } catch (e) {
+        if (seq === renders) {
+          replace(app.main, h('p', { class: 'card error', role: 'alert' },
+            `The room could not be loaded (${(e as Error).message}). Reload the page to try again.`))
+        }
+        return
+      }
+      if (seq !== renders) return
+      cleanup = room.roomPage(app, route.id)
+      break
+    }
     case 'invite': cleanup = invitePage(app, route.token); break
     case 'deletion': cleanup = deletionPage(app, route.id); break
     default:
