@@ -143,7 +143,20 @@ pub async fn room_until(
     user: &AuthUser,
     cap: Capability,
 ) -> Result<(i64, i64), ApiError> {
-    let (state, _) = observed(app, room_id, user).await?;
+    Ok(room_rights(app, room_id, user, cap).await?.0)
+}
+
+/// [`room_until`] and the caller's capabilities, from one look at the room.
+pub async fn room_rights(
+    app: &AppState,
+    room_id: &str,
+    user: &AuthUser,
+    cap: Capability,
+) -> Result<((i64, i64), CapabilitySet), ApiError> {
+    let (state, proof) = observed(app, room_id, user).await?;
     let p = state.participants.get(&user.id).ok_or(ApiError::NotFound)?;
-    Ok(crate::room::until_of(p, cap, now_ms()))
+    Ok((
+        crate::room::until_of(p, cap, now_ms()),
+        proof.actor_capabilities(),
+    ))
 }

@@ -360,7 +360,11 @@ enum Life {
     Running {
         sandbox: Sandbox,
         generation: u64,
-        receipt: Receipt,
+        /// Boxed: the largest part, and `Life` is mostly not `Running`.
+        receipt: Box<Receipt>,
+        /// When the snapshot its workspace was restored from was taken (`None` for a fresh
+        /// workspace), so viewers can be told it was resumed.
+        resumed_from: Option<i64>,
         /// The document <-> workspace sync of this sandbox.
         sync: Option<(CancellationToken, tokio::task::JoinHandle<()>)>,
     },
@@ -393,9 +397,6 @@ struct Actor {
     last_armed: Option<i64>,
     destroyed: bool,
     failed_idle_stops: u32,
-    /// When the snapshot the running sandbox was restored from was taken (`None` for a fresh
-    /// workspace), so viewers can be told it was resumed.
-    resumed_from: Option<i64>,
 }
 
 impl Drop for Actor {
@@ -439,7 +440,6 @@ impl Actor {
             last_armed: None,
             destroyed: false,
             failed_idle_stops: 0,
-            resumed_from: None,
             owner,
         }
     }
@@ -635,7 +635,7 @@ impl Actor {
             "snapshot_at": self.row.as_ref().and_then(|r| r.snapshot_at),
             // Running on a workspace restored from the snapshot taken at this time.
             "resumed_from": match &self.life {
-                Life::Running { .. } => self.resumed_from,
+                Life::Running { resumed_from, .. } => *resumed_from,
                 _ => None,
             },
             "idle_stop_at": self.row.as_ref().and_then(|r| r.stop_at),
@@ -723,12 +723,13 @@ impl Actor {
         let generation = self.generation;
         let now = now_ms();
         let stop_at = self.hub.viewers.is_empty().then(|| now + self.idle_ms());
+        // The snapshot actually restored (an older one, or none, when the latest failed).
+        let resumed_from = snapshot.as_deref().and_then(snapshot_time);
         let row = SandboxRow {
             state: "running".into(),
             reason: reason.to_owned(),
             receipt: serde_json::to_string(&receipt).unwrap_or_default(),
-            // The snapshot actually restored (an older one, or none, when the latest failed).
-            snapshot_at: snapshot.as_deref().and_then(snapshot_time),
+            snapshot_at: resumed_from,
             snapshot: snapshot.clone(),
             stop_at,
         };
@@ -746,7 +747,6 @@ impl Actor {
             return Err(e);
         }
         self.last_armed = stop_at;
-        self.resumed_from = snapshot.as_deref().and_then(snapshot_time);
         if let Some(me) = self.me.upgrade() {
             let rate = self.deps().cfg.terminal_output_bytes_per_s.max(1024);
             tokio::spawn(pump(events, generation, rate, me.clone()));
@@ -761,7 +761,8 @@ impl Actor {
         self.life = Life::Running {
             sandbox: sandbox.clone(),
             generation,
-            receipt,
+            receipt: Box::new(receipt),
+            resumed_from,
             sync,
         };
         self.hub.pty_open = false;

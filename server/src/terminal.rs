@@ -163,11 +163,11 @@ async fn serve(
         }
         Err(e) => {
             // Said only to someone still in the room (the join may have taken a while).
-            if let Err(crate::error::ApiError::NotFound) =
-                crate::api::room_until(&app, &room_id, &user, Capability::Type).await
-            {
-                close(&mut sink, 4003, "removed from the room").await;
-                return;
+            if let Some(((_, observe), _)) = rights_now(&app, &room_id, &user).await {
+                if now_ms() >= observe {
+                    close(&mut sink, 4003, "removed from the room").await;
+                    return;
+                }
             }
             let msg = json!({ "type": "error", "reason": e.to_string() }).to_string();
             put(&mut sink, Message::Text(msg.into()), stall).await;
@@ -177,12 +177,15 @@ async fn serve(
     };
     let viewer = joined.viewer;
     let mut rx = joined.rx;
-    // Rights as they are now, after the join (a removal meanwhile closes with 4003 below).
-    match crate::api::room_until(&app, &room_id, &user, Capability::Type).await {
-        Ok(now) => (type_until, observe_until) = now,
-        Err(crate::error::ApiError::NotFound) => (type_until, observe_until) = (0, 0),
-        Err(e) => tracing::warn!(room = %room_id, error = %e, "cannot recheck terminal rights"),
-    }
+    // Rights as they are now, after the join (a removal meanwhile closes with 4003 below);
+    // when storage cannot say, those checked at upgrade stand.
+    let caps = match rights_now(&app, &room_id, &user).await {
+        Some((until, caps)) => {
+            (type_until, observe_until) = until;
+            Some(caps)
+        }
+        None => None,
+    };
     if now_ms() >= observe_until {
         close(&mut sink, 4003, "removed from the room").await;
         app.sandboxes.leave(&room_id, viewer).await;
@@ -201,8 +204,8 @@ async fn serve(
         let msg = json!({ "type": "read_only", "reason": "you may watch but not type" });
         put(&mut sink, Message::Text(msg.to_string().into()), stall).await;
     }
-    if let Some(msg) = capabilities(&app, &room_id, &user).await {
-        put(&mut sink, msg, stall).await;
+    if let Some(caps) = caps {
+        put(&mut sink, capabilities(&caps), stall).await;
     }
     let mut denied = Denials::default();
     loop {
@@ -265,17 +268,16 @@ async fn serve(
                     put(&mut sink, Message::Text(msg.into()), stall).await;
                 }
                 if relevant {
-                    let (t, o) = crate::api::room_until(&app, &room_id, &user, Capability::Type)
-                        .await
-                        .unwrap_or((0, 0));
+                    // When storage cannot say, the rights are withdrawn (and no event is sent).
+                    let now = rights_now(&app, &room_id, &user).await;
                     let was_typing = now_ms() < type_until;
-                    (type_until, observe_until) = (t, o);
+                    (type_until, observe_until) = now.as_ref().map_or((0, 0), |(until, _)| *until);
                     if was_typing && now_ms() >= type_until {
                         let msg = json!({ "type": "read_only", "reason": "your right to type was withdrawn" });
                         put(&mut sink, Message::Text(msg.to_string().into()), stall).await;
                     }
-                    if let Some(msg) = capabilities(&app, &room_id, &user).await {
-                        put(&mut sink, msg, stall).await;
+                    if let Some((_, caps)) = now {
+                        put(&mut sink, capabilities(&caps), stall).await;
                     }
                 }
             }
@@ -299,21 +301,30 @@ async fn serve(
     denied.flush(&app, &room_id, &user.id).await;
 }
 
+/// The viewer's rights now, from one look at the room: until when it may type and observe,
+/// and its capabilities; `(0, 0)` and none once it is out of the room. `None` when storage
+/// cannot say (each caller decides what that means).
+async fn rights_now(
+    app: &AppState,
+    room_id: &str,
+    user: &AuthUser,
+) -> Option<((i64, i64), Vec<&'static str>)> {
+    match crate::api::room_rights(app, room_id, user, Capability::Type).await {
+        Ok((until, caps)) => Some((until, caps.names())),
+        Err(crate::error::ApiError::NotFound) => Some(((0, 0), Vec::new())),
+        Err(e) => {
+            tracing::warn!(room = %room_id, error = %e, "cannot read a terminal viewer's rights");
+            None
+        }
+    }
+}
+
 /// `{"type":"capabilities","capabilities":[...]}`: what the viewer may do now, sent on join and
 /// after every change to its rights, so a client can follow (an editor turning read-only)
-/// without asking. Empty when it lost the room; nothing when the answer is unknown (a storage
-/// error is not a loss of rights).
-async fn capabilities(app: &AppState, room_id: &str, user: &AuthUser) -> Option<Message> {
-    let caps = match crate::api::room_capabilities(app, room_id, user).await {
-        Ok(c) => c.names(),
-        Err(crate::error::ApiError::NotFound) => Vec::new(),
-        Err(e) => {
-            tracing::warn!(room = %room_id, error = %e, "cannot tell a viewer its capabilities");
-            return None;
-        }
-    };
+/// without asking. Empty when it lost the room.
+fn capabilities(caps: &[&str]) -> Message {
     let event = json!({ "type": "capabilities", "capabilities": caps });
-    Some(Message::Text(event.to_string().into()))
+    Message::Text(event.to_string().into())
 }
 
 #[derive(Deserialize)]

@@ -4,20 +4,10 @@
 
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { api, mintToken, startServer, openProvider, waitSynced, waitFor, destroyAll, freePort } from './lib/server.mjs'
+import { api, mintToken, startServer, serverFiles, waitFor, freePort } from './lib/server.mjs'
 import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login, shot, editorText, terminalText } from './lib/browser.mjs'
 
 const skip = HAVE_CHROMIUM ? false : `SKIPPED: no Chromium at ${CHROMIUM} (apt-get install chromium, or set CODEROOM_CHROMIUM)`
-
-async function serverFiles (server, roomId, token) {
-  const c = openProvider(server, roomId, token)
-  try {
-    await waitSynced(c.provider)
-    return Object.fromEntries(Array.from(c.doc.getMap('files').entries()).map(([k, v]) => [k, v.toString()]))
-  } finally {
-    destroyAll([c])
-  }
-}
 
 test('offline edits are kept, shown as pending, and land after a server restart; files are created, renamed and deleted',
   { skip, timeout: 240_000 }, async (t) => {

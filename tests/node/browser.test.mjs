@@ -5,20 +5,14 @@
 
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { mintToken, api, openProvider, waitSynced, waitFor, destroyAll, sleep } from './lib/server.mjs'
+import { mintToken, api, serverFiles, waitFor, sleep } from './lib/server.mjs'
 import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login, shot, editorText, terminalText } from './lib/browser.mjs'
 
 const skip = HAVE_CHROMIUM ? false : `SKIPPED: no Chromium at ${CHROMIUM} (apt-get install chromium, or set CODEROOM_CHROMIUM)`
 
 /** The server's own copy of a file in the document, read by a fresh y-websocket client. */
 async function serverText (server, roomId, token, path) {
-  const c = openProvider(server, roomId, token)
-  try {
-    await waitSynced(c.provider)
-    return c.doc.getMap('files').get(path)?.toString()
-  } finally {
-    destroyAll([c])
-  }
+  return (await serverFiles(server, roomId, token))[path]
 }
 
 async function inputsBy (server, roomId, token, userId) {

@@ -127,6 +127,12 @@ export const api = {
   confirmDeletion: (id: string) => call<Deletion>('POST', `/api/deletions/${id}/confirm`),
 }
 
+/** The WebSocket URL of an API path on this origin (`wss:` under https). */
+export function wsUrl (path: string): string {
+  const proto = location.protocol === 'https:' ? 'wss:' : 'ws:'
+  return `${proto}//${location.host}${path}`
+}
+
 /** Lists come bare or wrapped (`{"rooms": [...]}`); either way, the array. */
 export function list<T> (v: T[] | Record<string, T[]>): T[] {
   if (Array.isArray(v)) return v

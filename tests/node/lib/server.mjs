@@ -313,6 +313,17 @@ export function filesJson (doc) {
   return out
 }
 
+/** The server's copy of the document's files ({path: text}), read by a fresh client. */
+export async function serverFiles (server, roomId, token) {
+  const c = openProvider(server, roomId, token)
+  try {
+    await waitSynced(c.provider)
+    return filesJson(c.doc)
+  } finally {
+    destroyAll([c])
+  }
+}
+
 /** The document's state vector as a plain object, for comparisons. */
 export function stateVector (doc) {
   return Object.fromEntries([...Y.decodeStateVector(Y.encodeStateVector(doc)).entries()].sort((a, b) => a[0] - b[0]))

@@ -3,7 +3,7 @@
 
 import * as Y from 'yjs'
 import { WebsocketProvider } from 'y-websocket'
-import { api, ApiError, type Capability, type Room } from '../api'
+import { api, ApiError, wsUrl, type Capability, type Room } from '../api'
 import type { App } from '../main'
 import { abilities } from '../caps'
 import { DocConnection, closeMeaning } from '../conn'
@@ -56,8 +56,7 @@ export function roomPage (app: App, id: string): () => void {
   const doc = new Y.Doc()
   const files = doc.getMap<Y.Text>('files')
   const conn = new DocConnection()
-  const proto = location.protocol === 'https:' ? 'wss:' : 'ws:'
-  const provider = new WebsocketProvider(`${proto}//${location.host}/api/rooms/${id}`, 'doc', doc, {
+  const provider = new WebsocketProvider(wsUrl(`/api/rooms/${id}`), 'doc', doc, {
     shouldReconnect: (e: CloseEvent) => !closeMeaning(e.code).end,
   })
   provider.awareness.setLocalStateField('user', { name: me.email, id: me.id })

@@ -6,6 +6,7 @@ import '@xterm/xterm/css/xterm.css'
 import { h } from '../dom'
 import { Backoff, FlowGate, parseEvent, type TermEvent } from '../flow'
 import { closeMeaning } from '../conn'
+import { wsUrl } from '../api'
 
 export interface TerminalHooks {
   event: (e: TermEvent) => void
@@ -96,9 +97,8 @@ export class SharedTerminal {
 
   private connect (): void {
     if (this.closed) return
-    const proto = location.protocol === 'https:' ? 'wss:' : 'ws:'
     try { this.fit.fit() } catch { /* not laid out yet */ }
-    const url = `${proto}//${location.host}/api/rooms/${this.roomId}/terminal?cols=${this.term.cols}&rows=${this.term.rows}`
+    const url = wsUrl(`/api/rooms/${this.roomId}/terminal?cols=${this.term.cols}&rows=${this.term.rows}`)
     const ws = new WebSocket(url)
     ws.binaryType = 'arraybuffer'
     this.ws = ws
