@@ -136,6 +136,9 @@ test('two people share a room in real browsers: editor, cursors, terminal, downg
 
     // Ana removes Ben: his page says so.
     await ana.page.getByTestId('remove-ben@example.com').click()
+    // The confirmation survives a redraw of the panel (presence, typing and polls redraw it).
+    await ana.page.getByRole('tab', { name: 'Room' }).click()
+    await ana.page.getByRole('tab', { name: 'People' }).click()
     await ana.page.getByTestId('remove-ben@example.com').filter({ hasText: 'Confirm removal' }).click()
     await ben.page.getByTestId('room-ended').filter({ hasText: 'You were removed from this room.' }).waitFor({ timeout: 5000 })
     await shot(ben.page, '06-ben-removed')

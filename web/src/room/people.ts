@@ -11,7 +11,12 @@ export interface PeopleState {
   online: Set<string>
   /** user id -> when they last typed in the terminal (ms). */
   typing: Map<string, number>
+  /** user id -> until when its Remove button asks for confirmation (ms). Kept outside the
+   *  panel, so a redraw (someone comes online, types, a poll) does not disarm it. */
+  armed: Map<string, number>
 }
+
+const CONFIRM_MS = 5000
 
 const TYPING_SHOWN_MS = 2500
 
@@ -61,20 +66,27 @@ export function peoplePanel (el: HTMLElement, s: PeopleState, changed: () => Pro
             await changed()
           }, { class: 'chip-x', title: `Revoke ${c} from ${p.email}`, 'aria-label': `Revoke ${c} from ${p.email}` })
           : null))
-    let armed = false
+    const armed = (): boolean => (s.armed.get(p.user_id) ?? 0) > Date.now()
     const remove = canRemove(mine, s.selfId, p.user_id)
-      ? action('Remove', async () => {
-        if (!armed) {
-          armed = true
+      ? action(armed() ? 'Confirm removal' : 'Remove', async () => {
+        if (!armed()) {
+          s.armed.set(p.user_id, Date.now() + CONFIRM_MS)
           remove!.textContent = 'Confirm removal'
-          setTimeout(() => { armed = false; if (remove) remove.textContent = 'Remove' }, 5000)
+          disarmLater(remove!)
           return
         }
+        s.armed.delete(p.user_id)
         await api.removeParticipant(s.room.id, p.user_id)
         toast(`${p.email} was removed`)
         await changed()
       }, { class: 'danger small', 'data-testid': `remove-${p.email}` })
       : null
+    // Back to "Remove" once the confirmation lapses (also for a button drawn while armed).
+    function disarmLater (button: HTMLButtonElement): void {
+      const left = (s.armed.get(p.user_id) ?? 0) - Date.now()
+      setTimeout(() => { if (!armed()) button.textContent = 'Remove' }, left + 50)
+    }
+    if (remove && armed()) disarmLater(remove)
     return h('li', { class: 'person', 'data-testid': `person-${p.email}` },
       h('div', { class: 'person-head' },
         h('span', { class: `dot ${online ? 'on' : 'off'}`, title: online ? 'online' : 'offline', 'aria-label': online ? 'online' : 'offline' }),

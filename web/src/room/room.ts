@@ -33,6 +33,7 @@ export function roomPage (app: App, id: string): () => void {
   const online = new Set<string>()
   const typing = new Map<string, number>()
   const typingTimers = new Map<string, ReturnType<typeof setTimeout>>()
+  const armedRemovals = new Map<string, number>()
 
   const title = document.getElementById('room-title')
   const connStatus = h('span', { class: 'conn', 'data-testid': 'conn-status', role: 'status' }, 'Connecting…')
@@ -270,7 +271,7 @@ export function roomPage (app: App, id: string): () => void {
         .catch((e: unknown) => { if (seq === sideSeq && !disposed) replace(sideBody, h('p', { class: 'error' }, errorText(e))) })
     }
     switch (panel) {
-      case 'People': peoplePanel(sideBody, { room: r, selfId: me.id, online, typing }, reload); break
+      case 'People': peoplePanel(sideBody, { room: r, selfId: me.id, online, typing, armed: armedRemovals }, reload); break
       case 'Approvals': later((box) => approvalsPanel(box, r, me.id, refresh)); break
       case 'Sandbox': later((box) => sandboxPanel(box, r, refresh)); break
       case 'Audit': later((box) => auditPanel(box, r, refresh)); break
