@@ -9,10 +9,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use tokio::sync::Mutex;
 
-pub const CHECKPOINT_FILE: &str = "audit-checkpoint.json";
+pub(crate) const CHECKPOINT_FILE: &str = "audit-checkpoint.json";
 
 #[derive(Clone)]
-pub struct Audit {
+pub(crate) struct Audit {
     store: Store,
     /// One append at a time: each reads its chain head and links to it.
     lock: Arc<Mutex<()>>,
@@ -20,7 +20,7 @@ pub struct Audit {
 }
 
 impl Audit {
-    pub fn new(store: Store, data_dir: &Path) -> Self {
+    pub(crate) fn new(store: Store, data_dir: &Path) -> Self {
         Audit {
             store,
             lock: Arc::default(),
@@ -31,7 +31,7 @@ impl Audit {
     /// Takes the append lock. Routes that decide on the room's state hold it from reading the
     /// state to recording the change, so no decision is made on state another change is about
     /// to replace.
-    pub async fn lock(&self) -> Locked<'_> {
+    pub(crate) async fn lock(&self) -> Locked<'_> {
         Locked {
             audit: self,
             _guard: self.lock.lock().await,
@@ -40,7 +40,7 @@ impl Audit {
 
     /// Performs `change` and records it (or a denial, with `Change::None`) in `chain`.
     #[allow(clippy::too_many_arguments)]
-    pub async fn record(
+    pub(crate) async fn record(
         &self,
         chain: &str,
         actor: &str,
@@ -58,7 +58,7 @@ impl Audit {
 }
 
 /// The audit log, held for a read-decide-write sequence.
-pub struct Locked<'a> {
+pub(crate) struct Locked<'a> {
     audit: &'a Audit,
     _guard: tokio::sync::MutexGuard<'a, ()>,
 }
@@ -66,7 +66,7 @@ pub struct Locked<'a> {
 impl Locked<'_> {
     /// Performs `change` and records it in `chain`, in one transaction.
     #[allow(clippy::too_many_arguments)]
-    pub async fn record(
+    pub(crate) async fn record(
         &self,
         chain: &str,
         actor: &str,
@@ -95,7 +95,7 @@ impl Locked<'_> {
 
 type Checkpoints = BTreeMap<String, (i64, String)>;
 
-pub fn read_checkpoints(path: &Path) -> std::io::Result<Checkpoints> {
+pub(crate) fn read_checkpoints(path: &Path) -> std::io::Result<Checkpoints> {
     match std::fs::read(path) {
         Ok(bytes) => serde_json::from_slice(&bytes).map_err(std::io::Error::other),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Checkpoints::new()),
@@ -117,7 +117,7 @@ async fn write_checkpoint(path: &Path, chain: &str, seq: i64, hash: &str) -> std
 
 /// `coderoom audit verify`: checks every chain (or one), against the checkpoints. Returns the
 /// number of chains verified, or the first bad record.
-pub async fn verify_all(
+pub(crate) async fn verify_all(
     store: &Store,
     data_dir: &Path,
     only: Option<&str>,

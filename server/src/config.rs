@@ -10,13 +10,13 @@ use std::path::PathBuf;
     version,
     about = "Coderoom: a self-hostable multiplayer coding room"
 )]
-pub struct Cli {
+pub(crate) struct Cli {
     #[command(subcommand)]
     pub command: Command,
 }
 
 #[derive(Debug, Subcommand)]
-pub enum Command {
+pub(crate) enum Command {
     /// Run the room server.
     Serve(Box<ServeArgs>),
     /// Apply database migrations and exit.
@@ -41,7 +41,7 @@ pub enum Command {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum AuditCommand {
+pub(crate) enum AuditCommand {
     /// Verify every hash chain (or one room's) against the stored checkpoints; exits non-zero
     /// naming the first bad record.
     Verify {
@@ -54,7 +54,7 @@ pub enum AuditCommand {
 }
 
 #[derive(Debug, Subcommand)]
-pub enum AdminCommand {
+pub(crate) enum AdminCommand {
     /// Create (if needed) the user with this email and print a new bearer token for it.
     Token {
         #[arg(long)]
@@ -68,7 +68,7 @@ pub enum AdminCommand {
 }
 
 #[derive(Debug, Clone, Args)]
-pub struct StorageArgs {
+pub(crate) struct StorageArgs {
     /// Directory for the embedded database and other local state.
     #[arg(long, env = "CODEROOM_DATA_DIR", default_value = "./data")]
     pub data_dir: PathBuf,
@@ -78,7 +78,7 @@ pub struct StorageArgs {
 }
 
 impl StorageArgs {
-    pub fn database_url(&self) -> String {
+    pub(crate) fn database_url(&self) -> String {
         match &self.database_url {
             Some(url) => url.clone(),
             None => format!("sqlite://{}", self.data_dir.join("coderoom.db").display()),
@@ -87,7 +87,7 @@ impl StorageArgs {
 }
 
 #[derive(Debug, Clone, Args)]
-pub struct ServeArgs {
+pub(crate) struct ServeArgs {
     /// Address to listen on (port 0 picks a free port).
     #[arg(long, env = "CODEROOM_LISTEN", default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
@@ -131,7 +131,7 @@ pub struct ServeArgs {
 
 /// Room sandbox sizing and the shared terminal's bounds.
 #[derive(Debug, Clone, Args)]
-pub struct SandboxArgs {
+pub(crate) struct SandboxArgs {
     /// Memory of one sandbox (its processes, /tmp and the workspace), in MiB.
     #[arg(long, env = "CODEROOM_SANDBOX_MEMORY_MB", default_value_t = 1024)]
     pub sandbox_memory_mb: u64,
@@ -180,7 +180,7 @@ impl Default for SandboxArgs {
 
 impl SandboxArgs {
     /// The limits every sandbox starts with.
-    pub fn limits(&self) -> coderoom_sandbox::Limits {
+    pub(crate) fn limits(&self) -> coderoom_sandbox::Limits {
         coderoom_sandbox::Limits {
             memory_bytes: self.sandbox_memory_mb << 20,
             pids: self.sandbox_pids,
@@ -193,7 +193,7 @@ impl SandboxArgs {
 /// Bounds on what one client or one room may use. Defaults suit a real deployment; tests lower
 /// them to reach the edges quickly.
 #[derive(Debug, Clone, Args)]
-pub struct Limits {
+pub(crate) struct Limits {
     /// Largest WebSocket message accepted (bigger closes with 1009). Fits a large paste.
     #[arg(long, env = "CODEROOM_MAX_MESSAGE_BYTES", default_value_t = 2 << 20)]
     pub max_message_bytes: usize,

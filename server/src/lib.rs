@@ -1,30 +1,18 @@
 //! Coderoom room server: HTTP API, y-websocket document sync, durable storage.
+//!
+//! Layers (see `docs/design.md`): `http` is the edge; `room`, `terminal`, `sandbox` and
+//! `accounts` are the domain; `audit`, `store`, `config`, `metrics` and `registry` are below.
+//! Imports run downward only.
 #![forbid(unsafe_code)]
 
-pub mod access;
-pub mod api;
-pub mod app;
-pub mod approvals;
-pub mod audit;
-pub mod auth;
-pub mod config;
-pub mod deletion;
-pub mod email;
-pub mod error;
-pub mod filesync;
-pub mod login;
-pub mod mail;
-pub mod metrics;
-pub mod outbox;
-pub mod presence;
-pub mod protocol;
-pub mod ratelimit;
-pub mod registry;
+pub(crate) mod accounts;
+pub(crate) mod audit;
+pub mod cli;
+pub(crate) mod config;
+pub(crate) mod http;
+pub(crate) mod metrics;
+pub(crate) mod registry;
 pub mod room;
-pub mod rooms;
-pub mod sandbox;
-pub mod sandbox_api;
-pub mod store;
-pub mod terminal;
-pub mod web;
-pub mod ws;
+pub(crate) mod sandbox;
+pub(crate) mod store;
+pub(crate) mod terminal;

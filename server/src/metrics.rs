@@ -8,11 +8,11 @@ use prometheus_client::registry::Registry;
 use std::sync::Arc;
 
 #[derive(Clone)]
-pub struct Metrics {
+pub(crate) struct Metrics {
     inner: Arc<Inner>,
 }
 
-pub struct Inner {
+pub(crate) struct Inner {
     registry: Registry,
     pub rooms_loaded: Gauge,
     pub connections: Gauge,
@@ -28,7 +28,7 @@ pub struct Inner {
 }
 
 impl Metrics {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let mut registry = Registry::with_prefix("coderoom");
         let rooms_loaded = Gauge::default();
         let connections = Gauge::default();
@@ -111,7 +111,7 @@ impl Metrics {
         }
     }
 
-    pub fn render(&self) -> String {
+    pub(crate) fn render(&self) -> String {
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.inner.registry);

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use tokio::sync::mpsc;
 
-pub struct Registry<C> {
+pub(crate) struct Registry<C> {
     map: Mutex<HashMap<String, Entry<C>>>,
     generation: AtomicU64,
 }
@@ -34,7 +34,7 @@ impl<C> Registry<C> {
 
     /// The channel of `id`'s task. When none runs, a channel of `queue` commands is registered
     /// and `start` gets both its ends and the generation (after the registry's lock is let go).
-    pub fn get_or_start(
+    pub(crate) fn get_or_start(
         &self,
         id: &str,
         queue: usize,
@@ -61,19 +61,19 @@ impl<C> Registry<C> {
     }
 
     /// The channel of `id`'s task if one is registered.
-    pub fn get(&self, id: &str) -> Option<mpsc::Sender<C>> {
+    pub(crate) fn get(&self, id: &str) -> Option<mpsc::Sender<C>> {
         self.map().get(id).map(|e| e.tx.clone())
     }
 
     /// Every registered task's channel.
-    pub fn all(&self) -> Vec<mpsc::Sender<C>> {
+    pub(crate) fn all(&self) -> Vec<mpsc::Sender<C>> {
         self.map().values().map(|e| e.tx.clone()).collect()
     }
 
     /// Unregisters the task of `generation` if no command waits in `rx`, checked under the
     /// registry's lock so nobody can pick up its channel between the check and the removal.
     /// Returns whether the task may end.
-    pub fn release(&self, id: &str, generation: u64, rx: &mpsc::Receiver<C>) -> bool {
+    pub(crate) fn release(&self, id: &str, generation: u64, rx: &mpsc::Receiver<C>) -> bool {
         let mut map = self.map();
         if !rx.is_empty() {
             return false;
@@ -85,15 +85,10 @@ impl<C> Registry<C> {
     }
 
     /// Unregisters the task of `generation` (it ended or failed).
-    pub fn forget(&self, id: &str, generation: u64) {
+    pub(crate) fn forget(&self, id: &str, generation: u64) {
         let mut map = self.map();
         if map.get(id).is_some_and(|e| e.generation == generation) {
             map.remove(id);
         }
-    }
-
-    /// Number of registered tasks.
-    pub fn count(&self) -> usize {
-        self.map().len()
     }
 }

@@ -19,13 +19,13 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Which database a URL points at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
+pub(crate) enum Backend {
     Sqlite,
     Postgres,
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum StoreError {
+pub(crate) enum StoreError {
     #[error("database URL must start with sqlite:// or postgres://")]
     UnsupportedUrl,
     #[error("database error")]
@@ -42,47 +42,47 @@ pub enum StoreError {
 
 /// A room's stored document: the snapshot (if any) and the log entries after it, in order.
 #[derive(Debug, Default)]
-pub struct StoredDoc {
+pub(crate) struct StoredDoc {
     pub snapshot: Option<Vec<u8>>,
     pub snapshot_seq: i64,
     pub updates: Vec<(i64, Vec<u8>)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RoomRow {
+pub(crate) struct RoomRow {
     pub id: String,
     pub name: String,
     pub created_at: i64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ParticipantRow {
+pub(crate) struct ParticipantRow {
     pub user_id: String,
     pub email: String,
     pub role: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UserRow {
+pub(crate) struct UserRow {
     pub id: String,
     pub email: String,
 }
 
 /// A live login code: only its hash is ever stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LoginCode {
+pub(crate) struct LoginCode {
     pub code_hash: String,
     pub expires_at: i64,
     pub attempts: i64,
 }
 
 #[derive(Clone, Debug)]
-pub struct Store {
+pub(crate) struct Store {
     pool: AnyPool,
     backend: Backend,
 }
 
-pub fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
@@ -91,7 +91,7 @@ pub fn now_ms() -> i64 {
 
 impl Store {
     /// Connects (creating the SQLite file and its directory when needed). Does not migrate.
-    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+    pub(crate) async fn connect(url: &str) -> Result<Self, StoreError> {
         sqlx::any::install_default_drivers();
         let backend = if url.starts_with("sqlite:") {
             Backend::Sqlite
@@ -153,11 +153,11 @@ impl Store {
         }
     }
 
-    pub fn backend(&self) -> Backend {
+    pub(crate) fn backend(&self) -> Backend {
         self.backend
     }
 
-    pub async fn migrate(&self) -> Result<(), StoreError> {
+    pub(crate) async fn migrate(&self) -> Result<(), StoreError> {
         match self.backend {
             Backend::Sqlite => SQLITE_MIGRATIONS.run(&self.pool).await?,
             Backend::Postgres => POSTGRES_MIGRATIONS.run(&self.pool).await?,
@@ -165,18 +165,18 @@ impl Store {
         Ok(())
     }
 
-    pub async fn ping(&self) -> Result<(), StoreError> {
+    pub(crate) async fn ping(&self) -> Result<(), StoreError> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
     }
 
-    pub async fn close(&self) {
+    pub(crate) async fn close(&self) {
         self.pool.close().await;
     }
 
     // ---- users and sessions ----
 
-    pub async fn upsert_user(&self, id: &str, email: &str) -> Result<UserRow, StoreError> {
+    pub(crate) async fn upsert_user(&self, id: &str, email: &str) -> Result<UserRow, StoreError> {
         sqlx::query(
             "INSERT INTO users (id, email, created_at) VALUES ($1, $2, $3) \
              ON CONFLICT (email) DO NOTHING",
@@ -196,7 +196,7 @@ impl Store {
         })
     }
 
-    pub async fn insert_session(
+    pub(crate) async fn insert_session(
         &self,
         token_hash: &str,
         user_id: &str,
@@ -217,7 +217,7 @@ impl Store {
 
     /// The user of an unexpired, recently used session; refreshes its last use (at most once a
     /// minute, so reads do not turn into a write per request).
-    pub async fn live_session_user(
+    pub(crate) async fn live_session_user(
         &self,
         token_hash: &str,
         now: i64,
@@ -248,7 +248,7 @@ impl Store {
         }))
     }
 
-    pub async fn delete_session(&self, token_hash: &str) -> Result<(), StoreError> {
+    pub(crate) async fn delete_session(&self, token_hash: &str) -> Result<(), StoreError> {
         sqlx::query("DELETE FROM sessions WHERE token_hash = $1")
             .bind(token_hash)
             .execute(&self.pool)
@@ -256,7 +256,7 @@ impl Store {
         Ok(())
     }
 
-    pub async fn user_disabled(&self, email: &str) -> Result<bool, StoreError> {
+    pub(crate) async fn user_disabled(&self, email: &str) -> Result<bool, StoreError> {
         let row =
             sqlx::query("SELECT 1 AS x FROM users WHERE email = $1 AND disabled_at IS NOT NULL")
                 .bind(email)
@@ -267,7 +267,11 @@ impl Store {
 
     // ---- login codes ----
 
-    pub async fn recent_issuance(&self, email: &str, since: i64) -> Result<Vec<i64>, StoreError> {
+    pub(crate) async fn recent_issuance(
+        &self,
+        email: &str,
+        since: i64,
+    ) -> Result<Vec<i64>, StoreError> {
         let rows = sqlx::query("SELECT at FROM code_issuance WHERE email = $1 AND at > $2")
             .bind(email)
             .bind(since)
@@ -279,7 +283,7 @@ impl Store {
             .collect::<Result<_, _>>()?)
     }
 
-    pub async fn record_issuance(&self, email: &str, at: i64) -> Result<(), StoreError> {
+    pub(crate) async fn record_issuance(&self, email: &str, at: i64) -> Result<(), StoreError> {
         let mut tx = self.begin_write().await?;
         // History older than the longest cap window is of no use.
         sqlx::query("DELETE FROM code_issuance WHERE email = $1 AND at < $2")
@@ -297,7 +301,7 @@ impl Store {
     }
 
     /// Stores the one live code for `email`, voiding any earlier one.
-    pub async fn put_login_code(
+    pub(crate) async fn put_login_code(
         &self,
         email: &str,
         code_hash: &str,
@@ -319,7 +323,7 @@ impl Store {
         Ok(())
     }
 
-    pub async fn login_code(&self, email: &str) -> Result<Option<LoginCode>, StoreError> {
+    pub(crate) async fn login_code(&self, email: &str) -> Result<Option<LoginCode>, StoreError> {
         let row =
             sqlx::query("SELECT code_hash, expires_at, attempts FROM login_codes WHERE email = $1")
                 .bind(email)
@@ -336,7 +340,7 @@ impl Store {
     }
 
     /// Spends one try of this exact code; false when none is left (or the code changed).
-    pub async fn take_attempt(
+    pub(crate) async fn take_attempt(
         &self,
         email: &str,
         code_hash: &str,
@@ -355,7 +359,11 @@ impl Store {
     }
 
     /// Deletes this exact code; true for the one caller that deleted it.
-    pub async fn void_login_code(&self, email: &str, code_hash: &str) -> Result<bool, StoreError> {
+    pub(crate) async fn void_login_code(
+        &self,
+        email: &str,
+        code_hash: &str,
+    ) -> Result<bool, StoreError> {
         let done = sqlx::query("DELETE FROM login_codes WHERE email = $1 AND code_hash = $2")
             .bind(email)
             .bind(code_hash)
@@ -365,7 +373,7 @@ impl Store {
     }
 
     /// Records an authentication event. Never given a code or a token.
-    pub async fn auth_event(
+    pub(crate) async fn auth_event(
         &self,
         kind: &str,
         email: Option<&str>,
@@ -385,18 +393,10 @@ impl Store {
         Ok(())
     }
 
-    pub async fn auth_events(&self, kind: &str) -> Result<i64, StoreError> {
-        let row = sqlx::query("SELECT COUNT(*) AS n FROM auth_events WHERE kind = $1")
-            .bind(kind)
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(row.try_get("n")?)
-    }
-
     // ---- authorization state ----
 
     /// The room's sandbox row, if it ever had a sandbox.
-    pub async fn sandbox(&self, room_id: &str) -> Result<Option<SandboxRow>, StoreError> {
+    pub(crate) async fn sandbox(&self, room_id: &str) -> Result<Option<SandboxRow>, StoreError> {
         let row = sqlx::query(
             "SELECT state, reason, receipt, snapshot, snapshot_at, stop_at FROM sandboxes WHERE room_id = $1",
         )
@@ -417,7 +417,7 @@ impl Store {
     }
 
     /// Arms (or with `None` disarms) a sandbox's idle timer. Not audited: the stop it leads to is.
-    pub async fn set_idle_timer(
+    pub(crate) async fn set_idle_timer(
         &self,
         room_id: &str,
         stop_at: Option<i64>,
@@ -431,7 +431,12 @@ impl Store {
     }
 
     /// Points the room's sandbox at a newer snapshot (a periodic one, taken while running).
-    pub async fn set_snapshot(&self, room_id: &str, name: &str, at: i64) -> Result<(), StoreError> {
+    pub(crate) async fn set_snapshot(
+        &self,
+        room_id: &str,
+        name: &str,
+        at: i64,
+    ) -> Result<(), StoreError> {
         sqlx::query("UPDATE sandboxes SET snapshot = $1, snapshot_at = $2 WHERE room_id = $3")
             .bind(name)
             .bind(at)
@@ -442,7 +447,7 @@ impl Store {
     }
 
     /// Rooms whose sandbox idle timer is due at `now`.
-    pub async fn due_sandboxes(&self, now: i64) -> Result<Vec<String>, StoreError> {
+    pub(crate) async fn due_sandboxes(&self, now: i64) -> Result<Vec<String>, StoreError> {
         let rows = sqlx::query(
             "SELECT room_id FROM sandboxes WHERE stop_at IS NOT NULL AND stop_at <= $1 LIMIT 100",
         )
@@ -453,7 +458,7 @@ impl Store {
     }
 
     /// The room's participants with their grants.
-    pub async fn room_state(&self, room_id: &str) -> Result<RoomState, StoreError> {
+    pub(crate) async fn room_state(&self, room_id: &str) -> Result<RoomState, StoreError> {
         let rows = sqlx::query(
             "SELECT user_id, role, extra, removed FROM participants WHERE room_id = $1",
         )
@@ -474,7 +479,7 @@ impl Store {
     }
 
     /// Every audit chain id.
-    pub async fn audit_chains(&self) -> Result<Vec<String>, StoreError> {
+    pub(crate) async fn audit_chains(&self) -> Result<Vec<String>, StoreError> {
         let rows = sqlx::query("SELECT DISTINCT chain FROM audit_log ORDER BY chain")
             .fetch_all(&self.pool)
             .await?;
@@ -485,7 +490,10 @@ impl Store {
     }
 
     /// A chain's records, oldest first.
-    pub async fn audit_records(&self, chain: &str) -> Result<Vec<audit::Record>, StoreError> {
+    pub(crate) async fn audit_records(
+        &self,
+        chain: &str,
+    ) -> Result<Vec<audit::Record>, StoreError> {
         let rows = sqlx::query(
             "SELECT seq, at, actor, action, decision, reason, details, prev_hash, hash \
              FROM audit_log WHERE chain = $1 ORDER BY seq",
@@ -513,7 +521,7 @@ impl Store {
     }
 
     /// Applies `change` and appends its audit record to `chain`, in one transaction.
-    pub async fn record(
+    pub(crate) async fn record(
         &self,
         chain: &str,
         fields: audit::Fields,
@@ -552,7 +560,7 @@ impl Store {
         Ok(rec)
     }
 
-    pub async fn invite(&self, token_hash: &str) -> Result<Option<InviteRow>, StoreError> {
+    pub(crate) async fn invite(&self, token_hash: &str) -> Result<Option<InviteRow>, StoreError> {
         let row = sqlx::query(
             "SELECT room_id, role, created_by, expires_at, max_uses, uses, revoked_at \
              FROM invites WHERE token_hash = $1",
@@ -576,7 +584,11 @@ impl Store {
 
     // ---- approvals ----
 
-    pub async fn approval(&self, room_id: &str, id: &str) -> Result<Option<Approval>, StoreError> {
+    pub(crate) async fn approval(
+        &self,
+        room_id: &str,
+        id: &str,
+    ) -> Result<Option<Approval>, StoreError> {
         let row = sqlx::query(
             "SELECT id, requester, action, params, expires_at, decided_by, approved, used_at \
              FROM approvals WHERE room_id = $1 AND id = $2",
@@ -588,7 +600,10 @@ impl Store {
         row.as_ref().map(approval_row).transpose()
     }
 
-    pub async fn approvals(&self, room_id: &str) -> Result<Vec<(Approval, i64)>, StoreError> {
+    pub(crate) async fn approvals(
+        &self,
+        room_id: &str,
+    ) -> Result<Vec<(Approval, i64)>, StoreError> {
         let rows = sqlx::query(
             "SELECT id, requester, action, params, expires_at, decided_by, approved, used_at, created_at \
              FROM approvals WHERE room_id = $1 ORDER BY created_at, id",
@@ -604,7 +619,10 @@ impl Store {
     // ---- deletions ----
 
     /// The deletion of `room_id` in progress or pending, if any.
-    pub async fn open_deletion(&self, room_id: &str) -> Result<Option<DeletionRow>, StoreError> {
+    pub(crate) async fn open_deletion(
+        &self,
+        room_id: &str,
+    ) -> Result<Option<DeletionRow>, StoreError> {
         let row = sqlx::query(
             "SELECT id, room_id, state, requested_by, receipt FROM deletions \
              WHERE room_id = $1 AND state <> 'done' ORDER BY requested_at LIMIT 1",
@@ -615,7 +633,7 @@ impl Store {
         row.as_ref().map(deletion_row).transpose()
     }
 
-    pub async fn deletion(&self, id: &str) -> Result<Option<DeletionRow>, StoreError> {
+    pub(crate) async fn deletion(&self, id: &str) -> Result<Option<DeletionRow>, StoreError> {
         let row = sqlx::query(
             "SELECT id, room_id, state, requested_by, receipt FROM deletions WHERE id = $1",
         )
@@ -626,7 +644,7 @@ impl Store {
     }
 
     /// Deletions confirmed but not finished (a crash interrupted them).
-    pub async fn unfinished_deletions(&self) -> Result<Vec<DeletionRow>, StoreError> {
+    pub(crate) async fn unfinished_deletions(&self) -> Result<Vec<DeletionRow>, StoreError> {
         let rows = sqlx::query(
             "SELECT id, room_id, state, requested_by, receipt FROM deletions WHERE state = 'confirmed'",
         )
@@ -635,7 +653,7 @@ impl Store {
         rows.iter().map(deletion_row).collect()
     }
 
-    pub async fn confirm_deletion(&self, id: &str, by: &str) -> Result<(), StoreError> {
+    pub(crate) async fn confirm_deletion(&self, id: &str, by: &str) -> Result<(), StoreError> {
         sqlx::query(
             "UPDATE deletions SET state = 'confirmed', confirmed_by = $1, confirmed_at = $2 \
              WHERE id = $3 AND state = 'pending_confirmation'",
@@ -649,7 +667,10 @@ impl Store {
     }
 
     /// Steps of a deletion already carried out: (artifact, status, count).
-    pub async fn deletion_steps(&self, id: &str) -> Result<Vec<(String, String, i64)>, StoreError> {
+    pub(crate) async fn deletion_steps(
+        &self,
+        id: &str,
+    ) -> Result<Vec<(String, String, i64)>, StoreError> {
         let rows = sqlx::query("SELECT artifact, status, count FROM deletion_steps WHERE deletion_id = $1 ORDER BY at, artifact")
             .bind(id)
             .fetch_all(&self.pool)
@@ -666,7 +687,7 @@ impl Store {
     }
 
     /// Runs `delete_sql` (bound to the room id) and records the step, in one transaction.
-    pub async fn deletion_step(
+    pub(crate) async fn deletion_step(
         &self,
         deletion_id: &str,
         room_id: &str,
@@ -704,7 +725,7 @@ impl Store {
     }
 
     /// Records a step whose work happened outside the database.
-    pub async fn deletion_step_done(
+    pub(crate) async fn deletion_step_done(
         &self,
         deletion_id: &str,
         artifact: &str,
@@ -725,7 +746,7 @@ impl Store {
         Ok(())
     }
 
-    pub async fn finish_deletion(
+    pub(crate) async fn finish_deletion(
         &self,
         id: &str,
         receipt: &str,
@@ -744,7 +765,7 @@ impl Store {
 
     // ---- rooms ----
 
-    pub async fn rooms_of(&self, user_id: &str) -> Result<Vec<RoomRow>, StoreError> {
+    pub(crate) async fn rooms_of(&self, user_id: &str) -> Result<Vec<RoomRow>, StoreError> {
         let rows = sqlx::query(
             "SELECT r.id, r.name, r.created_at FROM rooms r \
              JOIN participants p ON p.room_id = r.id WHERE p.user_id = $1 \
@@ -756,7 +777,7 @@ impl Store {
         rows.iter().map(room_row).collect()
     }
 
-    pub async fn room(&self, id: &str) -> Result<Option<RoomRow>, StoreError> {
+    pub(crate) async fn room(&self, id: &str) -> Result<Option<RoomRow>, StoreError> {
         let row = sqlx::query("SELECT id, name, created_at FROM rooms WHERE id = $1")
             .bind(id)
             .fetch_optional(&self.pool)
@@ -764,7 +785,10 @@ impl Store {
         row.as_ref().map(room_row).transpose()
     }
 
-    pub async fn participants(&self, room_id: &str) -> Result<Vec<ParticipantRow>, StoreError> {
+    pub(crate) async fn participants(
+        &self,
+        room_id: &str,
+    ) -> Result<Vec<ParticipantRow>, StoreError> {
         let rows = sqlx::query(
             "SELECT p.user_id, u.email, p.role FROM participants p \
              JOIN users u ON u.id = p.user_id WHERE p.room_id = $1 ORDER BY p.created_at, u.email",
@@ -783,23 +807,9 @@ impl Store {
             .collect()
     }
 
-    /// The caller's role in a room, or `None` when not a participant (or no such room).
-    pub async fn role_of(
-        &self,
-        room_id: &str,
-        user_id: &str,
-    ) -> Result<Option<String>, StoreError> {
-        let row = sqlx::query("SELECT role FROM participants WHERE room_id = $1 AND user_id = $2")
-            .bind(room_id)
-            .bind(user_id)
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(row.map(|r| r.try_get("role")).transpose()?)
-    }
-
     // ---- document log ----
 
-    pub async fn load_doc(&self, room_id: &str) -> Result<StoredDoc, StoreError> {
+    pub(crate) async fn load_doc(&self, room_id: &str) -> Result<StoredDoc, StoreError> {
         let mut conn = self.pool.acquire().await?;
         let snap = sqlx::query("SELECT upto_seq, data FROM doc_snapshots WHERE room_id = $1")
             .bind(room_id)
@@ -831,7 +841,7 @@ impl Store {
     }
 
     /// Appends a batch of updates in one transaction (one fsync for the whole batch).
-    pub async fn append_updates(
+    pub(crate) async fn append_updates(
         &self,
         room_id: &str,
         batch: &[(i64, &[u8])],
@@ -851,7 +861,7 @@ impl Store {
 
     /// Replaces the snapshot with `data` (covering every update up to `upto_seq`) and drops the
     /// folded log entries, atomically.
-    pub async fn compact(
+    pub(crate) async fn compact(
         &self,
         room_id: &str,
         upto_seq: i64,
@@ -881,7 +891,7 @@ impl Store {
 
 /// A state change recorded together with its audit record.
 #[derive(Debug, Clone)]
-pub enum Change {
+pub(crate) enum Change {
     /// Only the audit record (a denial, or an action with no stored effect).
     None,
     /// Store a participant's rights (insert or replace).
@@ -954,7 +964,7 @@ pub enum Change {
 
 /// A room's sandbox as stored: lifecycle state, latest snapshot and the idle timer.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct SandboxRow {
+pub(crate) struct SandboxRow {
     /// `running`, `suspended` (snapshotted at server shutdown), `stopped` or `failed`.
     pub state: String,
     /// Why it is in this state (shown to participants).
@@ -969,7 +979,7 @@ pub struct SandboxRow {
 }
 
 #[derive(Debug, Clone)]
-pub struct InviteRow {
+pub(crate) struct InviteRow {
     pub room_id: String,
     pub role: String,
     pub created_by: String,
@@ -1254,7 +1264,7 @@ fn approval_row(r: &sqlx::any::AnyRow) -> Result<Approval, StoreError> {
 }
 
 #[derive(Debug, Clone)]
-pub struct DeletionRow {
+pub(crate) struct DeletionRow {
     pub id: String,
     pub room_id: String,
     pub state: String,

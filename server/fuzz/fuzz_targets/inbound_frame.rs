@@ -4,7 +4,7 @@
 //! `room_apply` goes one step further into yrs's integration (see its header).
 #![no_main]
 
-use coderoom_server::protocol::{parse_frame, skips_clocks, Inbound};
+use coderoom_server::room::protocol::{parse_frame, skips_clocks, Inbound};
 use libfuzzer_sys::fuzz_target;
 use yrs::StateVector;
 

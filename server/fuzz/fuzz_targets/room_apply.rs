@@ -14,7 +14,7 @@
 //! (AddressSanitizer), an allocation over the RSS limit, a hang.
 #![no_main]
 
-use coderoom_server::protocol::{parse_frame, Inbound};
+use coderoom_server::room::protocol::{parse_frame, Inbound};
 use libfuzzer_sys::fuzz_target;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use yrs::{Doc, ReadTxn, Transact, WriteTxn};
@@ -30,7 +30,7 @@ fuzz_target!(
         let doc = Doc::new();
         for m in messages {
             if let Inbound::Update { update, .. } = m {
-                if coderoom_server::protocol::skips_clocks(&update, &doc.transact().state_vector()) {
+                if coderoom_server::room::protocol::skips_clocks(&update, &doc.transact().state_vector()) {
                     return;
                 }
                 let outcome = catch_unwind(AssertUnwindSafe(|| {

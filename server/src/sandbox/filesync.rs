@@ -19,10 +19,10 @@
 //! the document keeps them and they are written back.
 
 use crate::config::Limits;
-use crate::outbox::{Outbound, Outbox};
-use crate::protocol::Inbound;
+use crate::room::outbox::{Outbound, Outbox};
+use crate::room::protocol::Inbound;
 use crate::room::RoomCmd;
-use crate::rooms::Rooms;
+use crate::room::Rooms;
 use coderoom_sandbox::path::WorkspacePath;
 use coderoom_sandbox::proto::{FileEntry, Op, Reply};
 use coderoom_sandbox::Sandbox;
@@ -38,7 +38,7 @@ use yrs::{
 };
 
 /// Largest file mirrored into the document.
-pub const MAX_SYNC_FILE: u64 = 1 << 20;
+pub(crate) const MAX_SYNC_FILE: u64 = 1 << 20;
 /// Most files one room mirrors (a listing beyond it is truncated).
 const MAX_SYNC_FILES: u32 = 5000;
 /// How often the workspace is listed for changes made inside.
@@ -55,7 +55,7 @@ const DIFF_DEADLINE: Duration = Duration::from_millis(200);
 
 /// One text edit in byte offsets of the text it applies to.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Edit {
+pub(crate) struct Edit {
     pub at: usize,
     pub delete: usize,
     pub insert: String,
@@ -93,7 +93,7 @@ fn hunks(old: &str, new: &str) -> Vec<(std::ops::Range<usize>, String)> {
 
 /// The edits that carry the disk's change (`base` -> `disk`) into the document's text `doc`,
 /// following the module's conflict rule. Returned last first, so each applies at its offsets.
-pub fn merge(base: &str, doc: &str, disk: &str) -> Vec<Edit> {
+pub(crate) fn merge(base: &str, doc: &str, disk: &str) -> Vec<Edit> {
     let base_b = boundaries(base);
     let doc_b = boundaries(doc);
     // Unchanged stretches of base in the document: (base chars, doc char start).
@@ -137,7 +137,7 @@ fn as_text(data: Vec<u8>) -> Option<String> {
 }
 
 /// What the sync needs to run.
-pub struct SyncCtx {
+pub(crate) struct SyncCtx {
     pub rooms: Rooms,
     pub limits: Arc<Limits>,
     pub room_id: String,
@@ -200,7 +200,7 @@ impl Replica {
 }
 
 /// Runs the sync until `cancel` fires. Rejoins the room if it goes away.
-pub async fn run(ctx: SyncCtx) {
+pub(crate) async fn run(ctx: SyncCtx) {
     let mut base: HashMap<String, String> = HashMap::new();
     while !ctx.cancel.is_cancelled() {
         if let Err(e) = session(&ctx, &mut base).await {
@@ -225,7 +225,7 @@ struct Session<'a> {
 
 /// One membership in the room: join, sync, reconcile, then mirror until cancelled.
 async fn session(ctx: &SyncCtx, base: &mut HashMap<String, String>) -> Result<(), String> {
-    let conn = crate::ws::next_conn_id();
+    let conn = crate::room::task::next_conn_id();
     let (outbox, mut out_rx) =
         Outbox::new(ctx.limits.outbound_queue_bytes, ctx.limits.max_doc_bytes);
     let room = ctx

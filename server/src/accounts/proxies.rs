@@ -2,30 +2,23 @@
 //! `--trusted-proxies`, the right-most `X-Forwarded-For` entry that is not itself a trusted
 //! proxy. A client cannot escape its limit by sending its own `X-Forwarded-For`.
 
-use crate::app::AppState;
-use crate::error::ApiError;
-use axum::extract::{ConnectInfo, FromRequestParts};
-use axum::http::request::Parts;
-use axum::http::{HeaderMap, Request};
+use axum::http::HeaderMap;
 use ipnet::IpNet;
-use std::fmt;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Arc;
-use tower_governor::key_extractor::KeyExtractor;
-use tower_governor::GovernorError;
 
 /// Longest `X-Forwarded-For` list considered.
 const MAX_FORWARDED: usize = 32;
 
 #[derive(Debug, Clone, Default)]
-pub struct TrustedProxies(Arc<Vec<IpNet>>);
+pub(crate) struct TrustedProxies(Arc<Vec<IpNet>>);
 
 #[derive(Debug, thiserror::Error)]
 #[error("invalid --trusted-proxies entry `{0}` (expected CIDR such as 10.0.0.0/8)")]
-pub struct BadCidr(String);
+pub(crate) struct BadCidr(String);
 
 impl TrustedProxies {
-    pub fn parse(list: &[String]) -> Result<Self, BadCidr> {
+    pub(crate) fn parse(list: &[String]) -> Result<Self, BadCidr> {
         let nets = list
             .iter()
             .map(|s| s.trim())
@@ -47,7 +40,7 @@ impl TrustedProxies {
     /// right-most forwarded address that no trusted proxy vouches for. Entries are read from
     /// the right (the end the proxies append to); an unparseable entry stops the walk at the
     /// proxy that appended it. IPv6 clients are keyed by their /64, which one host controls.
-    pub fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+    pub(crate) fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
         if !self.trusts(&peer) {
             return prefix_key(peer);
         }
@@ -81,48 +74,6 @@ fn prefix_key(ip: IpAddr) -> IpAddr {
             let s = v6.segments();
             IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
         }
-    }
-}
-
-/// The caller's address as the limits see it.
-#[derive(Debug, Clone, Copy)]
-pub struct ClientIp(pub IpAddr);
-
-impl fmt::Display for ClientIp {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        self.0.fmt(f)
-    }
-}
-
-impl FromRequestParts<AppState> for ClientIp {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let peer = parts
-            .extensions
-            .get::<ConnectInfo<SocketAddr>>()
-            .map(|c| c.0.ip())
-            .ok_or(ApiError::BadRequest("no peer address"))?;
-        Ok(ClientIp(
-            state.trusted_proxies.client_ip(peer, &parts.headers),
-        ))
-    }
-}
-
-/// tower-governor key: the same client address.
-#[derive(Debug, Clone)]
-pub struct ClientIpKey(pub TrustedProxies);
-
-impl KeyExtractor for ClientIpKey {
-    type Key = IpAddr;
-
-    fn extract<T>(&self, req: &Request<T>) -> Result<IpAddr, GovernorError> {
-        let peer = req
-            .extensions()
-            .get::<ConnectInfo<SocketAddr>>()
-            .map(|c| c.0.ip())
-            .ok_or(GovernorError::UnableToExtractKey)?;
-        Ok(self.0.client_ip(peer, req.headers()))
     }
 }
 

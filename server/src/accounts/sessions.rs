@@ -7,40 +7,27 @@
 //! WebSocket hijacking). Bearer tokens are not sent automatically by browsers, so they need no
 //! Origin.
 
-use crate::app::AppState;
-use crate::error::ApiError;
 use crate::store::{now_ms, Store, StoreError, UserRow};
-use axum::extract::FromRequestParts;
-use axum::http::request::Parts;
-use axum::http::{HeaderMap, HeaderValue, Method};
+use axum::http::{HeaderMap, HeaderValue};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
 
 const TOKEN_PREFIX: &str = "crt_";
 /// Absolute session lifetime.
-pub const SESSION_ABSOLUTE_S: u64 = 30 * 24 * 3600;
+pub(crate) const SESSION_ABSOLUTE_S: u64 = 30 * 24 * 3600;
 /// A session unused for this long is dead.
-pub const SESSION_IDLE_MS: i64 = 7 * 24 * 3600 * 1000;
-
-/// The authenticated caller.
-#[derive(Debug, Clone)]
-pub struct AuthUser {
-    pub id: String,
-    pub email: String,
-    /// Hash of the presented token, to end this session on logout.
-    pub session_hash: String,
-}
+pub(crate) const SESSION_IDLE_MS: i64 = 7 * 24 * 3600 * 1000;
 
 /// The session cookie's name and attributes, fixed by `--public-url`.
 #[derive(Debug, Clone)]
-pub struct CookieConfig {
+pub(crate) struct CookieConfig {
     name: &'static str,
     secure: bool,
 }
 
 impl CookieConfig {
     /// HTTPS deployments get `Secure` and the `__Host-` prefix (no Domain, Path=/, Secure).
-    pub fn for_origin(origin: &str) -> Self {
+    pub(crate) fn for_origin(origin: &str) -> Self {
         let secure = origin.starts_with("https://");
         CookieConfig {
             name: if secure {
@@ -52,7 +39,7 @@ impl CookieConfig {
         }
     }
 
-    pub fn set(&self, token: &str) -> HeaderValue {
+    pub(crate) fn set(&self, token: &str) -> HeaderValue {
         let secure = if self.secure { "; Secure" } else { "" };
         let v = format!(
             "{}={token}; Path=/; HttpOnly; SameSite=Lax; Max-Age={SESSION_ABSOLUTE_S}{secure}",
@@ -61,7 +48,7 @@ impl CookieConfig {
         HeaderValue::from_str(&v).unwrap_or_else(|_| HeaderValue::from_static(""))
     }
 
-    pub fn clear(&self) -> HeaderValue {
+    pub(crate) fn clear(&self) -> HeaderValue {
         let secure = if self.secure { "; Secure" } else { "" };
         let v = format!(
             "{}=; Path=/; HttpOnly; SameSite=Lax; Max-Age=0{secure}",
@@ -71,12 +58,16 @@ impl CookieConfig {
     }
 }
 
-pub fn hash_token(token: &str) -> String {
+pub(crate) fn hash_token(token: &str) -> String {
     hex::encode(Sha256::digest(token.as_bytes()))
 }
 
 /// Creates a session for the user and returns the token (shown once, never stored).
-pub async fn issue_token(store: &Store, user_id: &str, ttl_s: u64) -> Result<String, StoreError> {
+pub(crate) async fn issue_token(
+    store: &Store,
+    user_id: &str,
+    ttl_s: u64,
+) -> Result<String, StoreError> {
     let mut raw = [0u8; 32];
     rand::rngs::OsRng.fill_bytes(&mut raw);
     let token = format!("{TOKEN_PREFIX}{}", hex::encode(raw));
@@ -92,12 +83,12 @@ pub async fn issue_token(store: &Store, user_id: &str, ttl_s: u64) -> Result<Str
 }
 
 /// Creates the user if needed and returns it. `email` must be canonical (see `email.rs`).
-pub async fn ensure_user(store: &Store, email: &str) -> Result<UserRow, StoreError> {
+pub(crate) async fn ensure_user(store: &Store, email: &str) -> Result<UserRow, StoreError> {
     let id = uuid::Uuid::new_v4().simple().to_string();
     store.upsert_user(&id, email).await
 }
 
-fn well_formed(token: &str) -> bool {
+pub(crate) fn well_formed(token: &str) -> bool {
     token.starts_with(TOKEN_PREFIX)
         && token.len() == TOKEN_PREFIX.len() + 64
         && token[TOKEN_PREFIX.len()..]
@@ -106,7 +97,7 @@ fn well_formed(token: &str) -> bool {
 }
 
 /// The session token in the request's cookie, if any.
-pub fn session_cookie(headers: &HeaderMap, cookie: &CookieConfig) -> Option<String> {
+pub(crate) fn session_cookie(headers: &HeaderMap, cookie: &CookieConfig) -> Option<String> {
     headers
         .get_all(axum::http::header::COOKIE)
         .iter()
@@ -115,58 +106,6 @@ pub fn session_cookie(headers: &HeaderMap, cookie: &CookieConfig) -> Option<Stri
         .filter_map(|pair| pair.trim().split_once('='))
         .find(|(k, v)| *k == cookie.name && well_formed(v))
         .map(|(_, v)| v.to_owned())
-}
-
-fn needs_origin(parts: &Parts) -> bool {
-    let safe = matches!(parts.method, Method::GET | Method::HEAD | Method::OPTIONS);
-    let upgrade = parts
-        .headers
-        .get(axum::http::header::UPGRADE)
-        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"));
-    !safe || upgrade
-}
-
-impl FromRequestParts<AppState> for AuthUser {
-    type Rejection = ApiError;
-
-    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
-        let bearer = parts
-            .headers
-            .get(axum::http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|h| h.strip_prefix("Bearer "))
-            .map(str::trim);
-        let token = match bearer {
-            Some(t) if well_formed(t) => t.to_owned(),
-            Some(_) => return Err(ApiError::Unauthorized),
-            None => {
-                let t =
-                    session_cookie(&parts.headers, &state.cookie).ok_or(ApiError::Unauthorized)?;
-                if needs_origin(parts) {
-                    let origin = parts
-                        .headers
-                        .get(axum::http::header::ORIGIN)
-                        .and_then(|v| v.to_str().ok());
-                    if origin != Some(state.public_origin.as_str()) {
-                        tracing::info!(?origin, "cookie request refused: Origin does not match");
-                        return Err(ApiError::Forbidden);
-                    }
-                }
-                t
-            }
-        };
-        let session_hash = hash_token(&token);
-        let user = state
-            .store
-            .live_session_user(&session_hash, now_ms(), SESSION_IDLE_MS)
-            .await?
-            .ok_or(ApiError::Unauthorized)?;
-        Ok(AuthUser {
-            id: user.id,
-            email: user.email,
-            session_hash,
-        })
-    }
 }
 
 #[cfg(test)]

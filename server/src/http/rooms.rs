@@ -1,26 +1,37 @@
 //! Room routes of the public API.
 
-use crate::app::AppState;
-use crate::auth::AuthUser;
-use crate::error::ApiError;
+use crate::http::guard::room_capabilities;
+use crate::http::ApiError;
+use crate::http::AppState;
+use crate::http::AuthUser;
 use crate::store::now_ms;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
+use axum::routing::get;
 use axum::Json;
-use coderoom_authz::{decide, Action, Authorized, Capability, CapabilitySet, Decision, RoomState};
+use axum::Router;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
 /// Longest room name, in characters.
 const MAX_ROOM_NAME: usize = 100;
 
+pub(crate) fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/api/rooms", get(list_rooms).post(create_room))
+        .route(
+            "/api/rooms/{id}",
+            get(get_room).delete(crate::http::deletion::request),
+        )
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct CreateRoom {
+pub(crate) struct CreateRoom {
     name: String,
 }
 
-pub async fn create_room(
+pub(crate) async fn create_room(
     State(app): State<AppState>,
     user: AuthUser,
     Json(body): Json<CreateRoom>,
@@ -46,7 +57,7 @@ pub async fn create_room(
     Ok((StatusCode::CREATED, Json(json!({ "id": id }))))
 }
 
-pub async fn list_rooms(
+pub(crate) async fn list_rooms(
     State(app): State<AppState>,
     user: AuthUser,
 ) -> Result<Json<Value>, ApiError> {
@@ -59,7 +70,7 @@ pub async fn list_rooms(
     )))
 }
 
-pub async fn get_room(
+pub(crate) async fn get_room(
     State(app): State<AppState>,
     user: AuthUser,
     Path(id): Path<String>,
@@ -97,66 +108,4 @@ pub async fn get_room(
         "budget": null,
         "sandbox": app.sandboxes.status(&id).await?,
     })))
-}
-
-/// The room's state and the caller's proof of `observe`, decided like every other action.
-/// Rooms the caller cannot observe are reported as missing, so their existence does not leak.
-async fn observed(
-    app: &AppState,
-    room_id: &str,
-    user: &AuthUser,
-) -> Result<(RoomState, Authorized), ApiError> {
-    if !crate::access::valid_id(room_id) {
-        return Err(ApiError::NotFound);
-    }
-    let state = app.store.room_state(room_id).await?;
-    let who = crate::access::principal(app, user);
-    match decide(&who, &Action::Use(Capability::Observe), &state, now_ms()) {
-        Decision::Allow(proof) => Ok((state, proof)),
-        Decision::Deny(_) | Decision::NeedsApproval(_) => Err(ApiError::NotFound),
-    }
-}
-
-/// The caller's capabilities in the room (404 unless it may observe it).
-pub async fn room_capabilities(
-    app: &AppState,
-    room_id: &str,
-    user: &AuthUser,
-) -> Result<CapabilitySet, ApiError> {
-    Ok(observed(app, room_id, user).await?.1.actor_capabilities())
-}
-
-/// Until when the caller may edit and observe in the room (see `room::until_pair`).
-pub async fn room_access(
-    app: &AppState,
-    room_id: &str,
-    user: &AuthUser,
-) -> Result<(i64, i64), ApiError> {
-    room_until(app, room_id, user, Capability::Edit).await
-}
-
-/// Until when (Unix ms; `i64::MAX` for ever, 0 for not at all) the caller may use `cap` (never
-/// past its `observe`) and until when it may observe; 404 unless it may observe now.
-pub async fn room_until(
-    app: &AppState,
-    room_id: &str,
-    user: &AuthUser,
-    cap: Capability,
-) -> Result<(i64, i64), ApiError> {
-    Ok(room_rights(app, room_id, user, cap).await?.0)
-}
-
-/// [`room_until`] and the caller's capabilities, from one look at the room.
-pub async fn room_rights(
-    app: &AppState,
-    room_id: &str,
-    user: &AuthUser,
-    cap: Capability,
-) -> Result<((i64, i64), CapabilitySet), ApiError> {
-    let (state, proof) = observed(app, room_id, user).await?;
-    let p = state.participants.get(&user.id).ok_or(ApiError::NotFound)?;
-    Ok((
-        crate::room::until_of(p, cap, now_ms()),
-        proof.actor_capabilities(),
-    ))
 }

@@ -3,7 +3,7 @@
 //! reloads it from storage.
 
 use crate::registry::Registry;
-use crate::room::{Room, RoomCmd, RoomDeps, ROOM_QUEUE};
+use crate::room::task::{Room, RoomCmd, RoomDeps, ROOM_QUEUE};
 use std::sync::Arc;
 use tokio::sync::mpsc;
 use tokio_util::task::TaskTracker;
@@ -12,7 +12,7 @@ use tokio_util::task::TaskTracker;
 const JOIN_ATTEMPTS: usize = 3;
 
 #[derive(Clone)]
-pub struct Rooms {
+pub(crate) struct Rooms {
     inner: Arc<Inner>,
 }
 
@@ -32,7 +32,7 @@ impl Drop for LoadedGuard {
 }
 
 impl Rooms {
-    pub fn new(deps: RoomDeps, tracker: TaskTracker) -> Self {
+    pub(crate) fn new(deps: RoomDeps, tracker: TaskTracker) -> Self {
         Rooms {
             inner: Arc::new(Inner {
                 registry: Registry::default(),
@@ -43,7 +43,7 @@ impl Rooms {
     }
 
     /// The command channel of the room's task, starting the task when the room is not loaded.
-    pub fn handle(&self, room_id: &str) -> mpsc::Sender<RoomCmd> {
+    pub(crate) fn handle(&self, room_id: &str) -> mpsc::Sender<RoomCmd> {
         self.inner
             .registry
             .get_or_start(room_id, ROOM_QUEUE, |_, rx, generation| {
@@ -85,7 +85,7 @@ impl Rooms {
     /// Sends `cmd` to the room's task if the room is loaded (a room that is not loaded has no
     /// connections to tell).
     /// Returns whether the room took the command.
-    pub async fn notify(&self, room_id: &str, cmd: RoomCmd) -> bool {
+    pub(crate) async fn notify(&self, room_id: &str, cmd: RoomCmd) -> bool {
         match self.inner.registry.get(room_id) {
             Some(tx) => tx.send(cmd).await.is_ok(),
             None => false,
@@ -94,14 +94,14 @@ impl Rooms {
 
     /// Joins connection `conn` of `user_id` (with its edit and observe deadlines) to the room,
     /// loading it if needed. `Err(None)`: the room could not be loaded.
-    pub async fn join(
+    pub(crate) async fn join(
         &self,
         room_id: &str,
         conn: crate::room::ConnId,
         (user_id, name): (&str, &str),
         (edit_until, observe_until): (i64, i64),
-        outbox: &crate::outbox::Outbox,
-    ) -> Result<mpsc::Sender<RoomCmd>, Option<crate::room::JoinError>> {
+        outbox: &crate::room::outbox::Outbox,
+    ) -> Result<mpsc::Sender<RoomCmd>, Option<crate::room::task::JoinError>> {
         for _ in 0..JOIN_ATTEMPTS {
             let room = self.handle(room_id);
             let (reply, answer) = tokio::sync::oneshot::channel();
@@ -126,11 +126,6 @@ impl Rooms {
         }
         Err(None)
     }
-
-    /// Number of rooms currently registered.
-    pub fn loaded(&self) -> usize {
-        self.inner.registry.count()
-    }
 }
 
 #[cfg(test)]
@@ -140,8 +135,8 @@ mod tests {
     use super::*;
     use crate::config::Limits;
     use crate::metrics::Metrics;
-    use crate::outbox::{Outbound, Outbox};
-    use crate::protocol::Inbound;
+    use crate::room::outbox::{Outbound, Outbox};
+    use crate::room::protocol::Inbound;
     use crate::room::RoomCmd;
     use crate::store::Store;
     use tokio::sync::oneshot;
@@ -186,7 +181,7 @@ mod tests {
         rooms: &Rooms,
         room: &str,
         conn: u64,
-    ) -> (mpsc::Sender<RoomCmd>, crate::outbox::OutboxRx) {
+    ) -> (mpsc::Sender<RoomCmd>, crate::room::outbox::OutboxRx) {
         let (out, rx) = Outbox::new(1 << 20, 1 << 20);
         let tx = rooms.handle(room);
         let (reply, answer) = oneshot::channel();

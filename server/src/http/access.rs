@@ -3,19 +3,19 @@
 //! room's audit chain in the same transaction as the change, and tells the loaded room so the
 //! change applies to open connections from their next frame.
 
-use crate::app::AppState;
-use crate::audit::Locked;
-use crate::auth::{hash_token, AuthUser};
-use crate::error::ApiError;
+use crate::accounts::sessions::hash_token;
+use crate::http::guard::{authorize_locked, principal, valid_id};
+use crate::http::ApiError;
+use crate::http::AppState;
+use crate::http::AuthUser;
 use crate::room::RoomCmd;
 use crate::store::{now_ms, Change, InviteRow, StoreError};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
+use axum::routing::{delete, get, patch, post};
 use axum::Json;
-use coderoom_authz::{
-    decide, Action, Authorized, Capability, CapabilitySet, Decision, DenyReason, Participant,
-    Principal, Role,
-};
+use axum::Router;
+use coderoom_authz::{decide, Action, Capability, CapabilitySet, Decision, Participant, Role};
 use rand::RngCore;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -24,88 +24,27 @@ use serde_json::{json, Value};
 const MAX_INVITE_TTL_S: u64 = 30 * 24 * 3600;
 /// Most uses one invite may allow.
 const MAX_INVITE_USES: i64 = 1000;
-/// Longest id accepted in a path (ids we issue are 32 hex characters).
-const MAX_ID: usize = 64;
-
-pub fn principal(app: &AppState, user: &AuthUser) -> Principal {
-    Principal {
-        user: user.id.clone(),
-        is_admin: app.admin_emails.contains(&user.email),
-    }
-}
-
-/// A room or user id as accepted in a path (before any lookup).
-pub(crate) fn valid_id(id: &str) -> bool {
-    !id.is_empty() && id.len() <= MAX_ID && id.bytes().all(|b| b.is_ascii_alphanumeric())
-}
-
-/// An id this server issued for a deletion or an approval (a v4 UUID, 32 hex digits).
-pub(crate) fn valid_issued_id(id: &str) -> bool {
-    id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())
-}
-
-/// Decides `action` in `room_id` for `user` under the audit lock; a participant's denial is
-/// recorded in the room's chain (an outsider's only logged, so outsiders cannot fill a chain)
-/// and answered 404 for outsiders (the room's existence does not leak) and 403 otherwise.
-pub async fn authorize_locked(
-    app: &AppState,
-    locked: &Locked<'_>,
-    room_id: &str,
-    user: &AuthUser,
-    action: Action,
-    details: Value,
-) -> Result<Authorized, ApiError> {
-    if !valid_id(room_id) || app.store.room(room_id).await?.is_none() {
-        return Err(ApiError::NotFound);
-    }
-    let state = app.store.room_state(room_id).await?;
-    let who = principal(app, user);
-    match decide(&who, &action, &state, now_ms()) {
-        Decision::Allow(proof) => Ok(proof),
-        Decision::Deny(DenyReason::NotParticipant) if !who.is_admin => {
-            tracing::info!(room = %room_id, user = %user.id, action = action.name(), "outsider refused");
-            Err(ApiError::NotFound)
-        }
-        Decision::Deny(reason) => {
-            locked
-                .record(
-                    room_id,
-                    &user.id,
-                    action.name(),
-                    "deny",
-                    &reason.to_string(),
-                    details,
-                    Change::None,
-                )
-                .await?;
-            Err(ApiError::Denied(reason.to_string()))
-        }
-        // Routes whose actions can need approval handle that outcome themselves.
-        Decision::NeedsApproval(_) => Err(ApiError::Denied("this action needs an approval".into())),
-    }
-}
-
-/// [`authorize_locked`] for a check that is not followed by a change.
-pub async fn authorize(
-    app: &AppState,
-    room_id: &str,
-    user: &AuthUser,
-    action: Action,
-    details: Value,
-) -> Result<Authorized, ApiError> {
-    let locked = app.audit.lock().await;
-    authorize_locked(app, &locked, room_id, user, action, details).await
+pub(crate) fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/api/rooms/{id}/invites", post(create_invite))
+        .route("/api/invites/{token}/accept", post(accept_invite))
+        .route("/api/invites/{token}", delete(revoke_invite))
+        .route(
+            "/api/rooms/{id}/participants/{user_id}",
+            patch(change_participant).delete(remove_participant),
+        )
+        .route("/api/rooms/{id}/audit", get(room_audit))
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct CreateInvite {
+pub(crate) struct CreateInvite {
     role: String,
     ttl_s: u64,
     max_uses: i64,
 }
 
-pub async fn create_invite(
+pub(crate) async fn create_invite(
     State(app): State<AppState>,
     user: AuthUser,
     Path(room_id): Path<String>,
@@ -177,7 +116,7 @@ fn invite_token_ok(token: &str) -> bool {
         && token[4..].bytes().all(|b| b.is_ascii_hexdigit())
 }
 
-pub async fn accept_invite(
+pub(crate) async fn accept_invite(
     State(app): State<AppState>,
     user: AuthUser,
     Path(token): Path<String>,
@@ -247,7 +186,7 @@ pub async fn accept_invite(
     }
 }
 
-pub async fn revoke_invite(
+pub(crate) async fn revoke_invite(
     State(app): State<AppState>,
     user: AuthUser,
     Path(token): Path<String>,
@@ -287,7 +226,7 @@ pub async fn revoke_invite(
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ChangeBody {
+pub(crate) struct ChangeBody {
     role: Option<String>,
     #[serde(default)]
     grant: Vec<String>,
@@ -297,7 +236,7 @@ pub struct ChangeBody {
     expires_at: Option<i64>,
 }
 
-pub async fn change_participant(
+pub(crate) async fn change_participant(
     State(app): State<AppState>,
     user: AuthUser,
     Path((room_id, target)): Path<(String, String)>,
@@ -368,7 +307,7 @@ pub async fn change_participant(
         )
         .await?;
     drop(locked);
-    let (edit_until, observe_until) = crate::room::until_pair(&after, now);
+    let (edit_until, observe_until) = crate::room::task::until_pair(&after, now);
     let _ = app.access_changed.send((room_id.clone(), target.clone()));
     app.rooms
         .notify(
@@ -385,7 +324,7 @@ pub async fn change_participant(
     ))
 }
 
-pub async fn remove_participant(
+pub(crate) async fn remove_participant(
     State(app): State<AppState>,
     user: AuthUser,
     Path((room_id, target)): Path<(String, String)>,
@@ -430,7 +369,7 @@ pub async fn remove_participant(
     Ok(StatusCode::NO_CONTENT)
 }
 
-pub async fn room_audit(
+pub(crate) async fn room_audit(
     State(app): State<AppState>,
     user: AuthUser,
     Path(room_id): Path<String>,

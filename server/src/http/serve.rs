@@ -1,170 +1,20 @@
-//! The server: shared state, routes, and the serve loop with graceful shutdown.
+//! `coderoom serve`: builds the domain and the edge, serves until a signal, then shuts down
+//! gracefully.
 
-use crate::config::{Limits, ServeArgs};
-use crate::error::ApiError;
+use crate::config::ServeArgs;
+use crate::http::deletion;
+use crate::http::{router, AppState};
 use crate::metrics::Metrics;
-use crate::room::RoomDeps;
-use crate::rooms::Rooms;
+use crate::room::{RoomDeps, Rooms};
 use crate::store::Store;
-use crate::{access, api, approvals, deletion, login, sandbox_api, terminal, web, ws};
-use axum::extract::{DefaultBodyLimit, State};
-use axum::http::{header, StatusCode};
-use axum::response::IntoResponse;
-use axum::routing::{get, post};
 use axum::serve::ListenerExt;
-use axum::Router;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-/// Largest JSON body the API accepts.
-const MAX_API_BODY: usize = 64 << 10;
-
-#[derive(Clone)]
-pub struct AppState {
-    pub store: Store,
-    pub rooms: Rooms,
-    pub metrics: Metrics,
-    pub limits: Arc<Limits>,
-    pub shutdown: CancellationToken,
-    /// Tracks room tasks and WebSocket connections, so shutdown waits for their close frames.
-    pub tracker: TaskTracker,
-    pub hasher: crate::login::Hasher,
-    pub audit: crate::audit::Audit,
-    pub mailer: crate::mail::Mailer,
-    pub cookie: crate::auth::CookieConfig,
-    /// `scheme://host[:port]` of `--public-url`: the only Origin cookie requests may carry.
-    pub public_origin: String,
-    pub admin_emails: Arc<Vec<String>>,
-    pub trusted_proxies: crate::ratelimit::TrustedProxies,
-    pub data_dir: std::path::PathBuf,
-    /// Serialises the per-email issuance check with its record (no racing past the caps).
-    pub issuance: Arc<tokio::sync::Mutex<()>>,
-    /// One deletion run at a time.
-    pub deletions: Arc<tokio::sync::Mutex<()>>,
-    /// Hashes of sessions that just ended (logout): their open sockets close.
-    pub sessions_ended: tokio::sync::broadcast::Sender<String>,
-    /// `(room, user)` whose rights just changed: open terminals look them up again.
-    pub access_changed: tokio::sync::broadcast::Sender<(String, String)>,
-    /// Every room's sandbox supervisor.
-    pub sandboxes: crate::sandbox::Sandboxes,
-}
-
-pub fn router(state: AppState) -> Router {
-    let limits = &state.limits;
-    let governor = tower_governor::governor::GovernorConfigBuilder::default()
-        .key_extractor(crate::ratelimit::ClientIpKey(state.trusted_proxies.clone()))
-        .period(std::time::Duration::from_millis(
-            limits.auth_replenish_ms.max(1),
-        ))
-        .burst_size(limits.auth_burst.max(1))
-        .finish()
-        .map(Arc::new);
-    let mut auth = Router::new()
-        .route("/api/auth/code", post(login::request_code))
-        .route("/api/auth/verify", post(login::verify_code))
-        .route("/api/auth/logout", post(login::logout));
-    if let Some(config) = governor {
-        // Forget idle client keys, so distinct addresses cannot grow the limiter without bound.
-        let limiter = config.limiter().clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(std::time::Duration::from_secs(60)).await;
-                limiter.retain_recent();
-                limiter.shrink_to_fit();
-            }
-        });
-        // Refused before any handler (so before any argon2 work) runs.
-        auth = auth.layer(
-            tower_governor::GovernorLayer::new(config)
-                .error_handler(|_| ApiError::TooMany.into_response()),
-        );
-    }
-    Router::new()
-        .merge(auth)
-        .route("/api/me", get(login::me))
-        .route("/healthz", get(healthz))
-        .route("/metrics", get(metrics))
-        .route("/api/rooms", get(api::list_rooms).post(api::create_room))
-        .route(
-            "/api/rooms/{id}",
-            get(api::get_room).delete(deletion::request),
-        )
-        .route("/api/deletions/{id}/confirm", post(deletion::confirm))
-        .route("/api/deletions/{id}", get(deletion::get))
-        .route("/api/rooms/{id}/invites", post(access::create_invite))
-        .route("/api/invites/{token}/accept", post(access::accept_invite))
-        .route(
-            "/api/invites/{token}",
-            axum::routing::delete(access::revoke_invite),
-        )
-        .route(
-            "/api/rooms/{id}/participants/{user_id}",
-            axum::routing::patch(access::change_participant).delete(access::remove_participant),
-        )
-        .route("/api/rooms/{id}/audit", get(access::room_audit))
-        .route("/api/rooms/{id}/exports", post(approvals::export))
-        .route("/api/rooms/{id}/approvals", get(approvals::list))
-        .route(
-            "/api/rooms/{id}/approvals/{approval_id}/decision",
-            post(approvals::decide_request),
-        )
-        .route("/api/rooms/{id}/doc", get(ws::doc_socket))
-        .route("/api/rooms/{id}/terminal", get(terminal::terminal_socket))
-        .route(
-            "/api/rooms/{id}/terminal/recording",
-            get(terminal::recording),
-        )
-        .route(
-            "/api/rooms/{id}/terminal/recording/inputs",
-            get(terminal::recording_inputs),
-        )
-        .route("/api/rooms/{id}/exec", post(sandbox_api::exec))
-        .route("/api/rooms/{id}/sandbox", get(sandbox_api::status))
-        .route("/api/rooms/{id}/sandbox/stop", post(sandbox_api::stop))
-        .route("/api/rooms/{id}/sandbox/start", post(sandbox_api::start))
-        .layer(DefaultBodyLimit::max(MAX_API_BODY))
-        // File contents are bigger than API bodies.
-        .merge(
-            Router::new()
-                .route(
-                    "/api/rooms/{id}/files/{*path}",
-                    get(sandbox_api::read_file)
-                        .put(sandbox_api::write_file)
-                        .delete(sandbox_api::remove_file),
-                )
-                .layer(DefaultBodyLimit::max(sandbox_api::MAX_FILE_BYTES as usize)),
-        )
-        // The client's assets (a megabyte of JavaScript) go out gzipped to browsers that ask.
-        .fallback_service(tower_http::compression::Compression::new(
-            axum::handler::Handler::with_state(web::fallback, state.clone()),
-        ))
-        .with_state(state)
-}
-
-async fn healthz(State(app): State<AppState>) -> impl IntoResponse {
-    match app.store.ping().await {
-        Ok(()) => (StatusCode::OK, "ok\n"),
-        Err(e) => {
-            tracing::warn!(error = %e, "health check: database does not answer");
-            (StatusCode::SERVICE_UNAVAILABLE, "database unavailable\n")
-        }
-    }
-}
-
-async fn metrics(State(app): State<AppState>) -> impl IntoResponse {
-    (
-        [(
-            header::CONTENT_TYPE,
-            "text/plain; version=0.0.4; charset=utf-8",
-        )],
-        app.metrics.render(),
-    )
-}
-
 /// Runs `coderoom serve` until SIGTERM or SIGINT; then stops accepting, flushes every room and
 /// returns.
-pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     warn_unbuilt(&args);
     let store = Store::connect(&args.storage.database_url()).await?;
     store.migrate().await?;
@@ -198,7 +48,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let from = format!("Coderoom <noreply@{domain}>")
         .parse()
         .map_err(|_| anyhow::anyhow!("cannot build a sender address from --public-url"))?;
-    let mailer = crate::mail::Mailer::start(
+    let mailer = crate::accounts::mail::Mailer::start(
         args.smtp_url.as_deref(),
         args.storage.data_dir.join("outbox"),
         from,
@@ -212,7 +62,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .iter()
         .filter(|e| !e.trim().is_empty())
         .map(|e| {
-            crate::email::canonicalize(e)
+            crate::accounts::email::canonicalize(e)
                 .map_err(|_| anyhow::anyhow!("invalid --admin-emails entry {e:?}"))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
@@ -223,13 +73,13 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         limits,
         shutdown: shutdown.clone(),
         tracker: tracker.clone(),
-        hasher: crate::login::Hasher::new(permits, metrics_for_hasher),
+        hasher: crate::accounts::codes::Hasher::new(permits, metrics_for_hasher),
         audit,
         mailer,
-        cookie: crate::auth::CookieConfig::for_origin(&public_origin),
+        cookie: crate::accounts::sessions::CookieConfig::for_origin(&public_origin),
         public_origin,
         admin_emails: Arc::new(admin_emails),
-        trusted_proxies: crate::ratelimit::TrustedProxies::parse(&args.trusted_proxies)?,
+        trusted_proxies: crate::accounts::proxies::TrustedProxies::parse(&args.trusted_proxies)?,
         data_dir: args.storage.data_dir.clone(),
         sessions_ended: tokio::sync::broadcast::channel(256).0,
         access_changed: tokio::sync::broadcast::channel(256).0,

@@ -1,17 +1,16 @@
-//! Typed sandbox operations over HTTP: `/exec`, `/files/{path}`, `/sandbox`, `/sandbox/stop`,
-//! `/sandbox/start`. Paths are checked before anything reaches the sandbox.
+//! Typed sandbox operations over HTTP: `/exec`, `/sandbox`, `/sandbox/stop`, `/sandbox/start`.
+//! Paths are checked before anything reaches the sandbox.
 
-use crate::access::authorize;
-use crate::app::AppState;
-use crate::auth::AuthUser;
-use crate::error::ApiError;
-use axum::body::Bytes;
+use crate::http::files::check_path;
+use crate::http::guard::authorize;
+use crate::http::ApiError;
+use crate::http::AppState;
+use crate::http::AuthUser;
 use axum::extract::{Path, State};
-use axum::http::{header, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
 use axum::Json;
+use axum::Router;
 use coderoom_authz::{Action, Capability};
-use coderoom_sandbox::path::WorkspacePath;
 use coderoom_sandbox::proto::{Op, Reply};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -26,25 +25,25 @@ const MAX_EXEC_OUTPUT: u32 = 1 << 20;
 /// Arguments and their total size.
 const MAX_ARGS: usize = 1024;
 const MAX_ARGV_BYTES: usize = 256 << 10;
-/// Largest file read or written through the API.
-pub const MAX_FILE_BYTES: u64 = 16 << 20;
-/// Time a file operation may take.
-const FILE_WITHIN: Duration = Duration::from_secs(30);
+
+pub(crate) fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/api/rooms/{id}/exec", post(exec))
+        .route("/api/rooms/{id}/sandbox", get(status))
+        .route("/api/rooms/{id}/sandbox/stop", post(stop))
+        .route("/api/rooms/{id}/sandbox/start", post(start))
+}
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ExecRequest {
+pub(crate) struct ExecRequest {
     argv: Vec<String>,
     #[serde(default)]
     cwd: String,
     timeout_ms: Option<u64>,
 }
 
-fn check_path(raw: &str) -> Result<WorkspacePath, ApiError> {
-    WorkspacePath::parse(raw).map_err(|e| ApiError::Invalid(format!("invalid path: {e}")))
-}
-
-pub async fn exec(
+pub(crate) async fn exec(
     State(app): State<AppState>,
     user: AuthUser,
     Path(room_id): Path<String>,
@@ -117,71 +116,12 @@ pub async fn exec(
     }
 }
 
-/// Checks the path, decides `cap` for the caller and runs the file operation `make` builds.
-async fn file_op(
-    app: &AppState,
-    user: &AuthUser,
-    room_id: &str,
-    raw: &str,
-    cap: Capability,
-    make: impl FnOnce(String) -> Op,
-) -> Result<Reply, ApiError> {
-    let path = check_path(raw)?;
-    let details = json!({ "path": path.as_str() });
-    authorize(app, room_id, user, Action::Use(cap), details).await?;
-    let op = make(path.as_str().to_owned());
-    Ok(app.sandboxes.op(room_id, op, FILE_WITHIN).await?)
-}
-
-pub async fn read_file(
-    State(app): State<AppState>,
-    user: AuthUser,
-    Path((room_id, raw)): Path<(String, String)>,
-) -> Result<Response, ApiError> {
-    let make = |path| Op::ReadFile {
-        path,
-        max_bytes: MAX_FILE_BYTES,
-    };
-    match file_op(&app, &user, &room_id, &raw, Capability::Observe, make).await? {
-        Reply::File(data) => Ok((
-            [(header::CONTENT_TYPE, "application/octet-stream")],
-            data.into_vec(),
-        )
-            .into_response()),
-        _ => Err(ApiError::Internal),
-    }
-}
-
-pub async fn write_file(
-    State(app): State<AppState>,
-    user: AuthUser,
-    Path((room_id, raw)): Path<(String, String)>,
-    body: Bytes,
-) -> Result<StatusCode, ApiError> {
-    let make = |path| Op::WriteFile {
-        path,
-        data: serde_bytes::ByteBuf::from(body.to_vec()),
-    };
-    file_op(&app, &user, &room_id, &raw, Capability::Edit, make).await?;
-    Ok(StatusCode::NO_CONTENT)
-}
-
-pub async fn remove_file(
-    State(app): State<AppState>,
-    user: AuthUser,
-    Path((room_id, raw)): Path<(String, String)>,
-) -> Result<StatusCode, ApiError> {
-    let make = |path| Op::RemoveFile { path };
-    file_op(&app, &user, &room_id, &raw, Capability::Edit, make).await?;
-    Ok(StatusCode::NO_CONTENT)
-}
-
-pub async fn status(
+pub(crate) async fn status(
     State(app): State<AppState>,
     user: AuthUser,
     Path(room_id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    crate::api::room_capabilities(&app, &room_id, &user).await?;
+    crate::http::guard::room_capabilities(&app, &room_id, &user).await?;
     Ok(Json(app.sandboxes.status(&room_id).await?))
 }
 
@@ -203,7 +143,7 @@ async fn lifecycle(
     Ok(Json(status))
 }
 
-pub async fn stop(
+pub(crate) async fn stop(
     State(app): State<AppState>,
     user: AuthUser,
     Path(room_id): Path<String>,
@@ -211,7 +151,7 @@ pub async fn stop(
     lifecycle(&app, &user, &room_id, false).await
 }
 
-pub async fn start(
+pub(crate) async fn start(
     State(app): State<AppState>,
     user: AuthUser,
     Path(room_id): Path<String>,

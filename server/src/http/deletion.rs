@@ -5,15 +5,17 @@
 //! reported done before its last step. Confirmed deletions left unfinished by a crash resume
 //! when the server starts. The audit chain keeps a tombstone with the receipt's hash.
 
-use crate::access::{authorize_locked, principal};
-use crate::app::AppState;
-use crate::auth::AuthUser;
-use crate::error::ApiError;
+use crate::http::guard::{authorize_locked, principal};
+use crate::http::ApiError;
+use crate::http::AppState;
+use crate::http::AuthUser;
 use crate::room::RoomCmd;
 use crate::store::{now_ms, Change, StoreError};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
+use axum::routing::post;
 use axum::Json;
+use axum::Router;
 use coderoom_authz::{decide, Action, Decision, RoomState};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -57,7 +59,13 @@ const STEPS: &[(&str, Option<&str>)] = &[
     ("room", Some("DELETE FROM rooms WHERE id = $1")),
 ];
 
-pub async fn request(
+pub(crate) fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/api/deletions/{id}/confirm", post(confirm))
+        .route("/api/deletions/{id}", axum::routing::get(get))
+}
+
+pub(crate) async fn request(
     State(app): State<AppState>,
     user: AuthUser,
     Path(room_id): Path<String>,
@@ -102,12 +110,12 @@ pub async fn request(
     ))
 }
 
-pub async fn confirm(
+pub(crate) async fn confirm(
     State(app): State<AppState>,
     user: AuthUser,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    if !crate::access::valid_issued_id(&id) {
+    if !crate::http::guard::valid_issued_id(&id) {
         return Err(ApiError::NotFound);
     }
     let who = principal(&app, &user);
@@ -175,12 +183,12 @@ pub async fn confirm(
     receipt_of(&app, &id).await.map(Json)
 }
 
-pub async fn get(
+pub(crate) async fn get(
     State(app): State<AppState>,
     user: AuthUser,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    if !crate::access::valid_issued_id(&id) {
+    if !crate::http::guard::valid_issued_id(&id) {
         return Err(ApiError::NotFound);
     }
     let deletion = app.store.deletion(&id).await?.ok_or(ApiError::NotFound)?;
@@ -213,7 +221,7 @@ fn receipt_body(room_id: &str, id: &str, steps: &[(String, String, i64)], comple
 }
 
 /// Carries out (or resumes) a confirmed deletion.
-pub async fn run(app: &AppState, id: &str, room_id: &str) -> Result<(), StoreError> {
+pub(crate) async fn run(app: &AppState, id: &str, room_id: &str) -> Result<(), StoreError> {
     let fault_after: Option<usize> = std::env::var(FAULT_ENV).ok().and_then(|v| v.parse().ok());
     let mut executed = 0usize;
     let done: Vec<String> = app
@@ -327,7 +335,7 @@ pub async fn run(app: &AppState, id: &str, room_id: &str) -> Result<(), StoreErr
 }
 
 /// Resumes deletions a crash interrupted.
-pub async fn resume(app: &AppState) -> Result<(), StoreError> {
+pub(crate) async fn resume(app: &AppState) -> Result<(), StoreError> {
     let _one_deletion_at_a_time = app.deletions.lock().await;
     for d in app.store.unfinished_deletions().await? {
         tracing::warn!(deletion = %d.id, room = %d.room_id, "resuming an interrupted deletion");

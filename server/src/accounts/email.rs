@@ -13,10 +13,10 @@ const MAX_LABEL: usize = 63;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid email address")]
-pub struct InvalidEmail;
+pub(crate) struct InvalidEmail;
 
 /// The canonical form of `input`, or an error when it is not a plain address.
-pub fn canonicalize(input: &str) -> Result<String, InvalidEmail> {
+pub(crate) fn canonicalize(input: &str) -> Result<String, InvalidEmail> {
     let addr = input.trim_matches(|c| c == ' ' || c == '\t');
     if addr.is_empty() || addr.len() > MAX_ADDRESS || !addr.is_ascii() {
         return Err(InvalidEmail);

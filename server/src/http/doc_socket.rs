@@ -1,32 +1,32 @@
 //! `GET /api/rooms/{id}/doc`: the y-websocket endpoint. One reader (this task) decodes and
 //! validates frames and forwards them to the room; one writer drains the connection's outbox.
 
-use crate::api::room_access;
-use crate::app::AppState;
-use crate::auth::AuthUser;
-use crate::outbox::{CloseCode, Outbound, Outbox, OutboxRx};
-use crate::protocol::parse_frame;
-use crate::room::{ConnId, JoinError, RoomCmd};
+use crate::http::guard::room_access;
+use crate::http::AppState;
+use crate::http::AuthUser;
+use crate::room::outbox::{CloseCode, Outbound, Outbox, OutboxRx};
+use crate::room::protocol::parse_frame;
+use crate::room::task::next_conn_id;
+use crate::room::task::{ConnId, JoinError, RoomCmd};
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
 use futures_util::stream::SplitSink;
 use futures_util::{SinkExt, StreamExt};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::sync::mpsc;
 
-static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
-
-/// A connection id no other connection of this process has.
-pub fn next_conn_id() -> ConnId {
-    NEXT_CONN.fetch_add(1, Ordering::Relaxed)
-}
 /// Time the writer gets to flush a close frame once the reader is done.
 const WRITER_GRACE: Duration = Duration::from_secs(2);
 
-pub async fn doc_socket(
+pub(crate) fn routes() -> Router<AppState> {
+    Router::new().route("/api/rooms/{id}/doc", get(doc_socket))
+}
+
+pub(crate) async fn doc_socket(
     State(app): State<AppState>,
     user: AuthUser,
     Path(room_id): Path<String>,

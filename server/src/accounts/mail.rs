@@ -20,7 +20,7 @@ const QUEUE: usize = 1024;
 const BACKOFF: [Duration; 2] = [Duration::from_secs(1), Duration::from_secs(4)];
 
 #[derive(Debug)]
-pub struct Mail {
+pub(crate) struct Mail {
     /// A canonical address (see `email.rs`): exactly one recipient.
     pub to: String,
     pub subject: String,
@@ -28,7 +28,7 @@ pub struct Mail {
 }
 
 #[derive(Debug, thiserror::Error)]
-pub enum MailError {
+pub(crate) enum MailError {
     #[error("invalid SMTP URL")]
     Url(#[from] lettre::transport::smtp::Error),
     #[error("cannot create the outbox directory")]
@@ -41,13 +41,13 @@ enum Transport {
 }
 
 #[derive(Clone)]
-pub struct Mailer {
+pub(crate) struct Mailer {
     tx: mpsc::Sender<Mail>,
 }
 
 impl Mailer {
     /// Starts the sending task. `from` is the sender address.
-    pub fn start(
+    pub(crate) fn start(
         smtp_url: Option<&str>,
         outbox: PathBuf,
         from: Mailbox,
@@ -71,7 +71,7 @@ impl Mailer {
     }
 
     /// Queues a mail without waiting.
-    pub fn send(&self, mail: Mail) {
+    pub(crate) fn send(&self, mail: Mail) {
         if self.tx.try_send(mail).is_err() {
             tracing::error!("mail queue full or closed: a mail was dropped");
         }

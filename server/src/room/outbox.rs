@@ -21,7 +21,7 @@ const QUEUE_MESSAGES: usize = 4096;
 
 /// WebSocket close codes the server uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CloseCode {
+pub(crate) enum CloseCode {
     /// 1001: the server is going away.
     Away,
     /// 1003: a text frame on a binary protocol.
@@ -46,7 +46,7 @@ pub enum CloseCode {
 
 impl CloseCode {
     /// The reason sent with codes the connection task decides itself.
-    pub fn reason(self) -> &'static str {
+    pub(crate) fn reason(self) -> &'static str {
         match self {
             CloseCode::TooBig => "message too big",
             CloseCode::InvalidData => "text frame is not UTF-8",
@@ -61,7 +61,7 @@ impl CloseCode {
         }
     }
 
-    pub fn code(self) -> u16 {
+    pub(crate) fn code(self) -> u16 {
         match self {
             CloseCode::Away => 1001,
             CloseCode::Unsupported => 1003,
@@ -78,14 +78,14 @@ impl CloseCode {
 }
 
 #[derive(Debug)]
-pub enum Outbound {
+pub(crate) enum Outbound {
     Frame(Class, Bytes),
     Close(CloseCode, &'static str),
 }
 
 /// Which byte budget a frame counts against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Class {
+pub(crate) enum Class {
     /// Answers to this client's own requests.
     Reply,
     /// Everyone else's traffic.
@@ -128,10 +128,10 @@ impl Budgets {
 
 /// The queue was full: the connection is not keeping up.
 #[derive(Debug)]
-pub struct Stuck;
+pub(crate) struct Stuck;
 
 #[derive(Clone)]
-pub struct Outbox {
+pub(crate) struct Outbox {
     tx: mpsc::Sender<Outbound>,
     budgets: Arc<Budgets>,
     kill: CancellationToken,
@@ -139,7 +139,7 @@ pub struct Outbox {
     closing: CancellationToken,
 }
 
-pub struct OutboxRx {
+pub(crate) struct OutboxRx {
     rx: mpsc::Receiver<Outbound>,
     budgets: Arc<Budgets>,
     kill: CancellationToken,
@@ -148,7 +148,7 @@ pub struct OutboxRx {
 impl Outbox {
     /// `broadcast_bytes`: the configured per-connection budget; `max_doc_bytes`: the largest
     /// document a reply can carry.
-    pub fn new(broadcast_bytes: usize, max_doc_bytes: usize) -> (Outbox, OutboxRx) {
+    pub(crate) fn new(broadcast_bytes: usize, max_doc_bytes: usize) -> (Outbox, OutboxRx) {
         let (tx, rx) = mpsc::channel(QUEUE_MESSAGES);
         let budgets = Arc::new(Budgets {
             reply: Budget {
@@ -174,7 +174,7 @@ impl Outbox {
     }
 
     /// Queues a message without waiting.
-    pub fn push(&self, msg: Outbound) -> Result<(), Stuck> {
+    pub(crate) fn push(&self, msg: Outbound) -> Result<(), Stuck> {
         let charge = match &msg {
             Outbound::Frame(class, b) => Some((*class, b.len())),
             Outbound::Close(..) => None,
@@ -194,7 +194,7 @@ impl Outbox {
 
     /// Asks the writer to send a close frame after what is queued; kills the connection when
     /// even that cannot be queued.
-    pub fn close(&self, code: CloseCode, reason: &'static str) {
+    pub(crate) fn close(&self, code: CloseCode, reason: &'static str) {
         self.closing.cancel();
         if self.tx.try_send(Outbound::Close(code, reason)).is_err() {
             self.kill();
@@ -203,17 +203,17 @@ impl Outbox {
 
     /// Whether no broadcast bytes are waiting: a lagging connection has caught up with its
     /// queue and can be sent what it missed.
-    pub fn broadcast_idle(&self) -> bool {
+    pub(crate) fn broadcast_idle(&self) -> bool {
         self.budgets.broadcast.used.load(Ordering::Acquire) == 0
     }
 
     /// Resolves once a close was requested (by the room or by the reader itself).
-    pub fn closing(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
+    pub(crate) fn closing(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
         self.closing.cancelled()
     }
 
     /// Drops the connection at once, discarding what is queued.
-    pub fn kill(&self) {
+    pub(crate) fn kill(&self) {
         self.kill.cancel();
     }
 }
@@ -221,7 +221,7 @@ impl Outbox {
 impl OutboxRx {
     /// The next message to write; `None` once the connection was killed or every sender is gone
     /// (the room unloaded or failed).
-    pub async fn recv(&mut self) -> Option<Outbound> {
+    pub(crate) async fn recv(&mut self) -> Option<Outbound> {
         tokio::select! {
             biased;
             () = self.kill.cancelled() => None,
@@ -234,11 +234,11 @@ impl OutboxRx {
         }
     }
 
-    pub fn is_killed(&self) -> bool {
+    pub(crate) fn is_killed(&self) -> bool {
         self.kill.is_cancelled()
     }
 
-    pub fn kill_token(&self) -> CancellationToken {
+    pub(crate) fn kill_token(&self) -> CancellationToken {
         self.kill.clone()
     }
 }

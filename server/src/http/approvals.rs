@@ -6,15 +6,17 @@
 //! decides its own. The requester then repeats the export with `"approval_id"`: it runs only
 //! with exactly the approved parameters, before the request expires, once.
 
-use crate::access::{authorize, principal};
-use crate::app::AppState;
-use crate::auth::AuthUser;
-use crate::error::ApiError;
+use crate::http::guard::{authorize, principal};
+use crate::http::ApiError;
+use crate::http::AppState;
+use crate::http::AuthUser;
 use crate::store::{now_ms, Change, StoreError};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
 use axum::Json;
+use axum::Router;
 use coderoom_authz::{decide, Action, Capability, Decision, DenyReason};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -27,9 +29,19 @@ const MAX_EXPORT_FILES: usize = 100;
 /// Longest path in a file list.
 const MAX_PATH: usize = 1024;
 
+pub(crate) fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/api/rooms/{id}/exports", post(export))
+        .route("/api/rooms/{id}/approvals", get(list))
+        .route(
+            "/api/rooms/{id}/approvals/{approval_id}/decision",
+            post(decide_request),
+        )
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct ExportBody {
+pub(crate) struct ExportBody {
     files: Vec<String>,
     approval_id: Option<String>,
 }
@@ -51,7 +63,7 @@ fn export_params(files: &[String]) -> Result<String, ApiError> {
     Ok(json!({ "files": files }).to_string())
 }
 
-pub async fn export(
+pub(crate) async fn export(
     State(app): State<AppState>,
     user: AuthUser,
     Path(room_id): Path<String>,
@@ -68,7 +80,7 @@ pub async fn export(
     .await?;
     let params = export_params(&body.files)?;
     let approval = match &body.approval_id {
-        Some(id) if crate::access::valid_issued_id(id) => Some(
+        Some(id) if crate::http::guard::valid_issued_id(id) => Some(
             app.store
                 .approval(&room_id, id)
                 .await?
@@ -160,8 +172,8 @@ pub async fn export(
 /// The named files' text as stored (what every peer has been sent).
 async fn read_files(app: &AppState, room_id: &str, names: &[String]) -> Result<Value, ApiError> {
     let stored = app.store.load_doc(room_id).await?;
-    let (doc, _) =
-        crate::room::doc_from_stored(&stored).map_err(|_| ApiError::Store(StoreError::Corrupt))?;
+    let (doc, _) = crate::room::task::doc_from_stored(&stored)
+        .map_err(|_| ApiError::Store(StoreError::Corrupt))?;
     let files = doc.get_or_insert_map("files");
     let txn = doc.transact();
     let mut out = serde_json::Map::new();
@@ -175,12 +187,12 @@ async fn read_files(app: &AppState, room_id: &str, names: &[String]) -> Result<V
     Ok(Value::Object(out))
 }
 
-pub async fn list(
+pub(crate) async fn list(
     State(app): State<AppState>,
     user: AuthUser,
     Path(room_id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    crate::api::room_capabilities(&app, &room_id, &user).await?;
+    crate::http::guard::room_capabilities(&app, &room_id, &user).await?;
     let now = now_ms();
     let items: Vec<Value> = app
         .store
@@ -213,20 +225,20 @@ pub async fn list(
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct DecisionBody {
+pub(crate) struct DecisionBody {
     approve: bool,
 }
 
-pub async fn decide_request(
+pub(crate) async fn decide_request(
     State(app): State<AppState>,
     user: AuthUser,
     Path((room_id, id)): Path<(String, String)>,
     Json(body): Json<DecisionBody>,
 ) -> Result<Json<Value>, ApiError> {
-    if !crate::access::valid_issued_id(&id) {
+    if !crate::http::guard::valid_issued_id(&id) {
         return Err(ApiError::NotFound);
     }
-    crate::api::room_capabilities(&app, &room_id, &user).await?;
+    crate::http::guard::room_capabilities(&app, &room_id, &user).await?;
     let approval = app
         .store
         .approval(&room_id, &id)

@@ -6,7 +6,7 @@
 //! never cached. Every answer carries a strict Content-Security-Policy: scripts only from this
 //! origin, connections only to this origin, no framing.
 
-use crate::app::AppState;
+use crate::http::AppState;
 use axum::extract::State;
 use axum::http::{header, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
@@ -42,10 +42,10 @@ fn mime(path: &str) -> &'static str {
 }
 
 /// The router's fallback: assets, then the app shell, and a JSON 404 under `/api/`.
-pub async fn fallback(State(app): State<AppState>, method: Method, uri: Uri) -> Response {
+pub(crate) async fn fallback(State(app): State<AppState>, method: Method, uri: Uri) -> Response {
     let path = uri.path();
     if path.starts_with("/api/") || path == "/api" {
-        return crate::error::ApiError::NotFound.into_response();
+        return crate::http::ApiError::NotFound.into_response();
     }
     if method != Method::GET && method != Method::HEAD {
         return StatusCode::METHOD_NOT_ALLOWED.into_response();

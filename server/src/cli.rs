@@ -1,0 +1,91 @@
+//! The `coderoom` command line: `serve`, `agent`, `audit verify`, `migrate`, `admin token`.
+
+use crate::accounts::sessions as auth;
+use crate::config::{AdminCommand, AuditCommand, Cli, Command};
+use crate::store::Store;
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+fn init_logging(json: bool) {
+    let filter = EnvFilter::try_from_env("CODEROOM_LOG")
+        .unwrap_or_else(|_| EnvFilter::new("info,sqlx=warn,tower_http=info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+/// Parses the command line and runs the command.
+pub fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    // The agent forks into a reaper and a server before any thread exists, so it runs before
+    // (and without) the server's runtime.
+    if let Command::Agent { fd } = cli.command {
+        std::process::exit(coderoom_sandbox::agent::main(fd));
+    }
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?
+        .block_on(run(cli))
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Agent { .. } => unreachable!("handled before the runtime starts"),
+        Command::Serve(args) => {
+            init_logging(args.log_format == "json");
+            crate::http::serve::serve(*args).await
+        }
+        Command::Audit {
+            command: AuditCommand::Verify { room, storage },
+        } => {
+            init_logging(false);
+            let store = Store::connect(&storage.database_url()).await?;
+            store.migrate().await?;
+            let result =
+                crate::audit::verify_all(&store, &storage.data_dir, room.as_deref()).await?;
+            store.close().await;
+            match result {
+                Ok(n) => {
+                    println!("ok: {n} audit chain(s) verified");
+                    Ok(())
+                }
+                Err(e) => {
+                    eprintln!("FAILED: {e}");
+                    std::process::exit(1);
+                }
+            }
+        }
+        Command::Migrate(storage) => {
+            init_logging(false);
+            let store = Store::connect(&storage.database_url()).await?;
+            store.migrate().await?;
+            tracing::info!(backend = ?store.backend(), "migrations applied");
+            Ok(())
+        }
+        Command::Admin {
+            command:
+                AdminCommand::Token {
+                    email,
+                    ttl_s,
+                    storage,
+                },
+        } => {
+            init_logging(false);
+            let email = crate::accounts::email::canonicalize(&email)
+                .map_err(|_| anyhow::anyhow!("not a plain email address: {email:?}"))?;
+            let store = Store::connect(&storage.database_url()).await?;
+            store.migrate().await?;
+            let user = auth::ensure_user(&store, &email).await?;
+            let token = auth::issue_token(&store, &user.id, ttl_s).await?;
+            println!("{token}");
+            store.close().await;
+            Ok(())
+        }
+    }
+}

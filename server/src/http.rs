@@ -1,0 +1,53 @@
+//! The HTTP and WebSocket edge: extractors, the authorization guard, the one mapping of errors
+//! to responses, and one module per resource, each with its `routes()`. The edge imports the
+//! domain (`room`, `terminal`, `sandbox`, `accounts`); nothing outside `http` imports it (see
+//! `docs/design.md` and the `layers` test).
+
+pub(crate) mod access;
+pub(crate) mod approvals;
+pub(crate) mod deletion;
+pub(crate) mod doc_socket;
+pub(crate) mod error;
+pub(crate) mod extract;
+pub(crate) mod files;
+pub(crate) mod guard;
+pub(crate) mod login;
+pub(crate) mod ops;
+pub(crate) mod rooms;
+pub(crate) mod sandbox;
+pub(crate) mod serve;
+pub(crate) mod state;
+pub(crate) mod terminal_socket;
+pub(crate) mod web;
+
+pub(crate) use error::ApiError;
+pub(crate) use extract::AuthUser;
+pub(crate) use state::AppState;
+
+use axum::extract::DefaultBodyLimit;
+use axum::Router;
+
+/// Largest JSON body the API accepts.
+const MAX_API_BODY: usize = 64 << 10;
+
+/// Every route of the server.
+pub(crate) fn router(state: AppState) -> Router {
+    Router::new()
+        .merge(login::routes(&state))
+        .merge(ops::routes())
+        .merge(rooms::routes())
+        .merge(deletion::routes())
+        .merge(access::routes())
+        .merge(approvals::routes())
+        .merge(doc_socket::routes())
+        .merge(terminal_socket::routes())
+        .merge(sandbox::routes())
+        .layer(DefaultBodyLimit::max(MAX_API_BODY))
+        // File contents are bigger than API bodies.
+        .merge(files::routes())
+        // The client's assets (a megabyte of JavaScript) go out gzipped to browsers that ask.
+        .fallback_service(tower_http::compression::Compression::new(
+            axum::handler::Handler::with_state(web::fallback, state.clone()),
+        ))
+        .with_state(state)
+}

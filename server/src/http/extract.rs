@@ -1,0 +1,123 @@
+//! Who is calling: the authenticated user (bearer token or session cookie, with the Origin
+//! check for cookies) and the client address the rate limits key on.
+//!
+//! Cookie-authenticated requests that change state, and WebSocket upgrades, must carry an
+//! `Origin` equal to the server's public origin: a page on another site can make the browser
+//! send the cookie, but not forge the Origin (cross-site request forgery and cross-site
+//! WebSocket hijacking). Bearer tokens are not sent automatically by browsers, so they need no
+//! Origin.
+
+use crate::accounts::proxies::TrustedProxies;
+use crate::accounts::sessions::{hash_token, session_cookie, well_formed, SESSION_IDLE_MS};
+use crate::http::{ApiError, AppState};
+use crate::store::now_ms;
+use axum::extract::{ConnectInfo, FromRequestParts};
+use axum::http::request::Parts;
+use axum::http::{Method, Request};
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use tower_governor::key_extractor::KeyExtractor;
+use tower_governor::GovernorError;
+
+/// The authenticated caller.
+#[derive(Debug, Clone)]
+pub(crate) struct AuthUser {
+    pub id: String,
+    pub email: String,
+    /// Hash of the presented token, to end this session on logout.
+    pub session_hash: String,
+}
+
+fn needs_origin(parts: &Parts) -> bool {
+    let safe = matches!(parts.method, Method::GET | Method::HEAD | Method::OPTIONS);
+    let upgrade = parts
+        .headers
+        .get(axum::http::header::UPGRADE)
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"websocket"));
+    !safe || upgrade
+}
+
+impl FromRequestParts<AppState> for AuthUser {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let bearer = parts
+            .headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|h| h.strip_prefix("Bearer "))
+            .map(str::trim);
+        let token = match bearer {
+            Some(t) if well_formed(t) => t.to_owned(),
+            Some(_) => return Err(ApiError::Unauthorized),
+            None => {
+                let t =
+                    session_cookie(&parts.headers, &state.cookie).ok_or(ApiError::Unauthorized)?;
+                if needs_origin(parts) {
+                    let origin = parts
+                        .headers
+                        .get(axum::http::header::ORIGIN)
+                        .and_then(|v| v.to_str().ok());
+                    if origin != Some(state.public_origin.as_str()) {
+                        tracing::info!(?origin, "cookie request refused: Origin does not match");
+                        return Err(ApiError::Forbidden);
+                    }
+                }
+                t
+            }
+        };
+        let session_hash = hash_token(&token);
+        let user = state
+            .store
+            .live_session_user(&session_hash, now_ms(), SESSION_IDLE_MS)
+            .await?
+            .ok_or(ApiError::Unauthorized)?;
+        Ok(AuthUser {
+            id: user.id,
+            email: user.email,
+            session_hash,
+        })
+    }
+}
+
+/// The caller's address as the limits see it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ClientIp(pub IpAddr);
+
+impl fmt::Display for ClientIp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl FromRequestParts<AppState> for ClientIp {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let peer = parts
+            .extensions
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|c| c.0.ip())
+            .ok_or(ApiError::BadRequest("no peer address"))?;
+        Ok(ClientIp(
+            state.trusted_proxies.client_ip(peer, &parts.headers),
+        ))
+    }
+}
+
+/// tower-governor key: the same client address.
+#[derive(Debug, Clone)]
+pub(crate) struct ClientIpKey(pub TrustedProxies);
+
+impl KeyExtractor for ClientIpKey {
+    type Key = IpAddr;
+
+    fn extract<T>(&self, req: &Request<T>) -> Result<IpAddr, GovernorError> {
+        let peer = req
+            .extensions()
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|c| c.0.ip())
+            .ok_or(GovernorError::UnableToExtractKey)?;
+        Ok(self.0.client_ip(peer, req.headers()))
+    }
+}

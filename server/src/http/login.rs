@@ -1,0 +1,224 @@
+//! Email magic-code login: `POST /api/auth/code`, `/verify`, `/logout`, `GET /api/me`. The
+//! codes themselves are `accounts::codes`; `/api/auth/*` is rate limited per client address.
+
+use crate::accounts::codes::{
+    dummy_hash, gate, may_issue, new_code, Gate, HashError, CODE_TTL_MS, ISSUE_CAPS, MAX_ATTEMPTS,
+};
+use crate::accounts::email::canonicalize;
+use crate::accounts::mail::Mail;
+use crate::accounts::sessions as auth;
+use crate::http::extract::ClientIp;
+use crate::http::{ApiError, AppState, AuthUser};
+use crate::store::now_ms;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::json;
+use std::sync::Arc;
+
+pub(crate) fn routes(state: &AppState) -> Router<AppState> {
+    let limits = &state.limits;
+    let governor = tower_governor::governor::GovernorConfigBuilder::default()
+        .key_extractor(crate::http::extract::ClientIpKey(
+            state.trusted_proxies.clone(),
+        ))
+        .period(std::time::Duration::from_millis(
+            limits.auth_replenish_ms.max(1),
+        ))
+        .burst_size(limits.auth_burst.max(1))
+        .finish()
+        .map(Arc::new);
+    let mut auth = Router::new()
+        .route("/api/auth/code", post(request_code))
+        .route("/api/auth/verify", post(verify_code))
+        .route("/api/auth/logout", post(logout));
+    if let Some(config) = governor {
+        // Forget idle client keys, so distinct addresses cannot grow the limiter without bound.
+        let limiter = config.limiter().clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(std::time::Duration::from_secs(60)).await;
+                limiter.retain_recent();
+                limiter.shrink_to_fit();
+            }
+        });
+        // Refused before any handler (so before any argon2 work) runs.
+        auth = auth.layer(
+            tower_governor::GovernorLayer::new(config)
+                .error_handler(|_| ApiError::TooMany.into_response()),
+        );
+    }
+    auth.route("/api/me", get(me))
+}
+
+#[derive(Deserialize)]
+pub(crate) struct CodeRequest {
+    email: String,
+}
+
+#[derive(Deserialize)]
+pub(crate) struct VerifyRequest {
+    email: String,
+    code: String,
+}
+
+fn accepted() -> Response {
+    (StatusCode::ACCEPTED, Json(json!({ "status": "sent" }))).into_response()
+}
+
+fn unauthorized() -> Response {
+    ApiError::Unauthorized.into_response()
+}
+
+fn hash_error(e: HashError) -> Response {
+    tracing::warn!(error = %e, "login hashing unavailable");
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        Json(json!({ "error": "try again shortly" })),
+    )
+        .into_response()
+}
+
+pub(crate) async fn request_code(
+    State(app): State<AppState>,
+    ip: ClientIp,
+    Json(body): Json<CodeRequest>,
+) -> Result<Response, ApiError> {
+    let email =
+        canonicalize(&body.email).map_err(|_| ApiError::BadRequest("invalid email address"))?;
+    let now = now_ms();
+    {
+        let _one_at_a_time = app.issuance.lock().await;
+        let recent = app
+            .store
+            .recent_issuance(&email, now - ISSUE_CAPS[1].0)
+            .await?;
+        if !may_issue(&recent, now) {
+            app.store
+                .auth_event("code_rate_limited", Some(&email), None, &ip.to_string())
+                .await?;
+            return Err(ApiError::TooMany);
+        }
+        app.store.record_issuance(&email, now).await?;
+    }
+    let code = new_code();
+    let hash = match app.hasher.hash(code.clone()).await {
+        Ok(h) => h,
+        Err(e) => return Ok(hash_error(e)),
+    };
+    // The same work for every address: known, unknown and disabled accounts all get a stored
+    // code; only the mail is skipped for a disabled account (queued off the request path).
+    app.store
+        .put_login_code(&email, &hash, now, now + CODE_TTL_MS)
+        .await?;
+    let disabled = app.store.user_disabled(&email).await?;
+    app.store
+        .auth_event("code_issued", Some(&email), None, &ip.to_string())
+        .await?;
+    if !disabled {
+        app.mailer.send(Mail {
+            to: email.clone(),
+            subject: "Your Coderoom login code".into(),
+            body: format!(
+                "Your Coderoom login code is {code}\r\n\r\nIt works once, for 10 minutes.\r\n\
+                 If you did not ask for it, ignore this mail.\r\n"
+            ),
+        });
+    }
+    Ok(accepted())
+}
+
+pub(crate) async fn verify_code(
+    State(app): State<AppState>,
+    ip: ClientIp,
+    headers: HeaderMap,
+    Json(body): Json<VerifyRequest>,
+) -> Result<Response, ApiError> {
+    let ip = ip.to_string();
+    let Ok(email) = canonicalize(&body.email) else {
+        return Ok(unauthorized());
+    };
+    let well_formed = body.code.len() == 6 && body.code.bytes().all(|b| b.is_ascii_digit());
+    let stored = app.store.login_code(&email).await?;
+    let now = now_ms();
+    let checkable = well_formed && gate(stored.as_ref(), now) == Gate::Check;
+    let (hash, reserved) = match (&stored, checkable) {
+        // Take one try before hashing, atomically, so concurrent guesses cannot exceed five.
+        (Some(c), true) => (
+            c.code_hash.clone(),
+            app.store
+                .take_attempt(&email, &c.code_hash, MAX_ATTEMPTS)
+                .await?,
+        ),
+        _ => (dummy_hash(), false),
+    };
+    let ok = match app.hasher.verify(body.code.clone(), hash.clone()).await {
+        Ok(ok) => ok && reserved,
+        Err(e) => return Ok(hash_error(e)),
+    };
+    if !ok {
+        if reserved {
+            let attempts = stored.as_ref().map_or(0, |c| c.attempts) + 1;
+            if attempts >= MAX_ATTEMPTS {
+                app.store.void_login_code(&email, &hash).await?;
+                app.store
+                    .auth_event("code_locked", Some(&email), None, &ip)
+                    .await?;
+            }
+        }
+        app.store
+            .auth_event("login_failed", Some(&email), None, &ip)
+            .await?;
+        return Ok(unauthorized());
+    }
+    // Single use: only the request that deletes the row logs in.
+    if !app.store.void_login_code(&email, &hash).await? {
+        app.store
+            .auth_event("login_failed", Some(&email), None, &ip)
+            .await?;
+        return Ok(unauthorized());
+    }
+    let user = auth::ensure_user(&app.store, &email).await?;
+    if app.store.user_disabled(&email).await? {
+        app.store
+            .auth_event("login_failed", Some(&email), Some(&user.id), &ip)
+            .await?;
+        return Ok(unauthorized());
+    }
+    // Rotate: a session presented with this request ends; a new one begins.
+    if let Some(old) = auth::session_cookie(&headers, &app.cookie) {
+        app.store.delete_session(&auth::hash_token(&old)).await?;
+    }
+    let token = auth::issue_token(&app.store, &user.id, auth::SESSION_ABSOLUTE_S).await?;
+    app.store
+        .auth_event("login_ok", Some(&email), Some(&user.id), &ip)
+        .await?;
+    let mut resp = Json(json!({ "user": { "id": user.id, "email": user.email } })).into_response();
+    resp.headers_mut()
+        .insert(axum::http::header::SET_COOKIE, app.cookie.set(&token));
+    Ok(resp)
+}
+
+pub(crate) async fn logout(
+    State(app): State<AppState>,
+    user: AuthUser,
+) -> Result<Response, ApiError> {
+    app.store.delete_session(&user.session_hash).await?;
+    app.store
+        .auth_event("logout", Some(&user.email), Some(&user.id), "")
+        .await?;
+    // Sockets opened with this session end too.
+    let _ = app.sessions_ended.send(user.session_hash.clone());
+    let mut resp = StatusCode::NO_CONTENT.into_response();
+    resp.headers_mut()
+        .insert(axum::http::header::SET_COOKIE, app.cookie.clear());
+    Ok(resp)
+}
+
+pub(crate) async fn me(State(app): State<AppState>, user: AuthUser) -> Json<serde_json::Value> {
+    let is_admin = app.admin_emails.contains(&user.email);
+    Json(json!({ "id": user.id, "email": user.email, "is_admin": is_admin }))
+}

@@ -1,0 +1,34 @@
+//! Operations: `GET /healthz` and `GET /metrics`.
+
+use crate::http::AppState;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use axum::Router;
+
+pub(crate) fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+}
+
+async fn healthz(State(app): State<AppState>) -> impl IntoResponse {
+    match app.store.ping().await {
+        Ok(()) => (StatusCode::OK, "ok\n"),
+        Err(e) => {
+            tracing::warn!(error = %e, "health check: database does not answer");
+            (StatusCode::SERVICE_UNAVAILABLE, "database unavailable\n")
+        }
+    }
+}
+
+async fn metrics(State(app): State<AppState>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        app.metrics.render(),
+    )
+}

@@ -1,0 +1,45 @@
+//! The state every handler shares: the domain's handles, the edge's settings.
+
+use crate::accounts::codes::Hasher;
+use crate::accounts::mail::Mailer;
+use crate::accounts::proxies::TrustedProxies;
+use crate::accounts::sessions::CookieConfig;
+use crate::audit::Audit;
+use crate::config::Limits;
+use crate::metrics::Metrics;
+use crate::room::Rooms;
+use crate::sandbox::Sandboxes;
+use crate::store::Store;
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+#[derive(Clone)]
+pub(crate) struct AppState {
+    pub store: Store,
+    pub rooms: Rooms,
+    pub metrics: Metrics,
+    pub limits: Arc<Limits>,
+    pub shutdown: CancellationToken,
+    /// Tracks room tasks and WebSocket connections, so shutdown waits for their close frames.
+    pub tracker: TaskTracker,
+    pub hasher: Hasher,
+    pub audit: Audit,
+    pub mailer: Mailer,
+    pub cookie: CookieConfig,
+    /// `scheme://host[:port]` of `--public-url`: the only Origin cookie requests may carry.
+    pub public_origin: String,
+    pub admin_emails: Arc<Vec<String>>,
+    pub trusted_proxies: TrustedProxies,
+    pub data_dir: std::path::PathBuf,
+    /// Serialises the per-email issuance check with its record (no racing past the caps).
+    pub issuance: Arc<tokio::sync::Mutex<()>>,
+    /// One deletion run at a time.
+    pub deletions: Arc<tokio::sync::Mutex<()>>,
+    /// Hashes of sessions that just ended (logout): their open sockets close.
+    pub sessions_ended: tokio::sync::broadcast::Sender<String>,
+    /// `(room, user)` whose rights just changed: open terminals look them up again.
+    pub access_changed: tokio::sync::broadcast::Sender<(String, String)>,
+    /// Every room's sandbox supervisor.
+    pub sandboxes: Sandboxes,
+}

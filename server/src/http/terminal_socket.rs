@@ -1,0 +1,428 @@
+//! `GET /api/rooms/{id}/terminal`: the room's shared PTY over a WebSocket, and its recording.
+//!
+//! Server to client: binary frames are output (the scrollback first), text frames are JSON
+//! events (`denied`, `exit`, `sandbox`, `error`). Client to server: binary frames are input,
+//! forwarded only while the sender holds `type`; text frames are `{"type":"resize",...}`.
+//!
+//! Resize policy: the PTY takes the size most recently asked for by a participant who may type
+//! (the people typing decide the layout); resizes from observers are ignored, and every viewer
+//! renders the same grid.
+
+use crate::http::ApiError;
+use crate::http::AppState;
+use crate::http::AuthUser;
+use crate::store::{now_ms, Change};
+use crate::terminal::recorder::{CAST_FILE, INPUTS_FILE};
+use crate::terminal::TermOut;
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
+use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{Path, Query, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::Router;
+use coderoom_authz::Capability;
+use futures_util::{SinkExt, StreamExt};
+use serde::Deserialize;
+use serde_json::json;
+use std::time::Duration;
+
+/// Largest input frame (a big paste) and control frame accepted.
+const MAX_INPUT_FRAME: usize = 64 << 10;
+/// A viewer without `type` gets its refusals audited at most this often (with a count), so
+/// a held-down key cannot flood the audit chain.
+const DENIAL_AUDIT_EVERY: Duration = Duration::from_secs(10);
+/// Largest terminal size accepted.
+const MAX_COLS: u16 = 1000;
+const MAX_ROWS: u16 = 500;
+/// Output coalesced into one frame for a viewer that is behind.
+const MAX_OUTPUT_FRAME: usize = 256 << 10;
+/// Time a close frame gets to go out.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
+
+pub(crate) fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/api/rooms/{id}/terminal", get(terminal_socket))
+        .route("/api/rooms/{id}/terminal/recording", get(recording))
+        .route(
+            "/api/rooms/{id}/terminal/recording/inputs",
+            get(recording_inputs),
+        )
+}
+
+#[derive(Deserialize)]
+pub(crate) struct SizeQuery {
+    cols: Option<u16>,
+    rows: Option<u16>,
+}
+
+fn clamp_size(cols: u16, rows: u16) -> (u16, u16) {
+    (cols.clamp(2, MAX_COLS), rows.clamp(1, MAX_ROWS))
+}
+
+pub(crate) async fn terminal_socket(
+    State(app): State<AppState>,
+    user: AuthUser,
+    Path(room_id): Path<String>,
+    Query(size): Query<SizeQuery>,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+) -> Result<Response, Response> {
+    let rights = crate::http::guard::room_until(&app, &room_id, &user, Capability::Type)
+        .await
+        .map_err(IntoResponse::into_response)?;
+    let ws = ws.map_err(IntoResponse::into_response)?;
+    let (cols, rows) = clamp_size(size.cols.unwrap_or(80), size.rows.unwrap_or(24));
+    Ok(ws
+        .max_message_size(MAX_INPUT_FRAME)
+        .max_frame_size(MAX_INPUT_FRAME)
+        .on_upgrade(move |socket| {
+            let tracker = app.tracker.clone();
+            tracker.track_future(serve(app, room_id, user, rights, (cols, rows), socket))
+        }))
+}
+
+/// Sends one message; false when the client is gone or accepts nothing for `stall` (a
+/// viewer that stopped reading is dropped, its socket closed, instead of hanging here).
+async fn put(
+    sink: &mut futures_util::stream::SplitSink<WebSocket, Message>,
+    msg: Message,
+    stall: Duration,
+) -> bool {
+    matches!(
+        tokio::time::timeout(stall, sink.send(msg)).await,
+        Ok(Ok(()))
+    )
+}
+
+/// Sends what the hub queued for this viewer; false when the connection is over. Output that
+/// is already waiting goes out in the same frame: a viewer that is briefly behind catches up
+/// with a few large frames, not many small ones.
+async fn deliver(
+    sink: &mut futures_util::stream::SplitSink<WebSocket, Message>,
+    rx: &mut tokio::sync::mpsc::Receiver<TermOut>,
+    out: TermOut,
+    stall: Duration,
+) -> bool {
+    let mut next = Some(out);
+    while let Some(out) = next.take() {
+        match out {
+            TermOut::Output(bytes) => {
+                let mut frame = bytes::BytesMut::from(&bytes[..]);
+                while frame.len() < MAX_OUTPUT_FRAME {
+                    match rx.try_recv() {
+                        Ok(TermOut::Output(more)) => frame.extend_from_slice(&more),
+                        Ok(other) => {
+                            next = Some(other);
+                            break;
+                        }
+                        Err(_) => break,
+                    }
+                }
+                if !put(sink, Message::Binary(frame.freeze()), stall).await {
+                    return false;
+                }
+            }
+            TermOut::Event(text) => {
+                if !put(sink, Message::Text(text.into()), stall).await {
+                    return false;
+                }
+            }
+            TermOut::Close(code, reason) => {
+                close(sink, code, reason).await;
+                return false;
+            }
+        }
+    }
+    true
+}
+
+async fn close(
+    socket: &mut futures_util::stream::SplitSink<WebSocket, Message>,
+    code: u16,
+    reason: &str,
+) {
+    let frame = Message::Close(Some(CloseFrame {
+        code,
+        reason: reason.to_owned().into(),
+    }));
+    put(socket, frame, CLOSE_GRACE).await;
+}
+
+async fn serve(
+    app: AppState,
+    room_id: String,
+    user: AuthUser,
+    rights: (i64, i64),
+    (cols, rows): (u16, u16),
+    socket: WebSocket,
+) {
+    let (mut sink, mut stream) = socket.split();
+    let stall = Duration::from_millis(app.limits.write_stall_ms);
+    let (mut type_until, mut observe_until) = rights;
+    // Listen before anything slow (joining may start or restore the sandbox), so no change of
+    // rights or end of session can fall between the check at upgrade and the loop.
+    let mut access = app.access_changed.subscribe();
+    let mut ended = app.sessions_ended.subscribe();
+    let joined = match app.sandboxes.join(&room_id, cols, rows).await {
+        Ok(j) => j,
+        Err(_) if app.shutdown.is_cancelled() => {
+            close(&mut sink, 1001, "server shutting down").await;
+            return;
+        }
+        Err(e) => {
+            // Said only to someone still in the room (the join may have taken a while).
+            if let Some(((_, observe), _)) = rights_now(&app, &room_id, &user).await {
+                if now_ms() >= observe {
+                    close(&mut sink, 4003, "removed from the room").await;
+                    return;
+                }
+            }
+            let msg = json!({ "type": "error", "reason": e.to_string() }).to_string();
+            put(&mut sink, Message::Text(msg.into()), stall).await;
+            close(&mut sink, 1011, "sandbox unavailable").await;
+            return;
+        }
+    };
+    let viewer = joined.viewer;
+    let mut rx = joined.rx;
+    // Rights as they are now, after the join (a removal meanwhile closes with 4003 below);
+    // when storage cannot say, those checked at upgrade stand.
+    let caps = match rights_now(&app, &room_id, &user).await {
+        Some((until, caps)) => {
+            (type_until, observe_until) = until;
+            Some(caps)
+        }
+        None => None,
+    };
+    if now_ms() >= observe_until {
+        close(&mut sink, 4003, "removed from the room").await;
+        app.sandboxes.leave(&room_id, viewer).await;
+        return;
+    }
+    if !joined.scrollback.is_empty()
+        && !put(&mut sink, Message::Binary(joined.scrollback.into()), stall).await
+    {
+        app.sandboxes.leave(&room_id, viewer).await;
+        return;
+    }
+    for ev in joined.events {
+        put(&mut sink, Message::Text(ev.into()), stall).await;
+    }
+    if now_ms() >= type_until {
+        let msg = json!({ "type": "read_only", "reason": "you may watch but not type" });
+        put(&mut sink, Message::Text(msg.to_string().into()), stall).await;
+    }
+    if let Some(caps) = caps {
+        put(&mut sink, capabilities(&caps), stall).await;
+    }
+    let mut denied = Denials::default();
+    loop {
+        let observe_left = Duration::from_millis(
+            u64::try_from(observe_until.saturating_sub(now_ms())).unwrap_or(0),
+        );
+        tokio::select! {
+            frame = stream.next() => match frame {
+                None | Some(Ok(Message::Close(_))) | Some(Err(_)) => break,
+                Some(Ok(Message::Binary(data))) => {
+                    if now_ms() < type_until {
+                        app.sandboxes.input(&room_id, viewer, (&user.id, &user.email), data.to_vec()).await;
+                    } else {
+                        // Recorded before the client hears of it.
+                        denied.record(&app, &room_id, &user.id, data.len()).await;
+                        let msg = json!({ "type": "denied", "reason": "you do not hold type in this room" });
+                        if !put(&mut sink, Message::Text(msg.to_string().into()), stall).await {
+                            break;
+                        }
+                    }
+                }
+                Some(Ok(Message::Text(text))) => {
+                    match serde_json::from_str::<Control>(&text) {
+                        Ok(Control::Resize { cols, rows }) => {
+                            if now_ms() < type_until {
+                                let (c, r) = clamp_size(cols, rows);
+                                app.sandboxes.resize(&room_id, c, r).await;
+                            }
+                        }
+                        Err(_) => {
+                            let msg = json!({ "type": "error", "reason": "unknown control message; expected {\"type\":\"resize\",\"cols\":N,\"rows\":N}" });
+                            if !put(&mut sink, Message::Text(msg.to_string().into()), stall).await {
+                                break;
+                            }
+                        }
+                    }
+                }
+                Some(Ok(_)) => {}
+            },
+            out = rx.recv() => match out {
+                Some(out) => {
+                    if !deliver(&mut sink, &mut rx, out, stall).await {
+                        break;
+                    }
+                }
+                None => {
+                    close(&mut sink, 4008, "too far behind; reconnect to catch up").await;
+                    break;
+                }
+            },
+            changed = access.recv() => {
+                let (relevant, in_room) = match &changed {
+                    Ok((room, who)) => (*room == room_id && *who == user.id, *room == room_id),
+                    // Missed notices: look again to be safe.
+                    Err(_) => (true, true),
+                };
+                if in_room && !relevant {
+                    // Someone else's rights changed: the people panel looks again.
+                    let msg = json!({ "type": "people_changed" }).to_string();
+                    put(&mut sink, Message::Text(msg.into()), stall).await;
+                }
+                if relevant {
+                    // When storage cannot say, the rights are withdrawn (and no event is sent).
+                    let now = rights_now(&app, &room_id, &user).await;
+                    let was_typing = now_ms() < type_until;
+                    (type_until, observe_until) = now.as_ref().map_or((0, 0), |(until, _)| *until);
+                    if was_typing && now_ms() >= type_until {
+                        let msg = json!({ "type": "read_only", "reason": "your right to type was withdrawn" });
+                        put(&mut sink, Message::Text(msg.to_string().into()), stall).await;
+                    }
+                    if let Some((_, caps)) = now {
+                        put(&mut sink, capabilities(&caps), stall).await;
+                    }
+                }
+            }
+            Ok(hash) = ended.recv() => {
+                if hash == user.session_hash {
+                    close(&mut sink, 4001, "logged out").await;
+                    break;
+                }
+            }
+            () = tokio::time::sleep(observe_left), if observe_until != i64::MAX => {
+                close(&mut sink, 4003, "removed from the room").await;
+                break;
+            }
+            () = app.shutdown.cancelled() => {
+                close(&mut sink, 1001, "server shutting down").await;
+                break;
+            }
+        }
+    }
+    app.sandboxes.leave(&room_id, viewer).await;
+    denied.flush(&app, &room_id, &user.id).await;
+}
+
+/// The viewer's rights now, from one look at the room: until when it may type and observe,
+/// and its capabilities; `(0, 0)` and none once it is out of the room. `None` when storage
+/// cannot say (each caller decides what that means).
+async fn rights_now(
+    app: &AppState,
+    room_id: &str,
+    user: &AuthUser,
+) -> Option<((i64, i64), Vec<&'static str>)> {
+    match crate::http::guard::room_rights(app, room_id, user, Capability::Type).await {
+        Ok((until, caps)) => Some((until, caps.names())),
+        Err(crate::http::ApiError::NotFound) => Some(((0, 0), Vec::new())),
+        Err(e) => {
+            tracing::warn!(room = %room_id, error = %e, "cannot read a terminal viewer's rights");
+            None
+        }
+    }
+}
+
+/// `{"type":"capabilities","capabilities":[...]}`: what the viewer may do now, sent on join and
+/// after every change to its rights, so a client can follow (an editor turning read-only)
+/// without asking. Empty when it lost the room.
+fn capabilities(caps: &[&str]) -> Message {
+    let event = json!({ "type": "capabilities", "capabilities": caps });
+    Message::Text(event.to_string().into())
+}
+
+#[derive(Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+enum Control {
+    Resize { cols: u16, rows: u16 },
+}
+
+/// Refused input of one connection, audited in batches.
+#[derive(Default)]
+struct Denials {
+    last_audit: Option<tokio::time::Instant>,
+    pending_chunks: u64,
+    pending_bytes: u64,
+}
+
+impl Denials {
+    async fn record(&mut self, app: &AppState, room_id: &str, user_id: &str, bytes: usize) {
+        self.pending_chunks += 1;
+        self.pending_bytes += bytes as u64;
+        let due = self
+            .last_audit
+            .is_none_or(|t| t.elapsed() >= DENIAL_AUDIT_EVERY);
+        if due {
+            self.flush(app, room_id, user_id).await;
+        }
+    }
+
+    async fn flush(&mut self, app: &AppState, room_id: &str, user_id: &str) {
+        if self.pending_chunks == 0 {
+            return;
+        }
+        let details = json!({ "chunks": self.pending_chunks, "bytes": self.pending_bytes });
+        let r = app
+            .audit
+            .record(
+                room_id,
+                user_id,
+                "type",
+                "deny",
+                "missing capability type",
+                details,
+                Change::None,
+            )
+            .await;
+        if let Err(e) = r {
+            tracing::error!(error = ?e, "cannot audit refused terminal input");
+        }
+        self.last_audit = Some(tokio::time::Instant::now());
+        self.pending_chunks = 0;
+        self.pending_bytes = 0;
+    }
+}
+
+/// `GET /api/rooms/{id}/terminal/recording`: the asciicast v2 file (needs `observe`).
+pub(crate) async fn recording(
+    State(app): State<AppState>,
+    user: AuthUser,
+    Path(room_id): Path<String>,
+) -> Result<Response, ApiError> {
+    download(&app, &room_id, &user, CAST_FILE, "application/x-asciicast").await
+}
+
+/// `GET /api/rooms/{id}/terminal/recording/inputs`: who typed each input chunk (JSON lines).
+pub(crate) async fn recording_inputs(
+    State(app): State<AppState>,
+    user: AuthUser,
+    Path(room_id): Path<String>,
+) -> Result<Response, ApiError> {
+    download(&app, &room_id, &user, INPUTS_FILE, "application/x-ndjson").await
+}
+
+async fn download(
+    app: &AppState,
+    room_id: &str,
+    user: &AuthUser,
+    file: &str,
+    content_type: &'static str,
+) -> Result<Response, ApiError> {
+    crate::http::guard::room_capabilities(app, room_id, user).await?;
+    let path = app
+        .data_dir
+        .join("rooms")
+        .join(room_id)
+        .join("recordings")
+        .join(file);
+    let body = match tokio::fs::read(&path).await {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        Err(e) => return Err(ApiError::Store(crate::store::StoreError::Io(e))),
+    };
+    Ok(([(header::CONTENT_TYPE, content_type)], body).into_response())
+}

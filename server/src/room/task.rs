@@ -1,0 +1,955 @@
+//! One task per loaded room. It owns the `yrs::Doc`, the presence table and the subscribers;
+//! connections talk to it only through its bounded command channel.
+//!
+//! Durability rule: an update is appended to the database before any peer is sent anything that
+//! depends on it. The task drains every command that is waiting, applies them, appends all the
+//! resulting updates in one transaction, and only then releases the replies and broadcasts the
+//! batch produced (group commit: under load one fsync covers many keystrokes).
+
+use crate::audit::Audit;
+use crate::config::Limits;
+use crate::metrics::Metrics;
+use crate::room::outbox::{Class, CloseCode, Outbound, Outbox};
+use crate::room::protocol::Inbound;
+use crate::store::{Change, Store, StoreError, StoredDoc};
+use bytes::Bytes;
+use coderoom_authz::{Capability, Participant};
+use std::collections::{HashMap, HashSet};
+use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
+use yrs::sync::awareness::AwarenessUpdateEntry;
+use yrs::sync::protocol::{Message, SyncMessage};
+use yrs::sync::AwarenessUpdate;
+use yrs::updates::decoder::Decode;
+use yrs::updates::encoder::Encode;
+use yrs::{ClientID, Doc, ReadTxn, StateVector, Transact, Update, WriteTxn};
+
+/// Commands waiting for a room; senders wait (backpressure) when it is full.
+pub(crate) const ROOM_QUEUE: usize = 1024;
+/// Commands handled before the batch is committed, so one huge burst still commits regularly.
+const MAX_BATCH_COMMANDS: usize = 512;
+/// Attempts to append a batch before the room gives up and restarts from storage.
+const PERSIST_ATTEMPTS: u32 = 3;
+
+pub(crate) type ConnId = u64;
+
+static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
+
+/// A connection id no other connection of this process has.
+pub(crate) fn next_conn_id() -> ConnId {
+    NEXT_CONN.fetch_add(1, Ordering::Relaxed)
+}
+
+pub(crate) enum RoomCmd {
+    Join {
+        conn: ConnId,
+        user_id: String,
+        /// The name shown with this connection's presence (the login email).
+        name: String,
+        edit_until: i64,
+        observe_until: i64,
+        out: Outbox,
+        reply: oneshot::Sender<Result<(), JoinError>>,
+    },
+    Inbound {
+        conn: ConnId,
+        messages: Vec<Inbound>,
+    },
+    Leave {
+        conn: ConnId,
+    },
+    /// The room is being deleted: close every connection, log nothing more, unload.
+    Delete {
+        done: oneshot::Sender<usize>,
+    },
+    /// A participant's rights changed: until when they may edit and observe (Unix ms; 0 for
+    /// not at all, `i64::MAX` for good). Applies from the next frame on.
+    Access {
+        user_id: String,
+        edit_until: i64,
+        observe_until: i64,
+    },
+    /// Test hook: makes the room task panic, as a bug in it would.
+    #[cfg(test)]
+    Panic,
+}
+
+#[derive(Debug, thiserror::Error, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum JoinError {
+    #[error("room is full")]
+    Full,
+}
+
+/// Rebuilds a room's document from its snapshot and log, failing on any entry that does not
+/// decode or apply. Returns the document and the stored bytes it came from.
+pub(crate) fn doc_from_stored(stored: &StoredDoc) -> Result<(Doc, usize), String> {
+    let doc = Doc::new();
+    let mut bytes = 0;
+    {
+        let mut txn = doc.transact_mut();
+        let parts = stored
+            .snapshot
+            .iter()
+            .map(Vec::as_slice)
+            .chain(stored.updates.iter().map(|(_, d)| d.as_slice()));
+        for data in parts {
+            bytes += data.len();
+            let update = Update::decode_v1(data).map_err(|e| e.to_string())?;
+            txn.apply_update(update).map_err(|e| e.to_string())?;
+        }
+    }
+    Ok((doc, bytes))
+}
+
+/// Until when a participant may edit and observe, in the form rooms use (0: not at all,
+/// `i64::MAX`: for good).
+pub(crate) fn until_pair(p: &Participant, now: i64) -> (i64, i64) {
+    until_of(p, Capability::Edit, now)
+}
+
+/// Until when `p` may use `cap` (never past its `observe`), and until when it may observe.
+pub(crate) fn until_of(p: &Participant, cap: Capability, now: i64) -> (i64, i64) {
+    let at = |cap| match p.until(cap, now) {
+        coderoom_authz::Until::Never => 0,
+        coderoom_authz::Until::At(t) => t,
+        coderoom_authz::Until::Forever => i64::MAX,
+    };
+    let observe = at(Capability::Observe);
+    (at(cap).min(observe), observe)
+}
+
+/// What a room needs from the rest of the server.
+#[derive(Clone)]
+pub(crate) struct RoomDeps {
+    pub store: Store,
+    pub audit: Audit,
+    pub tracker: tokio_util::task::TaskTracker,
+    pub metrics: Metrics,
+    pub limits: Arc<Limits>,
+    pub shutdown: CancellationToken,
+}
+
+struct Conn {
+    user_id: String,
+    /// Stamped into every presence state this connection announces.
+    identity: crate::room::presence::Identity,
+    /// Until when this connection's user may edit / observe (Unix ms).
+    edit_until: i64,
+    observe_until: i64,
+    out: Outbox,
+    awareness_ids: HashSet<ClientID>,
+    /// Set while broadcasts to this connection are held back because it fell behind: the
+    /// document state it is known to have been sent up to. Once its queue drains it gets the
+    /// difference in one update, instead of being dropped.
+    lag_from: Option<StateVector>,
+}
+
+struct Presence {
+    clock: u32,
+    json: Option<Arc<str>>,
+    owner: ConnId,
+}
+
+enum Target {
+    One(ConnId),
+    All,
+    AllBut(ConnId),
+}
+
+/// A connection's refused edits are audited at most this often (the first one at once).
+const DENIAL_AUDIT_EVERY_MS: i64 = 60_000;
+/// Audit appends of refused edits one room may have waiting.
+const MAX_AUDITS_IN_FLIGHT: usize = 4;
+
+/// Departed presence ids remembered per room; the oldest are forgotten first.
+const MAX_TOMBSTONES: usize = 1024;
+
+#[derive(Default)]
+struct Tombstones {
+    clocks: HashMap<ClientID, u32>,
+    order: std::collections::VecDeque<ClientID>,
+}
+
+impl Tombstones {
+    fn get(&self, id: &ClientID) -> Option<&u32> {
+        self.clocks.get(id)
+    }
+
+    fn insert(&mut self, id: ClientID, clock: u32) {
+        if self.clocks.insert(id, clock).is_none() {
+            self.order.push_back(id);
+        }
+        while self.order.len() > MAX_TOMBSTONES {
+            if let Some(old) = self.order.pop_front() {
+                self.clocks.remove(&old);
+            }
+        }
+    }
+
+    fn remove(&mut self, id: &ClientID) {
+        if self.clocks.remove(id).is_some() {
+            self.order.retain(|x| x != id);
+        }
+    }
+}
+
+/// Why the room task ended.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Exit {
+    Idle,
+    Shutdown,
+    Failed,
+    Deleted,
+}
+
+pub(crate) struct Room {
+    id: String,
+    deps: RoomDeps,
+    doc: Doc,
+    /// Updates produced by the doc's transactions, waiting to be logged.
+    produced: Arc<Mutex<Vec<Vec<u8>>>>,
+    conns: HashMap<ConnId, Conn>,
+    presence: HashMap<ClientID, Presence>,
+    /// Last clocks of departed presence ids, so relayed stale states do not resurrect them.
+    tombstones: Tombstones,
+    next_seq: i64,
+    logged_since_snapshot: u64,
+    /// Snapshot plus logged updates, the figure the document size cap applies to.
+    stored_bytes: usize,
+    /// The document's state vector when the current batch began: what a connection that falls
+    /// behind during the batch is known to have been sent.
+    batch_sv: StateVector,
+    /// Updates produced this batch: (seq, bytes, origin connection).
+    batch: Vec<(i64, Bytes, ConnId)>,
+    /// Small replies built while handling (join greetings).
+    replies: Vec<(Target, Bytes)>,
+    /// Sync step 1 requests of this batch, one per connection, answered after the commit. Built
+    /// there, one at a time, each checked against its connection's budget as soon as it exists,
+    /// so a flood of requests never holds many copies of the document.
+    sync_requests: Vec<(ConnId, StateVector)>,
+    /// Connections that asked for (or just joined and need) the full presence table.
+    presence_queries: HashSet<ConnId>,
+    /// Presence changes of this batch, coalesced per client id, broadcast after the commit.
+    presence_changes: HashMap<ClientID, AwarenessUpdateEntry>,
+    /// Refused edits of this batch by connection: (user, count), audited after the commit.
+    denials: HashMap<ConnId, (String, u64)>,
+    /// When each connection's refusals were last audited.
+    denials_audited: HashMap<ConnId, i64>,
+    audits_in_flight: Arc<std::sync::atomic::AtomicUsize>,
+    /// Connections refused this batch; nothing more of theirs is handled.
+    closing: Vec<(ConnId, CloseCode, &'static str)>,
+    refused: HashSet<ConnId>,
+}
+
+impl Room {
+    /// Loads the room's document from storage.
+    pub(crate) async fn load(id: String, deps: RoomDeps) -> Result<Room, StoreError> {
+        let stored = deps.store.load_doc(&id).await?;
+        // Fail closed: a room loaded without part of its history would compact that loss into
+        // its next snapshot and delete the log that still holds it.
+        let (doc, stored_bytes) = doc_from_stored(&stored).map_err(|e| {
+            tracing::error!(room = %id, error = %e, "stored document is corrupt; room not loaded");
+            StoreError::Corrupt
+        })?;
+        let next_seq = stored
+            .updates
+            .last()
+            .map_or(stored.snapshot_seq, |(seq, _)| *seq)
+            + 1;
+        let produced: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
+        let sink = produced.clone();
+        doc.observe_update_v1("log", move |_, event| {
+            if let Ok(mut v) = sink.lock() {
+                v.push(event.update.clone());
+            }
+        })
+        .map_err(|_| StoreError::Db(sqlx::Error::Protocol("document busy".into())))?;
+        Ok(Room {
+            id,
+            deps,
+            doc,
+            produced,
+            conns: HashMap::new(),
+            presence: HashMap::new(),
+            tombstones: Tombstones::default(),
+            next_seq,
+            logged_since_snapshot: stored.updates.len() as u64,
+            stored_bytes,
+            batch_sv: StateVector::default(),
+            batch: Vec::new(),
+            replies: Vec::new(),
+            sync_requests: Vec::new(),
+            presence_queries: HashSet::new(),
+            presence_changes: HashMap::new(),
+            closing: Vec::new(),
+            refused: HashSet::new(),
+            denials: HashMap::new(),
+            denials_audited: HashMap::new(),
+            audits_in_flight: Arc::default(),
+        })
+    }
+
+    /// The room's main loop. Returns when the room is idle long enough, at shutdown, or when
+    /// storage keeps failing.
+    ///
+    /// `release` is called when the room has been idle for the configured delay and its log is
+    /// compacted: it unregisters the room if no command is waiting, and returns whether it did.
+    pub(crate) async fn run(
+        mut self,
+        rx: &mut mpsc::Receiver<RoomCmd>,
+        release: &(dyn Fn(&mpsc::Receiver<RoomCmd>) -> bool + Send + Sync),
+    ) -> Exit {
+        let idle = Duration::from_millis(self.deps.limits.room_idle_ms);
+        let mut idle_since = Some(tokio::time::Instant::now());
+        let mut lagging = false;
+        loop {
+            let first = tokio::select! {
+                cmd = rx.recv() => cmd,
+                () = lag_tick(lagging) => {
+                    lagging = self.catch_up();
+                    continue;
+                }
+                () = sleep_until_ms(self.next_expiry()) => {
+                    self.expire(crate::store::now_ms());
+                    if !self.commit().await {
+                        return self.finish(Exit::Failed).await;
+                    }
+                    continue;
+                }
+                () = sleep_until_idle(idle_since, idle) => {
+                    if self.logged_since_snapshot > 0 {
+                        self.compact().await;
+                    }
+                    if release(rx) {
+                        return self.finish(Exit::Idle).await;
+                    }
+                    idle_since = Some(tokio::time::Instant::now());
+                    continue;
+                }
+                () = self.deps.shutdown.cancelled() => {
+                    // Edits already received are applied and logged before the room closes.
+                    for _ in 0..ROOM_QUEUE {
+                        match rx.try_recv() {
+                            Ok(cmd) => self.handle(cmd),
+                            Err(_) => break,
+                        }
+                    }
+                    if !self.commit().await {
+                        return self.finish(Exit::Failed).await;
+                    }
+                    return self.finish(Exit::Shutdown).await;
+                }
+            };
+            let Some(first) = first else {
+                return self.finish(Exit::Shutdown).await;
+            };
+            if let RoomCmd::Delete { done } = first {
+                return self.delete(done);
+            }
+            self.batch_sv = self.doc.transact().state_vector();
+            self.handle(first);
+            let mut handled = 1;
+            while handled < MAX_BATCH_COMMANDS {
+                match rx.try_recv() {
+                    // Nothing of this batch is logged once deletion is asked for.
+                    Ok(RoomCmd::Delete { done }) => return self.delete(done),
+                    Ok(cmd) => self.handle(cmd),
+                    Err(_) => break,
+                }
+                handled += 1;
+            }
+            if !self.commit().await {
+                return self.finish(Exit::Failed).await;
+            }
+            lagging = self.catch_up();
+            idle_since = self.conns.is_empty().then(tokio::time::Instant::now);
+            if self.logged_since_snapshot >= self.deps.limits.compact_every {
+                self.compact().await;
+            }
+        }
+    }
+
+    fn handle(&mut self, cmd: RoomCmd) {
+        match cmd {
+            RoomCmd::Join {
+                conn,
+                user_id,
+                name,
+                edit_until,
+                observe_until,
+                out,
+                reply,
+            } => {
+                if self.conns.len() >= self.deps.limits.max_connections_per_room {
+                    let _ = reply.send(Err(JoinError::Full));
+                    return;
+                }
+                tracing::debug!(room = %self.id, conn, user = %user_id, "joined");
+                self.conns.insert(
+                    conn,
+                    Conn {
+                        identity: crate::room::presence::Identity::new(&user_id, &name),
+                        user_id,
+                        edit_until,
+                        observe_until,
+                        out,
+                        awareness_ids: HashSet::new(),
+                        lag_from: None,
+                    },
+                );
+                self.deps.metrics.connections.inc();
+                let _ = reply.send(Ok(()));
+                // Like the reference server: our state vector first, so the client sends what we
+                // lack, then everyone's presence.
+                let sv = self.doc.transact().state_vector();
+                self.reply(Target::One(conn), Message::Sync(SyncMessage::SyncStep1(sv)));
+                self.presence_queries.insert(conn);
+            }
+            RoomCmd::Inbound { conn, messages } => {
+                for message in messages {
+                    if !self.conns.contains_key(&conn) || self.refused.contains(&conn) {
+                        break;
+                    }
+                    self.inbound(conn, message);
+                }
+            }
+            RoomCmd::Leave { conn } => self.leave(conn),
+            RoomCmd::Access {
+                user_id,
+                edit_until,
+                observe_until,
+            } => self.access(&user_id, edit_until, observe_until),
+            // Handled by the loop before anything else of its batch.
+            RoomCmd::Delete { done } => {
+                let _ = done.send(0);
+            }
+            #[cfg(test)]
+            RoomCmd::Panic => panic!("room panic requested by test"),
+        }
+    }
+
+    fn inbound(&mut self, conn: ConnId, message: Inbound) {
+        match message {
+            Inbound::SyncStep1(sv) => {
+                if !self.sync_requests.iter().any(|(c, _)| *c == conn) {
+                    self.sync_requests.push((conn, sv));
+                }
+            }
+            Inbound::Update { update, len } => self.apply(conn, update, len),
+            Inbound::Awareness(update) => self.awareness(conn, update),
+            Inbound::AwarenessQuery => {
+                self.presence_queries.insert(conn);
+            }
+        }
+    }
+
+    fn access(&mut self, user_id: &str, edit_until: i64, observe_until: i64) {
+        for c in self.conns.values_mut().filter(|c| c.user_id == user_id) {
+            c.edit_until = edit_until;
+            c.observe_until = observe_until;
+        }
+        self.expire(crate::store::now_ms());
+    }
+
+    /// Closes connections whose user may no longer observe.
+    fn expire(&mut self, now: i64) {
+        let gone: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(id, c)| c.observe_until <= now && !self.refused.contains(*id))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in gone {
+            self.refused.insert(id);
+            self.closing
+                .push((id, CloseCode::Removed, "removed from the room"));
+        }
+    }
+
+    /// The next moment a connection's `observe` lapses, if any.
+    fn next_expiry(&self) -> Option<i64> {
+        self.conns
+            .values()
+            .map(|c| c.observe_until)
+            .filter(|t| *t != i64::MAX)
+            .min()
+    }
+
+    fn apply(&mut self, conn: ConnId, update: Update, len: usize) {
+        let Some(c) = self.conns.get(&conn) else {
+            return;
+        };
+        if c.edit_until <= crate::store::now_ms() {
+            // Refused, not fatal: the connection keeps receiving, the document is untouched.
+            // An empty update (a viewer's sync step 2 with nothing new) changes nothing.
+            if !update.is_empty() {
+                self.deps.metrics.updates_denied.inc();
+                let user = c.user_id.clone();
+                self.denials.entry(conn).or_insert((user, 0)).1 += 1;
+            }
+            return;
+        }
+        if self.stored_bytes.saturating_add(len) > self.deps.limits.max_doc_bytes {
+            self.close(conn, CloseCode::Policy, "document size limit reached");
+            return;
+        }
+        let have = self.doc.transact().state_vector();
+        if crate::room::protocol::skips_clocks(&update, &have) {
+            tracing::info!(room = %self.id, conn, "update skips clocks");
+            self.close(conn, CloseCode::Policy, "update depends on missing content");
+            return;
+        }
+        let applied = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            let mut txn = self.doc.transact_mut();
+            let result = txn.apply_update(update);
+            // Parts that reference content the room does not have would wait in yrs's pending
+            // store: unlogged, unbounded, and leaked into every sync reply. Drop them instead;
+            // a client whose update depended on them is out of step and must resync.
+            let dangling = txn.prune_pending().is_some();
+            (result, dangling)
+        }));
+        match applied {
+            Ok((Ok(()), false)) => {}
+            Ok((Ok(()), true)) => {
+                tracing::info!(room = %self.id, conn, "update depends on missing content");
+                self.close(conn, CloseCode::Policy, "update depends on missing content");
+            }
+            Ok((Err(e), _)) => {
+                tracing::warn!(room = %self.id, conn, error = %e, "update does not apply");
+                self.close(conn, CloseCode::Policy, "malformed update");
+            }
+            Err(_) => {
+                // The document may be half-changed: nothing from this update has been logged,
+                // so restart the room from storage (resume_unwind lets the supervisor see it).
+                tracing::error!(room = %self.id, conn, "applying an update panicked");
+                self.drain_produced();
+                std::panic::resume_unwind(Box::new("update application panicked"));
+            }
+        }
+        for update in self.drain_produced() {
+            let seq = self.next_seq;
+            self.next_seq += 1;
+            self.stored_bytes += update.len();
+            self.batch.push((seq, Bytes::from(update), conn));
+        }
+    }
+
+    fn drain_produced(&mut self) -> Vec<Vec<u8>> {
+        match self.produced.lock() {
+            Ok(mut v) => std::mem::take(&mut *v),
+            Err(poisoned) => std::mem::take(&mut *poisoned.into_inner()),
+        }
+    }
+
+    /// Applies a presence update from `conn`.
+    ///
+    /// A connection owns the client ids it announced first. Stock y-websocket clients relay every
+    /// presence change they receive, other clients' included, so entries for ids owned by
+    /// another connection are relays: ignored, never an error, never applied (nobody can
+    /// overwrite another connection's presence). Removals and stale states of departed ids
+    /// (remembered as tombstones) are ignored likewise.
+    fn awareness(&mut self, conn: ConnId, update: AwarenessUpdate) {
+        let max_ids = self.deps.limits.max_awareness_clients_per_conn;
+        for (client, entry) in update.clients {
+            let removal = entry.json.as_ref() == "null";
+            match self.presence.get(&client) {
+                Some(p) if p.owner != conn => continue,
+                Some(_) => {}
+                None => {
+                    let stale = self
+                        .tombstones
+                        .get(&client)
+                        .is_some_and(|&c| entry.clock <= c);
+                    if removal || stale {
+                        continue;
+                    }
+                    let Some(c) = self.conns.get_mut(&conn) else {
+                        return;
+                    };
+                    if c.awareness_ids.len() >= max_ids {
+                        self.close(conn, CloseCode::Policy, "too many awareness states");
+                        return;
+                    }
+                    c.awareness_ids.insert(client);
+                    self.tombstones.remove(&client);
+                }
+            }
+            let json = if removal {
+                None
+            } else {
+                let Some(c) = self.conns.get(&conn) else {
+                    return;
+                };
+                match c.identity.stamp(&entry.json) {
+                    Some(json) => Some(json),
+                    None => {
+                        self.close(conn, CloseCode::Policy, "malformed presence state");
+                        return;
+                    }
+                }
+            };
+            let current = self.presence.get(&client);
+            let newer = match current {
+                None => true,
+                Some(p) => {
+                    p.clock < entry.clock
+                        || (p.clock == entry.clock && json.is_none() && p.json.is_some())
+                }
+            };
+            if newer {
+                let entry = AwarenessUpdateEntry {
+                    clock: entry.clock,
+                    json: json.clone().unwrap_or(entry.json),
+                };
+                self.presence.insert(
+                    client,
+                    Presence {
+                        clock: entry.clock,
+                        json,
+                        owner: conn,
+                    },
+                );
+                self.presence_changes.insert(client, entry);
+            }
+        }
+    }
+
+    /// Every current presence state, `None` when there is none.
+    fn presence_update(&self) -> Option<AwarenessUpdate> {
+        let clients: HashMap<_, _> = self
+            .presence
+            .iter()
+            .filter_map(|(id, p)| {
+                let json = p.json.clone()?;
+                Some((
+                    *id,
+                    AwarenessUpdateEntry {
+                        clock: p.clock,
+                        json,
+                    },
+                ))
+            })
+            .collect();
+        (!clients.is_empty()).then_some(AwarenessUpdate { clients })
+    }
+
+    fn leave(&mut self, conn: ConnId) {
+        let Some(c) = self.conns.remove(&conn) else {
+            return;
+        };
+        self.deps.metrics.connections.dec();
+        self.denials_audited.remove(&conn);
+        for client in c.awareness_ids {
+            if let Some(p) = self.presence.remove(&client) {
+                // Clocks come from clients: saturate rather than overflow.
+                let clock = p.clock.saturating_add(1);
+                self.tombstones.insert(client, clock);
+                // A state already cleared by the client has its removal queued or sent.
+                if p.json.is_some() {
+                    let json = "null".into();
+                    self.presence_changes
+                        .insert(client, AwarenessUpdateEntry { clock, json });
+                }
+            }
+        }
+    }
+
+    fn reply(&mut self, target: Target, message: Message) {
+        self.replies
+            .push((target, Bytes::from(message.encode_v1())));
+    }
+
+    fn close(&mut self, conn: ConnId, code: CloseCode, reason: &'static str) {
+        self.deps.metrics.protocol_errors.inc();
+        if self.refused.insert(conn) {
+            self.closing.push((conn, code, reason));
+        }
+    }
+
+    /// Appends the batch, then releases replies and broadcasts. Returns false when storage
+    /// failed for good; nothing of the failed batch was sent to anyone.
+    async fn commit(&mut self) -> bool {
+        if !self.batch.is_empty() {
+            let started = Instant::now();
+            let rows: Vec<(i64, &[u8])> = self
+                .batch
+                .iter()
+                .map(|(seq, b, _)| (*seq, b.as_ref()))
+                .collect();
+            let mut attempt = 0;
+            loop {
+                attempt += 1;
+                match self.deps.store.append_updates(&self.id, &rows).await {
+                    Ok(()) => break,
+                    Err(e) if attempt < PERSIST_ATTEMPTS => {
+                        tracing::warn!(room = %self.id, error = %e, attempt, "update log append failed, retrying");
+                        tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt))).await;
+                    }
+                    Err(e) => {
+                        tracing::error!(room = %self.id, error = %e, "update log append failed; restarting room");
+                        return false;
+                    }
+                }
+            }
+            let m = &self.deps.metrics;
+            m.persist_seconds.observe(started.elapsed().as_secs_f64());
+            m.updates_applied.inc_by(self.batch.len() as u64);
+            m.bytes_persisted
+                .inc_by(self.batch.iter().map(|(_, b, _)| b.len() as u64).sum());
+            self.logged_since_snapshot += self.batch.len() as u64;
+        }
+        // Refused connections get nothing more: close them first.
+        for (conn, code, reason) in std::mem::take(&mut self.closing) {
+            if let Some(c) = self.conns.get(&conn) {
+                c.out.close(code, reason);
+            }
+            self.leave(conn);
+        }
+        self.refused.clear();
+        // Replies next (they answer what a client asked), then the updates in log order, then
+        // presence.
+        for (target, bytes) in std::mem::take(&mut self.replies) {
+            self.send(&target, &bytes);
+        }
+        for (conn, sv) in std::mem::take(&mut self.sync_requests) {
+            if !self.conns.contains_key(&conn) {
+                continue;
+            }
+            let diff = self.doc.transact().encode_state_as_update_v1(&sv);
+            let frame = Bytes::from(Message::Sync(SyncMessage::SyncStep2(diff)).encode_v1());
+            self.send(&Target::One(conn), &frame);
+        }
+        let queries = std::mem::take(&mut self.presence_queries);
+        if !queries.is_empty() {
+            if let Some(update) = self.presence_update() {
+                let frame = Bytes::from(Message::Awareness(update).encode_v1());
+                for conn in queries {
+                    self.send(&Target::One(conn), &frame);
+                }
+            }
+        }
+        for (_, update, origin) in std::mem::take(&mut self.batch) {
+            let frame =
+                Bytes::from(Message::Sync(SyncMessage::Update(update.to_vec())).encode_v1());
+            self.send(&Target::AllBut(origin), &frame);
+        }
+        self.flush_presence();
+        self.audit_denials();
+        true
+    }
+
+    /// Audits refused edits: a connection's first refusal at once, later ones summed at most
+    /// once a minute, with a few appends in flight per room at most, so a flood of refused
+    /// edits can neither grow memory nor fill the chain.
+    fn audit_denials(&mut self) {
+        let now = crate::store::now_ms();
+        let due: Vec<ConnId> = self
+            .denials
+            .keys()
+            .filter(|c| {
+                self.denials_audited
+                    .get(*c)
+                    .is_none_or(|t| now - t >= DENIAL_AUDIT_EVERY_MS)
+            })
+            .copied()
+            .collect();
+        for conn in due {
+            if self
+                .audits_in_flight
+                .load(std::sync::atomic::Ordering::Acquire)
+                >= MAX_AUDITS_IN_FLIGHT
+            {
+                return;
+            }
+            let Some((user, count)) = self.denials.remove(&conn) else {
+                continue;
+            };
+            self.denials_audited.insert(conn, now);
+            let (audit, room) = (self.deps.audit.clone(), self.id.clone());
+            let in_flight = self.audits_in_flight.clone();
+            in_flight.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            // Off the room task: the append waits on the audit lock and the database.
+            self.deps.tracker.spawn(async move {
+                let details = serde_json::json!({ "updates_refused": count, "connection": conn });
+                let reason = "missing capability edit";
+                if let Err(e) = audit
+                    .record(&room, &user, "edit", "deny", reason, details, Change::None)
+                    .await
+                {
+                    tracing::error!(room = %room, error = %e, "cannot audit a refused edit");
+                }
+                in_flight.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+            });
+        }
+    }
+
+    /// Broadcasts this batch's presence changes (and the departures of dropped connections),
+    /// to everyone: y-websocket clients treat any message as keep-alive, and their own
+    /// presence echo is harmless.
+    fn flush_presence(&mut self) {
+        // Dropping a slow connection adds its departure; a few rounds settle it.
+        for _ in 0..4 {
+            if self.presence_changes.is_empty() {
+                return;
+            }
+            let clients = std::mem::take(&mut self.presence_changes);
+            let frame = Bytes::from(Message::Awareness(AwarenessUpdate { clients }).encode_v1());
+            self.send(&Target::All, &frame);
+        }
+    }
+
+    fn send(&mut self, target: &Target, frame: &Bytes) {
+        let class = match target {
+            Target::One(_) => Class::Reply,
+            Target::All | Target::AllBut(_) => Class::Broadcast,
+        };
+        let mut stuck = Vec::new();
+        let mut behind = Vec::new();
+        let mut deliver = |id: ConnId, c: &Conn| {
+            if class == Class::Broadcast && c.lag_from.is_some() {
+                return; // held back; caught up once its queue drains
+            }
+            if c.out.push(Outbound::Frame(class, frame.clone())).is_err() {
+                match class {
+                    Class::Broadcast => behind.push(id),
+                    Class::Reply => stuck.push(id),
+                }
+            }
+        };
+        match target {
+            Target::One(id) => {
+                if let Some(c) = self.conns.get(id) {
+                    deliver(*id, c);
+                }
+            }
+            Target::All => self.conns.iter().for_each(|(id, c)| deliver(*id, c)),
+            Target::AllBut(origin) => self
+                .conns
+                .iter()
+                .filter(|(id, _)| *id != origin)
+                .for_each(|(id, c)| deliver(*id, c)),
+        }
+        for id in behind {
+            // It has been sent everything up to this batch; what follows waits.
+            if let Some(c) = self.conns.get_mut(&id) {
+                tracing::debug!(room = %self.id, conn = id, "connection fell behind; holding broadcasts");
+                c.lag_from = Some(self.batch_sv.clone());
+            }
+        }
+        for id in stuck {
+            // A reply (a whole document at most) does not fit: the client is not reading.
+            tracing::info!(room = %self.id, conn = id, "dropping connection: outbound queue full");
+            self.deps.metrics.connections_dropped_slow.inc();
+            if let Some(c) = self.conns.get(&id) {
+                c.out.kill();
+            }
+            self.leave(id);
+        }
+    }
+
+    /// Sends lagging connections whose queues drained what they missed, in one update, and the
+    /// presence table. Returns whether some connection is still behind.
+    fn catch_up(&mut self) -> bool {
+        let ready: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.lag_from.is_some() && c.out.broadcast_idle())
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ready {
+            let Some(from) = self.conns.get_mut(&id).and_then(|c| c.lag_from.take()) else {
+                continue;
+            };
+            let diff = self.doc.transact().encode_state_as_update_v1(&from);
+            let frame = Bytes::from(Message::Sync(SyncMessage::Update(diff)).encode_v1());
+            self.send(&Target::One(id), &frame);
+            if let Some(update) = self.presence_update() {
+                let frame = Bytes::from(Message::Awareness(update).encode_v1());
+                self.send(&Target::One(id), &frame);
+            }
+        }
+        self.conns.values().any(|c| c.lag_from.is_some())
+    }
+
+    /// Folds the update log into one snapshot.
+    async fn compact(&mut self) {
+        let upto = self.next_seq - 1;
+        let snapshot = self
+            .doc
+            .transact()
+            .encode_state_as_update_v1(&StateVector::default());
+        match self.deps.store.compact(&self.id, upto, &snapshot).await {
+            Ok(()) => {
+                self.deps.metrics.compactions.inc();
+                self.logged_since_snapshot = 0;
+                self.stored_bytes = snapshot.len();
+            }
+            Err(e) => tracing::warn!(room = %self.id, error = %e, "compaction failed; log kept"),
+        }
+    }
+
+    fn delete(self, done: oneshot::Sender<usize>) -> Exit {
+        for c in self.conns.values() {
+            c.out.close(CloseCode::Deleted, "room deleted");
+        }
+        let _ = done.send(self.conns.len());
+        Exit::Deleted
+    }
+
+    async fn finish(mut self, exit: Exit) -> Exit {
+        if exit == Exit::Shutdown && self.logged_since_snapshot > 0 {
+            self.compact().await;
+        }
+        let (code, reason) = match exit {
+            Exit::Shutdown => (CloseCode::Away, "server shutting down"),
+            Exit::Idle | Exit::Failed => (CloseCode::Internal, "room unavailable, reconnect"),
+            Exit::Deleted => (CloseCode::Deleted, "room deleted"),
+        };
+        for c in self.conns.values() {
+            c.out.close(code, reason);
+        }
+        exit
+    }
+}
+
+impl Drop for Room {
+    fn drop(&mut self) {
+        // Runs on every exit, panics included, so the gauge never drifts.
+        self.deps
+            .metrics
+            .connections
+            .dec_by(self.conns.len() as i64);
+    }
+}
+
+/// While a connection is behind, wakes the room often enough to catch it up soon after its
+/// queue drains, even when nothing else happens.
+async fn lag_tick(lagging: bool) {
+    if lagging {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    } else {
+        std::future::pending().await
+    }
+}
+
+/// Sleeps until the given Unix millisecond (forever for `None`).
+async fn sleep_until_ms(at: Option<i64>) {
+    match at {
+        Some(t) => {
+            let wait = t.saturating_sub(crate::store::now_ms()).max(0);
+            tokio::time::sleep(Duration::from_millis(u64::try_from(wait).unwrap_or(0) + 1)).await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until_idle(since: Option<tokio::time::Instant>, idle: Duration) {
+    match since {
+        Some(t) => tokio::time::sleep_until(t + idle).await,
+        None => std::future::pending().await,
+    }
+}
