@@ -1,0 +1,162 @@
+//! The server's layers run one way (see `docs/design.md`): the HTTP edge (`http`) imports the
+//! domain (`room`, `terminal`, `sandbox`, `accounts`), the domain imports what is below it
+//! (`audit`, `store`, `config`, `metrics`, `registry`, `clock`, `ids`), and nothing imports
+//! upward. This test reads `server/src` and fails on the first upward `crate::` path.
+//!
+//! To see it fail: add `use crate::http::AppState;` to `server/src/room/task.rs` and run
+//! `cargo test -p coderoom-server --test layers`; `an_upward_import_is_caught` shows the same
+//! on a made-up tree without touching the sources.
+
+use std::path::{Path, PathBuf};
+
+/// Higher layers may import lower ones, never the reverse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Layer {
+    Below,
+    Domain,
+    Edge,
+    /// The entry points (`lib.rs`, `cli.rs`): they put the whole server together.
+    Top,
+}
+
+/// The layer of a top-level module of `server/src`, or `None` for a module this test does not
+/// know (which fails the test: every module must be placed).
+fn layer_of(module: &str) -> Option<Layer> {
+    Some(match module {
+        "http" => Layer::Edge,
+        "room" | "terminal" | "sandbox" | "accounts" => Layer::Domain,
+        "audit" | "store" | "config" | "metrics" | "registry" | "clock" | "ids" => Layer::Below,
+        "lib" | "main" | "cli" => Layer::Top,
+        _ => return None,
+    })
+}
+
+/// The top-level module a source file belongs to: `room/task.rs` and `room.rs` are `room`.
+fn module_of(relative: &Path) -> String {
+    let first = relative
+        .components()
+        .next()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .unwrap_or_default();
+    first.trim_end_matches(".rs").to_owned()
+}
+
+/// The top-level modules a source names through `crate::`, comments left out.
+fn imported_modules(source: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for line in source.lines() {
+        let code = line.split("//").next().unwrap_or("");
+        let mut rest = code;
+        while let Some(at) = rest.find("crate::") {
+            // `coderoom_server::`-style paths and identifiers ending in "crate" are not ours.
+            let before = rest[..at].chars().next_back();
+            let after = &rest[at + "crate::".len()..];
+            rest = after;
+            if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+                continue;
+            }
+            if let Some(group) = after.strip_prefix('{') {
+                let inner = group.split('}').next().unwrap_or("");
+                for item in inner.split(',') {
+                    let name = item.trim().split("::").next().unwrap_or("").trim();
+                    if !name.is_empty() {
+                        out.push(name.to_owned());
+                    }
+                }
+            } else {
+                let name: String = after
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                if !name.is_empty() {
+                    out.push(name);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Every upward import in `files` (`(path relative to src, source)`), as readable lines.
+fn violations(files: &[(PathBuf, String)]) -> Vec<String> {
+    let mut found = Vec::new();
+    for (path, source) in files {
+        let module = module_of(path);
+        let Some(mine) = layer_of(&module) else {
+            found.push(format!(
+                "{}: module `{module}` has no layer; place it in tests/layers.rs and docs/design.md",
+                path.display()
+            ));
+            continue;
+        };
+        for target in imported_modules(source) {
+            if target == module {
+                continue;
+            }
+            match layer_of(&target) {
+                Some(theirs) if theirs > mine => found.push(format!(
+                    "{}: `{module}` ({mine:?}) imports `crate::{target}` ({theirs:?}), upward",
+                    path.display()
+                )),
+                _ => {}
+            }
+        }
+    }
+    found
+}
+
+fn sources(dir: &Path, root: &Path, out: &mut Vec<(PathBuf, String)>) {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .expect("read server/src")
+        .map(|e| e.expect("read a directory entry").path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        if path.is_dir() {
+            sources(&path, root, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            let text = std::fs::read_to_string(&path).expect("read a source file");
+            let relative = path.strip_prefix(root).expect("under src").to_owned();
+            out.push((relative, text));
+        }
+    }
+}
+
+#[test]
+fn the_server_imports_only_downward() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&root, &root, &mut files);
+    assert!(
+        files.len() > 20,
+        "found only {} source files under {}",
+        files.len(),
+        root.display()
+    );
+    let found = violations(&files);
+    assert!(found.is_empty(), "upward imports:\n{}", found.join("\n"));
+}
+
+#[test]
+fn an_upward_import_is_caught() {
+    let tree = vec![
+        (
+            PathBuf::from("room/task.rs"),
+            "use crate::store::Store;\nuse crate::http::AppState;\n".to_owned(),
+        ),
+        (
+            PathBuf::from("store.rs"),
+            "use crate::{config, room::Rooms};\n".to_owned(),
+        ),
+        (
+            PathBuf::from("http/rooms.rs"),
+            "// crate::cli is only mentioned here\nuse crate::room::Rooms;\n".to_owned(),
+        ),
+        (PathBuf::from("newthing.rs"), String::new()),
+    ];
+    let found = violations(&tree);
+    assert_eq!(found.len(), 3, "{found:#?}");
+    assert!(found[0].contains("room/task.rs") && found[0].contains("crate::http"));
+    assert!(found[1].contains("store.rs") && found[1].contains("crate::room"));
+    assert!(found[2].contains("newthing.rs") && found[2].contains("no layer"));
+}
