@@ -697,7 +697,10 @@ impl ChunkWriter<'_> {
 }
 
 impl Write for ChunkWriter<'_> {
+    /// Takes at most what fills the current chunk (a short write; `write_all` comes back for
+    /// the rest): the control plane treats a chunk over [`CHUNK`] as a hostile agent.
     fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        let data = &data[..data.len().min(CHUNK - self.buf.len())];
         self.total += data.len() as u64;
         if self.total > self.max {
             self.broken.set(true);
@@ -901,5 +904,45 @@ impl Read for ChannelReader {
         buf[..n].copy_from_slice(&self.cur[self.pos..self.pos + n]);
         self.pos += n;
         Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Big writes (a large file's contents) are cut at the chunk size: an oversized chunk makes
+    /// the control plane kill the sandbox as hostile, so a big workspace could never be
+    /// snapshotted.
+    #[test]
+    fn snapshot_chunks_never_exceed_the_limit() {
+        let (out, mut frames) = mpsc::channel::<Vec<u8>>(64);
+        let broken = std::cell::Cell::new(false);
+        let mut w = ChunkWriter {
+            id: 9,
+            out: &out,
+            buf: Vec::new(),
+            total: 0,
+            max: u64::MAX,
+            broken: &broken,
+        };
+        let piece = vec![7u8; CHUNK / 2 + 1000];
+        for _ in 0..5 {
+            w.write_all(&piece).unwrap();
+        }
+        w.flush().unwrap();
+        drop(w);
+        drop(out);
+        let mut total = 0;
+        while let Some(frame) = frames.blocking_recv() {
+            let msg: Message = postcard::from_bytes(&frame[4..]).unwrap();
+            let Message::Chunk { id: 9, data } = msg else {
+                panic!("not a chunk of the snapshot")
+            };
+            assert!(data.len() <= CHUNK, "a chunk of {} bytes", data.len());
+            total += data.len();
+        }
+        assert_eq!(total, piece.len() * 5);
+        assert!(!broken.get());
     }
 }
