@@ -93,6 +93,22 @@ impl Locked<'_> {
     }
 }
 
+impl Locked<'_> {
+    /// Records a refusal of `action` by `actor` in `chain` (nothing changes).
+    pub(crate) async fn deny(
+        &self,
+        chain: &str,
+        actor: &str,
+        action: &str,
+        reason: &str,
+        details: serde_json::Value,
+    ) -> Result<(), StoreError> {
+        self.record(chain, actor, action, "deny", reason, details, Change::None)
+            .await
+            .map(drop)
+    }
+}
+
 type Checkpoints = BTreeMap<String, (i64, String)>;
 
 pub(crate) fn read_checkpoints(path: &Path) -> std::io::Result<Checkpoints> {

@@ -38,7 +38,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Agent { .. } => unreachable!("handled before the runtime starts"),
         Command::Serve(args) => {
-            init_logging(args.log_format == "json");
+            init_logging(args.log_format == crate::config::LogFormat::Json);
             crate::http::serve::serve(*args).await
         }
         Command::Audit {

@@ -1,6 +1,6 @@
 //! Command line and environment configuration. Every flag has a `CODEROOM_*` twin.
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
@@ -102,12 +102,12 @@ pub(crate) struct ServeArgs {
     /// Comma-separated system admin emails.
     #[arg(long, env = "CODEROOM_ADMIN_EMAILS", value_delimiter = ',')]
     pub admin_emails: Vec<String>,
-    /// Sandbox tier: auto, namespace, microvm or none.
-    #[arg(long, env = "CODEROOM_SANDBOX_TIER", default_value = "auto")]
-    pub sandbox_tier: String,
-    /// VMM for the microvm tier: auto, cloud-hypervisor or qemu.
-    #[arg(long, env = "CODEROOM_VMM", default_value = "auto")]
-    pub vmm: String,
+    /// Sandbox tier (`auto` picks the best the host supports and logs why).
+    #[arg(long, env = "CODEROOM_SANDBOX_TIER", value_enum, default_value_t = SandboxTier::Auto)]
+    pub sandbox_tier: SandboxTier,
+    /// VMM for the microvm tier.
+    #[arg(long, env = "CODEROOM_VMM", value_enum, default_value_t = Vmm::Auto)]
+    pub vmm: Vmm,
     #[arg(long, env = "CODEROOM_CLOUD_HYPERVISOR_BIN")]
     pub cloud_hypervisor_bin: Option<PathBuf>,
     #[arg(long, env = "CODEROOM_SANDBOX_ROOTFS")]
@@ -120,9 +120,9 @@ pub(crate) struct ServeArgs {
     pub trusted_proxies: Vec<String>,
     #[arg(long, env = "CODEROOM_SECRET_KEY_FILE")]
     pub secret_key_file: Option<PathBuf>,
-    /// Log format: `text` or `json`.
-    #[arg(long, env = "CODEROOM_LOG_FORMAT", default_value = "text")]
-    pub log_format: String,
+    /// Log format (logs go to stderr).
+    #[arg(long, env = "CODEROOM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
     #[command(flatten)]
     pub limits: Limits,
     #[command(flatten)]
@@ -281,4 +281,43 @@ mod tests {
         assert_eq!(args.sandbox.recording_max_bytes, s.recording_max_bytes);
         assert_eq!(args.storage.database_url(), "sqlite://./data/coderoom.db");
     }
+}
+
+/// `--sandbox-tier`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum SandboxTier {
+    /// The best tier this host supports.
+    Auto,
+    /// Linux namespaces, seccomp and cgroups (bubblewrap).
+    Namespace,
+    /// A microVM per room (not built yet: refuses to start).
+    Microvm,
+    /// No sandbox: terminal and exec answer 503.
+    None,
+}
+
+impl SandboxTier {
+    pub(crate) fn tier(self) -> coderoom_sandbox::Tier {
+        match self {
+            SandboxTier::Auto => coderoom_sandbox::Tier::Auto,
+            SandboxTier::Namespace => coderoom_sandbox::Tier::Namespace,
+            SandboxTier::Microvm => coderoom_sandbox::Tier::Microvm,
+            SandboxTier::None => coderoom_sandbox::Tier::None,
+        }
+    }
+}
+
+/// `--vmm`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Vmm {
+    Auto,
+    CloudHypervisor,
+    Qemu,
+}
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum LogFormat {
+    Text,
+    Json,
 }

@@ -8,8 +8,11 @@
 pub(crate) mod accounts;
 pub(crate) mod audit;
 pub mod cli;
+pub(crate) mod clock;
+pub(crate) mod close;
 pub(crate) mod config;
 pub(crate) mod http;
+pub(crate) mod ids;
 pub(crate) mod metrics;
 pub(crate) mod registry;
 pub mod room;

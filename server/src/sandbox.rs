@@ -4,4 +4,4 @@
 pub(crate) mod filesync;
 pub(crate) mod supervisor;
 
-pub(crate) use supervisor::{Deps, SandboxError, Sandboxes};
+pub(crate) use supervisor::{Deps, SandboxError, SandboxStatus, Sandboxes};

@@ -83,10 +83,7 @@ pub(crate) struct Store {
 }
 
 pub(crate) fn now_ms() -> i64 {
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    i64::try_from(now.as_millis()).unwrap_or(i64::MAX)
+    crate::clock::system_now_ms()
 }
 
 impl Store {
@@ -405,7 +402,7 @@ impl Store {
         .await?;
         row.map(|r| {
             Ok(SandboxRow {
-                state: r.try_get("state")?,
+                state: SandboxState::parse(r.try_get("state")?)?,
                 reason: r.try_get("reason")?,
                 receipt: r.try_get("receipt")?,
                 snapshot: r.try_get("snapshot")?,
@@ -962,11 +959,48 @@ pub(crate) enum Change {
     },
 }
 
+/// Where a room's sandbox is in its lifecycle (stored and shown by these names).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum SandboxState {
+    /// Never started.
+    #[default]
+    Absent,
+    Running,
+    /// Snapshotted and stopped at a server shutdown; resumes on first need.
+    Suspended,
+    Stopped,
+    /// Failed (OOM, killed agent...); waits for an explicit restart.
+    Failed,
+}
+
+impl SandboxState {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            SandboxState::Absent => "absent",
+            SandboxState::Running => "running",
+            SandboxState::Suspended => "suspended",
+            SandboxState::Stopped => "stopped",
+            SandboxState::Failed => "failed",
+        }
+    }
+
+    fn parse(s: &str) -> Result<Self, StoreError> {
+        Ok(match s {
+            "absent" => SandboxState::Absent,
+            "running" => SandboxState::Running,
+            "suspended" => SandboxState::Suspended,
+            "stopped" => SandboxState::Stopped,
+            "failed" => SandboxState::Failed,
+            _ => return Err(StoreError::Corrupt),
+        })
+    }
+}
+
 /// A room's sandbox as stored: lifecycle state, latest snapshot and the idle timer.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct SandboxRow {
-    /// `running`, `suspended` (snapshotted at server shutdown), `stopped` or `failed`.
-    pub state: String,
+    pub state: SandboxState,
     /// Why it is in this state (shown to participants).
     pub reason: String,
     /// The receipt of its last start (JSON).
@@ -1175,7 +1209,7 @@ async fn apply_change(
                  stop_at = excluded.stop_at, updated_at = excluded.updated_at",
             )
             .bind(room_id)
-            .bind(&row.state)
+            .bind(row.state.as_str())
             .bind(&row.reason)
             .bind(&row.receipt)
             .bind(row.snapshot.clone())

@@ -119,3 +119,26 @@ async fn bad_database_url_is_a_clear_error() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("sqlite:// or postgres://"), "{err}");
 }
+
+/// Enumerated flags are checked when parsed: a misspelt tier or log format stops the server
+/// before it does anything, naming the values it accepts.
+#[tokio::test]
+async fn enumerated_flags_refuse_unknown_values() {
+    for (flag, bad, accepted) in [
+        ("--sandbox-tier", "namespaces", "namespace"),
+        ("--log-format", "xml", "json"),
+        ("--vmm", "firecracker", "cloud-hypervisor"),
+    ] {
+        let out = Command::new(BIN)
+            .args(["serve", flag, bad])
+            .output()
+            .await
+            .unwrap();
+        assert!(!out.status.success(), "{flag} {bad} was accepted");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains(bad) && err.contains(accepted),
+            "{flag} {bad}: {err}"
+        );
+    }
+}

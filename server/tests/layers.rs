@@ -1,6 +1,6 @@
 //! The server's layers run one way (see `docs/design.md`): the HTTP edge (`http`) imports the
 //! domain (`room`, `terminal`, `sandbox`, `accounts`), the domain imports what is below it
-//! (`audit`, `store`, `config`, `metrics`, `registry`, `clock`, `ids`), and nothing imports
+//! (`audit`, `store`, `config`, `metrics`, `registry`, `clock`, `close`, `ids`), and nothing imports
 //! upward. This test reads `server/src` and fails on the first upward `crate::` path.
 //!
 //! To see it fail: add `use crate::http::AppState;` to `server/src/room/task.rs` and run
@@ -25,7 +25,9 @@ fn layer_of(module: &str) -> Option<Layer> {
     Some(match module {
         "http" => Layer::Edge,
         "room" | "terminal" | "sandbox" | "accounts" => Layer::Domain,
-        "audit" | "store" | "config" | "metrics" | "registry" | "clock" | "ids" => Layer::Below,
+        "audit" | "store" | "config" | "metrics" | "registry" | "clock" | "close" | "ids" => {
+            Layer::Below
+        }
         "lib" | "main" | "cli" => Layer::Top,
         _ => return None,
     })

@@ -17,7 +17,7 @@ use axum::Json;
 use axum::Router;
 use coderoom_authz::{decide, Action, Capability, CapabilitySet, Decision, Participant, Role};
 use rand::RngCore;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 /// Longest invite lifetime.
@@ -49,7 +49,7 @@ pub(crate) async fn create_invite(
     user: AuthUser,
     Path(room_id): Path<String>,
     Json(body): Json<CreateInvite>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<InviteCreated>), ApiError> {
     let role: Role = body
         .role
         .parse()
@@ -90,10 +90,7 @@ pub(crate) async fn create_invite(
         )
         .await?;
     let url = format!("{}/invite/{token}", app.public_origin);
-    Ok((
-        StatusCode::CREATED,
-        Json(json!({ "token": token, "url": url })),
-    ))
+    Ok((StatusCode::CREATED, Json(InviteCreated { token, url })))
 }
 
 /// The invite a link's token names (looked up by the token's hash).
@@ -120,7 +117,7 @@ pub(crate) async fn accept_invite(
     State(app): State<AppState>,
     user: AuthUser,
     Path(token): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Joined>, ApiError> {
     let locked = app.audit.lock().await;
     let (token_hash, invite) = invite_by_token(&app, &token).await?;
     let now = now_ms();
@@ -134,7 +131,9 @@ pub(crate) async fn accept_invite(
     let state = app.store.room_state(&invite.room_id).await?;
     if state.participants.contains_key(&user.id) {
         // Already in: an invite never changes existing rights.
-        return Ok(Json(json!({ "room_id": invite.room_id })));
+        return Ok(Json(Joined {
+            room_id: invite.room_id,
+        }));
     }
     let action = Action::AcceptInvite {
         issuer: invite.created_by.clone(),
@@ -146,15 +145,7 @@ pub(crate) async fn accept_invite(
         Decision::Deny(reason) => {
             let reason = reason.to_string();
             locked
-                .record(
-                    &invite.room_id,
-                    &user.id,
-                    "accept_invite",
-                    "deny",
-                    &reason,
-                    details,
-                    Change::None,
-                )
+                .deny(&invite.room_id, &user.id, "accept_invite", &reason, details)
                 .await?;
             return Err(ApiError::Gone);
         }
@@ -179,7 +170,9 @@ pub(crate) async fn accept_invite(
         )
         .await
     {
-        Ok(_) => Ok(Json(json!({ "room_id": invite.room_id }))),
+        Ok(_) => Ok(Json(Joined {
+            room_id: invite.room_id,
+        })),
         // Used up, revoked, or the user was removed after the link was made.
         Err(StoreError::Conflict) => Err(ApiError::Gone),
         Err(e) => Err(e.into()),
@@ -241,7 +234,7 @@ pub(crate) async fn change_participant(
     user: AuthUser,
     Path((room_id, target)): Path<(String, String)>,
     Json(body): Json<ChangeBody>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Rights>, ApiError> {
     if !valid_id(&target) || !valid_id(&room_id) {
         return Err(ApiError::NotFound);
     }
@@ -319,9 +312,10 @@ pub(crate) async fn change_participant(
             },
         )
         .await;
-    Ok(Json(
-        json!({ "user_id": target, "capabilities": after.capabilities(now).names() }),
-    ))
+    Ok(Json(Rights {
+        capabilities: after.capabilities(now).names(),
+        user_id: target,
+    }))
 }
 
 pub(crate) async fn remove_participant(
@@ -373,7 +367,7 @@ pub(crate) async fn room_audit(
     State(app): State<AppState>,
     user: AuthUser,
     Path(room_id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Vec<AuditEntry>>, ApiError> {
     let who = principal(&app, &user);
     // Participants who observe, and system admins (who revoke and delete), read the chain.
     let state = if valid_id(&room_id) {
@@ -390,25 +384,57 @@ pub(crate) async fn room_audit(
         return Err(ApiError::NotFound);
     }
     let records = app.store.audit_records(&room_id).await?;
-    Ok(Json(Value::Array(
+    Ok(Json(
         records
             .into_iter()
-            .map(|r| {
-                let details: Value = serde_json::from_str(&r.fields.details).unwrap_or(Value::Null);
-                json!({
-                    "seq": r.seq,
-                    "at": r.fields.at,
-                    "actor": r.fields.actor,
-                    "action": r.fields.action,
-                    "decision": r.fields.decision,
-                    "reason": r.fields.reason,
-                    "details": details,
-                    // The exact text the hash covers, so a client can verify the chain itself.
-                    "details_json": r.fields.details,
-                    "prev_hash": r.prev_hash,
-                    "hash": r.hash,
-                })
+            .map(|r| AuditEntry {
+                seq: r.seq,
+                at: r.fields.at,
+                details: serde_json::from_str(&r.fields.details).unwrap_or(Value::Null),
+                actor: r.fields.actor,
+                action: r.fields.action,
+                decision: r.fields.decision,
+                reason: r.fields.reason,
+                details_json: r.fields.details,
+                prev_hash: r.prev_hash,
+                hash: r.hash,
             })
             .collect(),
-    )))
+    ))
+}
+
+/// `POST /api/rooms/{id}/invites`: the link, shown once.
+#[derive(Serialize)]
+pub(crate) struct InviteCreated {
+    token: String,
+    url: String,
+}
+
+/// `PATCH /api/rooms/{id}/participants/{user_id}`: what the participant may do now.
+#[derive(Serialize)]
+pub(crate) struct Rights {
+    user_id: String,
+    capabilities: Vec<&'static str>,
+}
+
+/// `POST /api/invites/{token}/accept`: the room the caller is now in.
+#[derive(Serialize)]
+pub(crate) struct Joined {
+    room_id: String,
+}
+
+/// One record of `GET /api/rooms/{id}/audit`.
+#[derive(Serialize)]
+pub(crate) struct AuditEntry {
+    seq: i64,
+    at: i64,
+    actor: String,
+    action: String,
+    decision: String,
+    reason: String,
+    details: Value,
+    /// The exact text the hash covers, so a client can verify the chain itself.
+    details_json: String,
+    prev_hash: String,
+    hash: String,
 }

@@ -18,8 +18,9 @@ use axum::routing::{get, post};
 use axum::Json;
 use axum::Router;
 use coderoom_authz::{decide, Action, Capability, Decision, DenyReason};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+use std::collections::BTreeMap;
 use yrs::{GetString, Map, Transact};
 
 /// A request waits this long for a decision; an approval lapses with it.
@@ -120,22 +121,19 @@ pub(crate) async fn export(
                 .await?;
             Ok((
                 StatusCode::ACCEPTED,
-                Json(json!({ "approval_id": id, "state": "pending_approval" })),
+                Json(Pending {
+                    approval_id: id,
+                    state: "pending_approval",
+                }),
             )
                 .into_response())
         }
         Decision::Deny(reason) => {
             let details = json!({ "approval_id": body.approval_id, "params": details });
             app.audit
-                .record(
-                    &room_id,
-                    &user.id,
-                    "export",
-                    "deny",
-                    &reason.to_string(),
-                    details,
-                    Change::None,
-                )
+                .lock()
+                .await
+                .deny(&room_id, &user.id, "export", &reason.to_string(), details)
                 .await?;
             Err(ApiError::Denied(reason.to_string()))
         }
@@ -164,37 +162,41 @@ pub(crate) async fn export(
                 Err(e) => return Err(e.into()),
             }
             let files = read_files(&app, &room_id, &body.files).await?;
-            Ok(Json(json!({ "files": files })).into_response())
+            Ok(Json(Export { files }).into_response())
         }
     }
 }
 
 /// The named files' text as stored (what every peer has been sent).
-async fn read_files(app: &AppState, room_id: &str, names: &[String]) -> Result<Value, ApiError> {
+async fn read_files(
+    app: &AppState,
+    room_id: &str,
+    names: &[String],
+) -> Result<BTreeMap<String, Option<String>>, ApiError> {
     let stored = app.store.load_doc(room_id).await?;
     let (doc, _) = crate::room::task::doc_from_stored(&stored)
         .map_err(|_| ApiError::Store(StoreError::Corrupt))?;
     let files = doc.get_or_insert_map("files");
     let txn = doc.transact();
-    let mut out = serde_json::Map::new();
+    let mut out = BTreeMap::new();
     for name in names {
         let text = match files.get(&txn, name.as_str()) {
-            Some(yrs::Out::YText(t)) => Value::String(t.get_string(&txn)),
-            _ => Value::Null,
+            Some(yrs::Out::YText(t)) => Some(t.get_string(&txn)),
+            _ => None,
         };
         out.insert(name.clone(), text);
     }
-    Ok(Value::Object(out))
+    Ok(out)
 }
 
 pub(crate) async fn list(
     State(app): State<AppState>,
     user: AuthUser,
     Path(room_id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Vec<ApprovalItem>>, ApiError> {
     crate::http::guard::room_capabilities(&app, &room_id, &user).await?;
     let now = now_ms();
-    let items: Vec<Value> = app
+    let items = app
         .store
         .approvals(&room_id)
         .await?
@@ -208,19 +210,19 @@ pub(crate) async fn list(
                 (None, _) if a.expires_at <= now => "expired",
                 (None, _) => "pending",
             };
-            json!({
-                "id": a.id,
-                "action": a.action,
-                "params": serde_json::from_str::<Value>(&a.params).unwrap_or(Value::Null),
-                "requester": a.requester,
-                "state": state,
-                "decided_by": a.decided.map(|(by, _)| by),
-                "created_at": created_at,
-                "expires_at": a.expires_at,
-            })
+            ApprovalItem {
+                params: serde_json::from_str::<Value>(&a.params).unwrap_or(Value::Null),
+                id: a.id,
+                action: a.action,
+                requester: a.requester,
+                state,
+                decided_by: a.decided.map(|(by, _)| by),
+                created_at,
+                expires_at: a.expires_at,
+            }
         })
         .collect();
-    Ok(Json(Value::Array(items)))
+    Ok(Json(items))
 }
 
 #[derive(Deserialize)]
@@ -234,7 +236,7 @@ pub(crate) async fn decide_request(
     user: AuthUser,
     Path((room_id, id)): Path<(String, String)>,
     Json(body): Json<DecisionBody>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Decided>, ApiError> {
     if !crate::http::guard::valid_issued_id(&id) {
         return Err(ApiError::NotFound);
     }
@@ -266,10 +268,46 @@ pub(crate) async fn decide_request(
         )
         .await
     {
-        Ok(_) => Ok(Json(
-            json!({ "id": id, "state": if body.approve { "approved" } else { "denied" } }),
-        )),
+        Ok(_) => Ok(Json(Decided {
+            id,
+            state: if body.approve { "approved" } else { "denied" },
+        })),
         Err(StoreError::Conflict) => Err(ApiError::Denied(DenyReason::AlreadyDecided.to_string())),
         Err(e) => Err(e.into()),
     }
+}
+
+/// `202` from `POST /api/rooms/{id}/exports`: the approval the export waits for.
+#[derive(Serialize)]
+pub(crate) struct Pending {
+    approval_id: String,
+    state: &'static str,
+}
+
+/// `200` from `POST /api/rooms/{id}/exports`: each named file's text (`null`: not in the room).
+#[derive(Serialize)]
+pub(crate) struct Export {
+    files: BTreeMap<String, Option<String>>,
+}
+
+/// One entry of `GET /api/rooms/{id}/approvals`.
+#[derive(Serialize)]
+pub(crate) struct ApprovalItem {
+    id: String,
+    action: String,
+    params: Value,
+    requester: String,
+    /// `pending`, `approved`, `denied`, `expired` or `used`.
+    state: &'static str,
+    decided_by: Option<String>,
+    created_at: i64,
+    expires_at: i64,
+}
+
+/// `POST /api/rooms/{id}/approvals/{approval_id}/decision`.
+#[derive(Serialize)]
+pub(crate) struct Decided {
+    id: String,
+    /// `approved` or `denied`.
+    state: &'static str,
 }

@@ -17,7 +17,8 @@ use axum::routing::post;
 use axum::Json;
 use axum::Router;
 use coderoom_authz::{decide, Action, Decision, RoomState};
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
 use sha2::{Digest, Sha256};
 use std::time::Duration;
 use tokio::sync::oneshot;
@@ -69,7 +70,7 @@ pub(crate) async fn request(
     State(app): State<AppState>,
     user: AuthUser,
     Path(room_id): Path<String>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<Requested>), ApiError> {
     let locked = app.audit.lock().await;
     let proof = authorize_locked(
         &app,
@@ -106,7 +107,10 @@ pub(crate) async fn request(
     };
     Ok((
         StatusCode::ACCEPTED,
-        Json(json!({ "deletion_id": id, "state": "pending_confirmation" })),
+        Json(Requested {
+            deletion_id: id,
+            state: "pending_confirmation",
+        }),
     ))
 }
 
@@ -114,7 +118,7 @@ pub(crate) async fn confirm(
     State(app): State<AppState>,
     user: AuthUser,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Deletion>, ApiError> {
     if !crate::http::guard::valid_issued_id(&id) {
         return Err(ApiError::NotFound);
     }
@@ -125,15 +129,16 @@ pub(crate) async fn confirm(
         &RoomState::default(),
         now_ms(),
     ) {
+        let details = json!({ "deletion_id": id });
         app.audit
-            .record(
+            .lock()
+            .await
+            .deny(
                 "system",
                 &user.id,
                 "confirm_deletion",
-                "deny",
                 &reason.to_string(),
-                json!({ "deletion_id": id }),
-                Change::None,
+                details,
             )
             .await?;
         return Err(ApiError::Denied(reason.to_string()));
@@ -152,15 +157,9 @@ pub(crate) async fn confirm(
         if !matches!(still, Decision::Allow(_)) {
             let reason = "the requester no longer holds delete";
             app.audit
-                .record(
-                    "system",
-                    &user.id,
-                    "confirm_deletion",
-                    "deny",
-                    reason,
-                    details,
-                    Change::None,
-                )
+                .lock()
+                .await
+                .deny("system", &user.id, "confirm_deletion", reason, details)
                 .await?;
             return Err(ApiError::Denied(reason.into()));
         }
@@ -187,7 +186,7 @@ pub(crate) async fn get(
     State(app): State<AppState>,
     user: AuthUser,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Deletion>, ApiError> {
     if !crate::http::guard::valid_issued_id(&id) {
         return Err(ApiError::NotFound);
     }
@@ -198,26 +197,72 @@ pub(crate) async fn get(
     receipt_of(&app, &id).await.map(Json)
 }
 
-async fn receipt_of(app: &AppState, id: &str) -> Result<Value, ApiError> {
+async fn receipt_of(app: &AppState, id: &str) -> Result<Deletion, ApiError> {
     let d = app.store.deletion(id).await?.ok_or(ApiError::NotFound)?;
     let receipt = match &d.receipt {
         Some(r) => serde_json::from_str(r).map_err(|_| ApiError::Store(StoreError::Corrupt))?,
         // Not done: what has been destroyed so far, never presented as complete.
         None => receipt_body(&d.room_id, id, &app.store.deletion_steps(id).await?, false),
     };
-    Ok(json!({ "deletion_id": id, "state": d.state, "receipt": receipt }))
+    Ok(Deletion {
+        deletion_id: id.to_owned(),
+        state: d.state,
+        receipt,
+    })
 }
 
-fn receipt_body(room_id: &str, id: &str, steps: &[(String, String, i64)], complete: bool) -> Value {
-    json!({
-        "deletion_id": id,
-        "room_id": room_id,
-        "complete": complete,
-        "artifacts": steps
+fn receipt_body(
+    room_id: &str,
+    id: &str,
+    steps: &[(String, String, i64)],
+    complete: bool,
+) -> Receipt {
+    Receipt {
+        artifacts: steps
             .iter()
-            .map(|(artifact, status, count)| json!({ "artifact": artifact, "status": status, "count": count }))
-            .collect::<Vec<_>>(),
-    })
+            .map(|(artifact, status, count)| Artifact {
+                artifact: artifact.clone(),
+                count: *count,
+                status: status.clone(),
+            })
+            .collect(),
+        complete,
+        deletion_id: id.to_owned(),
+        room_id: room_id.to_owned(),
+    }
+}
+
+/// `202` from `DELETE /api/rooms/{id}`: the deletion waits for an admin.
+#[derive(Serialize)]
+pub(crate) struct Requested {
+    deletion_id: String,
+    state: &'static str,
+}
+
+/// `GET /api/deletions/{id}` and the confirmation's answer.
+#[derive(Serialize)]
+pub(crate) struct Deletion {
+    deletion_id: String,
+    state: String,
+    receipt: Receipt,
+}
+
+/// What a deletion destroyed. Stored as text and hashed into the audit chains, so its fields
+/// are in alphabetical order: the stored text is what any JSON re-encoding with sorted keys
+/// gives.
+#[derive(Serialize, Deserialize)]
+pub(crate) struct Receipt {
+    artifacts: Vec<Artifact>,
+    complete: bool,
+    deletion_id: String,
+    room_id: String,
+}
+
+#[derive(Serialize, Deserialize)]
+pub(crate) struct Artifact {
+    artifact: String,
+    count: i64,
+    status: String,
 }
 
 /// Carries out (or resumes) a confirmed deletion.
@@ -303,7 +348,7 @@ pub(crate) async fn run(app: &AppState, id: &str, room_id: &str) -> Result<(), S
     let _ = tokio::fs::remove_dir(app.data_dir.join("rooms").join(room_id)).await;
     let steps = app.store.deletion_steps(id).await?;
     let receipt = receipt_body(room_id, id, &steps, true);
-    let text = receipt.to_string();
+    let text = serde_json::to_string(&receipt).map_err(|_| StoreError::Corrupt)?;
     let hash = hex::encode(Sha256::digest(text.as_bytes()));
     let details = json!({ "deletion_id": id, "receipt_hash": hash });
     // Tombstones: in the room's own chain (kept, it holds no content) and in the system chain.

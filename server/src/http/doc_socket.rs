@@ -1,10 +1,11 @@
 //! `GET /api/rooms/{id}/doc`: the y-websocket endpoint. One reader (this task) decodes and
 //! validates frames and forwards them to the room; one writer drains the connection's outbox.
 
+use crate::close::CloseCode;
 use crate::http::guard::room_access;
 use crate::http::AppState;
 use crate::http::AuthUser;
-use crate::room::outbox::{CloseCode, Outbound, Outbox, OutboxRx};
+use crate::room::outbox::{Outbound, Outbox, OutboxRx};
 use crate::room::protocol::parse_frame;
 use crate::room::task::next_conn_id;
 use crate::room::task::{ConnId, JoinError, RoomCmd};
@@ -64,14 +65,7 @@ async fn serve(
     let room = match join(&app, &room_id, conn, &user, access, &outbox).await {
         Ok(room) => room,
         Err(code) => {
-            outbox.close(
-                code,
-                if code == CloseCode::TryAgain {
-                    "room is full"
-                } else {
-                    "room unavailable"
-                },
-            );
+            outbox.close(code);
             finish_writer(writer).await;
             return;
         }
@@ -95,7 +89,7 @@ async fn serve(
             () = done.cancelled() => break,
             Ok(hash) = ended.recv() => {
                 if hash == user.session_hash {
-                    outbox.close(CloseCode::LoggedOut, CloseCode::LoggedOut.reason());
+                    outbox.close(CloseCode::LoggedOut);
                     break;
                 }
                 continue;
@@ -104,7 +98,7 @@ async fn serve(
             () = outbox.closing() => break,
             () = room.closed() => {
                 // The room unloaded under us or failed; the client reconnects and resyncs.
-                outbox.close(CloseCode::Internal, "room unavailable, reconnect");
+                outbox.close(CloseCode::Internal);
                 break;
             }
         };
@@ -123,23 +117,20 @@ async fn serve(
                 Err(e) => {
                     tracing::info!(room = %room_id, conn, error = %e, "closing connection: bad frame");
                     app.metrics.protocol_errors.inc();
-                    outbox.close(CloseCode::Policy, e.reason());
+                    outbox.refuse(e.reason());
                     break;
                 }
             },
             Some(Ok(Message::Text(_))) => {
                 app.metrics.protocol_errors.inc();
-                outbox.close(
-                    CloseCode::Unsupported,
-                    "text frames are not part of this protocol",
-                );
+                outbox.close(CloseCode::Unsupported);
                 break;
             }
             Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
             Some(Err(e)) => {
                 if let Some(code) = close_code_for(&e) {
                     app.metrics.protocol_errors.inc();
-                    outbox.close(code, code.reason());
+                    outbox.close(code);
                 } else {
                     tracing::debug!(room = %room_id, conn, error = %e, "socket read failed");
                 }
@@ -191,12 +182,8 @@ async fn write_loop(
         let Some(msg) = rx.recv().await else {
             if !rx.is_killed() {
                 // Every sender is gone: the room unloaded or failed under us.
-                let _ = send_close(
-                    &mut sink,
-                    CloseCode::Internal,
-                    "room unavailable, reconnect",
-                )
-                .await;
+                let _ =
+                    send_close(&mut sink, CloseCode::Internal, CloseCode::Internal.reason()).await;
             }
             break;
         };

@@ -6,6 +6,9 @@ use crate::store::StoreError;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use coderoom_sandbox::proto::AgentError;
+use coderoom_sandbox::CallError;
+use serde::Serialize;
 
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ApiError {
@@ -30,13 +33,49 @@ pub(crate) enum ApiError {
     Invalid(String),
     #[error("internal error")]
     Internal,
+    /// A bounded resource is busy (login hashing); the client should retry.
+    #[error("try again shortly")]
+    Busy,
     #[error("{0}")]
     Sandbox(#[from] SandboxError),
 }
 
+/// The body of every error response.
+#[derive(Debug, Serialize)]
+pub(crate) struct ErrorBody {
+    /// A stable, safe message.
+    pub(crate) error: String,
+    /// Names the log line with the details, when there are details a client must not see.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) error_id: Option<String>,
+}
+
+/// What a client is told of an agent's refusal. The agent runs inside the sandbox and is
+/// untrusted: its text never reaches a client. Each kind gets a stable message and an error id;
+/// the agent's text goes to the log under that id.
+pub(crate) fn agent_error(e: &AgentError) -> ErrorBody {
+    let error = match e {
+        AgentError::InvalidPath(_) => "invalid path in the workspace",
+        AgentError::NotFound => "not found",
+        AgentError::TooLarge => "too large",
+        AgentError::Invalid(_) => "the operation is not possible in the sandbox now",
+        AgentError::Failed(_) => "the operation failed inside the sandbox",
+    };
+    let error_id = match e {
+        AgentError::NotFound | AgentError::TooLarge => None,
+        AgentError::InvalidPath(_) | AgentError::Invalid(_) | AgentError::Failed(_) => {
+            let id = crate::ids::error_id();
+            tracing::info!(error_id = %id, agent_said = ?e.to_string(), "sandbox operation refused");
+            Some(id)
+        }
+    };
+    ErrorBody {
+        error: error.to_owned(),
+        error_id,
+    }
+}
+
 fn sandbox_status(e: &SandboxError) -> StatusCode {
-    use coderoom_sandbox::proto::AgentError;
-    use coderoom_sandbox::CallError;
     match e {
         SandboxError::Unavailable(_) | SandboxError::Start | SandboxError::ShuttingDown => {
             StatusCode::SERVICE_UNAVAILABLE
@@ -67,6 +106,7 @@ impl IntoResponse for ApiError {
             ApiError::Gone => StatusCode::GONE,
             ApiError::Invalid(_) => StatusCode::BAD_REQUEST,
             ApiError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Busy => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Sandbox(e) => {
                 if let SandboxError::Store(e) = e {
                     tracing::error!(error = ?e, "storage error");
@@ -79,11 +119,21 @@ impl IntoResponse for ApiError {
                 StatusCode::SERVICE_UNAVAILABLE
             }
         };
-        let mut resp = (
-            status,
-            Json(serde_json::json!({ "error": self.to_string() })),
-        )
-            .into_response();
+        let body = match &self {
+            ApiError::Sandbox(SandboxError::Call(CallError::Agent(e))) => agent_error(e),
+            ApiError::Internal | ApiError::Store(_) => ErrorBody {
+                error: self.to_string(),
+                error_id: Some(crate::ids::error_id()),
+            },
+            _ => ErrorBody {
+                error: self.to_string(),
+                error_id: None,
+            },
+        };
+        if let Some(id) = &body.error_id {
+            tracing::warn!(error_id = %id, error = ?self, "request failed");
+        }
+        let mut resp = (status, Json(body)).into_response();
         if status == StatusCode::UNAUTHORIZED {
             resp.headers_mut().insert(
                 axum::http::header::WWW_AUTHENTICATE,
@@ -91,5 +141,47 @@ impl IntoResponse for ApiError {
             );
         }
         resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn body_of(e: ApiError) -> (StatusCode, serde_json::Value) {
+        let resp = e.into_response();
+        let status = resp.status();
+        let bytes = axum::body::to_bytes(resp.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        (status, serde_json::from_slice(&bytes).unwrap())
+    }
+
+    /// Whatever the agent inside the sandbox says stays in the log: the client gets a stable
+    /// message and the id of the log line.
+    #[tokio::test]
+    async fn text_from_inside_the_sandbox_never_reaches_the_client() {
+        let said = "ATTACKER-TEXT <script>alert(1)</script>";
+        for agent in [
+            AgentError::Failed(said.into()),
+            AgentError::Invalid(said.into()),
+            AgentError::InvalidPath(said.into()),
+        ] {
+            let e = ApiError::Sandbox(SandboxError::Call(CallError::Agent(agent.clone())));
+            let (status, body) = body_of(e).await;
+            let text = body.to_string();
+            assert!(!text.contains("ATTACKER"), "{agent:?} leaked: {text}");
+            assert!(body["error"].as_str().is_some_and(|m| !m.is_empty()));
+            let id = body["error_id"].as_str().unwrap();
+            assert_eq!(id.len(), 16, "{body}");
+            assert!(status.is_client_error(), "{status}");
+        }
+        let (status, body) = body_of(ApiError::Sandbox(SandboxError::Call(CallError::Agent(
+            AgentError::NotFound,
+        ))))
+        .await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert_eq!(body["error"], "not found");
+        assert!(body.get("error_id").is_none());
     }
 }

@@ -4,7 +4,7 @@
 
 use crate::audit::Locked;
 use crate::http::{ApiError, AppState, AuthUser};
-use crate::store::{now_ms, Change};
+use crate::store::now_ms;
 use coderoom_authz::{
     decide, Action, Authorized, Capability, CapabilitySet, Decision, DenyReason, Principal,
     RoomState,
@@ -55,14 +55,12 @@ pub(crate) async fn authorize_locked(
         }
         Decision::Deny(reason) => {
             locked
-                .record(
+                .deny(
                     room_id,
                     &user.id,
                     action.name(),
-                    "deny",
                     &reason.to_string(),
                     details,
-                    Change::None,
                 )
                 .await?;
             Err(ApiError::Denied(reason.to_string()))

@@ -15,8 +15,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use serde::Deserialize;
-use serde_json::json;
+use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 pub(crate) fn routes(state: &AppState) -> Router<AppState> {
@@ -66,7 +65,7 @@ pub(crate) struct VerifyRequest {
 }
 
 fn accepted() -> Response {
-    (StatusCode::ACCEPTED, Json(json!({ "status": "sent" }))).into_response()
+    (StatusCode::ACCEPTED, Json(Sent { status: "sent" })).into_response()
 }
 
 fn unauthorized() -> Response {
@@ -75,11 +74,7 @@ fn unauthorized() -> Response {
 
 fn hash_error(e: HashError) -> Response {
     tracing::warn!(error = %e, "login hashing unavailable");
-    (
-        StatusCode::SERVICE_UNAVAILABLE,
-        Json(json!({ "error": "try again shortly" })),
-    )
-        .into_response()
+    ApiError::Busy.into_response()
 }
 
 pub(crate) async fn request_code(
@@ -196,7 +191,14 @@ pub(crate) async fn verify_code(
     app.store
         .auth_event("login_ok", Some(&email), Some(&user.id), &ip)
         .await?;
-    let mut resp = Json(json!({ "user": { "id": user.id, "email": user.email } })).into_response();
+    let mut resp = Json(LoggedIn {
+        user: Me {
+            id: user.id,
+            email: user.email,
+            is_admin: None,
+        },
+    })
+    .into_response();
     resp.headers_mut()
         .insert(axum::http::header::SET_COOKIE, app.cookie.set(&token));
     Ok(resp)
@@ -218,7 +220,33 @@ pub(crate) async fn logout(
     Ok(resp)
 }
 
-pub(crate) async fn me(State(app): State<AppState>, user: AuthUser) -> Json<serde_json::Value> {
+pub(crate) async fn me(State(app): State<AppState>, user: AuthUser) -> Json<Me> {
     let is_admin = app.admin_emails.contains(&user.email);
-    Json(json!({ "id": user.id, "email": user.email, "is_admin": is_admin }))
+    Json(Me {
+        id: user.id,
+        email: user.email,
+        is_admin: Some(is_admin),
+    })
+}
+
+/// `202` from `POST /api/auth/code` (for every address alike).
+#[derive(Serialize)]
+pub(crate) struct Sent {
+    status: &'static str,
+}
+
+/// `POST /api/auth/verify`: who is now logged in (the cookie carries the session).
+#[derive(Serialize)]
+pub(crate) struct LoggedIn {
+    user: Me,
+}
+
+/// `GET /api/me` (and the user of a login).
+#[derive(Serialize)]
+pub(crate) struct Me {
+    id: String,
+    email: String,
+    /// Said by `GET /api/me` only.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    is_admin: Option<bool>,
 }

@@ -4,13 +4,14 @@ use crate::http::guard::room_capabilities;
 use crate::http::ApiError;
 use crate::http::AppState;
 use crate::http::AuthUser;
+use crate::sandbox::SandboxStatus;
 use crate::store::now_ms;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Json;
 use axum::Router;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 /// Longest room name, in characters.
@@ -35,7 +36,7 @@ pub(crate) async fn create_room(
     State(app): State<AppState>,
     user: AuthUser,
     Json(body): Json<CreateRoom>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<Created>), ApiError> {
     let name = body.name.trim();
     if name.is_empty() || name.chars().count() > MAX_ROOM_NAME || name.chars().any(char::is_control)
     {
@@ -54,58 +55,98 @@ pub(crate) async fn create_room(
         .record(&id, &user.id, "create_room", "allow", "", details, change)
         .await?;
     tracing::info!(room = %id, user = %user.id, "room created");
-    Ok((StatusCode::CREATED, Json(json!({ "id": id }))))
+    Ok((StatusCode::CREATED, Json(Created { id })))
 }
 
 pub(crate) async fn list_rooms(
     State(app): State<AppState>,
     user: AuthUser,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Vec<RoomItem>>, ApiError> {
     let rooms = app.store.rooms_of(&user.id).await?;
-    Ok(Json(Value::Array(
+    Ok(Json(
         rooms
             .into_iter()
-            .map(|r| json!({ "id": r.id, "name": r.name, "created_at": r.created_at }))
+            .map(|r| RoomItem {
+                id: r.id,
+                name: r.name,
+                created_at: r.created_at,
+            })
             .collect(),
-    )))
+    ))
 }
 
 pub(crate) async fn get_room(
     State(app): State<AppState>,
     user: AuthUser,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<RoomView>, ApiError> {
     let mine = room_capabilities(&app, &id, &user).await?;
     let room = app.store.room(&id).await?.ok_or(ApiError::NotFound)?;
     let state = app.store.room_state(&id).await?;
     let now = now_ms();
-    let participants: Vec<Value> = app
+    let participants = app
         .store
         .participants(&id)
         .await?
         .into_iter()
         .map(|p| {
             let caps = state.capabilities_of(&p.user_id, now);
-            json!({
-                "user_id": p.user_id,
-                "email": p.email,
-                "role": p.role,
-                "capabilities": caps.names(),
-            })
+            ParticipantView {
+                user_id: p.user_id,
+                email: p.email,
+                role: p.role,
+                capabilities: caps.names(),
+            }
         })
         .collect();
-    Ok(Json(json!({
-        "id": room.id,
-        "name": room.name,
-        "participants": participants,
-        "my_capabilities": mine.names(),
-        // The room manifest: only an authorised, audited change alters it; joining never does.
-        // Repositories, secret rules, egress and budgets come with the features that use them;
-        // until then a room has none.
-        "repos": [],
-        "secret_rules": [],
-        "egress_allowlist": [],
-        "budget": null,
-        "sandbox": app.sandboxes.status(&id).await?,
-    })))
+    Ok(Json(RoomView {
+        id: room.id,
+        name: room.name,
+        participants,
+        my_capabilities: mine.names(),
+        repos: Vec::new(),
+        secret_rules: Vec::new(),
+        egress_allowlist: Vec::new(),
+        budget: None,
+        sandbox: app.sandboxes.status(&id).await?,
+    }))
+}
+
+/// `201` from `POST /api/rooms`.
+#[derive(Serialize)]
+pub(crate) struct Created {
+    id: String,
+}
+
+/// One entry of `GET /api/rooms`.
+#[derive(Serialize)]
+pub(crate) struct RoomItem {
+    id: String,
+    name: String,
+    created_at: i64,
+}
+
+/// `GET /api/rooms/{id}`: the room, its people and its manifest.
+#[derive(Serialize)]
+pub(crate) struct RoomView {
+    id: String,
+    name: String,
+    participants: Vec<ParticipantView>,
+    my_capabilities: Vec<&'static str>,
+    // The room manifest: only an authorised, audited change alters it; joining never does.
+    // Repositories, secret rules, egress and budgets come with the features that use them;
+    // until then a room has none.
+    repos: Vec<Value>,
+    secret_rules: Vec<Value>,
+    egress_allowlist: Vec<String>,
+    budget: Option<Value>,
+    sandbox: SandboxStatus,
+}
+
+#[derive(Serialize)]
+pub(crate) struct ParticipantView {
+    user_id: String,
+    email: String,
+    role: String,
+    capabilities: Vec<&'static str>,
 }

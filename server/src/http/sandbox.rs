@@ -6,14 +6,15 @@ use crate::http::guard::authorize;
 use crate::http::ApiError;
 use crate::http::AppState;
 use crate::http::AuthUser;
+use crate::sandbox::SandboxStatus;
 use axum::extract::{Path, State};
 use axum::routing::{get, post};
 use axum::Json;
 use axum::Router;
 use coderoom_authz::{Action, Capability};
 use coderoom_sandbox::proto::{Op, Reply};
-use serde::Deserialize;
-use serde_json::{json, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
 use std::time::Duration;
 
 /// Longest a command may run.
@@ -48,7 +49,7 @@ pub(crate) async fn exec(
     user: AuthUser,
     Path(room_id): Path<String>,
     Json(req): Json<ExecRequest>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Executed>, ApiError> {
     if req.argv.is_empty() || req.argv.len() > MAX_ARGS {
         return Err(ApiError::BadRequest("argv must hold 1 to 1024 arguments"));
     }
@@ -105,13 +106,13 @@ pub(crate) async fn exec(
             stderr,
             truncated,
             timed_out,
-        } => Ok(Json(json!({
-            "exit_code": exit_code,
-            "stdout": String::from_utf8_lossy(&stdout),
-            "stderr": String::from_utf8_lossy(&stderr),
-            "truncated": truncated,
-            "timed_out": timed_out,
-        }))),
+        } => Ok(Json(Executed {
+            exit_code,
+            stdout: String::from_utf8_lossy(&stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&stderr).into_owned(),
+            truncated,
+            timed_out,
+        })),
         _ => Err(ApiError::Internal),
     }
 }
@@ -120,7 +121,7 @@ pub(crate) async fn status(
     State(app): State<AppState>,
     user: AuthUser,
     Path(room_id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<SandboxStatus>, ApiError> {
     crate::http::guard::room_capabilities(&app, &room_id, &user).await?;
     Ok(Json(app.sandboxes.status(&room_id).await?))
 }
@@ -131,7 +132,7 @@ async fn lifecycle(
     user: &AuthUser,
     room_id: &str,
     start: bool,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<SandboxStatus>, ApiError> {
     let which = if start { "start" } else { "stop" };
     let details = json!({ "sandbox": which });
     let proof = authorize(app, room_id, user, Action::Use(Capability::Type), details).await?;
@@ -147,7 +148,7 @@ pub(crate) async fn stop(
     State(app): State<AppState>,
     user: AuthUser,
     Path(room_id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<SandboxStatus>, ApiError> {
     lifecycle(&app, &user, &room_id, false).await
 }
 
@@ -155,6 +156,17 @@ pub(crate) async fn start(
     State(app): State<AppState>,
     user: AuthUser,
     Path(room_id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<SandboxStatus>, ApiError> {
     lifecycle(&app, &user, &room_id, true).await
+}
+
+/// `POST /api/rooms/{id}/exec`: how the command ended and what it printed (as text; invalid
+/// UTF-8 replaced).
+#[derive(Serialize)]
+pub(crate) struct Executed {
+    exit_code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    truncated: bool,
+    timed_out: bool,
 }

@@ -165,15 +165,7 @@ fn sandboxes(
     shutdown: &CancellationToken,
 ) -> anyhow::Result<crate::sandbox::Sandboxes> {
     use coderoom_sandbox::{AgentCommand, Backend, Tier};
-    let tier = match args.sandbox_tier.as_str() {
-        "auto" => Tier::Auto,
-        "namespace" => Tier::Namespace,
-        "microvm" => Tier::Microvm,
-        "none" => Tier::None,
-        other => {
-            anyhow::bail!("--sandbox-tier must be auto, namespace, microvm or none, not {other:?}")
-        }
-    };
+    let tier = args.sandbox_tier.tier();
     // The server binary is also the guest agent (`coderoom agent`), bound read-only inside.
     let agent = AgentCommand {
         exe: std::env::current_exe()?,
@@ -183,7 +175,7 @@ fn sandboxes(
     if tier != Tier::Auto && backend.tier() != tier {
         anyhow::bail!("{why}");
     }
-    tracing::info!(requested = %args.sandbox_tier, vmm = %args.vmm, "{why}");
+    tracing::info!(requested = tier.name(), vmm = ?args.vmm, "{why}");
     Ok(crate::sandbox::Sandboxes::new(
         backend,
         why,
@@ -195,6 +187,7 @@ fn sandboxes(
             data_dir: args.storage.data_dir.clone(),
             cfg: Arc::new(args.sandbox.clone()),
             shutdown: shutdown.clone(),
+            clock: crate::clock::Clock::system(),
         },
     ))
 }

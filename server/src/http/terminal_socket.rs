@@ -8,11 +8,13 @@
 //! (the people typing decide the layout); resizes from observers are ignored, and every viewer
 //! renders the same grid.
 
+use crate::close::CloseCode;
 use crate::http::ApiError;
 use crate::http::AppState;
 use crate::http::AuthUser;
-use crate::store::{now_ms, Change};
+use crate::store::now_ms;
 use crate::terminal::recorder::{CAST_FILE, INPUTS_FILE};
+use crate::terminal::TermEvent;
 use crate::terminal::TermOut;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
@@ -127,8 +129,8 @@ async fn deliver(
                     return false;
                 }
             }
-            TermOut::Close(code, reason) => {
-                close(sink, code, reason).await;
+            TermOut::Close(code) => {
+                close(sink, code).await;
                 return false;
             }
         }
@@ -136,14 +138,10 @@ async fn deliver(
     true
 }
 
-async fn close(
-    socket: &mut futures_util::stream::SplitSink<WebSocket, Message>,
-    code: u16,
-    reason: &str,
-) {
+async fn close(socket: &mut futures_util::stream::SplitSink<WebSocket, Message>, code: CloseCode) {
     let frame = Message::Close(Some(CloseFrame {
-        code,
-        reason: reason.to_owned().into(),
+        code: code.code(),
+        reason: code.reason().into(),
     }));
     put(socket, frame, CLOSE_GRACE).await;
 }
@@ -163,23 +161,23 @@ async fn serve(
     // rights or end of session can fall between the check at upgrade and the loop.
     let mut access = app.access_changed.subscribe();
     let mut ended = app.sessions_ended.subscribe();
-    let joined = match app.sandboxes.join(&room_id, cols, rows).await {
+    let (hub, joined) = match app.sandboxes.join(&room_id, cols, rows).await {
         Ok(j) => j,
         Err(_) if app.shutdown.is_cancelled() => {
-            close(&mut sink, 1001, "server shutting down").await;
+            close(&mut sink, CloseCode::Away).await;
             return;
         }
         Err(e) => {
             // Said only to someone still in the room (the join may have taken a while).
             if let Some(((_, observe), _)) = rights_now(&app, &room_id, &user).await {
                 if now_ms() >= observe {
-                    close(&mut sink, 4003, "removed from the room").await;
+                    close(&mut sink, CloseCode::Removed).await;
                     return;
                 }
             }
-            let msg = json!({ "type": "error", "reason": e.to_string() }).to_string();
+            let msg = TermEvent::error(e.to_string()).text();
             put(&mut sink, Message::Text(msg.into()), stall).await;
-            close(&mut sink, 1011, "sandbox unavailable").await;
+            close(&mut sink, CloseCode::Internal).await;
             return;
         }
     };
@@ -195,22 +193,24 @@ async fn serve(
         None => None,
     };
     if now_ms() >= observe_until {
-        close(&mut sink, 4003, "removed from the room").await;
-        app.sandboxes.leave(&room_id, viewer).await;
+        close(&mut sink, CloseCode::Removed).await;
+        app.sandboxes.leave(&room_id, &hub, viewer).await;
         return;
     }
     if !joined.scrollback.is_empty()
         && !put(&mut sink, Message::Binary(joined.scrollback.into()), stall).await
     {
-        app.sandboxes.leave(&room_id, viewer).await;
+        app.sandboxes.leave(&room_id, &hub, viewer).await;
         return;
     }
     for ev in joined.events {
         put(&mut sink, Message::Text(ev.into()), stall).await;
     }
     if now_ms() >= type_until {
-        let msg = json!({ "type": "read_only", "reason": "you may watch but not type" });
-        put(&mut sink, Message::Text(msg.to_string().into()), stall).await;
+        let msg = TermEvent::ReadOnly {
+            reason: "you may watch but not type".into(),
+        };
+        put(&mut sink, Message::Text(msg.text().into()), stall).await;
     }
     if let Some(caps) = caps {
         put(&mut sink, capabilities(&caps), stall).await;
@@ -225,12 +225,12 @@ async fn serve(
                 None | Some(Ok(Message::Close(_))) | Some(Err(_)) => break,
                 Some(Ok(Message::Binary(data))) => {
                     if now_ms() < type_until {
-                        app.sandboxes.input(&room_id, viewer, (&user.id, &user.email), data.to_vec()).await;
+                        hub.input(viewer, (&user.id, &user.email), data).await;
                     } else {
                         // Recorded before the client hears of it.
                         denied.record(&app, &room_id, &user.id, data.len()).await;
-                        let msg = json!({ "type": "denied", "reason": "you do not hold type in this room" });
-                        if !put(&mut sink, Message::Text(msg.to_string().into()), stall).await {
+                        let msg = TermEvent::Denied { reason: "you do not hold type in this room".into() };
+                        if !put(&mut sink, Message::Text(msg.text().into()), stall).await {
                             break;
                         }
                     }
@@ -240,12 +240,12 @@ async fn serve(
                         Ok(Control::Resize { cols, rows }) => {
                             if now_ms() < type_until {
                                 let (c, r) = clamp_size(cols, rows);
-                                app.sandboxes.resize(&room_id, c, r).await;
+                                hub.resize(c, r).await;
                             }
                         }
                         Err(_) => {
-                            let msg = json!({ "type": "error", "reason": "unknown control message; expected {\"type\":\"resize\",\"cols\":N,\"rows\":N}" });
-                            if !put(&mut sink, Message::Text(msg.to_string().into()), stall).await {
+                            let msg = TermEvent::error("unknown control message; expected {\"type\":\"resize\",\"cols\":N,\"rows\":N}");
+                            if !put(&mut sink, Message::Text(msg.text().into()), stall).await {
                                 break;
                             }
                         }
@@ -260,7 +260,7 @@ async fn serve(
                     }
                 }
                 None => {
-                    close(&mut sink, 4008, "too far behind; reconnect to catch up").await;
+                    close(&mut sink, CloseCode::Behind).await;
                     break;
                 }
             },
@@ -272,7 +272,7 @@ async fn serve(
                 };
                 if in_room && !relevant {
                     // Someone else's rights changed: the people panel looks again.
-                    let msg = json!({ "type": "people_changed" }).to_string();
+                    let msg = TermEvent::PeopleChanged.text();
                     put(&mut sink, Message::Text(msg.into()), stall).await;
                 }
                 if relevant {
@@ -281,8 +281,8 @@ async fn serve(
                     let was_typing = now_ms() < type_until;
                     (type_until, observe_until) = now.as_ref().map_or((0, 0), |(until, _)| *until);
                     if was_typing && now_ms() >= type_until {
-                        let msg = json!({ "type": "read_only", "reason": "your right to type was withdrawn" });
-                        put(&mut sink, Message::Text(msg.to_string().into()), stall).await;
+                        let msg = TermEvent::ReadOnly { reason: "your right to type was withdrawn".into() };
+                        put(&mut sink, Message::Text(msg.text().into()), stall).await;
                     }
                     if let Some((_, caps)) = now {
                         put(&mut sink, capabilities(&caps), stall).await;
@@ -291,21 +291,21 @@ async fn serve(
             }
             Ok(hash) = ended.recv() => {
                 if hash == user.session_hash {
-                    close(&mut sink, 4001, "logged out").await;
+                    close(&mut sink, CloseCode::LoggedOut).await;
                     break;
                 }
             }
             () = tokio::time::sleep(observe_left), if observe_until != i64::MAX => {
-                close(&mut sink, 4003, "removed from the room").await;
+                close(&mut sink, CloseCode::Removed).await;
                 break;
             }
             () = app.shutdown.cancelled() => {
-                close(&mut sink, 1001, "server shutting down").await;
+                close(&mut sink, CloseCode::Away).await;
                 break;
             }
         }
     }
-    app.sandboxes.leave(&room_id, viewer).await;
+    app.sandboxes.leave(&room_id, &hub, viewer).await;
     denied.flush(&app, &room_id, &user.id).await;
 }
 
@@ -330,9 +330,11 @@ async fn rights_now(
 /// `{"type":"capabilities","capabilities":[...]}`: what the viewer may do now, sent on join and
 /// after every change to its rights, so a client can follow (an editor turning read-only)
 /// without asking. Empty when it lost the room.
-fn capabilities(caps: &[&str]) -> Message {
-    let event = json!({ "type": "capabilities", "capabilities": caps });
-    Message::Text(event.to_string().into())
+fn capabilities(caps: &[&'static str]) -> Message {
+    let event = TermEvent::Capabilities {
+        capabilities: caps.to_vec(),
+    };
+    Message::Text(event.text().into())
 }
 
 #[derive(Deserialize)]
@@ -368,15 +370,9 @@ impl Denials {
         let details = json!({ "chunks": self.pending_chunks, "bytes": self.pending_bytes });
         let r = app
             .audit
-            .record(
-                room_id,
-                user_id,
-                "type",
-                "deny",
-                "missing capability type",
-                details,
-                Change::None,
-            )
+            .lock()
+            .await
+            .deny(room_id, user_id, "type", "missing capability type", details)
             .await;
         if let Err(e) = r {
             tracing::error!(error = ?e, "cannot audit refused terminal input");

@@ -10,6 +10,7 @@
 //! budget, so a joiner of a large, busy room is not cut off while it downloads the document,
 //! and a client that keeps asking without reading is still bounded.
 
+use crate::close::CloseCode;
 use bytes::Bytes;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -18,64 +19,6 @@ use tokio_util::sync::CancellationToken;
 
 /// Messages queued for one connection, whatever their size.
 const QUEUE_MESSAGES: usize = 4096;
-
-/// WebSocket close codes the server uses.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum CloseCode {
-    /// 1001: the server is going away.
-    Away,
-    /// 1003: a text frame on a binary protocol.
-    Unsupported,
-    /// 1007: a text frame that is not UTF-8.
-    InvalidData,
-    /// 1008: malformed or refused input.
-    Policy,
-    /// 1009: a message over the size cap.
-    TooBig,
-    /// 1011: the room failed; reconnecting reloads it.
-    Internal,
-    /// 1013: the room is full; try later.
-    TryAgain,
-    /// 4003: the participant was removed from the room (or lost `observe`).
-    Removed,
-    /// 4004: the room was deleted.
-    Deleted,
-    /// 4001: the session that opened the socket ended.
-    LoggedOut,
-}
-
-impl CloseCode {
-    /// The reason sent with codes the connection task decides itself.
-    pub(crate) fn reason(self) -> &'static str {
-        match self {
-            CloseCode::TooBig => "message too big",
-            CloseCode::InvalidData => "text frame is not UTF-8",
-            CloseCode::Away => "server shutting down",
-            CloseCode::Unsupported => "unsupported data",
-            CloseCode::Policy => "refused",
-            CloseCode::Internal => "room unavailable, reconnect",
-            CloseCode::TryAgain => "room is full",
-            CloseCode::Removed => "removed from the room",
-            CloseCode::Deleted => "room deleted",
-            CloseCode::LoggedOut => "session ended",
-        }
-    }
-
-    pub(crate) fn code(self) -> u16 {
-        match self {
-            CloseCode::Away => 1001,
-            CloseCode::Unsupported => 1003,
-            CloseCode::InvalidData => 1007,
-            CloseCode::Policy => 1008,
-            CloseCode::TooBig => 1009,
-            CloseCode::Internal => 1011,
-            CloseCode::TryAgain => 1013,
-            CloseCode::Removed => 4003,
-            CloseCode::Deleted => 4004,
-            CloseCode::LoggedOut => 4001,
-        }
-    }
-}
 
 #[derive(Debug)]
 pub(crate) enum Outbound {
@@ -194,7 +137,16 @@ impl Outbox {
 
     /// Asks the writer to send a close frame after what is queued; kills the connection when
     /// even that cannot be queued.
-    pub(crate) fn close(&self, code: CloseCode, reason: &'static str) {
+    pub(crate) fn close(&self, code: CloseCode) {
+        self.close_with(code, code.reason());
+    }
+
+    /// [`Self::close`] with 1008 and what was refused (the one code whose reason says more).
+    pub(crate) fn refuse(&self, why: &'static str) {
+        self.close_with(CloseCode::Policy, why);
+    }
+
+    fn close_with(&self, code: CloseCode, reason: &'static str) {
         self.closing.cancel();
         if self.tx.try_send(Outbound::Close(code, reason)).is_err() {
             self.kill();

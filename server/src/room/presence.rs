@@ -11,10 +11,10 @@ use std::sync::Arc;
 
 /// The identity fields stamped into every presence state of one connection.
 #[derive(Debug, Clone)]
-pub struct Identity(Map<String, Value>);
+pub(crate) struct Identity(Map<String, Value>);
 
 impl Identity {
-    pub fn new(user_id: &str, name: &str) -> Self {
+    pub(crate) fn new(user_id: &str, name: &str) -> Self {
         let (color, light) = colours(user_id);
         let mut m = Map::new();
         m.insert("id".into(), Value::String(user_id.to_owned()));
@@ -29,7 +29,7 @@ impl Identity {
     /// JSON this parser accepts (a number out of range, a lone surrogate, nesting past its
     /// limit): such a state is never forwarded, because a peer's laxer parser could read an
     /// unstamped claim out of it.
-    pub fn stamp(&self, json: &Arc<str>) -> Option<Arc<str>> {
+    pub(crate) fn stamp(&self, json: &Arc<str>) -> Option<Arc<str>> {
         let mut state = match serde_json::from_str::<Value>(json) {
             Ok(Value::Object(state)) => state,
             Ok(_) => return Some(json.clone()),
@@ -52,7 +52,7 @@ impl Identity {
 
 /// A stable colour per user (and a translucent twin for selections): the hue comes from a hash
 /// of the id, saturation and lightness are fixed so every colour reads on a white background.
-pub fn colours(user_id: &str) -> (String, String) {
+pub(crate) fn colours(user_id: &str) -> (String, String) {
     // FNV-1a: stable across releases and platforms (unlike the std hasher).
     let mut h: u32 = 0x811c_9dc5;
     for b in user_id.bytes() {

@@ -7,9 +7,10 @@
 //! batch produced (group commit: under load one fsync covers many keystrokes).
 
 use crate::audit::Audit;
+use crate::close::CloseCode;
 use crate::config::Limits;
 use crate::metrics::Metrics;
-use crate::room::outbox::{Class, CloseCode, Outbound, Outbox};
+use crate::room::outbox::{Class, Outbound, Outbox};
 use crate::room::protocol::Inbound;
 use crate::store::{Change, Store, StoreError, StoredDoc};
 use bytes::Bytes;
@@ -84,9 +85,29 @@ pub(crate) enum JoinError {
     Full,
 }
 
+/// Why a stored document cannot be rebuilt.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum DocError {
+    #[error("a stored update does not decode")]
+    Decode(#[from] yrs::encoding::read::Error),
+    #[error("a stored update does not apply")]
+    Apply(#[from] yrs::error::UpdateError),
+}
+
+/// Why a room could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum LoadError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("the stored document is corrupt")]
+    Corrupt(#[from] DocError),
+    #[error("cannot follow the document's changes")]
+    Observe,
+}
+
 /// Rebuilds a room's document from its snapshot and log, failing on any entry that does not
 /// decode or apply. Returns the document and the stored bytes it came from.
-pub(crate) fn doc_from_stored(stored: &StoredDoc) -> Result<(Doc, usize), String> {
+pub(crate) fn doc_from_stored(stored: &StoredDoc) -> Result<(Doc, usize), DocError> {
     let doc = Doc::new();
     let mut bytes = 0;
     {
@@ -98,8 +119,8 @@ pub(crate) fn doc_from_stored(stored: &StoredDoc) -> Result<(Doc, usize), String
             .chain(stored.updates.iter().map(|(_, d)| d.as_slice()));
         for data in parts {
             bytes += data.len();
-            let update = Update::decode_v1(data).map_err(|e| e.to_string())?;
-            txn.apply_update(update).map_err(|e| e.to_string())?;
+            let update = Update::decode_v1(data)?;
+            txn.apply_update(update)?;
         }
     }
     Ok((doc, bytes))
@@ -241,19 +262,18 @@ pub(crate) struct Room {
     denials_audited: HashMap<ConnId, i64>,
     audits_in_flight: Arc<std::sync::atomic::AtomicUsize>,
     /// Connections refused this batch; nothing more of theirs is handled.
-    closing: Vec<(ConnId, CloseCode, &'static str)>,
+    closing: Vec<(ConnId, Option<&'static str>)>,
     refused: HashSet<ConnId>,
 }
 
 impl Room {
     /// Loads the room's document from storage.
-    pub(crate) async fn load(id: String, deps: RoomDeps) -> Result<Room, StoreError> {
+    pub(crate) async fn load(id: String, deps: RoomDeps) -> Result<Room, LoadError> {
         let stored = deps.store.load_doc(&id).await?;
         // Fail closed: a room loaded without part of its history would compact that loss into
         // its next snapshot and delete the log that still holds it.
-        let (doc, stored_bytes) = doc_from_stored(&stored).map_err(|e| {
+        let (doc, stored_bytes) = doc_from_stored(&stored).inspect_err(|e| {
             tracing::error!(room = %id, error = %e, "stored document is corrupt; room not loaded");
-            StoreError::Corrupt
         })?;
         let next_seq = stored
             .updates
@@ -267,7 +287,7 @@ impl Room {
                 v.push(event.update.clone());
             }
         })
-        .map_err(|_| StoreError::Db(sqlx::Error::Protocol("document busy".into())))?;
+        .map_err(|_| LoadError::Observe)?;
         Ok(Room {
             id,
             deps,
@@ -465,8 +485,8 @@ impl Room {
             .collect();
         for id in gone {
             self.refused.insert(id);
-            self.closing
-                .push((id, CloseCode::Removed, "removed from the room"));
+            // `None`: removed (4003), not refused.
+            self.closing.push((id, None));
         }
     }
 
@@ -494,13 +514,13 @@ impl Room {
             return;
         }
         if self.stored_bytes.saturating_add(len) > self.deps.limits.max_doc_bytes {
-            self.close(conn, CloseCode::Policy, "document size limit reached");
+            self.refuse(conn, "document size limit reached");
             return;
         }
         let have = self.doc.transact().state_vector();
         if crate::room::protocol::skips_clocks(&update, &have) {
             tracing::info!(room = %self.id, conn, "update skips clocks");
-            self.close(conn, CloseCode::Policy, "update depends on missing content");
+            self.refuse(conn, "update depends on missing content");
             return;
         }
         let applied = std::panic::catch_unwind(AssertUnwindSafe(|| {
@@ -516,11 +536,11 @@ impl Room {
             Ok((Ok(()), false)) => {}
             Ok((Ok(()), true)) => {
                 tracing::info!(room = %self.id, conn, "update depends on missing content");
-                self.close(conn, CloseCode::Policy, "update depends on missing content");
+                self.refuse(conn, "update depends on missing content");
             }
             Ok((Err(e), _)) => {
                 tracing::warn!(room = %self.id, conn, error = %e, "update does not apply");
-                self.close(conn, CloseCode::Policy, "malformed update");
+                self.refuse(conn, "malformed update");
             }
             Err(_) => {
                 // The document may be half-changed: nothing from this update has been logged,
@@ -571,7 +591,7 @@ impl Room {
                         return;
                     };
                     if c.awareness_ids.len() >= max_ids {
-                        self.close(conn, CloseCode::Policy, "too many awareness states");
+                        self.refuse(conn, "too many awareness states");
                         return;
                     }
                     c.awareness_ids.insert(client);
@@ -587,7 +607,7 @@ impl Room {
                 match c.identity.stamp(&entry.json) {
                     Some(json) => Some(json),
                     None => {
-                        self.close(conn, CloseCode::Policy, "malformed presence state");
+                        self.refuse(conn, "malformed presence state");
                         return;
                     }
                 }
@@ -663,10 +683,11 @@ impl Room {
             .push((target, Bytes::from(message.encode_v1())));
     }
 
-    fn close(&mut self, conn: ConnId, code: CloseCode, reason: &'static str) {
+    /// Refuses a connection's input (1008, saying what was refused): it gets nothing more.
+    fn refuse(&mut self, conn: ConnId, why: &'static str) {
         self.deps.metrics.protocol_errors.inc();
         if self.refused.insert(conn) {
-            self.closing.push((conn, code, reason));
+            self.closing.push((conn, Some(why)));
         }
     }
 
@@ -703,9 +724,12 @@ impl Room {
             self.logged_since_snapshot += self.batch.len() as u64;
         }
         // Refused connections get nothing more: close them first.
-        for (conn, code, reason) in std::mem::take(&mut self.closing) {
+        for (conn, refused) in std::mem::take(&mut self.closing) {
             if let Some(c) = self.conns.get(&conn) {
-                c.out.close(code, reason);
+                match refused {
+                    Some(why) => c.out.refuse(why),
+                    None => c.out.close(CloseCode::Removed),
+                }
             }
             self.leave(conn);
         }
@@ -894,7 +918,7 @@ impl Room {
 
     fn delete(self, done: oneshot::Sender<usize>) -> Exit {
         for c in self.conns.values() {
-            c.out.close(CloseCode::Deleted, "room deleted");
+            c.out.close(CloseCode::Deleted);
         }
         let _ = done.send(self.conns.len());
         Exit::Deleted
@@ -904,13 +928,13 @@ impl Room {
         if exit == Exit::Shutdown && self.logged_since_snapshot > 0 {
             self.compact().await;
         }
-        let (code, reason) = match exit {
-            Exit::Shutdown => (CloseCode::Away, "server shutting down"),
-            Exit::Idle | Exit::Failed => (CloseCode::Internal, "room unavailable, reconnect"),
-            Exit::Deleted => (CloseCode::Deleted, "room deleted"),
+        let code = match exit {
+            Exit::Shutdown => CloseCode::Away,
+            Exit::Idle | Exit::Failed => CloseCode::Internal,
+            Exit::Deleted => CloseCode::Deleted,
         };
         for c in self.conns.values() {
-            c.out.close(code, reason);
+            c.out.close(code);
         }
         exit
     }

@@ -199,6 +199,26 @@ impl Replica {
     }
 }
 
+/// Why a sync session ended (it is then started again).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum SyncError {
+    /// The room could not be joined (`None`: it did not answer).
+    #[error("cannot join the room{}", .0.as_ref().map(|e| format!(": {e}")).unwrap_or_default())]
+    Join(Option<crate::room::task::JoinError>),
+    #[error("the room closed the sync")]
+    RoomClosed,
+    #[error("the room went away")]
+    RoomGone,
+    #[error("undecodable document message")]
+    Decode(#[from] yrs::encoding::read::Error),
+    #[error("a document update did not apply")]
+    Apply(#[from] yrs::error::UpdateError),
+    #[error(transparent)]
+    Sandbox(coderoom_sandbox::CallError),
+    #[error("the agent answered out of turn")]
+    UnexpectedReply,
+}
+
 /// Runs the sync until `cancel` fires. Rejoins the room if it goes away.
 pub(crate) async fn run(ctx: SyncCtx) {
     let mut base: HashMap<String, String> = HashMap::new();
@@ -224,7 +244,7 @@ struct Session<'a> {
 }
 
 /// One membership in the room: join, sync, reconcile, then mirror until cancelled.
-async fn session(ctx: &SyncCtx, base: &mut HashMap<String, String>) -> Result<(), String> {
+async fn session(ctx: &SyncCtx, base: &mut HashMap<String, String>) -> Result<(), SyncError> {
     let conn = crate::room::task::next_conn_id();
     let (outbox, mut out_rx) =
         Outbox::new(ctx.limits.outbound_queue_bytes, ctx.limits.max_doc_bytes);
@@ -238,7 +258,7 @@ async fn session(ctx: &SyncCtx, base: &mut HashMap<String, String>) -> Result<()
             &outbox,
         )
         .await
-        .map_err(|e| e.map_or_else(|| "the room is unavailable".to_owned(), |e| e.to_string()))?;
+        .map_err(SyncError::Join)?;
     let replica = Replica::new();
     let mut s = Session {
         ctx,
@@ -258,7 +278,7 @@ async fn session(ctx: &SyncCtx, base: &mut HashMap<String, String>) -> Result<()
                     break;
                 }
             }
-            Some(Outbound::Close(..)) | None => return Err("the room closed the sync".into()),
+            Some(Outbound::Close(..)) | None => return Err(SyncError::RoomClosed),
         }
     }
     s.reconcile().await?;
@@ -285,7 +305,7 @@ async fn session(ctx: &SyncCtx, base: &mut HashMap<String, String>) -> Result<()
                         flush_at = Some(tokio::time::Instant::now() + DEBOUNCE);
                     }
                 }
-                Some(Outbound::Close(..)) | None => break Err("the room closed the sync".to_owned()),
+                Some(Outbound::Close(..)) | None => break Err(SyncError::RoomClosed),
             },
             () = flush => {
                 flush_at = None;
@@ -299,20 +319,20 @@ async fn session(ctx: &SyncCtx, base: &mut HashMap<String, String>) -> Result<()
 }
 
 impl Session<'_> {
-    async fn send(&self, messages: Vec<Inbound>) -> Result<(), String> {
+    async fn send(&self, messages: Vec<Inbound>) -> Result<(), SyncError> {
         self.room
             .send(RoomCmd::Inbound {
                 conn: self.conn,
                 messages,
             })
             .await
-            .map_err(|_| "the room went away".to_owned())
+            .map_err(|_| SyncError::RoomGone)
     }
 
     /// Applies a frame from the room to the replica. Returns whether it was the answer to our
     /// sync request.
-    async fn receive(&mut self, bytes: &[u8]) -> Result<bool, String> {
-        let msg = Message::decode_v1(bytes).map_err(|e| e.to_string())?;
+    async fn receive(&mut self, bytes: &[u8]) -> Result<bool, SyncError> {
+        let msg = Message::decode_v1(bytes)?;
         match msg {
             // We hold nothing the room lacks: our changes are sent as we make them.
             Message::Sync(SyncMessage::SyncStep1(_)) => Ok(false),
@@ -328,36 +348,33 @@ impl Session<'_> {
         }
     }
 
-    fn apply_remote(&mut self, data: &[u8]) -> Result<(), String> {
-        let update = Update::decode_v1(data).map_err(|e| e.to_string())?;
-        self.replica
-            .doc
-            .transact_mut()
-            .apply_update(update)
-            .map_err(|e| e.to_string())
+    fn apply_remote(&mut self, data: &[u8]) -> Result<(), SyncError> {
+        let update = Update::decode_v1(data)?;
+        self.replica.doc.transact_mut().apply_update(update)?;
+        Ok(())
     }
 
     /// Sends what a local transaction changed in the replica to the room.
-    async fn publish(&self, update: Vec<u8>) -> Result<(), String> {
+    async fn publish(&self, update: Vec<u8>) -> Result<(), SyncError> {
         if update.len() <= 2 {
             return Ok(());
         }
         let len = update.len();
-        let update = Update::decode_v1(&update).map_err(|e| e.to_string())?;
+        let update = Update::decode_v1(&update)?;
         self.send(vec![Inbound::Update { update, len }]).await
     }
 
-    async fn call(&self, op: Op) -> Result<Reply, String> {
+    async fn call(&self, op: Op) -> Result<Reply, SyncError> {
         self.ctx
             .sandbox
             .call(op, AGENT_WITHIN)
             .await
-            .map_err(|e| e.to_string())
+            .map_err(SyncError::Sandbox)
     }
 
     /// The workspace's files small enough to mirror, and whether the listing was cut short (so
     /// a file missing from it may still exist).
-    async fn list(&self) -> Result<(Vec<FileEntry>, bool), String> {
+    async fn list(&self) -> Result<(Vec<FileEntry>, bool), SyncError> {
         let op = Op::ListFiles {
             max_entries: MAX_SYNC_FILES,
         };
@@ -369,11 +386,11 @@ impl Session<'_> {
                     .collect(),
                 truncated,
             )),
-            _ => Err("unexpected reply to a listing".into()),
+            _ => Err(SyncError::UnexpectedReply),
         }
     }
 
-    async fn read_text(&self, path: &str) -> Result<Option<String>, String> {
+    async fn read_text(&self, path: &str) -> Result<Option<String>, SyncError> {
         let op = Op::ReadFile {
             path: path.to_owned(),
             max_bytes: MAX_SYNC_FILE,
@@ -382,11 +399,11 @@ impl Session<'_> {
             Ok(Reply::File(data)) => Ok(as_text(data.into_vec())),
             // Gone, grown or turned into something else since the listing: not text now.
             Ok(_) | Err(coderoom_sandbox::CallError::Agent(_)) => Ok(None),
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(SyncError::Sandbox(e)),
         }
     }
 
-    async fn write(&self, path: &str, text: &str) -> Result<(), String> {
+    async fn write(&self, path: &str, text: &str) -> Result<(), SyncError> {
         let op = Op::WriteFile {
             path: path.to_owned(),
             data: serde_bytes::ByteBuf::from(text.as_bytes().to_vec()),
@@ -399,7 +416,7 @@ impl Session<'_> {
                 tracing::info!(room = %self.ctx.room_id, path, error = %e, "cannot write a document file to the workspace");
                 Ok(())
             }
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(SyncError::Sandbox(e)),
         }
     }
 
@@ -408,7 +425,7 @@ impl Session<'_> {
     /// On a rejoin (the sync was interrupted), files changed on disk since the last agreement
     /// are merged like any disk change. Files only on disk are imported; files only in the
     /// document are written.
-    async fn reconcile(&mut self) -> Result<(), String> {
+    async fn reconcile(&mut self) -> Result<(), SyncError> {
         let (listing, _) = self.list().await?;
         let on_disk: HashSet<String> = listing.iter().map(|e| e.path.clone()).collect();
         self.listing = listing
@@ -457,7 +474,7 @@ impl Session<'_> {
         Ok(())
     }
 
-    async fn import(&mut self, path: &str, text: &str) -> Result<(), String> {
+    async fn import(&mut self, path: &str, text: &str) -> Result<(), SyncError> {
         let update = {
             let mut txn = self.replica.doc.transact_mut();
             let t: TextRef = self
@@ -473,7 +490,7 @@ impl Session<'_> {
     }
 
     /// Document -> disk, for the paths edited since the last flush.
-    async fn flush(&mut self) -> Result<(), String> {
+    async fn flush(&mut self) -> Result<(), SyncError> {
         for path in self.replica.take_dirty() {
             if WorkspacePath::parse(&path).is_err() {
                 continue;
@@ -498,7 +515,7 @@ impl Session<'_> {
     }
 
     /// Disk -> document, for files changed inside the sandbox since the last scan.
-    async fn scan(&mut self) -> Result<(), String> {
+    async fn scan(&mut self) -> Result<(), SyncError> {
         let (listing, truncated) = self.list().await?;
         let now: HashMap<String, (u64, i128)> = listing
             .iter()
@@ -569,7 +586,7 @@ impl Session<'_> {
         Ok(())
     }
 
-    async fn merge_in(&mut self, path: &str, base: &str, disk: &str) -> Result<(), String> {
+    async fn merge_in(&mut self, path: &str, base: &str, disk: &str) -> Result<(), SyncError> {
         let update = {
             let mut txn = self.replica.doc.transact_mut();
             let text = match self.replica.files.get(&txn, path) {

@@ -13,15 +13,15 @@
 //! ```
 
 use crate::audit::Audit;
+use crate::close::CloseCode;
 use crate::config::SandboxArgs;
-use crate::store::{now_ms, Change, SandboxRow, Store, StoreError};
-use crate::terminal::Recorder;
-use crate::terminal::{Joined, TermOut};
-use bytes::Bytes;
+use crate::store::{now_ms, Change, SandboxRow, SandboxState, Store, StoreError};
+use crate::terminal::hub::{pty_port, pump, HubConfig};
+use crate::terminal::{Hub, Joined, Link, Recorder, TermEvent};
 use coderoom_sandbox::proto::{Op, Reply};
-use coderoom_sandbox::{Backend, CallError, Ended, Event, Receipt, Sandbox};
+use coderoom_sandbox::{Backend, CallError, Ended, Receipt, Sandbox};
+use serde::Serialize;
 use serde_json::{json, Value};
-use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -31,10 +31,6 @@ use tokio_util::sync::CancellationToken;
 
 /// Requests queued for one room's supervisor before callers wait.
 const ACTOR_QUEUE: usize = 256;
-/// Terminal chunks queued for one viewer (PTY reads, mostly 4 KiB: about 1 MiB); a viewer this
-/// far behind is dropped and catches up from the scrollback when it reconnects, so it never
-/// slows the others.
-const VIEWER_QUEUE: usize = 256;
 /// Time a snapshot (and a restore) may take.
 const SNAPSHOT_WITHIN: Duration = Duration::from_secs(120);
 /// Time the sandbox gets to end after being killed.
@@ -49,14 +45,45 @@ const IDLE_POLL: Duration = Duration::from_millis(250);
 const REARM_EVERY_MS: i64 = 1000;
 /// Idle stops whose snapshot fails before the sandbox is stopped without one.
 const IDLE_STOP_ATTEMPTS: u32 = 3;
-/// Terminal output held by the pump for the supervisor; past it the pump waits (that is the
-/// terminal's flow control) for at most [`PUMP_STALL`].
-const PUMP_PENDING: usize = 1 << 20;
-/// How long the pump waits on a supervisor that takes nothing before dropping output instead,
-/// so the agent's stream (which also carries snapshots) never stalls behind a busy supervisor.
-const PUMP_STALL: Duration = Duration::from_millis(200);
 /// Attempts at reaching a supervisor that is exiting at that moment.
 const SEND_ATTEMPTS: usize = 3;
+
+/// Why a snapshot did not restore. The messages are stable: the details, which may come from
+/// inside the sandbox, go to the log only.
+#[derive(Debug, thiserror::Error)]
+enum RestoreError {
+    #[error("the snapshot file cannot be read")]
+    File(std::io::Error),
+    #[error("the sandbox did not unpack the snapshot")]
+    Sandbox(CallError),
+}
+
+/// A room's sandbox as `GET /api/rooms/{id}/sandbox` (and the room's manifest) show it.
+#[derive(Debug, Serialize)]
+pub(crate) struct SandboxStatus {
+    tier: &'static str,
+    /// Why this tier was chosen.
+    tier_reason: String,
+    state: SandboxState,
+    reason: String,
+    limits: coderoom_sandbox::Limits,
+    /// The receipt of the last start: what the sandbox was given.
+    receipt: Option<Value>,
+    /// When the latest workspace snapshot was taken (Unix ms).
+    snapshot_at: Option<i64>,
+    /// Running on a workspace restored from the snapshot taken at this time.
+    resumed_from: Option<i64>,
+    /// When the idle timer stops it.
+    idle_stop_at: Option<i64>,
+    /// Limits the sandbox ran into, while it runs.
+    usage: Option<Usage>,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct Usage {
+    oom_kills: u64,
+    forks_refused: u64,
+}
 
 /// Why a sandbox request failed.
 #[derive(Debug, thiserror::Error)]
@@ -88,42 +115,23 @@ enum Cmd {
         reply: oneshot::Sender<Result<Reply, SandboxError>>,
     },
     Status {
-        reply: oneshot::Sender<Value>,
+        reply: oneshot::Sender<SandboxStatus>,
     },
     Stop {
         actor: String,
-        reply: oneshot::Sender<Result<Value, SandboxError>>,
+        reply: oneshot::Sender<Result<SandboxStatus, SandboxError>>,
     },
     Start {
         actor: String,
-        reply: oneshot::Sender<Result<Value, SandboxError>>,
+        reply: oneshot::Sender<Result<SandboxStatus, SandboxError>>,
     },
     Join {
         cols: u16,
         rows: u16,
-        reply: oneshot::Sender<Result<Joined, SandboxError>>,
+        reply: oneshot::Sender<Result<(Hub, Joined), SandboxError>>,
     },
-    Leave {
-        viewer: u64,
-    },
-    Input {
-        viewer: u64,
-        user_id: String,
-        email: String,
-        data: Vec<u8>,
-    },
-    Resize {
-        cols: u16,
-        rows: u16,
-    },
-    Output {
-        generation: u64,
-        data: Vec<u8>,
-    },
-    PtyExit {
-        generation: u64,
-        code: Option<i32>,
-    },
+    /// A viewer left the hub: the idle timer may start.
+    Left,
     Ended {
         generation: u64,
         how: Ended,
@@ -147,6 +155,8 @@ pub(crate) struct Deps {
     pub data_dir: PathBuf,
     pub cfg: Arc<SandboxArgs>,
     pub shutdown: CancellationToken,
+    /// The time of day for the terminal's recording.
+    pub clock: crate::clock::Clock,
 }
 
 struct Inner {
@@ -211,8 +221,8 @@ impl Sandboxes {
         self.inner
             .supervisors
             .get_or_start(room_id, ACTOR_QUEUE, |tx, rx, generation| {
-                let actor = Actor::new(room_id.to_owned(), owner, tx.downgrade());
-                tokio::spawn(actor.run(rx, generation));
+                let (actor, pty_wanted) = Actor::new(room_id.to_owned(), owner, tx.downgrade());
+                tokio::spawn(actor.run(rx, pty_wanted, generation));
             })
     }
 
@@ -256,12 +266,16 @@ impl Sandboxes {
     }
 
     /// `{"tier", "state", "limits", "receipt", ...}` of the room's sandbox.
-    pub(crate) async fn status(&self, room_id: &str) -> Result<Value, SandboxError> {
+    pub(crate) async fn status(&self, room_id: &str) -> Result<SandboxStatus, SandboxError> {
         self.ask(room_id, |reply| Cmd::Status { reply }).await
     }
 
     /// Snapshots and stops the room's sandbox.
-    pub(crate) async fn stop(&self, room_id: &str, actor: &str) -> Result<Value, SandboxError> {
+    pub(crate) async fn stop(
+        &self,
+        room_id: &str,
+        actor: &str,
+    ) -> Result<SandboxStatus, SandboxError> {
         self.ask(room_id, |reply| Cmd::Stop {
             actor: actor.to_owned(),
             reply,
@@ -270,7 +284,11 @@ impl Sandboxes {
     }
 
     /// Starts (resumes, or restarts after a failure) the room's sandbox.
-    pub(crate) async fn start(&self, room_id: &str, actor: &str) -> Result<Value, SandboxError> {
+    pub(crate) async fn start(
+        &self,
+        room_id: &str,
+        actor: &str,
+    ) -> Result<SandboxStatus, SandboxError> {
         self.ask(room_id, |reply| Cmd::Start {
             actor: actor.to_owned(),
             reply,
@@ -284,36 +302,16 @@ impl Sandboxes {
         room_id: &str,
         cols: u16,
         rows: u16,
-    ) -> Result<Joined, SandboxError> {
+    ) -> Result<(Hub, Joined), SandboxError> {
         self.ask(room_id, |reply| Cmd::Join { cols, rows, reply })
             .await?
     }
 
-    pub(crate) async fn leave(&self, room_id: &str, viewer: u64) {
-        self.send(room_id, || Cmd::Leave { viewer }).await;
-    }
-
-    /// Terminal input from `user_id` (shown to viewers as `email`), already authorised for
-    /// `type`.
-    pub(crate) async fn input(
-        &self,
-        room_id: &str,
-        viewer: u64,
-        (user_id, email): (&str, &str),
-        data: Vec<u8>,
-    ) {
-        let data = Arc::new(data);
-        self.send(room_id, || Cmd::Input {
-            viewer,
-            user_id: user_id.to_owned(),
-            email: email.to_owned(),
-            data: (*data).clone(),
-        })
-        .await;
-    }
-
-    pub(crate) async fn resize(&self, room_id: &str, cols: u16, rows: u16) {
-        self.send(room_id, || Cmd::Resize { cols, rows }).await;
+    /// A viewer left `hub`: it is told first, then the supervisor (which may start the idle
+    /// timer).
+    pub(crate) async fn leave(&self, room_id: &str, hub: &Hub, viewer: u64) {
+        hub.leave(viewer).await;
+        self.send(room_id, || Cmd::Left).await;
     }
 
     /// Server shutdown: snapshots and stops every running sandbox.
@@ -361,20 +359,6 @@ enum Life {
     Failed(String),
 }
 
-struct Hub {
-    scrollback: VecDeque<u8>,
-    viewers: HashMap<u64, mpsc::Sender<TermOut>>,
-    next_viewer: u64,
-    pty_open: bool,
-    size: (u16, u16),
-    /// When each typist was last announced to viewers (`typing` events, at most one per user
-    /// per [`TYPING_EVERY`]).
-    typists: HashMap<String, tokio::time::Instant>,
-}
-
-/// How often viewers hear that someone is still typing.
-const TYPING_EVERY: Duration = Duration::from_secs(1);
-
 struct Actor {
     room_id: String,
     owner: Sandboxes,
@@ -382,8 +366,10 @@ struct Actor {
     life: Life,
     row: Option<SandboxRow>,
     generation: u64,
+    /// The room's terminal hub (its own task).
     hub: Hub,
-    recorder: Recorder,
+    /// Whether the PTY of the running sandbox is open.
+    pty_open: bool,
     last_armed: Option<i64>,
     destroyed: bool,
     failed_idle_stops: u32,
@@ -403,7 +389,12 @@ impl Drop for Actor {
 }
 
 impl Actor {
-    fn new(room_id: String, owner: Sandboxes, me: mpsc::WeakSender<Cmd>) -> Self {
+    /// The supervisor and its hub; the receiver hears when a key needs a PTY.
+    fn new(
+        room_id: String,
+        owner: Sandboxes,
+        me: mpsc::WeakSender<Cmd>,
+    ) -> (Self, mpsc::Receiver<()>) {
         let deps = &owner.inner.deps;
         let recorder = Recorder::new(
             deps.data_dir
@@ -412,37 +403,43 @@ impl Actor {
                 .join("recordings"),
             deps.cfg.recording_max_bytes,
         );
-        Actor {
+        let (pty_wanted, pty_wanted_rx) = mpsc::channel(1);
+        let hub = Hub::start(HubConfig {
+            scrollback_bytes: deps.cfg.terminal_scrollback_bytes,
+            recorder,
+            clock: deps.clock.clone(),
+            pty_wanted,
+        });
+        let actor = Actor {
             room_id,
             me,
             life: Life::Dormant,
             row: None,
             generation: 0,
-            hub: Hub {
-                scrollback: VecDeque::new(),
-                viewers: HashMap::new(),
-                next_viewer: 1,
-                pty_open: false,
-                size: (80, 24),
-                typists: HashMap::new(),
-            },
-            recorder,
+            hub,
+            pty_open: false,
             last_armed: None,
             destroyed: false,
             failed_idle_stops: 0,
             owner,
-        }
+        };
+        (actor, pty_wanted_rx)
     }
 
     fn deps(&self) -> &Deps {
         &self.owner.inner.deps
     }
 
-    async fn run(mut self, mut rx: mpsc::Receiver<Cmd>, generation: u64) {
+    async fn run(
+        mut self,
+        mut rx: mpsc::Receiver<Cmd>,
+        mut pty_wanted: mpsc::Receiver<()>,
+        generation: u64,
+    ) {
         match self.deps().store.sandbox(&self.room_id).await {
             Ok(row) => {
                 if let Some(r) = &row {
-                    if r.state == "failed" {
+                    if r.state == SandboxState::Failed {
                         self.life = Life::Failed(r.reason.clone());
                     }
                     self.last_armed = r.stop_at;
@@ -465,11 +462,15 @@ impl Actor {
                     next_snapshot = tokio::time::Instant::now() + every;
                     continue;
                 }
+                Some(()) = pty_wanted.recv() => {
+                    self.reopen_pty().await;
+                    continue;
+                }
             };
             let Some(cmd) = cmd else { break };
             self.handle(cmd).await;
             let running = matches!(self.life, Life::Running { .. });
-            let idle = !running && self.hub.viewers.is_empty();
+            let idle = !running && self.hub.viewers() == 0;
             if (idle || self.destroyed)
                 && self
                     .owner
@@ -506,7 +507,7 @@ impl Actor {
                     .stop(
                         &actor,
                         &format!("stop requested by {actor}"),
-                        "stopped",
+                        SandboxState::Stopped,
                         false,
                     )
                     .await
@@ -524,45 +525,13 @@ impl Actor {
                 let r = self.ensure_running(&reason).await.map(|_| self.status());
                 let _ = reply.send(r);
             }
-            Cmd::Join { cols, rows, reply } => {
-                let r = self.join(cols, rows).await;
-                let _ = reply.send(r);
-            }
-            Cmd::Leave { viewer } => {
-                self.hub.viewers.remove(&viewer);
-                self.touch().await;
-            }
-            Cmd::Input {
-                viewer,
-                user_id,
-                email,
-                data,
-            } => {
-                self.announce_typing(&user_id, &email);
-                self.input(viewer, &user_id, data).await;
-            }
-            Cmd::Resize { cols, rows } => {
-                self.hub.size = (cols, rows);
-                if let Life::Running { sandbox, .. } = &self.life {
-                    let _ = sandbox.send(Op::PtyResize { cols, rows }).await;
-                }
-            }
-            Cmd::Output { generation, data } => {
-                if generation == self.generation {
-                    self.output(data);
-                }
-            }
-            Cmd::PtyExit { generation, code } => {
-                if generation == self.generation {
-                    self.hub.pty_open = false;
-                    self.broadcast_event(json!({ "type": "exit", "code": code }));
-                }
-            }
+            Cmd::Join { cols, rows, reply } => self.join(cols, rows, reply).await,
+            Cmd::Left => self.touch().await,
             Cmd::Ended { generation, how } => self.ended(generation, how).await,
             Cmd::IdleDue => self.idle_due().await,
             Cmd::Suspend { reply } => {
                 if let Err(e) = self
-                    .stop("system", "server shutdown", "suspended", true)
+                    .stop("system", "server shutdown", SandboxState::Suspended, true)
                     .await
                 {
                     tracing::error!(room = %self.room_id, error = %e, "cannot suspend the sandbox");
@@ -579,58 +548,60 @@ impl Actor {
                     let _ = tokio::time::timeout(KILL_WITHIN, sandbox.ended()).await;
                 }
                 self.life = Life::Dormant;
-                for (_, tx) in self.hub.viewers.drain() {
-                    let _ = tx.try_send(TermOut::Close(4004, "room deleted"));
-                }
+                self.pty_open = false;
+                self.hub.link(Link::Down("room deleted".into())).await;
+                self.hub.close_all(CloseCode::Deleted).await;
                 self.destroyed = true;
                 let _ = reply.send(was);
             }
         }
     }
 
-    fn status(&self) -> Value {
-        let limits = self.deps().cfg.limits();
+    fn status(&self) -> SandboxStatus {
         let (state, reason) = match &self.life {
-            Life::Running { .. } => ("running".to_owned(), self.row_reason()),
-            Life::Failed(r) => ("failed".to_owned(), r.clone()),
+            Life::Running { .. } => (SandboxState::Running, self.row_reason()),
+            Life::Failed(r) => (SandboxState::Failed, r.clone()),
             Life::Dormant => match &self.row {
-                None => ("absent".to_owned(), String::new()),
+                None => (SandboxState::Absent, String::new()),
                 // A row left `running` by a crash is a sandbox that is not running now.
-                Some(r) if r.state == "running" => ("suspended".to_owned(), r.reason.clone()),
-                Some(r) => (r.state.clone(), r.reason.clone()),
+                Some(r) if r.state == SandboxState::Running => {
+                    (SandboxState::Suspended, r.reason.clone())
+                }
+                Some(r) => (r.state, r.reason.clone()),
             },
         };
-        let receipt: Value = match &self.life {
-            Life::Running { receipt, .. } => json!(receipt),
+        let receipt = match &self.life {
+            Life::Running { receipt, .. } => serde_json::to_value(receipt).ok(),
             _ => self
                 .row
                 .as_ref()
-                .and_then(|r| serde_json::from_str(&r.receipt).ok())
-                .unwrap_or(Value::Null),
+                .and_then(|r| serde_json::from_str(&r.receipt).ok()),
         };
         let usage = match &self.life {
             Life::Running { sandbox, .. } => {
                 let p = sandbox.pressure();
-                json!({ "oom_kills": p.oom_kills, "forks_refused": p.pids_refused })
+                Some(Usage {
+                    oom_kills: p.oom_kills,
+                    forks_refused: p.pids_refused,
+                })
             }
-            _ => Value::Null,
+            _ => None,
         };
-        json!({
-            "tier": self.owner.tier(),
-            "tier_reason": self.owner.inner.tier_reason,
-            "state": state,
-            "reason": reason,
-            "limits": limits,
-            "receipt": receipt,
-            "snapshot_at": self.row.as_ref().and_then(|r| r.snapshot_at),
-            // Running on a workspace restored from the snapshot taken at this time.
-            "resumed_from": match &self.life {
+        SandboxStatus {
+            tier: self.owner.tier(),
+            tier_reason: self.owner.inner.tier_reason.clone(),
+            state,
+            reason,
+            limits: self.deps().cfg.limits(),
+            receipt,
+            snapshot_at: self.row.as_ref().and_then(|r| r.snapshot_at),
+            resumed_from: match &self.life {
                 Life::Running { resumed_from, .. } => *resumed_from,
                 _ => None,
             },
-            "idle_stop_at": self.row.as_ref().and_then(|r| r.stop_at),
-            "usage": usage,
-        })
+            idle_stop_at: self.row.as_ref().and_then(|r| r.stop_at),
+            usage,
+        }
     }
 
     fn row_reason(&self) -> String {
@@ -640,6 +611,8 @@ impl Actor {
             .unwrap_or_default()
     }
 
+    /// The running sandbox, started (or resumed from its latest snapshot) if it is not. Keys
+    /// typed meanwhile wait in the hub; a terminal someone watches is opened once it runs.
     async fn ensure_running(&mut self, reason: &str) -> Result<Sandbox, SandboxError> {
         if self.deps().shutdown.is_cancelled() {
             return Err(SandboxError::ShuttingDown);
@@ -652,6 +625,33 @@ impl Actor {
         if let Backend::None(why) = &self.owner.inner.backend {
             return Err(SandboxError::Unavailable(why.clone()));
         }
+        self.hub.link(Link::Pending).await;
+        match self.start(reason).await {
+            Ok(sandbox) => {
+                if self.hub.viewers() > 0 {
+                    // The hub says "running" once the terminal is there.
+                    self.open_terminal().await;
+                } else {
+                    self.hub
+                        .event(TermEvent::Sandbox {
+                            state: "running",
+                            reason: None,
+                        })
+                        .await;
+                    self.hub.link(Link::Idle).await;
+                }
+                Ok(sandbox)
+            }
+            Err(e) => {
+                self.hub.link(Link::Down(e.to_string())).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Starts a sandbox for a dormant room: restores the newest snapshot that restores, records
+    /// the transition, and wires its events to the hub and this supervisor.
+    async fn start(&mut self, reason: &str) -> Result<Sandbox, SandboxError> {
         // The latest snapshot first, then older ones, then an empty workspace: a snapshot that
         // does not restore (it was written by the untrusted agent) never locks the room out.
         // The document holds every text file anyway and wins at the next sync.
@@ -685,8 +685,8 @@ impl Actor {
                 Ok(mut f) => sandbox
                     .restore(&mut f, SNAPSHOT_WITHIN)
                     .await
-                    .map_err(|e| e.to_string()),
-                Err(e) => Err(e.to_string()),
+                    .map_err(RestoreError::Sandbox),
+                Err(e) => Err(RestoreError::File(e)),
             };
             match restored {
                 Ok(()) => {
@@ -694,8 +694,13 @@ impl Actor {
                     break;
                 }
                 Err(e) => {
-                    tracing::error!(room = %self.room_id, snapshot = %name, error = %e, "cannot restore the snapshot");
-                    failures.push(json!({ "snapshot": name, "error": e }));
+                    // The audit chain is shown to room members: it gets a stable reason and
+                    // the id of the log line with the details (which may be the agent's text).
+                    let error_id = crate::ids::error_id();
+                    tracing::error!(room = %self.room_id, snapshot = %name, %error_id, error = ?e, "cannot restore the snapshot");
+                    failures.push(
+                        json!({ "snapshot": name, "error": e.to_string(), "error_id": error_id }),
+                    );
                     sandbox.kill();
                     // Its cgroup is removed before the next attempt creates it again.
                     let _ = tokio::time::timeout(KILL_WITHIN, sandbox.ended()).await;
@@ -712,11 +717,11 @@ impl Actor {
             .fetch_add(1, Ordering::Relaxed);
         let generation = self.generation;
         let now = now_ms();
-        let stop_at = self.hub.viewers.is_empty().then(|| now + self.idle_ms());
+        let stop_at = (self.hub.viewers() == 0).then(|| now + self.idle_ms());
         // The snapshot actually restored (an older one, or none, when the latest failed).
         let resumed_from = snapshot.as_deref().and_then(snapshot_time);
         let row = SandboxRow {
-            state: "running".into(),
+            state: SandboxState::Running,
             reason: reason.to_owned(),
             receipt: serde_json::to_string(&receipt).unwrap_or_default(),
             snapshot_at: resumed_from,
@@ -737,9 +742,9 @@ impl Actor {
             return Err(e);
         }
         self.last_armed = stop_at;
+        let rate = self.deps().cfg.terminal_output_bytes_per_s.max(1024);
+        tokio::spawn(pump(events, generation, rate, self.hub.clone()));
         if let Some(me) = self.me.upgrade() {
-            let rate = self.deps().cfg.terminal_output_bytes_per_s.max(1024);
-            tokio::spawn(pump(events, generation, rate, me.clone()));
             let watched = sandbox.clone();
             tokio::spawn(async move {
                 let how = watched.ended().await;
@@ -755,8 +760,7 @@ impl Actor {
             resumed_from,
             sync,
         };
-        self.hub.pty_open = false;
-        self.broadcast_event(json!({ "type": "sandbox", "state": "running" }));
+        self.pty_open = false;
         Ok(sandbox)
     }
 
@@ -820,7 +824,7 @@ impl Actor {
         &mut self,
         actor: &str,
         reason: &str,
-        state: &str,
+        state: SandboxState,
         force: bool,
     ) -> Result<(), SandboxError> {
         let Life::Running {
@@ -865,7 +869,10 @@ impl Actor {
         sandbox.kill();
         let _ = tokio::time::timeout(KILL_WITHIN, sandbox.ended()).await;
         self.life = Life::Dormant;
-        self.hub.pty_open = false;
+        self.pty_open = false;
+        self.hub
+            .link(Link::Down("the sandbox is not running".into()))
+            .await;
         let row = SandboxRow {
             state: state.to_owned(),
             reason: reason.to_owned(),
@@ -873,7 +880,7 @@ impl Actor {
             snapshot: snapshot.clone(),
             snapshot_at,
             // A suspended sandbox keeps its idle timer: it fires after the restart.
-            stop_at: if state == "suspended" {
+            stop_at: if state == SandboxState::Suspended {
                 self.row.as_ref().and_then(|r| r.stop_at)
             } else {
                 None
@@ -888,7 +895,12 @@ impl Actor {
         self.transition("sandbox_stop", actor, details, row).await?;
         self.last_armed = self.row.as_ref().and_then(|r| r.stop_at);
         self.prune_snapshots().await;
-        self.broadcast_event(json!({ "type": "sandbox", "state": state, "reason": reason }));
+        self.hub
+            .event(TermEvent::Sandbox {
+                state: state.as_str(),
+                reason: Some(reason.to_owned()),
+            })
+            .await;
         Ok(())
     }
 
@@ -1009,9 +1021,12 @@ impl Actor {
         };
         tracing::warn!(room = %self.room_id, %reason, "sandbox failed");
         self.life = Life::Failed(reason.clone());
-        self.hub.pty_open = false;
+        self.pty_open = false;
+        self.hub
+            .link(Link::Down(format!("the sandbox failed: {reason}")))
+            .await;
         let row = SandboxRow {
-            state: "failed".into(),
+            state: SandboxState::Failed,
             reason: reason.clone(),
             receipt: serde_json::to_string(&receipt).unwrap_or_default(),
             snapshot: self.row.as_ref().and_then(|r| r.snapshot.clone()),
@@ -1026,11 +1041,15 @@ impl Actor {
             tracing::error!(room = %self.room_id, error = %e, "cannot record the sandbox failure");
         }
         self.last_armed = None;
-        self.broadcast_event(json!({
-            "type": "exit",
-            "reason": reason,
-            "restart": format!("POST /api/rooms/{}/sandbox/start", self.room_id),
-        }));
+        self.hub.event(self.restart_event(&reason)).await;
+    }
+
+    /// `{"type":"exit","reason",...,"restart":...}`: the sandbox failed and how to restart it.
+    fn restart_event(&self, reason: &str) -> TermEvent {
+        TermEvent::SandboxFailed {
+            reason: reason.to_owned(),
+            restart: format!("POST /api/rooms/{}/sandbox/start", self.room_id),
+        }
     }
 
     async fn idle_due(&mut self) {
@@ -1043,7 +1062,7 @@ impl Actor {
             Some(at) if at <= now => {}
             _ => return,
         }
-        if !self.hub.viewers.is_empty() {
+        if self.hub.viewers() > 0 {
             self.arm(None).await;
             return;
         }
@@ -1054,7 +1073,10 @@ impl Actor {
                 // A sandbox whose snapshots keep failing (a wedged agent) is stopped anyway at
                 // the third attempt: the previous snapshot and the document stand.
                 let force = self.failed_idle_stops >= IDLE_STOP_ATTEMPTS - 1;
-                match self.stop("system", reason, "stopped", force).await {
+                match self
+                    .stop("system", reason, SandboxState::Stopped, force)
+                    .await
+                {
                     Ok(()) => self.failed_idle_stops = 0,
                     Err(e) => {
                         self.failed_idle_stops += 1;
@@ -1072,9 +1094,9 @@ impl Actor {
                     return;
                 };
                 row.state = if matches!(self.life, Life::Failed(_)) {
-                    "failed".into()
+                    SandboxState::Failed
                 } else {
-                    "stopped".into()
+                    SandboxState::Stopped
                 };
                 row.reason = format!("{reason} (the timer fired after a server restart)");
                 row.stop_at = None;
@@ -1120,7 +1142,7 @@ impl Actor {
         if !matches!(self.life, Life::Running { .. }) {
             return;
         }
-        if !self.hub.viewers.is_empty() {
+        if self.hub.viewers() > 0 {
             self.arm(None).await;
             return;
         }
@@ -1130,14 +1152,21 @@ impl Actor {
         }
     }
 
+    /// Opens the running sandbox's PTY at the hub's size and links the hub to it.
     async fn open_pty(&mut self) -> Result<(), SandboxError> {
-        let Life::Running { sandbox, .. } = &self.life else {
+        let Life::Running {
+            sandbox,
+            generation,
+            ..
+        } = &self.life
+        else {
             return Ok(());
         };
-        if self.hub.pty_open {
+        if self.pty_open {
             return Ok(());
         }
-        let (cols, rows) = self.hub.size;
+        let (sandbox, generation) = (sandbox.clone(), *generation);
+        let (cols, rows) = self.hub.size().await;
         let shell = vec!["/bin/bash".to_owned(), "-i".to_owned()];
         match sandbox
             .call(
@@ -1166,110 +1195,98 @@ impl Actor {
             }
             Err(e) => return Err(e.into()),
         }
-        self.hub.pty_open = true;
+        self.pty_open = true;
+        let input = pty_port(sandbox);
+        self.hub.link(Link::Attached { generation, input }).await;
         Ok(())
     }
 
-    async fn join(&mut self, cols: u16, rows: u16) -> Result<Joined, SandboxError> {
-        let mut events = Vec::new();
-        match self.ensure_running("terminal opened").await {
-            Ok(_) => {
-                if self.hub.viewers.is_empty() {
-                    self.hub.size = (cols, rows);
-                }
-                self.open_pty().await?;
-                events.push(json!({ "type": "sandbox", "state": "running" }).to_string());
-            }
-            Err(SandboxError::Failed(reason)) => {
-                events.push(
-                    json!({
-                        "type": "exit",
-                        "reason": reason,
-                        "restart": format!("POST /api/rooms/{}/sandbox/start", self.room_id),
-                    })
-                    .to_string(),
-                );
-            }
-            Err(e) => return Err(e),
+    /// [`Self::open_pty`], telling the viewers when it fails.
+    async fn open_terminal(&mut self) {
+        if let Err(e) = self.open_pty().await {
+            tracing::warn!(room = %self.room_id, error = %e, "cannot open the terminal");
+            let reason = "the terminal could not be opened".to_owned();
+            self.hub.link(Link::Down(reason.clone())).await;
+            self.hub.event(TermEvent::error(reason)).await;
         }
-        let viewer = self.hub.next_viewer;
-        self.hub.next_viewer += 1;
-        let (tx, rx) = mpsc::channel(VIEWER_QUEUE);
-        self.hub.viewers.insert(viewer, tx);
-        self.arm(None).await;
-        Ok(Joined {
-            viewer,
-            scrollback: self.hub.scrollback.iter().copied().collect(),
-            events,
-            rx,
-        })
     }
 
-    async fn input(&mut self, viewer: u64, user_id: &str, data: Vec<u8>) {
-        if !matches!(self.life, Life::Running { .. }) {
-            let reason = match &self.life {
-                Life::Failed(r) => format!("the sandbox failed: {r}"),
-                _ => "the sandbox is not running".to_owned(),
-            };
-            if let Some(tx) = self.hub.viewers.get(&viewer) {
-                let _ = tx.try_send(TermOut::Event(
-                    json!({ "type": "error", "reason": reason }).to_string(),
-                ));
+    /// A key is waiting for a PTY (the shell exited): a new one, if the sandbox still runs.
+    async fn reopen_pty(&mut self) {
+        match &self.life {
+            Life::Running { .. } => self.open_terminal().await,
+            Life::Failed(r) => {
+                let reason = format!("the sandbox failed: {r}");
+                self.hub.link(Link::Down(reason)).await;
             }
+            Life::Dormant => {
+                let reason = "the sandbox is not running".to_owned();
+                self.hub.link(Link::Down(reason)).await;
+            }
+        }
+    }
+
+    /// Adds a viewer to the hub and answers at once; then starts the sandbox and opens the
+    /// terminal if they are not, while the viewer already watches ("starting") and its keys
+    /// wait in the hub.
+    async fn join(
+        &mut self,
+        cols: u16,
+        rows: u16,
+        reply: oneshot::Sender<Result<(Hub, Joined), SandboxError>>,
+    ) {
+        if self.deps().shutdown.is_cancelled() {
+            let _ = reply.send(Err(SandboxError::ShuttingDown));
             return;
         }
-        if !self.hub.pty_open {
-            if let Err(e) = self.open_pty().await {
-                tracing::warn!(room = %self.room_id, error = %e, "cannot reopen the terminal");
-                return;
+        if let Backend::None(why) = &self.owner.inner.backend {
+            let _ = reply.send(Err(SandboxError::Unavailable(why.clone())));
+            return;
+        }
+        let failed = match &self.life {
+            Life::Failed(r) => Some(r.clone()),
+            _ => None,
+        };
+        match &failed {
+            Some(r) => {
+                let reason = format!("the sandbox failed: {r}");
+                self.hub.link(Link::Down(reason)).await;
+            }
+            None if !self.pty_open => self.hub.link(Link::Pending).await,
+            None => {}
+        }
+        let Some(joined) = self.hub.join(cols, rows).await else {
+            let _ = reply.send(Err(SandboxError::ShuttingDown));
+            return;
+        };
+        // Watched: no idle stop.
+        self.arm(None).await;
+        if reply.send(Ok((self.hub.clone(), joined))).is_err() {
+            // The socket gave up meanwhile; the hub drops its viewer when it notices.
+        }
+        if let Some(r) = failed {
+            let event = self.restart_event(&r);
+            self.hub.event(event).await;
+            return;
+        }
+        match self.ensure_running("terminal opened").await {
+            Ok(_) => {
+                if !self.pty_open {
+                    self.open_terminal().await;
+                }
+            }
+            Err(SandboxError::Failed(r)) => {
+                let event = self.restart_event(&r);
+                self.hub.event(event).await;
+            }
+            Err(SandboxError::ShuttingDown) => {
+                self.hub.close_all(CloseCode::Away).await;
+            }
+            Err(e) => {
+                self.hub.event(TermEvent::error(e.to_string())).await;
+                self.hub.close_all(CloseCode::Internal).await;
             }
         }
-        self.recorder.input(user_id, &data);
-        if let Life::Running { sandbox, .. } = &self.life {
-            let _ = sandbox
-                .send(Op::PtyInput(serde_bytes::ByteBuf::from(data)))
-                .await;
-        }
-    }
-
-    fn output(&mut self, data: Vec<u8>) {
-        let cap = self.deps().cfg.terminal_scrollback_bytes;
-        self.hub.scrollback.extend(data.iter().copied());
-        let excess = self.hub.scrollback.len().saturating_sub(cap);
-        self.hub.scrollback.drain(..excess);
-        self.recorder.output(&data, self.hub.size);
-        let bytes = Bytes::from(data);
-        self.hub.viewers.retain(|_, tx| {
-            match tx.try_send(TermOut::Output(bytes.clone())) {
-                Ok(()) => true,
-                // Too far behind: dropped; it reconnects and catches up from the scrollback.
-                Err(mpsc::error::TrySendError::Full(_)) => false,
-                Err(mpsc::error::TrySendError::Closed(_)) => false,
-            }
-        });
-    }
-
-    /// Tells every viewer who is typing (the people panel shows it), at most once a second per
-    /// typist.
-    fn announce_typing(&mut self, user_id: &str, email: &str) {
-        let now = tokio::time::Instant::now();
-        if let Some(last) = self.hub.typists.get(user_id) {
-            if now.duration_since(*last) < TYPING_EVERY {
-                return;
-            }
-        }
-        self.hub
-            .typists
-            .retain(|_, t| now.duration_since(*t) < TYPING_EVERY);
-        self.hub.typists.insert(user_id.to_owned(), now);
-        self.broadcast_event(json!({ "type": "typing", "user_id": user_id, "email": email }));
-    }
-
-    fn broadcast_event(&mut self, event: Value) {
-        let text = event.to_string();
-        self.hub
-            .viewers
-            .retain(|_, tx| tx.try_send(TermOut::Event(text.clone())).is_ok());
     }
 }
 
@@ -1284,123 +1301,9 @@ fn snapshot_time(name: &str) -> Option<i64> {
         .ok()
 }
 
-/// Forwards the sandbox's events to its supervisor at no more than `rate` bytes of terminal
-/// output per second. Slowing down here fills the agent's queue and then the PTY, so a program
-/// that writes without end is slowed, never buffered. While the supervisor is busy for long (a
-/// snapshot), output is dropped here instead of held up: the agent's stream, which also carries
-/// the snapshot, never waits on the supervisor for more than [`PUMP_STALL`].
-async fn pump(
-    mut events: mpsc::Receiver<Event>,
-    generation: u64,
-    rate: u64,
-    tx: mpsc::Sender<Cmd>,
-) {
-    let rate = rate as f64;
-    // A burst of a tenth of a second: a screenful passes at once, a flood is paced from the
-    // start (so viewers' queues never see a second's worth at once).
-    let burst = (rate / 10.0).max(64.0 * 1024.0);
-    let mut tokens = burst;
-    let mut last = tokio::time::Instant::now();
-    let mut pending: VecDeque<u8> = VecDeque::new();
-    let mut exit: Option<Option<i32>> = None;
-    let mut closed = false;
-    loop {
-        if closed && pending.is_empty() && exit.is_none() {
-            break;
-        }
-        let full = pending.len() >= PUMP_PENDING;
-        tokio::select! {
-            biased;
-            permit = tx.reserve(), if !pending.is_empty() || exit.is_some() => {
-                let Ok(permit) = permit else { break };
-                if pending.is_empty() {
-                    if let Some(code) = exit.take() {
-                        permit.send(Cmd::PtyExit { generation, code });
-                    }
-                } else {
-                    let n = pending.len().min(coderoom_sandbox::proto::MAX_PTY_CHUNK);
-                    let data: Vec<u8> = pending.drain(..n).collect();
-                    permit.send(Cmd::Output { generation, data });
-                }
-            }
-            // The supervisor has taken nothing for a while (it is taking a snapshot): the
-            // oldest half of what waits is dropped and reading goes on, so the agent's stream
-            // never stalls behind it.
-            () = tokio::time::sleep(PUMP_STALL), if full => {
-                let n = pending.len() / 2;
-                pending.drain(..n);
-            }
-            ev = events.recv(), if !closed && !full => match ev {
-                None => closed = true,
-                Some(Event::PtyOutput(data)) => {
-                    let now = tokio::time::Instant::now();
-                    tokens = (tokens + now.duration_since(last).as_secs_f64() * rate).min(burst);
-                    last = now;
-                    tokens -= data.len() as f64;
-                    if tokens < 0.0 {
-                        tokio::time::sleep(Duration::from_secs_f64(-tokens / rate)).await;
-                    }
-                    pending.extend(data);
-                }
-                Some(Event::PtyExit { code }) => exit = Some(code),
-            },
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Output beyond the rate waits at the source: 10 MiB at 1 MiB/s take ~9.9 s (a tenth of a
-    /// second of burst), measured on the paused test clock.
-    #[tokio::test(start_paused = true)]
-    async fn terminal_output_is_held_to_its_rate() {
-        let (ev_tx, ev_rx) = mpsc::channel(4);
-        let (tx, mut rx) = mpsc::channel(4);
-        tokio::spawn(pump(ev_rx, 7, 1 << 20, tx));
-        let started = tokio::time::Instant::now();
-        tokio::spawn(async move {
-            for _ in 0..10 {
-                ev_tx
-                    .send(Event::PtyOutput(vec![b'x'; 1 << 20]))
-                    .await
-                    .unwrap();
-            }
-        });
-        let mut bytes = 0;
-        while bytes < 10 << 20 {
-            match rx.recv().await {
-                Some(Cmd::Output {
-                    generation: 7,
-                    data,
-                }) => bytes += data.len(),
-                Some(_) => panic!("unexpected command"),
-                None => panic!("the pump ended after {bytes} bytes"),
-            }
-        }
-        let took = started.elapsed().as_secs_f64();
-        assert!((9.8..10.1).contains(&took), "{took}");
-    }
-
-    /// A supervisor that takes nothing (busy with a snapshot) never stops the pump from
-    /// reading the agent's events: output is dropped instead.
-    #[tokio::test(start_paused = true)]
-    async fn a_busy_supervisor_never_stalls_the_agent_stream() {
-        let (ev_tx, ev_rx) = mpsc::channel(4);
-        let (tx, _rx_never_read) = mpsc::channel(4);
-        tokio::spawn(pump(ev_rx, 1, 1 << 30, tx));
-        let sent = tokio::time::timeout(Duration::from_secs(30), async {
-            for _ in 0..200 {
-                ev_tx
-                    .send(Event::PtyOutput(vec![b'x'; 64 << 10]))
-                    .await
-                    .unwrap();
-            }
-        })
-        .await;
-        assert!(sent.is_ok(), "the pump stopped reading events");
-    }
 
     #[test]
     fn snapshot_files_are_told_by_name() {

@@ -1,7 +1,54 @@
-//! What the terminal hub sends its viewers.
+//! What the terminal hub sends its viewers: output, JSON events (text frames) and closes. The
+//! events are the terminal socket's contract (see `docs/design.md`), one type for all of them.
 
+use crate::close::CloseCode;
 use bytes::Bytes;
+use serde::Serialize;
 use tokio::sync::mpsc;
+
+/// A JSON event on the terminal socket, `{"type": ..., ...}`.
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub(crate) enum TermEvent {
+    /// Input refused: the sender does not hold `type`.
+    Denied { reason: String },
+    /// The viewer may watch but not type (on join, or when `type` is withdrawn).
+    ReadOnly { reason: String },
+    /// What the viewer may do now (on join and after every change to its rights).
+    Capabilities { capabilities: Vec<&'static str> },
+    /// Someone is typing (at most once a second per typist).
+    Typing { user_id: String, email: String },
+    /// Someone else's rights changed: the people panel looks again.
+    PeopleChanged,
+    /// The shell exited (`code` is `null` when a signal ended it); a key starts a new one.
+    #[serde(rename = "exit")]
+    ShellExit { code: Option<i32> },
+    /// The sandbox failed; `restart` says how to start it again.
+    #[serde(rename = "exit")]
+    SandboxFailed { reason: String, restart: String },
+    /// The sandbox's state: `starting` (keys wait), `running` (keys reach the shell),
+    /// `stopped`, `suspended`.
+    Sandbox {
+        state: &'static str,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        reason: Option<String>,
+    },
+    /// Something went wrong for this viewer (a refused key, an unknown control message).
+    Error { reason: String },
+}
+
+impl TermEvent {
+    /// The event as a text frame.
+    pub(crate) fn text(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    pub(crate) fn error(reason: impl Into<String>) -> Self {
+        TermEvent::Error {
+            reason: reason.into(),
+        }
+    }
+}
 
 /// A message for a viewer of the terminal.
 #[derive(Debug, Clone)]
@@ -10,8 +57,8 @@ pub(crate) enum TermOut {
     Output(Bytes),
     /// A JSON event (text frame).
     Event(String),
-    /// Close the socket with this code and reason.
-    Close(u16, &'static str),
+    /// Close the socket with this code (and its reason).
+    Close(CloseCode),
 }
 
 /// A viewer's membership in the terminal hub.

@@ -1,6 +1,5 @@
 //! The room's terminal recording, written as output and input pass through the hub.
 
-use crate::store::now_ms;
 use serde_json::json;
 use std::io::Write;
 use std::path::PathBuf;
@@ -41,7 +40,7 @@ impl Recorder {
         }
     }
 
-    fn open(&mut self, size: (u16, u16)) -> bool {
+    fn open(&mut self, size: (u16, u16), at_ms: i64) -> bool {
         if self.cast.is_some() {
             return true;
         }
@@ -64,7 +63,7 @@ impl Recorder {
             match header_ts {
                 Some(ts) => self.start_ms = ts * 1000,
                 None => {
-                    self.start_ms = (now_ms() / 1000) * 1000;
+                    self.start_ms = (at_ms / 1000) * 1000;
                     let header = json!({
                         "version": 2,
                         "width": size.0,
@@ -93,15 +92,16 @@ impl Recorder {
         true
     }
 
-    fn t(&self) -> f64 {
-        (now_ms() - self.start_ms).max(0) as f64 / 1000.0
+    /// Seconds since the cast's start, for an event at `at_ms`.
+    fn t(&self, at_ms: i64) -> f64 {
+        (at_ms - self.start_ms).max(0) as f64 / 1000.0
     }
 
-    fn append(&mut self, cast_line: String, input_line: Option<String>) {
+    fn append(&mut self, cast_line: String, input_line: Option<String>, at_ms: i64) {
         let size =
             cast_line.len() as u64 + 1 + input_line.as_ref().map_or(0, |l| l.len() as u64 + 1);
         let marker = json!([
-            self.t(),
+            self.t(at_ms),
             "m",
             "recording size cap reached; recording stopped"
         ]);
@@ -132,8 +132,9 @@ impl Recorder {
         }
     }
 
-    pub(crate) fn output(&mut self, data: &[u8], size: (u16, u16)) {
-        if !self.open(size) {
+    /// Output shown at `at_ms` (Unix ms) on a terminal of `size`.
+    pub(crate) fn output(&mut self, data: &[u8], size: (u16, u16), at_ms: i64) {
+        if !self.open(size, at_ms) {
             return;
         }
         let mut bytes = std::mem::take(&mut self.carry);
@@ -146,19 +147,20 @@ impl Recorder {
         };
         self.carry = bytes.split_off(cut);
         let text = String::from_utf8_lossy(&bytes);
-        let line = json!([self.t(), "o", text]).to_string();
-        self.append(line, None);
+        let line = json!([self.t(at_ms), "o", text]).to_string();
+        self.append(line, None, at_ms);
     }
 
-    pub(crate) fn input(&mut self, user_id: &str, data: &[u8]) {
-        if !self.open((80, 24)) {
+    /// Input typed by `user_id` at `at_ms` (Unix ms).
+    pub(crate) fn input(&mut self, user_id: &str, data: &[u8], at_ms: i64) {
+        if !self.open((80, 24), at_ms) {
             return;
         }
-        let t = self.t();
+        let t = self.t(at_ms);
         let text = String::from_utf8_lossy(data);
         let line = json!([t, "i", text]).to_string();
         let who = json!({ "t": t, "user": user_id, "bytes": data.len(), "data": text }).to_string();
-        self.append(line, Some(who));
+        self.append(line, Some(who), at_ms);
     }
 }
 
@@ -170,12 +172,12 @@ mod tests {
     fn recordings_are_valid_asciicast_with_attributed_input_and_a_cap() {
         let dir = tempfile::tempdir().unwrap();
         let mut r = Recorder::new(dir.path().to_owned(), 400);
-        r.output("héllo ".as_bytes(), (100, 30));
+        r.output("héllo ".as_bytes(), (100, 30), 1_000);
         // A multi-byte character split across two reads stays whole.
         let snow = "☃".as_bytes();
-        r.output(&snow[..1], (100, 30));
-        r.output(&snow[1..], (100, 30));
-        r.input("u1", b"ls\r");
+        r.output(&snow[..1], (100, 30), 1_010);
+        r.output(&snow[1..], (100, 30), 1_020);
+        r.input("u1", b"ls\r", 2_500);
         let cast = std::fs::read_to_string(dir.path().join(CAST_FILE)).unwrap();
         let lines: Vec<serde_json::Value> = cast
             .lines()
@@ -196,7 +198,11 @@ mod tests {
         assert_eq!(who["data"], "ls\r");
 
         for _ in 0..20 {
-            r.output(b"0123456789012345678901234567890123456789", (100, 30));
+            r.output(
+                b"0123456789012345678901234567890123456789",
+                (100, 30),
+                3_000,
+            );
         }
         let cast = std::fs::read_to_string(dir.path().join(CAST_FILE)).unwrap();
         let inputs = std::fs::read_to_string(dir.path().join(INPUTS_FILE)).unwrap();

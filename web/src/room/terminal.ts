@@ -111,7 +111,9 @@ export class SharedTerminal {
       heard = true
       this.backoff.reset()
     }
-    ws.onopen = () => { this.flash('Connected') }
+    // Connected means a shell takes keys: the server says so (`sandbox` `running`) once the
+    // sandbox has started or resumed and its terminal is open; until then it says `starting`.
+    ws.onopen = () => { this.flash('Connecting…') }
     ws.onmessage = (m) => {
       // A replaced connection's last frames are stale: the new one replays the scrollback.
       if (this.ws !== ws) return
@@ -173,6 +175,10 @@ export class SharedTerminal {
     switch (e.type) {
       case 'denied': this.flash(`Refused: ${e.reason}`); break
       case 'error': this.flash(e.reason); break
+      case 'sandbox':
+        if (e.state === 'starting') this.flash('Starting the sandbox…')
+        else if (e.state === 'running') this.flash('Connected')
+        break
       case 'exit':
         this.term.write(e.reason
           ? `\r\n\x1b[2m[the sandbox stopped: ${e.reason}]\x1b[0m\r\n`
