@@ -24,6 +24,27 @@ pub enum Until {
     Forever,
 }
 
+impl Until {
+    /// Whether the capability is held at `now` (Unix ms): an expiry is exclusive.
+    pub fn holds_at(self, now: i64) -> bool {
+        match self {
+            Until::Never => false,
+            Until::At(t) => now < t,
+            Until::Forever => true,
+        }
+    }
+
+    /// The Unix millisecond it stops being held: `None` when it is held for good, `i64::MIN`
+    /// when it is not held at all.
+    pub fn ends_at(self) -> Option<i64> {
+        match self {
+            Until::Never => Some(i64::MIN),
+            Until::At(t) => Some(t),
+            Until::Forever => None,
+        }
+    }
+}
+
 /// One participant of a room.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Participant {
@@ -170,6 +191,17 @@ impl RoomState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn until_holds_before_its_expiry_only() {
+        assert!(!Until::Never.holds_at(0));
+        assert!(Until::At(10).holds_at(9));
+        assert!(!Until::At(10).holds_at(10));
+        assert!(Until::Forever.holds_at(i64::MAX));
+        assert_eq!(Until::Never.ends_at(), Some(i64::MIN));
+        assert_eq!(Until::At(10).ends_at(), Some(10));
+        assert_eq!(Until::Forever.ends_at(), None);
+    }
 
     #[test]
     fn type_needs_edit() {

@@ -2,6 +2,91 @@
 //! checked them.
 
 use rand::RngCore;
+use serde::de::{Deserialize, Deserializer, Error as _};
+
+/// Longest id accepted in a path (ids we issue are 32 hex characters).
+const MAX_ID: usize = 64;
+
+/// A room or user id as a path may name one: 1 to 64 ASCII letters and digits.
+fn plain(id: &str) -> bool {
+    !id.is_empty() && id.len() <= MAX_ID && id.bytes().all(|b| b.is_ascii_alphanumeric())
+}
+
+/// An id this server issued (a v4 UUID, 32 hex digits).
+fn issued(id: &str) -> bool {
+    id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// A string id, checked once (where it enters) and carried typed from there on.
+macro_rules! checked_id {
+    ($(#[$doc:meta])* $name:ident, $valid:ident, $what:literal) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+        #[serde(transparent)]
+        pub(crate) struct $name(String);
+
+        // Not every kind of id is made, parsed and read in every one of these ways.
+        #[allow(dead_code)]
+        impl $name {
+            /// `None` unless `id` has the form of one.
+            pub(crate) fn parse(id: &str) -> Option<Self> {
+                $valid(id).then(|| $name(id.to_owned()))
+            }
+
+            /// A fresh id (a v4 UUID's 32 hex digits).
+            pub(crate) fn fresh() -> Self {
+                $name(uuid::Uuid::new_v4().simple().to_string())
+            }
+
+            pub(crate) fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl std::ops::Deref for $name {
+            type Target = str;
+            fn deref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = String::deserialize(d)?;
+                if $valid(&s) {
+                    Ok($name(s))
+                } else {
+                    Err(D::Error::custom(concat!("not a ", $what)))
+                }
+            }
+        }
+    };
+}
+
+checked_id!(
+    /// A room's id.
+    RoomId,
+    plain,
+    "room id"
+);
+checked_id!(
+    /// A user's id.
+    UserId,
+    plain,
+    "user id"
+);
+checked_id!(
+    /// An id the server issued for a deletion or an approval.
+    IssuedId,
+    issued,
+    "deletion or approval id"
+);
 
 /// A fresh id naming one error's log line (16 hex digits), given to the client in place of
 /// details it must not see.
@@ -14,6 +99,23 @@ pub(crate) fn error_id() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ids_are_checked_once_where_they_enter() {
+        assert!(RoomId::parse("0123abcDEF").is_some());
+        for bad in ["", "a/b", "..", "a b", "é", &"x".repeat(65)] {
+            assert!(RoomId::parse(bad).is_none(), "{bad:?}");
+            assert!(UserId::parse(bad).is_none(), "{bad:?}");
+        }
+        assert!(IssuedId::parse(&"a".repeat(32)).is_some());
+        assert!(IssuedId::parse(&"g".repeat(32)).is_none());
+        assert!(IssuedId::parse("abc").is_none());
+        let fresh = RoomId::fresh();
+        assert_eq!(RoomId::parse(&fresh), Some(fresh.clone()));
+        let ok: RoomId = serde_json::from_str("\"abc\"").unwrap();
+        assert_eq!(ok.as_str(), "abc");
+        assert!(serde_json::from_str::<RoomId>("\"a/b\"").is_err());
+    }
 
     #[test]
     fn error_ids_are_distinct_hex() {

@@ -84,7 +84,7 @@ pub(crate) async fn issue_token(
 
 /// Creates the user if needed and returns it. `email` must be canonical (see `email.rs`).
 pub(crate) async fn ensure_user(store: &Store, email: &str) -> Result<UserRow, StoreError> {
-    let id = uuid::Uuid::new_v4().simple().to_string();
+    let id = crate::ids::UserId::fresh().to_string();
     store.upsert_user(&id, email).await
 }
 

@@ -4,10 +4,12 @@
 //! change applies to open connections from their next frame.
 
 use crate::accounts::sessions::hash_token;
-use crate::http::guard::{authorize_locked, principal, valid_id};
+use crate::http::extract::Ids;
+use crate::http::guard::{authorize_locked, principal};
 use crate::http::ApiError;
 use crate::http::AppState;
 use crate::http::AuthUser;
+use crate::ids::{RoomId, UserId};
 use crate::room::RoomCmd;
 use crate::store::{now_ms, Change, InviteRow, StoreError};
 use axum::extract::{Path, State};
@@ -47,7 +49,7 @@ pub(crate) struct CreateInvite {
 pub(crate) async fn create_invite(
     State(app): State<AppState>,
     user: AuthUser,
-    Path(room_id): Path<String>,
+    Ids(room_id): Ids<RoomId>,
     Json(body): Json<CreateInvite>,
 ) -> Result<(StatusCode, Json<InviteCreated>), ApiError> {
     let role: Role = body
@@ -72,7 +74,7 @@ pub(crate) async fn create_invite(
     let ttl_ms = i64::try_from(body.ttl_s * 1000).unwrap_or(i64::MAX);
     let change = Change::CreateInvite {
         token_hash: hash_token(&token),
-        room_id: room_id.clone(),
+        room_id: room_id.to_string(),
         role: role.as_str().into(),
         created_by: proof.actor().to_owned(),
         expires_at: now_ms() + ttl_ms,
@@ -153,7 +155,7 @@ pub(crate) async fn accept_invite(
     };
     let change = Change::AcceptInvite {
         token_hash,
-        room_id: invite.room_id.clone(),
+        room_id: invite.room_id.to_string(),
         user_id: proof.actor().to_owned(),
         participant: Participant::with_role(role),
         now,
@@ -189,10 +191,11 @@ pub(crate) async fn revoke_invite(
     // The creator may withdraw it; so may anyone who could have created it.
     if invite.created_by != user.id {
         let action = Action::Use(Capability::Invite);
+        let room_id = RoomId::parse(&invite.room_id).ok_or(ApiError::Store(StoreError::Corrupt))?;
         authorize_locked(
             &app,
             &locked,
-            &invite.room_id,
+            &room_id,
             &user,
             action,
             json!({ "revoke_invite": true }),
@@ -232,12 +235,9 @@ pub(crate) struct ChangeBody {
 pub(crate) async fn change_participant(
     State(app): State<AppState>,
     user: AuthUser,
-    Path((room_id, target)): Path<(String, String)>,
+    Ids((room_id, target)): Ids<(RoomId, UserId)>,
     Json(body): Json<ChangeBody>,
 ) -> Result<Json<Rights>, ApiError> {
-    if !valid_id(&target) || !valid_id(&room_id) {
-        return Err(ApiError::NotFound);
-    }
     let grant = CapabilitySet::parse_names(&body.grant)
         .map_err(|_| ApiError::BadRequest("unknown capability"))?;
     let revoke = CapabilitySet::parse_names(&body.revoke)
@@ -264,7 +264,7 @@ pub(crate) async fn change_participant(
         .map_err(|_| ApiError::BadRequest("role must be owner, editor or viewer"))?;
     let locked = app.audit.lock().await;
     let state = app.store.room_state(&room_id).await?;
-    let before = state.participants.get(&target).cloned();
+    let before = state.participants.get(target.as_str()).cloned();
     let base = match (role, &before) {
         (Some(r), _) => Participant::with_role(r),
         (None, Some(p)) => p.clone(),
@@ -279,13 +279,13 @@ pub(crate) async fn change_participant(
         "expires_at": body.expires_at,
     });
     let action = Action::ChangeParticipant {
-        target: target.clone(),
+        target: target.to_string(),
         after: after.clone(),
     };
     let proof = authorize_locked(&app, &locked, &room_id, &user, action, details.clone()).await?;
     let change = Change::SetParticipant {
-        room_id: room_id.clone(),
-        user_id: target.clone(),
+        room_id: room_id.to_string(),
+        user_id: target.to_string(),
         participant: after.clone(),
     };
     locked
@@ -300,41 +300,39 @@ pub(crate) async fn change_participant(
         )
         .await?;
     drop(locked);
-    let (edit_until, observe_until) = crate::room::task::until_pair(&after, now);
-    let _ = app.access_changed.send((room_id.clone(), target.clone()));
+    let rights = crate::room::task::Rights::of(&after, Capability::Edit, now);
+    let _ = app
+        .access_changed
+        .send((room_id.to_string(), target.to_string()));
     app.rooms
         .notify(
             &room_id,
             RoomCmd::Access {
-                user_id: target.clone(),
-                edit_until,
-                observe_until,
+                user_id: target.to_string(),
+                rights,
             },
         )
         .await;
     Ok(Json(Rights {
         capabilities: after.capabilities(now).names(),
-        user_id: target,
+        user_id: target.to_string(),
     }))
 }
 
 pub(crate) async fn remove_participant(
     State(app): State<AppState>,
     user: AuthUser,
-    Path((room_id, target)): Path<(String, String)>,
+    Ids((room_id, target)): Ids<(RoomId, UserId)>,
 ) -> Result<StatusCode, ApiError> {
-    if !valid_id(&target) {
-        return Err(ApiError::NotFound);
-    }
     let details = json!({ "target": target });
     let action = Action::RemoveParticipant {
-        target: target.clone(),
+        target: target.to_string(),
     };
     let locked = app.audit.lock().await;
     let proof = authorize_locked(&app, &locked, &room_id, &user, action, details.clone()).await?;
     let change = Change::RemoveParticipant {
-        room_id: room_id.clone(),
-        user_id: target.clone(),
+        room_id: room_id.to_string(),
+        user_id: target.to_string(),
         now: now_ms(),
     };
     locked
@@ -349,14 +347,15 @@ pub(crate) async fn remove_participant(
         )
         .await?;
     drop(locked);
-    let _ = app.access_changed.send((room_id.clone(), target.clone()));
+    let _ = app
+        .access_changed
+        .send((room_id.to_string(), target.to_string()));
     app.rooms
         .notify(
             &room_id,
             RoomCmd::Access {
-                user_id: target,
-                edit_until: 0,
-                observe_until: 0,
+                user_id: target.to_string(),
+                rights: crate::room::task::Rights::NONE,
             },
         )
         .await;
@@ -366,15 +365,11 @@ pub(crate) async fn remove_participant(
 pub(crate) async fn room_audit(
     State(app): State<AppState>,
     user: AuthUser,
-    Path(room_id): Path<String>,
+    Ids(room_id): Ids<RoomId>,
 ) -> Result<Json<Vec<AuditEntry>>, ApiError> {
     let who = principal(&app, &user);
     // Participants who observe, and system admins (who revoke and delete), read the chain.
-    let state = if valid_id(&room_id) {
-        app.store.room_state(&room_id).await?
-    } else {
-        Default::default()
-    };
+    let state = app.store.room_state(&room_id).await?;
     let allowed = who.is_admin
         || matches!(
             decide(&who, &Action::Use(Capability::Observe), &state, now_ms()),

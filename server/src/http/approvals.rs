@@ -6,12 +6,14 @@
 //! decides its own. The requester then repeats the export with `"approval_id"`: it runs only
 //! with exactly the approved parameters, before the request expires, once.
 
+use crate::http::extract::Ids;
 use crate::http::guard::{authorize, principal};
 use crate::http::ApiError;
 use crate::http::AppState;
 use crate::http::AuthUser;
+use crate::ids::{IssuedId, RoomId};
 use crate::store::{now_ms, Change, StoreError};
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -67,7 +69,7 @@ fn export_params(files: &[String]) -> Result<String, ApiError> {
 pub(crate) async fn export(
     State(app): State<AppState>,
     user: AuthUser,
-    Path(room_id): Path<String>,
+    Ids(room_id): Ids<RoomId>,
     Json(body): Json<ExportBody>,
 ) -> Result<Response, ApiError> {
     // Membership and `export` first (a denial is audited there).
@@ -81,7 +83,7 @@ pub(crate) async fn export(
     .await?;
     let params = export_params(&body.files)?;
     let approval = match &body.approval_id {
-        Some(id) if crate::http::guard::valid_issued_id(id) => Some(
+        Some(id) if IssuedId::parse(id).is_some() => Some(
             app.store
                 .approval(&room_id, id)
                 .await?
@@ -98,10 +100,10 @@ pub(crate) async fn export(
     let details: Value = serde_json::from_str(&params).unwrap_or(Value::Null);
     match decide(&principal(&app, &user), &action, &state, now_ms()) {
         Decision::NeedsApproval(request) => {
-            let id = uuid::Uuid::new_v4().simple().to_string();
+            let id = IssuedId::fresh().to_string();
             let change = Change::CreateApproval {
-                id: id.clone(),
-                room_id: room_id.clone(),
+                id: id.to_string(),
+                room_id: room_id.to_string(),
                 requester: user.id.clone(),
                 action: request.action.to_owned(),
                 params: request.params,
@@ -192,7 +194,7 @@ async fn read_files(
 pub(crate) async fn list(
     State(app): State<AppState>,
     user: AuthUser,
-    Path(room_id): Path<String>,
+    Ids(room_id): Ids<RoomId>,
 ) -> Result<Json<Vec<ApprovalItem>>, ApiError> {
     crate::http::guard::room_capabilities(&app, &room_id, &user).await?;
     let now = now_ms();
@@ -234,12 +236,9 @@ pub(crate) struct DecisionBody {
 pub(crate) async fn decide_request(
     State(app): State<AppState>,
     user: AuthUser,
-    Path((room_id, id)): Path<(String, String)>,
+    Ids((room_id, id)): Ids<(RoomId, IssuedId)>,
     Json(body): Json<DecisionBody>,
 ) -> Result<Json<Decided>, ApiError> {
-    if !crate::http::guard::valid_issued_id(&id) {
-        return Err(ApiError::NotFound);
-    }
     crate::http::guard::room_capabilities(&app, &room_id, &user).await?;
     let approval = app
         .store
@@ -250,7 +249,7 @@ pub(crate) async fn decide_request(
     let action = Action::DecideApproval { approval };
     let proof = authorize(&app, &room_id, &user, action, details.clone()).await?;
     let change = Change::DecideApproval {
-        id: id.clone(),
+        id: id.to_string(),
         by: proof.actor().to_owned(),
         approved: body.approve,
     };
@@ -269,7 +268,7 @@ pub(crate) async fn decide_request(
         .await
     {
         Ok(_) => Ok(Json(Decided {
-            id,
+            id: id.to_string(),
             state: if body.approve { "approved" } else { "denied" },
         })),
         Err(StoreError::Conflict) => Err(ApiError::Denied(DenyReason::AlreadyDecided.to_string())),

@@ -5,13 +5,15 @@
 //! reported done before its last step. Confirmed deletions left unfinished by a crash resume
 //! when the server starts. The audit chain keeps a tombstone with the receipt's hash.
 
+use crate::http::extract::Ids;
 use crate::http::guard::{authorize_locked, principal};
 use crate::http::ApiError;
 use crate::http::AppState;
 use crate::http::AuthUser;
+use crate::ids::{IssuedId, RoomId};
 use crate::room::RoomCmd;
 use crate::store::{now_ms, Change, StoreError};
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::Json;
@@ -69,7 +71,7 @@ pub(crate) fn routes() -> Router<AppState> {
 pub(crate) async fn request(
     State(app): State<AppState>,
     user: AuthUser,
-    Path(room_id): Path<String>,
+    Ids(room_id): Ids<RoomId>,
 ) -> Result<(StatusCode, Json<Requested>), ApiError> {
     let locked = app.audit.lock().await;
     let proof = authorize_locked(
@@ -84,10 +86,10 @@ pub(crate) async fn request(
     let id = match app.store.open_deletion(&room_id).await? {
         Some(d) => d.id,
         None => {
-            let id = uuid::Uuid::new_v4().simple().to_string();
+            let id = IssuedId::fresh().to_string();
             let change = Change::CreateDeletion {
-                id: id.clone(),
-                room_id: room_id.clone(),
+                id: id.to_string(),
+                room_id: room_id.to_string(),
                 requested_by: proof.actor().to_owned(),
             };
             let details = json!({ "deletion_id": id });
@@ -117,11 +119,8 @@ pub(crate) async fn request(
 pub(crate) async fn confirm(
     State(app): State<AppState>,
     user: AuthUser,
-    Path(id): Path<String>,
+    Ids(id): Ids<IssuedId>,
 ) -> Result<Json<Deletion>, ApiError> {
-    if !crate::http::guard::valid_issued_id(&id) {
-        return Err(ApiError::NotFound);
-    }
     let who = principal(&app, &user);
     if let Decision::Deny(reason) = decide(
         &who,
@@ -185,11 +184,8 @@ pub(crate) async fn confirm(
 pub(crate) async fn get(
     State(app): State<AppState>,
     user: AuthUser,
-    Path(id): Path<String>,
+    Ids(id): Ids<IssuedId>,
 ) -> Result<Json<Deletion>, ApiError> {
-    if !crate::http::guard::valid_issued_id(&id) {
-        return Err(ApiError::NotFound);
-    }
     let deletion = app.store.deletion(&id).await?.ok_or(ApiError::NotFound)?;
     if deletion.requested_by != user.id && !principal(&app, &user).is_admin {
         return Err(ApiError::NotFound);

@@ -2,16 +2,18 @@
 //! validates frames and forwards them to the room; one writer drains the connection's outbox.
 
 use crate::close::CloseCode;
+use crate::http::extract::Ids;
 use crate::http::guard::room_access;
 use crate::http::AppState;
 use crate::http::AuthUser;
+use crate::ids::RoomId;
 use crate::room::outbox::{Outbound, Outbox, OutboxRx};
 use crate::room::protocol::parse_frame;
-use crate::room::task::next_conn_id;
+use crate::room::task::{next_conn_id, Rights};
 use crate::room::task::{ConnId, JoinError, RoomCmd};
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
@@ -30,7 +32,7 @@ pub(crate) fn routes() -> Router<AppState> {
 pub(crate) async fn doc_socket(
     State(app): State<AppState>,
     user: AuthUser,
-    Path(room_id): Path<String>,
+    Ids(room_id): Ids<RoomId>,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, Response> {
     // Authorization first, so a plain GET learns nothing more than an upgrade would.
@@ -48,13 +50,7 @@ pub(crate) async fn doc_socket(
         }))
 }
 
-async fn serve(
-    app: AppState,
-    room_id: String,
-    user: AuthUser,
-    access: (i64, i64),
-    socket: WebSocket,
-) {
+async fn serve(app: AppState, room_id: RoomId, user: AuthUser, access: Rights, socket: WebSocket) {
     let conn = next_conn_id();
     let (outbox, out_rx) = Outbox::new(app.limits.outbound_queue_bytes, app.limits.max_doc_bytes);
     let (sink, mut stream) = socket.split();
@@ -73,12 +69,13 @@ async fn serve(
 
     // Rights may have changed between the check before the upgrade and the join; the room only
     // hears about changes made after it knew this connection, so look once more.
-    let (edit_until, observe_until) = room_access(&app, &room_id, &user).await.unwrap_or((0, 0));
+    let rights = room_access(&app, &room_id, &user)
+        .await
+        .unwrap_or(Rights::NONE);
     let _ = room
         .send(RoomCmd::Access {
             user_id: user.id.clone(),
-            edit_until,
-            observe_until,
+            rights,
         })
         .await;
     let max_awareness = app.limits.max_awareness_entry_bytes;
@@ -115,7 +112,7 @@ async fn serve(
                     }
                 }
                 Err(e) => {
-                    tracing::info!(room = %room_id, conn, error = %e, "closing connection: bad frame");
+                    tracing::info!(room = %room_id, %conn, error = %e, "closing connection: bad frame");
                     app.metrics.protocol_errors.inc();
                     outbox.refuse(e.reason());
                     break;
@@ -132,7 +129,7 @@ async fn serve(
                     app.metrics.protocol_errors.inc();
                     outbox.close(code);
                 } else {
-                    tracing::debug!(room = %room_id, conn, error = %e, "socket read failed");
+                    tracing::debug!(room = %room_id, %conn, error = %e, "socket read failed");
                 }
                 break;
             }
@@ -145,10 +142,10 @@ async fn serve(
 
 async fn join(
     app: &AppState,
-    room_id: &str,
+    room_id: &RoomId,
     conn: ConnId,
     user: &AuthUser,
-    access: (i64, i64),
+    access: Rights,
     outbox: &Outbox,
 ) -> Result<mpsc::Sender<RoomCmd>, CloseCode> {
     match app

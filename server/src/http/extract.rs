@@ -121,3 +121,22 @@ impl KeyExtractor for ClientIpKey {
         Ok(self.0.client_ip(peer, req.headers()))
     }
 }
+
+/// Ids from the path, each checked by its type (`RoomId`, `UserId`, `IssuedId`). A path whose
+/// ids do not have their form names nothing: 404, like a room the caller cannot see.
+pub(crate) struct Ids<T>(pub(crate) T);
+
+impl<T, S> FromRequestParts<S> for Ids<T>
+where
+    T: serde::de::DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(ids)) => Ok(Ids(ids)),
+            Err(_) => Err(ApiError::NotFound),
+        }
+    }
+}

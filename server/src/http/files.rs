@@ -1,10 +1,12 @@
 //! `/api/rooms/{id}/files/{path}`: reading, writing and removing workspace files through the
 //! sandbox's agent. Paths are checked before anything reaches the sandbox.
 
+use crate::http::extract::Ids;
 use crate::http::guard::authorize;
 use crate::http::{ApiError, AppState, AuthUser};
+use crate::ids::RoomId;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{DefaultBodyLimit, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -37,7 +39,7 @@ pub(crate) fn check_path(raw: &str) -> Result<WorkspacePath, ApiError> {
 async fn file_op(
     app: &AppState,
     user: &AuthUser,
-    room_id: &str,
+    room_id: &RoomId,
     raw: &str,
     cap: Capability,
     make: impl FnOnce(String) -> Op,
@@ -52,7 +54,7 @@ async fn file_op(
 pub(crate) async fn read_file(
     State(app): State<AppState>,
     user: AuthUser,
-    Path((room_id, raw)): Path<(String, String)>,
+    Ids((room_id, raw)): Ids<(RoomId, String)>,
 ) -> Result<Response, ApiError> {
     let make = |path| Op::ReadFile {
         path,
@@ -71,7 +73,7 @@ pub(crate) async fn read_file(
 pub(crate) async fn write_file(
     State(app): State<AppState>,
     user: AuthUser,
-    Path((room_id, raw)): Path<(String, String)>,
+    Ids((room_id, raw)): Ids<(RoomId, String)>,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
     let make = |path| Op::WriteFile {
@@ -85,7 +87,7 @@ pub(crate) async fn write_file(
 pub(crate) async fn remove_file(
     State(app): State<AppState>,
     user: AuthUser,
-    Path((room_id, raw)): Path<(String, String)>,
+    Ids((room_id, raw)): Ids<(RoomId, String)>,
 ) -> Result<StatusCode, ApiError> {
     let make = |path| Op::RemoveFile { path };
     file_op(&app, &user, &room_id, &raw, Capability::Edit, make).await?;

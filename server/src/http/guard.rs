@@ -4,15 +4,14 @@
 
 use crate::audit::Locked;
 use crate::http::{ApiError, AppState, AuthUser};
+use crate::ids::RoomId;
+use crate::room::task::Rights;
 use crate::store::now_ms;
 use coderoom_authz::{
     decide, Action, Authorized, Capability, CapabilitySet, Decision, DenyReason, Principal,
     RoomState,
 };
 use serde_json::Value;
-
-/// Longest id accepted in a path (ids we issue are 32 hex characters).
-const MAX_ID: usize = 64;
 
 pub(crate) fn principal(app: &AppState, user: &AuthUser) -> Principal {
     Principal {
@@ -21,28 +20,18 @@ pub(crate) fn principal(app: &AppState, user: &AuthUser) -> Principal {
     }
 }
 
-/// A room or user id as accepted in a path (before any lookup).
-pub(crate) fn valid_id(id: &str) -> bool {
-    !id.is_empty() && id.len() <= MAX_ID && id.bytes().all(|b| b.is_ascii_alphanumeric())
-}
-
-/// An id this server issued for a deletion or an approval (a v4 UUID, 32 hex digits).
-pub(crate) fn valid_issued_id(id: &str) -> bool {
-    id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())
-}
-
 /// Decides `action` in `room_id` for `user` under the audit lock; a participant's denial is
 /// recorded in the room's chain (an outsider's only logged, so outsiders cannot fill a chain)
 /// and answered 404 for outsiders (the room's existence does not leak) and 403 otherwise.
 pub(crate) async fn authorize_locked(
     app: &AppState,
     locked: &Locked<'_>,
-    room_id: &str,
+    room_id: &RoomId,
     user: &AuthUser,
     action: Action,
     details: Value,
 ) -> Result<Authorized, ApiError> {
-    if !valid_id(room_id) || app.store.room(room_id).await?.is_none() {
+    if app.store.room(room_id).await?.is_none() {
         return Err(ApiError::NotFound);
     }
     let state = app.store.room_state(room_id).await?;
@@ -73,7 +62,7 @@ pub(crate) async fn authorize_locked(
 /// [`authorize_locked`] for a check that is not followed by a change.
 pub(crate) async fn authorize(
     app: &AppState,
-    room_id: &str,
+    room_id: &RoomId,
     user: &AuthUser,
     action: Action,
     details: Value,
@@ -86,12 +75,9 @@ pub(crate) async fn authorize(
 /// Rooms the caller cannot observe are reported as missing, so their existence does not leak.
 async fn observed(
     app: &AppState,
-    room_id: &str,
+    room_id: &RoomId,
     user: &AuthUser,
 ) -> Result<(RoomState, Authorized), ApiError> {
-    if !valid_id(room_id) {
-        return Err(ApiError::NotFound);
-    }
     let state = app.store.room_state(room_id).await?;
     let who = principal(app, user);
     match decide(&who, &Action::Use(Capability::Observe), &state, now_ms()) {
@@ -103,43 +89,40 @@ async fn observed(
 /// The caller's capabilities in the room (404 unless it may observe it).
 pub(crate) async fn room_capabilities(
     app: &AppState,
-    room_id: &str,
+    room_id: &RoomId,
     user: &AuthUser,
 ) -> Result<CapabilitySet, ApiError> {
     Ok(observed(app, room_id, user).await?.1.actor_capabilities())
 }
 
-/// Until when the caller may edit and observe in the room (see `room::until_pair`).
+/// Until when the caller may edit and observe in the room.
 pub(crate) async fn room_access(
     app: &AppState,
-    room_id: &str,
+    room_id: &RoomId,
     user: &AuthUser,
-) -> Result<(i64, i64), ApiError> {
+) -> Result<Rights, ApiError> {
     room_until(app, room_id, user, Capability::Edit).await
 }
 
-/// Until when (Unix ms; `i64::MAX` for ever, 0 for not at all) the caller may use `cap` (never
-/// past its `observe`) and until when it may observe; 404 unless it may observe now.
+/// Until when the caller may use `cap` (never past its `observe`) and until when it may
+/// observe; 404 unless it may observe now.
 pub(crate) async fn room_until(
     app: &AppState,
-    room_id: &str,
+    room_id: &RoomId,
     user: &AuthUser,
     cap: Capability,
-) -> Result<(i64, i64), ApiError> {
+) -> Result<Rights, ApiError> {
     Ok(room_rights(app, room_id, user, cap).await?.0)
 }
 
 /// [`room_until`] and the caller's capabilities, from one look at the room.
 pub(crate) async fn room_rights(
     app: &AppState,
-    room_id: &str,
+    room_id: &RoomId,
     user: &AuthUser,
     cap: Capability,
-) -> Result<((i64, i64), CapabilitySet), ApiError> {
+) -> Result<(Rights, CapabilitySet), ApiError> {
     let (state, proof) = observed(app, room_id, user).await?;
     let p = state.participants.get(&user.id).ok_or(ApiError::NotFound)?;
-    Ok((
-        crate::room::task::until_of(p, cap, now_ms()),
-        proof.actor_capabilities(),
-    ))
+    Ok((Rights::of(p, cap, now_ms()), proof.actor_capabilities()))
 }

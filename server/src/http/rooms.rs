@@ -1,12 +1,14 @@
 //! Room routes of the public API.
 
+use crate::http::extract::Ids;
 use crate::http::guard::room_capabilities;
 use crate::http::ApiError;
 use crate::http::AppState;
 use crate::http::AuthUser;
+use crate::ids::RoomId;
 use crate::sandbox::SandboxStatus;
 use crate::store::now_ms;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Json;
@@ -44,7 +46,7 @@ pub(crate) async fn create_room(
             "name must be 1 to 100 printable characters",
         ));
     }
-    let id = uuid::Uuid::new_v4().simple().to_string();
+    let id = RoomId::fresh().to_string();
     let change = crate::store::Change::CreateRoom {
         id: id.clone(),
         name: name.to_owned(),
@@ -78,7 +80,7 @@ pub(crate) async fn list_rooms(
 pub(crate) async fn get_room(
     State(app): State<AppState>,
     user: AuthUser,
-    Path(id): Path<String>,
+    Ids(id): Ids<RoomId>,
 ) -> Result<Json<RoomView>, ApiError> {
     let mine = room_capabilities(&app, &id, &user).await?;
     let room = app.store.room(&id).await?.ok_or(ApiError::NotFound)?;

@@ -1,13 +1,15 @@
 //! Typed sandbox operations over HTTP: `/exec`, `/sandbox`, `/sandbox/stop`, `/sandbox/start`.
 //! Paths are checked before anything reaches the sandbox.
 
+use crate::http::extract::Ids;
 use crate::http::files::check_path;
 use crate::http::guard::authorize;
 use crate::http::ApiError;
 use crate::http::AppState;
 use crate::http::AuthUser;
+use crate::ids::RoomId;
 use crate::sandbox::SandboxStatus;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::routing::{get, post};
 use axum::Json;
 use axum::Router;
@@ -47,7 +49,7 @@ pub(crate) struct ExecRequest {
 pub(crate) async fn exec(
     State(app): State<AppState>,
     user: AuthUser,
-    Path(room_id): Path<String>,
+    Ids(room_id): Ids<RoomId>,
     Json(req): Json<ExecRequest>,
 ) -> Result<Json<Executed>, ApiError> {
     if req.argv.is_empty() || req.argv.len() > MAX_ARGS {
@@ -120,7 +122,7 @@ pub(crate) async fn exec(
 pub(crate) async fn status(
     State(app): State<AppState>,
     user: AuthUser,
-    Path(room_id): Path<String>,
+    Ids(room_id): Ids<RoomId>,
 ) -> Result<Json<SandboxStatus>, ApiError> {
     crate::http::guard::room_capabilities(&app, &room_id, &user).await?;
     Ok(Json(app.sandboxes.status(&room_id).await?))
@@ -130,7 +132,7 @@ pub(crate) async fn status(
 async fn lifecycle(
     app: &AppState,
     user: &AuthUser,
-    room_id: &str,
+    room_id: &RoomId,
     start: bool,
 ) -> Result<Json<SandboxStatus>, ApiError> {
     let which = if start { "start" } else { "stop" };
@@ -147,7 +149,7 @@ async fn lifecycle(
 pub(crate) async fn stop(
     State(app): State<AppState>,
     user: AuthUser,
-    Path(room_id): Path<String>,
+    Ids(room_id): Ids<RoomId>,
 ) -> Result<Json<SandboxStatus>, ApiError> {
     lifecycle(&app, &user, &room_id, false).await
 }
@@ -155,7 +157,7 @@ pub(crate) async fn stop(
 pub(crate) async fn start(
     State(app): State<AppState>,
     user: AuthUser,
-    Path(room_id): Path<String>,
+    Ids(room_id): Ids<RoomId>,
 ) -> Result<Json<SandboxStatus>, ApiError> {
     lifecycle(&app, &user, &room_id, true).await
 }

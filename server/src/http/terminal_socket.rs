@@ -9,16 +9,19 @@
 //! renders the same grid.
 
 use crate::close::CloseCode;
+use crate::http::extract::Ids;
 use crate::http::ApiError;
 use crate::http::AppState;
 use crate::http::AuthUser;
+use crate::ids::RoomId;
+use crate::room::task::Rights;
 use crate::store::now_ms;
 use crate::terminal::recorder::{CAST_FILE, INPUTS_FILE};
 use crate::terminal::TermEvent;
 use crate::terminal::TermOut;
 use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{Path, Query, State};
+use axum::extract::{Query, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -65,7 +68,7 @@ fn clamp_size(cols: u16, rows: u16) -> (u16, u16) {
 pub(crate) async fn terminal_socket(
     State(app): State<AppState>,
     user: AuthUser,
-    Path(room_id): Path<String>,
+    Ids(room_id): Ids<RoomId>,
     Query(size): Query<SizeQuery>,
     ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> Result<Response, Response> {
@@ -148,15 +151,15 @@ async fn close(socket: &mut futures_util::stream::SplitSink<WebSocket, Message>,
 
 async fn serve(
     app: AppState,
-    room_id: String,
+    room_id: RoomId,
     user: AuthUser,
-    rights: (i64, i64),
+    rights: Rights,
     (cols, rows): (u16, u16),
     socket: WebSocket,
 ) {
     let (mut sink, mut stream) = socket.split();
     let stall = Duration::from_millis(app.limits.write_stall_ms);
-    let (mut type_until, mut observe_until) = rights;
+    let mut rights = rights;
     // Listen before anything slow (joining may start or restore the sandbox), so no change of
     // rights or end of session can fall between the check at upgrade and the loop.
     let mut access = app.access_changed.subscribe();
@@ -169,8 +172,8 @@ async fn serve(
         }
         Err(e) => {
             // Said only to someone still in the room (the join may have taken a while).
-            if let Some(((_, observe), _)) = rights_now(&app, &room_id, &user).await {
-                if now_ms() >= observe {
+            if let Some((now, _)) = rights_now(&app, &room_id, &user).await {
+                if !now.may_observe(now_ms()) {
                     close(&mut sink, CloseCode::Removed).await;
                     return;
                 }
@@ -186,13 +189,13 @@ async fn serve(
     // Rights as they are now, after the join (a removal meanwhile closes with 4003 below);
     // when storage cannot say, those checked at upgrade stand.
     let caps = match rights_now(&app, &room_id, &user).await {
-        Some((until, caps)) => {
-            (type_until, observe_until) = until;
+        Some((now, caps)) => {
+            rights = now;
             Some(caps)
         }
         None => None,
     };
-    if now_ms() >= observe_until {
+    if !rights.may_observe(now_ms()) {
         close(&mut sink, CloseCode::Removed).await;
         app.sandboxes.leave(&room_id, &hub, viewer).await;
         return;
@@ -206,7 +209,7 @@ async fn serve(
     for ev in joined.events {
         put(&mut sink, Message::Text(ev.into()), stall).await;
     }
-    if now_ms() >= type_until {
+    if !rights.may_act(now_ms()) {
         let msg = TermEvent::ReadOnly {
             reason: "you may watch but not type".into(),
         };
@@ -217,14 +220,16 @@ async fn serve(
     }
     let mut denied = Denials::default();
     loop {
+        // Removed from the room when `observe` lapses, unless it is held for good.
+        let observe_ends = rights.observe.ends_at();
         let observe_left = Duration::from_millis(
-            u64::try_from(observe_until.saturating_sub(now_ms())).unwrap_or(0),
+            u64::try_from(observe_ends.unwrap_or(0).saturating_sub(now_ms())).unwrap_or(0),
         );
         tokio::select! {
             frame = stream.next() => match frame {
                 None | Some(Ok(Message::Close(_))) | Some(Err(_)) => break,
                 Some(Ok(Message::Binary(data))) => {
-                    if now_ms() < type_until {
+                    if rights.may_act(now_ms()) {
                         hub.input(viewer, (&user.id, &user.email), data).await;
                     } else {
                         // Recorded before the client hears of it.
@@ -238,7 +243,7 @@ async fn serve(
                 Some(Ok(Message::Text(text))) => {
                     match serde_json::from_str::<Control>(&text) {
                         Ok(Control::Resize { cols, rows }) => {
-                            if now_ms() < type_until {
+                            if rights.may_act(now_ms()) {
                                 let (c, r) = clamp_size(cols, rows);
                                 hub.resize(c, r).await;
                             }
@@ -266,7 +271,7 @@ async fn serve(
             },
             changed = access.recv() => {
                 let (relevant, in_room) = match &changed {
-                    Ok((room, who)) => (*room == room_id && *who == user.id, *room == room_id),
+                    Ok((room, who)) => (room == room_id.as_str() && *who == user.id, room == room_id.as_str()),
                     // Missed notices: look again to be safe.
                     Err(_) => (true, true),
                 };
@@ -278,9 +283,9 @@ async fn serve(
                 if relevant {
                     // When storage cannot say, the rights are withdrawn (and no event is sent).
                     let now = rights_now(&app, &room_id, &user).await;
-                    let was_typing = now_ms() < type_until;
-                    (type_until, observe_until) = now.as_ref().map_or((0, 0), |(until, _)| *until);
-                    if was_typing && now_ms() >= type_until {
+                    let was_typing = rights.may_act(now_ms());
+                    rights = now.as_ref().map_or(Rights::NONE, |(r, _)| *r);
+                    if was_typing && !rights.may_act(now_ms()) {
                         let msg = TermEvent::ReadOnly { reason: "your right to type was withdrawn".into() };
                         put(&mut sink, Message::Text(msg.text().into()), stall).await;
                     }
@@ -295,7 +300,7 @@ async fn serve(
                     break;
                 }
             }
-            () = tokio::time::sleep(observe_left), if observe_until != i64::MAX => {
+            () = tokio::time::sleep(observe_left), if observe_ends.is_some() => {
                 close(&mut sink, CloseCode::Removed).await;
                 break;
             }
@@ -310,16 +315,16 @@ async fn serve(
 }
 
 /// The viewer's rights now, from one look at the room: until when it may type and observe,
-/// and its capabilities; `(0, 0)` and none once it is out of the room. `None` when storage
-/// cannot say (each caller decides what that means).
+/// and its capabilities; none once it is out of the room. `None` when storage cannot say
+/// (each caller decides what that means).
 async fn rights_now(
     app: &AppState,
-    room_id: &str,
+    room_id: &RoomId,
     user: &AuthUser,
-) -> Option<((i64, i64), Vec<&'static str>)> {
+) -> Option<(Rights, Vec<&'static str>)> {
     match crate::http::guard::room_rights(app, room_id, user, Capability::Type).await {
-        Ok((until, caps)) => Some((until, caps.names())),
-        Err(crate::http::ApiError::NotFound) => Some(((0, 0), Vec::new())),
+        Ok((rights, caps)) => Some((rights, caps.names())),
+        Err(crate::http::ApiError::NotFound) => Some((Rights::NONE, Vec::new())),
         Err(e) => {
             tracing::warn!(room = %room_id, error = %e, "cannot read a terminal viewer's rights");
             None
@@ -352,7 +357,7 @@ struct Denials {
 }
 
 impl Denials {
-    async fn record(&mut self, app: &AppState, room_id: &str, user_id: &str, bytes: usize) {
+    async fn record(&mut self, app: &AppState, room_id: &RoomId, user_id: &str, bytes: usize) {
         self.pending_chunks += 1;
         self.pending_bytes += bytes as u64;
         let due = self
@@ -363,7 +368,7 @@ impl Denials {
         }
     }
 
-    async fn flush(&mut self, app: &AppState, room_id: &str, user_id: &str) {
+    async fn flush(&mut self, app: &AppState, room_id: &RoomId, user_id: &str) {
         if self.pending_chunks == 0 {
             return;
         }
@@ -387,7 +392,7 @@ impl Denials {
 pub(crate) async fn recording(
     State(app): State<AppState>,
     user: AuthUser,
-    Path(room_id): Path<String>,
+    Ids(room_id): Ids<RoomId>,
 ) -> Result<Response, ApiError> {
     download(&app, &room_id, &user, CAST_FILE, "application/x-asciicast").await
 }
@@ -396,14 +401,14 @@ pub(crate) async fn recording(
 pub(crate) async fn recording_inputs(
     State(app): State<AppState>,
     user: AuthUser,
-    Path(room_id): Path<String>,
+    Ids(room_id): Ids<RoomId>,
 ) -> Result<Response, ApiError> {
     download(&app, &room_id, &user, INPUTS_FILE, "application/x-ndjson").await
 }
 
 async fn download(
     app: &AppState,
-    room_id: &str,
+    room_id: &RoomId,
     user: &AuthUser,
     file: &str,
     content_type: &'static str,
@@ -412,7 +417,7 @@ async fn download(
     let path = app
         .data_dir
         .join("rooms")
-        .join(room_id)
+        .join(room_id.as_str())
         .join("recordings")
         .join(file);
     let body = match tokio::fs::read(&path).await {

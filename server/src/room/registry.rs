@@ -92,14 +92,14 @@ impl Rooms {
         }
     }
 
-    /// Joins connection `conn` of `user_id` (with its edit and observe deadlines) to the room,
+    /// Joins connection `conn` of `user_id` (with its rights to edit and observe) to the room,
     /// loading it if needed. `Err(None)`: the room could not be loaded.
     pub(crate) async fn join(
         &self,
         room_id: &str,
         conn: crate::room::ConnId,
         (user_id, name): (&str, &str),
-        (edit_until, observe_until): (i64, i64),
+        rights: crate::room::task::Rights,
         outbox: &crate::room::outbox::Outbox,
     ) -> Result<mpsc::Sender<RoomCmd>, Option<crate::room::task::JoinError>> {
         for _ in 0..JOIN_ATTEMPTS {
@@ -109,8 +109,7 @@ impl Rooms {
                 conn,
                 user_id: user_id.to_owned(),
                 name: name.to_owned(),
-                edit_until,
-                observe_until,
+                rights,
                 out: outbox.clone(),
                 reply,
             };
@@ -137,6 +136,7 @@ mod tests {
     use crate::metrics::Metrics;
     use crate::room::outbox::{Outbound, Outbox};
     use crate::room::protocol::Inbound;
+    use crate::room::task::{next_conn_id, ConnId};
     use crate::room::RoomCmd;
     use crate::store::Store;
     use tokio::sync::oneshot;
@@ -180,8 +180,8 @@ mod tests {
     async fn join(
         rooms: &Rooms,
         room: &str,
-        conn: u64,
-    ) -> (mpsc::Sender<RoomCmd>, crate::room::outbox::OutboxRx) {
+    ) -> (ConnId, mpsc::Sender<RoomCmd>, crate::room::outbox::OutboxRx) {
+        let conn = next_conn_id();
         let (out, rx) = Outbox::new(1 << 20, 1 << 20);
         let tx = rooms.handle(room);
         let (reply, answer) = oneshot::channel();
@@ -189,15 +189,14 @@ mod tests {
             conn,
             user_id: "u".into(),
             name: "u@example.com".into(),
-            edit_until: i64::MAX,
-            observe_until: i64::MAX,
+            rights: crate::room::task::Rights::FULL,
             out,
             reply,
         })
         .await
         .unwrap();
         answer.await.unwrap().unwrap();
-        (tx, rx)
+        (conn, tx, rx)
     }
 
     fn edit(text: &str) -> Vec<Inbound> {
@@ -225,10 +224,10 @@ mod tests {
     #[tokio::test]
     async fn a_panicking_room_takes_down_nothing_else() {
         let (rooms, store, _dir) = rooms().await;
-        let (a, mut a_rx) = join(&rooms, "a", 1).await;
-        let (b, _b_rx) = join(&rooms, "b", 2).await;
+        let (a_conn, a, mut a_rx) = join(&rooms, "a").await;
+        let (b_conn, b, _b_rx) = join(&rooms, "b").await;
         a.send(RoomCmd::Inbound {
-            conn: 1,
+            conn: a_conn,
             messages: edit("kept"),
         })
         .await
@@ -244,7 +243,7 @@ mod tests {
         a.closed().await;
         // ...while the other room keeps taking edits and logging them.
         b.send(RoomCmd::Inbound {
-            conn: 2,
+            conn: b_conn,
             messages: edit("b"),
         })
         .await
@@ -252,7 +251,7 @@ mod tests {
         wait_logged(&store, "b").await;
         assert_eq!(store.load_doc("b").await.unwrap().updates.len(), 1);
         // The panicked room reloads from storage on the next join, with what was logged.
-        let (_a2, mut rx2) = join(&rooms, "a", 3).await;
+        let (_, _a2, mut rx2) = join(&rooms, "a").await;
         let stored = store.load_doc("a").await.unwrap();
         assert_eq!(
             stored.updates.len(),

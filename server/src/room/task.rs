@@ -14,7 +14,7 @@ use crate::room::outbox::{Class, Outbound, Outbox};
 use crate::room::protocol::Inbound;
 use crate::store::{Change, Store, StoreError, StoredDoc};
 use bytes::Bytes;
-use coderoom_authz::{Capability, Participant};
+use coderoom_authz::{Capability, Participant, Until};
 use std::collections::{HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -36,13 +36,22 @@ const MAX_BATCH_COMMANDS: usize = 512;
 /// Attempts to append a batch before the room gives up and restarts from storage.
 const PERSIST_ATTEMPTS: u32 = 3;
 
-pub(crate) type ConnId = u64;
+/// One connection to a room (a socket, or the workspace sync), unique in this process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(transparent)]
+pub(crate) struct ConnId(u64);
+
+impl std::fmt::Display for ConnId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
 
 static NEXT_CONN: AtomicU64 = AtomicU64::new(1);
 
 /// A connection id no other connection of this process has.
 pub(crate) fn next_conn_id() -> ConnId {
-    NEXT_CONN.fetch_add(1, Ordering::Relaxed)
+    ConnId(NEXT_CONN.fetch_add(1, Ordering::Relaxed))
 }
 
 pub(crate) enum RoomCmd {
@@ -51,8 +60,7 @@ pub(crate) enum RoomCmd {
         user_id: String,
         /// The name shown with this connection's presence (the login email).
         name: String,
-        edit_until: i64,
-        observe_until: i64,
+        rights: Rights,
         out: Outbox,
         reply: oneshot::Sender<Result<(), JoinError>>,
     },
@@ -67,12 +75,11 @@ pub(crate) enum RoomCmd {
     Delete {
         done: oneshot::Sender<usize>,
     },
-    /// A participant's rights changed: until when they may edit and observe (Unix ms; 0 for
-    /// not at all, `i64::MAX` for good). Applies from the next frame on.
+    /// A participant's rights changed: until when they may edit and observe. Applies from the
+    /// next frame on.
     Access {
         user_id: String,
-        edit_until: i64,
-        observe_until: i64,
+        rights: Rights,
     },
     /// Test hook: makes the room task panic, as a bug in it would.
     #[cfg(test)]
@@ -126,21 +133,42 @@ pub(crate) fn doc_from_stored(stored: &StoredDoc) -> Result<(Doc, usize), DocErr
     Ok((doc, bytes))
 }
 
-/// Until when a participant may edit and observe, in the form rooms use (0: not at all,
-/// `i64::MAX`: for good).
-pub(crate) fn until_pair(p: &Participant, now: i64) -> (i64, i64) {
-    until_of(p, Capability::Edit, now)
+/// Until when a connection may act (edit the document, type in the terminal) and observe,
+/// checked against the clock on every frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Rights {
+    pub(crate) act: Until,
+    pub(crate) observe: Until,
 }
 
-/// Until when `p` may use `cap` (never past its `observe`), and until when it may observe.
-pub(crate) fn until_of(p: &Participant, cap: Capability, now: i64) -> (i64, i64) {
-    let at = |cap| match p.until(cap, now) {
-        coderoom_authz::Until::Never => 0,
-        coderoom_authz::Until::At(t) => t,
-        coderoom_authz::Until::Forever => i64::MAX,
+impl Rights {
+    /// Out of the room.
+    pub(crate) const NONE: Rights = Rights {
+        act: Until::Never,
+        observe: Until::Never,
     };
-    let observe = at(Capability::Observe);
-    (at(cap).min(observe), observe)
+    /// The server's own participants (the workspace sync).
+    pub(crate) const FULL: Rights = Rights {
+        act: Until::Forever,
+        observe: Until::Forever,
+    };
+
+    /// `p`'s rights to use `cap` (never past its `observe`) and to observe.
+    pub(crate) fn of(p: &Participant, cap: Capability, now: i64) -> Self {
+        let observe = p.until(Capability::Observe, now);
+        Rights {
+            act: p.until(cap, now).min(observe),
+            observe,
+        }
+    }
+
+    pub(crate) fn may_act(self, now: i64) -> bool {
+        self.act.holds_at(now)
+    }
+
+    pub(crate) fn may_observe(self, now: i64) -> bool {
+        self.observe.holds_at(now)
+    }
 }
 
 /// What a room needs from the rest of the server.
@@ -158,9 +186,8 @@ struct Conn {
     user_id: String,
     /// Stamped into every presence state this connection announces.
     identity: crate::room::presence::Identity,
-    /// Until when this connection's user may edit / observe (Unix ms).
-    edit_until: i64,
-    observe_until: i64,
+    /// Until when this connection's user may edit and observe.
+    rights: Rights,
     out: Outbox,
     awareness_ids: HashSet<ClientID>,
     /// Set while broadcasts to this connection are held back because it fell behind: the
@@ -399,8 +426,7 @@ impl Room {
                 conn,
                 user_id,
                 name,
-                edit_until,
-                observe_until,
+                rights,
                 out,
                 reply,
             } => {
@@ -408,14 +434,13 @@ impl Room {
                     let _ = reply.send(Err(JoinError::Full));
                     return;
                 }
-                tracing::debug!(room = %self.id, conn, user = %user_id, "joined");
+                tracing::debug!(room = %self.id, %conn, user = %user_id, "joined");
                 self.conns.insert(
                     conn,
                     Conn {
                         identity: crate::room::presence::Identity::new(&user_id, &name),
                         user_id,
-                        edit_until,
-                        observe_until,
+                        rights,
                         out,
                         awareness_ids: HashSet::new(),
                         lag_from: None,
@@ -438,11 +463,7 @@ impl Room {
                 }
             }
             RoomCmd::Leave { conn } => self.leave(conn),
-            RoomCmd::Access {
-                user_id,
-                edit_until,
-                observe_until,
-            } => self.access(&user_id, edit_until, observe_until),
+            RoomCmd::Access { user_id, rights } => self.access(&user_id, rights),
             // Handled by the loop before anything else of its batch.
             RoomCmd::Delete { done } => {
                 let _ = done.send(0);
@@ -467,10 +488,9 @@ impl Room {
         }
     }
 
-    fn access(&mut self, user_id: &str, edit_until: i64, observe_until: i64) {
+    fn access(&mut self, user_id: &str, rights: Rights) {
         for c in self.conns.values_mut().filter(|c| c.user_id == user_id) {
-            c.edit_until = edit_until;
-            c.observe_until = observe_until;
+            c.rights = rights;
         }
         self.expire(crate::store::now_ms());
     }
@@ -480,7 +500,7 @@ impl Room {
         let gone: Vec<ConnId> = self
             .conns
             .iter()
-            .filter(|(id, c)| c.observe_until <= now && !self.refused.contains(*id))
+            .filter(|(id, c)| !c.rights.may_observe(now) && !self.refused.contains(*id))
             .map(|(id, _)| *id)
             .collect();
         for id in gone {
@@ -494,8 +514,7 @@ impl Room {
     fn next_expiry(&self) -> Option<i64> {
         self.conns
             .values()
-            .map(|c| c.observe_until)
-            .filter(|t| *t != i64::MAX)
+            .filter_map(|c| c.rights.observe.ends_at())
             .min()
     }
 
@@ -503,7 +522,7 @@ impl Room {
         let Some(c) = self.conns.get(&conn) else {
             return;
         };
-        if c.edit_until <= crate::store::now_ms() {
+        if !c.rights.may_act(crate::store::now_ms()) {
             // Refused, not fatal: the connection keeps receiving, the document is untouched.
             // An empty update (a viewer's sync step 2 with nothing new) changes nothing.
             if !update.is_empty() {
@@ -519,7 +538,7 @@ impl Room {
         }
         let have = self.doc.transact().state_vector();
         if crate::room::protocol::skips_clocks(&update, &have) {
-            tracing::info!(room = %self.id, conn, "update skips clocks");
+            tracing::info!(room = %self.id, %conn, "update skips clocks");
             self.refuse(conn, "update depends on missing content");
             return;
         }
@@ -535,17 +554,17 @@ impl Room {
         match applied {
             Ok((Ok(()), false)) => {}
             Ok((Ok(()), true)) => {
-                tracing::info!(room = %self.id, conn, "update depends on missing content");
+                tracing::info!(room = %self.id, %conn, "update depends on missing content");
                 self.refuse(conn, "update depends on missing content");
             }
             Ok((Err(e), _)) => {
-                tracing::warn!(room = %self.id, conn, error = %e, "update does not apply");
+                tracing::warn!(room = %self.id, %conn, error = %e, "update does not apply");
                 self.refuse(conn, "malformed update");
             }
             Err(_) => {
                 // The document may be half-changed: nothing from this update has been logged,
                 // so restart the room from storage (resume_unwind lets the supervisor see it).
-                tracing::error!(room = %self.id, conn, "applying an update panicked");
+                tracing::error!(room = %self.id, %conn, "applying an update panicked");
                 self.drain_produced();
                 std::panic::resume_unwind(Box::new("update application panicked"));
             }
@@ -860,13 +879,13 @@ impl Room {
         for id in behind {
             // It has been sent everything up to this batch; what follows waits.
             if let Some(c) = self.conns.get_mut(&id) {
-                tracing::debug!(room = %self.id, conn = id, "connection fell behind; holding broadcasts");
+                tracing::debug!(room = %self.id, conn = %id, "connection fell behind; holding broadcasts");
                 c.lag_from = Some(self.batch_sv.clone());
             }
         }
         for id in stuck {
             // A reply (a whole document at most) does not fit: the client is not reading.
-            tracing::info!(room = %self.id, conn = id, "dropping connection: outbound queue full");
+            tracing::info!(room = %self.id, conn = %id, "dropping connection: outbound queue full");
             self.deps.metrics.connections_dropped_slow.inc();
             if let Some(c) = self.conns.get(&id) {
                 c.out.kill();

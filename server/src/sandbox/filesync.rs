@@ -254,7 +254,7 @@ async fn session(ctx: &SyncCtx, base: &mut HashMap<String, String>) -> Result<()
             &ctx.room_id,
             conn,
             ("sandbox", "workspace"),
-            (i64::MAX, i64::MAX),
+            crate::room::task::Rights::FULL,
             &outbox,
         )
         .await
