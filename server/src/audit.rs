@@ -2,7 +2,7 @@
 //! change it describes), one append at a time, and keeps a checkpoint of every chain head in
 //! `DATA_DIR/audit-checkpoint.json`, outside the database, so a truncated chain is detected.
 
-use crate::store::{now_ms, Change, Store, StoreError};
+use crate::store::{Change, Store, StoreError};
 use coderoom_authz::audit::{self, Fields, Record};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -17,14 +17,16 @@ pub(crate) struct Audit {
     /// One append at a time: each reads its chain head and links to it.
     lock: Arc<Mutex<()>>,
     checkpoint: PathBuf,
+    clock: crate::clock::Clock,
 }
 
 impl Audit {
-    pub(crate) fn new(store: Store, data_dir: &Path) -> Self {
+    pub(crate) fn new(store: Store, data_dir: &Path, clock: crate::clock::Clock) -> Self {
         Audit {
             store,
             lock: Arc::default(),
             checkpoint: data_dir.join(CHECKPOINT_FILE),
+            clock,
         }
     }
 
@@ -77,7 +79,7 @@ impl Locked<'_> {
         change: Change,
     ) -> Result<Record, StoreError> {
         let fields = Fields {
-            at: now_ms(),
+            at: self.audit.clock.now_ms(),
             actor: actor.to_owned(),
             action: action.to_owned(),
             decision: decision.to_owned(),

@@ -82,7 +82,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let store = Store::connect(&storage.database_url()).await?;
             store.migrate().await?;
             let user = auth::ensure_user(&store, &email).await?;
-            let token = auth::issue_token(&store, &user.id, ttl_s).await?;
+            let now = crate::clock::Clock::system().now_ms();
+            let token = auth::issue_token(&store, &user.id, ttl_s, now).await?;
             println!("{token}");
             store.close().await;
             Ok(())

@@ -2,6 +2,7 @@
 //! terminal hub) and the document <-> workspace file sync.
 
 pub(crate) mod filesync;
+pub(crate) mod snapshots;
 pub(crate) mod supervisor;
 
 pub(crate) use supervisor::{Deps, SandboxError, SandboxStatus, Sandboxes};

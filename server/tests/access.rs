@@ -27,15 +27,7 @@ async fn verify_cli(storage: &Storage) -> (bool, String) {
 async fn invites_never_exceed_their_issuer() {
     let storage = Storage::new(&Backend::Sqlite).await;
     let t = team(&storage).await;
-    let (status, body) = http(
-        &t.server.url(&format!("/api/rooms/{}", t.room)),
-        "GET",
-        Some(&t.ben),
-        None,
-    )
-    .await;
-    assert_eq!(status, 200);
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let v = get_json(&t.server, &t.ben, &format!("/api/rooms/{}", t.room)).await;
     assert_eq!(
         v["my_capabilities"],
         serde_json::json!(["observe", "edit", "type"])
@@ -206,7 +198,6 @@ async fn viewers_cannot_edit_and_downgrades_bite_on_the_next_frame() {
 
 #[tokio::test]
 async fn audit_verify_names_tampered_records() {
-    use sqlx::Connection;
     let storage = Storage::new(&Backend::Sqlite).await;
     let t = team(&storage).await;
     // 50 concurrent sensitive actions: exactly 50 records, and a chain that verifies.
@@ -236,11 +227,7 @@ async fn audit_verify_names_tampered_records() {
     assert!(ok, "{text}");
     t.server.terminate().await;
 
-    let db = format!(
-        "sqlite://{}",
-        storage.dir.path().join("coderoom.db").display()
-    );
-    let mut conn = sqlx::SqliteConnection::connect(&db).await.unwrap();
+    let mut conn = storage.sqlite().await;
     let snapshot_rows = sqlx::query_as::<_, (i64, String, String)>(
         "SELECT seq, details, hash FROM audit_log WHERE chain = $1 ORDER BY seq",
     )
@@ -364,7 +351,6 @@ async fn exec(conn: &mut sqlx::SqliteConnection, room: &str, sql: &str) {
 
 #[tokio::test]
 async fn approvals_bind_to_another_approver_and_the_exact_parameters() {
-    use sqlx::Connection;
     let storage = Storage::new(&Backend::Sqlite).await;
     let t = team(&storage).await;
     // Ana writes a file the way the editor does: files map -> Y.Text.
@@ -512,11 +498,7 @@ async fn approvals_bind_to_another_approver_and_the_exact_parameters() {
         .as_str()
         .unwrap()
         .to_owned();
-    let db = format!(
-        "sqlite://{}",
-        storage.dir.path().join("coderoom.db").display()
-    );
-    let mut conn = sqlx::SqliteConnection::connect(&db).await.unwrap();
+    let mut conn = storage.sqlite().await;
     sqlx::query("UPDATE approvals SET expires_at = 1 WHERE id = $1")
         .bind(&late)
         .execute(&mut conn)
@@ -536,15 +518,12 @@ async fn approvals_bind_to_another_approver_and_the_exact_parameters() {
         .0,
         403
     );
-    let (status, list) = http(
-        &t.server.url(&format!("/api/rooms/{}/approvals", t.room)),
-        "GET",
-        Some(&t.cy),
-        None,
+    let list = get_json(
+        &t.server,
+        &t.cy,
+        &format!("/api/rooms/{}/approvals", t.room),
     )
     .await;
-    assert_eq!(status, 200);
-    let list: serde_json::Value = serde_json::from_str(&list).unwrap();
     let states: Vec<&str> = list
         .as_array()
         .unwrap()

@@ -506,7 +506,6 @@ async fn a_dead_relay_never_delays_the_request() {
 
 #[tokio::test]
 async fn idle_sessions_die() {
-    use sqlx::Connection;
     let storage = Storage::new(&Backend::Sqlite).await;
     let token = storage.token("ana@example.com").await;
     let server = Server::start(&storage, &[]).await;
@@ -516,11 +515,7 @@ async fn idle_sessions_die() {
             .0,
         200
     );
-    let db = format!(
-        "sqlite://{}",
-        storage.dir.path().join("coderoom.db").display()
-    );
-    let mut conn = sqlx::SqliteConnection::connect(&db).await.unwrap();
+    let mut conn = storage.sqlite().await;
     // Last used eight days ago: past the seven-day idle limit.
     let eight_days_ago = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -8,12 +8,7 @@ use common::*;
 use std::time::Duration;
 
 async fn count(storage: &Storage, sql: &str, room: &str) -> i64 {
-    use sqlx::Connection;
-    let db = format!(
-        "sqlite://{}",
-        storage.dir.path().join("coderoom.db").display()
-    );
-    let mut conn = sqlx::SqliteConnection::connect(&db).await.unwrap();
+    let mut conn = storage.sqlite().await;
     let (n,): (i64,) = sqlx::query_as(sql)
         .bind(room)
         .fetch_one(&mut conn)
@@ -100,12 +95,7 @@ async fn deletion_survives_a_crash_and_leaves_nothing() {
     // The connected client was told the room is gone before the crash.
     assert_eq!(c.closed().await, Some(4004));
     let state: (String,) = {
-        use sqlx::Connection;
-        let db = format!(
-            "sqlite://{}",
-            storage.dir.path().join("coderoom.db").display()
-        );
-        let mut conn = sqlx::SqliteConnection::connect(&db).await.unwrap();
+        let mut conn = storage.sqlite().await;
         sqlx::query_as("SELECT state FROM deletions WHERE id = $1")
             .bind(&id)
             .fetch_one(&mut conn)
@@ -146,18 +136,8 @@ async fn deletion_survives_a_crash_and_leaves_nothing() {
             "receipt lacks {expected}: {artifacts:?}"
         );
     }
-    let again = http(
-        &server.url(&format!("/api/deletions/{id}")),
-        "GET",
-        Some(&ana),
-        None,
-    )
-    .await;
-    assert_eq!(again.0, 200);
-    assert_eq!(
-        serde_json::from_str::<serde_json::Value>(&again.1).unwrap()["receipt"],
-        v["receipt"]
-    );
+    let again = get_json(&server, &ana, &format!("/api/deletions/{id}")).await;
+    assert_eq!(again["receipt"], v["receipt"]);
 
     // Nothing of the room is left but its audit chain (with the tombstone).
     for table in ["participants", "invites", "doc_updates", "doc_snapshots"] {

@@ -88,7 +88,6 @@ async fn kill_9_loses_nothing_a_peer_received() {
 
 #[tokio::test]
 async fn a_corrupt_log_entry_fails_closed_and_deletes_nothing() {
-    use sqlx::Connection;
     let storage = Storage::new(&Backend::Sqlite).await;
     let token = storage.token("ana@example.com").await;
     let server = Server::start(&storage, &["--room-idle-ms", "100"]).await;
@@ -99,11 +98,7 @@ async fn a_corrupt_log_entry_fails_closed_and_deletes_nothing() {
     eventually(&server, &room, &token, "main.rs", "precious").await;
     assert!(server.terminate().await.success());
 
-    let db = format!(
-        "sqlite://{}",
-        storage.dir.path().join("coderoom.db").display()
-    );
-    let mut conn = sqlx::SqliteConnection::connect(&db).await.unwrap();
+    let mut conn = storage.sqlite().await;
     sqlx::query("INSERT INTO doc_updates (room_id, seq, data) VALUES ($1, 1000000, $2)")
         .bind(&room)
         .bind(vec![0xffu8, 0xff, 0xff, 0x01])

@@ -133,15 +133,7 @@ async fn exec(server: &Server, token: &str, room: &str, script: &str) -> (u16, V
 }
 
 async fn sandbox_status(server: &Server, token: &str, room: &str) -> Value {
-    let (status, body) = http(
-        &server.url(&format!("/api/rooms/{room}/sandbox")),
-        "GET",
-        Some(token),
-        None,
-    )
-    .await;
-    assert_eq!(status, 200, "{body}");
-    serde_json::from_str(&body).unwrap()
+    get_json(server, token, &format!("/api/rooms/{room}/sandbox")).await
 }
 
 #[tokio::test]

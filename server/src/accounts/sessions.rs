@@ -7,7 +7,7 @@
 //! WebSocket hijacking). Bearer tokens are not sent automatically by browsers, so they need no
 //! Origin.
 
-use crate::store::{now_ms, Store, StoreError, UserRow};
+use crate::store::{Store, StoreError, UserRow};
 use axum::http::{HeaderMap, HeaderValue};
 use rand::RngCore;
 use sha2::{Digest, Sha256};
@@ -62,22 +62,20 @@ pub(crate) fn hash_token(token: &str) -> String {
     hex::encode(Sha256::digest(token.as_bytes()))
 }
 
-/// Creates a session for the user and returns the token (shown once, never stored).
+/// Creates a session for the user, valid for `ttl_s` from `now` (Unix ms), and returns the
+/// token (shown once, never stored).
 pub(crate) async fn issue_token(
     store: &Store,
     user_id: &str,
     ttl_s: u64,
+    now: i64,
 ) -> Result<String, StoreError> {
     let mut raw = [0u8; 32];
     rand::rngs::OsRng.fill_bytes(&mut raw);
     let token = format!("{TOKEN_PREFIX}{}", hex::encode(raw));
     let ttl_ms = i64::try_from(ttl_s.saturating_mul(1000)).unwrap_or(i64::MAX);
     store
-        .insert_session(
-            &hash_token(&token),
-            user_id,
-            now_ms().saturating_add(ttl_ms),
-        )
+        .insert_session(&hash_token(&token), user_id, now.saturating_add(ttl_ms))
         .await?;
     Ok(token)
 }

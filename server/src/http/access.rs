@@ -11,7 +11,7 @@ use crate::http::AppState;
 use crate::http::AuthUser;
 use crate::ids::{RoomId, UserId};
 use crate::room::RoomCmd;
-use crate::store::{now_ms, Change, InviteRow, StoreError};
+use crate::store::{Change, InviteRow, StoreError};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::{delete, get, patch, post};
@@ -77,7 +77,7 @@ pub(crate) async fn create_invite(
         room_id: room_id.to_string(),
         role: role.as_str().into(),
         created_by: proof.actor().to_owned(),
-        expires_at: now_ms() + ttl_ms,
+        expires_at: app.clock.now_ms() + ttl_ms,
         max_uses: body.max_uses,
     };
     locked
@@ -122,8 +122,8 @@ pub(crate) async fn accept_invite(
 ) -> Result<Json<Joined>, ApiError> {
     let locked = app.audit.lock().await;
     let (token_hash, invite) = invite_by_token(&app, &token).await?;
-    let now = now_ms();
-    if invite.revoked || invite.expires_at <= now || invite.uses >= invite.max_uses {
+    let now = app.clock.now_ms();
+    if invite.revoked_at.is_some() || invite.expires_at <= now || invite.uses >= invite.max_uses {
         return Err(ApiError::Gone);
     }
     let role: Role = invite
@@ -204,7 +204,7 @@ pub(crate) async fn revoke_invite(
     }
     let change = Change::RevokeInvite {
         token_hash,
-        now: now_ms(),
+        now: app.clock.now_ms(),
     };
     locked
         .record(
@@ -242,7 +242,7 @@ pub(crate) async fn change_participant(
         .map_err(|_| ApiError::BadRequest("unknown capability"))?;
     let revoke = CapabilitySet::parse_names(&body.revoke)
         .map_err(|_| ApiError::BadRequest("unknown capability"))?;
-    let now = now_ms();
+    let now = app.clock.now_ms();
     if body.expires_at.is_some_and(|t| t <= now) {
         return Err(ApiError::BadRequest("expires_at must be in the future"));
     }
@@ -333,7 +333,7 @@ pub(crate) async fn remove_participant(
     let change = Change::RemoveParticipant {
         room_id: room_id.to_string(),
         user_id: target.to_string(),
-        now: now_ms(),
+        now: app.clock.now_ms(),
     };
     locked
         .record(
@@ -372,7 +372,12 @@ pub(crate) async fn room_audit(
     let state = app.store.room_state(&room_id).await?;
     let allowed = who.is_admin
         || matches!(
-            decide(&who, &Action::Use(Capability::Observe), &state, now_ms()),
+            decide(
+                &who,
+                &Action::Use(Capability::Observe),
+                &state,
+                app.clock.now_ms()
+            ),
             Decision::Allow(_)
         );
     if !allowed || app.store.room(&room_id).await?.is_none() {

@@ -12,7 +12,7 @@ use crate::http::ApiError;
 use crate::http::AppState;
 use crate::http::AuthUser;
 use crate::ids::{IssuedId, RoomId};
-use crate::store::{now_ms, Change, StoreError};
+use crate::store::{Change, StoreError};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -98,7 +98,7 @@ pub(crate) async fn export(
         approval: approval.clone(),
     };
     let details: Value = serde_json::from_str(&params).unwrap_or(Value::Null);
-    match decide(&principal(&app, &user), &action, &state, now_ms()) {
+    match decide(&principal(&app, &user), &action, &state, app.clock.now_ms()) {
         Decision::NeedsApproval(request) => {
             let id = IssuedId::fresh().to_string();
             let change = Change::CreateApproval {
@@ -107,7 +107,7 @@ pub(crate) async fn export(
                 requester: user.id.clone(),
                 action: request.action.to_owned(),
                 params: request.params,
-                expires_at: now_ms() + APPROVAL_TTL_MS,
+                expires_at: app.clock.now_ms() + APPROVAL_TTL_MS,
             };
             let details = json!({ "approval_id": id, "params": details });
             app.audit
@@ -197,7 +197,7 @@ pub(crate) async fn list(
     Ids(room_id): Ids<RoomId>,
 ) -> Result<Json<Vec<ApprovalItem>>, ApiError> {
     crate::http::guard::room_capabilities(&app, &room_id, &user).await?;
-    let now = now_ms();
+    let now = app.clock.now_ms();
     let items = app
         .store
         .approvals(&room_id)

@@ -12,7 +12,7 @@ use crate::http::AppState;
 use crate::http::AuthUser;
 use crate::ids::{IssuedId, RoomId};
 use crate::room::RoomCmd;
-use crate::store::{now_ms, Change, StoreError};
+use crate::store::{Change, StoreError};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post;
@@ -126,7 +126,7 @@ pub(crate) async fn confirm(
         &who,
         &Action::ConfirmDeletion,
         &RoomState::default(),
-        now_ms(),
+        app.clock.now_ms(),
     ) {
         let details = json!({ "deletion_id": id });
         app.audit
@@ -151,7 +151,12 @@ pub(crate) async fn confirm(
             user: deletion.requested_by.clone(),
             is_admin: false,
         };
-        let still = decide(&requester, &Action::RequestDeletion, &state, now_ms());
+        let still = decide(
+            &requester,
+            &Action::RequestDeletion,
+            &state,
+            app.clock.now_ms(),
+        );
         let details = json!({ "deletion_id": id, "room_id": deletion.room_id });
         if !matches!(still, Decision::Allow(_)) {
             let reason = "the requester no longer holds delete";

@@ -10,7 +10,6 @@
 use crate::accounts::proxies::TrustedProxies;
 use crate::accounts::sessions::{hash_token, session_cookie, well_formed, SESSION_IDLE_MS};
 use crate::http::{ApiError, AppState};
-use crate::store::now_ms;
 use axum::extract::{ConnectInfo, FromRequestParts};
 use axum::http::request::Parts;
 use axum::http::{Method, Request};
@@ -69,7 +68,7 @@ impl FromRequestParts<AppState> for AuthUser {
         let session_hash = hash_token(&token);
         let user = state
             .store
-            .live_session_user(&session_hash, now_ms(), SESSION_IDLE_MS)
+            .live_session_user(&session_hash, state.clock.now_ms(), SESSION_IDLE_MS)
             .await?
             .ok_or(ApiError::Unauthorized)?;
         Ok(AuthUser {

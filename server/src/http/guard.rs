@@ -6,7 +6,6 @@ use crate::audit::Locked;
 use crate::http::{ApiError, AppState, AuthUser};
 use crate::ids::RoomId;
 use crate::room::task::Rights;
-use crate::store::now_ms;
 use coderoom_authz::{
     decide, Action, Authorized, Capability, CapabilitySet, Decision, DenyReason, Principal,
     RoomState,
@@ -36,7 +35,7 @@ pub(crate) async fn authorize_locked(
     }
     let state = app.store.room_state(room_id).await?;
     let who = principal(app, user);
-    match decide(&who, &action, &state, now_ms()) {
+    match decide(&who, &action, &state, app.clock.now_ms()) {
         Decision::Allow(proof) => Ok(proof),
         Decision::Deny(DenyReason::NotParticipant) if !who.is_admin => {
             tracing::info!(room = %room_id, user = %user.id, action = action.name(), "outsider refused");
@@ -80,7 +79,12 @@ async fn observed(
 ) -> Result<(RoomState, Authorized), ApiError> {
     let state = app.store.room_state(room_id).await?;
     let who = principal(app, user);
-    match decide(&who, &Action::Use(Capability::Observe), &state, now_ms()) {
+    match decide(
+        &who,
+        &Action::Use(Capability::Observe),
+        &state,
+        app.clock.now_ms(),
+    ) {
         Decision::Allow(proof) => Ok((state, proof)),
         Decision::Deny(_) | Decision::NeedsApproval(_) => Err(ApiError::NotFound),
     }
@@ -124,5 +128,8 @@ pub(crate) async fn room_rights(
 ) -> Result<(Rights, CapabilitySet), ApiError> {
     let (state, proof) = observed(app, room_id, user).await?;
     let p = state.participants.get(&user.id).ok_or(ApiError::NotFound)?;
-    Ok((Rights::of(p, cap, now_ms()), proof.actor_capabilities()))
+    Ok((
+        Rights::of(p, cap, app.clock.now_ms()),
+        proof.actor_capabilities(),
+    ))
 }

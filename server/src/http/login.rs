@@ -9,7 +9,6 @@ use crate::accounts::mail::Mail;
 use crate::accounts::sessions as auth;
 use crate::http::extract::ClientIp;
 use crate::http::{ApiError, AppState, AuthUser};
-use crate::store::now_ms;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -84,7 +83,7 @@ pub(crate) async fn request_code(
 ) -> Result<Response, ApiError> {
     let email =
         canonicalize(&body.email).map_err(|_| ApiError::BadRequest("invalid email address"))?;
-    let now = now_ms();
+    let now = app.clock.now_ms();
     {
         let _one_at_a_time = app.issuance.lock().await;
         let recent = app
@@ -138,7 +137,7 @@ pub(crate) async fn verify_code(
     };
     let well_formed = body.code.len() == 6 && body.code.bytes().all(|b| b.is_ascii_digit());
     let stored = app.store.login_code(&email).await?;
-    let now = now_ms();
+    let now = app.clock.now_ms();
     let checkable = well_formed && gate(stored.as_ref(), now) == Gate::Check;
     let (hash, reserved) = match (&stored, checkable) {
         // Take one try before hashing, atomically, so concurrent guesses cannot exceed five.
@@ -187,7 +186,13 @@ pub(crate) async fn verify_code(
     if let Some(old) = auth::session_cookie(&headers, &app.cookie) {
         app.store.delete_session(&auth::hash_token(&old)).await?;
     }
-    let token = auth::issue_token(&app.store, &user.id, auth::SESSION_ABSOLUTE_S).await?;
+    let token = auth::issue_token(
+        &app.store,
+        &user.id,
+        auth::SESSION_ABSOLUTE_S,
+        app.clock.now_ms(),
+    )
+    .await?;
     app.store
         .auth_event("login_ok", Some(&email), Some(&user.id), &ip)
         .await?;

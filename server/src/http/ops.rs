@@ -1,6 +1,8 @@
 //! Operations: `GET /healthz` and `GET /metrics`.
 
 use crate::http::AppState;
+use crate::metrics::Metrics;
+use crate::store::Store;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
@@ -13,8 +15,8 @@ pub(crate) fn routes() -> Router<AppState> {
         .route("/metrics", get(metrics))
 }
 
-async fn healthz(State(app): State<AppState>) -> impl IntoResponse {
-    match app.store.ping().await {
+async fn healthz(State(store): State<Store>) -> impl IntoResponse {
+    match store.ping().await {
         Ok(()) => (StatusCode::OK, "ok\n"),
         Err(e) => {
             tracing::warn!(error = %e, "health check: database does not answer");
@@ -23,12 +25,12 @@ async fn healthz(State(app): State<AppState>) -> impl IntoResponse {
     }
 }
 
-async fn metrics(State(app): State<AppState>) -> impl IntoResponse {
+async fn metrics(State(metrics): State<Metrics>) -> impl IntoResponse {
     (
         [(
             header::CONTENT_TYPE,
             "text/plain; version=0.0.4; charset=utf-8",
         )],
-        app.metrics.render(),
+        metrics.render(),
     )
 }

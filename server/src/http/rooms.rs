@@ -7,7 +7,6 @@ use crate::http::AppState;
 use crate::http::AuthUser;
 use crate::ids::RoomId;
 use crate::sandbox::SandboxStatus;
-use crate::store::now_ms;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
@@ -85,7 +84,7 @@ pub(crate) async fn get_room(
     let mine = room_capabilities(&app, &id, &user).await?;
     let room = app.store.room(&id).await?.ok_or(ApiError::NotFound)?;
     let state = app.store.room_state(&id).await?;
-    let now = now_ms();
+    let now = app.clock.now_ms();
     let participants = app
         .store
         .participants(&id)

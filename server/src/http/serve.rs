@@ -23,7 +23,9 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let metrics = Metrics::new();
     let limits = Arc::new(args.limits.clone());
     let metrics_for_hasher = metrics.clone();
-    let audit = crate::audit::Audit::new(store.clone(), &args.storage.data_dir);
+    // The one clock of the server: rights, timers, audit records and recordings read it.
+    let clock = crate::clock::Clock::system();
+    let audit = crate::audit::Audit::new(store.clone(), &args.storage.data_dir, clock.clone());
     let rooms = Rooms::new(
         RoomDeps {
             store: store.clone(),
@@ -32,6 +34,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             metrics: metrics.clone(),
             limits: limits.clone(),
             shutdown: shutdown.clone(),
+            clock: clock.clone(),
         },
         tracker.clone(),
     );
@@ -56,7 +59,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         shutdown.clone(),
     )?;
     let permits = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let sandboxes = sandboxes(&args, &store, &audit, &rooms, &shutdown)?;
+    let sandboxes = sandboxes(&args, &store, &audit, &rooms, (&shutdown, &clock))?;
     let admin_emails = args
         .admin_emails
         .iter()
@@ -67,6 +70,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let state = AppState {
+        clock: clock.clone(),
         store: store.clone(),
         rooms,
         metrics,
@@ -162,7 +166,7 @@ fn sandboxes(
     store: &Store,
     audit: &crate::audit::Audit,
     rooms: &Rooms,
-    shutdown: &CancellationToken,
+    (shutdown, clock): (&CancellationToken, &crate::clock::Clock),
 ) -> anyhow::Result<crate::sandbox::Sandboxes> {
     use coderoom_sandbox::{AgentCommand, Backend, Tier};
     let tier = args.sandbox_tier.tier();
@@ -187,7 +191,7 @@ fn sandboxes(
             data_dir: args.storage.data_dir.clone(),
             cfg: Arc::new(args.sandbox.clone()),
             shutdown: shutdown.clone(),
-            clock: crate::clock::Clock::system(),
+            clock: clock.clone(),
         },
     ))
 }

@@ -14,8 +14,12 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-#[derive(Clone)]
+/// Handlers take the whole state, or only the part they use (`State<Store>`,
+/// `State<Metrics>`, ...: `FromRef` for each field).
+#[derive(Clone, axum::extract::FromRef)]
 pub(crate) struct AppState {
+    /// The time of day every decision is made at.
+    pub clock: crate::clock::Clock,
     pub store: Store,
     pub rooms: Rooms,
     pub metrics: Metrics,
@@ -33,8 +37,10 @@ pub(crate) struct AppState {
     pub trusted_proxies: TrustedProxies,
     pub data_dir: std::path::PathBuf,
     /// Serialises the per-email issuance check with its record (no racing past the caps).
+    #[from_ref(skip)]
     pub issuance: Arc<tokio::sync::Mutex<()>>,
     /// One deletion run at a time.
+    #[from_ref(skip)]
     pub deletions: Arc<tokio::sync::Mutex<()>>,
     /// Hashes of sessions that just ended (logout): their open sockets close.
     pub sessions_ended: tokio::sync::broadcast::Sender<String>,

@@ -15,7 +15,6 @@ use crate::http::AppState;
 use crate::http::AuthUser;
 use crate::ids::RoomId;
 use crate::room::task::Rights;
-use crate::store::now_ms;
 use crate::terminal::recorder::{CAST_FILE, INPUTS_FILE};
 use crate::terminal::TermEvent;
 use crate::terminal::TermOut;
@@ -173,7 +172,7 @@ async fn serve(
         Err(e) => {
             // Said only to someone still in the room (the join may have taken a while).
             if let Some((now, _)) = rights_now(&app, &room_id, &user).await {
-                if !now.may_observe(now_ms()) {
+                if !now.may_observe(app.clock.now_ms()) {
                     close(&mut sink, CloseCode::Removed).await;
                     return;
                 }
@@ -195,7 +194,7 @@ async fn serve(
         }
         None => None,
     };
-    if !rights.may_observe(now_ms()) {
+    if !rights.may_observe(app.clock.now_ms()) {
         close(&mut sink, CloseCode::Removed).await;
         app.sandboxes.leave(&room_id, &hub, viewer).await;
         return;
@@ -209,7 +208,7 @@ async fn serve(
     for ev in joined.events {
         put(&mut sink, Message::Text(ev.into()), stall).await;
     }
-    if !rights.may_act(now_ms()) {
+    if !rights.may_act(app.clock.now_ms()) {
         let msg = TermEvent::ReadOnly {
             reason: "you may watch but not type".into(),
         };
@@ -223,13 +222,14 @@ async fn serve(
         // Removed from the room when `observe` lapses, unless it is held for good.
         let observe_ends = rights.observe.ends_at();
         let observe_left = Duration::from_millis(
-            u64::try_from(observe_ends.unwrap_or(0).saturating_sub(now_ms())).unwrap_or(0),
+            u64::try_from(observe_ends.unwrap_or(0).saturating_sub(app.clock.now_ms()))
+                .unwrap_or(0),
         );
         tokio::select! {
             frame = stream.next() => match frame {
                 None | Some(Ok(Message::Close(_))) | Some(Err(_)) => break,
                 Some(Ok(Message::Binary(data))) => {
-                    if rights.may_act(now_ms()) {
+                    if rights.may_act(app.clock.now_ms()) {
                         hub.input(viewer, (&user.id, &user.email), data).await;
                     } else {
                         // Recorded before the client hears of it.
@@ -243,7 +243,7 @@ async fn serve(
                 Some(Ok(Message::Text(text))) => {
                     match serde_json::from_str::<Control>(&text) {
                         Ok(Control::Resize { cols, rows }) => {
-                            if rights.may_act(now_ms()) {
+                            if rights.may_act(app.clock.now_ms()) {
                                 let (c, r) = clamp_size(cols, rows);
                                 hub.resize(c, r).await;
                             }
@@ -283,9 +283,9 @@ async fn serve(
                 if relevant {
                     // When storage cannot say, the rights are withdrawn (and no event is sent).
                     let now = rights_now(&app, &room_id, &user).await;
-                    let was_typing = rights.may_act(now_ms());
+                    let was_typing = rights.may_act(app.clock.now_ms());
                     rights = now.as_ref().map_or(Rights::NONE, |(r, _)| *r);
-                    if was_typing && !rights.may_act(now_ms()) {
+                    if was_typing && !rights.may_act(app.clock.now_ms()) {
                         let msg = TermEvent::ReadOnly { reason: "your right to type was withdrawn".into() };
                         put(&mut sink, Message::Text(msg.text().into()), stall).await;
                     }

@@ -145,6 +145,11 @@ mod tests {
     use yrs::{Doc, Text, Transact, Update};
 
     async fn rooms() -> (Rooms, Store, tempfile::TempDir) {
+        rooms_at(crate::clock::Clock::system()).await
+    }
+
+    /// Rooms whose rights, timers and audit records read `clock`.
+    async fn rooms_at(clock: crate::clock::Clock) -> (Rooms, Store, tempfile::TempDir) {
         let dir = tempfile::tempdir().unwrap();
         let url = format!("sqlite://{}", dir.path().join("t.db").display());
         let store = Store::connect(&url).await.unwrap();
@@ -168,11 +173,12 @@ mod tests {
         }
         let deps = RoomDeps {
             store: store.clone(),
-            audit: crate::audit::Audit::new(store.clone(), dir.path()),
+            audit: crate::audit::Audit::new(store.clone(), dir.path(), clock.clone()),
             tracker: TaskTracker::new(),
             metrics: Metrics::new(),
             limits: Arc::new(Limits::default()),
             shutdown: CancellationToken::new(),
+            clock,
         };
         (Rooms::new(deps, TaskTracker::new()), store, dir)
     }
@@ -180,6 +186,14 @@ mod tests {
     async fn join(
         rooms: &Rooms,
         room: &str,
+    ) -> (ConnId, mpsc::Sender<RoomCmd>, crate::room::outbox::OutboxRx) {
+        join_with(rooms, room, crate::room::task::Rights::FULL).await
+    }
+
+    async fn join_with(
+        rooms: &Rooms,
+        room: &str,
+        rights: crate::room::task::Rights,
     ) -> (ConnId, mpsc::Sender<RoomCmd>, crate::room::outbox::OutboxRx) {
         let conn = next_conn_id();
         let (out, rx) = Outbox::new(1 << 20, 1 << 20);
@@ -189,7 +203,7 @@ mod tests {
             conn,
             user_id: "u".into(),
             name: "u@example.com".into(),
-            rights: crate::room::task::Rights::FULL,
+            rights,
             out,
             reply,
         })
@@ -219,6 +233,49 @@ mod tests {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
         panic!("room {room} logged nothing");
+    }
+
+    /// The room decides by its clock, not the system's: an edit right that lapses an hour
+    /// from now is refused as soon as the room's clock says the hour has passed, and the refusal
+    /// is recorded at that time.
+    #[tokio::test]
+    async fn rights_lapse_by_the_rooms_clock() {
+        use coderoom_authz::Until;
+        let start = 1_000_000;
+        let clock = crate::clock::Clock::manual(start);
+        let (rooms, store, _dir) = rooms_at(clock.clone()).await;
+        let rights = crate::room::task::Rights {
+            act: Until::At(start + 3_600_000),
+            observe: Until::Forever,
+        };
+        let (conn, room, _rx) = join_with(&rooms, "a", rights).await;
+        room.send(RoomCmd::Inbound {
+            conn,
+            messages: edit("before"),
+        })
+        .await
+        .unwrap();
+        wait_logged(&store, "a").await;
+        clock.advance(3_600_000);
+        room.send(RoomCmd::Inbound {
+            conn,
+            messages: edit("after"),
+        })
+        .await
+        .unwrap();
+        let mut denied = None;
+        for _ in 0..500 {
+            let records = store.audit_records("a").await.unwrap();
+            denied = records.into_iter().find(|r| r.fields.decision == "deny");
+            if denied.is_some() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        let denied = denied.expect("the lapsed edit was not refused");
+        assert_eq!(denied.fields.action, "edit");
+        assert_eq!(denied.fields.at, start + 3_600_000);
+        assert_eq!(store.load_doc("a").await.unwrap().updates.len(), 1);
     }
 
     #[tokio::test]

@@ -180,6 +180,8 @@ pub(crate) struct RoomDeps {
     pub metrics: Metrics,
     pub limits: Arc<Limits>,
     pub shutdown: CancellationToken,
+    /// The time of day the room's rights are checked against.
+    pub clock: crate::clock::Clock,
 }
 
 struct Conn {
@@ -360,8 +362,8 @@ impl Room {
                     lagging = self.catch_up();
                     continue;
                 }
-                () = sleep_until_ms(self.next_expiry()) => {
-                    self.expire(crate::store::now_ms());
+                () = sleep_until_ms(&self.deps.clock, self.next_expiry()) => {
+                    self.expire(self.deps.clock.now_ms());
                     if !self.commit().await {
                         return self.finish(Exit::Failed).await;
                     }
@@ -492,7 +494,7 @@ impl Room {
         for c in self.conns.values_mut().filter(|c| c.user_id == user_id) {
             c.rights = rights;
         }
-        self.expire(crate::store::now_ms());
+        self.expire(self.deps.clock.now_ms());
     }
 
     /// Closes connections whose user may no longer observe.
@@ -522,7 +524,7 @@ impl Room {
         let Some(c) = self.conns.get(&conn) else {
             return;
         };
-        if !c.rights.may_act(crate::store::now_ms()) {
+        if !c.rights.may_act(self.deps.clock.now_ms()) {
             // Refused, not fatal: the connection keeps receiving, the document is untouched.
             // An empty update (a viewer's sync step 2 with nothing new) changes nothing.
             if !update.is_empty() {
@@ -789,7 +791,7 @@ impl Room {
     /// once a minute, with a few appends in flight per room at most, so a flood of refused
     /// edits can neither grow memory nor fill the chain.
     fn audit_denials(&mut self) {
-        let now = crate::store::now_ms();
+        let now = self.deps.clock.now_ms();
         let due: Vec<ConnId> = self
             .denials
             .keys()
@@ -980,10 +982,10 @@ async fn lag_tick(lagging: bool) {
 }
 
 /// Sleeps until the given Unix millisecond (forever for `None`).
-async fn sleep_until_ms(at: Option<i64>) {
+async fn sleep_until_ms(clock: &crate::clock::Clock, at: Option<i64>) {
     match at {
         Some(t) => {
-            let wait = t.saturating_sub(crate::store::now_ms()).max(0);
+            let wait = t.saturating_sub(clock.now_ms()).max(0);
             tokio::time::sleep(Duration::from_millis(u64::try_from(wait).unwrap_or(0) + 1)).await;
         }
         None => std::future::pending().await,

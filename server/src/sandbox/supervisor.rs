@@ -15,6 +15,7 @@
 use crate::audit::Audit;
 use crate::close::CloseCode;
 use crate::config::SandboxArgs;
+use crate::sandbox::snapshots::{self, Snapshots};
 use crate::store::{now_ms, Change, SandboxRow, SandboxState, Store, StoreError};
 use crate::terminal::hub::{pty_port, pump, HubConfig};
 use crate::terminal::{Hub, Joined, Link, Recorder, TermEvent};
@@ -31,14 +32,10 @@ use tokio_util::sync::CancellationToken;
 
 /// Requests queued for one room's supervisor before callers wait.
 const ACTOR_QUEUE: usize = 256;
-/// Time a snapshot (and a restore) may take.
-const SNAPSHOT_WITHIN: Duration = Duration::from_secs(120);
 /// Time the sandbox gets to end after being killed.
 const KILL_WITHIN: Duration = Duration::from_secs(10);
 /// Time the file sync gets to write pending edits before a snapshot.
 const SYNC_STOP_WITHIN: Duration = Duration::from_secs(10);
-/// Snapshots kept per room (the newest ones).
-const KEEP_SNAPSHOTS: usize = 2;
 /// How often the idle scheduler looks for due timers.
 const IDLE_POLL: Duration = Duration::from_millis(250);
 /// The idle timer is re-armed in the database at most this often while operations arrive.
@@ -204,7 +201,13 @@ impl Sandboxes {
                     () = shutdown.cancelled() => break,
                     () = tokio::time::sleep(IDLE_POLL) => {}
                 }
-                match this.inner.deps.store.due_sandboxes(now_ms()).await {
+                match this
+                    .inner
+                    .deps
+                    .store
+                    .due_sandboxes(this.inner.deps.clock.now_ms())
+                    .await
+                {
                     Ok(rooms) => {
                         for room in rooms {
                             this.send(&room, || Cmd::IdleDue).await;
@@ -370,6 +373,8 @@ struct Actor {
     hub: Hub,
     /// Whether the PTY of the running sandbox is open.
     pty_open: bool,
+    /// The room's workspace snapshots on disk.
+    snapshots: Snapshots,
     last_armed: Option<i64>,
     destroyed: bool,
     failed_idle_stops: u32,
@@ -410,7 +415,14 @@ impl Actor {
             clock: deps.clock.clone(),
             pty_wanted,
         });
+        let snapshots = Snapshots::new(
+            deps.data_dir.join("rooms").join(&room_id).join("workspace"),
+            // Tar headers add to the workspace's size; twice the quota bounds any honest archive.
+            deps.cfg.limits().workspace_bytes * 2 + (16 << 20),
+            deps.clock.clone(),
+        );
         let actor = Actor {
+            snapshots,
             room_id,
             me,
             life: Life::Dormant,
@@ -656,7 +668,7 @@ impl Actor {
         // does not restore (it was written by the untrusted agent) never locks the room out.
         // The document holds every text file anyway and wins at the next sync.
         let mut candidates: Vec<Option<String>> =
-            self.snapshots().await.into_iter().map(Some).collect();
+            self.snapshots.list().await.into_iter().map(Some).collect();
         let latest = self.row.as_ref().and_then(|r| r.snapshot.clone());
         if let Some(l) = &latest {
             candidates.retain(|c| c.as_ref() != Some(l));
@@ -680,10 +692,10 @@ impl Actor {
                 started = Some((sandbox, events, receipt, candidate));
                 break;
             };
-            let path = self.snapshot_dir().join(name);
+            let path = self.snapshots.path(name);
             let restored = match tokio::fs::File::open(&path).await {
                 Ok(mut f) => sandbox
-                    .restore(&mut f, SNAPSHOT_WITHIN)
+                    .restore(&mut f, snapshots::WITHIN)
                     .await
                     .map_err(RestoreError::Sandbox),
                 Err(e) => Err(RestoreError::File(e)),
@@ -716,10 +728,10 @@ impl Actor {
             .next_generation
             .fetch_add(1, Ordering::Relaxed);
         let generation = self.generation;
-        let now = now_ms();
+        let now = self.deps().clock.now_ms();
         let stop_at = (self.hub.viewers() == 0).then(|| now + self.idle_ms());
         // The snapshot actually restored (an older one, or none, when the latest failed).
-        let resumed_from = snapshot.as_deref().and_then(snapshot_time);
+        let resumed_from = snapshot.as_deref().and_then(snapshots::time_of);
         let row = SandboxRow {
             state: SandboxState::Running,
             reason: reason.to_owned(),
@@ -783,14 +795,6 @@ impl Actor {
         i64::try_from(self.deps().cfg.sandbox_idle_ms).unwrap_or(i64::MAX / 2)
     }
 
-    fn snapshot_dir(&self) -> PathBuf {
-        self.deps()
-            .data_dir
-            .join("rooms")
-            .join(&self.room_id)
-            .join("workspace")
-    }
-
     /// Records a lifecycle transition and the new row in one transaction.
     async fn transition(
         &mut self,
@@ -842,11 +846,11 @@ impl Actor {
             cancel.cancel();
             let _ = tokio::time::timeout(SYNC_STOP_WITHIN, task).await;
         }
-        let snap = self.take_snapshot(&sandbox).await;
+        let snap = self.snapshots.take(&sandbox).await;
         let (snapshot, snapshot_at, bytes) = match snap {
             // A snapshot's time is the one in its name, everywhere it is shown.
             Ok((name, bytes)) => {
-                let at = snapshot_time(&name).unwrap_or_else(now_ms);
+                let at = snapshots::time_of(&name).unwrap_or_else(now_ms);
                 (Some(name), Some(at), bytes)
             }
             Err(e) if force => {
@@ -894,7 +898,9 @@ impl Actor {
         });
         self.transition("sandbox_stop", actor, details, row).await?;
         self.last_armed = self.row.as_ref().and_then(|r| r.stop_at);
-        self.prune_snapshots().await;
+        self.snapshots
+            .prune(self.row.as_ref().and_then(|r| r.snapshot.as_deref()))
+            .await;
         self.hub
             .event(TermEvent::Sandbox {
                 state: state.as_str(),
@@ -911,9 +917,9 @@ impl Actor {
             return;
         };
         let sandbox = sandbox.clone();
-        match self.take_snapshot(&sandbox).await {
+        match self.snapshots.take(&sandbox).await {
             Ok((name, _)) => {
-                let at = snapshot_time(&name).unwrap_or_else(now_ms);
+                let at = snapshots::time_of(&name).unwrap_or_else(now_ms);
                 match self
                     .deps()
                     .store
@@ -925,7 +931,9 @@ impl Actor {
                             r.snapshot = Some(name);
                             r.snapshot_at = Some(at);
                         }
-                        self.prune_snapshots().await;
+                        self.snapshots
+                            .prune(self.row.as_ref().and_then(|r| r.snapshot.as_deref()))
+                            .await;
                     }
                     Err(e) => {
                         tracing::warn!(room = %self.room_id, error = %e, "cannot record the snapshot")
@@ -933,67 +941,6 @@ impl Actor {
                 }
             }
             Err(e) => tracing::warn!(room = %self.room_id, error = %e, "periodic snapshot failed"),
-        }
-    }
-
-    async fn take_snapshot(&self, sandbox: &Sandbox) -> Result<(String, u64), SandboxError> {
-        let dir = self.snapshot_dir();
-        let io = |e: std::io::Error| SandboxError::Store(StoreError::Io(e));
-        tokio::fs::create_dir_all(&dir).await.map_err(io)?;
-        let name = format!("{SNAPSHOT_PREFIX}{:013}{SNAPSHOT_SUFFIX}", now_ms());
-        let partial = dir.join(format!("{name}.partial"));
-        let mut file = tokio::fs::File::create(&partial).await.map_err(io)?;
-        // Tar headers add to the workspace's size; twice the quota bounds any honest archive.
-        let max = self.deps().cfg.limits().workspace_bytes * 2 + (16 << 20);
-        let result = sandbox.snapshot(&mut file, max, SNAPSHOT_WITHIN).await;
-        let bytes = match result {
-            Ok(b) => b,
-            Err(e) => {
-                drop(file);
-                let _ = tokio::fs::remove_file(&partial).await;
-                return Err(e.into());
-            }
-        };
-        use tokio::io::AsyncWriteExt;
-        file.flush().await.map_err(io)?;
-        file.sync_all().await.map_err(io)?;
-        drop(file);
-        tokio::fs::rename(&partial, dir.join(&name))
-            .await
-            .map_err(io)?;
-        if let Ok(d) = tokio::fs::File::open(&dir).await {
-            let _ = d.sync_all().await;
-        }
-        Ok((name, bytes))
-    }
-
-    /// The room's snapshot files, newest first.
-    async fn snapshots(&self) -> Vec<String> {
-        let Ok(mut rd) = tokio::fs::read_dir(self.snapshot_dir()).await else {
-            return Vec::new();
-        };
-        let mut names = Vec::new();
-        while let Ok(Some(e)) = rd.next_entry().await {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if snapshot_time(&name).is_some() {
-                names.push(name);
-            }
-        }
-        names.sort();
-        names.reverse();
-        names
-    }
-
-    async fn prune_snapshots(&self) {
-        let dir = self.snapshot_dir();
-        let mut names = self.snapshots().await;
-        names.reverse();
-        let current = self.row.as_ref().and_then(|r| r.snapshot.clone());
-        let keep_from = names.len().saturating_sub(KEEP_SNAPSHOTS);
-        for (i, name) in names.iter().enumerate() {
-            if i < keep_from && Some(name) != current.as_ref() {
-                let _ = tokio::fs::remove_file(dir.join(name)).await;
-            }
         }
     }
 
@@ -1057,7 +1004,7 @@ impl Actor {
             Ok(Some(r)) => r,
             _ => return,
         };
-        let now = now_ms();
+        let now = self.deps().clock.now_ms();
         match row.stop_at {
             Some(at) if at <= now => {}
             _ => return,
@@ -1146,7 +1093,7 @@ impl Actor {
             self.arm(None).await;
             return;
         }
-        let next = now_ms() + self.idle_ms();
+        let next = self.deps().clock.now_ms() + self.idle_ms();
         if self.last_armed.is_none_or(|at| next - at >= REARM_EVERY_MS) {
             self.arm(Some(next)).await;
         }
@@ -1287,31 +1234,5 @@ impl Actor {
                 self.hub.close_all(CloseCode::Internal).await;
             }
         }
-    }
-}
-
-const SNAPSHOT_PREFIX: &str = "snapshot-";
-const SNAPSHOT_SUFFIX: &str = ".tar";
-
-/// When a snapshot file was taken (Unix ms), from its name; `None` for any other file.
-fn snapshot_time(name: &str) -> Option<i64> {
-    name.strip_prefix(SNAPSHOT_PREFIX)?
-        .strip_suffix(SNAPSHOT_SUFFIX)?
-        .parse()
-        .ok()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn snapshot_files_are_told_by_name() {
-        assert_eq!(
-            snapshot_time("snapshot-1795961758998.tar"),
-            Some(1_795_961_758_998)
-        );
-        assert_eq!(snapshot_time("snapshot-1795961758998.tar.partial"), None);
-        assert_eq!(snapshot_time("notes.tar"), None);
     }
 }

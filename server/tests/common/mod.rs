@@ -45,6 +45,14 @@ pub struct Storage {
 }
 
 impl Storage {
+    /// A direct connection to this storage's SQLite database, for tests that look under the
+    /// server or tamper with what it stored.
+    pub async fn sqlite(&self) -> sqlx::SqliteConnection {
+        use sqlx::Connection;
+        let db = format!("sqlite://{}", self.dir.path().join("coderoom.db").display());
+        sqlx::SqliteConnection::connect(&db).await.unwrap()
+    }
+
     pub async fn new(backend: &Backend) -> Storage {
         let dir = tempfile::tempdir().unwrap();
         match backend {
@@ -630,4 +638,11 @@ pub async fn team_with(storage: &Storage, extra: &[&str]) -> Room {
         ben_id,
         cy,
     }
+}
+
+/// `GET path` as `token`: asserts 200 and returns the body as JSON.
+pub async fn get_json(server: &Server, token: &str, path: &str) -> serde_json::Value {
+    let (status, body) = http(&server.url(path), "GET", Some(token), None).await;
+    assert_eq!(status, 200, "GET {path}: {body}");
+    serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body}"))
 }

@@ -1,0 +1,139 @@
+//! A room's workspace snapshots on disk: tar archives streamed out of the sandbox by its
+//! agent, named by the time they were taken, written to a `.partial` file and renamed once
+//! complete and synced, the newest few kept.
+
+use crate::clock::Clock;
+use crate::sandbox::SandboxError;
+use crate::store::StoreError;
+use coderoom_sandbox::Sandbox;
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio::io::AsyncWriteExt;
+
+/// Time a snapshot (and a restore) may take.
+pub(crate) const WITHIN: Duration = Duration::from_secs(120);
+/// Snapshots kept per room (the newest ones, and the one the room's row names).
+const KEEP: usize = 2;
+const PREFIX: &str = "snapshot-";
+const SUFFIX: &str = ".tar";
+
+/// When a snapshot file was taken (Unix ms), from its name; `None` for any other file.
+pub(crate) fn time_of(name: &str) -> Option<i64> {
+    name.strip_prefix(PREFIX)?
+        .strip_suffix(SUFFIX)?
+        .parse()
+        .ok()
+}
+
+/// One room's snapshot directory.
+pub(crate) struct Snapshots {
+    dir: PathBuf,
+    /// Largest archive accepted.
+    max_bytes: u64,
+    clock: Clock,
+}
+
+impl Snapshots {
+    pub(crate) fn new(dir: PathBuf, max_bytes: u64, clock: Clock) -> Self {
+        Snapshots {
+            dir,
+            max_bytes,
+            clock,
+        }
+    }
+
+    /// Where the snapshot called `name` is.
+    pub(crate) fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// Streams a snapshot of `sandbox`'s workspace to a new file; its name and size.
+    pub(crate) async fn take(&self, sandbox: &Sandbox) -> Result<(String, u64), SandboxError> {
+        let io = |e: std::io::Error| SandboxError::Store(StoreError::Io(e));
+        tokio::fs::create_dir_all(&self.dir).await.map_err(io)?;
+        let name = format!("{PREFIX}{:013}{SUFFIX}", self.clock.now_ms());
+        let partial = self.dir.join(format!("{name}.partial"));
+        let mut file = tokio::fs::File::create(&partial).await.map_err(io)?;
+        let bytes = match sandbox.snapshot(&mut file, self.max_bytes, WITHIN).await {
+            Ok(b) => b,
+            Err(e) => {
+                drop(file);
+                let _ = tokio::fs::remove_file(&partial).await;
+                return Err(e.into());
+            }
+        };
+        file.flush().await.map_err(io)?;
+        file.sync_all().await.map_err(io)?;
+        drop(file);
+        tokio::fs::rename(&partial, self.dir.join(&name))
+            .await
+            .map_err(io)?;
+        if let Ok(d) = tokio::fs::File::open(&self.dir).await {
+            let _ = d.sync_all().await;
+        }
+        Ok((name, bytes))
+    }
+
+    /// The room's snapshot files, newest first.
+    pub(crate) async fn list(&self) -> Vec<String> {
+        let Ok(mut rd) = tokio::fs::read_dir(&self.dir).await else {
+            return Vec::new();
+        };
+        let mut names = Vec::new();
+        while let Ok(Some(e)) = rd.next_entry().await {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if time_of(&name).is_some() {
+                names.push(name);
+            }
+        }
+        names.sort();
+        names.reverse();
+        names
+    }
+
+    /// Removes all but the newest [`KEEP`] snapshots, never `current`.
+    pub(crate) async fn prune(&self, current: Option<&str>) {
+        let names = self.list().await;
+        for name in names.iter().skip(KEEP) {
+            if Some(name.as_str()) != current {
+                let _ = tokio::fs::remove_file(self.dir.join(name)).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_files_are_told_by_name() {
+        assert_eq!(
+            time_of("snapshot-1795961758998.tar"),
+            Some(1_795_961_758_998)
+        );
+        assert_eq!(time_of("snapshot-1795961758998.tar.partial"), None);
+        assert_eq!(time_of("notes.tar"), None);
+    }
+
+    /// The newest two stay, and so does the one the room's row names, however old.
+    #[tokio::test]
+    async fn pruning_keeps_the_newest_and_the_current() {
+        let dir = tempfile::tempdir().unwrap();
+        let snaps = Snapshots::new(dir.path().to_owned(), 1 << 20, Clock::manual(0));
+        for t in [1, 2, 3, 4] {
+            std::fs::write(dir.path().join(format!("snapshot-{t:013}.tar")), b"x").unwrap();
+        }
+        std::fs::write(dir.path().join("notes.tar"), b"x").unwrap();
+        snaps.prune(Some("snapshot-0000000000001.tar")).await;
+        assert_eq!(
+            snaps.list().await,
+            [
+                "snapshot-0000000000004.tar",
+                "snapshot-0000000000003.tar",
+                "snapshot-0000000000001.tar"
+            ]
+        );
+        assert!(dir.path().join("notes.tar").exists());
+    }
+}

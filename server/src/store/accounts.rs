@@ -1,0 +1,225 @@
+//! Users, sessions, login codes and the record of login events.
+
+use super::*;
+
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub(crate) struct UserRow {
+    pub id: String,
+    pub email: String,
+}
+
+/// A live login code: only its hash is ever stored.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub(crate) struct LoginCode {
+    pub code_hash: String,
+    pub expires_at: i64,
+    pub attempts: i64,
+}
+
+impl Store {
+    pub(crate) async fn upsert_user(&self, id: &str, email: &str) -> Result<UserRow, StoreError> {
+        sqlx::query(
+            "INSERT INTO users (id, email, created_at) VALUES ($1, $2, $3) \
+             ON CONFLICT (email) DO NOTHING",
+        )
+        .bind(id)
+        .bind(email)
+        .bind(now_ms())
+        .execute(&self.pool)
+        .await?;
+        Ok(
+            sqlx::query_as::<_, UserRow>("SELECT id, email FROM users WHERE email = $1")
+                .bind(email)
+                .fetch_one(&self.pool)
+                .await?,
+        )
+    }
+
+    pub(crate) async fn insert_session(
+        &self,
+        token_hash: &str,
+        user_id: &str,
+        expires_at: i64,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO sessions (token_hash, user_id, created_at, expires_at, last_seen_at) \
+             VALUES ($1, $2, $3, $4, $3)",
+        )
+        .bind(token_hash)
+        .bind(user_id)
+        .bind(now_ms())
+        .bind(expires_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// The user of an unexpired, recently used session; refreshes its last use (at most once a
+    /// minute, so reads do not turn into a write per request).
+    pub(crate) async fn live_session_user(
+        &self,
+        token_hash: &str,
+        now: i64,
+        idle_ms: i64,
+    ) -> Result<Option<UserRow>, StoreError> {
+        let row = sqlx::query(
+            "SELECT u.id, u.email, s.last_seen_at FROM sessions s JOIN users u ON u.id = s.user_id \
+             WHERE s.token_hash = $1 AND s.expires_at > $2 AND u.disabled_at IS NULL \
+             AND s.last_seen_at > $3",
+        )
+        .bind(token_hash)
+        .bind(now)
+        .bind(now - idle_ms)
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some(r) = row else { return Ok(None) };
+        let last: i64 = r.try_get("last_seen_at")?;
+        if now - last > 60_000 {
+            sqlx::query("UPDATE sessions SET last_seen_at = $1 WHERE token_hash = $2")
+                .bind(now)
+                .bind(token_hash)
+                .execute(&self.pool)
+                .await?;
+        }
+        Ok(Some(UserRow {
+            id: r.try_get("id")?,
+            email: r.try_get("email")?,
+        }))
+    }
+
+    pub(crate) async fn delete_session(&self, token_hash: &str) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM sessions WHERE token_hash = $1")
+            .bind(token_hash)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    pub(crate) async fn user_disabled(&self, email: &str) -> Result<bool, StoreError> {
+        let row =
+            sqlx::query("SELECT 1 AS x FROM users WHERE email = $1 AND disabled_at IS NOT NULL")
+                .bind(email)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(row.is_some())
+    }
+
+    pub(crate) async fn recent_issuance(
+        &self,
+        email: &str,
+        since: i64,
+    ) -> Result<Vec<i64>, StoreError> {
+        let rows = sqlx::query("SELECT at FROM code_issuance WHERE email = $1 AND at > $2")
+            .bind(email)
+            .bind(since)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| r.try_get("at"))
+            .collect::<Result<_, _>>()?)
+    }
+
+    pub(crate) async fn record_issuance(&self, email: &str, at: i64) -> Result<(), StoreError> {
+        let mut tx = self.begin_write().await?;
+        // History older than the longest cap window is of no use.
+        sqlx::query("DELETE FROM code_issuance WHERE email = $1 AND at < $2")
+            .bind(email)
+            .bind(at - 3_600_000)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("INSERT INTO code_issuance (email, at) VALUES ($1, $2)")
+            .bind(email)
+            .bind(at)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Stores the one live code for `email`, voiding any earlier one.
+    pub(crate) async fn put_login_code(
+        &self,
+        email: &str,
+        code_hash: &str,
+        now: i64,
+        expires_at: i64,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO login_codes (email, code_hash, created_at, expires_at, attempts) \
+             VALUES ($1, $2, $3, $4, 0) ON CONFLICT (email) DO UPDATE SET \
+             code_hash = excluded.code_hash, created_at = excluded.created_at, \
+             expires_at = excluded.expires_at, attempts = 0",
+        )
+        .bind(email)
+        .bind(code_hash)
+        .bind(now)
+        .bind(expires_at)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    pub(crate) async fn login_code(&self, email: &str) -> Result<Option<LoginCode>, StoreError> {
+        Ok(sqlx::query_as::<_, LoginCode>(
+            "SELECT code_hash, expires_at, attempts FROM login_codes WHERE email = $1",
+        )
+        .bind(email)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// Spends one try of this exact code; false when none is left (or the code changed).
+    pub(crate) async fn take_attempt(
+        &self,
+        email: &str,
+        code_hash: &str,
+        max: i64,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE login_codes SET attempts = attempts + 1 \
+             WHERE email = $1 AND code_hash = $2 AND attempts < $3",
+        )
+        .bind(email)
+        .bind(code_hash)
+        .bind(max)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Deletes this exact code; true for the one caller that deleted it.
+    pub(crate) async fn void_login_code(
+        &self,
+        email: &str,
+        code_hash: &str,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query("DELETE FROM login_codes WHERE email = $1 AND code_hash = $2")
+            .bind(email)
+            .bind(code_hash)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Records an authentication event. Never given a code or a token.
+    pub(crate) async fn auth_event(
+        &self,
+        kind: &str,
+        email: Option<&str>,
+        user_id: Option<&str>,
+        ip: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO auth_events (at, kind, email, user_id, ip) VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(now_ms())
+        .bind(kind)
+        .bind(email)
+        .bind(user_id)
+        .bind(ip)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+}

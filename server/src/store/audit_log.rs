@@ -1,0 +1,88 @@
+//! The audit chains: appending a record (with the change it records, in one transaction) and reading a chain.
+
+use super::changes::apply_change;
+use super::*;
+
+impl Store {
+    /// Every audit chain id.
+    pub(crate) async fn audit_chains(&self) -> Result<Vec<String>, StoreError> {
+        let rows = sqlx::query("SELECT DISTINCT chain FROM audit_log ORDER BY chain")
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| r.try_get("chain"))
+            .collect::<Result<_, _>>()?)
+    }
+
+    /// A chain's records, oldest first.
+    pub(crate) async fn audit_records(
+        &self,
+        chain: &str,
+    ) -> Result<Vec<audit::Record>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT seq, at, actor, action, decision, reason, details, prev_hash, hash \
+             FROM audit_log WHERE chain = $1 ORDER BY seq",
+        )
+        .bind(chain)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(audit::Record {
+                    seq: r.try_get("seq")?,
+                    fields: audit::Fields {
+                        at: r.try_get("at")?,
+                        actor: r.try_get("actor")?,
+                        action: r.try_get("action")?,
+                        decision: r.try_get("decision")?,
+                        reason: r.try_get("reason")?,
+                        details: r.try_get("details")?,
+                    },
+                    prev_hash: r.try_get("prev_hash")?,
+                    hash: r.try_get("hash")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Applies `change` and appends its audit record to `chain`, in one transaction.
+    pub(crate) async fn record(
+        &self,
+        chain: &str,
+        fields: audit::Fields,
+        change: &Change,
+    ) -> Result<audit::Record, StoreError> {
+        let mut tx = self.begin_write().await?;
+        apply_change(&mut tx, change).await?;
+        let head = sqlx::query(
+            "SELECT seq, hash FROM audit_log WHERE chain = $1 ORDER BY seq DESC LIMIT 1",
+        )
+        .bind(chain)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let head = match head {
+            Some(r) => Some((r.try_get::<i64, _>("seq")?, r.try_get::<String, _>("hash")?)),
+            None => None,
+        };
+        let rec = audit::seal(chain, head.as_ref().map(|(s, h)| (*s, h.as_str())), fields);
+        sqlx::query(
+            "INSERT INTO audit_log (chain, seq, at, actor, action, decision, reason, details, prev_hash, hash) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+        )
+        .bind(chain)
+        .bind(rec.seq)
+        .bind(rec.fields.at)
+        .bind(&rec.fields.actor)
+        .bind(&rec.fields.action)
+        .bind(&rec.fields.decision)
+        .bind(&rec.fields.reason)
+        .bind(&rec.fields.details)
+        .bind(&rec.prev_hash)
+        .bind(&rec.hash)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(rec)
+    }
+}

@@ -1,0 +1,298 @@
+//! The state changes recorded together with their audit records, applied in the same transaction.
+
+use super::rooms::participant_columns;
+use super::*;
+
+/// A state change recorded together with its audit record.
+#[derive(Debug, Clone)]
+pub(crate) enum Change {
+    /// Only the audit record (a denial, or an action with no stored effect).
+    None,
+    /// Store a participant's rights (insert or replace).
+    SetParticipant {
+        room_id: String,
+        user_id: String,
+        participant: Participant,
+    },
+    RemoveParticipant {
+        room_id: String,
+        user_id: String,
+        now: i64,
+    },
+    CreateInvite {
+        token_hash: String,
+        room_id: String,
+        role: String,
+        created_by: String,
+        expires_at: i64,
+        max_uses: i64,
+    },
+    /// Spend one use of an invite and add its participant (unless already one).
+    AcceptInvite {
+        token_hash: String,
+        room_id: String,
+        user_id: String,
+        participant: Participant,
+        now: i64,
+    },
+    RevokeInvite {
+        token_hash: String,
+        now: i64,
+    },
+    /// A new room and its owner.
+    CreateRoom {
+        id: String,
+        name: String,
+        owner: String,
+    },
+    /// A pending deletion request.
+    CreateDeletion {
+        id: String,
+        room_id: String,
+        requested_by: String,
+    },
+    CreateApproval {
+        id: String,
+        room_id: String,
+        requester: String,
+        action: String,
+        params: String,
+        expires_at: i64,
+    },
+    /// Records a decision on a request nobody decided yet.
+    DecideApproval {
+        id: String,
+        by: String,
+        approved: bool,
+    },
+    /// Spends an approved request (single use).
+    UseApproval {
+        id: String,
+    },
+    /// A sandbox lifecycle transition: the room's whole sandbox row afterwards.
+    SandboxState {
+        room_id: String,
+        row: SandboxRow,
+    },
+}
+
+pub(super) async fn apply_change(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    change: &Change,
+) -> Result<(), StoreError> {
+    match change {
+        Change::None => {}
+        Change::SetParticipant {
+            room_id,
+            user_id,
+            participant,
+        } => {
+            // Only an existing participant changes; a removal is never undone by a change.
+            let (role, extra, removed) = participant_columns(participant);
+            let done = sqlx::query(
+                "UPDATE participants SET role = $1, extra = $2, removed = $3 \
+                 WHERE room_id = $4 AND user_id = $5",
+            )
+            .bind(role)
+            .bind(extra)
+            .bind(removed)
+            .bind(room_id)
+            .bind(user_id)
+            .execute(&mut **tx)
+            .await?;
+            if done.rows_affected() != 1 {
+                return Err(StoreError::Conflict);
+            }
+        }
+        Change::RemoveParticipant {
+            room_id,
+            user_id,
+            now,
+        } => {
+            sqlx::query("DELETE FROM participants WHERE room_id = $1 AND user_id = $2")
+                .bind(room_id)
+                .bind(user_id)
+                .execute(&mut **tx)
+                .await?;
+            sqlx::query(
+                "INSERT INTO removals (room_id, user_id, at) VALUES ($1, $2, $3) \
+                 ON CONFLICT (room_id, user_id) DO UPDATE SET at = excluded.at",
+            )
+            .bind(room_id)
+            .bind(user_id)
+            .bind(*now)
+            .execute(&mut **tx)
+            .await?;
+        }
+        Change::CreateInvite {
+            token_hash,
+            room_id,
+            role,
+            created_by,
+            expires_at,
+            max_uses,
+        } => {
+            sqlx::query(
+                "INSERT INTO invites (token_hash, room_id, role, created_by, created_at, expires_at, max_uses) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            )
+            .bind(token_hash)
+            .bind(room_id)
+            .bind(role)
+            .bind(created_by)
+            .bind(now_ms())
+            .bind(expires_at)
+            .bind(max_uses)
+            .execute(&mut **tx)
+            .await?;
+        }
+        Change::AcceptInvite {
+            token_hash,
+            room_id,
+            user_id,
+            participant,
+            now,
+        } => {
+            let used = sqlx::query(
+                "UPDATE invites SET uses = uses + 1 WHERE token_hash = $1 AND uses < max_uses \
+                 AND revoked_at IS NULL AND expires_at > $2 AND NOT EXISTS (SELECT 1 FROM removals r \
+                 WHERE r.room_id = invites.room_id AND r.user_id = $3 AND r.at >= invites.created_at)",
+            )
+            .bind(token_hash)
+            .bind(*now)
+            .bind(user_id)
+            .execute(&mut **tx)
+            .await?;
+            if used.rows_affected() != 1 {
+                return Err(StoreError::Conflict);
+            }
+            let (role, extra, removed) = participant_columns(participant);
+            sqlx::query(
+                "INSERT INTO participants (room_id, user_id, role, created_at, extra, removed) \
+                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (room_id, user_id) DO NOTHING",
+            )
+            .bind(room_id)
+            .bind(user_id)
+            .bind(role)
+            .bind(*now)
+            .bind(extra)
+            .bind(removed)
+            .execute(&mut **tx)
+            .await?;
+        }
+        Change::CreateRoom { id, name, owner } => {
+            let now = now_ms();
+            sqlx::query(
+                "INSERT INTO rooms (id, name, created_by, created_at) VALUES ($1, $2, $3, $4)",
+            )
+            .bind(id)
+            .bind(name)
+            .bind(owner)
+            .bind(now)
+            .execute(&mut **tx)
+            .await?;
+            sqlx::query(
+                "INSERT INTO participants (room_id, user_id, role, created_at) VALUES ($1, $2, 'owner', $3)",
+            )
+            .bind(id)
+            .bind(owner)
+            .bind(now)
+            .execute(&mut **tx)
+            .await?;
+        }
+        Change::CreateDeletion {
+            id,
+            room_id,
+            requested_by,
+        } => {
+            sqlx::query(
+                "INSERT INTO deletions (id, room_id, requested_by, requested_at, state) \
+                 VALUES ($1, $2, $3, $4, 'pending_confirmation')",
+            )
+            .bind(id)
+            .bind(room_id)
+            .bind(requested_by)
+            .bind(now_ms())
+            .execute(&mut **tx)
+            .await?;
+        }
+        Change::CreateApproval {
+            id,
+            room_id,
+            requester,
+            action,
+            params,
+            expires_at,
+        } => {
+            sqlx::query(
+                "INSERT INTO approvals (id, room_id, requester, action, params, created_at, expires_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            )
+            .bind(id)
+            .bind(room_id)
+            .bind(requester)
+            .bind(action)
+            .bind(params)
+            .bind(now_ms())
+            .bind(*expires_at)
+            .execute(&mut **tx)
+            .await?;
+        }
+        Change::DecideApproval { id, by, approved } => {
+            let done = sqlx::query(
+                "UPDATE approvals SET decided_by = $1, decided_at = $2, approved = $3 \
+                 WHERE id = $4 AND decided_by IS NULL",
+            )
+            .bind(by)
+            .bind(now_ms())
+            .bind(i64::from(*approved))
+            .bind(id)
+            .execute(&mut **tx)
+            .await?;
+            if done.rows_affected() != 1 {
+                return Err(StoreError::Conflict);
+            }
+        }
+        Change::SandboxState { room_id, row } => {
+            sqlx::query(
+                "INSERT INTO sandboxes (room_id, state, reason, receipt, snapshot, snapshot_at, stop_at, updated_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+                 ON CONFLICT (room_id) DO UPDATE SET state = excluded.state, reason = excluded.reason, \
+                 receipt = excluded.receipt, snapshot = excluded.snapshot, snapshot_at = excluded.snapshot_at, \
+                 stop_at = excluded.stop_at, updated_at = excluded.updated_at",
+            )
+            .bind(room_id)
+            .bind(row.state.as_str())
+            .bind(&row.reason)
+            .bind(&row.receipt)
+            .bind(row.snapshot.clone())
+            .bind(row.snapshot_at)
+            .bind(row.stop_at)
+            .bind(now_ms())
+            .execute(&mut **tx)
+            .await?;
+        }
+        Change::UseApproval { id } => {
+            let done = sqlx::query(
+                "UPDATE approvals SET used_at = $1 WHERE id = $2 AND approved = 1 AND used_at IS NULL",
+            )
+            .bind(now_ms())
+            .bind(id)
+            .execute(&mut **tx)
+            .await?;
+            if done.rows_affected() != 1 {
+                return Err(StoreError::Conflict);
+            }
+        }
+        Change::RevokeInvite { token_hash, now } => {
+            sqlx::query(
+                "UPDATE invites SET revoked_at = $1 WHERE token_hash = $2 AND revoked_at IS NULL",
+            )
+            .bind(*now)
+            .bind(token_hash)
+            .execute(&mut **tx)
+            .await?;
+        }
+    }
+    Ok(())
+}

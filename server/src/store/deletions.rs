@@ -1,0 +1,156 @@
+//! Room deletions and their step-by-step receipts.
+
+use super::*;
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub(crate) struct DeletionRow {
+    pub id: String,
+    pub room_id: String,
+    pub state: String,
+    pub requested_by: String,
+    pub receipt: Option<String>,
+}
+
+impl Store {
+    /// The deletion of `room_id` in progress or pending, if any.
+    pub(crate) async fn open_deletion(
+        &self,
+        room_id: &str,
+    ) -> Result<Option<DeletionRow>, StoreError> {
+        Ok(sqlx::query_as::<_, DeletionRow>(
+            "SELECT id, room_id, state, requested_by, receipt FROM deletions \
+             WHERE room_id = $1 AND state <> 'done' ORDER BY requested_at LIMIT 1",
+        )
+        .bind(room_id)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    pub(crate) async fn deletion(&self, id: &str) -> Result<Option<DeletionRow>, StoreError> {
+        Ok(sqlx::query_as::<_, DeletionRow>(
+            "SELECT id, room_id, state, requested_by, receipt FROM deletions WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// Deletions confirmed but not finished (a crash interrupted them).
+    pub(crate) async fn unfinished_deletions(&self) -> Result<Vec<DeletionRow>, StoreError> {
+        Ok(sqlx::query_as::<_, DeletionRow>(
+            "SELECT id, room_id, state, requested_by, receipt FROM deletions WHERE state = 'confirmed'",
+        )
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    pub(crate) async fn confirm_deletion(&self, id: &str, by: &str) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE deletions SET state = 'confirmed', confirmed_by = $1, confirmed_at = $2 \
+             WHERE id = $3 AND state = 'pending_confirmation'",
+        )
+        .bind(by)
+        .bind(now_ms())
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Steps of a deletion already carried out: (artifact, status, count).
+    pub(crate) async fn deletion_steps(
+        &self,
+        id: &str,
+    ) -> Result<Vec<(String, String, i64)>, StoreError> {
+        let rows = sqlx::query("SELECT artifact, status, count FROM deletion_steps WHERE deletion_id = $1 ORDER BY at, artifact")
+            .bind(id)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok((
+                    r.try_get("artifact")?,
+                    r.try_get("status")?,
+                    r.try_get("count")?,
+                ))
+            })
+            .collect()
+    }
+
+    /// Runs `delete_sql` (bound to the room id) and records the step, in one transaction.
+    pub(crate) async fn deletion_step(
+        &self,
+        deletion_id: &str,
+        room_id: &str,
+        artifact: &str,
+        delete_sql: Option<&str>,
+        status_if_none: &str,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.begin_write().await?;
+        let count = match delete_sql {
+            Some(sql) => sqlx::query(sql)
+                .bind(room_id)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected(),
+            None => 0,
+        };
+        let status = if count > 0 {
+            "destroyed"
+        } else {
+            status_if_none
+        };
+        sqlx::query(
+            "INSERT INTO deletion_steps (deletion_id, artifact, status, count, at) VALUES ($1, $2, $3, $4, $5) \
+             ON CONFLICT (deletion_id, artifact) DO NOTHING",
+        )
+        .bind(deletion_id)
+        .bind(artifact)
+        .bind(status)
+        .bind(i64::try_from(count).unwrap_or(i64::MAX))
+        .bind(now_ms())
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Records a step whose work happened outside the database.
+    pub(crate) async fn deletion_step_done(
+        &self,
+        deletion_id: &str,
+        artifact: &str,
+        status: &str,
+        count: i64,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO deletion_steps (deletion_id, artifact, status, count, at) VALUES ($1, $2, $3, $4, $5) \
+             ON CONFLICT (deletion_id, artifact) DO NOTHING",
+        )
+        .bind(deletion_id)
+        .bind(artifact)
+        .bind(status)
+        .bind(count)
+        .bind(now_ms())
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    pub(crate) async fn finish_deletion(
+        &self,
+        id: &str,
+        receipt: &str,
+        receipt_hash: &str,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "UPDATE deletions SET state = 'done', receipt = $1, receipt_hash = $2 WHERE id = $3",
+        )
+        .bind(receipt)
+        .bind(receipt_hash)
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+}

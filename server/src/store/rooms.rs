@@ -1,0 +1,138 @@
+//! Rooms, their participants (with their grants) and invites.
+
+use super::*;
+
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub(crate) struct RoomRow {
+    pub id: String,
+    pub name: String,
+    pub created_at: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub(crate) struct ParticipantRow {
+    pub user_id: String,
+    pub email: String,
+    pub role: String,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub(crate) struct InviteRow {
+    pub room_id: String,
+    pub role: String,
+    pub created_by: String,
+    pub expires_at: i64,
+    pub max_uses: i64,
+    pub uses: i64,
+    /// When it was revoked, if it was.
+    pub revoked_at: Option<i64>,
+}
+
+pub(super) fn participant_columns(p: &Participant) -> (&'static str, String, String) {
+    let extra: Vec<serde_json::Value> = p
+        .extra
+        .iter()
+        .map(|g| serde_json::json!({ "capability": g.capability.as_str(), "expires_at": g.expires_at }))
+        .collect();
+    (
+        p.role.as_str(),
+        serde_json::Value::Array(extra).to_string(),
+        p.removed.names().join(","),
+    )
+}
+
+pub(super) fn participant_from(
+    role: &str,
+    extra: &str,
+    removed: &str,
+) -> Result<Participant, StoreError> {
+    let role: Role = role.parse().map_err(|_| StoreError::Corrupt)?;
+    let extra: Vec<serde_json::Value> =
+        serde_json::from_str(extra).map_err(|_| StoreError::Corrupt)?;
+    let extra = extra
+        .iter()
+        .map(|g| {
+            let capability = g["capability"]
+                .as_str()
+                .and_then(|c| c.parse().ok())
+                .ok_or(StoreError::Corrupt)?;
+            Ok(Grant {
+                capability,
+                expires_at: g["expires_at"].as_i64(),
+            })
+        })
+        .collect::<Result<Vec<_>, StoreError>>()?;
+    let names: Vec<&str> = removed.split(',').filter(|n| !n.is_empty()).collect();
+    let removed = CapabilitySet::parse_names(&names).map_err(|_| StoreError::Corrupt)?;
+    Ok(Participant {
+        role,
+        extra,
+        removed,
+    })
+}
+
+impl Store {
+    /// The room's participants with their grants.
+    pub(crate) async fn room_state(&self, room_id: &str) -> Result<RoomState, StoreError> {
+        let rows = sqlx::query(
+            "SELECT user_id, role, extra, removed FROM participants WHERE room_id = $1",
+        )
+        .bind(room_id)
+        .fetch_all(&self.pool)
+        .await?;
+        let mut state = RoomState::default();
+        for r in rows {
+            let user: String = r.try_get("user_id")?;
+            let p = participant_from(
+                &r.try_get::<String, _>("role")?,
+                &r.try_get::<String, _>("extra")?,
+                &r.try_get::<String, _>("removed")?,
+            )?;
+            state.participants.insert(user, p);
+        }
+        Ok(state)
+    }
+
+    pub(crate) async fn invite(&self, token_hash: &str) -> Result<Option<InviteRow>, StoreError> {
+        Ok(sqlx::query_as::<_, InviteRow>(
+            "SELECT room_id, role, created_by, expires_at, max_uses, uses, revoked_at \
+             FROM invites WHERE token_hash = $1",
+        )
+        .bind(token_hash)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    pub(crate) async fn rooms_of(&self, user_id: &str) -> Result<Vec<RoomRow>, StoreError> {
+        Ok(sqlx::query_as::<_, RoomRow>(
+            "SELECT r.id, r.name, r.created_at FROM rooms r \
+             JOIN participants p ON p.room_id = r.id WHERE p.user_id = $1 \
+             ORDER BY r.created_at, r.id",
+        )
+        .bind(user_id)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    pub(crate) async fn room(&self, id: &str) -> Result<Option<RoomRow>, StoreError> {
+        Ok(
+            sqlx::query_as::<_, RoomRow>("SELECT id, name, created_at FROM rooms WHERE id = $1")
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await?,
+        )
+    }
+
+    pub(crate) async fn participants(
+        &self,
+        room_id: &str,
+    ) -> Result<Vec<ParticipantRow>, StoreError> {
+        Ok(sqlx::query_as::<_, ParticipantRow>(
+            "SELECT p.user_id, u.email, p.role FROM participants p \
+             JOIN users u ON u.id = p.user_id WHERE p.room_id = $1 ORDER BY p.created_at, u.email",
+        )
+        .bind(room_id)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+}

@@ -1,0 +1,120 @@
+//! Rooms' sandboxes: lifecycle state, latest snapshot, the durable idle timer.
+
+use super::*;
+
+/// Where a room's sandbox is in its lifecycle (stored and shown by these names).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum SandboxState {
+    /// Never started.
+    #[default]
+    Absent,
+    Running,
+    /// Snapshotted and stopped at a server shutdown; resumes on first need.
+    Suspended,
+    Stopped,
+    /// Failed (OOM, killed agent...); waits for an explicit restart.
+    Failed,
+}
+
+impl SandboxState {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            SandboxState::Absent => "absent",
+            SandboxState::Running => "running",
+            SandboxState::Suspended => "suspended",
+            SandboxState::Stopped => "stopped",
+            SandboxState::Failed => "failed",
+        }
+    }
+
+    fn parse(s: &str) -> Result<Self, StoreError> {
+        Ok(match s {
+            "absent" => SandboxState::Absent,
+            "running" => SandboxState::Running,
+            "suspended" => SandboxState::Suspended,
+            "stopped" => SandboxState::Stopped,
+            "failed" => SandboxState::Failed,
+            _ => return Err(StoreError::Corrupt),
+        })
+    }
+}
+
+/// A room's sandbox as stored: lifecycle state, latest snapshot and the idle timer.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct SandboxRow {
+    pub state: SandboxState,
+    /// Why it is in this state (shown to participants).
+    pub reason: String,
+    /// The receipt of its last start (JSON).
+    pub receipt: String,
+    /// File name of the latest workspace snapshot.
+    pub snapshot: Option<String>,
+    pub snapshot_at: Option<i64>,
+    /// When the idle timer stops it (Unix ms), if armed.
+    pub stop_at: Option<i64>,
+}
+
+impl Store {
+    /// The room's sandbox row, if it ever had a sandbox.
+    pub(crate) async fn sandbox(&self, room_id: &str) -> Result<Option<SandboxRow>, StoreError> {
+        let row = sqlx::query(
+            "SELECT state, reason, receipt, snapshot, snapshot_at, stop_at FROM sandboxes WHERE room_id = $1",
+        )
+        .bind(room_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|r| {
+            Ok(SandboxRow {
+                state: SandboxState::parse(r.try_get("state")?)?,
+                reason: r.try_get("reason")?,
+                receipt: r.try_get("receipt")?,
+                snapshot: r.try_get("snapshot")?,
+                snapshot_at: r.try_get("snapshot_at")?,
+                stop_at: r.try_get("stop_at")?,
+            })
+        })
+        .transpose()
+    }
+
+    /// Arms (or with `None` disarms) a sandbox's idle timer. Not audited: the stop it leads to is.
+    pub(crate) async fn set_idle_timer(
+        &self,
+        room_id: &str,
+        stop_at: Option<i64>,
+    ) -> Result<(), StoreError> {
+        sqlx::query("UPDATE sandboxes SET stop_at = $1 WHERE room_id = $2")
+            .bind(stop_at)
+            .bind(room_id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Points the room's sandbox at a newer snapshot (a periodic one, taken while running).
+    pub(crate) async fn set_snapshot(
+        &self,
+        room_id: &str,
+        name: &str,
+        at: i64,
+    ) -> Result<(), StoreError> {
+        sqlx::query("UPDATE sandboxes SET snapshot = $1, snapshot_at = $2 WHERE room_id = $3")
+            .bind(name)
+            .bind(at)
+            .bind(room_id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Rooms whose sandbox idle timer is due at `now`.
+    pub(crate) async fn due_sandboxes(&self, now: i64) -> Result<Vec<String>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT room_id FROM sandboxes WHERE stop_at IS NOT NULL AND stop_at <= $1 LIMIT 100",
+        )
+        .bind(now)
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter().map(|r| Ok(r.try_get("room_id")?)).collect()
+    }
+}
