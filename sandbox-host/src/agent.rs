@@ -27,6 +27,10 @@ pub const WORKSPACE: &str = "/workspace";
 /// Frames queued for the socket before producers wait (terminal output then blocks the PTY
 /// reader, which is the flow control the control plane relies on).
 const OUT_QUEUE: usize = 64;
+/// Bulk frames (a snapshot's chunks, up to 256 KiB each) queued for the socket. Kept short and
+/// apart from the rest: the writer takes terminal output and replies first, so an echo never
+/// waits behind more than the bulk chunk being written.
+const BULK_QUEUE: usize = 4;
 /// Terminal input chunks queued for the PTY before new input is dropped (a program that does
 /// not read its input must not grow the agent).
 const PTY_INPUT_QUEUE: usize = 256;
@@ -70,6 +74,9 @@ pub fn main(fd: RawFd) -> i32 {
     if rustix::io::fcntl_setfd(&owned, rustix::io::FdFlags::CLOEXEC).is_err() {
         return 72;
     }
+    // Nor any other descriptor the agent was started with: what it runs gets 0-2 and what the
+    // operation gives it.
+    crate::fds::close_on_exec_from(3);
     let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
     // Blocking threads are kept for good: a sandbox at its pids limit cannot spawn new ones,
     // and tokio copes with a failed spawn only while it has a thread already.
@@ -117,7 +124,10 @@ struct Pty {
 }
 
 struct State {
+    /// Terminal output, replies, port data: what someone waits for.
     out: Out,
+    /// A snapshot's chunks and its reply (in that order, on the same queue).
+    bulk: Out,
     pty: Arc<Mutex<Option<Pty>>>,
     restore: Option<Restore>,
     /// Open port connections: their write queues.
@@ -136,9 +146,22 @@ async fn serve(fd: OwnedFd) -> std::io::Result<()> {
     let stream = tokio::net::UnixStream::from_std(std_stream)?;
     let (mut rd, mut wr) = stream.into_split();
     let (out, mut out_rx) = mpsc::channel::<Vec<u8>>(OUT_QUEUE);
+    let (bulk, mut bulk_rx) = mpsc::channel::<Vec<u8>>(BULK_QUEUE);
     let writer = tokio::spawn(async move {
         use tokio::io::AsyncWriteExt;
-        while let Some(frame) = out_rx.recv().await {
+        let (mut out_open, mut bulk_open) = (true, true);
+        while out_open || bulk_open {
+            let frame = tokio::select! {
+                biased;
+                f = out_rx.recv(), if out_open => match f {
+                    Some(f) => f,
+                    None => { out_open = false; continue; }
+                },
+                f = bulk_rx.recv(), if bulk_open => match f {
+                    Some(f) => f,
+                    None => { bulk_open = false; continue; }
+                },
+            };
             if wr.write_all(&frame).await.is_err() {
                 break;
             }
@@ -146,6 +169,7 @@ async fn serve(fd: OwnedFd) -> std::io::Result<()> {
     });
     let mut state = State {
         out,
+        bulk,
         pty: Arc::default(),
         restore: None,
         streams: HashMap::new(),
@@ -240,11 +264,13 @@ async fn handle(state: &mut State, req: Request) {
             spawn_reply(&state.out, id, move || Ok(list_files(max_entries as usize)))
         }
         Op::Snapshot { max_bytes } => {
-            let out = state.out.clone();
+            // The reply follows the chunks on the bulk queue: the control plane counts every
+            // chunk before the reply that closes the snapshot.
+            let bulk = state.bulk.clone();
             tokio::spawn(async move {
-                let out2 = out.clone();
-                let r = blocking(move || snapshot(id, max_bytes, &out2)).await;
-                send(&out, &reply(id, r)).await;
+                let bulk2 = bulk.clone();
+                let r = blocking(move || snapshot(id, max_bytes, &bulk2)).await;
+                send(&bulk, &reply(id, r)).await;
             });
         }
         Op::Connect { stream, port } => {
@@ -592,7 +618,7 @@ fn parent_of(path: &str) -> Result<(OwnedFd, String), AgentError> {
 fn write_file(path: &str, data: &[u8]) -> Result<(), AgentError> {
     let (dir, name) = parent_of(path)?;
     // Written beside and renamed over, so readers (and the change watcher) never see half.
-    let tmp = format!(".{}.coderoom-tmp", &name[..name.len().min(200)]);
+    let tmp = temp_name(&name);
     let fd = rustix::fs::openat2(
         dir.as_fd(),
         tmp.as_str(),
@@ -609,6 +635,17 @@ fn write_file(path: &str, data: &[u8]) -> Result<(), AgentError> {
     file.write_all(data).map_err(failed)?;
     drop(file);
     rustix::fs::renameat(&dir, tmp.as_str(), &dir, name.as_str()).map_err(io_error)
+}
+
+/// The name a file is written under before it is renamed over `name`: hidden, marked, and
+/// short enough for any file system (the name cut to at most 200 bytes, at a character
+/// boundary: a name is UTF-8, and cutting inside a character panicked the agent).
+fn temp_name(name: &str) -> String {
+    let mut cut = name.len().min(200);
+    while !name.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!(".{}.coderoom-tmp", &name[..cut])
 }
 
 fn remove_file(path: &str) -> Result<(), AgentError> {
@@ -910,6 +947,39 @@ impl Read for ChannelReader {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Any UTF-8 name, however its characters fall around byte 200, gets a temporary name
+    /// (no panic), valid UTF-8, short enough for a file system, and never the name itself.
+    #[test]
+    fn temporary_names_never_cut_a_character() {
+        let mut names: Vec<String> = Vec::new();
+        // Every alignment of 2-, 3- and 4-byte characters against the cut.
+        for filler in 190..=205 {
+            for ch in ['é', '€', '😀'] {
+                names.push(format!(
+                    "{}{}",
+                    "a".repeat(filler),
+                    ch.to_string().repeat(20)
+                ));
+            }
+        }
+        for name in names {
+            let tmp = temp_name(&name);
+            assert!(tmp.len() <= 255, "{} bytes", tmp.len());
+            assert!(tmp.starts_with('.') && tmp.ends_with(".coderoom-tmp"));
+            assert_ne!(tmp, name);
+        }
+    }
+
+    proptest::proptest! {
+        /// Arbitrary UTF-8 names, of any length up to a file system's limit.
+        #[test]
+        fn temporary_names_of_any_utf8_name(name in "\\PC{1,255}") {
+            let tmp = temp_name(&name);
+            proptest::prop_assert!(tmp.len() <= 255);
+            proptest::prop_assert!(tmp.ends_with(".coderoom-tmp"));
+        }
+    }
 
     /// Big writes (a large file's contents) are cut at the chunk size: an oversized chunk makes
     /// the control plane kill the sandbox as hostile, so a big workspace could never be

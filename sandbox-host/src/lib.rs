@@ -18,6 +18,7 @@
 pub mod agent;
 mod bridge;
 pub mod cgroup;
+mod fds;
 pub mod handle;
 pub mod namespace;
 pub mod path;

@@ -533,6 +533,10 @@ impl ChildHooks {
                 check(libc::setresuid(id, id, id))?;
             }
         }
+        // Nothing the server inherited or opened crosses into the sandbox but what is listed
+        // here: every other descriptor (say one a parent left open without close-on-exec)
+        // closes at exec.
+        crate::fds::close_on_exec_from(3);
         for &fd in &self.inherit {
             // SAFETY: clears FD_CLOEXEC on a descriptor this child owns, so bwrap inherits it.
             check(unsafe { libc::fcntl(fd, libc::F_SETFD, 0) })?;

@@ -535,3 +535,50 @@ async fn idle_sessions_die() {
     );
     server.terminate().await;
 }
+
+/// Logging out and `GET /api/me` are never rate limited: an address that spent its
+/// `/api/auth/*` burst can still end its sessions (it used to get 429 for the logout).
+#[tokio::test]
+async fn logout_and_me_are_never_rate_limited() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let server = Server::start(
+        &storage,
+        &["--auth-burst", "2", "--auth-replenish-ms", "600000"],
+    )
+    .await;
+    let token = storage.token("ana@example.com").await;
+    let mut limited = false;
+    for i in 0..10 {
+        if verify(&server, "x@example.com", &format!("{i:06}"))
+            .await
+            .status
+            == 429
+        {
+            limited = true;
+            break;
+        }
+    }
+    assert!(limited, "the burst was never spent");
+    for _ in 0..5 {
+        assert_eq!(
+            http(&server.url("/api/me"), "GET", Some(&token), None)
+                .await
+                .0,
+            200
+        );
+    }
+    assert_eq!(
+        http(&server.url("/api/auth/logout"), "POST", Some(&token), None)
+            .await
+            .0,
+        204
+    );
+    // The session is over.
+    assert_eq!(
+        http(&server.url("/api/me"), "GET", Some(&token), None)
+            .await
+            .0,
+        401
+    );
+    server.terminate().await;
+}

@@ -29,10 +29,12 @@ pub(crate) fn routes(state: &AppState) -> Router<AppState> {
         .burst_size(limits.auth_burst.max(1))
         .finish()
         .map(Arc::new);
+    // Only the routes that take a code are limited: they cost argon2 work and guard accounts.
+    // Logging out and asking who one is never are (a shared office address that spent its
+    // burst must not keep anyone logged in).
     let mut auth = Router::new()
         .route("/api/auth/code", post(request_code))
-        .route("/api/auth/verify", post(verify_code))
-        .route("/api/auth/logout", post(logout));
+        .route("/api/auth/verify", post(verify_code));
     if let Some(config) = governor {
         // Forget idle client keys, so distinct addresses cannot grow the limiter without bound.
         let limiter = config.limiter().clone();
@@ -49,7 +51,8 @@ pub(crate) fn routes(state: &AppState) -> Router<AppState> {
                 .error_handler(|_| ApiError::TooMany.into_response()),
         );
     }
-    auth.route("/api/me", get(me))
+    auth.route("/api/auth/logout", post(logout))
+        .route("/api/me", get(me))
 }
 
 #[derive(Deserialize)]

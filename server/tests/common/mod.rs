@@ -125,7 +125,26 @@ impl Server {
     }
 
     pub async fn start_with_env(storage: &Storage, extra: &[&str], env: &[(&str, &str)]) -> Server {
-        let mut child = Command::new(BIN)
+        Self::start_command(Command::new(BIN), storage, extra, env).await
+    }
+
+    /// Starts the server through `sh` with extra redirections (`7>>FILE 8<FILE`): descriptors
+    /// it inherits without close-on-exec, as a careless parent would leave them.
+    pub async fn start_with_redirections(storage: &Storage, redirections: &str) -> Server {
+        let mut sh = Command::new("sh");
+        sh.arg("-c")
+            .arg(format!("exec \"$0\" \"$@\" {redirections}"))
+            .arg(BIN);
+        Self::start_command(sh, storage, &[], &[]).await
+    }
+
+    async fn start_command(
+        mut cmd: Command,
+        storage: &Storage,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Server {
+        let mut child = cmd
             .envs(env.iter().copied())
             .arg("serve")
             .args(["--listen", "127.0.0.1:0"])
