@@ -133,13 +133,35 @@ async fn write_checkpoint(path: &Path, chain: &str, seq: i64, hash: &str) -> std
     tokio::fs::rename(&tmp, path).await
 }
 
+/// Whether a chain must have a checkpoint to pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Checkpoint {
+    /// A chain without one fails: its truncation could not be detected.
+    Required,
+    /// Links and hashes only for a chain without one (`--no-checkpoint`).
+    Optional,
+}
+
+/// Why verification failed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum VerifyError {
+    #[error(transparent)]
+    Chain(#[from] audit::ChainError),
+    #[error(
+        "audit chain {0} has no checkpoint: the deletion of its last records could not be \
+         detected (`coderoom audit verify --no-checkpoint` checks links and hashes only)"
+    )]
+    NoCheckpoint(String),
+}
+
 /// `coderoom audit verify`: checks every chain (or one), against the checkpoints. Returns the
-/// number of chains verified, or the first bad record.
+/// number of chains verified, or the first failure.
 pub(crate) async fn verify_all(
     store: &Store,
     data_dir: &Path,
     only: Option<&str>,
-) -> anyhow::Result<Result<usize, audit::ChainError>> {
+    need: Checkpoint,
+) -> anyhow::Result<Result<usize, VerifyError>> {
     let checkpoints = read_checkpoints(&data_dir.join(CHECKPOINT_FILE))?;
     let mut chains = store.audit_chains().await?;
     // A chain wiped from the table entirely still has its checkpoint.
@@ -155,7 +177,10 @@ pub(crate) async fn verify_all(
         let records = store.audit_records(chain).await?;
         let cp = checkpoints.get(chain).map(|(s, h)| (*s, h.as_str()));
         if let Err(e) = audit::verify(chain, &records, cp) {
-            return Ok(Err(e));
+            return Ok(Err(e.into()));
+        }
+        if cp.is_none() && !records.is_empty() && need == Checkpoint::Required {
+            return Ok(Err(VerifyError::NoCheckpoint(chain.clone())));
         }
     }
     Ok(Ok(chains.len()))

@@ -48,6 +48,11 @@ pub(crate) enum AuditCommand {
         /// Only this room's chain.
         #[arg(long)]
         room: Option<String>,
+        /// Check links and hashes only, for chains without a checkpoint (the checkpoint file
+        /// is missing or lacks them). A chain whose last records were deleted then passes:
+        /// without a checkpoint, truncation cannot be detected.
+        #[arg(long)]
+        no_checkpoint: bool,
         #[command(flatten)]
         storage: StorageArgs,
     },

@@ -316,6 +316,45 @@ async fn audit_verify_names_tampered_records() {
     assert!(!ok && text.contains("record 5"), "{text}");
 }
 
+/// Without its checkpoint a chain cannot show that its last records were deleted, so verify
+/// fails instead of passing a truncated chain (it used to print `ok`), unless told
+/// `--no-checkpoint`, which says what it cannot detect.
+#[tokio::test]
+async fn audit_verify_needs_the_checkpoint() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let t = team(&storage).await;
+    t.server.terminate().await;
+    assert!(verify_cli(&storage).await.0);
+    let mut conn = storage.sqlite().await;
+    sqlx::query("DELETE FROM audit_log WHERE chain = $1 AND seq > 1")
+        .bind(&t.room)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let checkpoint = storage.dir.path().join("audit-checkpoint.json");
+    for kept in [None, Some("{}")] {
+        match kept {
+            None => std::fs::remove_file(&checkpoint).unwrap_or(()),
+            Some(text) => std::fs::write(&checkpoint, text).unwrap(),
+        }
+        let (ok, text) = verify_cli(&storage).await;
+        assert!(
+            !ok,
+            "a truncated chain passed without its checkpoint: {text}"
+        );
+        assert!(text.contains("has no checkpoint"), "{text}");
+    }
+    let out = tokio::process::Command::new(BIN)
+        .args(["audit", "verify", "--no-checkpoint"])
+        .args(storage.args())
+        .output()
+        .await
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("last records were deleted passes"), "{err}");
+}
+
 #[tokio::test]
 async fn sensitive_actions_fail_closed_without_the_database() {
     let Some(Backend::Postgres(admin)) = backends()

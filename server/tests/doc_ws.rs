@@ -106,6 +106,23 @@ async fn assert_unchanged(server: &Server, room: &str, token: &str) {
     assert_eq!(text, "seed", "document changed by refused input");
 }
 
+/// A message far over the cap (3 MiB against the default 2 MiB) still gets its 1009 close frame:
+/// the server reads what is already on its way before letting go of the socket, so the
+/// client is not cut off with a reset (1006) before the frame reaches it.
+#[tokio::test]
+async fn a_far_oversized_message_still_closes_1009() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let (server, token, room) = seeded(&storage, &[]).await;
+    for attempt in 0..10 {
+        let mut c = Client::connect(&server, &room, &token).await;
+        c.synced().await;
+        c.send_raw(vec![0u8; 3 << 20]).await;
+        assert_eq!(c.closed().await, Some(1009), "attempt {attempt}");
+    }
+    assert_unchanged(&server, &room, &token).await;
+    server.terminate().await;
+}
+
 #[tokio::test]
 async fn oversized_message_closes_1009() {
     let storage = Storage::new(&Backend::Sqlite).await;
