@@ -236,6 +236,10 @@ pub(crate) struct Limits {
     /// Fold the update log into the snapshot after this many logged updates.
     #[arg(long, env = "CODEROOM_COMPACT_EVERY", default_value_t = 1_000)]
     pub compact_every: u64,
+    /// Workspace files mirrored into one room's document; past it files stay on disk only,
+    /// and the room's sandbox panel says how many.
+    #[arg(long, env = "CODEROOM_MAX_SYNCED_FILES", default_value_t = 5_000)]
+    pub max_synced_files: usize,
 }
 
 impl Default for Limits {
@@ -250,6 +254,7 @@ impl Default for Limits {
             room_idle_ms: 30_000,
             write_stall_ms: 30_000,
             compact_every: 1_000,
+            max_synced_files: 5_000,
             auth_burst: 10,
             auth_replenish_ms: 6_000,
         }

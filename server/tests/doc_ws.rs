@@ -617,3 +617,32 @@ async fn a_reader_that_falls_behind_catches_up_instead_of_being_dropped() {
     );
     server.terminate().await;
 }
+
+/// A room takes `--max-connections-per-room` connections at once; one more is closed with 1013
+/// (try again later) before it joins, and a place that frees up can be taken again.
+#[tokio::test]
+async fn a_full_room_closes_1013() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let (server, token, room) = seeded(&storage, &["--max-connections-per-room", "2"]).await;
+    // Joins once a place is free (the seeding connection's departure may still be on its way).
+    let join_when_free = || async {
+        for _ in 0..100 {
+            let mut c = Client::connect(&server, &room, &token).await;
+            match c.try_synced().await {
+                Ok(()) => return c,
+                Err(Some(1013)) => tokio::time::sleep(Duration::from_millis(50)).await,
+                Err(other) => panic!("closed with {other:?}"),
+            }
+        }
+        panic!("no place in the room freed up");
+    };
+    let a = join_when_free().await;
+    let b = join_when_free().await;
+    let mut c = Client::connect(&server, &room, &token).await;
+    assert_eq!(c.try_synced().await, Err(Some(1013)));
+    drop(b);
+    // The room notices the departure; then a newcomer gets in.
+    let _d = join_when_free().await;
+    drop(a);
+    server.terminate().await;
+}

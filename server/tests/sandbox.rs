@@ -1159,3 +1159,62 @@ async fn inherited_descriptors_never_reach_the_sandbox() {
     }
     assert!(holders.is_empty(), "held outside the server: {holders:?}");
 }
+
+/// The document mirrors at most `--max-synced-files` workspace files, however many the
+/// workspace holds and however the listings fall: the rest stay on disk, untouched, and the
+/// sandbox status says how many are left out. (The cap used to bound one listing only: 10,000
+/// files on disk gave 6,012 keys in the document, 2,000 more gave 8,012.)
+#[tokio::test]
+async fn the_document_holds_at_most_the_synced_file_cap() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let t = team_with(&storage, &["--max-synced-files", "40"]).await;
+    let (server, room) = (&t.server, &t.room);
+    let status = |server, token, room| async move { sandbox_status(server, token, room).await };
+    let (_, out) = exec(
+        server,
+        &t.ben,
+        room,
+        "for i in $(seq 1 100); do echo $i > f$i.txt; done",
+    )
+    .await;
+    assert_eq!(out["exit_code"], 0, "{out}");
+    let mut seen = Value::Null;
+    for _ in 0..200 {
+        seen = status(server, &t.ana, room).await["file_sync"].clone();
+        if seen["files"] == 40 && seen["not_mirrored"] == 60 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(seen["files"], 40, "{seen}");
+    assert_eq!(seen["not_mirrored"], 60, "{seen}");
+    assert_eq!(seen["cap"], 40, "{seen}");
+    // More files change nothing in the document; the count of those left out follows.
+    exec(
+        server,
+        &t.ben,
+        room,
+        "mkdir more && for i in $(seq 1 50); do echo $i > more/g$i.txt; done",
+    )
+    .await;
+    for _ in 0..200 {
+        seen = status(server, &t.ana, room).await["file_sync"].clone();
+        if seen["not_mirrored"] == 110 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(seen["not_mirrored"], 110, "{seen}");
+    let mut c = Client::connect(server, room, &t.cy).await;
+    c.synced().await;
+    let in_doc = {
+        use yrs::{Map, Transact};
+        let files = c.doc.get_or_insert_map("files");
+        let n = files.len(&c.doc.transact());
+        n
+    };
+    assert_eq!(in_doc, 40);
+    // The workspace keeps every file.
+    let (_, out) = exec(server, &t.ben, room, "ls f*.txt more | grep -c txt").await;
+    assert_eq!(out["stdout"], "150\n", "{out}");
+}

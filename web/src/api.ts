@@ -31,6 +31,8 @@ export interface SandboxStatus {
   resumed_from?: number | null
   idle_stop_at?: number | null
   usage?: Record<string, unknown> | null
+  /** Text files of the workspace in the document, the cap, and those left out past it. */
+  file_sync?: { files: number, cap: number, not_mirrored: number }
 }
 export interface Approval {
   id: string

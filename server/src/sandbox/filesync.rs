@@ -143,6 +143,24 @@ pub(crate) struct SyncCtx {
     pub room_id: String,
     pub sandbox: Sandbox,
     pub cancel: CancellationToken,
+    /// What the sync mirrors, for the room's sandbox panel.
+    pub stats: Arc<SyncStats>,
+}
+
+/// How many workspace files the document holds, and how many text files on disk it does not
+/// (past `--max-synced-files`).
+#[derive(Debug, Default)]
+pub(crate) struct SyncStats {
+    files: std::sync::atomic::AtomicUsize,
+    not_mirrored: std::sync::atomic::AtomicUsize,
+}
+
+impl SyncStats {
+    /// `(files in the document, text files on disk left out of it)`.
+    pub(crate) fn read(&self) -> (usize, usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.files.load(Relaxed), self.not_mirrored.load(Relaxed))
+    }
 }
 
 struct Replica {
@@ -241,6 +259,8 @@ struct Session<'a> {
     /// Text both sides last agreed on, per path.
     base: &'a mut HashMap<String, String>,
     listing: HashMap<String, (u64, i128)>,
+    /// Text files on disk left out of the document because it holds as many as allowed.
+    left_out: HashSet<String>,
 }
 
 /// One membership in the room: join, sync, reconcile, then mirror until cancelled.
@@ -267,6 +287,7 @@ async fn session(ctx: &SyncCtx, base: &mut HashMap<String, String>) -> Result<()
         replica,
         base,
         listing: HashMap::new(),
+        left_out: HashSet::new(),
     };
     let sv = s.replica.doc.transact().state_vector();
     s.send(vec![Inbound::SyncStep1(sv)]).await?;
@@ -475,6 +496,15 @@ impl Session<'_> {
     }
 
     async fn import(&mut self, path: &str, text: &str) -> Result<(), SyncError> {
+        let held = self.replica.files.len(&self.replica.doc.transact()) as usize;
+        if held >= self.ctx.limits.max_synced_files {
+            // The document is bounded, the workspace is not: the file stays on disk, untouched,
+            // and the room is told how many are left out.
+            self.left_out.insert(path.to_owned());
+            self.report();
+            return Ok(());
+        }
+        self.left_out.remove(path);
         let update = {
             let mut txn = self.replica.doc.transact_mut();
             let t: TextRef = self
@@ -486,7 +516,19 @@ impl Session<'_> {
         };
         self.publish(update).await?;
         self.base.insert(path.to_owned(), text.to_owned());
+        self.report();
         Ok(())
+    }
+
+    /// Publishes the counts the sandbox panel shows.
+    fn report(&self) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let held = self.replica.files.len(&self.replica.doc.transact()) as usize;
+        self.ctx.stats.files.store(held, Relaxed);
+        self.ctx
+            .stats
+            .not_mirrored
+            .store(self.left_out.len(), Relaxed);
     }
 
     /// Document -> disk, for the paths edited since the last flush.
@@ -538,6 +580,10 @@ impl Session<'_> {
                 .collect()
         };
         self.listing = now;
+        if !truncated {
+            let listing = &self.listing;
+            self.left_out.retain(|p| listing.contains_key(p));
+        }
         for path in changed {
             let Some(disk) = self.read_text(&path).await? else {
                 continue;
@@ -559,6 +605,7 @@ impl Session<'_> {
                 }
             }
         }
+        self.report();
         if !vanished.is_empty() {
             let wipe = vanished.len() > MASS_DELETE && vanished.len() * 2 > self.base.len();
             if wipe {

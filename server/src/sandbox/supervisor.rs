@@ -74,6 +74,15 @@ pub(crate) struct SandboxStatus {
     idle_stop_at: Option<i64>,
     /// Limits the sandbox ran into, while it runs.
     usage: Option<Usage>,
+    /// The workspace's text files in the document, and those left out past the cap.
+    file_sync: FileSync,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct FileSync {
+    files: usize,
+    cap: usize,
+    not_mirrored: usize,
 }
 
 #[derive(Debug, Serialize)]
@@ -375,6 +384,8 @@ struct Actor {
     pty_open: bool,
     /// The room's workspace snapshots on disk.
     snapshots: Snapshots,
+    /// What the document <-> workspace sync mirrors.
+    sync_stats: Arc<crate::sandbox::filesync::SyncStats>,
     last_armed: Option<i64>,
     destroyed: bool,
     failed_idle_stops: u32,
@@ -422,6 +433,7 @@ impl Actor {
             deps.clock.clone(),
         );
         let actor = Actor {
+            sync_stats: Arc::default(),
             snapshots,
             room_id,
             me,
@@ -613,6 +625,14 @@ impl Actor {
             },
             idle_stop_at: self.row.as_ref().and_then(|r| r.stop_at),
             usage,
+            file_sync: {
+                let (files, not_mirrored) = self.sync_stats.read();
+                FileSync {
+                    files,
+                    cap: self.deps().limits.max_synced_files,
+                    not_mirrored,
+                }
+            },
         }
     }
 
@@ -786,6 +806,7 @@ impl Actor {
                 room_id: self.room_id.clone(),
                 sandbox: sandbox.clone(),
                 cancel: cancel.clone(),
+                stats: self.sync_stats.clone(),
             },
         ));
         (cancel, task)

@@ -87,6 +87,10 @@ export async function sandboxPanel (el: HTMLElement, room: Room, refresh: () => 
     s.tier_reason ? h('p', { class: 'hint', 'data-testid': 'tier-reason' }, 'Why this tier: ', s.tier_reason) : null,
     s.resumed_from ? h('p', { 'data-testid': 'resumed' }, `Resumed: the workspace was restored from its snapshot of ${when(s.resumed_from)}.`) : null,
     h('p', { class: 'hint' }, `Last snapshot: ${when(s.snapshot_at)}. Stops when idle at: ${when(s.idle_stop_at)}.`),
+    s.file_sync && s.file_sync.not_mirrored > 0
+      ? h('p', { class: 'error', 'data-testid': 'sync-cap' },
+        `${s.file_sync.not_mirrored} text files of the workspace are not in the editor: a room mirrors at most ${s.file_sync.cap} files. They stay in the workspace, untouched.`)
+      : null,
     controls,
     h('h3', null, 'Limits'), table(s.limits) ?? h('p', { class: 'hint' }, '—'),
     h('h3', null, 'Spend so far'),
