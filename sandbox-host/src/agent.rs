@@ -64,7 +64,18 @@ pub fn main(fd: RawFd) -> i32 {
         match pid {
             -1 => return 70,
             0 => {}
-            child => return reap_until(child),
+            child => {
+                // The reaper keeps nothing room code could use: not the control stream (only
+                // the serving agent speaks the protocol), and not its memory (non-dumpable:
+                // /proc/1/mem and /proc/1/fd are closed to processes of the same uid).
+                // SAFETY: closing a descriptor this process owns and will not use again, and
+                // a prctl with constant arguments.
+                unsafe {
+                    libc::close(fd);
+                    libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+                }
+                return reap_until(child);
+            }
         }
     }
     // SAFETY: the spawner passed this descriptor to us and nothing else in this process owns it.

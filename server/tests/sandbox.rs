@@ -402,7 +402,12 @@ async fn the_server_is_out_of_reach_from_inside() {
     .await;
     assert_ne!(out["exit_code"], 0);
     let err = out["stderr"].as_str().unwrap();
-    assert_eq!(err.matches("No such file or directory").count(), 3, "{out}");
+    assert_eq!(err.matches("No such file or directory").count(), 2, "{out}");
+    // PID 1's view of the file system is closed to room code altogether (it is not dumpable).
+    assert!(
+        err.contains("/proc/1/root") && err.contains("Permission denied"),
+        "{out}"
+    );
     assert!(out["stdout"].as_str().unwrap().is_empty());
 
     let port = server.addr.rsplit(':').next().unwrap();
@@ -1217,4 +1222,49 @@ async fn the_document_holds_at_most_the_synced_file_cap() {
     // The workspace keeps every file.
     let (_, out) = exec(server, &t.ben, room, "ls f*.txt more | grep -c txt").await;
     assert_eq!(out["stdout"], "150\n", "{out}");
+}
+
+/// Room code cannot reach the sandbox's own machinery: the memory of PID 1 (the reaper) and of
+/// the agent cannot be opened for writing, and PID 1 holds no descriptor of the control stream
+/// (it used to: code written into its memory could speak the agent protocol to the server).
+#[tokio::test]
+async fn room_code_cannot_touch_the_reaper_or_the_agent() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let t = team(&storage).await;
+    let (server, room) = (&t.server, &t.room);
+    let script = r#"
+import os
+for pid in (1, 2):
+    try:
+        open("/proc/%d/mem" % pid, "r+b")
+        print("opened-mem-%d" % pid)
+    except OSError as e:
+        print("refused-mem-%d" % pid)
+    try:
+        fds = os.listdir("/proc/%d/fd" % pid)
+        links = [os.readlink("/proc/%d/fd/%s" % (pid, f)) for f in fds]
+        print("fds-%d %s" % (pid, " ".join(links)))
+    except OSError:
+        print("refused-fds-%d" % pid)
+"#;
+    let body =
+        serde_json::json!({ "argv": ["/usr/bin/python3", "-c", script], "timeout_ms": 30000 })
+            .to_string();
+    let (status, out) = http(
+        &server.url(&format!("/api/rooms/{room}/exec")),
+        "POST",
+        Some(&t.ben),
+        Some(&body),
+    )
+    .await;
+    assert_eq!(status, 200, "{out}");
+    let out: Value = serde_json::from_str(&out).unwrap();
+    let stdout = out["stdout"].as_str().unwrap_or_default();
+    for pid in [1, 2] {
+        assert!(stdout.contains(&format!("refused-mem-{pid}")), "{out}");
+    }
+    // If PID 1's descriptors can be listed at all, none is a socket.
+    for line in stdout.lines().filter(|l| l.starts_with("fds-1")) {
+        assert!(!line.contains("socket:"), "{out}");
+    }
 }
