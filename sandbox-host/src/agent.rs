@@ -31,6 +31,9 @@ const OUT_QUEUE: usize = 64;
 /// apart from the rest: the writer takes terminal output and replies first, so an echo never
 /// waits behind more than the bulk chunk being written.
 const BULK_QUEUE: usize = 4;
+/// Bytes of other frames after which a waiting bulk frame goes first: under a terminal flood a
+/// snapshot still gets about half the stream, instead of starving.
+const BULK_SHARE: usize = 256 << 10;
 /// Terminal input chunks queued for the PTY before new input is dropped (a program that does
 /// not read its input must not grow the agent).
 const PTY_INPUT_QUEUE: usize = 256;
@@ -161,18 +164,29 @@ async fn serve(fd: OwnedFd) -> std::io::Result<()> {
     let writer = tokio::spawn(async move {
         use tokio::io::AsyncWriteExt;
         let (mut out_open, mut bulk_open) = (true, true);
+        let mut since_bulk = 0usize;
         while out_open || bulk_open {
-            let frame = tokio::select! {
-                biased;
-                f = out_rx.recv(), if out_open => match f {
-                    Some(f) => f,
-                    None => { out_open = false; continue; }
-                },
-                f = bulk_rx.recv(), if bulk_open => match f {
-                    Some(f) => f,
-                    None => { bulk_open = false; continue; }
+            // A bulk frame that waited while a share of other frames went out goes next.
+            let owed = if since_bulk >= BULK_SHARE {
+                bulk_rx.try_recv().ok()
+            } else {
+                None
+            };
+            let (frame, bulk) = match owed {
+                Some(f) => (f, true),
+                None => tokio::select! {
+                    biased;
+                    f = out_rx.recv(), if out_open => match f {
+                        Some(f) => (f, false),
+                        None => { out_open = false; continue; }
+                    },
+                    f = bulk_rx.recv(), if bulk_open => match f {
+                        Some(f) => (f, true),
+                        None => { bulk_open = false; continue; }
+                    },
                 },
             };
+            since_bulk = if bulk { 0 } else { since_bulk + frame.len() };
             if wr.write_all(&frame).await.is_err() {
                 break;
             }

@@ -503,6 +503,11 @@ impl ChildHooks {
                 Ok(())
             }
         };
+        // Nothing the server inherited or opened crosses into the sandbox but what is listed in
+        // `inherit`: every other descriptor (say one a parent left open without close-on-exec)
+        // closes at exec. Done before RLIMIT_NOFILE is lowered, so the fallback for old
+        // kernels reaches every descriptor the server may hold.
+        crate::fds::close_on_exec_from(3);
         for &fd in &self.procs {
             // SAFETY: `fd` is an open cgroup.procs file; writing "0" moves this process.
             let n = unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) };
@@ -533,10 +538,6 @@ impl ChildHooks {
                 check(libc::setresuid(id, id, id))?;
             }
         }
-        // Nothing the server inherited or opened crosses into the sandbox but what is listed
-        // here: every other descriptor (say one a parent left open without close-on-exec)
-        // closes at exec.
-        crate::fds::close_on_exec_from(3);
         for &fd in &self.inherit {
             // SAFETY: clears FD_CLOEXEC on a descriptor this child owns, so bwrap inherits it.
             check(unsafe { libc::fcntl(fd, libc::F_SETFD, 0) })?;

@@ -1268,3 +1268,35 @@ for pid in (1, 2):
         assert!(!line.contains("socket:"), "{out}");
     }
 }
+
+/// After the shell exits, the next key opens a new one and reaches it: nothing typed is lost
+/// and the terminal does not hang waiting for a shell that never comes.
+#[tokio::test]
+async fn a_key_after_exit_opens_a_new_shell() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let t = team(&storage).await;
+    let (server, room) = (&t.server, &t.room);
+    let mut ben = term(server, room, &t.ben).await;
+    ben.until("the shell runs", |t| {
+        t.events
+            .iter()
+            .any(|e| e["type"] == "sandbox" && e["state"] == "running")
+    })
+    .await;
+    ben.send(b"echo FIRST-$((20+1))\n").await;
+    ben.output_contains("FIRST-21").await;
+    ben.send(b"exit\n").await;
+    ben.until("the shell exits", |t| {
+        t.events
+            .iter()
+            .any(|e| e["type"] == "exit" && e.get("code").is_some())
+    })
+    .await;
+    ben.send(b"echo AGAIN-$((40+2))\n").await;
+    ben.output_contains("AGAIN-42").await;
+    // A viewer joining now is told the shell runs, and its keys reach it too.
+    let mut ana = term(server, room, &t.ana).await;
+    ana.until("joined", |t| t.has_event("sandbox")).await;
+    ana.send(b"echo THIRD-$((1+2))\n").await;
+    ana.output_contains("THIRD-3").await;
+}

@@ -201,7 +201,7 @@ fn p99(mut v: Vec<Duration>) -> Duration {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_snapshot_never_holds_up_the_terminal() {
     let quiet = flood_while_typing(&[]).await;
-    let busy = flood_while_typing(&["--sandbox-snapshot-every-ms", "1000"]).await;
+    let busy = flood_while_typing(&["--sandbox-snapshot-every-ms", "3000"]).await;
     for (name, run) in [("without snapshots", &quiet), ("with snapshots", &busy)] {
         assert_eq!(run.ys, 25_000_000, "{name}: output bytes were lost");
         assert!(

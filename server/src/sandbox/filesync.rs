@@ -396,8 +396,10 @@ impl Session<'_> {
     /// The workspace's files small enough to mirror, and whether the listing was cut short (so
     /// a file missing from it may still exist).
     async fn list(&self) -> Result<(Vec<FileEntry>, bool), SyncError> {
+        // Listings reach past the document's cap, so files it leaves out are counted.
+        let cap = u32::try_from(self.ctx.limits.max_synced_files).unwrap_or(u32::MAX);
         let op = Op::ListFiles {
-            max_entries: MAX_SYNC_FILES,
+            max_entries: MAX_SYNC_FILES.max(cap.saturating_add(1)),
         };
         match self.call(op).await? {
             Reply::Files { entries, truncated } => Ok((
@@ -487,6 +489,10 @@ impl Session<'_> {
             if self.base.contains_key(&entry.path) {
                 continue;
             }
+            if self.would_leave_out(&entry.path) {
+                self.left_out.insert(entry.path);
+                continue;
+            }
             if let Some(text) = self.read_text(&entry.path).await? {
                 self.import(&entry.path, &text).await?;
             }
@@ -518,6 +524,14 @@ impl Session<'_> {
         self.base.insert(path.to_owned(), text.to_owned());
         self.report();
         Ok(())
+    }
+
+    /// Whether `path` is new to the document and the document has no room for another file.
+    fn would_leave_out(&self, path: &str) -> bool {
+        !self.base.contains_key(path)
+            && self.replica.text(path).is_none()
+            && self.replica.files.len(&self.replica.doc.transact()) as usize
+                >= self.ctx.limits.max_synced_files
     }
 
     /// Publishes the counts the sandbox panel shows.
@@ -585,6 +599,11 @@ impl Session<'_> {
             self.left_out.retain(|p| listing.contains_key(p));
         }
         for path in changed {
+            if self.would_leave_out(&path) {
+                // Not read at all: the document has no room for it.
+                self.left_out.insert(path);
+                continue;
+            }
             let Some(disk) = self.read_text(&path).await? else {
                 continue;
             };
@@ -606,6 +625,12 @@ impl Session<'_> {
             }
         }
         self.report();
+        if !vanished.is_empty() && !self.left_out.is_empty() {
+            // Room may have freed up: files left out are looked at again on the next scan.
+            for p in &self.left_out {
+                self.listing.remove(p);
+            }
+        }
         if !vanished.is_empty() {
             let wipe = vanished.len() > MASS_DELETE && vanished.len() * 2 > self.base.len();
             if wipe {

@@ -19,7 +19,7 @@ use crate::sandbox::snapshots::{self, Snapshots};
 use crate::store::{now_ms, Change, SandboxRow, SandboxState, Store, StoreError};
 use crate::terminal::hub::{pty_port, pump, HubConfig};
 use crate::terminal::{Hub, Joined, Link, Recorder, TermEvent};
-use coderoom_sandbox::proto::{Op, Reply};
+use coderoom_sandbox::proto::{AgentError, Op, Reply};
 use coderoom_sandbox::{Backend, CallError, Ended, Receipt, Sandbox};
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -1148,6 +1148,8 @@ impl Actor {
             .await
         {
             Ok(_) => {}
+            // One is open already (the hub asked while a reopen was on its way): use it.
+            Err(CallError::Agent(AgentError::Invalid(_))) => {}
             // bash may be absent from a custom rootfs.
             Err(CallError::Agent(_)) => {
                 sandbox
@@ -1180,9 +1182,14 @@ impl Actor {
     }
 
     /// A key is waiting for a PTY (the shell exited): a new one, if the sandbox still runs.
+    /// The hub asks only when its shell is gone, so the PTY this supervisor opened last is
+    /// not assumed open any more.
     async fn reopen_pty(&mut self) {
         match &self.life {
-            Life::Running { .. } => self.open_terminal().await,
+            Life::Running { .. } => {
+                self.pty_open = false;
+                self.open_terminal().await;
+            }
             Life::Failed(r) => {
                 let reason = format!("the sandbox failed: {r}");
                 self.hub.link(Link::Down(reason)).await;
@@ -1229,8 +1236,10 @@ impl Actor {
         };
         // Watched: no idle stop.
         self.arm(None).await;
+        let viewer = joined.viewer;
         if reply.send(Ok((self.hub.clone(), joined))).is_err() {
-            // The socket gave up meanwhile; the hub drops its viewer when it notices.
+            // The socket gave up meanwhile: it does not watch.
+            self.hub.leave(viewer).await;
         }
         if let Some(r) = failed {
             let event = self.restart_event(&r);

@@ -68,6 +68,7 @@ enum Cmd {
     },
     Leave {
         viewer: u64,
+        done: oneshot::Sender<()>,
     },
     Input {
         viewer: u64,
@@ -127,6 +128,8 @@ impl Hub {
             size: (80, 24),
             typists: HashMap::new(),
             link: Link::Idle,
+            linked_generation: 0,
+            exited_early: None,
             input: None,
             queued: VecDeque::new(),
             queued_bytes: 0,
@@ -151,8 +154,12 @@ impl Hub {
         rx.await.ok()
     }
 
+    /// Removes a viewer; returns once the hub has (so its count of viewers is up to date).
     pub(crate) async fn leave(&self, viewer: u64) {
-        let _ = self.tx.send(Cmd::Leave { viewer }).await;
+        let (done, left) = oneshot::channel();
+        if self.tx.send(Cmd::Leave { viewer, done }).await.is_ok() {
+            let _ = left.await;
+        }
     }
 
     /// Keys from `user_id` (shown to viewers as `email`), already authorised for `type`.
@@ -220,6 +227,10 @@ struct Task {
     /// per [`TYPING_EVERY`]).
     typists: HashMap<String, tokio::time::Instant>,
     link: Link,
+    /// The sandbox generation of the last PTY linked: output of older ones is dropped.
+    linked_generation: u64,
+    /// A shell that exited before its link arrived.
+    exited_early: Option<u64>,
     /// The forwarder of the attached PTY.
     input: Option<mpsc::Sender<Op>>,
     /// Keys waiting for a PTY, with the viewer that typed them.
@@ -278,10 +289,12 @@ impl Task {
                     self.viewers.remove(&viewer);
                 }
             }
-            Cmd::Leave { viewer } => {
+            Cmd::Leave { viewer, done } => {
                 self.viewers.remove(&viewer);
-                self.queued.retain(|(v, _)| *v != viewer);
-                self.queued_bytes = self.queued.iter().map(|(_, d)| d.len()).sum();
+                self.forget_keys_of_gone_viewers();
+                self.viewer_count
+                    .store(self.viewers.len(), Ordering::Release);
+                let _ = done.send(());
             }
             Cmd::Input {
                 viewer,
@@ -298,15 +311,25 @@ impl Task {
                     let _ = input.try_send(Op::PtyResize { cols, rows });
                 }
             }
+            // The pump and the supervisor's link reach the hub by different paths: a shell's
+            // first prompt (or its exit) may come before the link that names it. Only what
+            // comes from an older sandbox than the last one linked is dropped.
             Cmd::Output { generation, data } => {
-                if matches!(&self.link, Link::Attached { generation: g, .. } if *g == generation) {
+                if generation >= self.linked_generation {
                     self.output(data).await;
                 }
             }
             Cmd::PtyExit { generation, code } => {
-                if matches!(&self.link, Link::Attached { generation: g, .. } if *g == generation) {
-                    self.set_link(Link::Idle);
-                    self.broadcast(TermEvent::ShellExit { code }.text());
+                if generation < self.linked_generation {
+                    return;
+                }
+                self.broadcast(TermEvent::ShellExit { code }.text());
+                match &self.link {
+                    Link::Attached { generation: g, .. } if *g == generation => {
+                        self.set_link(Link::Idle);
+                    }
+                    // Not linked yet: the link that comes for it finds the shell gone.
+                    _ => self.exited_early = Some(generation),
                 }
             }
             Cmd::Link(link) => self.set_link(link),
@@ -326,6 +349,18 @@ impl Task {
 
     fn set_link(&mut self, link: Link) {
         self.input = None;
+        if let Link::Attached { generation, .. } = &link {
+            self.linked_generation = *generation;
+            if self.exited_early.take() == Some(*generation) {
+                // Its shell already exited: a key asks for a new one.
+                self.link = Link::Idle;
+                if !self.queued.is_empty() {
+                    self.link = Link::Pending;
+                    let _ = self.pty_wanted.try_send(());
+                }
+                return;
+            }
+        }
         if let Link::Attached { input, .. } = &link {
             self.input = Some(input.clone());
         }
@@ -375,6 +410,9 @@ impl Task {
     }
 
     async fn input(&mut self, viewer: u64, user_id: String, data: Bytes) {
+        if data.is_empty() {
+            return;
+        }
         if let Link::Down(reason) = &self.link {
             let reason = reason.clone();
             self.tell(viewer, &reason);
@@ -418,10 +456,14 @@ impl Task {
         let excess = self.scrollback.len().saturating_sub(self.scrollback_bytes);
         self.scrollback.drain(..excess);
         let bytes = Bytes::from(data);
+        let before = self.viewers.len();
         self.viewers.retain(|_, tx| {
             // Too far behind: dropped; it reconnects and catches up from the scrollback.
             tx.try_send(TermOut::Output(bytes.clone())).is_ok()
         });
+        if self.viewers.len() != before {
+            self.forget_keys_of_gone_viewers();
+        }
         let record = Record::Output {
             data: Vec::from(bytes),
             size: self.size,
@@ -447,6 +489,13 @@ impl Task {
             email: email.to_owned(),
         };
         self.broadcast(typing.text());
+    }
+
+    /// Keys queued by viewers that are gone are not sent to a shell later.
+    fn forget_keys_of_gone_viewers(&mut self) {
+        let viewers = &self.viewers;
+        self.queued.retain(|(v, _)| viewers.contains_key(v));
+        self.queued_bytes = self.queued.iter().map(|(_, d)| d.len()).sum();
     }
 
     fn tell(&self, viewer: u64, reason: &str) {
