@@ -11,6 +11,8 @@ use sqlx::{AnyPool, Executor, Row};
 use std::path::Path;
 use std::str::FromStr;
 use std::time::Duration;
+// Storage's own bookkeeping columns (created_at, updated_at) read the system clock.
+use crate::clock::system_now_ms as now_ms;
 
 mod accounts;
 mod approvals;
@@ -61,10 +63,6 @@ pub(crate) enum StoreError {
 pub(crate) struct Store {
     pool: AnyPool,
     backend: Backend,
-}
-
-pub(crate) fn now_ms() -> i64 {
-    crate::clock::system_now_ms()
 }
 
 impl Store {

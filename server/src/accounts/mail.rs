@@ -190,7 +190,7 @@ async fn deliver(transport: &Transport, message: &Message, to: &str) {
 async fn write_eml(dir: &std::path::Path, message: &Message) -> std::io::Result<PathBuf> {
     let name = format!(
         "{}-{}.eml",
-        crate::store::now_ms(),
+        crate::clock::system_now_ms(),
         uuid::Uuid::new_v4().simple()
     );
     let path = dir.join(name);

@@ -502,8 +502,7 @@ impl Session<'_> {
     }
 
     async fn import(&mut self, path: &str, text: &str) -> Result<(), SyncError> {
-        let held = self.replica.files.len(&self.replica.doc.transact()) as usize;
-        if held >= self.ctx.limits.max_synced_files {
+        if self.would_leave_out(path) {
             // The document is bounded, the workspace is not: the file stays on disk, untouched,
             // and the room is told how many are left out.
             self.left_out.insert(path.to_owned());

@@ -25,6 +25,14 @@ pub(crate) fn time_of(name: &str) -> Option<i64> {
         .ok()
 }
 
+/// A snapshot just written.
+pub(crate) struct Taken {
+    pub(crate) name: String,
+    /// When it was taken (Unix ms), as its name says.
+    pub(crate) at: i64,
+    pub(crate) bytes: u64,
+}
+
 /// One room's snapshot directory.
 pub(crate) struct Snapshots {
     dir: PathBuf,
@@ -47,11 +55,13 @@ impl Snapshots {
         self.dir.join(name)
     }
 
-    /// Streams a snapshot of `sandbox`'s workspace to a new file; its name and size.
-    pub(crate) async fn take(&self, sandbox: &Sandbox) -> Result<(String, u64), SandboxError> {
+    /// Streams a snapshot of `sandbox`'s workspace to a new file: its name, the time in that
+    /// name (a snapshot's time everywhere it is shown), and its size.
+    pub(crate) async fn take(&self, sandbox: &Sandbox) -> Result<Taken, SandboxError> {
         let io = |e: std::io::Error| SandboxError::Store(StoreError::Io(e));
         tokio::fs::create_dir_all(&self.dir).await.map_err(io)?;
-        let name = format!("{PREFIX}{:013}{SUFFIX}", self.clock.now_ms());
+        let at = self.clock.now_ms();
+        let name = format!("{PREFIX}{at:013}{SUFFIX}");
         let partial = self.dir.join(format!("{name}.partial"));
         let mut file = tokio::fs::File::create(&partial).await.map_err(io)?;
         let bytes = match sandbox.snapshot(&mut file, self.max_bytes, WITHIN).await {
@@ -71,7 +81,7 @@ impl Snapshots {
         if let Ok(d) = tokio::fs::File::open(&self.dir).await {
             let _ = d.sync_all().await;
         }
-        Ok((name, bytes))
+        Ok(Taken { name, at, bytes })
     }
 
     /// The room's snapshot files, newest first.

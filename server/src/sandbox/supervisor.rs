@@ -16,7 +16,7 @@ use crate::audit::Audit;
 use crate::close::CloseCode;
 use crate::config::SandboxArgs;
 use crate::sandbox::snapshots::{self, Snapshots};
-use crate::store::{now_ms, Change, SandboxRow, SandboxState, Store, StoreError};
+use crate::store::{Change, SandboxRow, SandboxState, Store, StoreError};
 use crate::terminal::hub::{pty_port, pump, HubConfig};
 use crate::terminal::{Hub, Joined, Link, Recorder, TermEvent};
 use coderoom_sandbox::proto::{AgentError, Op, Reply};
@@ -869,11 +869,7 @@ impl Actor {
         }
         let snap = self.snapshots.take(&sandbox).await;
         let (snapshot, snapshot_at, bytes) = match snap {
-            // A snapshot's time is the one in its name, everywhere it is shown.
-            Ok((name, bytes)) => {
-                let at = snapshots::time_of(&name).unwrap_or_else(now_ms);
-                (Some(name), Some(at), bytes)
-            }
+            Ok(taken) => (Some(taken.name), Some(taken.at), taken.bytes),
             Err(e) if force => {
                 tracing::error!(room = %self.room_id, error = %e, "snapshot failed; stopping anyway, the previous snapshot stands");
                 (
@@ -939,8 +935,7 @@ impl Actor {
         };
         let sandbox = sandbox.clone();
         match self.snapshots.take(&sandbox).await {
-            Ok((name, _)) => {
-                let at = snapshots::time_of(&name).unwrap_or_else(now_ms);
+            Ok(snapshots::Taken { name, at, .. }) => {
                 match self
                     .deps()
                     .store

@@ -205,7 +205,8 @@ impl Hub {
 /// One line of the recording, stamped when the hub saw it.
 enum Record {
     Output {
-        data: Vec<u8>,
+        /// Shared with the viewers' queues, not copied.
+        data: Bytes,
         size: (u16, u16),
         at_ms: i64,
     },
@@ -349,7 +350,7 @@ impl Task {
 
     fn set_link(&mut self, link: Link) {
         self.input = None;
-        if let Link::Attached { generation, .. } = &link {
+        if let Link::Attached { generation, input } = &link {
             self.linked_generation = *generation;
             if self.exited_early.take() == Some(*generation) {
                 // Its shell already exited: a key asks for a new one.
@@ -360,8 +361,6 @@ impl Task {
                 }
                 return;
             }
-        }
-        if let Link::Attached { input, .. } = &link {
             self.input = Some(input.clone());
         }
         let refused = match &link {
@@ -394,18 +393,25 @@ impl Task {
 
     /// Hands queued keys to an attached PTY, in the order they were typed.
     fn flush_queued(&mut self) {
-        let Some(input) = &self.input else { return };
+        if self.input.is_none() {
+            return;
+        }
         while let Some((viewer, data)) = self.queued.pop_front() {
             self.queued_bytes -= data.len();
-            if input
-                .try_send(Op::PtyInput(serde_bytes::ByteBuf::from(Vec::from(data))))
-                .is_err()
-            {
-                self.tell(
-                    viewer,
-                    "the terminal is not reading input; keys were dropped",
-                );
-            }
+            self.to_pty(viewer, data);
+        }
+    }
+
+    /// Hands keys to the attached PTY's forwarder; tells the typist when it takes no more (the
+    /// program in the terminal is not reading).
+    fn to_pty(&self, viewer: u64, data: Bytes) {
+        let Some(input) = &self.input else { return };
+        let op = Op::PtyInput(serde_bytes::ByteBuf::from(Vec::from(data)));
+        if input.try_send(op).is_err() {
+            self.tell(
+                viewer,
+                "the terminal is not reading input; keys were dropped",
+            );
         }
     }
 
@@ -425,14 +431,8 @@ impl Task {
             at_ms,
         };
         let _ = self.records.send(record).await;
-        if let Some(input) = &self.input {
-            let op = Op::PtyInput(serde_bytes::ByteBuf::from(Vec::from(data)));
-            if input.try_send(op).is_err() {
-                self.tell(
-                    viewer,
-                    "the terminal is not reading input; keys were dropped",
-                );
-            }
+        if self.input.is_some() {
+            self.to_pty(viewer, data);
             return;
         }
         if self.queued_bytes + data.len() > MAX_QUEUED_INPUT {
@@ -465,7 +465,7 @@ impl Task {
             self.forget_keys_of_gone_viewers();
         }
         let record = Record::Output {
-            data: Vec::from(bytes),
+            data: bytes,
             size: self.size,
             at_ms: self.clock.now_ms(),
         };
