@@ -162,3 +162,26 @@ fn an_upward_import_is_caught() {
     assert!(found[1].contains("store.rs") && found[1].contains("crate::room"));
     assert!(found[2].contains("newthing.rs") && found[2].contains("no layer"));
 }
+
+/// Errors are typed (one `thiserror` enum per operation family): no function of the server
+/// returns a bare `String` as its error.
+#[test]
+fn no_string_errors() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&root, &root, &mut files);
+    let mut found = Vec::new();
+    for (path, source) in &files {
+        for (n, line) in source.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            if let Some(at) = code.find("Result<") {
+                let rest = &code[at..];
+                let args = rest.split('>').next().unwrap_or("");
+                if args.trim_end().ends_with(", String") {
+                    found.push(format!("{}:{}: {}", path.display(), n + 1, line.trim()));
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "string errors:\n{}", found.join("\n"));
+}
