@@ -64,48 +64,41 @@ async fn env_twin_configures_the_listen_address() {
     child.kill().await.unwrap();
 }
 
-#[tokio::test]
-async fn migrate_then_serve_and_health_follows_the_database() {
-    for backend in backends() {
-        let storage = Storage::new(&backend).await;
-        let out = Command::new(BIN)
-            .arg("migrate")
-            .args(storage.args())
-            .output()
-            .await
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        if matches!(backend, Backend::Sqlite) {
-            assert!(storage.dir.path().join("coderoom.db").exists());
-        }
-        let server = Server::start(&storage, &[]).await;
-        assert_eq!(
-            http(&server.url("/healthz"), "GET", None, None).await.0,
-            200
-        );
-        let metrics = http(&server.url("/metrics"), "GET", None, None).await.1;
-        for name in [
-            "coderoom_rooms_loaded",
-            "coderoom_connections",
-            "coderoom_updates_applied_total",
-            "coderoom_bytes_persisted_total",
-            "coderoom_persist_seconds_bucket",
-        ] {
-            assert!(metrics.contains(name), "metric {name} missing");
-        }
-        if let Backend::Postgres(_) = backend {
-            // The database goes away under the server: health says so.
-            storage.drop_db().await;
-            let (status, body) = http(&server.url("/healthz"), "GET", None, None).await;
-            assert_eq!(status, 503, "{body}");
-        }
-        assert!(server.terminate().await.success());
-        storage.drop_db().await;
+on_each_backend!(
+    migrate_then_serve_and_health_follows_the_database,
+    migrate_then_serve_and_health_follows_the_database_on
+);
+
+async fn migrate_then_serve_and_health_follows_the_database_on(backend: &Backend) {
+    let storage = Storage::new(backend).await;
+    let (ok, text) = storage.cli(&["migrate"]).await;
+    assert!(ok, "{text}");
+    if matches!(backend, Backend::Sqlite) {
+        assert!(storage.dir.path().join("coderoom.db").exists());
     }
+    let server = Server::start(&storage, &[]).await;
+    assert_eq!(
+        http(&server.url("/healthz"), "GET", None, None).await.0,
+        200
+    );
+    let metrics = http(&server.url("/metrics"), "GET", None, None).await.1;
+    for name in [
+        "coderoom_rooms_loaded",
+        "coderoom_connections",
+        "coderoom_updates_applied_total",
+        "coderoom_bytes_persisted_total",
+        "coderoom_persist_seconds_bucket",
+    ] {
+        assert!(metrics.contains(name), "metric {name} missing");
+    }
+    if let Backend::Postgres(_) = backend {
+        // The database goes away under the server: health says so.
+        storage.drop_db().await;
+        let (status, body) = http(&server.url("/healthz"), "GET", None, None).await;
+        assert_eq!(status, 503, "{body}");
+    }
+    assert!(server.terminate().await.success());
+    storage.drop_db().await;
 }
 
 #[tokio::test]

@@ -12,33 +12,35 @@ use yrs::sync::AwarenessUpdate;
 use yrs::updates::encoder::Encode;
 use yrs::ClientID;
 
-#[tokio::test]
-async fn edits_reach_peers_and_survive_restart() {
-    for backend in backends() {
-        let storage = Storage::new(&backend).await;
-        let token = storage.token("ana@example.com").await;
-        let server = Server::start(&storage, &[]).await;
-        let room = create_room(&server, &token).await;
-        let mut a = Client::connect(&server, &room, &token).await;
-        let mut b = Client::connect(&server, &room, &token).await;
-        a.synced().await;
-        b.synced().await;
-        a.insert("main.rs", 0, "fn main() {}").await;
-        b.wait_for("main.rs", "fn main() {}").await;
-        b.insert("main.rs", 0, "// hi\n").await;
-        a.wait_for("main.rs", "// hi\nfn main() {}").await;
-        assert!(server.metric("coderoom_updates_applied_total").await >= 2.0);
-        assert!(server.metric("coderoom_bytes_persisted_total").await > 0.0);
-        assert_eq!(server.metric("coderoom_connections").await, 2.0);
-        let status = server.terminate().await;
-        assert!(status.success(), "SIGTERM must exit 0, got {status:?}");
+on_each_backend!(
+    edits_reach_peers_and_survive_restart,
+    edits_reach_peers_and_survive_restart_on
+);
 
-        let server = Server::start(&storage, &[]).await;
-        let (text, _) = snapshot(&server, &room, &token, "main.rs").await;
-        assert_eq!(text, "// hi\nfn main() {}", "{backend:?}");
-        assert!(server.terminate().await.success());
-        storage.drop_db().await;
-    }
+async fn edits_reach_peers_and_survive_restart_on(backend: &Backend) {
+    let storage = Storage::new(backend).await;
+    let token = storage.token("ana@example.com").await;
+    let server = Server::start(&storage, &[]).await;
+    let room = create_room(&server, &token).await;
+    let mut a = Client::connect(&server, &room, &token).await;
+    let mut b = Client::connect(&server, &room, &token).await;
+    a.synced().await;
+    b.synced().await;
+    a.insert("main.rs", 0, "fn main() {}").await;
+    b.wait_for("main.rs", "fn main() {}").await;
+    b.insert("main.rs", 0, "// hi\n").await;
+    a.wait_for("main.rs", "// hi\nfn main() {}").await;
+    assert!(server.metric("coderoom_updates_applied_total").await >= 2.0);
+    assert!(server.metric("coderoom_bytes_persisted_total").await > 0.0);
+    assert_eq!(server.metric("coderoom_connections").await, 2.0);
+    let status = server.terminate().await;
+    assert!(status.success(), "SIGTERM must exit 0, got {status:?}");
+
+    let server = Server::start(&storage, &[]).await;
+    let (text, _) = snapshot(&server, &room, &token, "main.rs").await;
+    assert_eq!(text, "// hi\nfn main() {}", "{backend:?}");
+    assert!(server.terminate().await.success());
+    storage.drop_db().await;
 }
 
 #[tokio::test]
@@ -381,35 +383,37 @@ async fn client_that_stops_reading_is_dropped() {
     server.terminate().await;
 }
 
-#[tokio::test]
-async fn idle_room_unloads_and_reloads() {
-    for backend in backends() {
-        let storage = Storage::new(&backend).await;
-        let (server, token, room) =
-            seeded(&storage, &["--room-idle-ms", "200", "--compact-every", "3"]).await;
-        let mut c = Client::connect(&server, &room, &token).await;
-        c.synced().await;
-        for i in 0..10 {
-            c.insert("main.rs", 4, &i.to_string()).await;
-        }
-        eventually(&server, &room, &token, "main.rs", "seed9876543210").await;
-        let _ = c.ws.close(None).await;
-        drop(c);
-        let mut unloaded = false;
-        for _ in 0..100 {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            if server.metric("coderoom_rooms_loaded").await == 0.0 {
-                unloaded = true;
-                break;
-            }
-        }
-        assert!(unloaded, "idle room was not unloaded");
-        assert!(server.metric("coderoom_compactions_total").await >= 1.0);
-        let (text, _) = snapshot(&server, &room, &token, "main.rs").await;
-        assert_eq!(text, "seed9876543210");
-        assert!(server.terminate().await.success());
-        storage.drop_db().await;
+on_each_backend!(
+    idle_room_unloads_and_reloads,
+    idle_room_unloads_and_reloads_on
+);
+
+async fn idle_room_unloads_and_reloads_on(backend: &Backend) {
+    let storage = Storage::new(backend).await;
+    let (server, token, room) =
+        seeded(&storage, &["--room-idle-ms", "200", "--compact-every", "3"]).await;
+    let mut c = Client::connect(&server, &room, &token).await;
+    c.synced().await;
+    for i in 0..10 {
+        c.insert("main.rs", 4, &i.to_string()).await;
     }
+    eventually(&server, &room, &token, "main.rs", "seed9876543210").await;
+    let _ = c.ws.close(None).await;
+    drop(c);
+    let mut unloaded = false;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if server.metric("coderoom_rooms_loaded").await == 0.0 {
+            unloaded = true;
+            break;
+        }
+    }
+    assert!(unloaded, "idle room was not unloaded");
+    assert!(server.metric("coderoom_compactions_total").await >= 1.0);
+    let (text, _) = snapshot(&server, &room, &token, "main.rs").await;
+    assert_eq!(text, "seed9876543210");
+    assert!(server.terminate().await.success());
+    storage.drop_db().await;
 }
 
 #[tokio::test]

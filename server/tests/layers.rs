@@ -1,7 +1,7 @@
 //! The server's layers run one way (see `docs/design.md`): the HTTP edge (`http`) imports the
 //! domain (`room`, `terminal`, `sandbox`, `accounts`), the domain imports what is below it
-//! (`audit`, `store`, `config`, `metrics`, `registry`, `clock`, `close`, `ids`), and nothing imports
-//! upward. This test reads `server/src` and fails on the first upward `crate::` path.
+//! (`audit`, `store`, `config`, `metrics`, `registry`, `clock`, `close`, `ids`, `fault`), and
+//! nothing imports upward. This test reads `server/src` and fails on the first upward `crate::` path.
 //!
 //! To see it fail: add `use crate::http::AppState;` to `server/src/room/task.rs` and run
 //! `cargo test -p coderoom-server --test layers`; `an_upward_import_is_caught` shows the same
@@ -25,9 +25,8 @@ fn layer_of(module: &str) -> Option<Layer> {
     Some(match module {
         "http" => Layer::Edge,
         "room" | "terminal" | "sandbox" | "accounts" => Layer::Domain,
-        "audit" | "store" | "config" | "metrics" | "registry" | "clock" | "close" | "ids" => {
-            Layer::Below
-        }
+        "audit" | "store" | "config" | "metrics" | "registry" | "clock" | "close" | "ids"
+        | "fault" => Layer::Below,
         "lib" | "main" | "cli" => Layer::Top,
         _ => return None,
     })

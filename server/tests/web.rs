@@ -48,7 +48,10 @@ async fn the_app_shell_and_its_assets_are_served_with_a_strict_policy() {
             "{}",
             index.body
         );
-        println!("SKIPPED: asset checks (web/dist not built)");
+        skip(
+            Need::WebDist,
+            "asset checks need the browser client built (web/dist)",
+        );
         return;
     }
     let built = index.body.clone();

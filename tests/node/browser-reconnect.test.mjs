@@ -4,10 +4,10 @@
 
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { api, mintToken, startServer, serverFiles, waitFor, freePort } from './lib/server.mjs'
+import { api, mintToken, startServer, serverFiles, waitFor, freePort, skipUnless } from './lib/server.mjs'
 import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login, shot, editorText, terminalText } from './lib/browser.mjs'
 
-const skip = HAVE_CHROMIUM ? false : `SKIPPED: no Chromium at ${CHROMIUM} (apt-get install chromium, or set CODEROOM_CHROMIUM)`
+const skip = skipUnless(HAVE_CHROMIUM, 'CHROMIUM', `no Chromium at ${CHROMIUM} (apt-get install chromium, or set CODEROOM_CHROMIUM)`)
 
 test('offline edits are kept, shown as pending, and land after a server restart; files are created, renamed and deleted',
   { skip, timeout: 240_000 }, async (t) => {

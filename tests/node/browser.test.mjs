@@ -5,10 +5,10 @@
 
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { mintToken, api, serverFiles, waitFor, sleep } from './lib/server.mjs'
+import { mintToken, api, serverFiles, waitFor, sleep, skipUnless } from './lib/server.mjs'
 import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login, shot, editorText, terminalText } from './lib/browser.mjs'
 
-const skip = HAVE_CHROMIUM ? false : `SKIPPED: no Chromium at ${CHROMIUM} (apt-get install chromium, or set CODEROOM_CHROMIUM)`
+const skip = skipUnless(HAVE_CHROMIUM, 'CHROMIUM', `no Chromium at ${CHROMIUM} (apt-get install chromium, or set CODEROOM_CHROMIUM)`)
 
 /** The server's own copy of a file in the document, read by a fresh y-websocket client. */
 async function serverText (server, roomId, token, path) {

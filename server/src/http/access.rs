@@ -310,6 +310,7 @@ pub(crate) async fn change_participant(
             RoomCmd::Access {
                 user_id: target.to_string(),
                 rights,
+                decided: std::time::Instant::now(),
             },
         )
         .await;
@@ -356,6 +357,7 @@ pub(crate) async fn remove_participant(
             RoomCmd::Access {
                 user_id: target.to_string(),
                 rights: crate::room::task::Rights::NONE,
+                decided: std::time::Instant::now(),
             },
         )
         .await;

@@ -28,10 +28,6 @@ use tokio::sync::oneshot;
 /// How long the room task gets to close its connections and stop.
 const STOP_ROOM_WAIT: Duration = Duration::from_secs(5);
 
-/// Test hook: stop making progress after this many newly executed steps, so a test can
-/// `kill -9` the server in the middle of a deletion.
-const FAULT_ENV: &str = "CODEROOM_FAULT_PAUSE_AFTER_DELETION_STEPS";
-
 /// The artifacts of a room, in the order they are destroyed, with the SQL that destroys each
 /// (`None`: nothing of that kind is stored by this server version, so the receipt says `none`).
 /// Participants go first, so nobody can join while the rest is destroyed; the room row goes
@@ -268,7 +264,6 @@ pub(crate) struct Artifact {
 
 /// Carries out (or resumes) a confirmed deletion.
 pub(crate) async fn run(app: &AppState, id: &str, room_id: &str) -> Result<(), StoreError> {
-    let fault_after: Option<usize> = std::env::var(FAULT_ENV).ok().and_then(|v| v.parse().ok());
     let mut executed = 0usize;
     let done: Vec<String> = app
         .store
@@ -341,10 +336,8 @@ pub(crate) async fn run(app: &AppState, id: &str, room_id: &str) -> Result<(), S
             }
         }
         executed += 1;
-        if fault_after == Some(executed) {
-            tracing::error!("{FAULT_ENV}: pausing in the middle of a deletion");
-            std::future::pending::<()>().await;
-        }
+        // Test hook (see `crate::fault`): a crash after this many newly executed steps.
+        crate::fault::point(&format!("deletion_after_steps_{executed}")).await;
     }
     let _ = tokio::fs::remove_dir(app.data_dir.join("rooms").join(room_id)).await;
     let steps = app.store.deletion_steps(id).await?;

@@ -76,6 +76,7 @@ async fn serve(app: AppState, room_id: RoomId, user: AuthUser, access: Rights, s
         .send(RoomCmd::Access {
             user_id: user.id.clone(),
             rights,
+            decided: std::time::Instant::now(),
         })
         .await;
     let max_awareness = app.limits.max_awareness_entry_bytes;
@@ -84,9 +85,12 @@ async fn serve(app: AppState, room_id: RoomId, user: AuthUser, access: Rights, s
         let frame = tokio::select! {
             frame = stream.next() => frame,
             () = done.cancelled() => break,
-            Ok(hash) = ended.recv() => {
-                if hash == user.session_hash {
+            Ok(session) = ended.recv() => {
+                if session.hash == user.session_hash {
                     outbox.close(CloseCode::LoggedOut);
+                    app.metrics
+                        .access_close_seconds
+                        .observe(session.at.elapsed().as_secs_f64());
                     break;
                 }
                 continue;

@@ -150,22 +150,23 @@ pub(crate) async fn verify_code(
                 .take_attempt(&email, &c.code_hash, MAX_ATTEMPTS)
                 .await?,
         ),
-        _ => (dummy_hash(), false),
+        _ => (dummy_hash(), None),
     };
-    let ok = match app.hasher.verify(body.code.clone(), hash.clone()).await {
-        Ok(ok) => ok && reserved,
-        Err(e) => return Ok(hash_error(e)),
-    };
+    let verified = app.hasher.verify(body.code.clone(), hash.clone()).await;
+    let ok = matches!(verified, Ok(true)) && reserved.is_some();
+    // The count this request's own try reached (not the one read before it: concurrent guesses
+    // read the same), so exactly one request spends the last try; unless it was right, it voids
+    // the code and says so, even when hashing was refused (that try is spent all the same).
+    if !ok && reserved.is_some_and(|attempts| attempts >= MAX_ATTEMPTS) {
+        app.store.void_login_code(&email, &hash).await?;
+        app.store
+            .auth_event("code_locked", Some(&email), None, &ip)
+            .await?;
+    }
+    if let Err(e) = verified {
+        return Ok(hash_error(e));
+    }
     if !ok {
-        if reserved {
-            let attempts = stored.as_ref().map_or(0, |c| c.attempts) + 1;
-            if attempts >= MAX_ATTEMPTS {
-                app.store.void_login_code(&email, &hash).await?;
-                app.store
-                    .auth_event("code_locked", Some(&email), None, &ip)
-                    .await?;
-            }
-        }
         app.store
             .auth_event("login_failed", Some(&email), None, &ip)
             .await?;
@@ -221,7 +222,10 @@ pub(crate) async fn logout(
         .auth_event("logout", Some(&user.email), Some(&user.id), "")
         .await?;
     // Sockets opened with this session end too.
-    let _ = app.sessions_ended.send(user.session_hash.clone());
+    let _ = app.sessions_ended.send(crate::http::state::SessionEnded {
+        hash: user.session_hash.clone(),
+        at: std::time::Instant::now(),
+    });
     let mut resp = StatusCode::NO_CONTENT.into_response();
     resp.headers_mut()
         .insert(axum::http::header::SET_COOKIE, app.cookie.clear());

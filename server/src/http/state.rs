@@ -42,10 +42,20 @@ pub(crate) struct AppState {
     /// One deletion run at a time.
     #[from_ref(skip)]
     pub deletions: Arc<tokio::sync::Mutex<()>>,
-    /// Hashes of sessions that just ended (logout): their open sockets close.
-    pub sessions_ended: tokio::sync::broadcast::Sender<String>,
+    /// Sessions that just ended (logout): their open sockets close.
+    pub sessions_ended: tokio::sync::broadcast::Sender<SessionEnded>,
     /// `(room, user)` whose rights just changed: open terminals look them up again.
     pub access_changed: tokio::sync::broadcast::Sender<(String, String)>,
     /// Every room's sandbox supervisor.
     pub sandboxes: Sandboxes,
+}
+
+/// A session that ended, announced to the sockets it opened.
+#[derive(Clone, Debug)]
+pub(crate) struct SessionEnded {
+    /// The session's hash (what sockets know their session by).
+    pub hash: String,
+    /// When the server decided: each socket's close is measured from here
+    /// (`coderoom_access_close_seconds`).
+    pub at: std::time::Instant,
 }

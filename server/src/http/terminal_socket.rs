@@ -294,9 +294,12 @@ async fn serve(
                     }
                 }
             }
-            Ok(hash) = ended.recv() => {
-                if hash == user.session_hash {
+            Ok(session) = ended.recv() => {
+                if session.hash == user.session_hash {
                     close(&mut sink, CloseCode::LoggedOut).await;
+                    app.metrics
+                        .access_close_seconds
+                        .observe(session.at.elapsed().as_secs_f64());
                     break;
                 }
             }

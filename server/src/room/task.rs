@@ -80,6 +80,9 @@ pub(crate) enum RoomCmd {
     Access {
         user_id: String,
         rights: Rights,
+        /// When the server decided: a socket this closes is measured from here
+        /// (`coderoom_access_close_seconds`).
+        decided: Instant,
     },
     /// Test hook: makes the room task panic, as a bug in it would.
     #[cfg(test)]
@@ -292,6 +295,8 @@ pub(crate) struct Room {
     audits_in_flight: Arc<std::sync::atomic::AtomicUsize>,
     /// Connections refused this batch; nothing more of theirs is handled.
     closing: Vec<(ConnId, Option<&'static str>)>,
+    /// When the server decided to close each connection of `closing` that lost `observe`.
+    close_decided: HashMap<ConnId, Instant>,
     refused: HashSet<ConnId>,
 }
 
@@ -335,6 +340,7 @@ impl Room {
             presence_queries: HashSet::new(),
             presence_changes: HashMap::new(),
             closing: Vec::new(),
+            close_decided: HashMap::new(),
             refused: HashSet::new(),
             denials: HashMap::new(),
             denials_audited: HashMap::new(),
@@ -363,7 +369,7 @@ impl Room {
                     continue;
                 }
                 () = sleep_until_ms(&self.deps.clock, self.next_expiry()) => {
-                    self.expire(self.deps.clock.now_ms());
+                    self.expire(self.deps.clock.now_ms(), None);
                     if !self.commit().await {
                         return self.finish(Exit::Failed).await;
                     }
@@ -374,6 +380,7 @@ impl Room {
                         self.compact().await;
                     }
                     if release(rx) {
+                        crate::fault::point("room_unload").await;
                         return self.finish(Exit::Idle).await;
                     }
                     idle_since = Some(tokio::time::Instant::now());
@@ -465,7 +472,11 @@ impl Room {
                 }
             }
             RoomCmd::Leave { conn } => self.leave(conn),
-            RoomCmd::Access { user_id, rights } => self.access(&user_id, rights),
+            RoomCmd::Access {
+                user_id,
+                rights,
+                decided,
+            } => self.access(&user_id, rights, decided),
             // Handled by the loop before anything else of its batch.
             RoomCmd::Delete { done } => {
                 let _ = done.send(0);
@@ -490,25 +501,35 @@ impl Room {
         }
     }
 
-    fn access(&mut self, user_id: &str, rights: Rights) {
+    fn access(&mut self, user_id: &str, rights: Rights, decided: Instant) {
         for c in self.conns.values_mut().filter(|c| c.user_id == user_id) {
             c.rights = rights;
         }
-        self.expire(self.deps.clock.now_ms());
+        self.expire(self.deps.clock.now_ms(), Some(decided));
     }
 
-    /// Closes connections whose user may no longer observe.
-    fn expire(&mut self, now: i64) {
-        let gone: Vec<ConnId> = self
+    /// Closes connections whose user may no longer observe. `decided` is when the server took
+    /// the right away; without it (a grant lapsed) the moment it lapsed counts.
+    fn expire(&mut self, now: i64, decided: Option<Instant>) {
+        let gone: Vec<(ConnId, Instant)> = self
             .conns
             .iter()
             .filter(|(id, c)| !c.rights.may_observe(now) && !self.refused.contains(*id))
-            .map(|(id, _)| *id)
+            .map(|(id, c)| {
+                let lapsed = c.rights.observe.ends_at().map(|end| {
+                    let late = u64::try_from(now.saturating_sub(end)).unwrap_or(0);
+                    Instant::now()
+                        .checked_sub(Duration::from_millis(late))
+                        .unwrap_or_else(Instant::now)
+                });
+                (*id, decided.or(lapsed).unwrap_or_else(Instant::now))
+            })
             .collect();
-        for id in gone {
+        for (id, at) in gone {
             self.refused.insert(id);
             // `None`: removed (4003), not refused.
             self.closing.push((id, None));
+            self.close_decided.insert(id, at);
         }
     }
 
@@ -751,6 +772,12 @@ impl Room {
                     Some(why) => c.out.refuse(why),
                     None => c.out.close(CloseCode::Removed),
                 }
+            }
+            if let Some(at) = self.close_decided.remove(&conn) {
+                self.deps
+                    .metrics
+                    .access_close_seconds
+                    .observe(at.elapsed().as_secs_f64());
             }
             self.leave(conn);
         }

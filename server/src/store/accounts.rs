@@ -169,23 +169,24 @@ impl Store {
         .await?)
     }
 
-    /// Spends one try of this exact code; false when none is left (or the code changed).
+    /// Spends one try of this exact code and returns how many are spent now (this one
+    /// included), or `None` when none is left (or the code changed). Concurrent callers each get
+    /// their own count, so exactly one of them sees the last try.
     pub(crate) async fn take_attempt(
         &self,
         email: &str,
         code_hash: &str,
         max: i64,
-    ) -> Result<bool, StoreError> {
-        let done = sqlx::query(
+    ) -> Result<Option<i64>, StoreError> {
+        Ok(sqlx::query_scalar::<_, i64>(
             "UPDATE login_codes SET attempts = attempts + 1 \
-             WHERE email = $1 AND code_hash = $2 AND attempts < $3",
+             WHERE email = $1 AND code_hash = $2 AND attempts < $3 RETURNING attempts",
         )
         .bind(email)
         .bind(code_hash)
         .bind(max)
-        .execute(&self.pool)
-        .await?;
-        Ok(done.rows_affected() == 1)
+        .fetch_optional(&self.pool)
+        .await?)
     }
 
     /// Deletes this exact code; true for the one caller that deleted it.

@@ -95,6 +95,9 @@ impl Store {
                 .rows_affected(),
             None => 0,
         };
+        if delete_sql.is_some() {
+            crate::fault::point("deletion_step").await;
+        }
         let status = if count > 0 {
             "destroyed"
         } else {

@@ -81,6 +81,7 @@ impl Store {
         .bind(now_ms())
         .execute(&mut *tx)
         .await?;
+        crate::fault::point("compaction").await;
         sqlx::query("DELETE FROM doc_updates WHERE room_id = $1 AND seq <= $2")
             .bind(room_id)
             .bind(upto_seq)

@@ -19,21 +19,118 @@ use yrs::{Doc, GetString, ReadTxn, StateVector, Text, Transact, Update};
 pub const BIN: &str = env!("CARGO_BIN_EXE_coderoom");
 pub const TIMEOUT: Duration = Duration::from_secs(15);
 
-/// Storage backends under test: SQLite always, PostgreSQL when `CODEROOM_TEST_POSTGRES_URL`
-/// names an admin connection (a fresh database is created per server).
-pub fn backends() -> Vec<Backend> {
-    let mut v = vec![Backend::Sqlite];
-    match std::env::var("CODEROOM_TEST_POSTGRES_URL") {
-        Ok(url) if !url.is_empty() => v.push(Backend::Postgres(url)),
-        _ => eprintln!("SKIPPED: PostgreSQL variant (set CODEROOM_TEST_POSTGRES_URL to run it)"),
+/// An external dependency some tests need. `tests/run` provides them where it can; `.ci/run`
+/// provides all of them and says so with `CODEROOM_REQUIRE_<NAME>=1`.
+#[derive(Clone, Copy, Debug)]
+pub enum Need {
+    /// A PostgreSQL server (`CODEROOM_TEST_POSTGRES_URL`).
+    Postgres,
+    /// A real SMTP server (Python's `aiosmtpd`).
+    Smtp,
+    /// The browser client's build (`web/dist`).
+    WebDist,
+}
+
+impl Need {
+    fn name(self) -> &'static str {
+        match self {
+            Need::Postgres => "POSTGRES",
+            Need::Smtp => "SMTP",
+            Need::WebDist => "WEB_DIST",
+        }
     }
-    v
+}
+
+/// Reports the running test as skipped for want of `need`: a line on stderr and one in the skip
+/// log (`$CODEROOM_SKIP_LOG`, which `tests/run` counts in its summary), because libtest itself
+/// counts an early return as a pass. When the run promised the dependency
+/// (`CODEROOM_REQUIRE_<NEED>=1`) the test fails instead.
+pub fn skip(need: Need, reason: &str) {
+    let var = format!("CODEROOM_REQUIRE_{}", need.name());
+    assert!(
+        std::env::var(&var).as_deref() != Ok("1"),
+        "{reason}, but {var}=1 says this run provides it"
+    );
+    let test = std::thread::current()
+        .name()
+        .unwrap_or("unnamed test")
+        .to_owned();
+    eprintln!("SKIPPED: {test}: {reason}");
+    if let Some(log) = std::env::var_os("CODEROOM_SKIP_LOG") {
+        use std::io::Write;
+        let line = format!("{}\t{test}\t{reason}\n", env!("CARGO_CRATE_NAME"));
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap();
+        // One write per line: appends from parallel tests never interleave.
+        file.write_all(line.as_bytes()).unwrap();
+    }
+}
+
+/// The PostgreSQL backend, or `None` after reporting the test skipped.
+pub fn postgres() -> Option<Backend> {
+    match std::env::var("CODEROOM_TEST_POSTGRES_URL") {
+        Ok(url) if !url.is_empty() => Some(Backend::Postgres(url)),
+        _ => {
+            skip(Need::Postgres, "CODEROOM_TEST_POSTGRES_URL is not set");
+            None
+        }
+    }
+}
+
+/// Declares a test per storage backend, `$name::sqlite` and `$name::postgres`, each running
+/// `$run(&Backend)`: a missing PostgreSQL shows up as a skipped test of its own, never hidden
+/// inside a passing one.
+#[macro_export]
+macro_rules! on_each_backend {
+    ($name:ident, $run:ident) => {
+        mod $name {
+            #[tokio::test]
+            async fn sqlite() {
+                super::$run(&$crate::common::Backend::Sqlite).await;
+            }
+
+            #[tokio::test]
+            async fn postgres() {
+                if let Some(backend) = $crate::common::postgres() {
+                    super::$run(&backend).await;
+                }
+            }
+        }
+    };
 }
 
 #[derive(Clone, Debug)]
 pub enum Backend {
     Sqlite,
     Postgres(String),
+}
+
+/// A bind parameter of [`Storage::execute`] and [`Storage::query_i64`].
+#[derive(Clone, Debug)]
+pub enum Arg {
+    Text(String),
+    Int(i64),
+}
+
+impl From<&str> for Arg {
+    fn from(s: &str) -> Arg {
+        Arg::Text(s.to_owned())
+    }
+}
+
+impl From<&String> for Arg {
+    fn from(s: &String) -> Arg {
+        Arg::Text(s.clone())
+    }
+}
+
+impl From<i64> for Arg {
+    fn from(i: i64) -> Arg {
+        Arg::Int(i)
+    }
 }
 
 /// A data directory and database that outlive server restarts.
@@ -51,6 +148,49 @@ impl Storage {
         use sqlx::Connection;
         let db = format!("sqlite://{}", self.dir.path().join("coderoom.db").display());
         sqlx::SqliteConnection::connect(&db).await.unwrap()
+    }
+
+    /// Runs one statement on this storage's database, whichever backend it is, and returns the
+    /// rows it changed: for tests that tamper with what the server stored.
+    pub async fn execute(&self, sql: &str, args: &[Arg]) -> u64 {
+        use sqlx::Connection;
+        macro_rules! run {
+            ($conn:expr) => {{
+                let mut query = sqlx::query(sql);
+                for arg in args {
+                    query = match arg {
+                        Arg::Text(s) => query.bind(s.clone()),
+                        Arg::Int(i) => query.bind(*i),
+                    };
+                }
+                query.execute(&mut $conn).await.unwrap().rows_affected()
+            }};
+        }
+        match &self.database_url {
+            Some(url) => run!(sqlx::PgConnection::connect(url).await.unwrap()),
+            None => run!(self.sqlite().await),
+        }
+    }
+
+    /// The single integer one query returns (a count, a sequence number), on either backend.
+    pub async fn query_i64(&self, sql: &str, args: &[Arg]) -> i64 {
+        use sqlx::Connection;
+        macro_rules! run {
+            ($conn:expr) => {{
+                let mut query = sqlx::query_scalar::<_, i64>(sql);
+                for arg in args {
+                    query = match arg {
+                        Arg::Text(s) => query.bind(s.clone()),
+                        Arg::Int(i) => query.bind(*i),
+                    };
+                }
+                query.fetch_one(&mut $conn).await.unwrap()
+            }};
+        }
+        match &self.database_url {
+            Some(url) => run!(sqlx::PgConnection::connect(url).await.unwrap()),
+            None => run!(self.sqlite().await),
+        }
     }
 
     pub async fn new(backend: &Backend) -> Storage {
@@ -85,6 +225,22 @@ impl Storage {
         a
     }
 
+    /// Runs `coderoom ARGS` against this storage; (success, stdout and stderr).
+    pub async fn cli(&self, args: &[&str]) -> (bool, String) {
+        let out = Command::new(BIN)
+            .args(args)
+            .args(self.args())
+            .output()
+            .await
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    }
+
     pub async fn token(&self, email: &str) -> String {
         let out = Command::new(BIN)
             .args(["admin", "token", "--email", email])
@@ -117,6 +273,8 @@ async fn psql(url: &str, sql: &str) {
 pub struct Server {
     pub child: Child,
     pub addr: String,
+    /// Every line the server printed on stdout after its `listening on` line.
+    stdout: tokio::sync::watch::Receiver<Vec<String>>,
 }
 
 impl Server {
@@ -125,7 +283,14 @@ impl Server {
     }
 
     pub async fn start_with_env(storage: &Storage, extra: &[&str], env: &[(&str, &str)]) -> Server {
-        Self::start_command(Command::new(BIN), storage, extra, env).await
+        Self::start_command(Command::new(BIN), storage, extra, env, None).await
+    }
+
+    /// Starts a server that stops at the test hook `point` before it listens (work it does at
+    /// startup, such as resuming a deletion, reaches the point). It has no address; kill it.
+    pub async fn start_stopping_at(storage: &Storage, point: &str) -> Server {
+        let env = [("CODEROOM_FAULT_PAUSE_AT", point)];
+        Self::start_command(Command::new(BIN), storage, &[], &env, Some(point)).await
     }
 
     /// Starts the server through `sh` with extra redirections (`7>>FILE 8<FILE`): descriptors
@@ -135,7 +300,7 @@ impl Server {
         sh.arg("-c")
             .arg(format!("exec \"$0\" \"$@\" {redirections}"))
             .arg(BIN);
-        Self::start_command(sh, storage, &[], &[]).await
+        Self::start_command(sh, storage, &[], &[], None).await
     }
 
     async fn start_command(
@@ -143,6 +308,7 @@ impl Server {
         storage: &Storage,
         extra: &[&str],
         env: &[(&str, &str)],
+        stop_at: Option<&str>,
     ) -> Server {
         let mut child = cmd
             .envs(env.iter().copied())
@@ -158,23 +324,54 @@ impl Server {
             .unwrap();
         let stdout = child.stdout.take().unwrap();
         let mut lines = BufReader::new(stdout).lines();
-        let addr = tokio::time::timeout(TIMEOUT, async {
+        let stopped = stop_at.map(|p| format!("fault point reached: {p}"));
+        let (addr, first) = tokio::time::timeout(TIMEOUT, async {
             while let Some(line) = lines.next_line().await.unwrap() {
                 if let Some(a) = line.strip_prefix("listening on http://") {
-                    return a.to_owned();
+                    return (a.to_owned(), Vec::new());
+                }
+                if stopped.as_deref() == Some(line.as_str()) {
+                    return (String::new(), vec![line]);
                 }
             }
             panic!("server exited before listening");
         })
         .await
         .expect("server did not start");
-        // Keep draining stdout so the child never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-        Server { child, addr }
+        // Keep draining stdout so the child never blocks on a full pipe; keep the lines.
+        let (tx, stdout) = tokio::sync::watch::channel(first);
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                tx.send_modify(|all| all.push(line));
+            }
+        });
+        Server {
+            child,
+            addr,
+            stdout,
+        }
     }
 
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{}", self.addr, path)
+    }
+
+    /// Waits until the server has printed `line` on stdout.
+    pub async fn printed(&self, line: &str) {
+        let mut stdout = self.stdout.clone();
+        tokio::time::timeout(
+            TIMEOUT,
+            stdout.wait_for(|all| all.iter().any(|l| l == line)),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("the server never printed {line:?}"))
+        .unwrap();
+    }
+
+    /// Waits until the server stops at the test hook `point` (see `server/src/fault.rs`; the
+    /// server must run with `CODEROOM_FAULT_PAUSE_AT` naming it).
+    pub async fn stopped_at(&self, point: &str) {
+        self.printed(&format!("fault point reached: {point}")).await;
     }
 
     pub async fn terminate(mut self) -> std::process::ExitStatus {

@@ -28,12 +28,26 @@ export const CODEROOM_BIN = process.env.CODEROOM_BIN
 /** Admin URL of a PostgreSQL server to create test databases on, or undefined. */
 export const PG_ADMIN_URL = process.env.CODEROOM_TEST_POSTGRES_URL || undefined
 
+/**
+ * A test's `skip` option for an external dependency: false when the run has it, else the reason
+ * (node:test counts the test as skipped). When the run promised the dependency
+ * (`CODEROOM_REQUIRE_<NEED>=1`, as .ci/run sets) a missing one fails the test file instead.
+ */
+export function skipUnless (have, need, reason) {
+  if (have) return false
+  const promised = `CODEROOM_REQUIRE_${need}`
+  if (process.env[promised] === '1') {
+    throw new Error(`${reason}, but ${promised}=1 says this run provides it`)
+  }
+  return reason
+}
+
 /** Storage kinds to run every backend-dependent test against. `skip` is a reason or false. */
 export const BACKENDS = [
   { kind: 'sqlite', skip: false },
   {
     kind: 'postgres',
-    skip: PG_ADMIN_URL ? false : 'CODEROOM_TEST_POSTGRES_URL is not set'
+    skip: skipUnless(PG_ADMIN_URL, 'POSTGRES', 'CODEROOM_TEST_POSTGRES_URL is not set')
   }
 ]
 

@@ -1,0 +1,122 @@
+// One line per test suite of a `tests/run`: passed, failed, skipped (with the reasons).
+//
+// Reads what the runner left in the reports folder (argv[2]):
+//   vitest.json  Vitest's JSON report of the browser client's unit tests
+//   cargo.log    `cargo test` output (stdout and stderr): one `Running` line and one
+//                `test result:` line per test binary
+//   skips.tsv    one line per test that skipped for want of a dependency
+//                (crate, test, reason), written by `server/tests/common::skip`; libtest counts
+//                those as passed, so they are moved from passed to skipped here
+//   node.tap     the Node tests' TAP report (`# SKIP reason` on skipped tests)
+// A suite that has not run (the runner stopped before it) is reported as not run.
+// Exits 1 when any suite failed or did not run.
+
+import { readFileSync, existsSync } from 'node:fs'
+import { join } from 'node:path'
+
+const dir = process.argv[2]
+if (!dir) {
+  console.error('usage: node tests/summary.mjs REPORTS_DIR')
+  process.exit(2)
+}
+const read = (name) => (existsSync(join(dir, name)) ? readFileSync(join(dir, name), 'utf8') : null)
+
+const lines = []
+let bad = false
+
+function line (suite, passed, failed, skipped) {
+  const reasons = skipped.length ? ` (${skipped.join('; ')})` : ''
+  lines.push(`${suite}: ${passed} passed, ${failed} failed, ${skipped.length} skipped${reasons}`)
+  if (failed > 0) bad = true
+}
+
+function notRun (suite) {
+  lines.push(`${suite}: not run`)
+  bad = true
+}
+
+// Vitest.
+const vitest = read('vitest.json')
+if (vitest === null) {
+  notRun('web (vitest)')
+} else {
+  const v = JSON.parse(vitest)
+  const skipped = []
+  for (const file of v.testResults ?? []) {
+    for (const t of file.assertionResults ?? []) {
+      if (t.status === 'pending' || t.status === 'skipped' || t.status === 'todo') {
+        skipped.push(`${t.fullName}: skipped`)
+      }
+    }
+  }
+  line('web (vitest)', v.numPassedTests, v.numFailedTests, skipped)
+}
+
+// Cargo: every test binary and the doc-tests.
+const skipsByCrate = new Map()
+for (const row of (read('skips.tsv') ?? '').split('\n')) {
+  if (!row.trim()) continue
+  const [crate, test, ...reason] = row.split('\t')
+  if (!skipsByCrate.has(crate)) skipsByCrate.set(crate, [])
+  skipsByCrate.get(crate).push(`${test}: ${reason.join(' ')}`)
+}
+const cargo = read('cargo.log')
+if (cargo === null) {
+  notRun('cargo test')
+} else {
+  let suite = null
+  let crate = null
+  let seen = 0
+  for (const text of cargo.split('\n')) {
+    const running = text.match(/^\s+Running (.+?) \((?:.*\/)?([^/]+?)-[0-9a-f]+\)\s*$/)
+    const doc = text.match(/^\s+Doc-tests (\S+)/)
+    if (running) {
+      suite = `cargo ${running[1]} (${running[2]})`
+      crate = running[2]
+      continue
+    }
+    if (doc) {
+      suite = `cargo doc-tests ${doc[1]}`
+      crate = null
+      continue
+    }
+    const result = text.match(/^test result: \w+\. (\d+) passed; (\d+) failed; (\d+) ignored/)
+    if (result && suite) {
+      seen += 1
+      const skipped = crate ? (skipsByCrate.get(crate) ?? []) : []
+      if (crate) skipsByCrate.delete(crate)
+      const ignored = Number(result[3])
+      const reasons = [...skipped]
+      for (let i = 0; i < ignored; i++) reasons.push('#[ignore]d benchmark, run by hand')
+      line(suite, Number(result[1]) - skipped.length, Number(result[2]), reasons)
+      suite = null
+    }
+  }
+  if (seen === 0) notRun('cargo test')
+  // A skip whose binary never reported a result (it crashed mid-run) is still shown.
+  for (const [crate, skipped] of skipsByCrate) line(`cargo ${crate} (no result line)`, 0, 1, skipped)
+  if (/^error: \d+ targets? failed/m.test(cargo)) bad = true
+}
+
+// Node tests (real yjs/y-websocket clients, Chromium).
+const tap = read('node.tap')
+if (tap === null) {
+  notRun('node tests')
+} else {
+  let passed = 0
+  let failed = 0
+  const skipped = []
+  // Top-level test points only (subtests are indented).
+  for (const text of tap.split('\n')) {
+    const m = text.match(/^(not ok|ok) \d+ - (.*?)(?: # (SKIP|TODO)\b ?(.*))?$/)
+    if (!m) continue
+    if (m[3]) skipped.push(`${m[2]}: ${m[4] || m[3].toLowerCase()}`)
+    else if (m[1] === 'ok') passed += 1
+    else failed += 1
+  }
+  line('node tests', passed, failed, skipped)
+}
+
+console.log('== summary')
+for (const l of lines) console.log(l)
+process.exit(bad ? 1 : 0)
