@@ -78,6 +78,18 @@ impl Layout {
         }
     }
 
+    /// The directories of the group `name`, as [`Cgroup::create`] makes them: memory, pids and
+    /// cpu on v1 (in that order), the one group on v2.
+    pub fn group_dirs(&self, name: &str) -> Vec<PathBuf> {
+        match self {
+            Layout::V1 { memory, pids, cpu } => [memory, pids, cpu]
+                .into_iter()
+                .map(|root| root.join(PARENT).join(name))
+                .collect(),
+            Layout::V2 { root } => vec![root.join(PARENT).join(name)],
+        }
+    }
+
     /// Short name for receipts.
     pub fn name(&self) -> &'static str {
         match self {
@@ -125,10 +137,12 @@ impl Cgroup {
     pub fn create(layout: &Layout, name: &str, limits: &Limits) -> std::io::Result<Cgroup> {
         let cpu_quota = (limits.cpu_millis.max(10) * CPU_PERIOD_US) / 1000;
         let dirs = match layout {
-            Layout::V1 { memory, pids, cpu } => {
-                let d = |root: &Path| root.join(PARENT).join(name);
-                let (m, p, c) = (d(memory), d(pids), d(cpu));
-                for dir in [&m, &p, &c] {
+            Layout::V1 { .. } => {
+                let dirs = layout.group_dirs(name);
+                let [m, p, c] = dirs.as_slice() else {
+                    return Err(std::io::Error::other("cgroup v1 needs three controllers"));
+                };
+                for dir in [m, p, c] {
                     std::fs::create_dir_all(dir)?;
                 }
                 write(
@@ -143,7 +157,7 @@ impl Cgroup {
                 write(&p.join("pids.max"), &limits.pids.to_string())?;
                 write(&c.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
                 write(&c.join("cpu.cfs_quota_us"), &cpu_quota.to_string())?;
-                vec![m, p, c]
+                dirs.clone()
             }
             Layout::V2 { root } => {
                 let parent = root.join(PARENT);
@@ -151,7 +165,7 @@ impl Cgroup {
                 // Controllers must be enabled on every level above the group.
                 let _ = write(&root.join("cgroup.subtree_control"), "+memory +pids +cpu");
                 write(&parent.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
-                let g = parent.join(name);
+                let g = layout.group_dirs(name).remove(0);
                 std::fs::create_dir_all(&g)?;
                 write(&g.join("memory.max"), &limits.memory_bytes.to_string())?;
                 let swap = g.join("memory.swap.max");

@@ -23,6 +23,7 @@ pub(crate) struct Inner {
     pub compactions: Counter,
     pub room_panics: Counter,
     pub connections_dropped_slow: Counter,
+    pub connections_held_back: Counter,
     pub protocol_errors: Counter,
     pub argon2_operations: Counter,
     pub access_close_seconds: Histogram,
@@ -41,6 +42,7 @@ impl Metrics {
         let compactions = Counter::default();
         let room_panics = Counter::default();
         let connections_dropped_slow = Counter::default();
+        let connections_held_back = Counter::default();
         let protocol_errors = Counter::default();
         let argon2_operations = Counter::default();
         // 1 ms .. 10 s, with an edge at 1 s: the bound the contract promises for removals.
@@ -99,6 +101,11 @@ impl Metrics {
             connections_dropped_slow.clone(),
         );
         registry.register(
+            "connections_held_back",
+            "Times a connection fell behind and had broadcasts held back until it caught up",
+            connections_held_back.clone(),
+        );
+        registry.register(
             "protocol_errors",
             "Connections closed for malformed or refused frames",
             protocol_errors.clone(),
@@ -115,6 +122,7 @@ impl Metrics {
                 compactions,
                 room_panics,
                 connections_dropped_slow,
+                connections_held_back,
                 protocol_errors,
                 argon2_operations,
                 access_close_seconds,

@@ -472,13 +472,22 @@ async fn sync_request_floods_get_one_answer_per_batch() {
     let one = YMessage::Sync(SyncMessage::SyncStep1(yrs::StateVector::default())).encode_v1();
     c.send_raw(one.repeat(16)).await;
     c.synced().await;
-    // Nothing else may follow: the 15 other copies of the document were never built.
-    match tokio::time::timeout(Duration::from_millis(500), c.next()).await {
-        Err(_) => {}
-        Ok(Event::Y(YMessage::Sync(SyncMessage::SyncStep2(_)))) => {
-            panic!("a second sync step 2 answered the same batch")
+    // Nothing else may follow: the 15 other copies of the document were never built. A
+    // presence query after the flood is answered after every sync reply the flood got (a room
+    // sends a batch's sync replies before its presence replies), so read up to that answer.
+    c.send(awareness(&[(777, 1, r#"{"fence":true}"#)])).await;
+    c.send(YMessage::AwarenessQuery).await;
+    loop {
+        match c.next().await {
+            Event::Y(YMessage::Sync(SyncMessage::SyncStep2(_))) => {
+                panic!("a second sync step 2 answered the same batch")
+            }
+            Event::Y(YMessage::Awareness(u)) if u.clients.contains_key(&ClientID::new(777)) => {
+                break
+            }
+            Event::Y(_) => {}
+            Event::Closed(code) => panic!("closed ({code:?})"),
         }
-        Ok(_) => {}
     }
     server.terminate().await;
 }
@@ -605,10 +614,8 @@ async fn a_reader_that_falls_behind_catches_up_instead_of_being_dropped() {
     }
     writer.insert("main.rs", 4, "!").await;
     let expected = writer.content("big.txt");
-    // The reader ends up with everything, still connected.
-    let started = std::time::Instant::now();
+    // The reader ends up with everything, still connected (each read waits TIMEOUT at most).
     while reader.content("big.txt") != expected || reader.content("main.rs") != "seed!" {
-        assert!(started.elapsed() < TIMEOUT, "reader never caught up");
         if let Event::Closed(code) = reader.next().await {
             panic!("reader was dropped ({code:?})");
         }
@@ -618,6 +625,11 @@ async fn a_reader_that_falls_behind_catches_up_instead_of_being_dropped() {
             .metric("coderoom_connections_dropped_slow_total")
             .await,
         0.0
+    );
+    // ...through the hold-back path: it did fall behind, and was caught up.
+    assert!(
+        server.metric("coderoom_connections_held_back_total").await >= 1.0,
+        "the reader never fell behind: this test did not test the catch-up"
     );
     server.terminate().await;
 }

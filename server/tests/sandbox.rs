@@ -571,14 +571,21 @@ async fn lifecycle(server: &Server, token: &str, room: &str, which: &str) -> u16
     http(&url, "POST", Some(token), None).await.0
 }
 
+/// The directories of a room's sandbox cgroup, where the server makes them on this host (v1:
+/// memory, pids, cpu; v2: one). The server runs in this test's own cgroup, so the same
+/// detection finds the same place.
+fn cgroup_dirs(room: &str) -> Vec<std::path::PathBuf> {
+    coderoom_sandbox::cgroup::Layout::detect()
+        .expect("these tests run as root with cgroups")
+        .group_dirs(room)
+}
+
 /// The host pid of the serving agent (pid 2 inside) of a room's sandbox.
 fn agent_host_pid(room: &str) -> u32 {
-    let procs =
-        std::fs::read_to_string(format!("/sys/fs/cgroup/pids/coderoom/{room}/cgroup.procs"))
-            .or_else(|_| {
-                std::fs::read_to_string(format!("/sys/fs/cgroup/coderoom/{room}/cgroup.procs"))
-            })
-            .unwrap();
+    let procs = cgroup_dirs(room)
+        .into_iter()
+        .find_map(|d| std::fs::read_to_string(d.join("cgroup.procs")).ok())
+        .unwrap();
     procs
         .lines()
         .filter_map(|l| l.trim().parse::<u32>().ok())
@@ -794,12 +801,13 @@ async fn editors_and_the_workspace_are_one() {
         server,
         &t.ben,
         room,
-        "printf 'a\\000b' > blob.bin; head -c 2000000 /dev/zero | tr '\\0' x > big.txt",
+        "printf 'a\\000b' > blob.bin; head -c 2000000 /dev/zero | tr '\\0' x > big.txt; \
+         echo after > after-blobs.txt",
     )
     .await;
-    tokio::time::sleep(Duration::from_millis(1000)).await;
-    let probe = Client::connect(server, room, &t.cy).await;
-    let mut probe = probe;
+    // A text file written after them reaches the document: the sync has looked at them too.
+    ana.wait_for_file("after-blobs.txt", "after\n").await;
+    let mut probe = Client::connect(server, room, &t.cy).await;
     probe.synced().await;
     assert!(probe.file("blob.bin").is_none());
     assert!(probe.file("big.txt").is_none());
@@ -856,10 +864,12 @@ async fn editors_and_the_workspace_are_one() {
 }
 
 /// A viewer that stops reading is dropped; the others get every byte without waiting for it.
+/// Its socket may wait ten minutes for a write here (`--write-stall-ms`), so a terminal that
+/// waited for its slowest viewer would not finish within this test's timeouts: no clock needed.
 #[tokio::test]
 async fn a_stalled_viewer_never_slows_the_others() {
     let storage = Storage::new(&Backend::Sqlite).await;
-    let t = team_with(&storage, &["--write-stall-ms", "1000"]).await;
+    let t = team_with(&storage, &["--write-stall-ms", "600000"]).await;
     let (server, room) = (&t.server, &t.room);
     let mut typer = term(server, room, &t.ben).await;
     typer
@@ -868,16 +878,11 @@ async fn a_stalled_viewer_never_slows_the_others() {
     let mut stalled = term(server, room, &t.cy).await;
     stalled.until("joined", |t| t.has_event("sandbox")).await;
     // From here on `stalled` is never read: its socket buffers fill.
-    let started = std::time::Instant::now();
     typer
         .send(b"head -c 40000000 /dev/zero | tr '\\0' x; echo; echo DONE-$((40+2))\n")
         .await;
     typer.output_contains("DONE-42").await;
-    let took = started.elapsed();
     assert!(typer.output.len() >= 40_000_000, "{}", typer.output.len());
-    // At the default 8 MiB/s output bound, 40 MB take about 5 s; a viewer that waited for the
-    // stalled one would never finish.
-    assert!(took < Duration::from_secs(15), "{took:?}");
     // The stalled viewer was cut off: reading now, its stream ends without the marker.
     stalled
         .until("the stalled viewer is closed", |t| t.closed.is_some())
@@ -1010,6 +1015,11 @@ async fn deletion_destroys_the_sandbox_and_its_snapshots() {
     typer.output_contains("recorded-2").await;
     assert_eq!(lifecycle(server, &t.ben, room, "stop").await, 200);
     assert_eq!(lifecycle(server, &t.ben, room, "start").await, 200);
+    let cgroups = cgroup_dirs(room);
+    assert!(
+        !cgroups.is_empty() && cgroups.iter().all(|d| d.exists()),
+        "{cgroups:?}"
+    );
     let room_dir = storage.dir.path().join("rooms").join(room);
     assert!(
         room_dir.join("workspace").read_dir().unwrap().count() >= 1,
@@ -1064,10 +1074,9 @@ async fn deletion_destroys_the_sandbox_and_its_snapshots() {
         .until("the terminal closes", |t| t.closed.is_some())
         .await;
     assert_eq!(typer.closed, Some(4004));
-    assert!(
-        !std::path::Path::new(&format!("/sys/fs/cgroup/pids/coderoom/{room}")).exists(),
-        "the sandbox's cgroup is gone"
-    );
+    for d in &cgroups {
+        assert!(!d.exists(), "{} is left behind", d.display());
+    }
 }
 
 /// A file name whose UTF-8 character straddles byte 200 (where the agent cuts names for the

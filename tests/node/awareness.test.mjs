@@ -33,7 +33,13 @@ async function presenceScenario (defer, server, roomId, token) {
     await sleep(50)
   }
   await waitFor(() => seesA(b, 5) && seesA(c, 5), 10_000, () => `peers did not follow the presence changes; closes: ${closes()}`)
-  await sleep(500)
+  // A fence instead of a pause: every client now sets one more field, and each must see every
+  // other's. A server handles a connection's frames in order, so one that closed a connection
+  // for what it sent before could not pass the fence on.
+  for (const x of clients) x.provider.awareness.setLocalStateField('fence', true)
+  const fenced = () => clients.every((x) => clients.every((y) =>
+    x.provider.awareness.getStates().get(y.doc.clientID)?.fence === true))
+  await waitFor(fenced, 10_000, () => `the fence did not reach every peer; closes: ${closes()}`)
   assert.deepEqual(clients.map((x) => x.provider.closeEvents), [[], [], []], 'no connection may be closed while presence changes')
 
   // A leaving client's presence disappears for the others.

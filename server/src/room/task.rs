@@ -909,6 +909,7 @@ impl Room {
             // It has been sent everything up to this batch; what follows waits.
             if let Some(c) = self.conns.get_mut(&id) {
                 tracing::debug!(room = %self.id, conn = %id, "connection fell behind; holding broadcasts");
+                self.deps.metrics.connections_held_back.inc();
                 c.lag_from = Some(self.batch_sv.clone());
             }
         }
