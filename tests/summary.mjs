@@ -67,10 +67,17 @@ if (cargo === null) {
   let suite = null
   let crate = null
   let seen = 0
+  let ignoredWhy = []
   for (const text of cargo.split('\n')) {
+    const ignored = text.match(/^test (\S+) \.\.\. ignored(?:, (.*))?$/)
+    if (ignored) {
+      ignoredWhy.push(`${ignored[1]}: ${ignored[2] || '#[ignore]d'}`)
+      continue
+    }
     const running = text.match(/^\s+Running (.+?) \((?:.*\/)?([^/]+?)-[0-9a-f]+\)\s*$/)
     const doc = text.match(/^\s+Doc-tests (\S+)/)
     if (running) {
+      ignoredWhy = []
       suite = `cargo ${running[1]} (${running[2]})`
       crate = running[2]
       continue
@@ -86,9 +93,10 @@ if (cargo === null) {
       const skipped = crate ? (skipsByCrate.get(crate) ?? []) : []
       if (crate) skipsByCrate.delete(crate)
       const ignored = Number(result[3])
-      const reasons = [...skipped]
-      for (let i = 0; i < ignored; i++) reasons.push('#[ignore]d benchmark, run by hand')
+      const reasons = [...skipped, ...ignoredWhy]
+      for (let i = ignoredWhy.length; i < ignored; i++) reasons.push('#[ignore]d')
       line(suite, Number(result[1]) - skipped.length, Number(result[2]), reasons)
+      ignoredWhy = []
       suite = null
     }
   }

@@ -19,6 +19,9 @@ use yrs::{StateVector, Update};
 const MAX_MESSAGES_PER_FRAME: usize = 16;
 /// Yjs client ids are 53-bit (JavaScript safe integers); yrs asserts this and panics beyond.
 const MAX_CLIENT_ID: u64 = (1 << 53) - 1;
+/// Deepest nesting of arrays and maps in an update's values. yrs decodes them recursively with
+/// no limit of its own, so a frame of nested empty arrays would overflow the stack.
+const MAX_VALUE_DEPTH: usize = 64;
 
 /// One validated client message.
 #[derive(Debug)]
@@ -163,11 +166,196 @@ fn guard_counts(message: &[u8]) -> Result<(), ProtocolError> {
     Ok(())
 }
 
+/// Walks a v1 update the way yrs 0.28's `Update::decode` reads it, before yrs does, and refuses
+/// what would make yrs ask for memory the bytes do not carry: every count (clients, blocks per
+/// client, values, strings, delete-set ranges) must fit in the bytes left, since each entry takes
+/// at least one; and values nest at most [`MAX_VALUE_DEPTH`] deep. yrs `try_reserve`s whatever
+/// count it reads (a block count of four billion is a 12 GB request), and recurses into nested
+/// values without a limit. Anything this walk cannot read, yrs could not either.
+fn guard_update(update: &[u8]) -> Result<(), ProtocolError> {
+    let bad = |_| ProtocolError::MalformedUpdate;
+    let c = &mut Cursor::new(update);
+    let clients: u32 = c.read_var().map_err(bad)?;
+    fits(c, clients, 3)?;
+    for _ in 0..clients {
+        let blocks: u32 = c.read_var().map_err(bad)?;
+        let _client: u64 = c.read_var().map_err(bad)?;
+        let _clock: u32 = c.read_var().map_err(bad)?;
+        fits(c, blocks, 1)?;
+        for _ in 0..blocks {
+            guard_block(c)?;
+        }
+    }
+    // The delete set: clients, each with ranges of (clock, length).
+    let clients: u32 = c.read_var().map_err(bad)?;
+    fits(c, clients, 2)?;
+    for _ in 0..clients {
+        let _client: u64 = c.read_var().map_err(bad)?;
+        let ranges: u32 = c.read_var().map_err(bad)?;
+        fits(c, ranges, 2)?;
+        for _ in 0..ranges {
+            let _clock: u32 = c.read_var().map_err(bad)?;
+            let _len: u32 = c.read_var().map_err(bad)?;
+        }
+    }
+    Ok(())
+}
+
+/// Whether `count` entries of at least `min_bytes` each fit in what is left of `c`.
+fn fits(c: &Cursor<'_>, count: u32, min_bytes: usize) -> Result<(), ProtocolError> {
+    let left = c.buf.len().saturating_sub(c.next);
+    if u64::from(count).saturating_mul(min_bytes as u64) > left as u64 {
+        return Err(ProtocolError::MalformedUpdate);
+    }
+    Ok(())
+}
+
+/// One block of a v1 update (see `guard_update`).
+fn guard_block(c: &mut Cursor<'_>) -> Result<(), ProtocolError> {
+    const GC: u8 = 0;
+    const SKIP: u8 = 10;
+    const HAS_ORIGIN: u8 = 0b1000_0000;
+    const HAS_RIGHT_ORIGIN: u8 = 0b0100_0000;
+    const HAS_PARENT_SUB: u8 = 0b0010_0000;
+    const XML_ELEMENT: u8 = 3;
+    let bad = |_| ProtocolError::MalformedUpdate;
+    let info = c.read_u8().map_err(bad)?;
+    if info == GC || info == SKIP {
+        let _len: u32 = c.read_var().map_err(bad)?;
+        return Ok(());
+    }
+    let id = |c: &mut Cursor<'_>| -> Result<(), ProtocolError> {
+        let _client: u64 = c.read_var().map_err(bad)?;
+        let _clock: u32 = c.read_var().map_err(bad)?;
+        Ok(())
+    };
+    if info & HAS_ORIGIN != 0 {
+        id(c)?;
+    }
+    if info & HAS_RIGHT_ORIGIN != 0 {
+        id(c)?;
+    }
+    if info & (HAS_ORIGIN | HAS_RIGHT_ORIGIN) == 0 {
+        let named: u32 = c.read_var().map_err(bad)?;
+        if named == 1 {
+            c.read_string().map_err(bad)?;
+        } else {
+            id(c)?;
+        }
+        if info & HAS_PARENT_SUB != 0 {
+            c.read_string().map_err(bad)?;
+        }
+    }
+    match info & 0b1111 {
+        // Deleted: a length.
+        1 => {
+            let _len: u32 = c.read_var().map_err(bad)?;
+        }
+        // JSON: yrs reads one string more than the count says.
+        2 => {
+            let count: u32 = c.read_var().map_err(bad)?;
+            let strings = count.checked_add(1).ok_or(ProtocolError::MalformedUpdate)?;
+            fits(c, strings, 1)?;
+            for _ in 0..strings {
+                c.read_string().map_err(bad)?;
+            }
+        }
+        // Binary, string, embed (JSON text).
+        3 => {
+            c.read_buf().map_err(bad)?;
+        }
+        4 | 5 => {
+            c.read_string().map_err(bad)?;
+        }
+        // Format: key and JSON value.
+        6 => {
+            c.read_string().map_err(bad)?;
+            c.read_string().map_err(bad)?;
+        }
+        // A shared type; an XML element carries its tag name. yrs knows no other type refs
+        // (weak links are not built in).
+        7 => match c.read_u8().map_err(bad)? {
+            XML_ELEMENT => {
+                c.read_string().map_err(bad)?;
+            }
+            0 | 1 | 2 | 4 | 5 | 6 | 9 | 15 => {}
+            _ => return Err(ProtocolError::MalformedUpdate),
+        },
+        // Values.
+        8 => {
+            let count: u32 = c.read_var().map_err(bad)?;
+            fits(c, count, 1)?;
+            for _ in 0..count {
+                guard_value(c, 0)?;
+            }
+        }
+        // A subdocument: its guid and options.
+        9 => {
+            c.read_string().map_err(bad)?;
+            guard_value(c, 0)?;
+        }
+        _ => return Err(ProtocolError::MalformedUpdate),
+    }
+    Ok(())
+}
+
+/// One lib0-encoded value (`yrs::Any`), nested at `depth`.
+fn guard_value(c: &mut Cursor<'_>, depth: usize) -> Result<(), ProtocolError> {
+    let bad = |_| ProtocolError::MalformedUpdate;
+    if depth >= MAX_VALUE_DEPTH {
+        return Err(ProtocolError::MalformedUpdate);
+    }
+    match c.read_u8().map_err(bad)? {
+        // undefined, null, false, true
+        127 | 126 | 121 | 120 => {}
+        // A signed variable-length integer: bytes while the high bit is set.
+        125 => {
+            for _ in 0..10 {
+                if c.read_u8().map_err(bad)? & 0x80 == 0 {
+                    return Ok(());
+                }
+            }
+            return Err(ProtocolError::MalformedUpdate);
+        }
+        124 => {
+            c.read_exact(4).map_err(bad)?;
+        }
+        123 | 122 => {
+            c.read_exact(8).map_err(bad)?;
+        }
+        119 => {
+            c.read_string().map_err(bad)?;
+        }
+        // A map: entries of a key (at least one byte) and a value (at least one).
+        118 => {
+            let len: u32 = c.read_var().map_err(bad)?;
+            fits(c, len, 2)?;
+            for _ in 0..len {
+                c.read_string().map_err(bad)?;
+                guard_value(c, depth + 1)?;
+            }
+        }
+        117 => {
+            let len: u32 = c.read_var().map_err(bad)?;
+            fits(c, len, 1)?;
+            for _ in 0..len {
+                guard_value(c, depth + 1)?;
+            }
+        }
+        116 => {
+            c.read_buf().map_err(bad)?;
+        }
+        _ => return Err(ProtocolError::MalformedUpdate),
+    }
+    Ok(())
+}
+
 fn validate(message: Message, max_awareness_entry: usize) -> Result<Inbound, ProtocolError> {
     match message {
         Message::Sync(SyncMessage::SyncStep1(sv)) => Ok(Inbound::SyncStep1(sv)),
         Message::Sync(SyncMessage::SyncStep2(bytes))
         | Message::Sync(SyncMessage::Update(bytes)) => {
+            guard_update(&bytes)?;
             let update = catch_unwind(|| Update::decode_v1(&bytes))
                 .map_err(|_| ProtocolError::MalformedUpdate)?
                 .map_err(|_| ProtocolError::MalformedUpdate)?;
@@ -332,5 +520,155 @@ mod tests {
             parse_frame(&many, 4096).unwrap_err(),
             ProtocolError::TooManyMessages
         );
+    }
+
+    /// An update, as a sync message in a frame.
+    fn frame_of(update: Vec<u8>) -> Vec<u8> {
+        Message::Sync(SyncMessage::Update(update)).encode_v1()
+    }
+
+    /// Found by the fuzzer with libFuzzer's allocation check on: a block count of billions made
+    /// yrs `try_reserve` 12 GB for a 43-byte frame.
+    #[test]
+    fn block_counts_beyond_the_bytes_are_refused() {
+        let bomb = [
+            0u8, 2, 38, 1, 249, 252, 255, 251, 1, 1, 116, 4, 0, 1, 98, 98, 98, 27, 40, 41, 32, 123,
+            10, 32, 32, 32, 32, 112, 114, 105, 110, 116, 108, 3, 2, 6, 109, 105, 100, 100, 108,
+            101, 0,
+        ];
+        assert_eq!(
+            parse_frame(&bomb, 4096).unwrap_err(),
+            ProtocolError::MalformedUpdate
+        );
+    }
+
+    /// yrs decodes nested values recursively: a frame of nested arrays would overflow the
+    /// stack. Nesting is refused past `MAX_VALUE_DEPTH`; what real documents nest passes.
+    #[test]
+    fn deeply_nested_values_are_refused() {
+        let nested = |depth: usize| {
+            let mut value = yrs::Any::Null;
+            for _ in 0..depth {
+                value = yrs::Any::Array(vec![value].into());
+            }
+            let doc = Doc::new();
+            let map = doc.get_or_insert_map("m");
+            let mut txn = doc.transact_mut();
+            yrs::Map::insert(&map, &mut txn, "k", value);
+            txn.encode_update_v1()
+        };
+        assert!(parse_frame(&frame_of(nested(MAX_VALUE_DEPTH - 1)), 4096).is_ok());
+        assert_eq!(
+            parse_frame(&frame_of(nested(MAX_VALUE_DEPTH + 1)), 4096).unwrap_err(),
+            ProtocolError::MalformedUpdate
+        );
+        // Hand-made: 100,000 levels of `[`: refused before yrs recurses into it.
+        let mut deep = vec![1u8, 1, 1, 0, 8, 1, 0, 2, 1];
+        deep.extend(std::iter::repeat_n([117u8, 1], 100_000).flatten());
+        deep.push(126);
+        deep.push(0);
+        assert_eq!(
+            parse_frame(&frame_of(deep), 4096).unwrap_err(),
+            ProtocolError::MalformedUpdate
+        );
+    }
+
+    /// Every update yrs itself writes passes the guard: random documents of texts (with
+    /// formatting and embeds), maps and arrays of nested values, XML, deletions; each
+    /// incremental update and the whole state.
+    #[test]
+    fn every_update_yrs_writes_passes_the_guard() {
+        use rand::{Rng, SeedableRng};
+        use yrs::{Any, Array, Map, ReadTxn, Xml, XmlFragment};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        fn value(rng: &mut rand::rngs::StdRng, depth: usize) -> Any {
+            match rng.gen_range(0..if depth > 6 { 6 } else { 9 }) {
+                0 => Any::Null,
+                1 => Any::Bool(rng.gen()),
+                2 => Any::from(rng.gen::<f64>()),
+                3 => Any::from(rng.gen::<i64>()),
+                4 => Any::String("värde ✓".repeat(rng.gen_range(0..4)).into()),
+                5 => Any::Buffer(vec![7u8; rng.gen_range(0..9)].into()),
+                6 | 7 => Any::Array(
+                    (0..rng.gen_range(0..4))
+                        .map(|_| value(rng, depth + 1))
+                        .collect::<Vec<_>>()
+                        .into(),
+                ),
+                _ => Any::Map(
+                    (0..rng.gen_range(0..4))
+                        .map(|i| (format!("k{i}"), value(rng, depth + 1)))
+                        .collect::<HashMap<_, _>>()
+                        .into(),
+                ),
+            }
+        }
+        for round in 0..60 {
+            let doc = Doc::with_client_id(round + 1);
+            let text = doc.get_or_insert_text("text");
+            let map = doc.get_or_insert_map("map");
+            let array = doc.get_or_insert_array("array");
+            let xml = doc.get_or_insert_xml_fragment("xml");
+            for _ in 0..12 {
+                let before = doc.transact().state_vector();
+                {
+                    let mut txn = doc.transact_mut();
+                    let len = text.len(&txn);
+                    match rng.gen_range(0..7) {
+                        0 => text.insert(&mut txn, rng.gen_range(0..=len), "hello, text\n"),
+                        1 if len > 2 => text.remove_range(&mut txn, 0, rng.gen_range(1..len)),
+                        2 if len > 2 => {
+                            let attrs =
+                                HashMap::from([(std::sync::Arc::from("bold"), Any::Bool(true))]);
+                            text.format(&mut txn, 0, len / 2, attrs);
+                        }
+                        3 => {
+                            let v = value(&mut rng, 0);
+                            text.insert_embed(&mut txn, len, v);
+                        }
+                        4 => {
+                            let v = value(&mut rng, 0);
+                            map.insert(&mut txn, format!("key{}", rng.gen_range(0..5)), v);
+                        }
+                        5 => {
+                            let v = value(&mut rng, 0);
+                            array.push_back(&mut txn, v);
+                        }
+                        _ => {
+                            let el = xml.push_back(&mut txn, yrs::XmlElementPrelim::empty("div"));
+                            el.insert_attribute(&mut txn, "class", "x");
+                            el.push_back(&mut txn, yrs::XmlTextPrelim::new("inner"));
+                        }
+                    }
+                }
+                let step = doc.transact().encode_state_as_update_v1(&before);
+                assert!(guard_update(&step).is_ok(), "round {round}: {step:?}");
+            }
+            let whole = doc
+                .transact()
+                .encode_state_as_update_v1(&StateVector::default());
+            assert!(guard_update(&whole).is_ok(), "round {round}");
+            assert!(parse_frame(&frame_of(whole), 4096).is_ok());
+        }
+    }
+
+    /// The fuzzing seeds are frames the npm yjs and y-protocols wrote: every one is accepted.
+    #[test]
+    fn frames_written_by_npm_yjs_are_accepted() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fuzz/seeds");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(dir).unwrap() {
+            let path = entry.unwrap().path();
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let frame = std::fs::read(&path).unwrap();
+            let parsed = parse_frame(&frame, 4096);
+            if name == "auth" {
+                assert_eq!(parsed.unwrap_err(), ProtocolError::Unsupported);
+            } else {
+                assert!(parsed.is_ok(), "{name}: {parsed:?}");
+            }
+            seen += 1;
+        }
+        assert!(seen >= 10, "only {seen} seeds");
     }
 }
