@@ -76,6 +76,10 @@ if (cargo === null) {
     }
     const running = text.match(/^\s+Running (.+?) \((?:.*\/)?([^/]+?)-[0-9a-f]+\)\s*$/)
     const doc = text.match(/^\s+Doc-tests (\S+)/)
+    if ((running || doc) && suite) {
+      // The previous binary never reported a result: it crashed (signal, abort, overflow).
+      line(`${suite}: crashed, no result`, 0, 1, [])
+    }
     if (running) {
       ignoredWhy = []
       suite = `cargo ${running[1]} (${running[2]})`
@@ -100,6 +104,7 @@ if (cargo === null) {
       suite = null
     }
   }
+  if (suite) line(`${suite}: crashed, no result`, 0, 1, [])
   if (seen === 0) notRun('cargo test')
   // A skip whose binary never reported a result (it crashed mid-run) is still shown.
   for (const [crate, skipped] of skipsByCrate) line(`cargo ${crate} (no result line)`, 0, 1, skipped)

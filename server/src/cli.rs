@@ -30,6 +30,8 @@ pub fn main() -> anyhow::Result<()> {
     }
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        // Nested document values are handled recursively (see `MAX_VALUE_DEPTH`).
+        .thread_stack_size(crate::room::protocol::THREAD_STACK_BYTES)
         .build()?
         .block_on(run(cli))
 }

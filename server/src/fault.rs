@@ -4,7 +4,9 @@
 //! `CODEROOM_FAULT_PAUSE_AT` lists the points to stop at, comma-separated. Reaching a listed
 //! point prints `fault point reached: NAME` on stdout and parks the task that reached it for
 //! good (whatever it holds open, a database transaction included, stays open until the process
-//! dies). Unset, a point costs one look at an empty list. The points:
+//! dies). Unset, a point costs one look at an empty list. Release builds ignore the variable
+//! (and say so at start): a leftover setting in a unit file cannot park a production server
+//! inside a transaction. The tests run debug builds. The points:
 //!
 //! - `compaction`: inside the transaction that replaces a room's snapshot, after the new
 //!   snapshot is written and before the folded log entries are deleted.
@@ -33,9 +35,23 @@ fn points() -> &'static [String] {
     })
 }
 
-/// Parks the calling task forever when `name` is one of the points the environment lists.
+/// Says at start when the variable is set: a warning in a debug build (the points are live),
+/// an error in a release build (they are not).
+pub(crate) fn announce() {
+    if points().is_empty() {
+        return;
+    }
+    if cfg!(debug_assertions) {
+        tracing::warn!(points = ?points(), "{ENV} is set: this server stops at those test points");
+    } else {
+        tracing::error!("{ENV} is set, and ignored: test points exist in debug builds only");
+    }
+}
+
+/// Parks the calling task forever when `name` is one of the points the environment lists
+/// (debug builds only).
 pub(crate) async fn point(name: &str) {
-    if !points().iter().any(|p| p == name) {
+    if !cfg!(debug_assertions) || !points().iter().any(|p| p == name) {
         return;
     }
     tracing::error!("{ENV}: stopping at {name}");

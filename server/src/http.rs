@@ -11,6 +11,7 @@ pub(crate) mod error;
 pub(crate) mod extract;
 pub(crate) mod files;
 pub(crate) mod guard;
+pub(crate) mod listener;
 pub(crate) mod login;
 pub(crate) mod ops;
 pub(crate) mod rooms;

@@ -27,6 +27,8 @@ pub(crate) struct Inner {
     pub protocol_errors: Counter,
     pub argon2_operations: Counter,
     pub access_close_seconds: Histogram,
+    pub descriptors_exhausted: Counter,
+    pub outbound_queued_bytes: Gauge,
 }
 
 impl Metrics {
@@ -45,13 +47,27 @@ impl Metrics {
         let connections_held_back = Counter::default();
         let protocol_errors = Counter::default();
         let argon2_operations = Counter::default();
+        let descriptors_exhausted = Counter::default();
+        registry.register(
+            "descriptors_exhausted",
+            "Connections answered 503 because the process was out of file descriptors",
+            descriptors_exhausted.clone(),
+        );
+        let outbound_queued_bytes = Gauge::default();
+        registry.register(
+            "outbound_queued_bytes",
+            "Bytes waiting in document connections' outbound queues (each WebSocket also holds a \
+             4 KiB read buffer and up to 8 KiB of write buffer, more while it carries a large \
+             frame)",
+            outbound_queued_bytes.clone(),
+        );
         // 1 ms .. 10 s, with an edge at 1 s: the bound the contract promises for removals.
         let access_close_seconds =
             Histogram::new([0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0]);
         registry.register(
             "access_close_seconds",
-            "Time from an access decision (removal, lapse of observe, logout) to the close of \
-             each socket it ends, measured by the server",
+            "Time from an access decision (removal, lapse of observe, logout) to the moment the \
+             close of each document or terminal socket it ends is handed to that socket",
             access_close_seconds.clone(),
         );
         registry.register(
@@ -126,6 +142,8 @@ impl Metrics {
                 protocol_errors,
                 argon2_operations,
                 access_close_seconds,
+                descriptors_exhausted,
+                outbound_queued_bytes,
             }),
         }
     }

@@ -377,12 +377,14 @@ async fn sensitive_actions_fail_closed_without_the_database() {
 /// handles one connection's frames in order and sends a batch's updates before its presence,
 /// so any edit `from` sent earlier that the room accepted has reached `to` by then.
 async fn fence(from: &mut Client, to: &mut Client, marker: &str) {
+    // Each fence is newer than the last (a presence state that is not newer is not relayed).
+    static CLOCK: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
     let state = serde_json::json!({ "marker": marker }).to_string();
     let id = from.doc.client_id();
     let clients = [(
         id,
         yrs::sync::awareness::AwarenessUpdateEntry {
-            clock: 1,
+            clock: CLOCK.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             json: state.into(),
         },
     )]
@@ -391,10 +393,14 @@ async fn fence(from: &mut Client, to: &mut Client, marker: &str) {
     from.send(YMessage::Awareness(yrs::sync::AwarenessUpdate { clients }))
         .await;
     loop {
-        if let Event::Y(YMessage::Awareness(u)) = to.next().await {
-            if u.clients.values().any(|e| e.json.contains(marker)) {
-                return;
+        match to.next().await {
+            Event::Y(YMessage::Awareness(u))
+                if u.clients.values().any(|e| e.json.contains(marker)) =>
+            {
+                return
             }
+            Event::Y(_) => {}
+            Event::Closed(code) => panic!("closed ({code:?}) waiting for the fence {marker:?}"),
         }
     }
 }

@@ -129,8 +129,12 @@ test('two people share a room in real browsers: editor, cursors, terminal, downg
     await ben.page.getByTestId('terminal').click()
     await ben.page.keyboard.type('echo viewer-typed\n', { delay: 5 })
     // A fence instead of a pause: Ana types after Ben, in the editor and in the terminal. Ben's
-    // page sends what it sends as each key is dispatched, before Ana's first key; once her text
-    // has landed on the server, his would have too.
+    // page would send what it sends as each key is dispatched (y-websocket and the terminal
+    // write at once), before Ana's first key is even typed; once her text has landed, his would
+    // have too. This orders two connections by when they sent, which the server does not
+    // promise: the guarantee itself (a viewer's frame never applies) is proven on one
+    // connection by server/tests/access.rs and sandbox.rs; this checks that the page sends
+    // nothing a viewer may not.
     await ana.page.locator('.cm-content').click()
     await ana.page.keyboard.press('Control+End')
     await ana.page.keyboard.type('// fence', { delay: 5 })

@@ -301,9 +301,11 @@ pub(crate) async fn change_participant(
         .await?;
     drop(locked);
     let rights = crate::room::task::Rights::of(&after, Capability::Edit, now);
-    let _ = app
-        .access_changed
-        .send((room_id.to_string(), target.to_string()));
+    let _ = app.access_changed.send(crate::http::state::AccessChanged {
+        room: room_id.to_string(),
+        user: target.to_string(),
+        at: std::time::Instant::now(),
+    });
     app.rooms
         .notify(
             &room_id,
@@ -348,9 +350,11 @@ pub(crate) async fn remove_participant(
         )
         .await?;
     drop(locked);
-    let _ = app
-        .access_changed
-        .send((room_id.to_string(), target.to_string()));
+    let _ = app.access_changed.send(crate::http::state::AccessChanged {
+        room: room_id.to_string(),
+        user: target.to_string(),
+        at: std::time::Instant::now(),
+    });
     app.rooms
         .notify(
             &room_id,

@@ -29,6 +29,12 @@ pub(crate) fn routes() -> Router<AppState> {
     Router::new().route("/api/rooms/{id}/doc", get(doc_socket))
 }
 
+/// Initial read buffer of a WebSocket (tungstenite's default is 128 KiB per connection, most of
+/// what an idle connection cost).
+pub(crate) const SOCKET_READ_BUFFER: usize = 4 * 1024;
+/// Bytes gathered before a write reaches the socket (the writer flushes after each batch anyway).
+pub(crate) const SOCKET_WRITE_BUFFER: usize = 8 * 1024;
+
 pub(crate) async fn doc_socket(
     State(app): State<AppState>,
     user: AuthUser,
@@ -44,6 +50,10 @@ pub(crate) async fn doc_socket(
     Ok(ws
         .max_message_size(max)
         .max_frame_size(max)
+        // Sized for what an idle or typing peer carries; a large frame grows the buffer for
+        // itself (tungstenite reserves what the frame header announces).
+        .read_buffer_size(SOCKET_READ_BUFFER)
+        .write_buffer_size(SOCKET_WRITE_BUFFER)
         .on_upgrade(move |socket| {
             let tracker = app.tracker.clone();
             tracker.track_future(serve(app, room_id, user, access, socket))
@@ -52,7 +62,11 @@ pub(crate) async fn doc_socket(
 
 async fn serve(app: AppState, room_id: RoomId, user: AuthUser, access: Rights, socket: WebSocket) {
     let conn = next_conn_id();
-    let (outbox, out_rx) = Outbox::new(app.limits.outbound_queue_bytes, app.limits.max_doc_bytes);
+    let (outbox, out_rx) = Outbox::new(
+        app.limits.outbound_queue_bytes,
+        app.limits.max_doc_bytes,
+        app.metrics.outbound_queued_bytes.clone(),
+    );
     let (sink, mut stream) = socket.split();
     let done = out_rx.kill_token();
     let stall = Duration::from_millis(app.limits.write_stall_ms);

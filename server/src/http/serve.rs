@@ -16,6 +16,8 @@ use tokio_util::task::TaskTracker;
 /// returns.
 pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     warn_unbuilt(&args);
+    crate::http::listener::raise_open_file_limit();
+    crate::fault::announce();
     let store = Store::connect(&args.storage.database_url()).await?;
     store.migrate().await?;
     let shutdown = CancellationToken::new();
@@ -23,6 +25,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let metrics = Metrics::new();
     let limits = Arc::new(args.limits.clone());
     let metrics_for_hasher = metrics.clone();
+    let metrics_for_listener = metrics.clone();
     // The one clock of the server: rights, timers, audit records and recordings read it.
     let clock = crate::clock::Clock::system();
     let audit = crate::audit::Audit::new(store.clone(), &args.storage.data_dir, clock.clone());
@@ -94,24 +97,24 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // Deletions a crash interrupted are finished before anything else touches those rooms.
     deletion::resume(&state).await?;
     sandboxes.start_idle_scheduler();
+    // The handlers are in place before anyone can know where to send a signal: a SIGTERM right
+    // after the line below still shuts down gracefully.
+    let signals = install_signal_handlers();
     // Tests and scripts read this exact line to find the port.
     println!("listening on http://{addr}");
     tracing::info!(%addr, backend = ?store.backend(), "serving");
 
     let signal = shutdown.clone();
     tokio::spawn(async move {
-        wait_for_signal().await;
+        wait_for_signal(signals).await;
         tracing::info!("shutdown requested: flushing rooms");
         signal.cancel();
     });
     let graceful = shutdown.clone();
-    // Keystrokes are tiny frames: without TCP_NODELAY, Nagle's algorithm holds a broadcast back
-    // until the previous one is acknowledged, which with delayed ACKs adds ~40 ms at the tail.
-    let listener = listener.tap_io(|tcp| {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %e, "cannot set TCP_NODELAY");
-        }
-    });
+    // `tap_io` also gives the connection's address to `ConnectInfo` (axum provides that for
+    // its own listeners and for tapped ones).
+    let listener = crate::http::listener::Listener::new(listener, metrics_for_listener)
+        .tap_io(crate::http::listener::no_delay);
     axum::serve(
         listener,
         router(state).into_make_service_with_connect_info::<std::net::SocketAddr>(),
@@ -127,13 +130,25 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn wait_for_signal() {
+type Signals = Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>;
+
+/// SIGTERM and SIGINT handlers, installed now (their default would kill the process).
+fn install_signal_handlers() -> Signals {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) = (
+    match (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
-    ) else {
-        tracing::error!("cannot install signal handlers");
+    ) {
+        (Ok(term), Ok(int)) => Some((term, int)),
+        _ => {
+            tracing::error!("cannot install signal handlers");
+            None
+        }
+    }
+}
+
+async fn wait_for_signal(signals: Signals) {
+    let Some((mut term, mut int)) = signals else {
         return std::future::pending().await;
     };
     tokio::select! {

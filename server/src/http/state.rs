@@ -44,8 +44,8 @@ pub(crate) struct AppState {
     pub deletions: Arc<tokio::sync::Mutex<()>>,
     /// Sessions that just ended (logout): their open sockets close.
     pub sessions_ended: tokio::sync::broadcast::Sender<SessionEnded>,
-    /// `(room, user)` whose rights just changed: open terminals look them up again.
-    pub access_changed: tokio::sync::broadcast::Sender<(String, String)>,
+    /// Whose rights in which room just changed: open terminals look them up again.
+    pub access_changed: tokio::sync::broadcast::Sender<AccessChanged>,
     /// Every room's sandbox supervisor.
     pub sandboxes: Sandboxes,
 }
@@ -57,5 +57,14 @@ pub(crate) struct SessionEnded {
     pub hash: String,
     /// When the server decided: each socket's close is measured from here
     /// (`coderoom_access_close_seconds`).
+    pub at: std::time::Instant,
+}
+
+/// A participant's rights in a room changed, announced to the open terminals.
+#[derive(Clone, Debug)]
+pub(crate) struct AccessChanged {
+    pub room: String,
+    pub user: String,
+    /// When the server decided (a terminal it closes is measured from here).
     pub at: std::time::Instant,
 }

@@ -79,6 +79,8 @@ pub(crate) async fn terminal_socket(
     Ok(ws
         .max_message_size(MAX_INPUT_FRAME)
         .max_frame_size(MAX_INPUT_FRAME)
+        .read_buffer_size(crate::http::doc_socket::SOCKET_READ_BUFFER)
+        .write_buffer_size(crate::http::doc_socket::SOCKET_WRITE_BUFFER)
         .on_upgrade(move |socket| {
             let tracker = app.tracker.clone();
             tracker.track_future(serve(app, room_id, user, rights, (cols, rows), socket))
@@ -271,7 +273,7 @@ async fn serve(
             },
             changed = access.recv() => {
                 let (relevant, in_room) = match &changed {
-                    Ok((room, who)) => (room == room_id.as_str() && *who == user.id, room == room_id.as_str()),
+                    Ok(c) => (c.room == room_id.as_str() && c.user == user.id, c.room == room_id.as_str()),
                     // Missed notices: look again to be safe.
                     Err(_) => (true, true),
                 };
@@ -289,6 +291,14 @@ async fn serve(
                         let msg = TermEvent::ReadOnly { reason: "your right to type was withdrawn".into() };
                         put(&mut sink, Message::Text(msg.text().into()), stall).await;
                     }
+                    if !rights.may_observe(app.clock.now_ms()) {
+                        // Removed (or lost `observe`): closed now, measured from the decision.
+                        if let Ok(c) = &changed {
+                            app.metrics.access_close_seconds.observe(c.at.elapsed().as_secs_f64());
+                        }
+                        close(&mut sink, CloseCode::Removed).await;
+                        break;
+                    }
                     if let Some((_, caps)) = now {
                         put(&mut sink, capabilities(&caps), stall).await;
                     }
@@ -296,14 +306,18 @@ async fn serve(
             }
             Ok(session) = ended.recv() => {
                 if session.hash == user.session_hash {
-                    close(&mut sink, CloseCode::LoggedOut).await;
+                    // Measured when the close is handed to the socket, as everywhere.
                     app.metrics
                         .access_close_seconds
                         .observe(session.at.elapsed().as_secs_f64());
+                    close(&mut sink, CloseCode::LoggedOut).await;
                     break;
                 }
             }
             () = tokio::time::sleep(observe_left), if observe_ends.is_some() => {
+                // A lapse: measured from the moment it lapsed.
+                let late = app.clock.now_ms().saturating_sub(observe_ends.unwrap_or(0)).max(0);
+                app.metrics.access_close_seconds.observe(late as f64 / 1000.0);
                 close(&mut sink, CloseCode::Removed).await;
                 break;
             }

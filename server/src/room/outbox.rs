@@ -12,6 +12,7 @@
 
 use crate::close::CloseCode;
 use bytes::Bytes;
+use prometheus_client::metrics::gauge::Gauge;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use tokio::sync::mpsc;
@@ -58,6 +59,17 @@ impl Budget {
 struct Budgets {
     reply: Budget,
     broadcast: Budget,
+    /// Bytes queued across every connection (`coderoom_outbound_queued_bytes`).
+    queued: Gauge,
+}
+
+impl Drop for Budgets {
+    fn drop(&mut self) {
+        // A connection dropped with frames still queued: they are freed with it.
+        let left =
+            self.reply.used.load(Ordering::Acquire) + self.broadcast.used.load(Ordering::Acquire);
+        self.queued.dec_by(i64::try_from(left).unwrap_or(i64::MAX));
+    }
 }
 
 impl Budgets {
@@ -90,8 +102,12 @@ pub(crate) struct OutboxRx {
 
 impl Outbox {
     /// `broadcast_bytes`: the configured per-connection budget; `max_doc_bytes`: the largest
-    /// document a reply can carry.
-    pub(crate) fn new(broadcast_bytes: usize, max_doc_bytes: usize) -> (Outbox, OutboxRx) {
+    /// document a reply can carry; `queued`: the process-wide gauge of queued bytes.
+    pub(crate) fn new(
+        broadcast_bytes: usize,
+        max_doc_bytes: usize,
+        queued: Gauge,
+    ) -> (Outbox, OutboxRx) {
         let (tx, rx) = mpsc::channel(QUEUE_MESSAGES);
         let budgets = Arc::new(Budgets {
             reply: Budget {
@@ -103,6 +119,7 @@ impl Outbox {
                 used: AtomicUsize::new(0),
                 limit: broadcast_bytes,
             },
+            queued,
         });
         let kill = CancellationToken::new();
         (
@@ -126,10 +143,12 @@ impl Outbox {
             if !self.budgets.of(class).take(len) {
                 return Err(Stuck);
             }
+            self.budgets.queued.inc_by(len as i64);
         }
         self.tx.try_send(msg).map_err(|_| {
             if let Some((class, len)) = charge {
                 self.budgets.of(class).give(len);
+                self.budgets.queued.dec_by(len as i64);
             }
             Stuck
         })
@@ -180,6 +199,7 @@ impl OutboxRx {
             msg = self.rx.recv() => {
                 if let Some(Outbound::Frame(class, b)) = &msg {
                     self.budgets.of(*class).give(b.len());
+                    self.budgets.queued.dec_by(b.len() as i64);
                 }
                 msg
             }
@@ -205,7 +225,7 @@ mod tests {
 
     #[tokio::test]
     async fn budgets_refuse_and_recover() {
-        let (out, mut rx) = Outbox::new(100, 1000);
+        let (out, mut rx) = Outbox::new(100, 1000, Gauge::default());
         out.push(frame(Class::Broadcast, 60)).unwrap();
         assert!(out.push(frame(Class::Broadcast, 60)).is_err());
         // A whole-document reply fits its own budget while broadcasts are queued.
@@ -225,7 +245,7 @@ mod tests {
 
     #[tokio::test]
     async fn kill_ends_the_writer() {
-        let (out, mut rx) = Outbox::new(100, 100);
+        let (out, mut rx) = Outbox::new(100, 100, Gauge::default());
         out.push(frame(Class::Broadcast, 1)).unwrap();
         out.kill();
         assert!(rx.recv().await.is_none());

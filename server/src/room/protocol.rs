@@ -19,9 +19,16 @@ use yrs::{StateVector, Update};
 const MAX_MESSAGES_PER_FRAME: usize = 16;
 /// Yjs client ids are 53-bit (JavaScript safe integers); yrs asserts this and panics beyond.
 const MAX_CLIENT_ID: u64 = (1 << 53) - 1;
-/// Deepest nesting of arrays and maps in an update's values. yrs decodes them recursively with
-/// no limit of its own, so a frame of nested empty arrays would overflow the stack.
-const MAX_VALUE_DEPTH: usize = 64;
+/// Deepest nesting of arrays and maps in an update's values. yrs decodes, integrates, encodes
+/// and drops them recursively with no limit of its own, so a frame of nested empty arrays would
+/// overflow the stack. Measured on yrs 0.28 (decode, apply, encode, JSON, drop): a 2 MiB stack
+/// holds about 4,000 levels in a release build and 500 in a debug build; the server's threads
+/// get [`THREAD_STACK_BYTES`], so this limit leaves a wide margin in both, and stays far above
+/// what documents nest (a JSON syntax tree kept in a map, say).
+pub const MAX_VALUE_DEPTH: usize = 1000;
+/// Stack of every thread of the server's runtime (tokio's default is 2 MiB): room for
+/// [`MAX_VALUE_DEPTH`] levels with a margin, even in a debug build.
+pub const THREAD_STACK_BYTES: usize = 8 << 20;
 
 /// One validated client message.
 #[derive(Debug)]
@@ -54,6 +61,8 @@ pub enum ProtocolError {
     AwarenessTooLarge,
     #[error("awareness state is not JSON")]
     AwarenessNotJson,
+    #[error("values nested deeper than {MAX_VALUE_DEPTH} levels")]
+    TooDeep,
 }
 
 impl ProtocolError {
@@ -62,6 +71,7 @@ impl ProtocolError {
         match self {
             ProtocolError::Malformed => "malformed message",
             ProtocolError::MalformedUpdate => "malformed update",
+            ProtocolError::TooDeep => "values nested too deep",
             ProtocolError::Empty => "empty frame",
             ProtocolError::TooManyMessages => "too many messages in frame",
             ProtocolError::Unsupported => "unsupported message type",
@@ -303,7 +313,7 @@ fn guard_block(c: &mut Cursor<'_>) -> Result<(), ProtocolError> {
 fn guard_value(c: &mut Cursor<'_>, depth: usize) -> Result<(), ProtocolError> {
     let bad = |_| ProtocolError::MalformedUpdate;
     if depth >= MAX_VALUE_DEPTH {
-        return Err(ProtocolError::MalformedUpdate);
+        return Err(ProtocolError::TooDeep);
     }
     match c.read_u8().map_err(bad)? {
         // undefined, null, false, true
@@ -542,35 +552,56 @@ mod tests {
         );
     }
 
-    /// yrs decodes nested values recursively: a frame of nested arrays would overflow the
-    /// stack. Nesting is refused past `MAX_VALUE_DEPTH`; what real documents nest passes.
+    /// An update holding `depth` nested arrays, by hand (building it with yrs would recurse).
+    fn nested_update(depth: usize) -> Vec<u8> {
+        // One client, one block at clock 0: Any content (info 8) in the root type "m".
+        let mut b = vec![1u8, 1, 1, 0, 8, 1, 1, b'm', 1];
+        b.extend(std::iter::repeat_n([117u8, 1], depth).flatten());
+        b.push(126); // null, innermost
+        b.push(0); // empty delete set
+        b
+    }
+
+    /// yrs handles nested values recursively: a frame of nested arrays would overflow the
+    /// stack. Nesting past `MAX_VALUE_DEPTH` is refused with its own reason; nesting up to it
+    /// goes through decoding, integration, encoding, JSON and drop on a thread with the stack
+    /// the server's threads get.
     #[test]
     fn deeply_nested_values_are_refused() {
-        let nested = |depth: usize| {
-            let mut value = yrs::Any::Null;
-            for _ in 0..depth {
-                value = yrs::Any::Array(vec![value].into());
-            }
-            let doc = Doc::new();
-            let map = doc.get_or_insert_map("m");
-            let mut txn = doc.transact_mut();
-            yrs::Map::insert(&map, &mut txn, "k", value);
-            txn.encode_update_v1()
-        };
-        assert!(parse_frame(&frame_of(nested(MAX_VALUE_DEPTH - 1)), 4096).is_ok());
         assert_eq!(
-            parse_frame(&frame_of(nested(MAX_VALUE_DEPTH + 1)), 4096).unwrap_err(),
-            ProtocolError::MalformedUpdate
+            parse_frame(&frame_of(nested_update(MAX_VALUE_DEPTH)), 4096).unwrap_err(),
+            ProtocolError::TooDeep
         );
-        // Hand-made: 100,000 levels of `[`: refused before yrs recurses into it.
-        let mut deep = vec![1u8, 1, 1, 0, 8, 1, 0, 2, 1];
-        deep.extend(std::iter::repeat_n([117u8, 1], 100_000).flatten());
-        deep.push(126);
-        deep.push(0);
         assert_eq!(
-            parse_frame(&frame_of(deep), 4096).unwrap_err(),
-            ProtocolError::MalformedUpdate
+            parse_frame(&frame_of(nested_update(100_000)), 4096).unwrap_err(),
+            ProtocolError::TooDeep
         );
+        let at_the_limit = std::thread::Builder::new()
+            .stack_size(THREAD_STACK_BYTES)
+            .spawn(|| {
+                let frame = frame_of(nested_update(MAX_VALUE_DEPTH - 1));
+                let Ok(mut parsed) = parse_frame(&frame, 4096) else {
+                    return false;
+                };
+                let Some(Inbound::Update { update, .. }) = parsed.pop() else {
+                    return false;
+                };
+                let doc = Doc::new();
+                let applied = doc.transact_mut().apply_update(update).is_ok();
+                use yrs::ReadTxn;
+                let encoded = doc
+                    .transact()
+                    .encode_state_as_update_v1(&StateVector::default());
+                let map = doc.get_or_insert_map("m");
+                let json = yrs::types::ToJson::to_json(&map, &doc.transact());
+                drop(json);
+                drop(doc);
+                applied && guard_update(&encoded).is_ok()
+            })
+            .unwrap()
+            .join()
+            .unwrap();
+        assert!(at_the_limit);
     }
 
     /// Every update yrs itself writes passes the guard: random documents of texts (with

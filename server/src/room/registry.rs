@@ -196,7 +196,7 @@ mod tests {
         rights: crate::room::task::Rights,
     ) -> (ConnId, mpsc::Sender<RoomCmd>, crate::room::outbox::OutboxRx) {
         let conn = next_conn_id();
-        let (out, rx) = Outbox::new(1 << 20, 1 << 20);
+        let (out, rx) = Outbox::new(1 << 20, 1 << 20, Default::default());
         let tx = rooms.handle(room);
         let (reply, answer) = oneshot::channel();
         tx.send(RoomCmd::Join {

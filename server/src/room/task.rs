@@ -505,24 +505,29 @@ impl Room {
         for c in self.conns.values_mut().filter(|c| c.user_id == user_id) {
             c.rights = rights;
         }
-        self.expire(self.deps.clock.now_ms(), Some(decided));
+        self.expire(self.deps.clock.now_ms(), Some((user_id, decided)));
     }
 
-    /// Closes connections whose user may no longer observe. `decided` is when the server took
-    /// the right away; without it (a grant lapsed) the moment it lapsed counts.
-    fn expire(&mut self, now: i64, decided: Option<Instant>) {
+    /// Closes connections whose user may no longer observe. `decided` is the user whose right
+    /// the server just took away, and when; for any other connection (a grant lapsed) the
+    /// moment it lapsed counts.
+    fn expire(&mut self, now: i64, decided: Option<(&str, Instant)>) {
         let gone: Vec<(ConnId, Instant)> = self
             .conns
             .iter()
             .filter(|(id, c)| !c.rights.may_observe(now) && !self.refused.contains(*id))
             .map(|(id, c)| {
-                let lapsed = c.rights.observe.ends_at().map(|end| {
-                    let late = u64::try_from(now.saturating_sub(end)).unwrap_or(0);
-                    Instant::now()
-                        .checked_sub(Duration::from_millis(late))
-                        .unwrap_or_else(Instant::now)
-                });
-                (*id, decided.or(lapsed).unwrap_or_else(Instant::now))
+                let at = match decided {
+                    Some((user, at)) if user == c.user_id => at,
+                    _ => {
+                        let end = c.rights.observe.ends_at().unwrap_or(now);
+                        let late = u64::try_from(now.saturating_sub(end)).unwrap_or(0);
+                        Instant::now()
+                            .checked_sub(Duration::from_millis(late))
+                            .unwrap_or_else(Instant::now)
+                    }
+                };
+                (*id, at)
             })
             .collect();
         for (id, at) in gone {
@@ -767,17 +772,19 @@ impl Room {
         }
         // Refused connections get nothing more: close them first.
         for (conn, refused) in std::mem::take(&mut self.closing) {
+            let decided = self.close_decided.remove(&conn);
             if let Some(c) = self.conns.get(&conn) {
                 match refused {
                     Some(why) => c.out.refuse(why),
                     None => c.out.close(CloseCode::Removed),
                 }
-            }
-            if let Some(at) = self.close_decided.remove(&conn) {
-                self.deps
-                    .metrics
-                    .access_close_seconds
-                    .observe(at.elapsed().as_secs_f64());
+                // Measured when the close is handed to the connection's writer.
+                if let Some(at) = decided {
+                    self.deps
+                        .metrics
+                        .access_close_seconds
+                        .observe(at.elapsed().as_secs_f64());
+                }
             }
             self.leave(conn);
         }

@@ -267,7 +267,12 @@ struct Session<'a> {
 async fn session(ctx: &SyncCtx, base: &mut HashMap<String, String>) -> Result<(), SyncError> {
     let conn = crate::room::task::next_conn_id();
     let (outbox, mut out_rx) =
-        Outbox::new(ctx.limits.outbound_queue_bytes, ctx.limits.max_doc_bytes);
+        // In-process, not a socket: not counted with the connections' queued bytes.
+        Outbox::new(
+            ctx.limits.outbound_queue_bytes,
+            ctx.limits.max_doc_bytes,
+            Default::default(),
+        );
     let room = ctx
         .rooms
         .join(

@@ -296,9 +296,20 @@ impl Server {
     /// Starts the server through `sh` with extra redirections (`7>>FILE 8<FILE`): descriptors
     /// it inherits without close-on-exec, as a careless parent would leave them.
     pub async fn start_with_redirections(storage: &Storage, redirections: &str) -> Server {
+        Self::start_via_shell(storage, "", redirections).await
+    }
+
+    /// Starts the server with an open-file limit of `soft` (and `hard`) descriptors.
+    pub async fn start_with_open_file_limit(storage: &Storage, soft: u32, hard: u32) -> Server {
+        let limits = format!("ulimit -S -n {soft} && ulimit -H -n {hard} &&");
+        Self::start_via_shell(storage, &limits, "").await
+    }
+
+    /// Starts the server through `sh -c "{before} exec coderoom serve ... {after}"`.
+    async fn start_via_shell(storage: &Storage, before: &str, after: &str) -> Server {
         let mut sh = Command::new("sh");
         sh.arg("-c")
-            .arg(format!("exec \"$0\" \"$@\" {redirections}"))
+            .arg(format!("{before} exec \"$0\" \"$@\" {after}"))
             .arg(BIN);
         Self::start_command(sh, storage, &[], &[], None).await
     }

@@ -1,0 +1,378 @@
+//! What idle connections and idle rooms cost the server: resident memory (VmRSS) measured from
+//! outside, before and after opening connections that sync once and then say nothing.
+//!
+//! `idle_connections_stay_small` (a test) opens 2,000 and bounds the growth per connection.
+//! `density_benchmark` (ignored; `cargo test -p coderoom-server --release --test density --
+//! --ignored --nocapture`) measures Coderoom and the reference Node server
+//! (`@y/websocket-server`, from `tests/node`) side by side at 1,000, 5,000 and 10,000
+//! connections and per idle room, and prints the table `docs/benchmarks.md` carries.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use futures_util::{SinkExt, StreamExt};
+use std::time::Duration;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_tungstenite::tungstenite::Message;
+use yrs::sync::protocol::{Message as YMessage, SyncMessage};
+use yrs::updates::decoder::Decode;
+use yrs::updates::encoder::Encode;
+
+/// The bound the test holds the server to, per idle connection (the goal is 16 KiB;
+/// allocator noise on a busy machine gets some room).
+const MAX_KIB_PER_IDLE_CONNECTION: f64 = 24.0;
+
+/// Resident memory of process `pid`, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+/// Where idle clients connect: Coderoom (with a token) or the reference server (no auth).
+#[derive(Clone)]
+struct Target {
+    base: String,
+    token: Option<String>,
+}
+
+impl Target {
+    fn url(&self, room: &str) -> String {
+        match self.token {
+            Some(_) => format!("{}/api/rooms/{room}/doc", self.base),
+            None => format!("{}/{room}", self.base),
+        }
+    }
+}
+
+/// Opens a connection that syncs (step 1 out, step 2 back) and then stays silent. The client's
+/// own buffers are small: the client is not what is measured, but it must fit 10,000 times.
+async fn idle_client(target: &Target, room: &str) -> Ws {
+    let mut req = target.url(room).into_client_request().unwrap();
+    if let Some(token) = &target.token {
+        req.headers_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+    }
+    let cfg = WebSocketConfig::default()
+        .read_buffer_size(4096)
+        .write_buffer_size(0)
+        .max_message_size(Some(8 << 20))
+        .max_frame_size(Some(8 << 20));
+    let (mut ws, _) = tokio_tungstenite::connect_async_with_config(req, Some(cfg), false)
+        .await
+        .unwrap();
+    let step1 = YMessage::Sync(SyncMessage::SyncStep1(Default::default())).encode_v1();
+    ws.send(Message::Binary(step1.into())).await.unwrap();
+    loop {
+        let m = tokio::time::timeout(TIMEOUT, ws.next())
+            .await
+            .expect("no sync step 2")
+            .unwrap()
+            .unwrap();
+        if let Message::Binary(b) = m {
+            if let Ok(YMessage::Sync(SyncMessage::SyncStep2(_))) = YMessage::decode_v1(&b) {
+                return ws;
+            }
+        }
+    }
+}
+
+/// Opens `n` idle clients spread over `rooms`, a few at a time.
+async fn open_idle(target: &Target, rooms: &[String], n: usize) -> Vec<Ws> {
+    let mut all = Vec::with_capacity(n);
+    for chunk in (0..n).collect::<Vec<_>>().chunks(64) {
+        let opened = futures_util::future::join_all(chunk.iter().map(|i| {
+            let target = target.clone();
+            let room = rooms[i % rooms.len()].clone();
+            async move { idle_client(&target, &room).await }
+        }))
+        .await;
+        all.extend(opened);
+    }
+    all
+}
+
+/// Waits until the process's memory has stopped moving (what was opened has settled), then
+/// returns it.
+async fn settled_rss(pid: u32) -> u64 {
+    let mut last = rss_kib(pid);
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = rss_kib(pid);
+        if now.abs_diff(last) < 64 {
+            return now;
+        }
+        last = now;
+    }
+    last
+}
+
+async fn coderoom_rooms(server: &Server, token: &str, n: usize) -> Vec<String> {
+    let mut rooms = Vec::with_capacity(n);
+    for _ in 0..n {
+        rooms.push(create_room(server, token).await);
+    }
+    rooms
+}
+
+/// Growth of the server's memory per idle connection, in KiB: `n` connections over `rooms`
+/// that each already hold one connection (so the rooms are loaded before the first reading).
+async fn per_connection_kib(pid: u32, target: &Target, rooms: &[String], n: usize) -> (f64, u64) {
+    let _warm = open_idle(target, rooms, rooms.len()).await;
+    let before = settled_rss(pid).await;
+    let conns = open_idle(target, rooms, n).await;
+    let after = settled_rss(pid).await;
+    drop(conns);
+    ((after.saturating_sub(before)) as f64 / n as f64, after)
+}
+
+#[tokio::test]
+async fn idle_connections_stay_small() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let token = storage.token("ana@example.com").await;
+    let server = Server::start(&storage, &[]).await;
+    let pid = server.child.id().unwrap();
+    let rooms = coderoom_rooms(&server, &token, 10).await;
+    let target = Target {
+        base: format!("ws://{}", server.addr),
+        token: Some(token.clone()),
+    };
+    let (per_conn, _) = per_connection_kib(pid, &target, &rooms, 2000).await;
+    eprintln!("coderoom: {per_conn:.1} KiB per idle connection (2,000 over 10 rooms)");
+    assert!(
+        per_conn < MAX_KIB_PER_IDLE_CONNECTION,
+        "{per_conn:.1} KiB per idle connection"
+    );
+    // Small buffers still carry a large frame: 1 MiB of text reaches a peer.
+    let mut a = Client::connect(&server, &rooms[0], &token).await;
+    a.synced().await;
+    let mut b = Client::connect(&server, &rooms[0], &token).await;
+    b.synced().await;
+    let big = "x".repeat(1 << 20);
+    a.insert("big.txt", 0, &big).await;
+    b.wait_for("big.txt", &big).await;
+    assert!(server.terminate().await.success());
+}
+
+/// The server raises its soft open-file limit to the hard one at start.
+#[tokio::test]
+async fn the_open_file_limit_is_raised_to_the_hard_limit() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let server = Server::start_with_open_file_limit(&storage, 200, 4000).await;
+    let pid = server.child.id().unwrap();
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    let numbers: Vec<&str> = line.split_whitespace().skip(3).take(2).collect();
+    assert_eq!(numbers, ["4000", "4000"], "{line}");
+    let status = server.terminate().await;
+    assert!(status.success(), "{status:?}");
+}
+
+/// Out of descriptors, a new connection gets a 503 that says why (not a hang or a reset), and
+/// the server serves again once descriptors are free.
+#[tokio::test]
+async fn out_of_descriptors_answers_503_and_recovers() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let token = storage.token("ana@example.com").await;
+    let server = Server::start_with_open_file_limit(&storage, 128, 128).await;
+    let room = create_room(&server, &token).await;
+    let target = Target {
+        base: format!("ws://{}", server.addr),
+        token: Some(token.clone()),
+    };
+    let mut held = Vec::new();
+    let mut refused = None;
+    for _ in 0..200 {
+        let mut req = target.url(&room).into_client_request().unwrap();
+        req.headers_mut()
+            .insert("authorization", format!("Bearer {token}").parse().unwrap());
+        match tokio_tungstenite::connect_async(req).await {
+            Ok((ws, _)) => held.push(ws),
+            Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
+                refused = Some(resp);
+                break;
+            }
+            Err(e) => panic!("after {} connections: {e}", held.len()),
+        }
+    }
+    let resp = refused.expect("200 connections on 128 descriptors were all accepted");
+    assert_eq!(resp.status(), 503);
+    let body = String::from_utf8(resp.body().clone().unwrap_or_default()).unwrap();
+    assert!(body.contains("out of file descriptors"), "{body}");
+    drop(held);
+    // Descriptors free again: the server answers as before.
+    let mut healthy = false;
+    for _ in 0..100 {
+        if http(&server.url("/healthz"), "GET", None, None).await.0 == 200 {
+            healthy = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(healthy, "the server did not recover");
+    assert!(server.metric("coderoom_descriptors_exhausted_total").await >= 1.0);
+    assert!(server.terminate().await.success());
+}
+
+/// The reference server, started from `tests/node`'s npm install.
+async fn reference_server() -> (tokio::process::Child, u16) {
+    let js = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/node/node_modules/@y/websocket-server/src/server.js"
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = tokio::process::Command::new("node")
+        .arg(js)
+        .env("HOST", "127.0.0.1")
+        .env("PORT", port.to_string())
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("node and tests/node's npm install are needed");
+    for _ in 0..200 {
+        if tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_ok()
+        {
+            return (child, port);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the reference server did not start");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: run with --release --ignored --nocapture"]
+async fn density_benchmark() {
+    println!("| server | connections | rooms | KiB per idle connection | RSS after (MiB) |");
+    println!("|---|---|---|---|---|");
+    for n in [1000usize, 5000, 10000] {
+        // 100 connections a room (a room takes 256 by default). Coderoom fresh each time.
+        let room_count = n / 100;
+        let storage = Storage::new(&Backend::Sqlite).await;
+        let token = storage.token("ana@example.com").await;
+        let server = Server::start(&storage, &[]).await;
+        let pid = server.child.id().unwrap();
+        let rooms = coderoom_rooms(&server, &token, room_count).await;
+        let target = Target {
+            base: format!("ws://{}", server.addr),
+            token: Some(token.clone()),
+        };
+        let (kib, after) = per_connection_kib(pid, &target, &rooms, n).await;
+        println!(
+            "| coderoom | {n} | {room_count} | {kib:.1} | {:.1} |",
+            after as f64 / 1024.0
+        );
+        server.kill9().await;
+
+        let (child, port) = reference_server().await;
+        let pid = child.id().unwrap();
+        let rooms: Vec<String> = (0..room_count).map(|i| format!("room{i}")).collect();
+        let target = Target {
+            base: format!("ws://127.0.0.1:{port}"),
+            token: None,
+        };
+        let (kib, after) = per_connection_kib(pid, &target, &rooms, n).await;
+        println!(
+            "| reference @y/websocket-server | {n} | {room_count} | {kib:.1} | {:.1} |",
+            after as f64 / 1024.0
+        );
+        drop(child);
+    }
+    // Per idle room: 1,000 rooms of one connection each, against the same connections in 10.
+    println!();
+    println!("| server | KiB per idle loaded room (1,000 rooms, one connection each) |");
+    println!("|---|---|");
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let token = storage.token("ana@example.com").await;
+    let server = Server::start(&storage, &[]).await;
+    let pid = server.child.id().unwrap();
+    let target = Target {
+        base: format!("ws://{}", server.addr),
+        token: Some(token.clone()),
+    };
+    let rooms = coderoom_rooms(&server, &token, 1000).await;
+    let before = settled_rss(pid).await;
+    let conns = open_idle(&target, &rooms, 1000).await;
+    let after = settled_rss(pid).await;
+    let coderoom_room = (after.saturating_sub(before)) as f64 / 1000.0;
+    drop(conns);
+    server.kill9().await;
+    let (child, port) = reference_server().await;
+    let pid = child.id().unwrap();
+    let target = Target {
+        base: format!("ws://127.0.0.1:{port}"),
+        token: None,
+    };
+    let rooms: Vec<String> = (0..1000).map(|i| format!("room{i}")).collect();
+    let before = settled_rss(pid).await;
+    let conns = open_idle(&target, &rooms, 1000).await;
+    let after = settled_rss(pid).await;
+    let reference_room = (after.saturating_sub(before)) as f64 / 1000.0;
+    drop(conns);
+    drop(child);
+    println!("| coderoom | {coderoom_room:.1} (room and its one connection) |");
+    println!(
+        "| reference @y/websocket-server | {reference_room:.1} (room and its one connection) |"
+    );
+
+    // Rejoining an idle room: an unloaded room (its memory given back; compacted into one
+    // snapshot when it unloaded) against a loaded one, for a 1 MB document.
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let token = storage.token("ana@example.com").await;
+    let server = Server::start(&storage, &["--room-idle-ms", "200"]).await;
+    let room = create_room(&server, &token).await;
+    {
+        let mut c = Client::connect(&server, &room, &token).await;
+        c.synced().await;
+        for i in 0..100 {
+            c.insert("big.txt", i * 10_000, &"y".repeat(10_000)).await;
+        }
+        eventually(&server, &room, &token, "big.txt", &"y".repeat(1_000_000)).await;
+    }
+    let mut cold = Vec::new();
+    let mut warm = Vec::new();
+    for _ in 0..5 {
+        // Unloaded: wait until the room has left memory.
+        for _ in 0..200 {
+            if server.metric("coderoom_rooms_loaded").await == 0.0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let started = std::time::Instant::now();
+        let mut c = Client::connect(&server, &room, &token).await;
+        c.synced().await;
+        cold.push(started.elapsed());
+        let started = std::time::Instant::now();
+        let mut d = Client::connect(&server, &room, &token).await;
+        d.synced().await;
+        warm.push(started.elapsed());
+        assert_eq!(d.content("big.txt").len(), 1_000_000);
+    }
+    let median = |v: &mut Vec<Duration>| {
+        v.sort();
+        v[v.len() / 2].as_secs_f64() * 1000.0
+    };
+    println!();
+    println!("| rejoin, 1 MB document (median of 5) | ms |");
+    println!("|---|---|");
+    println!(
+        "| room unloaded (loaded from its snapshot) | {:.1} |",
+        median(&mut cold)
+    );
+    println!("| room loaded | {:.1} |", median(&mut warm));
+    server.kill9().await;
+}
