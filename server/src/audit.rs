@@ -4,6 +4,8 @@
 
 use crate::store::{Change, Store, StoreError};
 use coderoom_authz::audit::{self, Fields, Record};
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -113,6 +115,82 @@ impl Locked<'_> {
 
 type Checkpoints = BTreeMap<String, (i64, String)>;
 
+/// One line of an anchor file: every chain's head at a moment.
+#[derive(Serialize, Deserialize)]
+struct AnchorLine {
+    at: i64,
+    heads: Checkpoints,
+}
+
+impl Audit {
+    /// Anchors every chain's head where a writer of the data directory cannot silently rewrite
+    /// it together with the chains and the checkpoint: their digest goes into the system chain,
+    /// whose new head is logged (logs leave the machine), and the heads are appended to `file`
+    /// when the operator names one. Run at each start and stop.
+    pub(crate) async fn anchor(&self, file: Option<&Path>) -> anyhow::Result<()> {
+        let heads = read_checkpoints(&self.checkpoint)?;
+        let digest = hex::encode(Sha256::digest(serde_json::to_vec(&heads)?));
+        let details = serde_json::json!({ "chains": heads.len(), "heads_sha256": digest });
+        let record = self
+            .record(
+                "system",
+                "system",
+                "audit_anchor",
+                "allow",
+                "",
+                details,
+                Change::None,
+            )
+            .await?;
+        tracing::info!(
+            system_head_seq = record.seq,
+            system_head_hash = %record.hash,
+            heads_sha256 = %digest,
+            "audit chain heads anchored"
+        );
+        if let Some(file) = file {
+            // The heads now, the anchoring record included.
+            let line = AnchorLine {
+                at: self.clock.now_ms(),
+                heads: read_checkpoints(&self.checkpoint)?,
+            };
+            let mut text = serde_json::to_string(&line)?;
+            text.push('\n');
+            let file = file.to_owned();
+            tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+                use std::io::Write;
+                let mut f = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&file)?;
+                f.write_all(text.as_bytes())?;
+                f.sync_data()
+            })
+            .await??;
+        }
+        Ok(())
+    }
+}
+
+/// Every (chain, seq, hash, when) an anchor file holds.
+fn read_anchors(path: &Path) -> anyhow::Result<Vec<(String, i64, String, i64)>> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| anyhow::anyhow!("cannot read the anchor file {}: {e}", path.display()))?;
+    let mut out = Vec::new();
+    for (n, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let a: AnchorLine = serde_json::from_str(line)
+            .map_err(|e| anyhow::anyhow!("anchor file {} line {}: {e}", path.display(), n + 1))?;
+        for (chain, (seq, hash)) in a.heads {
+            out.push((chain, seq, hash, a.at));
+        }
+    }
+    Ok(out)
+}
+
 pub(crate) fn read_checkpoints(path: &Path) -> std::io::Result<Checkpoints> {
     match std::fs::read(path) {
         Ok(bytes) => serde_json::from_slice(&bytes).map_err(std::io::Error::other),
@@ -152,6 +230,14 @@ pub(crate) enum VerifyError {
          detected (`coderoom audit verify --no-checkpoint` checks links and hashes only)"
     )]
     NoCheckpoint(String),
+    /// A record whose columns do not read (named by chain and sequence number).
+    #[error("{0}")]
+    Unreadable(String),
+    #[error(
+        "audit chain {chain}: record {seq} does not match the anchor written at {at} ms \
+         (the record, or the chain after it, was rewritten or deleted)"
+    )]
+    Anchor { chain: String, seq: i64, at: i64 },
 }
 
 /// `coderoom audit verify`: checks every chain (or one), against the checkpoints. Returns the
@@ -161,11 +247,19 @@ pub(crate) async fn verify_all(
     data_dir: &Path,
     only: Option<&str>,
     need: Checkpoint,
+    anchor_file: Option<&Path>,
 ) -> anyhow::Result<Result<usize, VerifyError>> {
     let checkpoints = read_checkpoints(&data_dir.join(CHECKPOINT_FILE))?;
+    let anchors = match anchor_file {
+        Some(path) => read_anchors(path)?,
+        None => Vec::new(),
+    };
     let mut chains = store.audit_chains().await?;
-    // A chain wiped from the table entirely still has its checkpoint.
-    for c in checkpoints.keys() {
+    // A chain wiped from the table entirely still has its checkpoint, or its anchors.
+    for c in checkpoints
+        .keys()
+        .chain(anchors.iter().map(|(chain, ..)| chain))
+    {
         if !chains.contains(c) {
             chains.push(c.clone());
         }
@@ -174,13 +268,30 @@ pub(crate) async fn verify_all(
         chains.retain(|c| c == one);
     }
     for chain in &chains {
-        let records = store.audit_records(chain).await?;
+        let records = match store.audit_records(chain).await {
+            Ok(r) => r,
+            Err(e @ StoreError::BadAuditRecord { .. }) => {
+                return Ok(Err(VerifyError::Unreadable(e.to_string())))
+            }
+            Err(e) => return Err(e.into()),
+        };
         let cp = checkpoints.get(chain).map(|(s, h)| (*s, h.as_str()));
         if let Err(e) = audit::verify(chain, &records, cp) {
             return Ok(Err(e.into()));
         }
         if cp.is_none() && !records.is_empty() && need == Checkpoint::Required {
             return Ok(Err(VerifyError::NoCheckpoint(chain.clone())));
+        }
+        // Every anchored head is still there, unchanged (the chain's links then vouch for
+        // everything before it).
+        for (_, seq, hash, at) in anchors.iter().filter(|(c, ..)| c == chain) {
+            if !records.iter().any(|r| r.seq == *seq && r.hash == *hash) {
+                return Ok(Err(VerifyError::Anchor {
+                    chain: chain.clone(),
+                    seq: *seq,
+                    at: *at,
+                }));
+            }
         }
     }
     Ok(Ok(chains.len()))

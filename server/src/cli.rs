@@ -48,6 +48,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 AuditCommand::Verify {
                     room,
                     no_checkpoint,
+                    anchor,
                     storage,
                 },
         } => {
@@ -65,8 +66,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             } else {
                 crate::audit::Checkpoint::Required
             };
-            let result =
-                crate::audit::verify_all(&store, &storage.data_dir, room.as_deref(), need).await?;
+            let result = crate::audit::verify_all(
+                &store,
+                &storage.data_dir,
+                room.as_deref(),
+                need,
+                anchor.as_deref(),
+            )
+            .await?;
             store.close().await;
             match result {
                 Ok(n) => {

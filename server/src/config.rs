@@ -53,6 +53,10 @@ pub(crate) enum AuditCommand {
         /// without a checkpoint, truncation cannot be detected.
         #[arg(long)]
         no_checkpoint: bool,
+        /// Also check every chain against the heads anchored in this file (written by
+        /// `serve --audit-anchor-file`): catches a chain rewritten together with its checkpoint.
+        #[arg(long)]
+        anchor: Option<PathBuf>,
         #[command(flatten)]
         storage: StorageArgs,
     },
@@ -117,6 +121,10 @@ pub(crate) struct ServeArgs {
     pub cloud_hypervisor_bin: Option<PathBuf>,
     #[arg(long, env = "CODEROOM_SANDBOX_ROOTFS")]
     pub sandbox_rootfs: Option<PathBuf>,
+    /// A file outside the data directory (append-only storage, another disk) where every
+    /// chain's head is appended at each start and stop, for `coderoom audit verify --anchor`.
+    #[arg(long, env = "CODEROOM_AUDIT_ANCHOR_FILE")]
+    pub audit_anchor_file: Option<PathBuf>,
     /// Separate origin that previews are served from.
     #[arg(long, env = "CODEROOM_PREVIEW_URL")]
     pub preview_url: Option<String>,

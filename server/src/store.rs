@@ -57,6 +57,16 @@ pub(crate) enum StoreError {
     Conflict,
     #[error("cannot create the database directory")]
     Io(#[from] std::io::Error),
+    /// An audit record whose stored columns do not read as what they must be (tampering or
+    /// damage), named by its chain and sequence number.
+    #[error("audit chain {chain}: record {seq}: column `{column}` does not read: {problem}")]
+    BadAuditRecord {
+        chain: String,
+        /// The record's sequence number, as stored (it may be the unreadable column).
+        seq: String,
+        column: &'static str,
+        problem: String,
+    },
 }
 
 #[derive(Clone, Debug)]

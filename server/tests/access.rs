@@ -430,6 +430,98 @@ async fn closed_within_a_second(server: &Server, n: f64) {
     assert_eq!((count, within), (n, n));
 }
 
+/// A writer of the data directory can delete a chain's last records and rewrite the checkpoint
+/// to match: `audit verify` then passes. The heads the server anchored at start and stop in a
+/// file outside the data directory catch it (`--anchor`), naming the chain and record; and a
+/// record whose column was given the wrong type is named by chain and record too.
+async fn audit_anchors_catch_a_rewritten_checkpoint_on(backend: &Backend) {
+    let storage = Storage::new(backend).await;
+    let outside = tempfile::tempdir().unwrap();
+    let anchors = outside.path().join("anchors.jsonl");
+    let anchor_arg = anchors.display().to_string();
+    let t = team_with(&storage, &["--audit-anchor-file", &anchor_arg]).await;
+    for _ in 0..3 {
+        let url = t
+            .server
+            .url(&format!("/api/rooms/{}/participants/{}", t.room, t.ben_id));
+        let body = Some(r#"{"grant":["invite"]}"#);
+        assert_eq!(http(&url, "PATCH", Some(&t.ana), body).await.0, 200);
+    }
+    assert!(t.server.terminate().await.success());
+    let (ok, text) = storage
+        .cli(&["audit", "verify", "--anchor", &anchor_arg])
+        .await;
+    assert!(ok, "{text}");
+
+    // Delete the room chain's last two records, and make the checkpoint agree.
+    let n = storage
+        .query_i64(
+            "SELECT MAX(seq) FROM audit_log WHERE chain = $1",
+            &[(&t.room).into()],
+        )
+        .await;
+    storage
+        .execute(
+            "DELETE FROM audit_log WHERE chain = $1 AND seq > $2",
+            &[(&t.room).into(), (n - 2).into()],
+        )
+        .await;
+    let (ok, text) = storage.cli(&["audit", "verify"]).await;
+    assert!(!ok, "the truncation passed against the checkpoint: {text}");
+    // The new last record, read as any client would (the restart anchors nothing outside:
+    // it has no --audit-anchor-file).
+    let records = {
+        let server = Server::start(&storage, &[]).await;
+        let log = audit(&server, &t.ana, &t.room).await;
+        assert!(server.terminate().await.success());
+        log
+    };
+    let last = records.iter().max_by_key(|r| r["seq"].as_i64()).unwrap();
+    let checkpoint = storage.dir.path().join("audit-checkpoint.json");
+    let mut heads: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&checkpoint).unwrap()).unwrap();
+    heads[&t.room] = serde_json::json!([last["seq"], last["hash"]]);
+    std::fs::write(&checkpoint, serde_json::to_vec(&heads).unwrap()).unwrap();
+    // Without the anchors, nothing shows.
+    let (ok, text) = storage.cli(&["audit", "verify"]).await;
+    assert!(ok, "{text}");
+    // With them, the chain and the first missing anchored record are named.
+    let (ok, text) = storage
+        .cli(&["audit", "verify", "--anchor", &anchor_arg])
+        .await;
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains(&format!("audit chain {}", t.room)) && text.contains("anchor"),
+        "{text}"
+    );
+}
+
+on_each_backend!(
+    audit_anchors_catch_a_rewritten_checkpoint,
+    audit_anchors_catch_a_rewritten_checkpoint_on
+);
+
+/// SQLite stores whatever it is given: a record whose `at` was set to text is named by chain
+/// and record, not reported as a bare database error. (PostgreSQL refuses such a write.)
+#[tokio::test]
+async fn audit_verify_names_a_record_with_a_mistyped_column() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let t = team(&storage).await;
+    t.server.terminate().await;
+    storage
+        .execute(
+            "UPDATE audit_log SET at = 'noon' WHERE chain = $1 AND seq = 2",
+            &[(&t.room).into()],
+        )
+        .await;
+    let (ok, text) = storage.cli(&["audit", "verify"]).await;
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains(&format!("audit chain {}: record 2: column `at`", t.room)),
+        "{text}"
+    );
+}
+
 async fn exec(storage: &Storage, room: &str, sql: &str) {
     storage.execute(sql, &[room.into()]).await;
 }

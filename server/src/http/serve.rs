@@ -29,6 +29,9 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // The one clock of the server: rights, timers, audit records and recordings read it.
     let clock = crate::clock::Clock::system();
     let audit = crate::audit::Audit::new(store.clone(), &args.storage.data_dir, clock.clone());
+    // Every chain's head, anchored at start (and again at a graceful stop).
+    let anchor_file = args.audit_anchor_file.clone();
+    audit.anchor(anchor_file.as_deref()).await?;
     let rooms = Rooms::new(
         RoomDeps {
             store: store.clone(),
@@ -81,7 +84,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         shutdown: shutdown.clone(),
         tracker: tracker.clone(),
         hasher: crate::accounts::codes::Hasher::new(permits, metrics_for_hasher),
-        audit,
+        audit: audit.clone(),
         mailer,
         cookie: crate::accounts::sessions::CookieConfig::for_origin(&public_origin),
         public_origin,
@@ -125,6 +128,9 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     sandboxes.suspend_all().await;
     tracker.close();
     tracker.wait().await;
+    if let Err(e) = audit.anchor(anchor_file.as_deref()).await {
+        tracing::error!(error = %e, "cannot anchor the audit chain heads at shutdown");
+    }
     store.close().await;
     tracing::info!("shutdown complete");
     Ok(())

@@ -29,18 +29,33 @@ impl Store {
         .await?;
         rows.iter()
             .map(|r| {
+                // A column that does not read names its record, not just the database.
+                let seq = r
+                    .try_get::<i64, _>("seq")
+                    .map(|s| s.to_string())
+                    .or_else(|_| r.try_get::<String, _>("seq"))
+                    .unwrap_or_else(|_| "?".to_owned());
+                let bad = |column: &'static str| {
+                    let seq = seq.clone();
+                    move |e: sqlx::Error| StoreError::BadAuditRecord {
+                        chain: chain.to_owned(),
+                        seq,
+                        column,
+                        problem: e.to_string(),
+                    }
+                };
                 Ok(audit::Record {
-                    seq: r.try_get("seq")?,
+                    seq: r.try_get("seq").map_err(bad("seq"))?,
                     fields: audit::Fields {
-                        at: r.try_get("at")?,
-                        actor: r.try_get("actor")?,
-                        action: r.try_get("action")?,
-                        decision: r.try_get("decision")?,
-                        reason: r.try_get("reason")?,
-                        details: r.try_get("details")?,
+                        at: r.try_get("at").map_err(bad("at"))?,
+                        actor: r.try_get("actor").map_err(bad("actor"))?,
+                        action: r.try_get("action").map_err(bad("action"))?,
+                        decision: r.try_get("decision").map_err(bad("decision"))?,
+                        reason: r.try_get("reason").map_err(bad("reason"))?,
+                        details: r.try_get("details").map_err(bad("details"))?,
                     },
-                    prev_hash: r.try_get("prev_hash")?,
-                    hash: r.try_get("hash")?,
+                    prev_hash: r.try_get("prev_hash").map_err(bad("prev_hash"))?,
+                    hash: r.try_get("hash").map_err(bad("hash"))?,
                 })
             })
             .collect()
