@@ -122,13 +122,22 @@ async fn coderoom_rooms(server: &Server, token: &str, n: usize) -> Vec<String> {
 
 /// Growth of the server's memory per idle connection, in KiB: `n` connections over `rooms`
 /// that each already hold one connection (so the rooms are loaded before the first reading).
-async fn per_connection_kib(pid: u32, target: &Target, rooms: &[String], n: usize) -> (f64, u64) {
+/// Returns the growth, the memory after, and the idle connections (still open).
+async fn per_connection_kib(
+    pid: u32,
+    target: &Target,
+    rooms: &[String],
+    n: usize,
+) -> (f64, u64, Vec<Ws>) {
     let _warm = open_idle(target, rooms, rooms.len()).await;
     let before = settled_rss(pid).await;
     let conns = open_idle(target, rooms, n).await;
     let after = settled_rss(pid).await;
-    drop(conns);
-    ((after.saturating_sub(before)) as f64 / n as f64, after)
+    (
+        (after.saturating_sub(before)) as f64 / n as f64,
+        after,
+        conns,
+    )
 }
 
 #[tokio::test]
@@ -142,20 +151,44 @@ async fn idle_connections_stay_small() {
         base: format!("ws://{}", server.addr),
         token: Some(token.clone()),
     };
-    let (per_conn, _) = per_connection_kib(pid, &target, &rooms, 2000).await;
+    let (per_conn, _, mut idle) = per_connection_kib(pid, &target, &rooms, 2000).await;
     eprintln!("coderoom: {per_conn:.1} KiB per idle connection (2,000 over 10 rooms)");
     assert!(
         per_conn < MAX_KIB_PER_IDLE_CONNECTION,
         "{per_conn:.1} KiB per idle connection"
     );
-    // Small buffers still carry a large frame: 1 MiB of text reaches a peer.
-    let mut a = Client::connect(&server, &rooms[0], &token).await;
-    a.synced().await;
-    let mut b = Client::connect(&server, &rooms[0], &token).await;
-    b.synced().await;
-    let big = "x".repeat(1 << 20);
-    a.insert("big.txt", 0, &big).await;
-    b.wait_for("big.txt", &big).await;
+    // Small buffers still carry large frames both ways: one of the idle connections sends 1 MiB
+    // of text in one frame, and another idle one in the same room receives it.
+    let update = {
+        use yrs::{Text, Transact};
+        let doc = yrs::Doc::new();
+        let text = doc.get_or_insert_text("big.txt");
+        let mut txn = doc.transact_mut();
+        text.insert(&mut txn, 0, &"x".repeat(1 << 20));
+        txn.encode_update_v1()
+    };
+    let frame = YMessage::Sync(SyncMessage::Update(update)).encode_v1();
+    // Connections were spread round-robin: 0 and 10 are in the same room (10 is at 9 once 0
+    // is taken out).
+    let mut sender = idle.remove(0);
+    sender.send(Message::Binary(frame.into())).await.unwrap();
+    let receiver = &mut idle[9];
+    loop {
+        let m = tokio::time::timeout(TIMEOUT, receiver.next())
+            .await
+            .expect("the large update never arrived")
+            .unwrap()
+            .unwrap();
+        if let Message::Binary(b) = m {
+            if b.len() > 1 << 20 {
+                break;
+            }
+        }
+    }
+    let mut c = Client::connect(&server, &rooms[0], &token).await;
+    c.synced().await;
+    assert_eq!(c.content("big.txt").len(), 1 << 20);
+    drop(idle);
     assert!(server.terminate().await.success());
 }
 
@@ -270,7 +303,7 @@ async fn density_benchmark() {
             base: format!("ws://{}", server.addr),
             token: Some(token.clone()),
         };
-        let (kib, after) = per_connection_kib(pid, &target, &rooms, n).await;
+        let (kib, after, _idle) = per_connection_kib(pid, &target, &rooms, n).await;
         println!(
             "| coderoom | {n} | {room_count} | {kib:.1} | {:.1} |",
             after as f64 / 1024.0
@@ -284,7 +317,7 @@ async fn density_benchmark() {
             base: format!("ws://127.0.0.1:{port}"),
             token: None,
         };
-        let (kib, after) = per_connection_kib(pid, &target, &rooms, n).await;
+        let (kib, after, _idle) = per_connection_kib(pid, &target, &rooms, n).await;
         println!(
             "| reference @y/websocket-server | {n} | {room_count} | {kib:.1} | {:.1} |",
             after as f64 / 1024.0
