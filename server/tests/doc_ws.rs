@@ -634,6 +634,58 @@ async fn a_reader_that_falls_behind_catches_up_instead_of_being_dropped() {
     server.terminate().await;
 }
 
+/// A reader held back while someone left learns of the departure when it catches up (the
+/// removal was among the broadcasts it missed); before, its client showed the departed person
+/// until its own 30-second timeout.
+#[tokio::test]
+async fn a_held_back_reader_learns_who_left_meanwhile() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let (server, token, room) = seeded(&storage, &["--outbound-queue-bytes", "65536"]).await;
+    let mut reader = Client::connect(&server, &room, &token).await;
+    reader.synced().await;
+    let mut leaver = Client::connect(&server, &room, &token).await;
+    leaver.synced().await;
+    leaver
+        .send(awareness(&[(4242, 1, r#"{"user":{"name":"leaver"}}"#)]))
+        .await;
+    eventually_presence(&mut reader, 4242).await;
+    // The reader stops reading while 3 MiB go by: more than its queue's budget and the
+    // loopback socket's buffers together, so it falls behind and stays behind (its queue cannot
+    // drain into a socket nobody reads) until it reads again.
+    let mut writer = Client::connect(&server, &room, &token).await;
+    writer.synced().await;
+    let chunk = "b".repeat(16 * 1024);
+    for _ in 0..200 {
+        writer.insert("big.txt", 0, &chunk).await;
+    }
+    for _ in 0..200 {
+        if server.metric("coderoom_connections_held_back_total").await >= 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(server.metric("coderoom_connections_held_back_total").await >= 1.0);
+    // Someone leaves while the reader is held back.
+    drop(leaver);
+    writer.insert("main.rs", 4, "!").await;
+    // Reading again: the reader catches up, and hears that 4242 left.
+    loop {
+        match reader.next().await {
+            Event::Y(YMessage::Awareness(u))
+                if u.clients
+                    .get(&ClientID::new(4242))
+                    .is_some_and(|e| &*e.json == "null") =>
+            {
+                break
+            }
+            Event::Y(_) => {}
+            Event::Closed(code) => panic!("reader closed ({code:?}) before hearing who left"),
+        }
+    }
+    assert_eq!(reader.content("main.rs"), "seed!");
+    server.terminate().await;
+}
+
 /// A room takes `--max-connections-per-room` connections at once; one more is closed with 1013
 /// (try again later) before it joins, and a place that frees up can be taken again.
 #[tokio::test]

@@ -199,6 +199,9 @@ struct Conn {
     /// document state it is known to have been sent up to. Once its queue drains it gets the
     /// difference in one update, instead of being dropped.
     lag_from: Option<StateVector>,
+    /// While held back: the departures mark when it fell behind, so the catch-up also tells it
+    /// who left meanwhile (their removals were among the broadcasts it missed).
+    lag_departures: u64,
 }
 
 struct Presence {
@@ -223,17 +226,34 @@ const MAX_TOMBSTONES: usize = 1024;
 
 #[derive(Default)]
 struct Tombstones {
-    clocks: HashMap<ClientID, u32>,
+    /// Each departed id's last clock, and when it departed (a count of departures).
+    clocks: HashMap<ClientID, (u32, u64)>,
     order: std::collections::VecDeque<ClientID>,
+    departures: u64,
 }
 
 impl Tombstones {
-    fn get(&self, id: &ClientID) -> Option<&u32> {
-        self.clocks.get(id)
+    fn get(&self, id: &ClientID) -> Option<u32> {
+        self.clocks.get(id).map(|(clock, _)| *clock)
+    }
+
+    /// A mark to ask later what departed since ([`Tombstones::since`]).
+    fn mark(&self) -> u64 {
+        self.departures
+    }
+
+    /// The ids that departed since `mark`, with their last clocks.
+    fn since(&self, mark: u64) -> impl Iterator<Item = (ClientID, u32)> + '_ {
+        self.clocks
+            .iter()
+            .filter(move |(_, (_, at))| *at >= mark)
+            .map(|(id, (clock, _))| (*id, *clock))
     }
 
     fn insert(&mut self, id: ClientID, clock: u32) {
-        if self.clocks.insert(id, clock).is_none() {
+        let at = self.departures;
+        self.departures += 1;
+        if self.clocks.insert(id, (clock, at)).is_none() {
             self.order.push_back(id);
         }
         while self.order.len() > MAX_TOMBSTONES {
@@ -276,6 +296,9 @@ pub(crate) struct Room {
     /// The document's state vector when the current batch began: what a connection that falls
     /// behind during the batch is known to have been sent.
     batch_sv: StateVector,
+    /// The departures mark ([`Tombstones::mark`]) at the start of the batch: a connection that
+    /// falls behind on this batch's broadcasts missed its departures too.
+    batch_departures: u64,
     /// Updates produced this batch: (seq, bytes, origin connection).
     batch: Vec<(i64, Bytes, ConnId)>,
     /// Small replies built while handling (join greetings).
@@ -334,6 +357,7 @@ impl Room {
             logged_since_snapshot: stored.updates.len() as u64,
             stored_bytes,
             batch_sv: StateVector::default(),
+            batch_departures: 0,
             batch: Vec::new(),
             replies: Vec::new(),
             sync_requests: Vec::new(),
@@ -407,6 +431,7 @@ impl Room {
                 return self.delete(done);
             }
             self.batch_sv = self.doc.transact().state_vector();
+            self.batch_departures = self.tombstones.mark();
             self.handle(first);
             let mut handled = 1;
             while handled < MAX_BATCH_COMMANDS {
@@ -453,6 +478,7 @@ impl Room {
                         out,
                         awareness_ids: HashSet::new(),
                         lag_from: None,
+                        lag_departures: 0,
                     },
                 );
                 self.deps.metrics.connections.inc();
@@ -630,7 +656,7 @@ impl Room {
                     let stale = self
                         .tombstones
                         .get(&client)
-                        .is_some_and(|&c| entry.clock <= c);
+                        .is_some_and(|c| entry.clock <= c);
                     if removal || stale {
                         continue;
                     }
@@ -683,6 +709,35 @@ impl Room {
                 self.presence_changes.insert(client, entry);
             }
         }
+    }
+
+    /// What a connection that was held back missed of presence: every current state, every
+    /// state cleared meanwhile, and the removal of everyone who left since `departures` (a
+    /// [`Tombstones::mark`]). Without the removals its client would show people who left until
+    /// its own 30-second timeout.
+    fn catch_up_presence(&self, departures: u64) -> Option<AwarenessUpdate> {
+        let null = || -> std::sync::Arc<str> { "null".into() };
+        let mut clients: HashMap<_, _> = self
+            .presence
+            .iter()
+            .map(|(id, p)| {
+                let json = p.json.clone().unwrap_or_else(null);
+                (
+                    *id,
+                    AwarenessUpdateEntry {
+                        clock: p.clock,
+                        json,
+                    },
+                )
+            })
+            .collect();
+        for (id, clock) in self.tombstones.since(departures) {
+            clients.entry(id).or_insert(AwarenessUpdateEntry {
+                clock,
+                json: null(),
+            });
+        }
+        (!clients.is_empty()).then_some(AwarenessUpdate { clients })
     }
 
     /// Every current presence state, `None` when there is none.
@@ -918,6 +973,7 @@ impl Room {
                 tracing::debug!(room = %self.id, conn = %id, "connection fell behind; holding broadcasts");
                 self.deps.metrics.connections_held_back.inc();
                 c.lag_from = Some(self.batch_sv.clone());
+                c.lag_departures = self.batch_departures;
             }
         }
         for id in stuck {
@@ -941,13 +997,17 @@ impl Room {
             .map(|(id, _)| *id)
             .collect();
         for id in ready {
-            let Some(from) = self.conns.get_mut(&id).and_then(|c| c.lag_from.take()) else {
+            let Some((from, departures)) = self
+                .conns
+                .get_mut(&id)
+                .and_then(|c| Some((c.lag_from.take()?, c.lag_departures)))
+            else {
                 continue;
             };
             let diff = self.doc.transact().encode_state_as_update_v1(&from);
             let frame = Bytes::from(Message::Sync(SyncMessage::Update(diff)).encode_v1());
             self.send(&Target::One(id), &frame);
-            if let Some(update) = self.presence_update() {
+            if let Some(update) = self.catch_up_presence(departures) {
                 let frame = Bytes::from(Message::Awareness(update).encode_v1());
                 self.send(&Target::One(id), &frame);
             }
