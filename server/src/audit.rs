@@ -128,7 +128,20 @@ impl Audit {
     /// whose new head is logged (logs leave the machine), and the heads are appended to `file`
     /// when the operator names one. Run at each start and stop.
     pub(crate) async fn anchor(&self, file: Option<&Path>) -> anyhow::Result<()> {
-        let heads = read_checkpoints(&self.checkpoint)?;
+        // The heads as stored; a checkpoint that disagrees is said out loud.
+        let heads = self.stored_heads().await?;
+        if let Ok(checkpoint) = read_checkpoints(&self.checkpoint) {
+            let differ = heads
+                .iter()
+                .filter(|(chain, head)| checkpoint.get(*chain) != Some(head))
+                .count();
+            if differ > 0 {
+                tracing::warn!(
+                    chains = differ,
+                    "audit chain heads differ from the checkpoint; `coderoom audit verify` says which"
+                );
+            }
+        }
         let digest = hex::encode(Sha256::digest(serde_json::to_vec(&heads)?));
         let details = serde_json::json!({ "chains": heads.len(), "heads_sha256": digest });
         let record = self
@@ -152,41 +165,79 @@ impl Audit {
             // The heads now, the anchoring record included.
             let line = AnchorLine {
                 at: self.clock.now_ms(),
-                heads: read_checkpoints(&self.checkpoint)?,
+                heads: self.stored_heads().await?,
             };
-            let mut text = serde_json::to_string(&line)?;
-            text.push('\n');
+            let text = serde_json::to_string(&line)?;
             let file = file.to_owned();
             tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-                use std::io::Write;
+                use std::io::{Read, Seek, SeekFrom, Write};
                 let mut f = std::fs::OpenOptions::new()
                     .create(true)
                     .append(true)
+                    .read(true)
                     .open(&file)?;
-                f.write_all(text.as_bytes())?;
+                // A line an interrupted append left unfinished is closed first, so this one
+                // stands on its own (and `verify --anchor` skips the broken one).
+                let mut last = [0u8; 1];
+                let len = f.seek(SeekFrom::End(0))?;
+                let mut lead = "";
+                if len > 0 {
+                    f.seek(SeekFrom::Start(len - 1))?;
+                    f.read_exact(&mut last)?;
+                    if last[0] != b'\n' {
+                        lead = "\n";
+                    }
+                }
+                f.write_all(format!("{lead}{text}\n").as_bytes())?;
                 f.sync_data()
             })
             .await??;
         }
         Ok(())
     }
+
+    async fn stored_heads(&self) -> Result<Checkpoints, StoreError> {
+        Ok(self
+            .store
+            .audit_heads()
+            .await?
+            .into_iter()
+            .map(|(chain, seq, hash)| (chain, (seq, hash)))
+            .collect())
+    }
 }
 
-/// Every (chain, seq, hash, when) an anchor file holds.
-fn read_anchors(path: &Path) -> anyhow::Result<Vec<(String, i64, String, i64)>> {
+/// Every anchored head, by chain: seq -> (hash, when it was anchored).
+type Anchors = std::collections::HashMap<String, std::collections::HashMap<i64, (String, i64)>>;
+
+/// Reads an anchor file. A line that is not an anchor (an append cut short by a full disk or a
+/// crash) is said and skipped; a file with no anchor at all is an error.
+fn read_anchors(path: &Path) -> anyhow::Result<Anchors> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| anyhow::anyhow!("cannot read the anchor file {}: {e}", path.display()))?;
-    let mut out = Vec::new();
+    let mut out = Anchors::new();
+    let mut read = 0;
     for (n, line) in text
         .lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
     {
-        let a: AnchorLine = serde_json::from_str(line)
-            .map_err(|e| anyhow::anyhow!("anchor file {} line {}: {e}", path.display(), n + 1))?;
-        for (chain, (seq, hash)) in a.heads {
-            out.push((chain, seq, hash, a.at));
+        match serde_json::from_str::<AnchorLine>(line) {
+            Ok(a) => {
+                read += 1;
+                for (chain, (seq, hash)) in a.heads {
+                    out.entry(chain).or_default().insert(seq, (hash, a.at));
+                }
+            }
+            Err(e) => eprintln!(
+                "warning: anchor file {} line {} is not an anchor ({e}); skipped",
+                path.display(),
+                n + 1
+            ),
         }
+    }
+    if read == 0 {
+        anyhow::bail!("anchor file {} holds no anchor", path.display());
     }
     Ok(out)
 }
@@ -203,11 +254,13 @@ async fn write_checkpoint(path: &Path, chain: &str, seq: i64, hash: &str) -> std
     let mut all = read_checkpoints(path)?;
     all.insert(chain.to_owned(), (seq, hash.to_owned()));
     let tmp = path.with_extension("json.tmp");
-    tokio::fs::write(
-        &tmp,
-        serde_json::to_vec(&all).map_err(std::io::Error::other)?,
-    )
-    .await?;
+    let bytes = serde_json::to_vec(&all).map_err(std::io::Error::other)?;
+    // Written, synced, then renamed over the old one: a power cut leaves the old checkpoint or
+    // the new one, never an empty file.
+    let mut f = tokio::fs::File::create(&tmp).await?;
+    tokio::io::AsyncWriteExt::write_all(&mut f, &bytes).await?;
+    f.sync_all().await?;
+    drop(f);
     tokio::fs::rename(&tmp, path).await
 }
 
@@ -252,18 +305,17 @@ pub(crate) async fn verify_all(
     let checkpoints = read_checkpoints(&data_dir.join(CHECKPOINT_FILE))?;
     let anchors = match anchor_file {
         Some(path) => read_anchors(path)?,
-        None => Vec::new(),
+        None => Anchors::new(),
     };
     let mut chains = store.audit_chains().await?;
     // A chain wiped from the table entirely still has its checkpoint, or its anchors.
-    for c in checkpoints
+    let known: std::collections::HashSet<String> = chains.iter().cloned().collect();
+    let missing: std::collections::BTreeSet<&String> = checkpoints
         .keys()
-        .chain(anchors.iter().map(|(chain, ..)| chain))
-    {
-        if !chains.contains(c) {
-            chains.push(c.clone());
-        }
-    }
+        .chain(anchors.keys())
+        .filter(|c| !known.contains(*c))
+        .collect();
+    chains.extend(missing.into_iter().cloned());
     if let Some(one) = only {
         chains.retain(|c| c == one);
     }
@@ -283,9 +335,18 @@ pub(crate) async fn verify_all(
             return Ok(Err(VerifyError::NoCheckpoint(chain.clone())));
         }
         // Every anchored head is still there, unchanged (the chain's links then vouch for
-        // everything before it).
-        for (_, seq, hash, at) in anchors.iter().filter(|(c, ..)| c == chain) {
-            if !records.iter().any(|r| r.seq == *seq && r.hash == *hash) {
+        // everything before it). Each one, not only the newest: a chain rewritten and then
+        // anchored again still fails on the older anchors.
+        if let Some(anchored) = anchors.get(chain) {
+            let stored: std::collections::HashMap<i64, &str> =
+                records.iter().map(|r| (r.seq, r.hash.as_str())).collect();
+            let mut bad: Vec<(i64, i64)> = anchored
+                .iter()
+                .filter(|(seq, (hash, _))| stored.get(seq) != Some(&hash.as_str()))
+                .map(|(seq, (_, at))| (*seq, *at))
+                .collect();
+            bad.sort();
+            if let Some((seq, at)) = bad.first() {
                 return Ok(Err(VerifyError::Anchor {
                     chain: chain.clone(),
                     seq: *seq,

@@ -56,9 +56,9 @@ impl Metrics {
         let outbound_queued_bytes = Gauge::default();
         registry.register(
             "outbound_queued_bytes",
-            "Bytes waiting in document connections' outbound queues (each WebSocket also holds a \
-             4 KiB read buffer and up to 8 KiB of write buffer, more while it carries a large \
-             frame)",
+            "Bytes waiting in document connections' outbound queues (each WebSocket also holds \
+             read and write buffers: 4 and 8 KiB to begin with, then as large as the largest \
+             frame it carried)",
             outbound_queued_bytes.clone(),
         );
         // 1 ms .. 10 s, with an edge at 1 s: the bound the contract promises for removals.

@@ -227,7 +227,10 @@ async fn out_of_descriptors_answers_503_and_recovers() {
         let mut req = target.url(&room).into_client_request().unwrap();
         req.headers_mut()
             .insert("authorization", format!("Bearer {token}").parse().unwrap());
-        match tokio_tungstenite::connect_async(req).await {
+        let attempt = tokio::time::timeout(TIMEOUT, tokio_tungstenite::connect_async(req))
+            .await
+            .expect("a connection hung instead of being answered");
+        match attempt {
             Ok((ws, _)) => held.push(ws),
             Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
                 refused = Some(resp);
@@ -239,7 +242,13 @@ async fn out_of_descriptors_answers_503_and_recovers() {
     let resp = refused.expect("200 connections on 128 descriptors were all accepted");
     assert_eq!(resp.status(), 503);
     let body = String::from_utf8(resp.body().clone().unwrap_or_default()).unwrap();
-    assert!(body.contains("out of file descriptors"), "{body}");
+    let json: serde_json::Value = serde_json::from_str(&body).expect("the 503's body is JSON");
+    assert!(
+        json["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("out of file descriptors")),
+        "{body}"
+    );
     drop(held);
     // Descriptors free again: the server answers as before.
     let mut healthy = false;

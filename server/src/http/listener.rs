@@ -15,10 +15,16 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 use tokio::net::{TcpListener, TcpStream};
 
-/// What a connection accepted without a descriptor to serve it gets.
-const OUT_OF_DESCRIPTORS: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\n\
-Content-Type: application/json\r\nRetry-After: 1\r\nConnection: close\r\nContent-Length: 59\r\n\r\n\
-{\"error\":\"the server is out of file descriptors; try again\"}";
+/// The body a connection accepted without a descriptor to serve it gets, with a 503.
+const OUT_OF_DESCRIPTORS: &str = r#"{"error":"the server is out of file descriptors; try again"}"#;
+
+fn out_of_descriptors_response() -> String {
+    format!(
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n\
+         Connection: close\r\nContent-Length: {}\r\n\r\n{OUT_OF_DESCRIPTORS}",
+        OUT_OF_DESCRIPTORS.len()
+    )
+}
 
 pub(crate) struct Listener {
     inner: TcpListener,
@@ -39,7 +45,6 @@ impl Listener {
 
     /// Answers one waiting connection `503` using the spare descriptor.
     async fn refuse_one(&mut self, e: &std::io::Error) {
-        self.metrics.descriptors_exhausted.inc();
         if self
             .last_logged
             .is_none_or(|at| at.elapsed() > Duration::from_secs(1))
@@ -55,8 +60,22 @@ impl Listener {
         let waiting = tokio::time::timeout(Duration::from_millis(100), self.inner.accept()).await;
         if let Ok(Ok((tcp, _))) = waiting {
             // A plain non-blocking write: the reply is far smaller than a fresh socket's buffer.
+            // Then the write side is shut and what the client already sent is read, so closing
+            // does not reset the connection before the reply is read.
             if let Ok(mut tcp) = tcp.into_std() {
-                let _ = tcp.write_all(OUT_OF_DESCRIPTORS);
+                if tcp
+                    .write_all(out_of_descriptors_response().as_bytes())
+                    .is_ok()
+                {
+                    self.metrics.descriptors_exhausted.inc();
+                }
+                let _ = tcp.shutdown(std::net::Shutdown::Write);
+                let mut sink = [0u8; 4096];
+                while let Ok(n) = std::io::Read::read(&mut tcp, &mut sink) {
+                    if n == 0 {
+                        break;
+                    }
+                }
             }
         }
         self.spare = std::fs::File::open("/dev/null").ok();

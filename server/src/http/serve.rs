@@ -29,9 +29,12 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // The one clock of the server: rights, timers, audit records and recordings read it.
     let clock = crate::clock::Clock::system();
     let audit = crate::audit::Audit::new(store.clone(), &args.storage.data_dir, clock.clone());
-    // Every chain's head, anchored at start (and again at a graceful stop).
+    // Every chain's head, anchored at start (and again at a graceful stop). A failure is loud
+    // but does not keep the server down: the chains and their checkpoint still guard the log.
     let anchor_file = args.audit_anchor_file.clone();
-    audit.anchor(anchor_file.as_deref()).await?;
+    if let Err(e) = audit.anchor(anchor_file.as_deref()).await {
+        tracing::error!(error = %e, "cannot anchor the audit chain heads at start");
+    }
     let rooms = Rooms::new(
         RoomDeps {
             store: store.clone(),

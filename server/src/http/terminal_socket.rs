@@ -291,8 +291,10 @@ async fn serve(
                         let msg = TermEvent::ReadOnly { reason: "your right to type was withdrawn".into() };
                         put(&mut sink, Message::Text(msg.text().into()), stall).await;
                     }
-                    if !rights.may_observe(app.clock.now_ms()) {
-                        // Removed (or lost `observe`): closed now, measured from the decision.
+                    if now.is_some() && !rights.may_observe(app.clock.now_ms()) {
+                        // Removed (or lost `observe`, as storage says): closed now, measured
+                        // from the decision. When storage cannot say, the terminal only turns
+                        // read-only (above).
                         if let Ok(c) = &changed {
                             app.metrics.access_close_seconds.observe(c.at.elapsed().as_secs_f64());
                         }

@@ -15,6 +15,20 @@ impl Store {
             .collect::<Result<_, _>>()?)
     }
 
+    /// Every chain's head as stored: (chain, seq, hash) of its last record.
+    pub(crate) async fn audit_heads(&self) -> Result<Vec<(String, i64, String)>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT a.chain, a.seq, a.hash FROM audit_log a \
+             JOIN (SELECT chain, MAX(seq) AS seq FROM audit_log GROUP BY chain) h \
+             ON a.chain = h.chain AND a.seq = h.seq ORDER BY a.chain",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        rows.iter()
+            .map(|r| Ok((r.try_get("chain")?, r.try_get("seq")?, r.try_get("hash")?)))
+            .collect()
+    }
+
     /// A chain's records, oldest first.
     pub(crate) async fn audit_records(
         &self,

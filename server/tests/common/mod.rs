@@ -289,6 +289,8 @@ impl Server {
     /// Starts a server that stops at the test hook `point` before it listens (work it does at
     /// startup, such as resuming a deletion, reaches the point). It has no address; kill it.
     pub async fn start_stopping_at(storage: &Storage, point: &str) -> Server {
+        #[cfg(not(debug_assertions))]
+        panic!("fault points exist in debug builds only (see server/src/fault.rs)");
         let env = [("CODEROOM_FAULT_PAUSE_AT", point)];
         Self::start_command(Command::new(BIN), storage, &[], &env, Some(point)).await
     }
@@ -382,6 +384,8 @@ impl Server {
     /// Waits until the server stops at the test hook `point` (see `server/src/fault.rs`; the
     /// server must run with `CODEROOM_FAULT_PAUSE_AT` naming it).
     pub async fn stopped_at(&self, point: &str) {
+        #[cfg(not(debug_assertions))]
+        panic!("fault points exist in debug builds only (see server/src/fault.rs)");
         self.printed(&format!("fault point reached: {point}")).await;
     }
 
