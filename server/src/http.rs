@@ -19,6 +19,7 @@ pub(crate) mod sandbox;
 pub(crate) mod serve;
 pub(crate) mod state;
 pub(crate) mod terminal_socket;
+pub(crate) mod upgrade;
 pub(crate) mod web;
 
 pub(crate) use error::ApiError;

@@ -188,6 +188,25 @@ async fn idle_connections_stay_small() {
     let mut c = Client::connect(&server, &rooms[0], &token).await;
     c.synced().await;
     assert_eq!(c.content("big.txt").len(), 1 << 20);
+    drop(c);
+    // Joiners of a room with a 1 MiB document are each sent all of it, and stay. The server
+    // sends it in fragments, so their sockets keep no buffer of the document's size
+    // (tungstenite never shrinks one): before, each held about 1 MiB more.
+    let big_room = create_room(&server, &token).await;
+    let mut author = Client::connect(&server, &big_room, &token).await;
+    author.synced().await;
+    author.insert("big.txt", 0, &"x".repeat(1 << 20)).await;
+    eventually(&server, &big_room, &token, "big.txt", &"x".repeat(1 << 20)).await;
+    let before = settled_rss(pid).await;
+    let joiners = open_idle(&target, std::slice::from_ref(&big_room), 100).await;
+    let after = settled_rss(pid).await;
+    let per_joiner = after.saturating_sub(before) as f64 / 100.0;
+    eprintln!("coderoom: {per_joiner:.1} KiB per idle joiner of a 1 MiB document");
+    assert!(
+        per_joiner < 128.0,
+        "{per_joiner:.1} KiB per idle joiner of a 1 MiB document"
+    );
+    drop(joiners);
     drop(idle);
     assert!(server.terminate().await.success());
 }

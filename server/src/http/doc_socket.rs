@@ -4,6 +4,7 @@
 use crate::close::CloseCode;
 use crate::http::extract::Ids;
 use crate::http::guard::room_access;
+use crate::http::upgrade::{send_binary, Socket, Upgrade};
 use crate::http::AppState;
 use crate::http::AuthUser;
 use crate::ids::RoomId;
@@ -11,8 +12,6 @@ use crate::room::outbox::{Outbound, Outbox, OutboxRx};
 use crate::room::protocol::parse_frame;
 use crate::room::task::{next_conn_id, Rights};
 use crate::room::task::{ConnId, JoinError, RoomCmd};
-use axum::extract::ws::rejection::WebSocketUpgradeRejection;
-use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
@@ -21,6 +20,9 @@ use futures_util::stream::SplitSink;
 use futures_util::{SinkExt, StreamExt};
 use std::time::Duration;
 use tokio::sync::mpsc;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode as WsCloseCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
+use tokio_tungstenite::tungstenite::Message;
 
 /// Time the writer gets to flush a close frame once the reader is done.
 const WRITER_GRACE: Duration = Duration::from_secs(2);
@@ -39,28 +41,29 @@ pub(crate) async fn doc_socket(
     State(app): State<AppState>,
     user: AuthUser,
     Ids(room_id): Ids<RoomId>,
-    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+    ws: Result<Upgrade, Response>,
 ) -> Result<Response, Response> {
     // Authorization first, so a plain GET learns nothing more than an upgrade would.
     let access = room_access(&app, &room_id, &user)
         .await
         .map_err(IntoResponse::into_response)?;
-    let ws = ws.map_err(IntoResponse::into_response)?;
+    let ws = ws?;
     let max = app.limits.max_message_bytes;
-    Ok(ws
-        .max_message_size(max)
-        .max_frame_size(max)
-        // Sized for what an idle or typing peer carries; a large frame grows the buffer for
-        // itself (tungstenite reserves what the frame header announces).
+    // Sized for what an idle or typing peer carries. A large incoming frame grows the read
+    // buffer for itself (tungstenite reserves what the frame header announces); large outgoing
+    // messages go out as fragments (`upgrade::send_binary`), so the write buffer stays small.
+    let config = WebSocketConfig::default()
+        .max_message_size(Some(max))
+        .max_frame_size(Some(max))
         .read_buffer_size(SOCKET_READ_BUFFER)
-        .write_buffer_size(SOCKET_WRITE_BUFFER)
-        .on_upgrade(move |socket| {
-            let tracker = app.tracker.clone();
-            tracker.track_future(serve(app, room_id, user, access, socket))
-        }))
+        .write_buffer_size(SOCKET_WRITE_BUFFER);
+    Ok(ws.on_upgrade(config, move |socket| {
+        let tracker = app.tracker.clone();
+        tracker.track_future(serve(app, room_id, user, access, socket))
+    }))
 }
 
-async fn serve(app: AppState, room_id: RoomId, user: AuthUser, access: Rights, socket: WebSocket) {
+async fn serve(app: AppState, room_id: RoomId, user: AuthUser, access: Rights, socket: Socket) {
     let conn = next_conn_id();
     let (outbox, out_rx) = Outbox::new(
         app.limits.outbound_queue_bytes,
@@ -141,7 +144,7 @@ async fn serve(app: AppState, room_id: RoomId, user: AuthUser, access: Rights, s
                 outbox.close(CloseCode::Unsupported);
                 break;
             }
-            Some(Ok(Message::Ping(_) | Message::Pong(_))) => {}
+            Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => {}
             Some(Err(e)) => {
                 if let Some(code) = close_code_for(&e) {
                     app.metrics.protocol_errors.inc();
@@ -187,7 +190,7 @@ async fn finish_writer(mut writer: tokio::task::JoinHandle<()>) {
 }
 
 async fn write_loop(
-    mut sink: SplitSink<WebSocket, Message>,
+    mut sink: SplitSink<Socket, Message>,
     mut rx: OutboxRx,
     stall: Duration,
     metrics: crate::metrics::Metrics,
@@ -205,7 +208,7 @@ async fn write_loop(
         let sent = match msg {
             Outbound::Frame(_, bytes) => {
                 tokio::select! {
-                    r = tokio::time::timeout(stall, sink.send(Message::Binary(bytes))) => match r {
+                    r = tokio::time::timeout(stall, send_binary(&mut sink, bytes)) => match r {
                         Ok(Ok(())) => true,
                         Ok(Err(_)) => false,
                         Err(_) => {
@@ -233,29 +236,22 @@ async fn write_loop(
 }
 
 async fn send_close(
-    sink: &mut SplitSink<WebSocket, Message>,
+    sink: &mut SplitSink<Socket, Message>,
     code: CloseCode,
     reason: &'static str,
-) -> Result<(), axum::Error> {
+) -> Result<(), tungstenite::Error> {
     sink.send(Message::Close(Some(CloseFrame {
-        code: code.code(),
+        code: WsCloseCode::from(code.code()),
         reason: reason.into(),
     })))
     .await
 }
 
 /// The close code owed to the client for a read error that its own input caused.
-fn close_code_for(e: &axum::Error) -> Option<CloseCode> {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(err) = source {
-        if let Some(t) = err.downcast_ref::<tungstenite::Error>() {
-            return match t {
-                tungstenite::Error::Capacity(_) => Some(CloseCode::TooBig),
-                tungstenite::Error::Utf8(_) => Some(CloseCode::InvalidData),
-                _ => None,
-            };
-        }
-        source = err.source();
+fn close_code_for(e: &tungstenite::Error) -> Option<CloseCode> {
+    match e {
+        tungstenite::Error::Capacity(_) => Some(CloseCode::TooBig),
+        tungstenite::Error::Utf8(_) => Some(CloseCode::InvalidData),
+        _ => None,
     }
-    None
 }

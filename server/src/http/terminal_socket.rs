@@ -10,6 +10,7 @@
 
 use crate::close::CloseCode;
 use crate::http::extract::Ids;
+use crate::http::upgrade::{send_binary, Socket, Upgrade};
 use crate::http::ApiError;
 use crate::http::AppState;
 use crate::http::AuthUser;
@@ -18,8 +19,6 @@ use crate::room::task::Rights;
 use crate::terminal::recorder::{CAST_FILE, INPUTS_FILE};
 use crate::terminal::TermEvent;
 use crate::terminal::TermOut;
-use axum::extract::ws::rejection::WebSocketUpgradeRejection;
-use axum::extract::ws::{CloseFrame, Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Query, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
@@ -30,6 +29,9 @@ use futures_util::{SinkExt, StreamExt};
 use serde::Deserialize;
 use serde_json::json;
 use std::time::Duration;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode as WsCloseCode;
+use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
+use tokio_tungstenite::tungstenite::Message;
 
 /// Largest input frame (a big paste) and control frame accepted.
 const MAX_INPUT_FRAME: usize = 64 << 10;
@@ -69,42 +71,47 @@ pub(crate) async fn terminal_socket(
     user: AuthUser,
     Ids(room_id): Ids<RoomId>,
     Query(size): Query<SizeQuery>,
-    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
+    ws: Result<Upgrade, Response>,
 ) -> Result<Response, Response> {
     let rights = crate::http::guard::room_until(&app, &room_id, &user, Capability::Type)
         .await
         .map_err(IntoResponse::into_response)?;
-    let ws = ws.map_err(IntoResponse::into_response)?;
+    let ws = ws?;
     let (cols, rows) = clamp_size(size.cols.unwrap_or(80), size.rows.unwrap_or(24));
-    Ok(ws
-        .max_message_size(MAX_INPUT_FRAME)
-        .max_frame_size(MAX_INPUT_FRAME)
+    // Small buffers, as for the document socket; output frames of up to 256 KiB go out as
+    // fragments (`upgrade::send_binary`), so a viewer that watched a flood keeps no large buffer.
+    let config = WebSocketConfig::default()
+        .max_message_size(Some(MAX_INPUT_FRAME))
+        .max_frame_size(Some(MAX_INPUT_FRAME))
         .read_buffer_size(crate::http::doc_socket::SOCKET_READ_BUFFER)
-        .write_buffer_size(crate::http::doc_socket::SOCKET_WRITE_BUFFER)
-        .on_upgrade(move |socket| {
-            let tracker = app.tracker.clone();
-            tracker.track_future(serve(app, room_id, user, rights, (cols, rows), socket))
-        }))
+        .write_buffer_size(crate::http::doc_socket::SOCKET_WRITE_BUFFER);
+    Ok(ws.on_upgrade(config, move |socket| {
+        let tracker = app.tracker.clone();
+        tracker.track_future(serve(app, room_id, user, rights, (cols, rows), socket))
+    }))
 }
 
 /// Sends one message; false when the client is gone or accepts nothing for `stall` (a
 /// viewer that stopped reading is dropped, its socket closed, instead of hanging here).
 async fn put(
-    sink: &mut futures_util::stream::SplitSink<WebSocket, Message>,
+    sink: &mut futures_util::stream::SplitSink<Socket, Message>,
     msg: Message,
     stall: Duration,
 ) -> bool {
-    matches!(
-        tokio::time::timeout(stall, sink.send(msg)).await,
-        Ok(Ok(()))
-    )
+    let sent = async {
+        match msg {
+            Message::Binary(bytes) => send_binary(sink, bytes).await,
+            other => sink.send(other).await,
+        }
+    };
+    matches!(tokio::time::timeout(stall, sent).await, Ok(Ok(())))
 }
 
 /// Sends what the hub queued for this viewer; false when the connection is over. Output that
 /// is already waiting goes out in the same frame: a viewer that is briefly behind catches up
 /// with a few large frames, not many small ones.
 async fn deliver(
-    sink: &mut futures_util::stream::SplitSink<WebSocket, Message>,
+    sink: &mut futures_util::stream::SplitSink<Socket, Message>,
     rx: &mut tokio::sync::mpsc::Receiver<TermOut>,
     out: TermOut,
     stall: Duration,
@@ -142,9 +149,9 @@ async fn deliver(
     true
 }
 
-async fn close(socket: &mut futures_util::stream::SplitSink<WebSocket, Message>, code: CloseCode) {
+async fn close(socket: &mut futures_util::stream::SplitSink<Socket, Message>, code: CloseCode) {
     let frame = Message::Close(Some(CloseFrame {
-        code: code.code(),
+        code: WsCloseCode::from(code.code()),
         reason: code.reason().into(),
     }));
     put(socket, frame, CLOSE_GRACE).await;
@@ -156,7 +163,7 @@ async fn serve(
     user: AuthUser,
     rights: Rights,
     (cols, rows): (u16, u16),
-    socket: WebSocket,
+    socket: Socket,
 ) {
     let (mut sink, mut stream) = socket.split();
     let stall = Duration::from_millis(app.limits.write_stall_ms);

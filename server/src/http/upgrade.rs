@@ -1,0 +1,152 @@
+//! A WebSocket upgrade served by tokio-tungstenite directly, for the document socket: axum's
+//! `WebSocket` sends every message as one frame, and tungstenite keeps its write buffer at the
+//! size of the largest frame it ever wrote, so every joiner sent a whole document in one frame
+//! would hold that much for as long as it stays. With the stream in hand, large messages go out
+//! as fragments of [`FRAGMENT_BYTES`].
+//!
+//! The checks are axum's: `GET`, `Connection: upgrade`, `Upgrade: websocket`,
+//! `Sec-WebSocket-Version: 13` and a key; the answers to a request that is not an upgrade are the
+//! same statuses axum gives (405, 400, 426).
+
+use axum::extract::FromRequestParts;
+use axum::http::{header, request::Parts, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use futures_util::SinkExt;
+use hyper_util::rt::TokioIo;
+use std::future::Future;
+use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
+use tokio_tungstenite::tungstenite::protocol::frame::Frame;
+use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
+use tokio_tungstenite::tungstenite::{self, Message};
+use tokio_tungstenite::WebSocketStream;
+
+/// The server's end of an upgraded connection.
+pub(crate) type Socket = WebSocketStream<TokioIo<hyper::upgrade::Upgraded>>;
+
+/// Largest frame the server writes: a larger message goes out as fragments of this size, so no
+/// connection's write buffer grows past it (clients reassemble fragments transparently).
+pub(crate) const FRAGMENT_BYTES: usize = 16 * 1024;
+
+pub(crate) struct Upgrade {
+    accept: HeaderValue,
+    on_upgrade: hyper::upgrade::OnUpgrade,
+}
+
+fn header_has(headers: &HeaderMap, name: header::HeaderName, token: &str) -> bool {
+    headers.get_all(name).iter().any(|v| {
+        v.to_str().is_ok_and(|v| {
+            v.split(',')
+                .any(|part| part.trim().eq_ignore_ascii_case(token))
+        })
+    })
+}
+
+fn refuse(status: StatusCode, why: &'static str) -> Response {
+    (status, why).into_response()
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for Upgrade {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, _state: &S) -> Result<Self, Self::Rejection> {
+        if parts.method != Method::GET {
+            return Err(refuse(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "Request method must be `GET`",
+            ));
+        }
+        if !header_has(&parts.headers, header::CONNECTION, "upgrade") {
+            return Err(refuse(
+                StatusCode::BAD_REQUEST,
+                "Connection header did not include 'upgrade'",
+            ));
+        }
+        if !header_has(&parts.headers, header::UPGRADE, "websocket") {
+            return Err(refuse(
+                StatusCode::BAD_REQUEST,
+                "`Upgrade` header did not include 'websocket'",
+            ));
+        }
+        if parts
+            .headers
+            .get(header::SEC_WEBSOCKET_VERSION)
+            .is_none_or(|v| v != "13")
+        {
+            return Err(refuse(
+                StatusCode::BAD_REQUEST,
+                "`Sec-WebSocket-Version` header did not include '13'",
+            ));
+        }
+        let Some(key) = parts.headers.get(header::SEC_WEBSOCKET_KEY) else {
+            return Err(refuse(
+                StatusCode::BAD_REQUEST,
+                "`Sec-WebSocket-Key` header missing",
+            ));
+        };
+        let accept = tungstenite::handshake::derive_accept_key(key.as_bytes());
+        let Ok(accept) = HeaderValue::from_str(&accept) else {
+            return Err(refuse(StatusCode::BAD_REQUEST, "bad `Sec-WebSocket-Key`"));
+        };
+        let Some(on_upgrade) = parts.extensions.remove::<hyper::upgrade::OnUpgrade>() else {
+            return Err(refuse(
+                StatusCode::UPGRADE_REQUIRED,
+                "WebSocket request couldn't be upgraded since no upgrade state was present",
+            ));
+        };
+        Ok(Upgrade { accept, on_upgrade })
+    }
+}
+
+impl Upgrade {
+    /// Answers 101 and runs `serve` on the connection once the upgrade completes.
+    pub(crate) fn on_upgrade<F, Fut>(self, config: WebSocketConfig, serve: F) -> Response
+    where
+        F: FnOnce(Socket) -> Fut + Send + 'static,
+        Fut: Future<Output = ()> + Send + 'static,
+    {
+        let on_upgrade = self.on_upgrade;
+        tokio::spawn(async move {
+            match on_upgrade.await {
+                Ok(upgraded) => {
+                    let socket = WebSocketStream::from_raw_socket(
+                        TokioIo::new(upgraded),
+                        Role::Server,
+                        Some(config),
+                    )
+                    .await;
+                    serve(socket).await;
+                }
+                Err(e) => tracing::debug!(error = %e, "websocket upgrade failed"),
+            }
+        });
+        let mut resp = StatusCode::SWITCHING_PROTOCOLS.into_response();
+        let h = resp.headers_mut();
+        h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        h.insert(header::SEC_WEBSOCKET_ACCEPT, self.accept);
+        resp
+    }
+}
+
+/// Sends a binary message, as fragments of at most [`FRAGMENT_BYTES`] when it is larger.
+pub(crate) async fn send_binary<S>(
+    sink: &mut S,
+    bytes: bytes::Bytes,
+) -> Result<(), tungstenite::Error>
+where
+    S: futures_util::Sink<Message, Error = tungstenite::Error> + Unpin,
+{
+    if bytes.len() <= FRAGMENT_BYTES {
+        return sink.send(Message::Binary(bytes)).await;
+    }
+    let mut rest = bytes;
+    let mut opcode = OpCode::Data(Data::Binary);
+    while !rest.is_empty() {
+        let piece = rest.split_to(rest.len().min(FRAGMENT_BYTES));
+        let last = rest.is_empty();
+        sink.feed(Message::Frame(Frame::message(piece, opcode, last)))
+            .await?;
+        opcode = OpCode::Data(Data::Continue);
+    }
+    sink.flush().await
+}
