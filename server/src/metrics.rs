@@ -57,8 +57,8 @@ impl Metrics {
         registry.register(
             "outbound_queued_bytes",
             "Bytes waiting in document connections' outbound queues (each WebSocket also holds \
-             read and write buffers: 4 and 8 KiB to begin with, then as large as the largest \
-             frame it carried)",
+             a read buffer of 4 KiB, or the largest frame its client sent, and a write buffer of \
+             at most 16 KiB)",
             outbound_queued_bytes.clone(),
         );
         // 1 ms .. 10 s, with an edge at 1 s: the bound the contract promises for removals.
