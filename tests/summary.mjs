@@ -7,7 +7,8 @@
 //   skips.tsv    one line per test that skipped for want of a dependency
 //                (crate, test, reason), written by `server/tests/common::skip`; libtest counts
 //                those as passed, so they are moved from passed to skipped here
-//   node.tap     the Node tests' TAP report (`# SKIP reason` on skipped tests)
+//   node.tap     the Node tests' TAP report: counts from its trailer (nested tests included),
+//                reasons from `# SKIP reason` on skipped test points
 // A suite that has not run (the runner stopped before it) is reported as not run.
 // Exits 1 when any suite failed or did not run.
 
@@ -116,16 +117,18 @@ const tap = read('node.tap')
 if (tap === null) {
   notRun('node tests')
 } else {
-  let passed = 0
-  let failed = 0
+  // Counts from the runner's own trailer (every test, nested ones included); the reasons from
+  // the skipped test points at any depth.
+  const count = (name) => Number((tap.match(new RegExp(`^# ${name} (\\d+)$`, 'm')) ?? [])[1] ?? 0)
+  const passed = count('pass')
+  const failed = count('fail') + count('cancelled')
   const skipped = []
-  // Top-level test points only (subtests are indented).
   for (const text of tap.split('\n')) {
-    const m = text.match(/^(not ok|ok) \d+ - (.*?)(?: # (SKIP|TODO)\b ?(.*))?$/)
-    if (!m) continue
-    if (m[3]) skipped.push(`${m[2]}: ${m[4] || m[3].toLowerCase()}`)
-    else if (m[1] === 'ok') passed += 1
-    else failed += 1
+    const m = text.match(/^\s*(?:not ok|ok) \d+ - (.*?) # (SKIP|TODO)\b ?(.*)$/)
+    if (m) skipped.push(`${m[1]}: ${m[3] || m[2].toLowerCase()}`)
+  }
+  if (skipped.length !== count('skipped') + count('todo')) {
+    skipped.push(`(the runner counted ${count('skipped')} skipped and ${count('todo')} todo)`)
   }
   line('node tests', passed, failed, skipped)
 }
