@@ -18,6 +18,7 @@ pub(crate) struct Inner {
     pub connections: Gauge,
     pub updates_applied: Counter,
     pub updates_denied: Counter,
+    pub updates_refused_full: Counter,
     pub bytes_persisted: Counter,
     pub persist_seconds: Histogram,
     pub compactions: Counter,
@@ -38,6 +39,7 @@ impl Metrics {
         let connections = Gauge::default();
         let updates_applied = Counter::default();
         let updates_denied = Counter::default();
+        let updates_refused_full = Counter::default();
         let bytes_persisted = Counter::default();
         // 100 µs .. ~3 s: a batched SQLite fsync is around 1 ms, a busy PostgreSQL more.
         let persist_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
@@ -92,6 +94,11 @@ impl Metrics {
             updates_denied.clone(),
         );
         registry.register(
+            "updates_refused_full",
+            "Document updates refused because the room is at its size cap",
+            updates_refused_full.clone(),
+        );
+        registry.register(
             "bytes_persisted",
             "Bytes of document updates appended to storage",
             bytes_persisted.clone(),
@@ -133,6 +140,7 @@ impl Metrics {
                 connections,
                 updates_applied,
                 updates_denied,
+                updates_refused_full,
                 bytes_persisted,
                 persist_seconds,
                 compactions,

@@ -186,15 +186,55 @@ async fn malformed_frames_close_1008_and_change_nothing() {
     server.terminate().await;
 }
 
+/// A full room refuses growth without closing the socket (a stock client would reconnect and
+/// resend it in a loop): the client is told once, keeps reading, and the room keeps editing
+/// within its cap. A deletion is let through, and once the room has compacted it, the space is
+/// free again.
 #[tokio::test]
-async fn document_size_cap_refuses_growth() {
+async fn a_full_room_refuses_growth_keeps_readers_and_lets_deletions_free_space() {
     let storage = Storage::new(&Backend::Sqlite).await;
-    let (server, token, room) = seeded(&storage, &["--max-doc-bytes", "4096"]).await;
+    let (server, token, room) = seeded(&storage, &["--max-doc-bytes", "8192"]).await;
+    let mut a = Client::connect(&server, &room, &token).await;
+    a.synced().await;
+    a.insert("fill.txt", 0, &"a".repeat(6000)).await;
+    eventually(&server, &room, &token, "fill.txt", &"a".repeat(6000)).await;
+    // Past the cap: refused, told, still connected.
+    a.insert("main.rs", 0, &"y".repeat(5000)).await;
+    let told = loop {
+        match a.next().await {
+            Event::Y(YMessage::Auth(reason)) => break reason,
+            Event::Y(_) => {}
+            Event::Closed(code) => panic!("closed ({code:?}) instead of refusing growth"),
+        }
+    };
+    assert!(told.is_some_and(|r| r.contains("This room is full")));
+    assert_unchanged(&server, &room, &token).await;
+    assert_eq!(
+        server.metric("coderoom_updates_refused_full_total").await,
+        1.0
+    );
+    // Reads work: the full client hears another client's presence (and the socket is open).
+    let mut b = Client::connect(&server, &room, &token).await;
+    b.synced().await;
+    b.send(awareness(&[(4343, 1, r#"{"user":{}}"#)])).await;
+    eventually_presence(&mut a, 4343).await;
+    // A deletion goes through, and compaction gives the space back: a new 4 KB fits.
+    {
+        use yrs::Text;
+        let text = b.text("fill.txt");
+        let update = {
+            use yrs::Transact;
+            let mut txn = b.doc.transact_mut();
+            text.remove_range(&mut txn, 0, 5000);
+            txn.encode_update_v1()
+        };
+        b.send(YMessage::Sync(SyncMessage::Update(update))).await;
+    }
+    eventually(&server, &room, &token, "fill.txt", &"a".repeat(1000)).await;
     let mut c = Client::connect(&server, &room, &token).await;
     c.synced().await;
-    c.insert("main.rs", 0, &"y".repeat(5000)).await;
-    assert_eq!(c.closed().await, Some(1008));
-    assert_unchanged(&server, &room, &token).await;
+    c.insert("new.txt", 0, &"c".repeat(4000)).await;
+    eventually(&server, &room, &token, "new.txt", &"c".repeat(4000)).await;
     server.terminate().await;
 }
 

@@ -139,3 +139,28 @@ test('a flood of terminal output never freezes the page, and both viewers see wh
     for (const p of [ana, cy]) assert.deepEqual(p.errors, [], `${p.email}'s page threw`)
     assert.deepEqual(await server.stop(), { code: 0, signal: null })
   })
+
+test('a full room says so on the page and keeps the connection',
+  { skip, timeout: 120_000 }, async (t) => {
+    const { storage, server, people: [ana] } = await scene(t, ['ana@example.com'], { extraArgs: ['--max-doc-bytes', '16384'] })
+    const { page } = ana
+    await login(ana, storage.dataDir)
+    const roomId = await createRoomFromPage(ana, 'small room')
+    const token = await mintToken(storage, 'ana@example.com')
+    await page.keyboard.press('Alt+N')
+    await page.getByTestId('file-path').fill('a.txt')
+    await page.getByTestId('file-path').press('Enter')
+    await page.locator('.cm-content').click()
+    await page.keyboard.type('fits', { delay: 5 })
+    await waitFor(async () => (await serverFiles(server, roomId, token))['a.txt'] === 'fits', 10_000, 'the first edit did not land')
+    // 30 KB in one edit: past the room's 16 KiB cap. The server refuses it and says why.
+    await page.keyboard.insertText('x'.repeat(30_000))
+    await page.getByTestId('room-full').filter({ hasText: 'This room is full: delete files or ask an owner to raise the cap' })
+      .waitFor({ timeout: 10_000 })
+    await shot(page, '15-room-full')
+    assert.equal((await serverFiles(server, roomId, token))['a.txt'], 'fits', 'the refused edit landed')
+    // The connection stays up (a closed one would reconnect and resend the edit in a loop).
+    assert.doesNotMatch(await page.getByTestId('conn-status').innerText(), /Offline|Connecting|Reconnecting/)
+    assert.deepEqual(ana.errors, [], 'the page threw')
+    assert.deepEqual(await server.stop(), { code: 0, signal: null })
+  })

@@ -35,6 +35,9 @@ pub(crate) const ROOM_QUEUE: usize = 1024;
 const MAX_BATCH_COMMANDS: usize = 512;
 /// Attempts to append a batch before the room gives up and restarts from storage.
 const PERSIST_ATTEMPTS: u32 = 3;
+/// What a client whose edit would grow a full room is told.
+pub(crate) const ROOM_FULL: &str =
+    "This room is full: delete files or ask an owner to raise the cap";
 
 /// One connection to a room (a socket, or the workspace sync), unique in this process.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
@@ -318,6 +321,13 @@ pub(crate) struct Room {
     audits_in_flight: Arc<std::sync::atomic::AtomicUsize>,
     /// Connections refused this batch; nothing more of theirs is handled.
     closing: Vec<(ConnId, Option<&'static str>)>,
+    /// Whether the room has refused growth since it last compacted below its cap.
+    full: bool,
+    /// Connections told that the room is full (once each, while it is).
+    told_full: HashSet<ConnId>,
+    /// A deletion landed while the room was refusing growth: compact after this batch, which is
+    /// what gives the space back.
+    shrink_pending: bool,
     /// When the server decided to close each connection of `closing` that lost `observe`.
     close_decided: HashMap<ConnId, Instant>,
     refused: HashSet<ConnId>,
@@ -364,6 +374,9 @@ impl Room {
             presence_queries: HashSet::new(),
             presence_changes: HashMap::new(),
             closing: Vec::new(),
+            full: false,
+            told_full: HashSet::new(),
+            shrink_pending: false,
             close_decided: HashMap::new(),
             refused: HashSet::new(),
             denials: HashMap::new(),
@@ -448,7 +461,9 @@ impl Room {
             }
             lagging = self.catch_up();
             idle_since = self.conns.is_empty().then(tokio::time::Instant::now);
-            if self.logged_since_snapshot >= self.deps.limits.compact_every {
+            if self.logged_since_snapshot >= self.deps.limits.compact_every
+                || (std::mem::take(&mut self.shrink_pending) && self.logged_since_snapshot > 0)
+            {
                 self.compact().await;
             }
         }
@@ -586,9 +601,16 @@ impl Room {
             }
             return;
         }
-        if self.stored_bytes.saturating_add(len) > self.deps.limits.max_doc_bytes {
-            self.refuse(conn, "document size limit reached");
+        // Deletions and nothing else (an empty update, such as a sync step 2 with nothing new,
+        // is neither).
+        let deletes_only = update.insertions(true).is_empty() && !update.delete_set().is_empty();
+        if self.stored_bytes.saturating_add(len) > self.deps.limits.max_doc_bytes && !deletes_only {
+            self.refuse_growth(conn);
             return;
+        }
+        if deletes_only && self.full {
+            // The room refused growth: a deletion is what frees space, once compacted.
+            self.shrink_pending = true;
         }
         let have = self.doc.transact().state_vector();
         if crate::room::protocol::skips_clocks(&update, &have) {
@@ -765,6 +787,7 @@ impl Room {
         };
         self.deps.metrics.connections.dec();
         self.denials_audited.remove(&conn);
+        self.told_full.remove(&conn);
         for client in c.awareness_ids {
             if let Some(p) = self.presence.remove(&client) {
                 // Clocks come from clients: saturate rather than overflow.
@@ -786,6 +809,18 @@ impl Room {
     }
 
     /// Refuses a connection's input (1008, saying what was refused): it gets nothing more.
+    /// The room is full: growth is refused, but the connection stays (a stock client whose
+    /// socket closed would reconnect and resend the same growth in a loop; this one keeps
+    /// reading, and can still delete). It is told once, with y-protocols' permission-denied
+    /// message, which stock clients log and Coderoom's browser client shows.
+    fn refuse_growth(&mut self, conn: ConnId) {
+        self.deps.metrics.updates_refused_full.inc();
+        self.full = true;
+        if self.told_full.insert(conn) {
+            self.reply(Target::One(conn), Message::Auth(Some(ROOM_FULL.into())));
+        }
+    }
+
     fn refuse(&mut self, conn: ConnId, why: &'static str) {
         self.deps.metrics.protocol_errors.inc();
         if self.refused.insert(conn) {
@@ -1027,6 +1062,11 @@ impl Room {
                 self.deps.metrics.compactions.inc();
                 self.logged_since_snapshot = 0;
                 self.stored_bytes = snapshot.len();
+                if self.full && self.stored_bytes < self.deps.limits.max_doc_bytes {
+                    // Room again: whoever is refused next is told again.
+                    self.full = false;
+                    self.told_full.clear();
+                }
             }
             Err(e) => tracing::warn!(room = %self.id, error = %e, "compaction failed; log kept"),
         }

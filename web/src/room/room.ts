@@ -2,6 +2,7 @@
 // participant's rights as they change.
 
 import * as Y from 'yjs'
+import * as decoding from 'lib0/decoding'
 import { WebsocketProvider } from 'y-websocket'
 import { api, ApiError, wsUrl, type Capability, type Room } from '../api'
 import type { App } from '../main'
@@ -38,6 +39,7 @@ export function roomPage (app: App, id: string): () => void {
   const title = document.getElementById('room-title')
   const connStatus = h('span', { class: 'conn', 'data-testid': 'conn-status', role: 'status' }, 'Connecting…')
   const banner = h('div', { class: 'room-ended', hidden: true, role: 'alert', 'data-testid': 'room-ended' })
+  const fullNotice = h('div', { class: 'room-full', hidden: true, role: 'alert', 'data-testid': 'room-full' })
   const tree = h('ul', { class: 'tree', role: 'tree', 'aria-label': 'Files' })
   const treeTools = h('div', { class: 'tree-tools' })
   const tabs = h('div', { class: 'tabs', role: 'tablist', 'aria-label': 'Open files' })
@@ -50,7 +52,7 @@ export function roomPage (app: App, id: string): () => void {
     h('aside', { class: 'files' }, h('div', { class: 'panel-head' }, h('h2', null, 'Files'), treeTools), tree),
     h('section', { class: 'work' }, tabs, editorEl, empty, termEl),
     h('aside', { class: 'side' }, sideNav, sideBody))
-  replace(app.main, banner, layout)
+  replace(app.main, banner, fullNotice, layout)
   title?.append(connStatus)
 
   // The document and its connection.
@@ -61,6 +63,14 @@ export function roomPage (app: App, id: string): () => void {
     shouldReconnect: (e: CloseEvent) => !closeMeaning(e.code).end,
   })
   provider.awareness.setLocalStateField('user', { name: me.email, id: me.id })
+  // A full room refuses growth with y-protocols' permission-denied message (type 2) and keeps
+  // the connection: the page says so (y-websocket's own handler only logs it).
+  provider.messageHandlers[2] = (_encoder, decoder) => {
+    if (decoding.readVarUint(decoder) === 0) {
+      fullNotice.textContent = decoding.readVarString(decoder)
+      fullNotice.hidden = false
+    }
+  }
   const showConn = (): void => {
     const v = conn.view()
     connStatus.textContent = v.label

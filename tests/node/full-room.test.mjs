@@ -1,0 +1,54 @@
+// A room at its document size cap, with stock y-websocket clients: growth is refused, the
+// socket stays open (before, it closed, and the client reconnected and resent the same growth
+// in a loop), reads keep working, and a deletion frees space once the room compacts it.
+
+import { test } from 'node:test'
+import assert from 'node:assert/strict'
+import {
+  cleanups, createStorage, mintToken, startServer, createRoom, openProvider, waitSynced,
+  waitFor, destroyAll, serverFiles, Y
+} from './lib/server.mjs'
+
+test('a full room refuses growth without closing, keeps readers, and takes deletions',
+  { timeout: 60_000 }, async (t) => {
+    const defer = cleanups(t)
+    const storage = await createStorage('sqlite')
+    defer(() => storage.cleanup())
+    const token = await mintToken(storage)
+    const server = await startServer(storage, { extraArgs: ['--max-doc-bytes', '16384'] })
+    defer(() => server.kill())
+    const roomId = await createRoom(server, token)
+    const writer = openProvider(server, roomId, token)
+    const reader = openProvider(server, roomId, token)
+    defer(() => destroyAll([writer, reader]))
+    await Promise.all([waitSynced(writer.provider), waitSynced(reader.provider)])
+    const files = writer.doc.getMap('files')
+    const text = new Y.Text('a'.repeat(10_000))
+    files.set('fill.txt', text)
+    await waitFor(async () => (await serverFiles(server, roomId, token))['fill.txt']?.length === 10_000,
+      10_000, 'the first 10 KB did not land')
+    // Past the cap: refused, and the writer is told (y-websocket logs "permission denied").
+    const denied = []
+    writer.provider.messageHandlers[2] = (_e, decoder) => { denied.push(decoder.arr.slice(decoder.pos)) }
+    text.insert(0, 'b'.repeat(10_000))
+    await waitFor(() => denied.length > 0, 10_000, 'the writer was never told the room is full')
+    assert.equal((await serverFiles(server, roomId, token))['fill.txt'], 'a'.repeat(10_000))
+    // Still connected: the reader sees the writer's presence change, sent after the refusal.
+    writer.provider.awareness.setLocalStateField('fence', 1)
+    await waitFor(() => reader.provider.awareness.getStates().get(writer.doc.clientID)?.fence === 1,
+      10_000, 'the writer\'s socket did not carry its presence after the refusal')
+    assert.deepEqual(writer.provider.closeEvents, [], 'the full room closed the writer\'s socket')
+    // The reader deletes most of the text; once compacted, a new file fits.
+    const readerText = reader.doc.getMap('files').get('fill.txt')
+    readerText.delete(0, 9000)
+    await waitFor(async () => (await serverFiles(server, roomId, token))['fill.txt'] === 'a'.repeat(1000),
+      10_000, 'the deletion did not land')
+    const late = openProvider(server, roomId, token)
+    defer(() => destroyAll([late]))
+    await waitSynced(late.provider)
+    late.doc.getMap('files').set('new.txt', new Y.Text('c'.repeat(8000)))
+    await waitFor(async () => (await serverFiles(server, roomId, token))['new.txt']?.length === 8000,
+      10_000, 'the room did not take a new file after the deletion')
+    assert.deepEqual(late.provider.closeEvents, [])
+    assert.deepEqual(await server.stop(), { code: 0, signal: null })
+  })
