@@ -328,6 +328,9 @@ pub(crate) struct Room {
     /// A deletion landed while the room was refusing growth: compact after this batch, which is
     /// what gives the space back.
     shrink_pending: bool,
+    /// When the room last compacted for a deletion: at most once a second (each compaction
+    /// encodes the whole document, and deletions are cheap to send).
+    last_shrink: Option<Instant>,
     /// When the server decided to close each connection of `closing` that lost `observe`.
     close_decided: HashMap<ConnId, Instant>,
     refused: HashSet<ConnId>,
@@ -377,6 +380,7 @@ impl Room {
             full: false,
             told_full: HashSet::new(),
             shrink_pending: false,
+            last_shrink: None,
             close_decided: HashMap::new(),
             refused: HashSet::new(),
             denials: HashMap::new(),
@@ -461,9 +465,16 @@ impl Room {
             }
             lagging = self.catch_up();
             idle_since = self.conns.is_empty().then(tokio::time::Instant::now);
-            if self.logged_since_snapshot >= self.deps.limits.compact_every
-                || (std::mem::take(&mut self.shrink_pending) && self.logged_since_snapshot > 0)
-            {
+            let shrink_now = self.shrink_pending
+                && self.logged_since_snapshot > 0
+                && self
+                    .last_shrink
+                    .is_none_or(|at| at.elapsed() >= Duration::from_secs(1));
+            if shrink_now {
+                self.shrink_pending = false;
+                self.last_shrink = Some(Instant::now());
+            }
+            if shrink_now || self.logged_since_snapshot >= self.deps.limits.compact_every {
                 self.compact().await;
             }
         }
