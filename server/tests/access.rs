@@ -105,6 +105,17 @@ async fn viewers_cannot_edit_and_downgrades_bite_on_the_next_frame_on(backend: &
     };
     cy.send(YMessage::Sync(SyncMessage::SyncStep2(step2))).await;
     fence(&mut cy, &mut ana, "after-viewer-edits").await;
+    // The viewer is told, once, that its changes were not kept (its page drops them).
+    loop {
+        match cy.next().await {
+            Event::Y(YMessage::Auth(Some(reason))) => {
+                assert!(reason.contains("not kept"), "{reason}");
+                break;
+            }
+            Event::Y(_) => {}
+            Event::Closed(code) => panic!("the viewer was closed ({code:?})"),
+        }
+    }
     assert_eq!(
         ana.content("main.rs"),
         "seed",

@@ -12,6 +12,8 @@ import { deletionPage } from './pages/deletion'
 export interface App {
   me: Me | null
   go: (path: string) => void
+  /** Renders the current page again, from scratch. */
+  reload: () => void
   main: HTMLElement
 }
 
@@ -25,6 +27,9 @@ const app: App = {
   main: h('main', { id: 'main' }),
   go (path: string) {
     history.pushState(null, '', path)
+    void render()
+  },
+  reload () {
     void render()
   },
 }

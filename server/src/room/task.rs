@@ -35,6 +35,9 @@ pub(crate) const ROOM_QUEUE: usize = 1024;
 const MAX_BATCH_COMMANDS: usize = 512;
 /// Attempts to append a batch before the room gives up and restarts from storage.
 const PERSIST_ATTEMPTS: u32 = 3;
+/// What a client whose edit was refused for want of `edit` is told.
+pub(crate) const NOT_KEPT: &str =
+    "You do not hold edit in this room: your latest changes were not kept";
 /// What a client whose edit would grow a full room is told.
 pub(crate) const ROOM_FULL: &str =
     "This room is full: delete files or ask an owner to raise the cap";
@@ -325,6 +328,8 @@ pub(crate) struct Room {
     full: bool,
     /// Connections told that the room is full (once each, while it is).
     told_full: HashSet<ConnId>,
+    /// Connections told that an edit of theirs was refused for want of `edit` (once each).
+    told_not_kept: HashSet<ConnId>,
     /// A deletion landed while the room was refusing growth: compact after this batch, which is
     /// what gives the space back.
     shrink_pending: bool,
@@ -379,6 +384,7 @@ impl Room {
             closing: Vec::new(),
             full: false,
             told_full: HashSet::new(),
+            told_not_kept: HashSet::new(),
             shrink_pending: false,
             last_shrink: None,
             close_decided: HashMap::new(),
@@ -609,13 +615,25 @@ impl Room {
                 self.deps.metrics.updates_denied.inc();
                 let user = c.user_id.clone();
                 self.denials.entry(conn).or_insert((user, 0)).1 += 1;
+                // Told once, so its page can drop what was not kept (stock clients log it).
+                if self.told_not_kept.insert(conn) {
+                    self.reply(Target::One(conn), Message::Auth(Some(NOT_KEPT.into())));
+                }
             }
             return;
         }
         // Deletions and nothing else (an empty update, such as a sync step 2 with nothing new,
         // is neither).
-        let deletes_only = update.insertions(true).is_empty() && !update.delete_set().is_empty();
-        if self.stored_bytes.saturating_add(len) > self.deps.limits.max_doc_bytes && !deletes_only {
+        let inserts = update.insertions(true);
+        let deletes_only = inserts.is_empty() && !update.delete_set().is_empty();
+        // Content the room already has is no growth: a client's sync step 2 repeats all it has.
+        let have_all = {
+            let have = self.doc.transact().state_vector();
+            inserts
+                .iter()
+                .all(|(client, ranges)| ranges.iter().all(|r| r.end <= have.get(client)))
+        };
+        if self.stored_bytes.saturating_add(len) > self.deps.limits.max_doc_bytes && !have_all {
             self.refuse_growth(conn);
             return;
         }
@@ -799,6 +817,7 @@ impl Room {
         self.deps.metrics.connections.dec();
         self.denials_audited.remove(&conn);
         self.told_full.remove(&conn);
+        self.told_not_kept.remove(&conn);
         for client in c.awareness_ids {
             if let Some(p) = self.presence.remove(&client) {
                 // Clocks come from clients: saturate rather than overflow.

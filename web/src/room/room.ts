@@ -15,6 +15,13 @@ import { SharedTerminal } from './terminal'
 import { peoplePanel } from './people'
 import { approvalsPanel, auditPanel, roomPanel, sandboxPanel } from './panels'
 
+/**
+ * What this page had when the server said it did not keep our latest changes (a full room, or
+ * edit withdrawn): a Y.Doc cannot take back its own edits, so the room page starts again from
+ * the server's copy and shows these, to copy from.
+ */
+let notKept: { room: string, reason: string, texts: Map<string, string> } | null = null
+
 const PANELS = ['People', 'Approvals', 'Sandbox', 'Audit', 'Room'] as const
 type Panel = typeof PANELS[number]
 const POLL_MS = 5000
@@ -63,13 +70,37 @@ export function roomPage (app: App, id: string): () => void {
     shouldReconnect: (e: CloseEvent) => !closeMeaning(e.code).end,
   })
   provider.awareness.setLocalStateField('user', { name: me.email, id: me.id })
-  // A full room refuses growth with y-protocols' permission-denied message (type 2) and keeps
-  // the connection: the page says so (y-websocket's own handler only logs it).
+  // The server did not keep our latest changes (a full room, or edit withdrawn): it says so with
+  // y-protocols' permission-denied message (type 2) and keeps the connection. The page keeps
+  // what it had, to show, and starts again from the server's copy, so it shows what everyone
+  // else sees (y-websocket's own handler only logs the message).
+  let restarting = false
   provider.messageHandlers[2] = (_encoder, decoder) => {
-    if (decoding.readVarUint(decoder) === 0) {
-      fullNotice.textContent = decoding.readVarString(decoder)
-      fullNotice.hidden = false
+    if (decoding.readVarUint(decoder) !== 0 || restarting || disposed) return
+    restarting = true
+    const texts = new Map<string, string>()
+    files.forEach((t, p) => { if (t instanceof Y.Text) texts.set(p, t.toString()) })
+    notKept = { room: id, reason: decoding.readVarString(decoder), texts }
+    app.reload()
+  }
+  // Back from such a restart: once synced, show what was not kept, file by file.
+  const carried = notKept?.room === id ? notKept : null
+  notKept = null
+  if (carried) {
+    fullNotice.textContent = carried.reason
+    fullNotice.hidden = false
+    const showNotKept = (synced: boolean): void => {
+      if (!synced || disposed) return
+      provider.off('sync', showNotKept)
+      const lost = [...carried.texts].filter(([p, text]) => files.get(p)?.toString() !== text)
+      if (lost.length === 0) return
+      fullNotice.append(h('div', { class: 'not-kept', 'data-testid': 'not-kept' },
+        h('p', null, 'Not kept (copy what you need):'),
+        ...lost.map(([p, text]) => h('details', null, h('summary', null, p),
+          h('textarea', { readonly: true, rows: 4, 'data-testid': `not-kept-${p}` }, text))),
+        h('button', { type: 'button', onclick: () => { fullNotice.hidden = true } }, 'Dismiss')))
     }
+    provider.on('sync', showNotKept)
   }
   const showConn = (): void => {
     const v = conn.view()
