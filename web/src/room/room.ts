@@ -20,7 +20,14 @@ import { approvalsPanel, auditPanel, roomPanel, sandboxPanel } from './panels'
  * edit withdrawn): a Y.Doc cannot take back its own edits, so the room page starts again from
  * the server's copy and shows these, to copy from.
  */
-let notKept: { room: string, reason: string, texts: Map<string, string> } | null = null
+let notKept: {
+  room: string
+  reason: string
+  texts: Map<string, string>
+  /** The open tabs and the active one, reopened once the page has synced again. */
+  tabs: string[]
+  active: string | null
+} | null = null
 
 const PANELS = ['People', 'Approvals', 'Sandbox', 'Audit', 'Room'] as const
 type Panel = typeof PANELS[number]
@@ -80,7 +87,7 @@ export function roomPage (app: App, id: string): () => void {
     restarting = true
     const texts = new Map<string, string>()
     files.forEach((t, p) => { if (t instanceof Y.Text) texts.set(p, t.toString()) })
-    notKept = { room: id, reason: decoding.readVarString(decoder), texts }
+    notKept = { room: id, reason: decoding.readVarString(decoder), texts, tabs: [...open], active }
     app.reload()
   }
   // Back from such a restart: once synced, show what was not kept, file by file.
@@ -92,6 +99,9 @@ export function roomPage (app: App, id: string): () => void {
     const showNotKept = (synced: boolean): void => {
       if (!synced || disposed) return
       provider.off('sync', showNotKept)
+      // The tabs that were open come back, the active one last.
+      for (const p of carried.tabs) if (p !== carried.active) openFile(p)
+      if (carried.active) openFile(carried.active)
       const lost = [...carried.texts].filter(([p, text]) => files.get(p)?.toString() !== text)
       if (lost.length === 0) return
       fullNotice.append(h('div', { class: 'not-kept', 'data-testid': 'not-kept' },
