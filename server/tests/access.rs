@@ -384,6 +384,71 @@ async fn sensitive_actions_fail_closed_without_the_database() {
     t.server.kill9().await;
 }
 
+/// A viewer whose client repeats what the room has (its sync step 2 on every reconnect carries
+/// the whole document and its deletions) is not told its changes were not kept: its page would
+/// start again with a false notice on every reconnect.
+#[tokio::test]
+async fn a_viewer_repeating_what_the_room_has_is_told_nothing() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let t = team(&storage).await;
+    let mut ana = Client::connect(&t.server, &t.room, &t.ana).await;
+    ana.synced().await;
+    ana.insert("main.rs", 0, "abcdef").await;
+    {
+        use yrs::{Text, Transact};
+        let text = ana.text("main.rs");
+        let update = {
+            let mut txn = ana.doc.transact_mut();
+            text.remove_range(&mut txn, 1, 2);
+            txn.encode_update_v1()
+        };
+        ana.send(YMessage::Sync(SyncMessage::Update(update))).await;
+    }
+    eventually(&t.server, &t.room, &t.ana, "main.rs", "adef").await;
+    let mut cy = Client::connect(&t.server, &t.room, &t.cy).await;
+    cy.synced().await;
+    let everything = {
+        use yrs::{ReadTxn, Transact};
+        cy.doc
+            .transact()
+            .encode_state_as_update_v1(&yrs::StateVector::default())
+    };
+    cy.send(YMessage::Sync(SyncMessage::SyncStep2(everything)))
+        .await;
+    // A presence state from ana, sent after cy's step 2 was handled, ends the wait.
+    fence(&mut cy, &mut ana, "cy-step2-handled").await;
+    fence_checking(&mut ana, &mut cy, "back-to-cy").await;
+    t.server.terminate().await;
+}
+
+/// [`fence`], failing if `to` is told its changes were not kept meanwhile.
+async fn fence_checking(from: &mut Client, to: &mut Client, marker: &str) {
+    let state = serde_json::json!({ "marker": marker }).to_string();
+    let clients = [(
+        from.doc.client_id(),
+        yrs::sync::awareness::AwarenessUpdateEntry {
+            clock: 1_000_000,
+            json: state.into(),
+        },
+    )]
+    .into_iter()
+    .collect();
+    from.send(YMessage::Awareness(yrs::sync::AwarenessUpdate { clients }))
+        .await;
+    loop {
+        match to.next().await {
+            Event::Y(YMessage::Awareness(u))
+                if u.clients.values().any(|e| e.json.contains(marker)) =>
+            {
+                return
+            }
+            Event::Y(YMessage::Auth(reason)) => panic!("told {reason:?}"),
+            Event::Y(_) => {}
+            Event::Closed(code) => panic!("closed ({code:?})"),
+        }
+    }
+}
+
 /// Sends a presence state carrying `marker` from `from` and reads `to` until it arrives. A room
 /// handles one connection's frames in order and sends a batch's updates before its presence,
 /// so any edit `from` sent earlier that the room accepted has reached `to` by then.

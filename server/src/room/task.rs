@@ -35,6 +35,8 @@ pub(crate) const ROOM_QUEUE: usize = 1024;
 const MAX_BATCH_COMMANDS: usize = 512;
 /// Attempts to append a batch before the room gives up and restarts from storage.
 const PERSIST_ATTEMPTS: u32 = 3;
+/// Delete ranges one update may carry into a room at its size cap.
+const MAX_DELETE_RANGES_AT_CAP: usize = 1024;
 /// What a client whose edit was refused for want of `edit` is told.
 pub(crate) const NOT_KEPT: &str =
     "You do not hold edit in this room: your latest changes were not kept";
@@ -608,6 +610,15 @@ impl Room {
         let Some(c) = self.conns.get(&conn) else {
             return;
         };
+        let inserts = update.insertions(true);
+        // Content the room already has is nothing new: a client's sync step 2 (on every
+        // reconnect) repeats all it has.
+        let have_all = {
+            let have = self.doc.transact().state_vector();
+            inserts
+                .iter()
+                .all(|(client, ranges)| ranges.iter().all(|r| r.end <= have.get(client)))
+        };
         if !c.rights.may_act(self.deps.clock.now_ms()) {
             // Refused, not fatal: the connection keeps receiving, the document is untouched.
             // An empty update (a viewer's sync step 2 with nothing new) changes nothing.
@@ -615,8 +626,9 @@ impl Room {
                 self.deps.metrics.updates_denied.inc();
                 let user = c.user_id.clone();
                 self.denials.entry(conn).or_insert((user, 0)).1 += 1;
-                // Told once, so its page can drop what was not kept (stock clients log it).
-                if self.told_not_kept.insert(conn) {
+                // Told once, so its page can drop what was not kept (stock clients log it);
+                // only for content the room lacks, not a reconnect repeating what it has.
+                if !have_all && self.told_not_kept.insert(conn) {
                     self.reply(Target::One(conn), Message::Auth(Some(NOT_KEPT.into())));
                 }
             }
@@ -624,22 +636,18 @@ impl Room {
         }
         // Deletions and nothing else (an empty update, such as a sync step 2 with nothing new,
         // is neither).
-        let inserts = update.insertions(true);
         let deletes_only = inserts.is_empty() && !update.delete_set().is_empty();
-        // Content the room already has is no growth: a client's sync step 2 repeats all it has.
-        let have_all = {
-            let have = self.doc.transact().state_vector();
-            inserts
-                .iter()
-                .all(|(client, ranges)| ranges.iter().all(|r| r.end <= have.get(client)))
-        };
-        if self.stored_bytes.saturating_add(len) > self.deps.limits.max_doc_bytes && !have_all {
+        let at_cap = self.stored_bytes.saturating_add(len) > self.deps.limits.max_doc_bytes;
+        // At the cap, growth is refused; so is a delete set of many ranges, which splits the
+        // text into as many blocks (a cheap way to grow the document without inserting).
+        let delete_ranges: usize = update
+            .delete_set()
+            .iter()
+            .map(|(_, ranges)| ranges.iter().count())
+            .sum();
+        if at_cap && (!have_all || delete_ranges > MAX_DELETE_RANGES_AT_CAP) {
             self.refuse_growth(conn);
             return;
-        }
-        if deletes_only && self.full {
-            // The room refused growth: a deletion is what frees space, once compacted.
-            self.shrink_pending = true;
         }
         let have = self.doc.transact().state_vector();
         if crate::room::protocol::skips_clocks(&update, &have) {
@@ -674,7 +682,13 @@ impl Room {
                 std::panic::resume_unwind(Box::new("update application panicked"));
             }
         }
-        for update in self.drain_produced() {
+        let produced = self.drain_produced();
+        if deletes_only && self.full && !produced.is_empty() {
+            // The room refused growth: a deletion that changed something is what frees space,
+            // once compacted.
+            self.shrink_pending = true;
+        }
+        for update in produced {
             let seq = self.next_seq;
             self.next_seq += 1;
             self.stored_bytes += update.len();
@@ -838,7 +852,6 @@ impl Room {
             .push((target, Bytes::from(message.encode_v1())));
     }
 
-    /// Refuses a connection's input (1008, saying what was refused): it gets nothing more.
     /// The room is full: growth is refused, but the connection stays (a stock client whose
     /// socket closed would reconnect and resend the same growth in a loop; this one keeps
     /// reading, and can still delete). It is told once, with y-protocols' permission-denied
@@ -851,6 +864,7 @@ impl Room {
         }
     }
 
+    /// Refuses a connection's input (1008, saying what was refused): it gets nothing more.
     fn refuse(&mut self, conn: ConnId, why: &'static str) {
         self.deps.metrics.protocol_errors.inc();
         if self.refused.insert(conn) {

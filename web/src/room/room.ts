@@ -27,6 +27,8 @@ let notKept: {
   /** The open tabs and the active one, reopened once the page has synced again. */
   tabs: string[]
   active: string | null
+  /** When it was kept: a restart overtaken by another navigation must not show it later. */
+  at: number
 } | null = null
 
 const PANELS = ['People', 'Approvals', 'Sandbox', 'Audit', 'Room'] as const
@@ -87,11 +89,11 @@ export function roomPage (app: App, id: string): () => void {
     restarting = true
     const texts = new Map<string, string>()
     files.forEach((t, p) => { if (t instanceof Y.Text) texts.set(p, t.toString()) })
-    notKept = { room: id, reason: decoding.readVarString(decoder), texts, tabs: [...open], active }
+    notKept = { room: id, reason: decoding.readVarString(decoder), texts, tabs: [...open], active, at: Date.now() }
     app.reload()
   }
   // Back from such a restart: once synced, show what was not kept, file by file.
-  const carried = notKept?.room === id ? notKept : null
+  const carried = notKept?.room === id && Date.now() - notKept.at < 10_000 ? notKept : null
   notKept = null
   if (carried) {
     fullNotice.textContent = carried.reason
