@@ -38,6 +38,13 @@ test('a full room refuses growth without closing, keeps readers, and takes delet
     await waitFor(() => reader.provider.awareness.getStates().get(writer.doc.clientID)?.fence === 1,
       10_000, 'the writer\'s socket did not carry its presence after the refusal')
     assert.deepEqual(writer.provider.closeEvents, [], 'the full room closed the writer\'s socket')
+    // Its next edit builds on the refused one (clocks the room never took): refused the same
+    // way, still without closing (a closed stock client reconnects and resends, once per edit).
+    text.insert(0, 'z')
+    writer.provider.awareness.setLocalStateField('fence', 2)
+    await waitFor(() => reader.provider.awareness.getStates().get(writer.doc.clientID)?.fence === 2,
+      10_000, 'the writer\'s socket did not carry its presence after its next edit')
+    assert.deepEqual(writer.provider.closeEvents, [], 'the writer\'s next edit closed its socket')
     // The reader deletes most of the text; once compacted, a new file fits.
     const readerText = reader.doc.getMap('files').get('fill.txt')
     readerText.delete(0, 9000)

@@ -261,9 +261,11 @@ impl Tombstones {
     fn insert(&mut self, id: ClientID, clock: u32) {
         let at = self.departures;
         self.departures += 1;
-        if self.clocks.insert(id, (clock, at)).is_none() {
-            self.order.push_back(id);
+        if self.clocks.insert(id, (clock, at)).is_some() {
+            // Departed again: it is the newest now, the last to be forgotten.
+            self.order.retain(|x| *x != id);
         }
+        self.order.push_back(id);
         while self.order.len() > MAX_TOMBSTONES {
             if let Some(old) = self.order.pop_front() {
                 self.clocks.remove(&old);
@@ -651,6 +653,13 @@ impl Room {
         }
         let have = self.doc.transact().state_vector();
         if crate::room::protocol::skips_clocks(&update, &have) {
+            if self.full && self.told_full.contains(&conn) {
+                // Most likely built on the growth the full room refused it: refused the same way
+                // (never applied), without closing, or a stock client would reconnect and
+                // resend on every edit.
+                self.refuse_growth(conn);
+                return;
+            }
             tracing::info!(room = %self.id, %conn, "update skips clocks");
             self.refuse(conn, "update depends on missing content");
             return;
