@@ -479,8 +479,8 @@ async fn refused_updates_change_nothing_in_the_room() {
     assert_eq!(c.closed().await, Some(1008));
     assert_unchanged(&server, &room, &token).await;
 
-    // A frame that carries a refused update and then a valid one: nothing after the refusal
-    // is applied.
+    // A frame that carries a refused update (it would grow the full room) and then one built
+    // on it: neither is applied.
     let mut c = Client::connect(&server, &room, &token).await;
     c.synced().await;
     let update_of = |c: &Client, at: u32, s: &str| {
@@ -498,7 +498,18 @@ async fn refused_updates_change_nothing_in_the_room() {
     ]
     .concat();
     c.send_raw(frame).await;
-    assert_eq!(c.closed().await, Some(1008));
+    // The room is full: the client is told, and stays connected; the update built on the
+    // refused one is refused the same way.
+    loop {
+        match c.next().await {
+            Event::Y(YMessage::Auth(reason)) => {
+                assert!(reason.is_some_and(|r| r.contains("This room is full")));
+                break;
+            }
+            Event::Y(_) => {}
+            Event::Closed(code) => panic!("closed ({code:?}) instead of refusing growth"),
+        }
+    }
     assert_unchanged(&server, &room, &token).await;
     server.terminate().await;
 }
