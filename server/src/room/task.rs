@@ -613,14 +613,12 @@ impl Room {
             return;
         };
         let inserts = update.insertions(true);
+        let have = self.doc.transact().state_vector();
         // Content the room already has is nothing new: a client's sync step 2 (on every
         // reconnect) repeats all it has.
-        let have_all = {
-            let have = self.doc.transact().state_vector();
-            inserts
-                .iter()
-                .all(|(client, ranges)| ranges.iter().all(|r| r.end <= have.get(client)))
-        };
+        let have_all = inserts
+            .iter()
+            .all(|(client, ranges)| ranges.iter().all(|r| r.end <= have.get(client)));
         if !c.rights.may_act(self.deps.clock.now_ms()) {
             // Refused, not fatal: the connection keeps receiving, the document is untouched.
             // An empty update (a viewer's sync step 2 with nothing new) changes nothing.
@@ -642,16 +640,18 @@ impl Room {
         let at_cap = self.stored_bytes.saturating_add(len) > self.deps.limits.max_doc_bytes;
         // At the cap, growth is refused; so is a delete set of many ranges, which splits the
         // text into as many blocks (a cheap way to grow the document without inserting).
-        let delete_ranges: usize = update
-            .delete_set()
-            .iter()
-            .map(|(_, ranges)| ranges.iter().count())
-            .sum();
-        if at_cap && (!have_all || delete_ranges > MAX_DELETE_RANGES_AT_CAP) {
+        let many_deletes = || {
+            update
+                .delete_set()
+                .iter()
+                .map(|(_, ranges)| ranges.iter().count())
+                .sum::<usize>()
+                > MAX_DELETE_RANGES_AT_CAP
+        };
+        if at_cap && (!have_all || many_deletes()) {
             self.refuse_growth(conn);
             return;
         }
-        let have = self.doc.transact().state_vector();
         if crate::room::protocol::skips_clocks(&update, &have) {
             if self.full && self.told_full.contains(&conn) {
                 // Most likely built on the growth the full room refused it: refused the same way

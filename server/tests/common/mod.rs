@@ -620,6 +620,29 @@ impl Client {
         self.send(YMessage::Sync(SyncMessage::Update(update))).await;
     }
 
+    /// Deletes `len` characters of `file` at `at`, and sends the update.
+    pub async fn remove(&mut self, file: &str, at: u32, len: u32) {
+        let update = {
+            let text = self.text(file);
+            let mut txn = self.doc.transact_mut();
+            text.remove_range(&mut txn, at, len);
+            txn.encode_update_v1()
+        };
+        self.send(YMessage::Sync(SyncMessage::Update(update))).await;
+    }
+
+    /// Reads until the server tells this client something with y-protocols' permission-denied
+    /// message (a full room, changes not kept), and returns the reason; panics on a close.
+    pub async fn told(&mut self) -> String {
+        loop {
+            match self.next().await {
+                Event::Y(YMessage::Auth(reason)) => return reason.unwrap_or_default(),
+                Event::Y(_) => {}
+                Event::Closed(code) => panic!("closed ({code:?}) instead of being told"),
+            }
+        }
+    }
+
     pub fn text(&self, file: &str) -> yrs::TextRef {
         self.doc.get_or_insert_text(file)
     }
