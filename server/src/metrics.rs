@@ -19,6 +19,8 @@ pub(crate) struct Inner {
     pub updates_applied: Counter,
     pub updates_denied: Counter,
     pub updates_refused_full: Counter,
+    pub edits_carried: Counter,
+    pub edits_unplaced: Counter,
     pub bytes_persisted: Counter,
     pub persist_seconds: Histogram,
     pub compactions: Counter,
@@ -40,6 +42,18 @@ impl Metrics {
         let updates_applied = Counter::default();
         let updates_denied = Counter::default();
         let updates_refused_full = Counter::default();
+        let edits_carried = Counter::default();
+        let edits_unplaced = Counter::default();
+        registry.register(
+            "edits_carried",
+            "Runs of text typed into a file that was renamed or deleted meanwhile, carried into the file it became (or brought back)",
+            edits_carried.clone(),
+        );
+        registry.register(
+            "edits_unplaced",
+            "Runs of text typed into a file that is gone, with nowhere known to carry them: kept in recovered/",
+            edits_unplaced.clone(),
+        );
         let bytes_persisted = Counter::default();
         // 100 µs .. ~3 s: a batched SQLite fsync is around 1 ms, a busy PostgreSQL more.
         let persist_seconds = Histogram::new(exponential_buckets(0.0001, 2.0, 16));
@@ -141,6 +155,8 @@ impl Metrics {
                 updates_applied,
                 updates_denied,
                 updates_refused_full,
+                edits_carried,
+                edits_unplaced,
                 bytes_persisted,
                 persist_seconds,
                 compactions,

@@ -2,6 +2,7 @@
 //! registry starts and finds them; the wire protocol, outbound queues and presence identities
 //! are theirs.
 
+pub(crate) mod departed;
 pub(crate) mod outbox;
 pub(crate) mod presence;
 pub mod protocol;

@@ -1318,3 +1318,52 @@ async fn a_key_after_exit_opens_a_new_shell() {
     ana.send(b"echo THIRD-$((1+2))\n").await;
     ana.output_contains("THIRD-3").await;
 }
+
+/// A rename with an edit in flight: the editor's text lands in the renamed file on disk, and
+/// the old name is gone from the workspace.
+#[tokio::test]
+async fn a_rename_with_an_edit_in_flight_reaches_the_workspace() {
+    use yrs::sync::protocol::{Message as YMessage, SyncMessage};
+    use yrs::{GetString, Map, Text, TextPrelim, Transact};
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let t = team(&storage).await;
+    let (server, room) = (&t.server, &t.room);
+    let mut ana = Client::connect(server, room, &t.ana).await;
+    ana.synced().await;
+    let mut ben = Client::connect(server, room, &t.ben).await;
+    ben.synced().await;
+    ana.put_file("notes/a.txt", "hello world").await;
+    ben.wait_for_file("notes/a.txt", "hello world").await;
+    stdout_until(server, &t.ben, room, "cat notes/a.txt", "hello world").await;
+    // Ben types before he hears of the rename.
+    let typed = {
+        let text = ben.file("notes/a.txt").unwrap();
+        let mut txn = ben.doc.transact_mut();
+        text.insert(&mut txn, 5, ", dear");
+        txn.encode_update_v1()
+    };
+    let renamed = {
+        let files = ana.doc.get_or_insert_map("files");
+        let old = ana.file("notes/a.txt").unwrap();
+        let mut txn = ana.doc.transact_mut();
+        let content = old.get_string(&txn);
+        files.insert(&mut txn, "notes/b.txt", TextPrelim::new(content));
+        files.remove(&mut txn, "notes/a.txt");
+        txn.encode_update_v1()
+    };
+    ana.send(YMessage::Sync(SyncMessage::Update(renamed))).await;
+    ana.wait_for_file("notes/b.txt", "hello world").await;
+    ben.send(YMessage::Sync(SyncMessage::Update(typed))).await;
+    ana.wait_for_file("notes/b.txt", "hello, dear world").await;
+    // The workspace follows: the renamed file with both people's text, the old name gone.
+    let mut on_disk = Value::Null;
+    for _ in 0..200 {
+        let script = "cat notes/b.txt; echo; ls notes";
+        on_disk = exec(server, &t.ben, room, script).await.1["stdout"].clone();
+        if on_disk == "hello, dear world\nb.txt\n" {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the workspace never followed: {on_disk}");
+}

@@ -57,3 +57,32 @@ export function languageOf (path: string): 'javascript' | 'typescript' | 'rust' 
   if (ext === 'py') return 'python'
   return 'plain'
 }
+
+/**
+ * The moves that rename folder `from` (a tree path, with its trailing slash) to `to`: one per
+ * file under it. Refused when a file of the new folder's would take a path already in use.
+ */
+export function folderMoves (paths: Iterable<string>, from: string, to: string): { ok: true, moves: Array<[string, string]> } | { ok: false, reason: string } {
+  const all = [...paths]
+  const prefix = from.endsWith('/') ? from : `${from}/`
+  const target = to.replace(/\/+$/, '')
+  if (`${target}/` === prefix) return { ok: false, reason: 'That is the folder\'s name already' }
+  if (`${target}/`.startsWith(prefix)) return { ok: false, reason: 'A folder cannot move inside itself' }
+  const moves: Array<[string, string]> = all.filter((p) => p.startsWith(prefix)).map((p) => [p, `${target}/${p.slice(prefix.length)}`])
+  const taken = new Set(all)
+  const clash = moves.find(([, p]) => taken.has(p))
+  if (clash) return { ok: false, reason: `${clash[1]} already exists` }
+  if (taken.has(target)) return { ok: false, reason: `${target} is a file` }
+  return { ok: true, moves }
+}
+
+/**
+ * Where a file that left the tree went, when the same change added the file it became: the
+ * added file of the same name (a folder rename), or the only file added (a rename).
+ */
+export function movedTo (gone: string, added: string[]): string | null {
+  const name = gone.split('/').pop()
+  const same = added.filter((p) => p.split('/').pop() === name)
+  if (same.length === 1) return same[0]
+  return added.length === 1 ? added[0] : null
+}

@@ -1,7 +1,7 @@
 import { describe, expect, it } from 'vitest'
 import { parse, safeNext, loginUrl } from './router'
 import { abilities, settableRoles, canRemove } from './caps'
-import { buildTree, checkPath, languageOf } from './files'
+import { buildTree, checkPath, languageOf, folderMoves, movedTo } from './files'
 import { DocConnection, closeMeaning } from './conn'
 import { FlowGate, Backoff, parseEvent } from './flow'
 import type { Participant } from './api'
@@ -136,5 +136,25 @@ describe('terminal flow control', () => {
     expect(parseEvent('nope')).toBeNull()
     expect(parseEvent('{"x":1}')).toBeNull()
     expect(parseEvent('null')).toBeNull()
+  })
+})
+
+describe('folder renames', () => {
+  const paths = ['src/a.ts', 'src/lib/b.ts', 'srcs/c.ts', 'README.md']
+  it('moves every file under the folder, and nothing else', () => {
+    expect(folderMoves(paths, 'src/', 'app')).toEqual({ ok: true, moves: [['src/a.ts', 'app/a.ts'], ['src/lib/b.ts', 'app/lib/b.ts']] })
+    expect(folderMoves(paths, 'src/lib/', 'src/util/')).toEqual({ ok: true, moves: [['src/lib/b.ts', 'src/util/b.ts']] })
+  })
+  it('refuses a move onto files in use, into itself, or onto a file', () => {
+    expect(folderMoves([...paths, 'app/a.ts'], 'src/', 'app')).toEqual({ ok: false, reason: 'app/a.ts already exists' })
+    expect(folderMoves(paths, 'src/', 'src/inner')).toMatchObject({ ok: false })
+    expect(folderMoves(paths, 'src/', 'src')).toMatchObject({ ok: false })
+    expect(folderMoves(paths, 'src/', 'README.md')).toEqual({ ok: false, reason: 'README.md is a file' })
+  })
+  it('finds where a file went', () => {
+    expect(movedTo('a.txt', ['b.txt'])).toBe('b.txt')
+    expect(movedTo('src/x.rs', ['lib/y.rs', 'lib/x.rs'])).toBe('lib/x.rs')
+    expect(movedTo('a.txt', ['b.txt', 'c.txt'])).toBeNull()
+    expect(movedTo('a.txt', [])).toBeNull()
   })
 })

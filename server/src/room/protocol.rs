@@ -13,7 +13,7 @@ use yrs::encoding::read::{Cursor, Read};
 use yrs::sync::protocol::{Message, SyncMessage, MSG_AWARENESS, MSG_SYNC};
 use yrs::sync::AwarenessUpdate;
 use yrs::updates::decoder::{Decode, Decoder, DecoderV1};
-use yrs::{StateVector, Update};
+use yrs::{ClientID, StateVector, Update, ID};
 
 /// Largest number of y-protocol messages accepted in one frame (y-websocket sends one).
 const MAX_MESSAGES_PER_FRAME: usize = 16;
@@ -36,8 +36,9 @@ pub enum Inbound {
     /// The client's state vector: it wants what it is missing.
     SyncStep1(StateVector),
     /// Document content, from sync step 2 or an incremental update (the server treats both
-    /// alike). `len` is the encoded size, used for the document size cap.
-    Update { update: Update, len: usize },
+    /// alike). `bytes` is the update as encoded: its size counts against the document size
+    /// cap, and the room reads the text of an edit to a file that is gone from it ([`pieces`]).
+    Update { update: Update, bytes: Vec<u8> },
     /// Presence states, already checked for size and JSON syntax.
     Awareness(AwarenessUpdate),
     /// The client asks for every presence state.
@@ -183,17 +184,54 @@ fn guard_counts(message: &[u8]) -> Result<(), ProtocolError> {
 /// count it reads (a block count of four billion is a 12 GB request), and recurses into nested
 /// values without a limit. Anything this walk cannot read, yrs could not either.
 fn guard_update(update: &[u8]) -> Result<(), ProtocolError> {
+    walk_update(update, None)
+}
+
+/// A run of text an update inserts: `text` at `id`, placed after `origin` and before `right`
+/// (the neighbours its author saw), in `parent` when the update names it (it does when the run
+/// has neither neighbour: the first text of an empty file).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Piece {
+    pub id: ID,
+    pub origin: Option<ID>,
+    pub right: Option<ID>,
+    pub parent: Option<ID>,
+    pub text: String,
+}
+
+impl Piece {
+    /// Clock units the run takes (UTF-16 code units, as Yjs counts text).
+    pub fn clocks(&self) -> u32 {
+        utf16_len(&self.text)
+    }
+}
+
+fn utf16_len(s: &str) -> u32 {
+    u32::try_from(s.encode_utf16().count()).unwrap_or(u32::MAX)
+}
+
+/// The runs of text in a v1 update (already accepted by [`parse_frame`]), in the update's order.
+pub fn pieces(update: &[u8]) -> Result<Vec<Piece>, ProtocolError> {
+    let mut out = Vec::new();
+    walk_update(update, Some(&mut out))?;
+    Ok(out)
+}
+
+/// The walk behind [`guard_update`] and [`pieces`]: with `pieces`, it also follows each block's
+/// clock and collects the text runs.
+fn walk_update(update: &[u8], mut pieces: Option<&mut Vec<Piece>>) -> Result<(), ProtocolError> {
     let bad = |_| ProtocolError::MalformedUpdate;
     let c = &mut Cursor::new(update);
     let clients: u32 = c.read_var().map_err(bad)?;
     fits(c, clients, 3)?;
     for _ in 0..clients {
         let blocks: u32 = c.read_var().map_err(bad)?;
-        let _client: u64 = c.read_var().map_err(bad)?;
-        let _clock: u32 = c.read_var().map_err(bad)?;
+        let client: u64 = c.read_var().map_err(bad)?;
+        let mut clock: u32 = c.read_var().map_err(bad)?;
         fits(c, blocks, 1)?;
         for _ in 0..blocks {
-            guard_block(c)?;
+            let len = guard_block(c, client, clock, pieces.as_deref_mut())?;
+            clock = clock.saturating_add(len);
         }
     }
     // The delete set: clients, each with ranges of (clock, length).
@@ -220,8 +258,14 @@ fn fits(c: &Cursor<'_>, count: u32, min_bytes: usize) -> Result<(), ProtocolErro
     Ok(())
 }
 
-/// One block of a v1 update (see `guard_update`).
-fn guard_block(c: &mut Cursor<'_>) -> Result<(), ProtocolError> {
+/// One block of a v1 update (see `guard_update`), the block of `client` at `clock`. Returns the
+/// clock units it takes; those of a text run are only counted when `pieces` collects it.
+fn guard_block(
+    c: &mut Cursor<'_>,
+    client: u64,
+    clock: u32,
+    pieces: Option<&mut Vec<Piece>>,
+) -> Result<u32, ProtocolError> {
     const GC: u8 = 0;
     const SKIP: u8 = 10;
     const HAS_ORIGIN: u8 = 0b1000_0000;
@@ -231,37 +275,43 @@ fn guard_block(c: &mut Cursor<'_>) -> Result<(), ProtocolError> {
     let bad = |_| ProtocolError::MalformedUpdate;
     let info = c.read_u8().map_err(bad)?;
     if info == GC || info == SKIP {
-        let _len: u32 = c.read_var().map_err(bad)?;
-        return Ok(());
+        let len: u32 = c.read_var().map_err(bad)?;
+        return Ok(len);
     }
-    let id = |c: &mut Cursor<'_>| -> Result<(), ProtocolError> {
-        let _client: u64 = c.read_var().map_err(bad)?;
-        let _clock: u32 = c.read_var().map_err(bad)?;
-        Ok(())
+    let id = |c: &mut Cursor<'_>| -> Result<ID, ProtocolError> {
+        let client: u64 = c.read_var().map_err(bad)?;
+        let clock: u32 = c.read_var().map_err(bad)?;
+        if client > MAX_CLIENT_ID {
+            return Err(ProtocolError::MalformedUpdate);
+        }
+        Ok(ID::new(ClientID::new(client), clock))
     };
-    if info & HAS_ORIGIN != 0 {
-        id(c)?;
-    }
-    if info & HAS_RIGHT_ORIGIN != 0 {
-        id(c)?;
-    }
+    let origin = if info & HAS_ORIGIN != 0 {
+        Some(id(c)?)
+    } else {
+        None
+    };
+    let right = if info & HAS_RIGHT_ORIGIN != 0 {
+        Some(id(c)?)
+    } else {
+        None
+    };
+    let mut parent = None;
     if info & (HAS_ORIGIN | HAS_RIGHT_ORIGIN) == 0 {
         let named: u32 = c.read_var().map_err(bad)?;
         if named == 1 {
             c.read_string().map_err(bad)?;
         } else {
-            id(c)?;
+            parent = Some(id(c)?);
         }
         if info & HAS_PARENT_SUB != 0 {
             c.read_string().map_err(bad)?;
         }
     }
-    match info & 0b1111 {
+    let len = match info & 0b1111 {
         // Deleted: a length.
-        1 => {
-            let _len: u32 = c.read_var().map_err(bad)?;
-        }
-        // JSON: yrs reads one string more than the count says.
+        1 => c.read_var().map_err(bad)?,
+        // JSON: yrs reads one string more than the count says, and keeps them all.
         2 => {
             let count: u32 = c.read_var().map_err(bad)?;
             let strings = count.checked_add(1).ok_or(ProtocolError::MalformedUpdate)?;
@@ -269,28 +319,56 @@ fn guard_block(c: &mut Cursor<'_>) -> Result<(), ProtocolError> {
             for _ in 0..strings {
                 c.read_string().map_err(bad)?;
             }
+            strings
         }
-        // Binary, string, embed (JSON text).
+        // Binary, embed (JSON text).
         3 => {
             c.read_buf().map_err(bad)?;
+            1
         }
-        4 | 5 => {
+        4 => {
+            let text = c.read_string().map_err(bad)?;
+            match pieces {
+                None => 1,
+                Some(out) => {
+                    if client > MAX_CLIENT_ID {
+                        return Err(ProtocolError::MalformedUpdate);
+                    }
+                    let piece = Piece {
+                        id: ID::new(ClientID::new(client), clock),
+                        origin,
+                        right,
+                        parent,
+                        text: text.to_owned(),
+                    };
+                    let len = piece.clocks();
+                    out.push(piece);
+                    len
+                }
+            }
+        }
+        5 => {
             c.read_string().map_err(bad)?;
+            1
         }
         // Format: key and JSON value.
         6 => {
             c.read_string().map_err(bad)?;
             c.read_string().map_err(bad)?;
+            1
         }
         // A shared type; an XML element carries its tag name. yrs knows no other type refs
         // (weak links are not built in).
-        7 => match c.read_u8().map_err(bad)? {
-            XML_ELEMENT => {
-                c.read_string().map_err(bad)?;
+        7 => {
+            match c.read_u8().map_err(bad)? {
+                XML_ELEMENT => {
+                    c.read_string().map_err(bad)?;
+                }
+                0 | 1 | 2 | 4 | 5 | 6 | 9 | 15 => {}
+                _ => return Err(ProtocolError::MalformedUpdate),
             }
-            0 | 1 | 2 | 4 | 5 | 6 | 9 | 15 => {}
-            _ => return Err(ProtocolError::MalformedUpdate),
-        },
+            1
+        }
         // Values.
         8 => {
             let count: u32 = c.read_var().map_err(bad)?;
@@ -298,15 +376,17 @@ fn guard_block(c: &mut Cursor<'_>) -> Result<(), ProtocolError> {
             for _ in 0..count {
                 guard_value(c, 0)?;
             }
+            count
         }
         // A subdocument: its guid and options.
         9 => {
             c.read_string().map_err(bad)?;
             guard_value(c, 0)?;
+            1
         }
         _ => return Err(ProtocolError::MalformedUpdate),
-    }
-    Ok(())
+    };
+    Ok(len)
 }
 
 /// One lib0-encoded value (`yrs::Any`), nested at `depth`.
@@ -369,10 +449,7 @@ fn validate(message: Message, max_awareness_entry: usize) -> Result<Inbound, Pro
             let update = catch_unwind(|| Update::decode_v1(&bytes))
                 .map_err(|_| ProtocolError::MalformedUpdate)?
                 .map_err(|_| ProtocolError::MalformedUpdate)?;
-            Ok(Inbound::Update {
-                update,
-                len: bytes.len(),
-            })
+            Ok(Inbound::Update { update, bytes })
         }
         Message::Awareness(update) => {
             for entry in update.clients.values() {
@@ -701,5 +778,48 @@ mod tests {
             seen += 1;
         }
         assert!(seen >= 10, "only {seen} seeds");
+    }
+
+    /// `pieces` reads each run of text with the id yrs gives it, counting clocks in UTF-16
+    /// units past other blocks, and the neighbours it was typed between.
+    #[test]
+    fn pieces_are_the_runs_of_text_with_their_ids_and_neighbours() {
+        use yrs::{Map, TextPrelim};
+        let doc = Doc::with_client_id(7);
+        let files = doc.get_or_insert_map("files");
+        let first = {
+            let mut txn = doc.transact_mut();
+            files.insert(&mut txn, "a.txt", TextPrelim::new("h😀"));
+            txn.encode_update_v1()
+        };
+        let p = pieces(&first).unwrap();
+        let id = |clock| ID::new(ClientID::new(7), clock);
+        // The map entry takes clock 0; the text starts empty, so its first run names it.
+        assert_eq!(p.len(), 1);
+        assert_eq!(
+            (p[0].id, p[0].parent, p[0].origin),
+            (id(1), Some(id(0)), None)
+        );
+        assert_eq!((p[0].text.as_str(), p[0].clocks()), ("h😀", 3));
+        let Some(yrs::Out::YText(text)) = files.get(&doc.transact(), "a.txt") else {
+            panic!("no text");
+        };
+        let second = {
+            let mut txn = doc.transact_mut();
+            text.insert(&mut txn, 1, "i");
+            text.push(&mut txn, "!");
+            txn.encode_update_v1()
+        };
+        let p = pieces(&second).unwrap();
+        assert_eq!(p.len(), 2, "{p:?}");
+        assert_eq!(
+            (p[0].id, p[0].origin, p[0].right),
+            (id(4), Some(id(1)), Some(id(2)))
+        );
+        assert_eq!(
+            (p[1].id, p[1].origin, p[1].right),
+            (id(5), Some(id(3)), None)
+        );
+        assert_eq!(p[1].text, "!");
     }
 }

@@ -221,7 +221,7 @@ mod tests {
         let bytes = txn.encode_update_v1();
         vec![Inbound::Update {
             update: Update::decode_v1(&bytes).unwrap(),
-            len: bytes.len(),
+            bytes,
         }]
     }
 

@@ -309,8 +309,11 @@ pub(crate) struct Room {
     /// The departures mark ([`Tombstones::mark`]) at the start of the batch: a connection that
     /// falls behind on this batch's broadcasts missed its departures too.
     batch_departures: u64,
-    /// Updates produced this batch: (seq, bytes, origin connection).
-    batch: Vec<(i64, Bytes, ConnId)>,
+    /// Updates produced this batch: (seq, bytes, origin connection; none for the room's own,
+    /// which everyone is sent).
+    batch: Vec<(i64, Bytes, Option<ConnId>)>,
+    /// Files that left the document, so edits made to them meanwhile are carried, not lost.
+    departed: crate::room::departed::Departed,
     /// Small replies built while handling (join greetings).
     replies: Vec<(Target, Bytes)>,
     /// Sync step 1 requests of this batch, one per connection, answered after the commit. Built
@@ -381,6 +384,7 @@ impl Room {
             batch_sv: StateVector::default(),
             batch_departures: 0,
             batch: Vec::new(),
+            departed: Default::default(),
             replies: Vec::new(),
             sync_requests: Vec::new(),
             presence_queries: HashSet::new(),
@@ -555,7 +559,7 @@ impl Room {
                     self.sync_requests.push((conn, sv));
                 }
             }
-            Inbound::Update { update, len } => self.apply(conn, update, len),
+            Inbound::Update { update, bytes } => self.apply(conn, update, &bytes),
             Inbound::Awareness(update) => self.awareness(conn, update),
             Inbound::AwarenessQuery => {
                 self.presence_queries.insert(conn);
@@ -608,7 +612,8 @@ impl Room {
             .min()
     }
 
-    fn apply(&mut self, conn: ConnId, update: Update, len: usize) {
+    fn apply(&mut self, conn: ConnId, update: Update, bytes: &[u8]) {
+        let len = bytes.len();
         let Some(c) = self.conns.get(&conn) else {
             return;
         };
@@ -664,6 +669,13 @@ impl Room {
             self.refuse(conn, "update depends on missing content");
             return;
         }
+        let ds = update.delete_set().clone();
+        // Files this update removes from the map, read before it does.
+        let departing = if ds.is_empty() {
+            Vec::new()
+        } else {
+            crate::room::departed::departing(&self.doc, &ds)
+        };
         let applied = std::panic::catch_unwind(AssertUnwindSafe(|| {
             let mut txn = self.doc.transact_mut();
             let result = txn.apply_update(update);
@@ -671,15 +683,19 @@ impl Room {
             // store: unlogged, unbounded, and leaked into every sync reply. Drop them instead;
             // a client whose update depended on them is out of step and must resync.
             let dangling = txn.prune_pending().is_some();
-            (result, dangling)
+            // What it added that is deleted at once though it did not delete it: content typed
+            // into a text that is gone (yrs integrates it there as deleted).
+            let lost = txn.insert_set().intersect(txn.delete_set()).diff(&ds);
+            (result, dangling, lost)
         }));
+        let mut lost = yrs::IdSet::new();
         match applied {
-            Ok((Ok(()), false)) => {}
-            Ok((Ok(()), true)) => {
+            Ok((Ok(()), false, l)) => lost = l,
+            Ok((Ok(()), true, _)) => {
                 tracing::info!(room = %self.id, %conn, "update depends on missing content");
                 self.refuse(conn, "update depends on missing content");
             }
-            Ok((Err(e), _)) => {
+            Ok((Err(e), _, _)) => {
                 tracing::warn!(room = %self.id, %conn, error = %e, "update does not apply");
                 self.refuse(conn, "malformed update");
             }
@@ -697,11 +713,50 @@ impl Room {
             // once compacted.
             self.shrink_pending = true;
         }
+        self.log(produced, Some(conn));
+        if !departing.is_empty()
+            || !lost.is_empty()
+            || (!ds.is_empty() && !self.departed.is_empty())
+        {
+            let now = self.deps.clock.now_ms();
+            let outcome = std::panic::catch_unwind(AssertUnwindSafe(|| {
+                let mut o = crate::room::departed::Outcome::default();
+                if !departing.is_empty() {
+                    o = self.departed.depart(&self.doc, departing, &ds, &inserts);
+                }
+                let more = self.departed.carry(&self.doc, bytes, &lost, &ds, now);
+                o.carried += more.carried;
+                o.unplaced += more.unplaced;
+                o.restored.extend(more.restored);
+                o
+            }));
+            match outcome {
+                Ok(o) => {
+                    let m = &self.deps.metrics;
+                    m.edits_carried.inc_by(o.carried);
+                    m.edits_unplaced.inc_by(o.unplaced);
+                    if o.carried + o.unplaced > 0 {
+                        tracing::info!(room = %self.id, %conn, carried = o.carried, unplaced = o.unplaced, restored = ?o.restored, "carried edits made to files that are gone");
+                    }
+                }
+                Err(_) => {
+                    tracing::error!(room = %self.id, %conn, "carrying edits to departed files panicked");
+                    self.drain_produced();
+                    std::panic::resume_unwind(Box::new("carrying edits panicked"));
+                }
+            }
+            let produced = self.drain_produced();
+            self.log(produced, None);
+        }
+    }
+
+    /// Queues updates produced by the document for the log and the broadcast.
+    fn log(&mut self, produced: Vec<Vec<u8>>, origin: Option<ConnId>) {
         for update in produced {
             let seq = self.next_seq;
             self.next_seq += 1;
             self.stored_bytes += update.len();
-            self.batch.push((seq, Bytes::from(update), conn));
+            self.batch.push((seq, Bytes::from(update), origin));
         }
     }
 
@@ -957,7 +1012,10 @@ impl Room {
         for (_, update, origin) in std::mem::take(&mut self.batch) {
             let frame =
                 Bytes::from(Message::Sync(SyncMessage::Update(update.to_vec())).encode_v1());
-            self.send(&Target::AllBut(origin), &frame);
+            match origin {
+                Some(origin) => self.send(&Target::AllBut(origin), &frame),
+                None => self.send(&Target::All, &frame),
+            }
         }
         self.flush_presence();
         self.audit_denials();

@@ -385,9 +385,12 @@ impl Session<'_> {
         if update.len() <= 2 {
             return Ok(());
         }
-        let len = update.len();
-        let update = Update::decode_v1(&update)?;
-        self.send(vec![Inbound::Update { update, len }]).await
+        let decoded = Update::decode_v1(&update)?;
+        self.send(vec![Inbound::Update {
+            update: decoded,
+            bytes: update,
+        }])
+        .await
     }
 
     async fn call(&self, op: Op) -> Result<Reply, SyncError> {

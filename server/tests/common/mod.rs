@@ -329,7 +329,11 @@ impl Server {
             .args(["--listen", "127.0.0.1:0"])
             .args(storage.args())
             .args(extra)
-            .env("CODEROOM_LOG", "warn")
+            // CODEROOM_TEST_LOG=debug shows the server's reasoning when a test fails.
+            .env(
+                "CODEROOM_LOG",
+                std::env::var("CODEROOM_TEST_LOG").unwrap_or_else(|_| "warn".into()),
+            )
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)

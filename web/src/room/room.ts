@@ -8,7 +8,7 @@ import { api, ApiError, wsUrl, type Capability, type Room } from '../api'
 import type { App } from '../main'
 import { abilities } from '../caps'
 import { DocConnection, closeMeaning } from '../conn'
-import { buildTree, checkPath, type TreeNode } from '../files'
+import { buildTree, checkPath, folderMoves, movedTo, type TreeNode } from '../files'
 import { action, errorText, h, replace, toast } from '../dom'
 import { Editor } from './editor'
 import { SharedTerminal } from './terminal'
@@ -168,7 +168,8 @@ export function roomPage (app: App, id: string): () => void {
   }
 
   // File tree, with create / rename / delete for editors.
-  const fileForm = (label: string, initial: string, done: (path: string) => void): HTMLFormElement => {
+  /** A path field; `done` gets a valid path, or returns why it cannot be used. */
+  const fileForm = (label: string, initial: string, done: (path: string) => string | undefined): HTMLFormElement => {
     const input = h('input', { value: initial, 'aria-label': label, placeholder: 'src/main.rs', 'data-testid': 'file-path' })
     const err = h('p', { class: 'error', role: 'alert' })
     const form = h('form', { class: 'file-form stack' }, input, err)
@@ -177,9 +178,9 @@ export function roomPage (app: App, id: string): () => void {
       if (!caps.includes('edit') || ended) { form.remove(); return }
       const r = checkPath(input.value)
       if (!r.ok) { err.textContent = r.reason; return }
-      if (files.has(r.path)) { err.textContent = `${r.path} already exists`; return }
+      const refused = done(r.path)
+      if (refused) { err.textContent = refused; return }
       form.remove()
-      done(r.path)
     })
     input.addEventListener('keydown', (e) => { if (e.key === 'Escape') form.remove() })
     return form
@@ -188,9 +189,11 @@ export function roomPage (app: App, id: string): () => void {
     if (!caps.includes('edit') || ended) return
     tree.parentElement?.querySelector('.file-form')?.remove()
     const form = fileForm('New file path', '', (path) => {
+      if (files.has(path)) return `${path} already exists`
       files.set(path, new Y.Text(''))
       openFile(path)
       editor.focus()
+      return undefined
     })
     tree.before(form)
     form.querySelector('input')?.focus()
@@ -198,6 +201,7 @@ export function roomPage (app: App, id: string): () => void {
   const rename = (from: string): void => {
     tree.parentElement?.querySelector('.file-form')?.remove()
     const form = fileForm(`Rename ${from} to`, from, (to) => {
+      if (files.has(to)) return `${to} already exists`
       const old = files.get(from)
       const text = new Y.Text(old instanceof Y.Text ? old.toString() : '')
       // Read before the change: the map's observer runs inside the transaction and closes the
@@ -208,6 +212,31 @@ export function roomPage (app: App, id: string): () => void {
       if (at >= 0 && !open.includes(to)) open.splice(Math.min(at, open.length), 0, to)
       if (wasActive) openFile(to)
       else { renderTabs(); renderTree() }
+      return undefined
+    })
+    tree.before(form)
+    const input = form.querySelector('input')!
+    input.focus()
+    input.select()
+  }
+  // A folder rename moves each file under it in one change, which the server and every other
+  // client see as renames (edits made meanwhile follow the files).
+  const renameFolder = (from: string): void => {
+    tree.parentElement?.querySelector('.file-form')?.remove()
+    const name = from.replace(/\/$/, '')
+    const form = fileForm(`Rename folder ${name} to`, name, (to) => {
+      const r = folderMoves(files.keys(), from, to)
+      if (!r.ok) return r.reason
+      doc.transact(() => {
+        for (const [a, b] of r.moves) {
+          const old = files.get(a)
+          files.set(b, new Y.Text(old instanceof Y.Text ? old.toString() : ''))
+          files.delete(a)
+        }
+      })
+      renderTabs()
+      renderTree()
+      return undefined
     })
     tree.before(form)
     const input = form.querySelector('input')!
@@ -227,8 +256,10 @@ export function roomPage (app: App, id: string): () => void {
   }
   const renderNode = (n: TreeNode): HTMLElement => {
     if (n.dir) {
+      const name = n.path.replace(/\/$/, '')
       return h('li', { role: 'treeitem', 'aria-expanded': 'true' },
         h('span', { class: 'dir' }, n.name, '/'),
+        caps.includes('edit') && !ended ? h('button', { type: 'button', class: 'icon', 'aria-label': `Rename folder ${name}`, title: 'Rename folder', onclick: () => renameFolder(n.path) }, '✎') : null,
         h('ul', { role: 'group' }, n.children.map(renderNode)))
     }
     const editable = caps.includes('edit') && !ended
@@ -245,12 +276,23 @@ export function roomPage (app: App, id: string): () => void {
     replace(treeTools, caps.includes('edit') && !ended ? action('New file', newFile, { 'data-testid': 'new-file', title: 'New file (Alt+N)' }) : null)
   }
   files.observe((e) => {
+    // A rename (here or by anyone) deletes a path and adds the one it became in one change: an
+    // open tab follows it.
+    const added = [...e.changes.keys].filter(([k, c]) => c.action === 'add' && files.has(k)).map(([k]) => k)
     for (const [key, change] of e.changes.keys) {
       if (change.action === 'delete' && !files.has(key)) {
         editor.forget(key)
+        const to = movedTo(key, added)
         const i = open.indexOf(key)
-        if (i >= 0) open.splice(i, 1)
-        if (active === key) { active = null; if (open.length) openFile(open[open.length - 1]) }
+        if (i >= 0) {
+          if (to !== null && !open.includes(to)) open.splice(i, 1, to)
+          else open.splice(i, 1)
+        }
+        if (active === key) {
+          active = null
+          if (to !== null) openFile(to)
+          else if (open.length) openFile(open[open.length - 1])
+        }
       } else if (change.action === 'update' && active === key) {
         // Replaced by another client (a rename or a reset): bind to the new text.
         openFile(key)

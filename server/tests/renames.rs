@@ -1,0 +1,350 @@
+//! Renames and deletions lose nobody's edits: text typed into a file by someone who had not yet
+//! seen it renamed (or deleted) is carried to where the file went, with yrs clients against the
+//! real binary. A rename is what every Yjs client does: one transaction writes a new text with
+//! the same content under the new key and deletes the old one.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use yrs::sync::protocol::{Message as YMessage, SyncMessage};
+use yrs::{GetString, Map, ReadTxn, Text, TextPrelim, Transact};
+
+/// A room with `files` set up, and three connected clients: `a` renames, `b` edits without
+/// seeing it, `c` watches.
+async fn room_with(files: &[(&str, &str)]) -> (Storage, Server, String, String, [Client; 3]) {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let token = storage.token("ana@example.com").await;
+    let server = Server::start(&storage, &[]).await;
+    let room = create_room(&server, &token).await;
+    let mut a = Client::connect(&server, &room, &token).await;
+    a.synced().await;
+    for (path, content) in files {
+        a.put_file(path, content).await;
+    }
+    let mut b = Client::connect(&server, &room, &token).await;
+    let mut c = Client::connect(&server, &room, &token).await;
+    b.synced().await;
+    c.synced().await;
+    for (path, content) in files {
+        b.wait_for_file(path, content).await;
+        c.wait_for_file(path, content).await;
+    }
+    (storage, server, room, token, [a, b, c])
+}
+
+/// Renames files in one transaction, as the browser and stock clients do, and sends it.
+async fn rename(client: &mut Client, moves: &[(&str, &str)]) {
+    let update = {
+        let files = client.doc.get_or_insert_map("files");
+        let mut txn = client.doc.transact_mut();
+        for (from, to) in moves {
+            let content = match files.get(&txn, from) {
+                Some(yrs::Out::YText(t)) => t.get_string(&txn),
+                _ => panic!("{from} is not a file"),
+            };
+            files.insert(&mut txn, *to, TextPrelim::new(content));
+            files.remove(&mut txn, from);
+        }
+        txn.encode_update_v1()
+    };
+    client
+        .send(YMessage::Sync(SyncMessage::Update(update)))
+        .await;
+}
+
+async fn delete_file(client: &mut Client, path: &str) {
+    let update = {
+        let files = client.doc.get_or_insert_map("files");
+        let mut txn = client.doc.transact_mut();
+        files.remove(&mut txn, path);
+        txn.encode_update_v1()
+    };
+    client
+        .send(YMessage::Sync(SyncMessage::Update(update)))
+        .await;
+}
+
+/// Edits a file locally without sending: what a client does before it hears of a rename (its
+/// update is on the wire) or while offline. Returns the update.
+fn edit_unsent(client: &Client, path: &str, at: u32, insert: &str, delete: u32) -> Vec<u8> {
+    let text = client.file(path).expect("the file exists");
+    let mut txn = client.doc.transact_mut();
+    if delete > 0 {
+        text.remove_range(&mut txn, at, delete);
+    }
+    if !insert.is_empty() {
+        text.insert(&mut txn, at, insert);
+    }
+    txn.encode_update_v1()
+}
+
+async fn send_update(client: &mut Client, update: Vec<u8>) {
+    client
+        .send(YMessage::Sync(SyncMessage::Update(update)))
+        .await;
+}
+
+/// Connects again with the same document, as a client coming back online does: its sync step
+/// 2 carries everything it did offline.
+async fn reconnect(server: &Server, room: &str, token: &str, client: Client) -> Client {
+    let Client { mut ws, doc } = client;
+    let _ = futures_util::SinkExt::close(&mut ws).await;
+    let mut c = Client {
+        ws: raw_ws(server, room, token).await,
+        doc,
+    };
+    let sv = c.doc.transact().state_vector();
+    c.send(YMessage::Sync(SyncMessage::SyncStep1(sv))).await;
+    c.synced().await;
+    c
+}
+
+/// Every file of a client's document.
+fn listing(client: &Client) -> Vec<(String, String)> {
+    let files = client.doc.get_or_insert_map("files");
+    let txn = client.doc.transact();
+    let mut out: Vec<(String, String)> = files
+        .iter(&txn)
+        .filter_map(|(k, v)| match v {
+            yrs::Out::YText(t) => Some((k.to_string(), t.get_string(&txn))),
+            _ => None,
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Receives until the client's files are exactly `expected`.
+async fn wait_listing(client: &mut Client, expected: &[(&str, &str)]) {
+    let want: Vec<(String, String)> = expected
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+    let r = tokio::time::timeout(TIMEOUT, async {
+        while listing(client) != want {
+            if let Event::Closed(c) = client.next().await {
+                panic!("closed ({c:?}) waiting for {want:?}");
+            }
+        }
+    })
+    .await;
+    assert!(
+        r.is_ok(),
+        "files never became {want:?}; they are {:?}",
+        listing(client)
+    );
+}
+
+/// What a fresh client sees once the room has `expected` (polled: no acknowledgements).
+async fn server_listing(server: &Server, room: &str, token: &str, expected: &[(&str, &str)]) {
+    let want: Vec<(String, String)> = expected
+        .iter()
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+        .collect();
+    let mut last = Vec::new();
+    for _ in 0..200 {
+        let mut c = Client::connect(server, room, token).await;
+        if c.try_synced().await.is_ok() {
+            last = listing(&c);
+            if last == want {
+                return;
+            }
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    panic!("the room never held {want:?}; last {last:?}");
+}
+
+#[tokio::test]
+async fn typing_into_a_file_renamed_meanwhile_lands_in_the_new_name() {
+    let (_storage, server, room, token, [mut a, mut b, mut c]) =
+        room_with(&[("a.txt", "hello world")]).await;
+    // b types before it hears of the rename: its update is built on the old text.
+    let typed = edit_unsent(&b, "a.txt", 5, ", dear", 0);
+    rename(&mut a, &[("a.txt", "b.txt")]).await;
+    c.wait_for_file("b.txt", "hello world").await;
+    send_update(&mut b, typed).await;
+    // Then it types again on what it still shows (the old text), one character at a time.
+    for (i, ch) in ["!", "?"].iter().enumerate() {
+        let more = edit_unsent(&b, "a.txt", 11 + i as u32, ch, 0);
+        send_update(&mut b, more).await;
+    }
+    let want = [("b.txt", "hello, dear!? world")];
+    wait_listing(&mut c, &want).await;
+    wait_listing(&mut b, &want).await;
+    wait_listing(&mut a, &want).await;
+    server_listing(&server, &room, &token, &want).await;
+    assert!(server.metric("coderoom_edits_carried_total").await >= 3.0);
+    assert_eq!(server.metric("coderoom_edits_unplaced_total").await, 0.0);
+}
+
+#[tokio::test]
+async fn an_offline_client_coming_back_after_renames_keeps_its_edits() {
+    let (_storage, server, room, token, [mut a, b, mut c]) =
+        room_with(&[("a.txt", "one two three")]).await;
+    // b goes offline and edits: typing, a deletion, more typing after its own text.
+    let _ = edit_unsent(&b, "a.txt", 3, " and a half", 0);
+    let _ = edit_unsent(&b, "a.txt", 14, "", 4);
+    let _ = edit_unsent(&b, "a.txt", 0, ">> ", 0);
+    // Meanwhile the file is renamed twice, and someone edits it under its new name.
+    rename(&mut a, &[("a.txt", "b.txt")]).await;
+    c.wait_for_file("b.txt", "one two three").await;
+    c.edit_file("b.txt", 13, ".").await;
+    a.wait_for_file("b.txt", "one two three.").await;
+    rename(&mut a, &[("b.txt", "docs/c.txt")]).await;
+    c.wait_for_file("docs/c.txt", "one two three.").await;
+    // b comes back.
+    let mut b = reconnect(&server, &room, &token, b).await;
+    let want = [("docs/c.txt", ">> one and a half three.")];
+    wait_listing(&mut c, &want).await;
+    wait_listing(&mut b, &want).await;
+    server_listing(&server, &room, &token, &want).await;
+    // A client that saw the renames and reconnects repeats its whole delete set, the renames'
+    // deletions included: that must not be taken for deletions in the new file.
+    let c = reconnect(&server, &room, &token, c).await;
+    drop(c);
+    let b = reconnect(&server, &room, &token, b).await;
+    drop(b);
+    server_listing(&server, &room, &token, &want).await;
+}
+
+#[tokio::test]
+async fn a_folder_rename_carries_edits_to_each_file() {
+    let (_storage, server, room, token, [mut a, mut b, mut c]) =
+        room_with(&[("src/x.rs", "fn x() {}"), ("src/y.rs", "fn y() {}")]).await;
+    let x = edit_unsent(&b, "src/x.rs", 8, "1", 0);
+    let y = edit_unsent(&b, "src/y.rs", 8, "2", 0);
+    rename(
+        &mut a,
+        &[("src/x.rs", "lib/x.rs"), ("src/y.rs", "lib/y.rs")],
+    )
+    .await;
+    c.wait_for_file("lib/y.rs", "fn y() {}").await;
+    send_update(&mut b, x).await;
+    send_update(&mut b, y).await;
+    let want = [("lib/x.rs", "fn x() {1}"), ("lib/y.rs", "fn y() {2}")];
+    wait_listing(&mut c, &want).await;
+    wait_listing(&mut b, &want).await;
+    server_listing(&server, &room, &token, &want).await;
+}
+
+#[tokio::test]
+async fn an_edit_to_a_deleted_file_brings_it_back() {
+    let (_storage, server, room, token, [mut a, mut b, mut c]) =
+        room_with(&[("notes.md", "keep this"), ("other.md", "x")]).await;
+    let typed = edit_unsent(&b, "notes.md", 9, " too", 0);
+    delete_file(&mut a, "notes.md").await;
+    wait_listing(&mut c, &[("other.md", "x")]).await;
+    send_update(&mut b, typed).await;
+    let want = [("notes.md", "keep this too"), ("other.md", "x")];
+    wait_listing(&mut c, &want).await;
+    wait_listing(&mut b, &want).await;
+    wait_listing(&mut a, &want).await;
+    server_listing(&server, &room, &token, &want).await;
+    // Deleted again, and meanwhile someone creates a new file under the same name: the next
+    // stale edit brings the old file back beside it, not into it.
+    let typed = edit_unsent(&b, "notes.md", 0, "# ", 0);
+    delete_file(&mut a, "notes.md").await;
+    wait_listing(&mut c, &[("other.md", "x")]).await;
+    a.put_file("notes.md", "new").await;
+    wait_listing(&mut c, &[("notes.md", "new"), ("other.md", "x")]).await;
+    send_update(&mut b, typed).await;
+    let want = [
+        ("notes (2).md", "# keep this too"),
+        ("notes.md", "new"),
+        ("other.md", "x"),
+    ];
+    wait_listing(&mut c, &want).await;
+    server_listing(&server, &room, &token, &want).await;
+}
+
+#[tokio::test]
+async fn deletions_made_in_the_old_file_are_carried_too() {
+    let (_storage, server, room, token, [mut a, mut b, mut c]) =
+        room_with(&[("a.txt", "keep DROP keep")]).await;
+    let typed = edit_unsent(&b, "a.txt", 5, "", 5);
+    rename(&mut a, &[("a.txt", "b.txt")]).await;
+    c.wait_for_file("b.txt", "keep DROP keep").await;
+    send_update(&mut b, typed).await;
+    let want = [("b.txt", "keep keep")];
+    wait_listing(&mut c, &want).await;
+    server_listing(&server, &room, &token, &want).await;
+}
+
+#[tokio::test]
+async fn carried_edits_survive_a_restart() {
+    let (storage, server, room, token, [mut a, mut b, mut c]) =
+        room_with(&[("a.txt", "abc")]).await;
+    let typed = edit_unsent(&b, "a.txt", 3, "def", 0);
+    rename(&mut a, &[("a.txt", "b.txt")]).await;
+    c.wait_for_file("b.txt", "abc").await;
+    send_update(&mut b, typed).await;
+    wait_listing(&mut c, &[("b.txt", "abcdef")]).await;
+    drop((a, b, c));
+    assert!(server.terminate().await.success());
+    let server = Server::start(&storage, &[]).await;
+    server_listing(&server, &room, &token, &[("b.txt", "abcdef")]).await;
+}
+
+/// The room forgets departed files when it unloads; an edit that arrives for one after that has
+/// nowhere known to go, and is kept in `recovered/`, not dropped.
+#[tokio::test]
+async fn an_edit_with_nowhere_known_to_go_is_kept_in_recovered() {
+    let (storage, server, room, token, [mut a, b, mut c]) = room_with(&[("a.txt", "abc")]).await;
+    let _ = edit_unsent(&b, "a.txt", 3, "XYZ", 0);
+    rename(&mut a, &[("a.txt", "b.txt")]).await;
+    c.wait_for_file("b.txt", "abc").await;
+    drop((a, c));
+    assert!(server.terminate().await.success());
+    let server = Server::start(&storage, &[]).await;
+    let mut b = reconnect(&server, &room, &token, b).await;
+    let r = tokio::time::timeout(TIMEOUT, async {
+        loop {
+            let files = listing(&b);
+            if files.len() == 2 {
+                return files;
+            }
+            if let Event::Closed(c) = b.next().await {
+                panic!("closed ({c:?})");
+            }
+        }
+    })
+    .await
+    .expect("nothing was recovered");
+    assert_eq!(r[0], ("b.txt".into(), "abc".into()));
+    assert!(r[1].0.starts_with("recovered/edits-"), "{r:?}");
+    assert_eq!(r[1].1, "XYZ");
+    assert_eq!(server.metric("coderoom_edits_unplaced_total").await, 1.0);
+}
+
+/// The other order: the typing reaches the room first, then a rename (or a deletion) by someone
+/// who had not seen it. The rename copies only what its author saw; the typing is carried into
+/// the new file, and a deleted file with unseen typing in it comes back.
+#[tokio::test]
+async fn a_rename_or_deletion_built_without_someones_typing_keeps_it() {
+    let (_storage, server, room, token, [mut a, mut b, mut c]) =
+        room_with(&[("a.txt", "hello world"), ("gone.txt", "old")]).await;
+    b.edit_file("a.txt", 5, ", dear").await;
+    b.edit_file("a.txt", 0, "> ").await;
+    b.edit_file("gone.txt", 3, " but edited").await;
+    c.wait_for_file("a.txt", "> hello, dear world").await;
+    c.wait_for_file("gone.txt", "old but edited").await;
+    // `a` has not read any of that: its rename and deletion are built on what it saw.
+    assert_eq!(a.file_content("a.txt").as_deref(), Some("hello world"));
+    rename(&mut a, &[("a.txt", "b.txt")]).await;
+    delete_file(&mut a, "gone.txt").await;
+    let want = [
+        ("b.txt", "> hello, dear world"),
+        ("gone.txt", "old but edited"),
+    ];
+    wait_listing(&mut c, &want).await;
+    wait_listing(&mut a, &want).await;
+    wait_listing(&mut b, &want).await;
+    server_listing(&server, &room, &token, &want).await;
+    // A deletion by someone who saw everything in the file is a deletion (`a` has: its own
+    // deletion left it without the file until the room brought it back).
+    delete_file(&mut a, "gone.txt").await;
+    wait_listing(&mut c, &[("b.txt", "> hello, dear world")]).await;
+    server_listing(&server, &room, &token, &[("b.txt", "> hello, dear world")]).await;
+}
