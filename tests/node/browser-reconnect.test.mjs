@@ -4,7 +4,7 @@
 
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { api, mintToken, startServer, serverFiles, waitFor, freePort, skipUnless } from './lib/server.mjs'
+import { api, mintToken, startServer, serverFiles, waitFor, freePort, skipUnless, openProvider, waitSynced, destroyAll, Y } from './lib/server.mjs'
 import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login, shot, editorText, terminalText } from './lib/browser.mjs'
 
 const skip = skipUnless(HAVE_CHROMIUM, 'CHROMIUM', `no Chromium at ${CHROMIUM} (apt-get install chromium, or set CODEROOM_CHROMIUM)`)
@@ -173,4 +173,61 @@ test('a full room says so on the page, which drops what was not kept and shows i
     await page.getByTestId('conn-status').filter({ hasText: 'Synced' }).waitFor({ timeout: 10_000 })
     assert.deepEqual(ana.errors, [], 'the page threw')
     assert.deepEqual(await server.stop(), { code: 0, signal: null })
+  })
+
+test('edits typed just before a downgrade are refused: the page returns to the room\'s text and shows them to copy',
+  { skip, timeout: 120_000 }, async (t) => {
+    const s = await scene(t, ['ana@example.com', 'ben@example.com'])
+    const { storage, server, people: [ana, ben] } = s
+    await login(ana, storage.dataDir)
+    const roomId = await createRoomFromPage(ana, 'downgrade')
+    const anaToken = await mintToken(storage, 'ana@example.com')
+    const benToken = await mintToken(storage, 'ben@example.com')
+    const benId = (await api(server, benToken, 'GET', '/api/me')).body.id
+    const invite = await api(server, anaToken, 'POST', `/api/rooms/${roomId}/invites`, { role: 'editor', ttl_s: 3600, max_uses: 1 })
+    assert.equal(invite.status, 201)
+    // Ben's page hears of his rights on the terminal socket: held while `hold`, so the page
+    // still offers editing after the server has taken it away (the moment just after a
+    // downgrade, made to last).
+    let hold = false
+    await ben.page.routeWebSocket(/\/terminal/, (ws) => {
+      const upstream = ws.connectToServer()
+      upstream.onMessage((m) => { if (!hold) ws.send(m) })
+    })
+    await login(ben, storage.dataDir, new URL(invite.body.url).pathname)
+    await ben.page.getByRole('button', { name: 'Join the room' }).click()
+    await ben.page.waitForURL(`**/rooms/${roomId}`)
+    await ben.page.getByTestId('conn-status').filter({ hasText: 'Synced' }).waitFor()
+    await ben.page.getByTestId('new-file').click()
+    await ben.page.getByTestId('file-path').fill('plan.md')
+    await ben.page.getByTestId('file-path').press('Enter')
+    await ben.page.locator('.cm-content').click()
+    await ben.page.keyboard.type('kept', { delay: 5 })
+    await waitFor(async () => (await serverFiles(server, roomId, anaToken))['plan.md'] === 'kept', 10_000, 'ben\'s edit did not land')
+
+    hold = true
+    const patched = await api(server, anaToken, 'PATCH', `/api/rooms/${roomId}/participants/${benId}`, { role: 'viewer' })
+    assert.equal(patched.status, 200)
+    // A fence: another connection of Ben's is refused, so the room has taken the change.
+    const probe = openProvider(server, roomId, benToken)
+    s.defer(() => destroyAll([probe]))
+    await waitSynced(probe.provider)
+    let refused = false
+    probe.provider.messageHandlers[2] = () => { refused = true }
+    probe.doc.getMap('files').set('probe.txt', new Y.Text('x'))
+    await waitFor(() => refused, 10_000, 'the room did not refuse a viewer\'s edit')
+
+    // Ben's page still lets him type: the room refuses it, and the page says so and returns to
+    // the room's text, keeping his words to copy.
+    await ben.page.keyboard.insertText(' NOT KEPT')
+    const typed = Date.now()
+    await ben.page.getByText('You do not hold edit in this room: your latest changes were not kept').waitFor({ timeout: 10_000 })
+    await waitFor(async () => (await editorText(ben.page).catch(() => '')) === 'kept', 10_000,
+      async () => `the page still shows ${JSON.stringify(await editorText(ben.page).catch(() => ''))}`)
+    t.diagnostic(`Ben's page showed the room's text ${Date.now() - typed} ms after his refused edit`)
+    assert.equal(await ben.page.getByTestId('not-kept-plan.md').inputValue(), 'kept NOT KEPT')
+    assert.equal((await serverFiles(server, roomId, anaToken))['plan.md'], 'kept')
+    hold = false
+    await shot(ben.page, '16-not-kept')
+    assert.deepEqual(ben.errors, [], 'the page threw')
   })
