@@ -348,3 +348,50 @@ async fn a_rename_or_deletion_built_without_someones_typing_keeps_it() {
     wait_listing(&mut c, &[("b.txt", "> hello, dear world")]).await;
     server_listing(&server, &room, &token, &[("b.txt", "> hello, dear world")]).await;
 }
+
+/// One update carries a bounded number of runs one by one (each is placed by a walk of its
+/// text); the rest of its lost text is kept in `recovered/`, in one file.
+#[tokio::test]
+async fn a_huge_stale_edit_is_carried_up_to_a_bound_and_the_rest_recovered() {
+    let base = "x".repeat(1200);
+    let (_storage, server, room, token, [mut a, mut b, mut c]) =
+        room_with(&[("a.txt", base.as_str())]).await;
+    // 1100 separate insertions, one after each of the first 1100 characters, in one update.
+    let typed = {
+        let text = b.file("a.txt").unwrap();
+        let mut txn = b.doc.transact_mut();
+        for i in (0..1100u32).rev() {
+            text.insert(&mut txn, i + 1, "y");
+        }
+        txn.encode_update_v1()
+    };
+    rename(&mut a, &[("a.txt", "b.txt")]).await;
+    c.wait_for_file("b.txt", &base).await;
+    send_update(&mut b, typed).await;
+    let r = tokio::time::timeout(TIMEOUT, async {
+        loop {
+            let files = listing(&c);
+            if files.len() == 2 && files[0].1.len() > 1200 {
+                return files;
+            }
+            if let Event::Closed(code) = c.next().await {
+                panic!("closed ({code:?})");
+            }
+        }
+    })
+    .await
+    .expect("the stale edit was not carried");
+    assert_eq!(r[0].0, "b.txt");
+    assert_eq!(r[0].1.matches('y').count(), 1000);
+    assert!(r[1].0.starts_with("recovered/edits-"), "{r:?}");
+    assert_eq!(r[1].1.matches('y').count(), 100);
+    assert_eq!(server.metric("coderoom_edits_carried_total").await, 1000.0);
+    assert_eq!(server.metric("coderoom_edits_unplaced_total").await, 100.0);
+    server_listing(
+        &server,
+        &room,
+        &token,
+        &[(&r[0].0, &r[0].1), (&r[1].0, &r[1].1)],
+    )
+    .await;
+}

@@ -34,8 +34,12 @@ const MAX_RECORDS: usize = 256;
 const MAX_KEPT_BYTES: usize = 16 << 20;
 /// Carried runs remembered (what later edits built on a carried run are placed by).
 const MAX_CARRIED: usize = 4096;
-/// Characters deleted in departed files that one update may carry (each is placed on its own).
-const MAX_CARRIED_DELETIONS: usize = 10_000;
+/// Runs of text one update may have carried one by one (each is placed by a walk of its text);
+/// the rest of a larger update's lost text is kept in `recovered/`, in one file.
+const MAX_CARRIED_PIECES: usize = 1000;
+/// Characters deleted in departed files that one update may carry (each is placed on its own,
+/// by a walk of its text); beyond, the text stays (the safe side).
+const MAX_CARRIED_DELETIONS: usize = 1000;
 /// Passes over one update's lost pieces, each placing those whose anchors are placed.
 const MAX_PASSES: usize = 16;
 /// Renames followed from a character to where it is now.
@@ -62,12 +66,16 @@ struct Layout {
 impl Layout {
     /// The layout of `text` and the text of each run; `None` when it holds anything but plain
     /// text.
-    fn of(txn: &mut TransactionMut<'_>, text: &TextRef) -> Option<(Layout, Vec<String>)> {
-        let now = txn.snapshot();
+    /// `now` is the document's snapshot (one for many texts: it costs a pass over the document).
+    fn of(
+        txn: &mut TransactionMut<'_>,
+        now: &Snapshot,
+        text: &TextRef,
+    ) -> Option<(Layout, Vec<String>)> {
         let before = Snapshot::new(StateVector::default(), IdSet::new());
         // Against an empty snapshot every visible item is "added", and the diff names each one
         // by its first id.
-        let chunks = text.diff_range(txn, Some(&now), Some(&before), |c: YChange| c);
+        let chunks = text.diff_range(txn, Some(now), Some(&before), |c: YChange| c);
         let mut runs = Vec::new();
         let mut texts = Vec::new();
         let mut at: u32 = 0;
@@ -282,10 +290,11 @@ pub(crate) fn departing(doc: &Doc, ds: &IdSet) -> Vec<Departure> {
         return Vec::new();
     }
     let mut txn = doc.transact_mut();
+    let now = txn.snapshot();
     leaving
         .into_iter()
         .filter_map(|(path, text, branch)| {
-            let (layout, texts) = Layout::of(&mut txn, &text)?;
+            let (layout, texts) = Layout::of(&mut txn, &now, &text)?;
             Some(Departure {
                 path,
                 branch,
@@ -335,6 +344,8 @@ impl Departed {
                 _ => None,
             })
             .collect();
+        // Restoring a file below adds to the document; the successors are read before that.
+        let now = txn.snapshot();
         for d in departures {
             let seen = d.seen_by(ds);
             tracing::debug!(path = %d.path, seen = %seen.content, unseen = seen.unseen.len(), "a file leaves the document");
@@ -345,9 +356,11 @@ impl Departed {
                 .or_else(|| fresh.iter().position(same));
             let successor = pick.and_then(|i| {
                 let (_, text, id, _) = fresh.swap_remove(i);
-                let (layout, _) = Layout::of(&mut txn, &text)?;
+                let (layout, _) = Layout::of(&mut txn, &now, &text)?;
                 Some((id, layout))
             });
+            // Past the limit on carried runs, the file comes back whole instead (one insertion).
+            let successor = successor.filter(|_| seen.unseen.len() <= MAX_CARRIED_PIECES);
             if successor.is_some() {
                 self.keep(Record {
                     branch: d.branch,
@@ -466,7 +479,15 @@ impl Departed {
             Placed,
             Unplaced,
         }
-        let mut state = vec![State::Waiting; pieces.len()];
+        let mut state: Vec<State> = (0..pieces.len())
+            .map(|i| {
+                if i < MAX_CARRIED_PIECES {
+                    State::Waiting
+                } else {
+                    State::Unplaced
+                }
+            })
+            .collect();
         let mut by_client: HashMap<ClientID, Vec<usize>> = HashMap::new();
         for (i, p) in pieces.iter().enumerate() {
             by_client.entry(p.id.client).or_default().push(i);
@@ -635,7 +656,8 @@ impl Departed {
         let Some(branch) = branch_item(&text) else {
             return false;
         };
-        let Some((layout, _)) = Layout::of(txn, &text) else {
+        let now = txn.snapshot();
+        let Some((layout, _)) = Layout::of(txn, &now, &text) else {
             return false;
         };
         let record = &mut self.records[i];
