@@ -57,9 +57,64 @@ const CONNECT_WITHIN: Duration = Duration::from_secs(5);
 /// After an exec's main process exits, how long its output pipes may stay open.
 const DRAIN_GRACE: Duration = Duration::from_millis(500);
 
+/// Room code's uid and gid inside when the agent runs as root there (the server made the
+/// sandbox's users: see `userns.rs`); otherwise room code runs as the agent does.
+const ROOM_ID: u32 = 1000;
+
+/// How this agent was started, up to `--fd`: how it starts itself again to run a terminal's
+/// program as room code (`--exec-as`).
+static SELF_COMMAND: std::sync::OnceLock<(PathBuf, Vec<String>)> = std::sync::OnceLock::new();
+
+/// The uid room code runs as, when it differs from the agent's (the agent is root inside).
+fn room_uid() -> Option<u32> {
+    rustix::process::getuid().is_root().then_some(ROOM_ID)
+}
+
+/// Gives this thread room code's file-system identity: what the agent reads and writes for the
+/// control plane, it does with room code's rights, and files it creates belong to room code.
+/// The kernel drops the thread's file capabilities with it.
+fn act_on_files_as_room() {
+    if let Some(id) = room_uid() {
+        // SAFETY: plain credential calls with constant arguments.
+        unsafe {
+            libc::setfsgid(id);
+            libc::setfsuid(id);
+        }
+    }
+}
+
+/// Entry point of `coderoom agent --exec-as UID -- ARGV`: becomes `UID` (real, effective and
+/// saved, group too; no capabilities survive the exec) and runs ARGV. Returns only on failure.
+pub fn exec_as(uid: u32, argv: &[String]) -> i32 {
+    use std::os::unix::process::CommandExt as _;
+    let Some((prog, args)) = argv.split_first() else {
+        return 64;
+    };
+    // SAFETY: plain credential calls; gid first, while the uid still may change it.
+    let dropped =
+        unsafe { libc::setresgid(uid, uid, uid) == 0 && libc::setresuid(uid, uid, uid) == 0 };
+    if !dropped {
+        return 77;
+    }
+    let err = std::process::Command::new(prog).args(args).exec();
+    eprintln!("{prog}: {err}");
+    if err.kind() == std::io::ErrorKind::NotFound {
+        127
+    } else {
+        126
+    }
+}
+
 /// Entry point of `coderoom agent --fd N`: becomes the reaper if PID 1, then serves the stream
 /// on `fd` until it closes. Returns the process exit code.
 pub fn main(fd: RawFd) -> i32 {
+    if let Ok(exe) = std::env::current_exe() {
+        let args: Vec<String> = std::env::args()
+            .skip(1)
+            .take_while(|a| a != "--fd")
+            .collect();
+        let _ = SELF_COMMAND.set((exe, args));
+    }
     if std::process::id() == 1 {
         // SAFETY: nothing else runs yet (no threads, no runtime), so the child may continue
         // with any code; the parent only reaps.
@@ -92,9 +147,17 @@ pub fn main(fd: RawFd) -> i32 {
     // operation gives it.
     crate::fds::close_on_exec_from(3);
     let _ = rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable);
+    if let Some(id) = room_uid() {
+        // The workspace is room code's; the agent works in it as room code from here on.
+        if std::os::unix::fs::chown(WORKSPACE, Some(id), Some(id)).is_err() {
+            return 73;
+        }
+    }
+    act_on_files_as_room();
     // Blocking threads are kept for good: a sandbox at its pids limit cannot spawn new ones,
     // and tokio copes with a failed spawn only while it has a thread already.
     let rt = match tokio::runtime::Builder::new_current_thread()
+        .on_thread_start(act_on_files_as_room)
         .enable_all()
         .thread_keep_alive(Duration::from_secs(365 * 24 * 3600))
         .build()
@@ -401,7 +464,19 @@ fn open_pty(
     if let Some(fd) = pair.master.as_raw_fd() {
         no_xoff(fd);
     }
-    let mut cmd = CommandBuilder::new(prog);
+    // Room code runs as room code: through this binary's `--exec-as` when the agent is root
+    // (the PTY's child is made by portable-pty, which cannot change users itself).
+    let mut cmd = match (room_uid(), SELF_COMMAND.get()) {
+        (Some(uid), Some((exe, self_args))) => {
+            let mut c = CommandBuilder::new(exe);
+            c.args(self_args);
+            c.args(["--exec-as".to_string(), uid.to_string(), "--".into()]);
+            c.arg(prog);
+            c
+        }
+        (Some(_), None) => return Err(AgentError::Failed("cannot start room code".into())),
+        (None, _) => CommandBuilder::new(prog),
+    };
     cmd.args(args);
     cmd.cwd(WORKSPACE);
     cmd.env_clear();
@@ -486,6 +561,17 @@ async fn exec(
         .stderr(std::process::Stdio::piped())
         .process_group(0)
         .kill_on_drop(true);
+    if let Some(id) = room_uid() {
+        // SAFETY: credential calls with constant arguments between fork and exec; gid first.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setresgid(id, id, id) != 0 || libc::setresuid(id, id, id) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
     let mut child = cmd.spawn().map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => AgentError::NotFound,
         _ => failed(e),

@@ -24,6 +24,7 @@ pub mod namespace;
 pub mod path;
 pub mod proto;
 pub mod seccomp;
+mod userns;
 
 pub use handle::{CallError, Ended, Event, Sandbox};
 pub use namespace::{AgentCommand, Namespace};
@@ -126,7 +127,7 @@ pub enum StartError {
 #[derive(Debug)]
 pub enum Backend {
     /// Linux namespaces through bubblewrap.
-    Namespace(Namespace),
+    Namespace(Box<Namespace>),
     /// No sandbox; the reason is shown to clients.
     None(String),
 }
@@ -160,7 +161,7 @@ impl Backend {
                     Ok(ns) => {
                         let limits = limits_note(&ns);
                         (
-                            Backend::Namespace(ns),
+                            Backend::Namespace(Box::new(ns)),
                             format!("sandbox tier namespace: {why}; {limits}"),
                         )
                     }

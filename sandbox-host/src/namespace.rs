@@ -21,7 +21,12 @@ use tokio::sync::mpsc;
 /// never be what a sandbox's user maps to.
 const UNPRIVILEGED: u32 = 65534;
 /// The sandbox user's uid and gid inside.
-const INSIDE_ID: u32 = 1000;
+pub(crate) const INSIDE_ID: u32 = 1000;
+/// Host uids of room code when the server runs as root: one per running sandbox, from this
+/// range (far above the uids and subordinate ranges a host hands out), so room code never
+/// shares a uid with the sandbox's machinery (which runs as [`UNPRIVILEGED`]) or with another
+/// room.
+pub const ROOM_UIDS: std::ops::Range<u32> = 0x7000_0000..0x7001_0000;
 /// Private `/tmp` size.
 const TMP_BYTES: u64 = 64 << 20;
 /// Open files per process.
@@ -72,6 +77,35 @@ pub struct Namespace {
     cgroups: Result<Layout, String>,
     run_as: Option<u32>,
     filter: Vec<u8>,
+    /// Room uids of running sandboxes (root only).
+    room_uids: Arc<std::sync::Mutex<std::collections::BTreeSet<u32>>>,
+}
+
+/// A room uid taken from [`ROOM_UIDS`] for as long as its sandbox lives.
+struct RoomUid {
+    uid: u32,
+    taken: Arc<std::sync::Mutex<std::collections::BTreeSet<u32>>>,
+}
+
+impl RoomUid {
+    fn take(taken: &Arc<std::sync::Mutex<std::collections::BTreeSet<u32>>>) -> Option<RoomUid> {
+        let mut set = taken.lock().unwrap_or_else(|e| e.into_inner());
+        let uid = ROOM_UIDS.clone().find(|u| !set.contains(u))?;
+        set.insert(uid);
+        Some(RoomUid {
+            uid,
+            taken: taken.clone(),
+        })
+    }
+}
+
+impl Drop for RoomUid {
+    fn drop(&mut self) {
+        self.taken
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.uid);
+    }
 }
 
 fn find_in_path(name: &str) -> Option<PathBuf> {
@@ -124,6 +158,7 @@ impl Namespace {
             },
             run_as: root.then_some(UNPRIVILEGED),
             filter,
+            room_uids: Arc::default(),
         })
     }
 
@@ -170,12 +205,28 @@ impl Namespace {
             format!("root:x:0:\ncoder:x:{INSIDE_ID}:\nnogroup:x:65534:\n").as_bytes(),
         )?;
         let theirs: OwnedFd = theirs.into();
-        let inherit = [
+        // Root outside: the sandbox gets a user namespace with two users (crate::userns), the
+        // machinery root inside and room code under a host uid of its own.
+        let room_uid = match self.run_as {
+            Some(owner) => {
+                let uid = RoomUid::take(&self.room_uids)
+                    .ok_or_else(|| StartError::Unavailable("every room uid is in use".into()))?;
+                let ns = crate::userns::create(owner, INSIDE_ID, uid.uid).map_err(|e| {
+                    StartError::Unavailable(format!("cannot make the sandbox's users: {e}"))
+                })?;
+                Some((uid, ns))
+            }
+            None => None,
+        };
+        let mut inherit = vec![
             theirs.as_raw_fd(),
             seccomp.as_raw_fd(),
             passwd.as_raw_fd(),
             group.as_raw_fd(),
         ];
+        if let Some((_, ns)) = &room_uid {
+            inherit.push(ns.as_raw_fd());
+        }
 
         let (args, mounts) = self.bwrap_args(limits, &inherit);
         let mut cmd = std::process::Command::new(&self.bwrap);
@@ -186,7 +237,7 @@ impl Namespace {
             .env_clear();
         let hooks = ChildHooks {
             procs: procs.iter().map(|f| f.as_raw_fd()).collect(),
-            inherit: inherit.to_vec(),
+            inherit: inherit.clone(),
             run_as: self.run_as,
             fsize: limits.workspace_bytes,
             nproc: cgroup.is_none().then_some(limits.pids),
@@ -200,7 +251,12 @@ impl Namespace {
             .kill_on_drop(true)
             .spawn()
             .map_err(StartError::Host)?;
-        drop((theirs, seccomp, passwd, group, procs));
+        let (room_uid, userns) = match room_uid {
+            Some((uid, ns)) => (Some(uid), Some(ns)),
+            None => (None, None),
+        };
+        let host_uid = room_uid.as_ref().map(|u| u.uid);
+        drop((theirs, seccomp, passwd, group, procs, userns));
         let mut stderr = child.stderr.take();
 
         ours.set_nonblocking(true).map_err(StartError::Host)?;
@@ -232,6 +288,8 @@ impl Namespace {
             }
         });
         tokio::spawn(async move {
+            // The room uid is free again once the sandbox has ended.
+            let _room_uid = room_uid;
             let mut stopped = false;
             let status = tokio::select! {
                 s = child.wait() => s.ok(),
@@ -305,15 +363,19 @@ impl Namespace {
                 Ok(l) => l.name().to_owned(),
                 Err(why) => format!("unavailable: {why}"),
             },
-            host_uid: self
-                .run_as
+            host_uid: host_uid
+                .or(self.run_as)
                 .unwrap_or_else(|| rustix::process::geteuid().as_raw()),
         };
         Ok((sandbox, events, receipt))
     }
 
-    fn bwrap_args(&self, limits: &Limits, inherit: &[RawFd; 4]) -> (Vec<String>, Vec<String>) {
-        let [agent_fd, seccomp_fd, passwd_fd, group_fd] = *inherit;
+    /// `inherit`: the agent's stream, the seccomp filter, passwd, group, and the user namespace
+    /// to join when the server made one.
+    fn bwrap_args(&self, limits: &Limits, inherit: &[RawFd]) -> (Vec<String>, Vec<String>) {
+        let (agent_fd, seccomp_fd, passwd_fd, group_fd) =
+            (inherit[0], inherit[1], inherit[2], inherit[3]);
+        let userns = inherit.get(4).copied();
         let mut a: Vec<String> = Vec::new();
         let mut mounts = Vec::new();
         let push = |a: &mut Vec<String>, parts: &[&str]| {
@@ -322,20 +384,60 @@ impl Namespace {
         push(
             &mut a,
             &[
-                "--unshare-all",
-                "--unshare-user",
-                "--disable-userns",
+                // --unshare-all but the user namespace, which is one of two kinds (below).
+                "--unshare-ipc",
+                "--unshare-pid",
+                "--unshare-net",
+                "--unshare-uts",
+                "--unshare-cgroup-try",
                 "--as-pid-1",
                 "--new-session",
                 // The sandbox dies with bwrap, even when its agent is stopped or wedged.
                 "--die-with-parent",
             ],
         );
-        let (uid, gid) = (INSIDE_ID.to_string(), INSIDE_ID.to_string());
-        push(
-            &mut a,
-            &["--uid", &uid, "--gid", &gid, "--hostname", "coderoom"],
-        );
+        match userns {
+            // The machinery is root inside, with what it needs to run room code as `coder`
+            // and hand it the workspace; nothing else (no user namespace can be made inside:
+            // crate::userns caps them at zero).
+            Some(fd) => push(
+                &mut a,
+                &[
+                    "--userns",
+                    &fd.to_string(),
+                    "--uid",
+                    "0",
+                    "--gid",
+                    "0",
+                    "--cap-drop",
+                    "ALL",
+                    "--cap-add",
+                    "CAP_SETUID",
+                    "--cap-add",
+                    "CAP_SETGID",
+                    "--cap-add",
+                    "CAP_CHOWN",
+                    // To stop what it started (an exec's process group at its timeout).
+                    "--cap-add",
+                    "CAP_KILL",
+                ],
+            ),
+            None => {
+                let id = INSIDE_ID.to_string();
+                push(
+                    &mut a,
+                    &[
+                        "--unshare-user",
+                        "--disable-userns",
+                        "--uid",
+                        &id,
+                        "--gid",
+                        &id,
+                    ],
+                );
+            }
+        }
+        push(&mut a, &["--hostname", "coderoom"]);
         match &self.rootfs {
             Some(root) => {
                 if let Ok(rd) = std::fs::read_dir(root) {
@@ -386,7 +488,14 @@ impl Namespace {
         push(&mut a, &["--proc", "/proc", "--dev", "/dev"]);
         push(
             &mut a,
-            &["--size", &TMP_BYTES.to_string(), "--tmpfs", "/tmp"],
+            &[
+                "--perms",
+                "1777",
+                "--size",
+                &TMP_BYTES.to_string(),
+                "--tmpfs",
+                "/tmp",
+            ],
         );
         push(
             &mut a,
@@ -397,6 +506,12 @@ impl Namespace {
                 "/workspace",
             ],
         );
+        // Room code's terminal program starts through the agent binary (`--exec-as`), so its
+        // directory is open to room code's user too.
+        let agent_dir = Path::new(AGENT_PATH)
+            .parent()
+            .map_or_else(|| "/".into(), |d| d.to_string_lossy().into_owned());
+        push(&mut a, &["--perms", "0755", "--dir", &agent_dir]);
         push(
             &mut a,
             &["--ro-bind", &self.agent.exe.to_string_lossy(), AGENT_PATH],

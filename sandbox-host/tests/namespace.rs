@@ -14,7 +14,7 @@ fn backend() -> Namespace {
         args: vec![],
     };
     match Backend::select(Tier::Namespace, agent, None) {
-        (Backend::Namespace(ns), _) => ns,
+        (Backend::Namespace(ns), _) => *ns,
         (_, why) => panic!("the namespace tier must work on this host: {why}"),
     }
 }
@@ -601,4 +601,59 @@ async fn an_agent_in_a_private_directory_still_starts() {
     assert_eq!((code, out.as_str()), (Some(0), "up\n"));
     sb.kill();
     sb.ended().await;
+}
+
+/// With a root server, room code runs under a uid of its own inside (`coder`), apart from the
+/// sandbox's machinery (root inside, under another host uid): it can neither signal the reaper
+/// or the agent nor read their memory or descriptors, in an exec or in the terminal.
+#[tokio::test]
+async fn room_code_runs_apart_from_the_machinery() {
+    let ns = backend();
+    let (sb, mut events, receipt) = ns.start(&name("u"), &Limits::default()).await.unwrap();
+    let probe = "echo uid=$(id -u); grep -h '^Uid:' /proc/1/status; \
+        for p in $(ls /proc | grep -E '^[0-9]+$'); do \
+          u=$(awk '/^Uid:/{print $2}' /proc/$p/status 2>/dev/null); \
+          [ \"$u\" = 0 ] && { kill -STOP $p 2>/dev/null && echo sto\"\"pped-$p; \
+            cat /proc/$p/environ >/dev/null 2>&1 && echo re\"\"ad-$p; \
+            ls /proc/$p/fd >/dev/null 2>&1 && echo f\"\"ds-$p; }; \
+        done; echo probe\"\"-done";
+    let (code, out, _) = sh(&sb, probe).await;
+    assert_eq!(code, Some(0), "{out}");
+    assert!(out.starts_with("uid=1000\nUid:\t0\t0\t0\t0\n"), "{out}");
+    assert!(
+        !out.contains("stopped-") && !out.contains("read-") && !out.contains("fds-"),
+        "{out}"
+    );
+    assert!(out.ends_with("probe-done\n"), "{out}");
+    // Room code's host uid is its own, not the machinery's.
+    assert!(
+        coderoom_sandbox::namespace::ROOM_UIDS.contains(&receipt.host_uid),
+        "{}",
+        receipt.host_uid
+    );
+    // The terminal's shell too.
+    let open = Op::PtyOpen {
+        argv: vec!["/bin/sh".into()],
+        cols: 80,
+        rows: 24,
+    };
+    sb.call(open, T).await.unwrap();
+    sb.send(Op::PtyInput(ByteBuf::from(
+        format!("{probe}\n").into_bytes(),
+    )))
+    .await
+    .unwrap();
+    let mut seen = String::new();
+    while !seen.contains("probe-done\r\n") {
+        match tokio::time::timeout(T, events.recv()).await {
+            Ok(Some(Event::PtyOutput(b))) => seen.push_str(&String::from_utf8_lossy(&b)),
+            Ok(Some(_)) => {}
+            _ => panic!("the terminal said {seen:?}"),
+        }
+    }
+    assert!(seen.contains("uid=1000\r\n"), "{seen}");
+    assert!(
+        !seen.contains("stopped-") && !seen.contains("read-") && !seen.contains("fds-"),
+        "{seen}"
+    );
 }

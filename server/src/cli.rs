@@ -25,8 +25,12 @@ pub fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     // The agent forks into a reaper and a server before any thread exists, so it runs before
     // (and without) the server's runtime.
-    if let Command::Agent { fd } = cli.command {
-        std::process::exit(coderoom_sandbox::agent::main(fd));
+    if let Command::Agent { fd, exec_as, argv } = cli.command {
+        std::process::exit(match (exec_as, fd) {
+            (Some(uid), _) => coderoom_sandbox::agent::exec_as(uid, &argv),
+            (None, Some(fd)) => coderoom_sandbox::agent::main(fd),
+            (None, None) => 64,
+        });
     }
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -35,8 +35,14 @@ pub(crate) enum Command {
     #[command(hide = true)]
     Agent {
         /// The stream to the control plane.
+        #[arg(long, required_unless_present = "exec_as")]
+        fd: Option<i32>,
+        /// Runs ARGV as this uid, with no capabilities (how the agent starts room code in the
+        /// terminal when it runs as root inside).
         #[arg(long)]
-        fd: i32,
+        exec_as: Option<u32>,
+        #[arg(last = true)]
+        argv: Vec<String>,
     },
 }
 

@@ -1,0 +1,101 @@
+//! A user namespace per sandbox with two users in it, made by a root server before bubblewrap
+//! joins it (`bwrap --userns`): the sandbox's own machinery (the reaper, PID 1, and the agent)
+//! is root inside, and room code runs as `coder` ([`INSIDE_ID`](crate::namespace)) under a host
+//! uid of its own room. Room code can then neither signal the agent (`kill -STOP`) nor open the
+//! memory or descriptors of any machinery process, whatever they do about dumpability; and one
+//! room's processes never count against another's per-uid limits.
+//!
+//! bubblewrap, unprivileged, maps one uid; mapping two needs root outside, which writes the map
+//! for a namespace that a process running as the unprivileged owner has just created (so that
+//! owner, bubblewrap's user, has the capabilities needed to join it). That process also caps
+//! the namespaces that can be created inside at zero, which is what `bwrap --disable-userns`
+//! does for a namespace bubblewrap makes itself.
+
+use std::io::{Error, Result};
+use std::os::fd::{AsRawFd, OwnedFd};
+
+/// Creates the namespace: inside uid/gid 0 is the host's `owner`, inside `inside` is `room`.
+/// Returns a descriptor of it (for `bwrap --userns`). Needs root.
+pub(crate) fn create(owner: u32, inside: u32, room: u32) -> Result<OwnedFd> {
+    let cloexec = rustix::pipe::PipeFlags::CLOEXEC;
+    let (to_parent_r, to_parent_w) = rustix::pipe::pipe_with(cloexec)?;
+    let (to_child_r, to_child_w) = rustix::pipe::pipe_with(cloexec)?;
+    let sysctl = c"/proc/sys/user/max_user_namespaces";
+    // SAFETY: the child only makes system calls on values prepared before the fork (no
+    // allocation, no locks), then `_exit`s.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(Error::last_os_error());
+    }
+    if pid == 0 {
+        // SAFETY: see above; every pointer is to memory owned by this (copied) frame.
+        unsafe {
+            let w = to_parent_w.as_raw_fd();
+            let r = to_child_r.as_raw_fd();
+            // Nothing else the server holds stays open here (another sandbox's pipes, say: a
+            // process waiting on one would wait on this one too).
+            let (lo, hi) = (w.min(r) as libc::c_uint, w.max(r) as libc::c_uint);
+            libc::syscall(
+                libc::SYS_close_range,
+                3 as libc::c_uint,
+                lo - 1,
+                0 as libc::c_uint,
+            );
+            if hi > lo + 1 {
+                libc::syscall(libc::SYS_close_range, lo + 1, hi - 1, 0 as libc::c_uint);
+            }
+            libc::syscall(
+                libc::SYS_close_range,
+                hi + 1,
+                libc::c_uint::MAX,
+                0 as libc::c_uint,
+            );
+            let mut ok: u8 = u8::from(
+                libc::setgroups(0, std::ptr::null()) == 0
+                    && libc::setresgid(owner, owner, owner) == 0
+                    && libc::setresuid(owner, owner, owner) == 0
+                    && libc::unshare(libc::CLONE_NEWUSER) == 0,
+            );
+            libc::write(w, (&raw const ok).cast(), 1);
+            // The parent writes the maps; then this process is root in the namespace and caps
+            // the namespaces that may be created in it.
+            let mut go: u8 = 0;
+            if ok == 1 && libc::read(r, (&raw mut go).cast(), 1) == 1 {
+                let fd = libc::open(sysctl.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                ok = u8::from(fd >= 0 && libc::write(fd, b"0".as_ptr().cast(), 1) == 1);
+                libc::write(w, (&raw const ok).cast(), 1);
+                // Held until the parent has a descriptor of the namespace (a byte, or the
+                // parent's end closing when it gave up).
+                libc::read(r, (&raw mut go).cast(), 1);
+            }
+            libc::_exit(0);
+        }
+    }
+    drop((to_parent_w, to_child_r));
+    let result = (|| {
+        let read_ok = |what: &str| -> Result<()> {
+            let mut b = [0u8; 1];
+            match rustix::io::read(&to_parent_r, &mut b) {
+                Ok(1) if b[0] == 1 => Ok(()),
+                _ => Err(Error::other(format!("cannot {what}"))),
+            }
+        };
+        read_ok("create a user namespace for the sandbox")?;
+        let map = format!("0 {owner} 1\n{inside} {room} 1\n");
+        // One write each: the kernel takes a map in a single write.
+        std::fs::write(format!("/proc/{pid}/uid_map"), &map)?;
+        std::fs::write(format!("/proc/{pid}/setgroups"), "deny")?;
+        std::fs::write(format!("/proc/{pid}/gid_map"), &map)?;
+        rustix::io::write(&to_child_w, &[1])?;
+        read_ok("cap the user namespaces inside the sandbox")?;
+        let ns = std::fs::File::open(format!("/proc/{pid}/ns/user"))?;
+        rustix::io::write(&to_child_w, &[1])?;
+        Ok(OwnedFd::from(ns))
+    })();
+    drop(to_child_w);
+    // SAFETY: reaping the child forked above.
+    unsafe {
+        libc::waitpid(pid, std::ptr::null_mut(), 0);
+    }
+    result
+}
