@@ -395,3 +395,33 @@ async fn a_huge_stale_edit_is_carried_up_to_a_bound_and_the_rest_recovered() {
     )
     .await;
 }
+
+/// Two people creating one path at the same moment is not a departure: Yjs keeps one of the two
+/// texts (the same on every replica), whichever arrives first, and the room adds nothing.
+#[tokio::test]
+async fn a_path_created_twice_at_once_resolves_as_yjs_does() {
+    let (_storage, server, room, token, [_, _, mut c]) = room_with(&[("x.txt", "x")]).await;
+    // Yjs keeps the text of the higher client id: 2's. Both orders of arrival.
+    for (first, second, path) in [(2u64, 1u64, "n1.md"), (1, 2, "n2.md")] {
+        let mut clients = Vec::new();
+        for id in [first, second] {
+            let mut cl = Client {
+                ws: raw_ws(&server, &room, &token).await,
+                doc: yrs::Doc::with_client_id(id + 1000 * u64::from(path == "n2.md")),
+            };
+            let sv = cl.doc.transact().state_vector();
+            cl.send(YMessage::Sync(SyncMessage::SyncStep1(sv))).await;
+            cl.synced().await;
+            clients.push(cl);
+        }
+        let content = |id: u64| format!("by {id}");
+        clients[0].put_file(path, &content(first)).await;
+        c.wait_for_file(path, &content(first)).await;
+        clients[1].put_file(path, &content(second)).await;
+        c.wait_for_file(path, &content(2)).await;
+    }
+    let want = [("n1.md", "by 2"), ("n2.md", "by 2"), ("x.txt", "x")];
+    server_listing(&server, &room, &token, &want).await;
+    wait_listing(&mut c, &want).await;
+    assert_eq!(server.metric("coderoom_edits_unplaced_total").await, 0.0);
+}

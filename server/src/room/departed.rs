@@ -443,13 +443,14 @@ impl Departed {
 
     /// Carries what `update` (already applied) added to or deleted from departed files. `lost`
     /// is the text it added that the document counts as deleted although the update did not
-    /// delete it; `ds` the update's own delete set.
+    /// delete it; `ds` the update's own delete set; `inserted` what it inserted.
     pub(crate) fn carry(
         &mut self,
         doc: &Doc,
         update: &[u8],
         lost: &IdSet,
         ds: &IdSet,
+        inserted: &IdSet,
         now_ms: i64,
     ) -> Outcome {
         let mut outcome = Outcome::default();
@@ -457,10 +458,12 @@ impl Departed {
             Vec::new()
         } else {
             match crate::room::protocol::pieces(update) {
-                Ok(p) => p
-                    .into_iter()
-                    .filter(|p| overlaps(lost, p.id, p.clocks()))
-                    .collect(),
+                Ok(p) => without_new_files(
+                    p.into_iter()
+                        .filter(|p| overlaps(lost, p.id, p.clocks()))
+                        .collect(),
+                    inserted,
+                ),
                 Err(_) => Vec::new(),
             }
         };
@@ -729,6 +732,53 @@ fn is_live_text(branch: &yrs::branch::BranchPtr) -> bool {
 fn live_text(txn: &TransactionMut<'_>, branch: &ID) -> Option<TextRef> {
     let ptr = yrs::branch::BranchID::get_nested(txn, branch)?;
     is_live_text(&ptr).then(|| TextRef::from(ptr))
+}
+
+/// `pieces` less the text of files the same update created: such a file's text is dropped at
+/// once only when another text took its path at the same moment (two people creating one file:
+/// Yjs keeps one, the same on every replica). That is the document's rule for one path, not
+/// text typed into a file that has gone, and it is not carried.
+fn without_new_files(pieces: Vec<Piece>, inserted: &IdSet) -> Vec<Piece> {
+    let mut new_file: Vec<bool> = pieces
+        .iter()
+        .map(|p| p.parent.is_some_and(|b| inserted.contains(&b)))
+        .collect();
+    // Text typed after such text is in the same file (a few passes settle any order).
+    for _ in 0..MAX_PASSES {
+        let mut runs: HashMap<ClientID, Vec<(u32, u32)>> = HashMap::new();
+        for (p, _) in pieces.iter().zip(&new_file).filter(|(_, n)| **n) {
+            runs.entry(p.id.client)
+                .or_default()
+                .push((p.id.clock, p.clocks()));
+        }
+        for r in runs.values_mut() {
+            r.sort_unstable();
+        }
+        let in_new = |anchor: Option<ID>| {
+            anchor.is_some_and(|a| {
+                runs.get(&a.client).is_some_and(|r| {
+                    let i = r.partition_point(|(start, _)| *start <= a.clock);
+                    i > 0 && a.clock < r[i - 1].0.saturating_add(r[i - 1].1)
+                })
+            })
+        };
+        let mut changed = false;
+        for i in 0..pieces.len() {
+            if !new_file[i] && (in_new(pieces[i].origin) || in_new(pieces[i].right)) {
+                new_file[i] = true;
+                changed = true;
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    pieces
+        .into_iter()
+        .zip(new_file)
+        .filter(|(_, n)| !n)
+        .map(|(p, _)| p)
+        .collect()
 }
 
 fn within(start: ID, len: u32, id: &ID) -> bool {

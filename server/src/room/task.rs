@@ -724,7 +724,9 @@ impl Room {
                 if !departing.is_empty() {
                     o = self.departed.depart(&self.doc, departing, &ds, &inserts);
                 }
-                let more = self.departed.carry(&self.doc, bytes, &lost, &ds, now);
+                let more = self
+                    .departed
+                    .carry(&self.doc, bytes, &lost, &ds, &inserts, now);
                 o.carried += more.carried;
                 o.unplaced += more.unplaced;
                 o.restored.extend(more.restored);
