@@ -57,6 +57,9 @@ pub(crate) enum StoreError {
     Conflict,
     #[error("cannot create the database directory")]
     Io(#[from] std::io::Error),
+    /// A part of the store that serves every room (the update log's writer) has stopped.
+    #[error("{0}")]
+    Closed(&'static str),
     /// An audit record whose stored columns do not read as what they must be (tampering or
     /// damage), named by its chain and sequence number.
     #[error("audit chain {chain}: record {seq}: column `{column}` does not read: {problem}")]
@@ -73,6 +76,9 @@ pub(crate) enum StoreError {
 pub(crate) struct Store {
     pool: AnyPool,
     backend: Backend,
+    /// The one writer of every room's update log (group commit across rooms), started on the
+    /// first append.
+    appender: std::sync::Arc<std::sync::OnceLock<tokio::sync::mpsc::Sender<docs::Append>>>,
 }
 
 impl Store {
@@ -126,7 +132,11 @@ impl Store {
             })
             .connect_with(options)
             .await?;
-        Ok(Store { pool, backend })
+        Ok(Store {
+            pool,
+            backend,
+            appender: Default::default(),
+        })
     }
 
     /// A write transaction. On SQLite it takes the write lock at once (`BEGIN IMMEDIATE`): a
