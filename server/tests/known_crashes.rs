@@ -1,9 +1,9 @@
 //! Every input in `server/fuzz/known-yrs-crashes/` (updates that make yrs 0.28 use freed
 //! memory, found by fuzzing), sent over the WebSocket by an editor as a hostile client would.
-//! An input the server refuses before it reaches a document must leave the server up, the hit
-//! room whole and other rooms editing. An input it cannot refuse yet is listed as such, and its
-//! test is ignored with the reason, so every run's summary shows the gap (see
-//! `docs/threat-model.md`, issue 13 item 6).
+//! Each is refused before it reaches a document (`room::protocol::walk_update`: one section per
+//! client, no clock past 2^31 - 1), and must leave the server up, the hit room whole and other
+//! rooms editing (see `docs/threat-model.md`, issue 13 item 6). A new input must say what the
+//! server does with it.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -11,18 +11,22 @@ mod common;
 use common::*;
 use std::path::PathBuf;
 
-/// What the server does with each known input today.
+/// What the server does with each known input.
 #[derive(Debug, PartialEq)]
 enum Disposition {
     /// Refused before any document sees it: the connection closes with 1008.
     Refused,
-    /// Reaches yrs's integration: not contained yet.
-    Uncontained,
 }
 
 const KNOWN: &[(&str, Disposition)] = &[
+    // A clock gap yrs fills wrongly: refused as skipping clocks.
     ("uaf-integrate-item-clock-gap", Disposition::Refused),
-    ("uaf-resolve-conflict", Disposition::Uncontained),
+    // Clients repeated across sections: yrs integrates blocks twice (fuzzing found it).
+    ("uaf-resolve-conflict", Disposition::Refused),
+    // The smallest such update (25 bytes; issue 13 item 6's reproducer).
+    ("uaf-repeated-client-minimal", Disposition::Refused),
+    // A GC block of 2^32 - 1 clocks, then text: clocks wrap in a release build.
+    ("clock-wrap-release", Disposition::Refused),
 ];
 
 fn inputs_dir() -> PathBuf {
@@ -89,10 +93,3 @@ async fn refused_crash_inputs_leave_the_server_and_other_rooms_up() {
     send_known_inputs(Disposition::Refused).await;
 }
 
-/// Without AddressSanitizer a use-after-free need not crash, so passing this by hand proves
-/// little; it becomes the acceptance test once integration of untrusted updates is contained.
-#[tokio::test]
-#[ignore = "known yrs use-after-free, not contained yet (issue 13 item 6): run by hand"]
-async fn uncontained_crash_inputs_leave_the_server_and_other_rooms_up() {
-    send_known_inputs(Disposition::Uncontained).await;
-}

@@ -217,21 +217,42 @@ pub fn pieces(update: &[u8]) -> Result<Vec<Piece>, ProtocolError> {
     Ok(out)
 }
 
-/// The walk behind [`guard_update`] and [`pieces`]: with `pieces`, it also follows each block's
-/// clock and collects the text runs.
+/// Highest clock an update may reach: yrs 0.28 adds clocks and lengths in `u32` and takes
+/// offsets `as i32`, so past this they wrap (silently, in a release build).
+const MAX_CLOCK: u64 = i32::MAX as u64;
+
+/// The walk behind [`guard_update`] and [`pieces`]: with `pieces`, it also collects the text
+/// runs.
+///
+/// Beyond the counts, it refuses two shapes no Yjs or yrs client writes, through which yrs 0.28
+/// frees memory still in use (`docs/threat-model.md`, issue 13 item 6): a client listed in more
+/// than one section (yrs appends the sections, integrates the repeated blocks a second time, and
+/// its block store overwrites, and frees, an item the document still links to), and clocks or
+/// delete ranges past [`MAX_CLOCK`]. Bytes after the delete set are refused too.
 fn walk_update(update: &[u8], mut pieces: Option<&mut Vec<Piece>>) -> Result<(), ProtocolError> {
     let bad = |_| ProtocolError::MalformedUpdate;
     let c = &mut Cursor::new(update);
     let clients: u32 = c.read_var().map_err(bad)?;
     fits(c, clients, 3)?;
+    let mut seen = std::collections::HashSet::new();
     for _ in 0..clients {
         let blocks: u32 = c.read_var().map_err(bad)?;
         let client: u64 = c.read_var().map_err(bad)?;
-        let mut clock: u32 = c.read_var().map_err(bad)?;
+        let start: u32 = c.read_var().map_err(bad)?;
+        if !seen.insert(client) {
+            return Err(ProtocolError::MalformedUpdate);
+        }
         fits(c, blocks, 1)?;
+        let mut clock = u64::from(start);
         for _ in 0..blocks {
-            let len = guard_block(c, client, clock, pieces.as_deref_mut())?;
-            clock = clock.saturating_add(len);
+            if clock > MAX_CLOCK {
+                return Err(ProtocolError::MalformedUpdate);
+            }
+            let len = guard_block(c, client, clock as u32, pieces.as_deref_mut())?;
+            clock += u64::from(len);
+        }
+        if clock > MAX_CLOCK {
+            return Err(ProtocolError::MalformedUpdate);
         }
     }
     // The delete set: clients, each with ranges of (clock, length).
@@ -242,9 +263,15 @@ fn walk_update(update: &[u8], mut pieces: Option<&mut Vec<Piece>>) -> Result<(),
         let ranges: u32 = c.read_var().map_err(bad)?;
         fits(c, ranges, 2)?;
         for _ in 0..ranges {
-            let _clock: u32 = c.read_var().map_err(bad)?;
-            let _len: u32 = c.read_var().map_err(bad)?;
+            let clock: u32 = c.read_var().map_err(bad)?;
+            let len: u32 = c.read_var().map_err(bad)?;
+            if u64::from(clock) + u64::from(len) > MAX_CLOCK {
+                return Err(ProtocolError::MalformedUpdate);
+            }
         }
+    }
+    if c.next != c.buf.len() {
+        return Err(ProtocolError::MalformedUpdate);
     }
     Ok(())
 }
@@ -259,7 +286,7 @@ fn fits(c: &Cursor<'_>, count: u32, min_bytes: usize) -> Result<(), ProtocolErro
 }
 
 /// One block of a v1 update (see `guard_update`), the block of `client` at `clock`. Returns the
-/// clock units it takes; those of a text run are only counted when `pieces` collects it.
+/// clock units it takes, as yrs counts them.
 fn guard_block(
     c: &mut Cursor<'_>,
     client: u64,
@@ -329,7 +356,7 @@ fn guard_block(
         4 => {
             let text = c.read_string().map_err(bad)?;
             match pieces {
-                None => 1,
+                None => utf16_len(text),
                 Some(out) => {
                     if client > MAX_CLIENT_ID {
                         return Err(ProtocolError::MalformedUpdate);
@@ -821,5 +848,53 @@ mod tests {
             (id(5), Some(id(3)), None)
         );
         assert_eq!(p[1].text, "!");
+    }
+
+    /// Shapes through which yrs 0.28 frees memory still in use (issue 13 item 6), refused before
+    /// yrs sees them; no Yjs or yrs client writes them.
+    #[test]
+    fn updates_yrs_would_corrupt_itself_on_are_refused() {
+        // One client in two sections, repeating "a" at (5,0): the minimal use-after-free.
+        let repeated = [
+            0x00, 0x02, 0x19, 0x02, 0x01, 0x05, 0x00, 0x04, 0x01, 0x01, 0x74, 0x01, 0x61, 0x02,
+            0x05, 0x00, 0x04, 0x01, 0x01, 0x74, 0x01, 0x61, 0x84, 0x05, 0x00, 0x01, 0x62, 0x00,
+        ];
+        assert_eq!(
+            parse_frame(&repeated, 4096).unwrap_err(),
+            ProtocolError::MalformedUpdate
+        );
+        // A GC block of 2^32 - 1 clocks, then text: clocks wrap in a release build.
+        let wrapping = [
+            0x00, 0x02, 0x18, 0x01, 0x03, 0x09, 0x00, 0x00, 0xff, 0xff, 0xff, 0xff, 0x0f, 0x04,
+            0x01, 0x01, 0x74, 0x02, 0x61, 0x62, 0x04, 0x01, 0x01, 0x74, 0x01, 0x63, 0x00,
+        ];
+        assert_eq!(
+            parse_frame(&wrapping, 4096).unwrap_err(),
+            ProtocolError::MalformedUpdate
+        );
+        // The same frames without the repeat, the wrap, are fine: the rule is exact.
+        let doc = Doc::with_client_id(5);
+        let text = doc.get_or_insert_text("t");
+        let update = {
+            let mut txn = doc.transact_mut();
+            text.insert(&mut txn, 0, "ab");
+            txn.encode_update_v1()
+        };
+        assert!(parse_frame(&frame_of(update.clone()), 4096).is_ok());
+        // Bytes after the delete set.
+        let mut trailing = update;
+        trailing.push(0);
+        assert_eq!(
+            parse_frame(&frame_of(trailing), 4096).unwrap_err(),
+            ProtocolError::MalformedUpdate
+        );
+        // A delete range past the highest clock: no blocks; client 5 deletes 2 from 2^31 - 1.
+        let range = vec![0x00, 0x01, 0x05, 0x01, 0xff, 0xff, 0xff, 0xff, 0x07, 0x02];
+        assert_eq!(
+            parse_frame(&frame_of(range), 4096).unwrap_err(),
+            ProtocolError::MalformedUpdate
+        );
+        let fine = vec![0x00, 0x01, 0x05, 0x01, 0xfd, 0xff, 0xff, 0xff, 0x07, 0x02];
+        assert!(parse_frame(&frame_of(fine), 4096).is_ok());
     }
 }
