@@ -29,6 +29,49 @@ pub enum Layout {
 }
 
 impl Layout {
+    /// For a server that is not root: the layout, if its own groups were delegated to it (made
+    /// writable by its user, as systemd's `Delegate=yes` does), so it creates its sandboxes'
+    /// groups inside its own. On v2 the server first moves itself into a leaf of its group
+    /// (`<own>/server`): a group whose children use controllers may hold no processes itself.
+    pub fn delegated() -> Result<Layout, String> {
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+        let layout = Self::detect_in(Path::new("/sys/fs/cgroup"), &own)?;
+        let layout = match layout {
+            Layout::V1 { .. } => layout,
+            Layout::V2 { root } => {
+                let mine = own
+                    .lines()
+                    .find_map(|l| l.strip_prefix("0::"))
+                    .unwrap_or("/")
+                    .trim_start_matches('/');
+                let group = root.join(mine);
+                let leaf = group.join("server");
+                std::fs::create_dir_all(&leaf)
+                    .and_then(|()| write(&leaf.join("cgroup.procs"), "0"))
+                    .map_err(|e| format!("the server's cgroup is not delegated to it: {e}"))?;
+                Layout::V2 { root: group }
+            }
+        };
+        for dir in layout.roots() {
+            let parent = dir.join(PARENT);
+            std::fs::create_dir_all(&parent).map_err(|e| {
+                format!(
+                    "the server is not root and its cgroup is not delegated to it ({}: {e})",
+                    parent.display()
+                )
+            })?;
+        }
+        Ok(layout)
+    }
+
+    /// The groups under which sandboxes' groups are made.
+    fn roots(&self) -> Vec<&Path> {
+        match self {
+            Layout::V1 { memory, pids, cpu } => vec![memory, pids, cpu],
+            Layout::V2 { root } => vec![root],
+        }
+    }
+
     /// Finds the controllers under `/sys/fs/cgroup`, or says why there are none.
     pub fn detect() -> Result<Layout, String> {
         let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();

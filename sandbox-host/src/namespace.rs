@@ -154,7 +154,7 @@ impl Namespace {
             cgroups: if root {
                 Layout::detect()
             } else {
-                Err("the server is not root, so it cannot create cgroups".into())
+                Layout::delegated()
             },
             run_as: root.then_some(UNPRIVILEGED),
             filter,

@@ -92,4 +92,3 @@ async fn send_known_inputs(disposition: Disposition) {
 async fn refused_crash_inputs_leave_the_server_and_other_rooms_up() {
     send_known_inputs(Disposition::Refused).await;
 }
-

@@ -1367,3 +1367,92 @@ async fn a_rename_with_an_edit_in_flight_reaches_the_workspace() {
     }
     panic!("the workspace never followed: {on_disk}");
 }
+
+/// A server that is not root still bounds each sandbox's memory, processes and CPU, in the
+/// cgroups its operator delegated to it (issue 13 item 5): here the v1 hierarchy, with the
+/// server's own memory, pids and cpu groups given to its user; the sandbox's groups are made
+/// inside them.
+#[tokio::test]
+async fn a_server_that_is_not_root_bounds_sandboxes_in_its_delegated_cgroup() {
+    use std::os::unix::fs::PermissionsExt;
+    const NOBODY: u32 = 65534;
+    let name = format!("coderoom-delegated-{}", std::process::id());
+    let groups: Vec<std::path::PathBuf> = ["memory", "pids", "cpu"]
+        .iter()
+        .map(|c| std::path::Path::new("/sys/fs/cgroup").join(c).join(&name))
+        .collect();
+    for g in &groups {
+        std::fs::create_dir_all(g).unwrap();
+        for entry in std::fs::read_dir(g).unwrap() {
+            let _ = std::os::unix::fs::chown(entry.unwrap().path(), Some(NOBODY), Some(NOBODY));
+        }
+        std::os::unix::fs::chown(g, Some(NOBODY), Some(NOBODY)).unwrap();
+    }
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let token = storage.token("ana@example.com").await;
+    // The data directory is the server user's.
+    let dir = storage.dir.path().to_owned();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    for entry in walk(&dir) {
+        std::os::unix::fs::chown(&entry, Some(NOBODY), Some(NOBODY)).unwrap();
+    }
+    let server = Server::start_unprivileged(&storage, NOBODY, &groups).await;
+    let room = create_room(&server, &token).await;
+    let (status, out) = exec(&server, &token, &room, "echo $((6*7)); id -u").await;
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(out["stdout"], "42\n1000\n", "{out}");
+    let status = get_json(&server, &token, &format!("/api/rooms/{room}/sandbox")).await;
+    assert_eq!(status["receipt"]["cgroups"], "cgroup-v1", "{status}");
+    assert_eq!(status["receipt"]["host_uid"], NOBODY, "{status}");
+    // The sandbox's groups are inside the delegated ones, with the room's limits.
+    let limit = |controller: usize, file: &str| -> Vec<String> {
+        let parent = groups[controller].join("coderoom");
+        std::fs::read_dir(&parent)
+            .map(|rd| {
+                rd.filter_map(|e| std::fs::read_to_string(e.ok()?.path().join(file)).ok())
+                    .map(|s| s.trim().to_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let limits = &status["limits"];
+    assert_eq!(
+        limit(0, "memory.limit_in_bytes"),
+        vec![limits["memory_bytes"].to_string()],
+        "{status}"
+    );
+    assert_eq!(
+        limit(1, "pids.max"),
+        vec![limits["pids"].to_string()],
+        "{status}"
+    );
+    assert!(
+        !limit(1, "cgroup.procs").concat().is_empty(),
+        "the sandbox runs in its group"
+    );
+    let _ = server.terminate().await;
+    for g in groups.iter().rev() {
+        if let Ok(rd) = std::fs::read_dir(g.join("coderoom")) {
+            for e in rd.flatten() {
+                let _ = std::fs::remove_dir(e.path());
+            }
+        }
+        let _ = std::fs::remove_dir(g.join("coderoom"));
+        let _ = std::fs::remove_dir(g);
+    }
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = vec![dir.to_owned()];
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walk(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}

@@ -301,6 +301,27 @@ impl Server {
         Self::start_via_shell(storage, "", redirections).await
     }
 
+    /// Starts the server as `uid` (not root), moved first into `cgroups` (its own groups, one
+    /// directory per cgroup v1 controller, as an operator delegates them). The storage's files
+    /// must belong to `uid`.
+    pub async fn start_unprivileged(
+        storage: &Storage,
+        uid: u32,
+        cgroups: &[std::path::PathBuf],
+    ) -> Server {
+        let moves: String = cgroups
+            .iter()
+            .map(|d| format!("echo $$ > {}/cgroup.procs && ", d.display()))
+            .collect();
+        let mut sh = Command::new("sh");
+        sh.arg("-c")
+            .arg(format!(
+                "{moves} exec setpriv --reuid={uid} --regid={uid} --clear-groups \"$0\" \"$@\""
+            ))
+            .arg(BIN);
+        Self::start_command(sh, storage, &[], &[], None).await
+    }
+
     /// Starts the server with an open-file limit of `soft` (and `hard`) descriptors.
     pub async fn start_with_open_file_limit(storage: &Storage, soft: u32, hard: u32) -> Server {
         let limits = format!("ulimit -S -n {soft} && ulimit -H -n {hard} &&");
