@@ -77,23 +77,71 @@ pub struct Namespace {
     cgroups: Result<Layout, String>,
     run_as: Option<u32>,
     filter: Vec<u8>,
-    /// Room uids of running sandboxes (root only).
+    /// Slots of running sandboxes' room uids.
     room_uids: Arc<std::sync::Mutex<std::collections::BTreeSet<u32>>>,
+    /// Not root: the subordinate uid and gid ranges of the server's user, when `newuidmap` and
+    /// `newgidmap` can map them (then sandboxes get two users inside, as under root).
+    subids: Option<SubIds>,
 }
 
-/// A room uid taken from [`ROOM_UIDS`] for as long as its sandbox lives.
-struct RoomUid {
+/// A user's subordinate ids (`/etc/subuid`, `/etc/subgid`): room code's host uid and gid are
+/// `uid + slot` and `gid + slot`.
+#[derive(Debug, Clone, Copy)]
+struct SubIds {
     uid: u32,
+    gid: u32,
+    count: u32,
+}
+
+impl SubIds {
+    /// The server user's ranges, if it has both and the helpers to map them.
+    fn find() -> Option<SubIds> {
+        find_in_path("newuidmap")?;
+        find_in_path("newgidmap")?;
+        let uid = rustix::process::getuid().as_raw();
+        let name = std::fs::read_to_string("/etc/passwd").ok().and_then(|p| {
+            p.lines().find_map(|l| {
+                let mut f = l.split(':');
+                let n = f.next()?;
+                (f.nth(1)? == uid.to_string()).then(|| n.to_owned())
+            })
+        });
+        let range = |file: &str, id: u32| -> Option<(u32, u32)> {
+            std::fs::read_to_string(file).ok()?.lines().find_map(|l| {
+                let mut f = l.trim().split(':');
+                let who = f.next()?;
+                let start = f.next()?.parse().ok()?;
+                let count = f.next()?.parse().ok()?;
+                (Some(who) == name.as_deref() || who == id.to_string()).then_some((start, count))
+            })
+        };
+        let (u, uc) = range("/etc/subuid", uid)?;
+        let (g, gc) = range("/etc/subgid", uid)?;
+        let count = uc.min(gc);
+        (count > 0).then_some(SubIds {
+            uid: u,
+            gid: g,
+            count,
+        })
+    }
+}
+
+/// A slot for a sandbox's room uid, held for as long as the sandbox lives.
+struct RoomUid {
+    slot: u32,
     taken: Arc<std::sync::Mutex<std::collections::BTreeSet<u32>>>,
 }
 
 impl RoomUid {
-    fn take(taken: &Arc<std::sync::Mutex<std::collections::BTreeSet<u32>>>) -> Option<RoomUid> {
+    fn take(
+        taken: &Arc<std::sync::Mutex<std::collections::BTreeSet<u32>>>,
+        slots: u32,
+    ) -> Option<RoomUid> {
         let mut set = taken.lock().unwrap_or_else(|e| e.into_inner());
-        let uid = ROOM_UIDS.clone().find(|u| !set.contains(u))?;
-        set.insert(uid);
+        let slot = (0..slots).find(|u| !set.contains(u))?;
+        set.insert(slot);
         Some(RoomUid {
-            uid,
+            slot,
             taken: taken.clone(),
         })
     }
@@ -104,7 +152,7 @@ impl Drop for RoomUid {
         self.taken
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.uid);
+            .remove(&self.slot);
     }
 }
 
@@ -159,6 +207,7 @@ impl Namespace {
             run_as: root.then_some(UNPRIVILEGED),
             filter,
             room_uids: Arc::default(),
+            subids: if root { None } else { SubIds::find() },
         })
     }
 
@@ -205,16 +254,35 @@ impl Namespace {
             format!("root:x:0:\ncoder:x:{INSIDE_ID}:\nnogroup:x:65534:\n").as_bytes(),
         )?;
         let theirs: OwnedFd = theirs.into();
-        // Root outside: the sandbox gets a user namespace with two users (crate::userns), the
-        // machinery root inside and room code under a host uid of its own.
-        let room_uid = match self.run_as {
-            Some(owner) => {
-                let uid = RoomUid::take(&self.room_uids)
+        // Root outside, or subordinate ids: the sandbox gets a user namespace with two users
+        // (crate::userns), the machinery root inside and room code under a host uid of its own.
+        let plan = match (self.run_as, self.subids) {
+            (Some(owner), _) => Some((ROOM_UIDS.end - ROOM_UIDS.start, Some(owner), None)),
+            (None, Some(sub)) => Some((sub.count, None, Some(sub))),
+            (None, None) => None,
+        };
+        let room_uid = match plan {
+            Some((slots, owner, sub)) => {
+                let slot = RoomUid::take(&self.room_uids, slots)
                     .ok_or_else(|| StartError::Unavailable("every room uid is in use".into()))?;
-                let ns = crate::userns::create(owner, INSIDE_ID, uid.uid).map_err(|e| {
+                let (maps, host) = match (owner, sub) {
+                    (Some(owner), _) => {
+                        let room = ROOM_UIDS.start + slot.slot;
+                        (crate::userns::Maps::Root { owner, room }, room)
+                    }
+                    (None, Some(sub)) => (
+                        crate::userns::Maps::Helpers {
+                            uid: sub.uid + slot.slot,
+                            gid: sub.gid + slot.slot,
+                        },
+                        sub.uid + slot.slot,
+                    ),
+                    (None, None) => unreachable!("planned above"),
+                };
+                let ns = crate::userns::create(maps, INSIDE_ID).map_err(|e| {
                     StartError::Unavailable(format!("cannot make the sandbox's users: {e}"))
                 })?;
-                Some((uid, ns))
+                Some(((slot, host), ns))
             }
             None => None,
         };
@@ -252,10 +320,10 @@ impl Namespace {
             .spawn()
             .map_err(StartError::Host)?;
         let (room_uid, userns) = match room_uid {
-            Some((uid, ns)) => (Some(uid), Some(ns)),
+            Some(((slot, host), ns)) => (Some((slot, host)), Some(ns)),
             None => (None, None),
         };
-        let host_uid = room_uid.as_ref().map(|u| u.uid);
+        let host_uid = room_uid.as_ref().map(|(_, host)| *host);
         drop((theirs, seccomp, passwd, group, procs, userns));
         let mut stderr = child.stderr.take();
 

@@ -1,4 +1,4 @@
-//! A user namespace per sandbox with two users in it, made by a root server before bubblewrap
+//! A user namespace per sandbox with two users in it, made by the server before bubblewrap
 //! joins it (`bwrap --userns`): the sandbox's own machinery (the reaper, PID 1, and the agent)
 //! is root inside, and room code runs as `coder` ([`INSIDE_ID`](crate::namespace)) under a host
 //! uid of its own room. Room code can then neither signal the agent (`kill -STOP`) nor open the
@@ -7,16 +7,33 @@
 //!
 //! bubblewrap, unprivileged, maps one uid; mapping two needs root outside, which writes the map
 //! for a namespace that a process running as the unprivileged owner has just created (so that
-//! owner, bubblewrap's user, has the capabilities needed to join it). That process also caps
-//! the namespaces that can be created inside at zero, which is what `bwrap --disable-userns`
-//! does for a namespace bubblewrap makes itself.
+//! owner, bubblewrap's user, has the capabilities needed to join it), or, for a server that is
+//! not root, shadow's `newuidmap` and `newgidmap` with a subordinate range the administrator
+//! gave the server's user (`/etc/subuid`, `/etc/subgid`). The creating process also caps the
+//! namespaces that can be created inside at zero, which is what `bwrap --disable-userns` does
+//! for a namespace bubblewrap makes itself.
 
 use std::io::{Error, Result};
 use std::os::fd::{AsRawFd, OwnedFd};
 
-/// Creates the namespace: inside uid/gid 0 is the host's `owner`, inside `inside` is `room`.
-/// Returns a descriptor of it (for `bwrap --userns`). Needs root.
-pub(crate) fn create(owner: u32, inside: u32, room: u32) -> Result<OwnedFd> {
+/// Who writes the namespace's maps.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Maps {
+    /// Root outside writes them; the namespace's owner (inside root) is host uid and gid
+    /// `owner`, room code's is `room`.
+    Root { owner: u32, room: u32 },
+    /// `newuidmap` / `newgidmap` write them for this (unprivileged) process's user: inside root
+    /// is this user, room code is `uid`/`gid` from its subordinate ranges.
+    Helpers { uid: u32, gid: u32 },
+}
+
+/// Creates the namespace with inside root and `inside` (room code) mapped as `maps` says.
+/// Returns a descriptor of it (for `bwrap --userns`).
+pub(crate) fn create(maps: Maps, inside: u32) -> Result<OwnedFd> {
+    let owner = match maps {
+        Maps::Root { owner, .. } => Some(owner),
+        Maps::Helpers { .. } => None,
+    };
     let cloexec = rustix::pipe::PipeFlags::CLOEXEC;
     let (to_parent_r, to_parent_w) = rustix::pipe::pipe_with(cloexec)?;
     let (to_child_r, to_child_w) = rustix::pipe::pipe_with(cloexec)?;
@@ -50,12 +67,15 @@ pub(crate) fn create(owner: u32, inside: u32, room: u32) -> Result<OwnedFd> {
                 libc::c_uint::MAX,
                 0 as libc::c_uint,
             );
-            let mut ok: u8 = u8::from(
-                libc::setgroups(0, std::ptr::null()) == 0
-                    && libc::setresgid(owner, owner, owner) == 0
-                    && libc::setresuid(owner, owner, owner) == 0
-                    && libc::unshare(libc::CLONE_NEWUSER) == 0,
-            );
+            let become_owner = match owner {
+                Some(o) => {
+                    libc::setgroups(0, std::ptr::null()) == 0
+                        && libc::setresgid(o, o, o) == 0
+                        && libc::setresuid(o, o, o) == 0
+                }
+                None => true,
+            };
+            let mut ok: u8 = u8::from(become_owner && libc::unshare(libc::CLONE_NEWUSER) == 0);
             libc::write(w, (&raw const ok).cast(), 1);
             // The parent writes the maps; then this process is root in the namespace and caps
             // the namespaces that may be created in it.
@@ -81,11 +101,34 @@ pub(crate) fn create(owner: u32, inside: u32, room: u32) -> Result<OwnedFd> {
             }
         };
         read_ok("create a user namespace for the sandbox")?;
-        let map = format!("0 {owner} 1\n{inside} {room} 1\n");
-        // One write each: the kernel takes a map in a single write.
-        std::fs::write(format!("/proc/{pid}/uid_map"), &map)?;
-        std::fs::write(format!("/proc/{pid}/setgroups"), "deny")?;
-        std::fs::write(format!("/proc/{pid}/gid_map"), &map)?;
+        match maps {
+            Maps::Root { owner, room } => {
+                let map = format!("0 {owner} 1\n{inside} {room} 1\n");
+                // One write each: the kernel takes a map in a single write.
+                std::fs::write(format!("/proc/{pid}/uid_map"), &map)?;
+                std::fs::write(format!("/proc/{pid}/setgroups"), "deny")?;
+                std::fs::write(format!("/proc/{pid}/gid_map"), &map)?;
+            }
+            Maps::Helpers { uid, gid } => {
+                let me = (
+                    rustix::process::getuid().as_raw(),
+                    rustix::process::getgid().as_raw(),
+                );
+                for (helper, own, room) in [("newuidmap", me.0, uid), ("newgidmap", me.1, gid)] {
+                    let out = std::process::Command::new(helper)
+                        .args([pid.to_string(), "0".into(), own.to_string(), "1".into()])
+                        .args([inside.to_string(), room.to_string(), "1".into()])
+                        .stdin(std::process::Stdio::null())
+                        .output()?;
+                    if !out.status.success() {
+                        return Err(Error::other(format!(
+                            "{helper}: {}",
+                            String::from_utf8_lossy(&out.stderr).trim()
+                        )));
+                    }
+                }
+            }
+        }
         rustix::io::write(&to_child_w, &[1])?;
         read_ok("cap the user namespaces inside the sandbox")?;
         let ns = std::fs::File::open(format!("/proc/{pid}/ns/user"))?;

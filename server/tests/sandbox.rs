@@ -1430,7 +1430,28 @@ async fn a_server_that_is_not_root_bounds_sandboxes_in_its_delegated_cgroup() {
         !limit(1, "cgroup.procs").concat().is_empty(),
         "the sandbox runs in its group"
     );
+    // One user inside: the server cannot map a second one.
+    let (_, out) = exec(&server, &token, &room, "grep '^Uid:' /proc/1/status").await;
+    assert_eq!(out["stdout"], "Uid:\t1000\t1000\t1000\t1000\n", "{out}");
     let _ = server.terminate().await;
+
+    // Given subordinate ids (and shadow's helpers), it makes the sandbox's two users as a root
+    // server does: the machinery is root inside, room code a host uid of the range.
+    if !std::path::Path::new("/usr/bin/newuidmap").exists() {
+        skip(Need::Uidmap, "no newuidmap (apt-get install uidmap)");
+    } else {
+        let _subids = SubIds::grant("nobody", 600_000, 65_536);
+        let server = Server::start_unprivileged(&storage, NOBODY, &groups).await;
+        let room = create_room(&server, &token).await;
+        let script = "id -u; grep '^Uid:' /proc/1/status; kill -STOP 1 2>/dev/null || echo refused";
+        let (status, out) = exec(&server, &token, &room, script).await;
+        assert_eq!(status, 200, "{out}");
+        assert_eq!(out["stdout"], "1000\nUid:\t0\t0\t0\t0\nrefused\n", "{out}");
+        let status = get_json(&server, &token, &format!("/api/rooms/{room}/sandbox")).await;
+        let host = status["receipt"]["host_uid"].as_u64().unwrap();
+        assert!((600_000..665_536).contains(&host), "{status}");
+        let _ = server.terminate().await;
+    }
     for g in groups.iter().rev() {
         if let Ok(rd) = std::fs::read_dir(g.join("coderoom")) {
             for e in rd.flatten() {
@@ -1455,4 +1476,38 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
         }
     }
     out
+}
+
+/// A subordinate id range for `user` in `/etc/subuid` and `/etc/subgid`, taken back on drop.
+struct SubIds {
+    saved: Vec<(&'static str, Option<String>)>,
+}
+
+impl SubIds {
+    fn grant(user: &str, start: u32, count: u32) -> SubIds {
+        let mut saved = Vec::new();
+        for file in ["/etc/subuid", "/etc/subgid"] {
+            let before = std::fs::read_to_string(file).ok();
+            let mut now = before.clone().unwrap_or_default();
+            now.push_str(&format!("{user}:{start}:{count}\n"));
+            std::fs::write(file, now).unwrap();
+            saved.push((file, before));
+        }
+        SubIds { saved }
+    }
+}
+
+impl Drop for SubIds {
+    fn drop(&mut self) {
+        for (file, before) in &self.saved {
+            match before {
+                Some(text) => {
+                    let _ = std::fs::write(file, text);
+                }
+                None => {
+                    let _ = std::fs::remove_file(file);
+                }
+            }
+        }
+    }
 }

@@ -29,6 +29,8 @@ pub enum Need {
     Smtp,
     /// The browser client's build (`web/dist`).
     WebDist,
+    /// shadow's `newuidmap` and `newgidmap` (Debian's `uidmap`).
+    Uidmap,
 }
 
 impl Need {
@@ -37,6 +39,7 @@ impl Need {
             Need::Postgres => "POSTGRES",
             Need::Smtp => "SMTP",
             Need::WebDist => "WEB_DIST",
+            Need::Uidmap => "UIDMAP",
         }
     }
 }
