@@ -221,6 +221,47 @@ async fn a_full_room_refuses_growth_keeps_readers_and_lets_deletions_free_space(
     server.terminate().await;
 }
 
+/// A deletion that lands within a second of the last compaction frees its space a second later
+/// on its own: the room does not wait for another command (which would be refused for want of
+/// the very space the deletion freed).
+#[tokio::test]
+async fn a_deletion_held_by_the_once_a_second_rule_frees_space_without_another_command() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let (server, token, room) = seeded(&storage, &["--max-doc-bytes", "8192"]).await;
+    let mut a = Client::connect(&server, &room, &token).await;
+    a.synced().await;
+    a.insert("fill.txt", 0, &"a".repeat(6000)).await;
+    eventually(&server, &room, &token, "fill.txt", &"a".repeat(6000)).await;
+    a.insert("main.rs", 0, &"y".repeat(5000)).await;
+    assert!(a.told().await.contains("This room is full"));
+    // A first deletion compacts at once.
+    let mut b = Client::connect(&server, &room, &token).await;
+    b.synced().await;
+    let before = server.metric("coderoom_compactions_total").await;
+    b.remove("fill.txt", 0, 1000).await;
+    while server.metric("coderoom_compactions_total").await < before + 1.0 {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    // Full again, and a second deletion at once: held by the once-a-second rule. Nothing else
+    // is sent to the room (only /metrics is read) until it has compacted again.
+    b.insert("main.rs", 0, &"z".repeat(5000)).await;
+    assert!(b.told().await.contains("This room is full"));
+    b.remove("fill.txt", 0, 4000).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while server.metric("coderoom_compactions_total").await < before + 2.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the held deletion never compacted"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let mut c = Client::connect(&server, &room, &token).await;
+    c.synced().await;
+    c.insert("new.txt", 0, &"c".repeat(4000)).await;
+    eventually(&server, &room, &token, "new.txt", &"c".repeat(4000)).await;
+    server.terminate().await;
+}
+
 fn awareness(entries: &[(u64, u32, &str)]) -> YMessage {
     let clients: HashMap<_, _> = entries
         .iter()

@@ -430,6 +430,14 @@ impl Room {
                     }
                     continue;
                 }
+                () = sleep_until_shrink(self.shrink_due()) => {
+                    // A deletion in a full room waited out the once-a-second rule: compact now,
+                    // not on the next command (which would be refused for want of the space).
+                    self.shrink_pending = false;
+                    self.last_shrink = Some(Instant::now());
+                    self.compact().await;
+                    continue;
+                }
                 () = sleep_until_idle(idle_since, idle) => {
                     if self.logged_since_snapshot > 0 {
                         self.compact().await;
@@ -760,6 +768,14 @@ impl Room {
             self.stored_bytes += update.len();
             self.batch.push((seq, Bytes::from(update), origin));
         }
+    }
+
+    /// When a pending shrink may run: a second after the last one.
+    fn shrink_due(&self) -> Option<Instant> {
+        (self.shrink_pending && self.logged_since_snapshot > 0).then(|| {
+            self.last_shrink
+                .map_or_else(Instant::now, |at| at + Duration::from_secs(1))
+        })
     }
 
     fn drain_produced(&mut self) -> Vec<Vec<u8>> {
@@ -1236,6 +1252,13 @@ async fn sleep_until_ms(clock: &crate::clock::Clock, at: Option<i64>) {
             let wait = t.saturating_sub(clock.now_ms()).max(0);
             tokio::time::sleep(Duration::from_millis(u64::try_from(wait).unwrap_or(0) + 1)).await;
         }
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until_shrink(at: Option<Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t.into()).await,
         None => std::future::pending().await,
     }
 }
