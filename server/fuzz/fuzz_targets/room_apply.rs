@@ -1,9 +1,9 @@
 //! Found memory errors inside yrs 0.28.1's integration of hostile updates (use after free in
 //! `integrate_item` / `resolve_conflict`; inputs under `known-yrs-crashes/`); `parse_frame` now
 //! refuses the update shapes that reach them (`docs/threat-model.md`, issue 13 item 6). Runs in
-//! `.ci/run` for 60 s; by hand, as production builds it (no overflow checks), with
-//! `cargo +nightly fuzz run -O room_apply -- -detect_leaks=0` (yrs leaks a few KiB on some
-//! hostile documents: a known, bounded issue).
+//! `.ci/run` for 60 s. By hand, as production builds it (no overflow checks):
+//! `ASAN_OPTIONS=detect_leaks=0 cargo +nightly fuzz run -O room_apply -- -detect_leaks=0`
+//! (yrs leaks a few KiB on some hostile documents: a known, bounded issue).
 //!
 //! The inbound path of the document WebSocket, as the room runs it: any bytes a client sends go
 //! through `parse_frame`; each accepted update is applied to the room's document, anything left
