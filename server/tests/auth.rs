@@ -457,14 +457,25 @@ async fn cookies_need_the_right_origin() {
     // Log in through the dev outbox this time.
     assert_eq!(ask_code(&server, "ana@example.com").await.status, 202);
     let outbox = storage.dir.path().join("outbox");
+    // Only a whole `.eml`: the server writes `NAME.eml.tmp` first and renames it, and a reader
+    // that took the first entry could read the half-written temporary file.
     let mut mail = String::new();
-    for _ in 0..100 {
-        if let Some(e) = std::fs::read_dir(&outbox).ok().and_then(|mut d| d.next()) {
-            mail = std::fs::read_to_string(e.unwrap().path()).unwrap();
+    for _ in 0..400 {
+        let whole = std::fs::read_dir(&outbox).ok().and_then(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .find(|p| p.extension().is_some_and(|x| x == "eml"))
+        });
+        if let Some(path) = whole {
+            mail = std::fs::read_to_string(path).unwrap();
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    assert!(
+        mail.contains("code is "),
+        "no login mail in {outbox:?}: {mail:?}"
+    );
     let cookie = cookie_of(&verify(&server, "ana@example.com", &code_in(&mail)).await);
     let origin = format!("http://{}", server.addr);
     let rooms = server.url("/api/rooms");
