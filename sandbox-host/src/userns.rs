@@ -16,6 +16,9 @@
 use std::io::{Error, Result};
 use std::os::fd::{AsRawFd, OwnedFd};
 
+/// How long the namespace's creating process may take to answer each step.
+const ANSWER_WITHIN_MS: libc::c_int = 5000;
+
 /// Who writes the namespace's maps.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Maps {
@@ -93,7 +96,19 @@ pub(crate) fn create(maps: Maps, inside: u32) -> Result<OwnedFd> {
     }
     drop((to_parent_w, to_child_r));
     let result = (|| {
+        // The child answers at once; one that does not (stuck, or killed) is given up on, never
+        // waited for: this runs on a thread of the server's runtime.
         let read_ok = |what: &str| -> Result<()> {
+            let mut fds = [libc::pollfd {
+                fd: to_parent_r.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            }];
+            // SAFETY: one valid pollfd for a descriptor this function owns.
+            let ready = unsafe { libc::poll(fds.as_mut_ptr(), 1, ANSWER_WITHIN_MS) };
+            if ready != 1 {
+                return Err(Error::other(format!("cannot {what}: no answer")));
+            }
             let mut b = [0u8; 1];
             match rustix::io::read(&to_parent_r, &mut b) {
                 Ok(1) if b[0] == 1 => Ok(()),
@@ -136,8 +151,11 @@ pub(crate) fn create(maps: Maps, inside: u32) -> Result<OwnedFd> {
         Ok(OwnedFd::from(ns))
     })();
     drop(to_child_w);
-    // SAFETY: reaping the child forked above.
+    // SAFETY: ending (if it has not ended) and reaping the child forked above.
     unsafe {
+        if result.is_err() {
+            libc::kill(pid, libc::SIGKILL);
+        }
         libc::waitpid(pid, std::ptr::null_mut(), 0);
     }
     result

@@ -68,7 +68,9 @@ test('offline edits are kept, shown as pending, and land after a server restart;
     await page.getByTestId('terminal-status').filter({ hasText: 'Connected' }).waitFor({ timeout: 30_000 })
     await page.getByTestId('terminal').click()
     await page.keyboard.type('echo back-$((20+1))\n', { delay: 5 })
-    await waitFor(async () => (await terminalText(page)).includes('back-21'), 20_000, 'the terminal did not come back')
+    await waitFor(async () => (await terminalText(page)).includes('back-21'), 20_000,
+      async () => `the terminal did not come back; it shows ${JSON.stringify((await terminalText(page)).slice(-400))}; ` +
+        `status ${JSON.stringify(await page.getByTestId('terminal-status').innerText())}; server log:\n${server.logs().slice(-3000)}`)
     // Keyboard first: Alt+E leaves the terminal for the editor (the shell keeps other Alt keys).
     await page.keyboard.press('Alt+E')
     await waitFor(() => page.evaluate(() => !!document.activeElement?.closest('.cm-editor')), 5000,
@@ -88,7 +90,9 @@ test('offline edits are kept, shown as pending, and land after a server restart;
     await page.getByRole('button', { name: 'Delete docs/b.txt' }).click()
     await page.getByRole('button', { name: 'Delete docs/b.txt' }).click()
     await waitFor(async () => !('docs/b.txt' in (await serverFiles(server, roomId, token))), 10_000, 'the delete did not reach the server')
-    await page.getByText('No files yet.').waitFor()
+    await waitFor(async () => await page.getByText('No files yet.').count() > 0, 30_000,
+      async () => `the tree still shows ${JSON.stringify(await page.locator('#files, .tree, [role=tree]').first().innerText().catch(() => '?'))}; ` +
+        `the server has ${JSON.stringify(await serverFiles(server, roomId, token))}; server log:\n${server.logs().slice(-4000)}`)
 
     assert.deepEqual(dialogs, [], 'no script ran from a name')
     assert.deepEqual(ana.foreign, [])
