@@ -83,6 +83,16 @@ fn act_on_files_as_room() {
     }
 }
 
+/// Becomes `id` (real, effective and saved uid and gid; gid first, while the uid may still
+/// change it). Only system calls: safe between fork and exec.
+fn become_user(id: u32) -> std::io::Result<()> {
+    // SAFETY: plain credential calls on a value the caller prepared.
+    if unsafe { libc::setresgid(id, id, id) != 0 || libc::setresuid(id, id, id) != 0 } {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Entry point of `coderoom agent --exec-as UID -- ARGV`: becomes `UID` (real, effective and
 /// saved, group too; no capabilities survive the exec) and runs ARGV. Returns only on failure.
 pub fn exec_as(uid: u32, argv: &[String]) -> i32 {
@@ -90,10 +100,7 @@ pub fn exec_as(uid: u32, argv: &[String]) -> i32 {
     let Some((prog, args)) = argv.split_first() else {
         return 64;
     };
-    // SAFETY: plain credential calls; gid first, while the uid still may change it.
-    let dropped =
-        unsafe { libc::setresgid(uid, uid, uid) == 0 && libc::setresuid(uid, uid, uid) == 0 };
-    if !dropped {
+    if become_user(uid).is_err() {
         return 77;
     }
     let err = std::process::Command::new(prog).args(args).exec();
@@ -562,14 +569,9 @@ async fn exec(
         .process_group(0)
         .kill_on_drop(true);
     if let Some(id) = room_uid() {
-        // SAFETY: credential calls with constant arguments between fork and exec; gid first.
+        // SAFETY: `become_user` only makes system calls, as the child of a fork may.
         unsafe {
-            cmd.pre_exec(move || {
-                if libc::setresgid(id, id, id) != 0 || libc::setresuid(id, id, id) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
+            cmd.pre_exec(move || become_user(id));
         }
     }
     let mut child = cmd.spawn().map_err(|e| match e.kind() {

@@ -72,6 +72,17 @@ pub(crate) enum StoreError {
     },
 }
 
+/// A write transaction on `pool` (see [`Store::begin_write`]).
+async fn begin_write(
+    pool: &AnyPool,
+    backend: Backend,
+) -> Result<sqlx::Transaction<'static, sqlx::Any>, sqlx::Error> {
+    match backend {
+        Backend::Sqlite => pool.begin_with("BEGIN IMMEDIATE").await,
+        Backend::Postgres => pool.begin().await,
+    }
+}
+
 #[derive(Clone, Debug)]
 pub(crate) struct Store {
     pool: AnyPool,
@@ -143,10 +154,7 @@ impl Store {
     /// deferred transaction that reads and then writes fails with SQLITE_BUSY at once, without
     /// waiting, when another connection wrote in between.
     async fn begin_write(&self) -> Result<sqlx::Transaction<'static, sqlx::Any>, sqlx::Error> {
-        match self.backend {
-            Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await,
-            Backend::Postgres => self.pool.begin().await,
-        }
+        begin_write(&self.pool, self.backend).await
     }
 
     pub(crate) fn backend(&self) -> Backend {

@@ -45,7 +45,7 @@ const MAX_PASSES: usize = 16;
 /// Renames followed from a character to where it is now.
 const MAX_HOPS: usize = 64;
 /// Where text with nowhere known to go is kept.
-pub(crate) const RECOVERED_DIR: &str = "recovered";
+const RECOVERED_DIR: &str = "recovered";
 
 /// A run of consecutive ids: `len` clock units from `id`, at UTF-16 position `at` of its text.
 #[derive(Debug, Clone, Copy)]
@@ -243,7 +243,7 @@ struct Carried {
 enum Now {
     /// In a text that has not departed (or that the room does not know departed).
     Here(ID),
-    /// In a departed file with nothing it became: record index and UTF-16 position.
+    /// In a departed file with nothing it became: the record's index.
     Gone(usize),
 }
 
@@ -405,6 +405,14 @@ impl Departed {
         }
     }
 
+    /// The newest carried run that holds the character `id`.
+    fn carried_at(&self, id: &ID) -> Option<&Carried> {
+        self.carried
+            .iter()
+            .rev()
+            .find(|c| within(c.from, c.len, id))
+    }
+
     fn record_of(&self, branch: &ID) -> Option<usize> {
         self.records.iter().rposition(|r| &r.branch == branch)
     }
@@ -412,12 +420,7 @@ impl Departed {
     /// Follows the character `id` through carried runs and departed files to where it is now.
     fn follow(&self, mut id: ID) -> Now {
         for _ in 0..MAX_HOPS {
-            if let Some(c) = self
-                .carried
-                .iter()
-                .rev()
-                .find(|c| within(c.from, c.len, &id))
-            {
+            if let Some(c) = self.carried_at(&id) {
                 id = ID::new(c.to.client, c.to.clock + (id.clock - c.from.clock));
                 continue;
             }
@@ -467,8 +470,14 @@ impl Departed {
                 Err(_) => Vec::new(),
             }
         };
-        let deletions = !ds.is_empty() && !self.records.is_empty();
-        if pieces.is_empty() && !deletions {
+        // Deletions in departed files are found without a transaction: most updates (every
+        // backspace, once a file has departed) have none.
+        let deletions = if ds.is_empty() || self.records.is_empty() {
+            Vec::new()
+        } else {
+            self.deletions_in_departed(ds)
+        };
+        if pieces.is_empty() && deletions.is_empty() {
             return outcome;
         }
         let me = doc.client_id();
@@ -545,8 +554,10 @@ impl Departed {
             files.insert(&mut txn, path.as_str(), TextPrelim::new(text));
             outcome.restored.push(path);
         }
-        if deletions {
-            self.carry_deletions(&mut txn, ds);
+        for id in deletions {
+            if let Now::Here(at) = self.follow(id) {
+                delete_char(&mut txn, at);
+            }
         }
         outcome
     }
@@ -627,12 +638,7 @@ impl Departed {
 
     /// The departed text the character `id` was in (through carried runs), if the room knows.
     fn departed_of(&self, id: &ID) -> Option<ID> {
-        if let Some(c) = self
-            .carried
-            .iter()
-            .rev()
-            .find(|c| within(c.from, c.len, id))
-        {
+        if let Some(c) = self.carried_at(id) {
             return Some(c.lost_in);
         }
         self.records
@@ -673,13 +679,18 @@ impl Departed {
         true
     }
 
-    /// Carries deletions a stale client made in departed files (or in text carried out of them)
-    /// to the characters they became. An update that deletes a departed file's own entry knows
-    /// of its departure (the departure itself, or a client's sync repeating it): its deletions
-    /// in that file are the departure's, not the client's, and stay where they are.
-    fn carry_deletions(&mut self, txn: &mut TransactionMut<'_>, ds: &IdSet) {
+    /// The characters a stale client deleted in departed files (or in text carried out of
+    /// them), at most [`MAX_CARRIED_DELETIONS`]; each is carried to the character it became. An
+    /// update that deletes a departed file's own entry knows of its departure (the departure
+    /// itself, or a client's sync repeating it): its deletions in that file are the
+    /// departure's, not the client's, and stay where they are.
+    fn deletions_in_departed(&self, ds: &IdSet) -> Vec<ID> {
         let mut ids: Vec<ID> = Vec::new();
-        for (client, ranges) in ds.iter() {
+        let take = |client: ClientID, a: u32, b: u32, ids: &mut Vec<ID>| {
+            let room = MAX_CARRIED_DELETIONS.saturating_sub(ids.len());
+            ids.extend((a..b).take(room).map(|clock| ID::new(client, clock)));
+        };
+        'collect: for (client, ranges) in ds.iter() {
             for range in ranges.iter() {
                 let (start, end) = (range.start, range.end);
                 for r in self.records.iter().filter(|r| !ds.contains(&r.branch)) {
@@ -688,7 +699,7 @@ impl Departed {
                     };
                     for run in runs.iter().map(|i| r.layout.runs[*i]) {
                         let (a, b) = (run.id.clock.max(start), (run.id.clock + run.len).min(end));
-                        ids.extend((a..b).map(|clock| ID::new(*client, clock)));
+                        take(*client, a, b, &mut ids);
                     }
                 }
                 for c in self
@@ -697,19 +708,14 @@ impl Departed {
                     .filter(|c| c.from.client == *client && !ds.contains(&c.lost_in))
                 {
                     let (a, b) = (c.from.clock.max(start), (c.from.clock + c.len).min(end));
-                    ids.extend((a..b).map(|clock| ID::new(*client, clock)));
+                    take(*client, a, b, &mut ids);
                 }
-                if ids.len() > MAX_CARRIED_DELETIONS {
-                    break;
+                if ids.len() >= MAX_CARRIED_DELETIONS {
+                    break 'collect;
                 }
             }
         }
-        ids.truncate(MAX_CARRIED_DELETIONS);
-        for id in ids {
-            if let Now::Here(at) = self.follow(id) {
-                delete_char(txn, at);
-            }
-        }
+        ids
     }
 }
 

@@ -165,10 +165,7 @@ impl Writer {
     }
 
     async fn write(&self, group: &[Append]) -> Result<(), StoreError> {
-        let mut tx = match self.backend {
-            Backend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await?,
-            Backend::Postgres => self.pool.begin().await?,
-        };
+        let mut tx = super::begin_write(&self.pool, self.backend).await?;
         for a in group {
             for (seq, data) in &a.rows {
                 sqlx::query("INSERT INTO doc_updates (room_id, seq, data) VALUES ($1, $2, $3)")
