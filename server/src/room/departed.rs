@@ -347,6 +347,11 @@ impl Departed {
         // Restoring a file below adds to the document; the successors are read before that.
         let now = txn.snapshot();
         for d in departures {
+            // Read before the update was applied: an update refused part way (content it
+            // depends on missing) may not have removed the file after all.
+            if live_text(&txn, &d.branch).is_some() {
+                continue;
+            }
             let seen = d.seen_by(ds);
             tracing::debug!(path = %d.path, seen = %seen.content, unseen = seen.unseen.len(), "a file leaves the document");
             let same = |f: &(String, TextRef, ID, String)| f.3 == seen.content;
