@@ -42,13 +42,15 @@ const BASE_DIRS: [&str; 7] = [
     "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
 ];
 /// The `/etc` essentials: dynamic linking, certificates, time zone, shell setup, alternatives.
-/// Never passwd/shadow/group: the sandbox gets its own.
-const ETC_FILES: [&str; 12] = [
+/// Never passwd/shadow/group: the sandbox gets its own; of `/etc/ssl`, the public certificates
+/// and the OpenSSL configuration, never the host's `private` keys.
+const ETC_FILES: [&str; 13] = [
     "/etc/alternatives",
     "/etc/ld.so.cache",
     "/etc/ld.so.conf",
     "/etc/ld.so.conf.d",
-    "/etc/ssl",
+    "/etc/ssl/certs",
+    "/etc/ssl/openssl.cnf",
     "/etc/ca-certificates",
     "/etc/localtime",
     "/etc/nsswitch.conf",
@@ -537,21 +539,51 @@ impl Namespace {
                         mounts.push(format!("{dir} (read-only, host)"));
                     }
                 }
+                // Directories are made first, with their mode: bwrap would make them on the
+                // first file bound into them, closed to everyone but root (room code's shell
+                // could not read its rc file).
+                let mut made = std::collections::BTreeSet::new();
                 for f in ETC_FILES {
                     if Path::new(f).exists() {
+                        let parents: Vec<&Path> = Path::new(f)
+                            .ancestors()
+                            .skip(1)
+                            .take_while(|d| *d != Path::new("/"))
+                            .collect();
+                        for dir in parents.into_iter().rev() {
+                            if made.insert(dir) {
+                                push(
+                                    &mut a,
+                                    &["--perms", "0755", "--dir", &dir.to_string_lossy()],
+                                );
+                            }
+                        }
                         push(&mut a, &["--ro-bind", f, f]);
                         mounts.push(format!("{f} (read-only, host)"));
                     }
                 }
             }
         }
+        // Readable by all, as on any system (bwrap makes data files 0600 unless told).
         push(
             &mut a,
-            &["--ro-bind-data", &passwd_fd.to_string(), "/etc/passwd"],
+            &[
+                "--perms",
+                "0644",
+                "--ro-bind-data",
+                &passwd_fd.to_string(),
+                "/etc/passwd",
+            ],
         );
         push(
             &mut a,
-            &["--ro-bind-data", &group_fd.to_string(), "/etc/group"],
+            &[
+                "--perms",
+                "0644",
+                "--ro-bind-data",
+                &group_fd.to_string(),
+                "/etc/group",
+            ],
         );
         push(&mut a, &["--proc", "/proc", "--dev", "/dev"]);
         push(

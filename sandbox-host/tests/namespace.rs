@@ -625,6 +625,29 @@ async fn room_code_runs_apart_from_the_machinery() {
         "{out}"
     );
     assert!(out.ends_with("probe-done\n"), "{out}");
+    // What the sandbox gives room code of the system, room code can read (a shell's rc files
+    // were once behind an /etc only root could open).
+    let files = "ls /etc >/dev/null || echo unreadable-/etc; \
+        for f in /etc/* /etc/ssl/*; do \
+          if [ -d \"$f\" ]; then ls \"$f\" >/dev/null 2>&1 || echo unreadable-$f; \
+          else cat \"$f\" >/dev/null 2>&1 || echo unreadable-$f; fi; echo checked-$f; \
+        done";
+    let (code, out, _) = sh(&sb, files).await;
+    assert_eq!(code, Some(0), "{out}");
+    assert!(!out.contains("unreadable-"), "{out}");
+    for f in [
+        "/etc/passwd",
+        "/etc/group",
+        "/etc/bash.bashrc",
+        "/etc/ssl/certs",
+    ] {
+        assert!(
+            out.contains(&format!("checked-{f}\n")),
+            "{f} was not checked: {out}"
+        );
+    }
+    // The host's private keys are not there at all.
+    assert!(!out.contains("/etc/ssl/private"), "{out}");
     // Room code's host uid is its own, not the machinery's.
     assert!(
         coderoom_sandbox::namespace::ROOM_UIDS.contains(&receipt.host_uid),
