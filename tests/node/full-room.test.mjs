@@ -6,7 +6,7 @@ import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import {
   cleanups, createStorage, mintToken, startServer, createRoom, openProvider, waitSynced,
-  waitFor, destroyAll, serverFiles, Y
+  waitFor, destroyAll, serverFiles, authedWebSocket, Y
 } from './lib/server.mjs'
 
 test('a full room refuses growth without closing, keeps readers, and takes deletions',
@@ -57,5 +57,32 @@ test('a full room refuses growth without closing, keeps readers, and takes delet
     await waitFor(async () => (await serverFiles(server, roomId, token))['new.txt']?.length === 8000,
       10_000, 'the room did not take a new file after the deletion')
     assert.deepEqual(late.provider.closeEvents, [])
+    assert.deepEqual(await server.stop(), { code: 0, signal: null })
+  })
+
+// A client still sending a message over the size cap when the server refuses it must read the
+// 1009 close frame, not a reset (1006): the server reads and drops the rest before letting go.
+// Before the server closed lingering, about one try in ten here ended 1006.
+test('a message far over the size cap closes 1009 for a stock ws client, every time',
+  { timeout: 120_000 }, async (t) => {
+    const defer = cleanups(t)
+    const storage = await createStorage('sqlite')
+    defer(() => storage.cleanup())
+    const token = await mintToken(storage)
+    const server = await startServer(storage)
+    defer(() => server.kill())
+    const roomId = await createRoom(server, token)
+    const WS = authedWebSocket(token)
+    const codes = []
+    for (let i = 0; i < 50; i++) {
+      const ws = new WS(`${server.docBase(roomId)}/doc`)
+      codes.push(await new Promise((resolve) => {
+        ws.on('open', () => ws.send(Buffer.alloc(3 << 20)))
+        ws.on('error', () => {})
+        ws.on('close', (code) => resolve(code))
+      }))
+    }
+    assert.deepEqual(codes.filter((c) => c !== 1009), [], `close codes: ${codes.join(' ')}`)
+    assert.deepEqual(await serverFiles(server, roomId, token), {})
     assert.deepEqual(await server.stop(), { code: 0, signal: null })
   })

@@ -12,8 +12,13 @@ use axum::extract::FromRequestParts;
 use axum::http::{header, request::Parts, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use futures_util::SinkExt;
+use hyper::upgrade::Upgraded;
 use hyper_util::rt::TokioIo;
 use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio_tungstenite::tungstenite::protocol::frame::coding::{Data, OpCode};
 use tokio_tungstenite::tungstenite::protocol::frame::Frame;
 use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
@@ -21,7 +26,79 @@ use tokio_tungstenite::tungstenite::{self, Message};
 use tokio_tungstenite::WebSocketStream;
 
 /// The server's end of an upgraded connection.
-pub(crate) type Socket = WebSocketStream<TokioIo<hyper::upgrade::Upgraded>>;
+pub(crate) type Socket = WebSocketStream<Lingering>;
+
+/// How long a connection the server let go of may still take the client's bytes, and how many.
+const LINGER: Duration = Duration::from_secs(2);
+const LINGER_BYTES: usize = 8 << 20;
+
+/// An upgraded connection that closes lingering: once the server lets go of it, its sending
+/// side is shut (the close frame already written goes out first) and what the client still
+/// sends is read and dropped, for at most [`LINGER`] and [`LINGER_BYTES`], until the client
+/// closes too. Dropped at once instead, a socket with unread input is reset by the kernel, and
+/// a client still sending (the rest of a message over the size cap) can see the reset before
+/// the close frame: 1006 instead of 1009.
+pub(crate) struct Lingering(Option<TokioIo<Upgraded>>);
+
+impl Lingering {
+    fn io(&mut self) -> std::io::Result<&mut TokioIo<Upgraded>> {
+        self.0
+            .as_mut()
+            .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::NotConnected))
+    }
+}
+
+impl Drop for Lingering {
+    fn drop(&mut self) {
+        let (Some(mut io), Ok(rt)) = (self.0.take(), tokio::runtime::Handle::try_current()) else {
+            return;
+        };
+        rt.spawn(async move {
+            let drain = async {
+                if io.shutdown().await.is_err() {
+                    return;
+                }
+                let mut buf = vec![0u8; 16 * 1024];
+                let mut read = 0;
+                while read < LINGER_BYTES {
+                    match io.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => read += n,
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(LINGER, drain).await;
+        });
+    }
+}
+
+impl AsyncRead for Lingering {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        Pin::new(self.io()?).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for Lingering {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(self.io()?).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(self.io()?).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(self.io()?).poll_shutdown(cx)
+    }
+}
 
 /// Largest frame the server writes: a larger message goes out as fragments of this size, so no
 /// connection's write buffer grows past it (clients reassemble fragments transparently).
@@ -109,7 +186,7 @@ impl Upgrade {
             match on_upgrade.await {
                 Ok(upgraded) => {
                     let socket = WebSocketStream::from_raw_socket(
-                        TokioIo::new(upgraded),
+                        Lingering(Some(TokioIo::new(upgraded))),
                         Role::Server,
                         Some(config),
                     )
