@@ -1368,6 +1368,56 @@ async fn a_rename_with_an_edit_in_flight_reaches_the_workspace() {
     panic!("the workspace never followed: {on_disk}");
 }
 
+/// Files deleted in the document while the sandbox sleeps stay deleted when it resumes from its
+/// snapshot; a file made inside the sandbox is still taken in. (The first sync on a restored workspace took every file the document lacked
+/// for one made inside: a page that reconnected before the sandbox started brought back the
+/// files it had deleted.)
+#[tokio::test]
+async fn files_deleted_while_the_sandbox_sleeps_stay_deleted() {
+    use yrs::sync::protocol::{Message as YMessage, SyncMessage};
+    use yrs::{Map, Transact};
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let t = team(&storage).await;
+    let (server, room) = (&t.server, &t.room);
+    let mut ana = Client::connect(server, room, &t.ana).await;
+    ana.synced().await;
+    ana.put_file("gone.txt", "bye").await;
+    ana.put_file("keep.txt", "stay").await;
+    stdout_until(server, &t.ben, room, "cat gone.txt keep.txt", "byestay").await;
+    let (_, out) = exec(server, &t.ben, room, "echo made > inside.txt && echo ok").await;
+    assert_eq!(out["stdout"], "ok\n");
+    ana.wait_for_file("inside.txt", "made\n").await;
+    assert_eq!(lifecycle(server, &t.ana, room, "stop").await, 200);
+    wait_for_state(server, &t.ana, room, "stopped").await;
+    let removed = {
+        let files = ana.doc.get_or_insert_map("files");
+        let mut txn = ana.doc.transact_mut();
+        files.remove(&mut txn, "gone.txt");
+        files.remove(&mut txn, "inside.txt");
+        txn.encode_update_v1()
+    };
+    ana.send(YMessage::Sync(SyncMessage::Update(removed))).await;
+    eventually(server, room, &t.ben, "gone.txt", "").await;
+    eventually(server, room, &t.ben, "inside.txt", "").await;
+    // The sandbox resumes; room code makes a file once it runs. The sync imports it on a scan,
+    // after the first agreement: by then the deleted files are settled either way.
+    let (_, out) = exec(server, &t.ben, room, "echo new > after.txt && echo ok").await;
+    assert_eq!(out["stdout"], "ok\n");
+    ana.wait_for_file("after.txt", "new\n").await;
+    let (_, out) = exec(server, &t.ben, room, "ls").await;
+    assert_eq!(
+        out["stdout"], "after.txt\nkeep.txt\n",
+        "the workspace has {out}"
+    );
+    let mut files: Vec<String> = {
+        let map = ana.doc.get_or_insert_map("files");
+        let txn = ana.doc.transact();
+        map.keys(&txn).map(str::to_owned).collect()
+    };
+    files.sort();
+    assert_eq!(files, ["after.txt", "keep.txt"]);
+}
+
 /// A server that is not root still bounds each sandbox's memory, processes and CPU, in the
 /// cgroups its operator delegated to it (issue 13 item 5): here the v1 hierarchy, with the
 /// server's own memory, pids and cpu groups given to its user; the sandbox's groups are made

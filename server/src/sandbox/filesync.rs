@@ -13,6 +13,11 @@
 //! changed the same characters, the editors' text wins. The merged text is then written back
 //! to the disk, so both sides agree again.
 //!
+//! What the two sides last agreed on is kept beside every workspace snapshot (as digests): a
+//! sync that starts on a restored workspace tells a file the document deleted meanwhile (it
+//! reads as agreed: the workspace follows the deletion) from one made inside the sandbox (it is
+//! imported). Without it, a file deleted while the sandbox slept came back.
+//!
 //! Only text goes into the document: files larger than [`MAX_SYNC_FILE`], with NUL bytes or not
 //! UTF-8 stay on disk only. Deleting a file on disk removes it from the document, except when a
 //! single scan sees most of the synced files vanish at once (`rm -rf` of the workspace): then
@@ -136,6 +141,65 @@ fn as_text(data: Vec<u8>) -> Option<String> {
     String::from_utf8(data).ok()
 }
 
+/// Digest of a text as the agreement record keeps it (hex SHA-256).
+pub(crate) fn digest(text: &str) -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(text.as_bytes()))
+}
+
+/// Path -> digest of the text the document and the workspace last agreed on: the sync keeps
+/// it current, the supervisor stores it beside each snapshot.
+pub(crate) type Digests = Arc<Mutex<HashMap<String, String>>>;
+
+/// The text both sides last agreed on, per path, with its digest kept in [`Digests`].
+struct Agreed {
+    texts: HashMap<String, String>,
+    digests: Digests,
+}
+
+impl Agreed {
+    fn new(digests: Digests) -> Self {
+        digests.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        Agreed {
+            texts: HashMap::new(),
+            digests,
+        }
+    }
+
+    fn get(&self, path: &str) -> Option<&String> {
+        self.texts.get(path)
+    }
+
+    fn contains_key(&self, path: &str) -> bool {
+        self.texts.contains_key(path)
+    }
+
+    fn len(&self) -> usize {
+        self.texts.len()
+    }
+
+    fn keys(&self) -> impl Iterator<Item = &String> {
+        self.texts.keys()
+    }
+
+    fn insert(&mut self, path: String, text: String) {
+        let d = digest(&text);
+        self.digests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(path.clone(), d);
+        self.texts.insert(path, text);
+    }
+
+    fn remove(&mut self, path: &str) -> Option<String> {
+        self.digests
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(path);
+        self.texts.remove(path)
+    }
+}
+
 /// What the sync needs to run.
 pub(crate) struct SyncCtx {
     pub rooms: Rooms,
@@ -145,6 +209,11 @@ pub(crate) struct SyncCtx {
     pub cancel: CancellationToken,
     /// What the sync mirrors, for the room's sandbox panel.
     pub stats: Arc<SyncStats>,
+    /// Kept current by the sync: what both sides agree on.
+    pub agreed: Digests,
+    /// What both sides agreed on when the workspace was snapshotted, for the first agreement
+    /// on a restored workspace (empty for a fresh one).
+    pub restored: HashMap<String, String>,
 }
 
 /// How many workspace files the document holds, and how many text files on disk it does not
@@ -238,10 +307,11 @@ pub(crate) enum SyncError {
 }
 
 /// Runs the sync until `cancel` fires. Rejoins the room if it goes away.
-pub(crate) async fn run(ctx: SyncCtx) {
-    let mut base: HashMap<String, String> = HashMap::new();
+pub(crate) async fn run(mut ctx: SyncCtx) {
+    let mut base = Agreed::new(ctx.agreed.clone());
+    let mut restored = std::mem::take(&mut ctx.restored);
     while !ctx.cancel.is_cancelled() {
-        if let Err(e) = session(&ctx, &mut base).await {
+        if let Err(e) = session(&ctx, &mut base, &mut restored).await {
             tracing::warn!(room = %ctx.room_id, error = %e, "file sync interrupted; retrying");
             tokio::select! {
                 () = ctx.cancel.cancelled() => break,
@@ -257,14 +327,21 @@ struct Session<'a> {
     room: tokio::sync::mpsc::Sender<RoomCmd>,
     replica: Replica,
     /// Text both sides last agreed on, per path.
-    base: &'a mut HashMap<String, String>,
+    base: &'a mut Agreed,
+    /// Digests both sides agreed on when the restored workspace was snapshotted; consulted
+    /// once, by the first agreement.
+    restored: &'a mut HashMap<String, String>,
     listing: HashMap<String, (u64, i128)>,
     /// Text files on disk left out of the document because it holds as many as allowed.
     left_out: HashSet<String>,
 }
 
 /// One membership in the room: join, sync, reconcile, then mirror until cancelled.
-async fn session(ctx: &SyncCtx, base: &mut HashMap<String, String>) -> Result<(), SyncError> {
+async fn session(
+    ctx: &SyncCtx,
+    base: &mut Agreed,
+    restored: &mut HashMap<String, String>,
+) -> Result<(), SyncError> {
     let conn = crate::room::task::next_conn_id();
     let (outbox, mut out_rx) =
         // In-process, not a socket: not counted with the connections' queued bytes.
@@ -291,6 +368,7 @@ async fn session(ctx: &SyncCtx, base: &mut HashMap<String, String>) -> Result<()
         room,
         replica,
         base,
+        restored,
         listing: HashMap::new(),
         left_out: HashSet::new(),
     };
@@ -454,7 +532,9 @@ impl Session<'_> {
     /// Agreement after joining. On the first join of a sandbox the document wins for files both
     /// have (it is durable to the keystroke; the workspace may come from an older snapshot).
     /// On a rejoin (the sync was interrupted), files changed on disk since the last agreement
-    /// are merged like any disk change. Files only on disk are imported; files only in the
+    /// are merged like any disk change. Files only on disk are imported, unless they read as
+    /// both sides last agreed (this run's agreement, or the one kept with the restored
+    /// snapshot): the document deleted those, and the workspace follows. Files only in the
     /// document are written.
     async fn reconcile(&mut self) -> Result<(), SyncError> {
         let (listing, _) = self.list().await?;
@@ -493,17 +573,41 @@ impl Session<'_> {
                 }
             }
         }
+        let restored = std::mem::take(&mut *self.restored);
         for entry in listing {
-            if self.base.contains_key(&entry.path) {
+            // Files the document has were agreed on above (or are not the disk's to replace).
+            if self.replica.text(&entry.path).is_some() {
+                continue;
+            }
+            let agreed = match self.base.get(&entry.path) {
+                Some(t) => Some(digest(t)),
+                None => restored.get(&entry.path).cloned(),
+            };
+            if agreed.is_none() && self.would_leave_out(&entry.path) {
+                // Not read at all: the document has no room for it.
+                self.left_out.insert(entry.path);
+                continue;
+            }
+            let Some(text) = self.read_text(&entry.path).await? else {
+                continue;
+            };
+            if agreed.as_deref() == Some(digest(&text).as_str()) {
+                // Unchanged since both sides had it: the document deleted it meanwhile (while
+                // the sandbox slept, or this sync was away). The workspace follows.
+                self.base.remove(&entry.path);
+                self.listing.remove(&entry.path);
+                let _ = self
+                    .call(Op::RemoveFile {
+                        path: entry.path.clone(),
+                    })
+                    .await;
                 continue;
             }
             if self.would_leave_out(&entry.path) {
                 self.left_out.insert(entry.path);
                 continue;
             }
-            if let Some(text) = self.read_text(&entry.path).await? {
-                self.import(&entry.path, &text).await?;
-            }
+            self.import(&entry.path, &text).await?;
         }
         self.replica.take_dirty();
         Ok(())

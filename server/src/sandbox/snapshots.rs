@@ -1,14 +1,17 @@
 //! A room's workspace snapshots on disk: tar archives streamed out of the sandbox by its
 //! agent, named by the time they were taken, written to a `.partial` file and renamed once
-//! complete and synced, the newest few kept.
+//! complete and synced, the newest few kept. Beside each, `NAME.agreed.json`: what the room's
+//! document and that workspace last agreed on (path -> digest; see `filesync`), written by the
+//! server, never by the agent.
 
 use crate::clock::Clock;
 use crate::sandbox::SandboxError;
 use crate::store::StoreError;
 use coderoom_sandbox::Sandbox;
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt};
 
 /// Time a snapshot (and a restore) may take.
 pub(crate) const WITHIN: Duration = Duration::from_secs(120);
@@ -16,6 +19,10 @@ pub(crate) const WITHIN: Duration = Duration::from_secs(120);
 const KEEP: usize = 2;
 const PREFIX: &str = "snapshot-";
 const SUFFIX: &str = ".tar";
+/// Beside a snapshot: what the document and its workspace last agreed on.
+const AGREED_SUFFIX: &str = ".agreed.json";
+/// Largest agreement record read back (a digest per mirrored file is far less).
+const MAX_AGREED_BYTES: u64 = 64 << 20;
 
 /// When a snapshot file was taken (Unix ms), from its name; `None` for any other file.
 pub(crate) fn time_of(name: &str) -> Option<i64> {
@@ -55,13 +62,29 @@ impl Snapshots {
         self.dir.join(name)
     }
 
-    /// Streams a snapshot of `sandbox`'s workspace to a new file: its name, the time in that
+    /// Streams a snapshot of `sandbox`'s workspace to a new file, with `agreed` (what the
+    /// document and the workspace agreed on as it starts) beside it: its name, the time in that
     /// name (a snapshot's time everywhere it is shown), and its size.
-    pub(crate) async fn take(&self, sandbox: &Sandbox) -> Result<Taken, SandboxError> {
+    pub(crate) async fn take(
+        &self,
+        sandbox: &Sandbox,
+        agreed: &HashMap<String, String>,
+    ) -> Result<Taken, SandboxError> {
         let io = |e: std::io::Error| SandboxError::Store(StoreError::Io(e));
         tokio::fs::create_dir_all(&self.dir).await.map_err(io)?;
         let at = self.clock.now_ms();
         let name = format!("{PREFIX}{at:013}{SUFFIX}");
+        // The record first: a snapshot is never there without it.
+        let record = serde_json::to_vec(agreed).map_err(|e| io(std::io::Error::other(e)))?;
+        let record_path = self.dir.join(format!("{name}{AGREED_SUFFIX}"));
+        let record_partial = self.dir.join(format!("{name}{AGREED_SUFFIX}.partial"));
+        let mut f = tokio::fs::File::create(&record_partial).await.map_err(io)?;
+        f.write_all(&record).await.map_err(io)?;
+        f.sync_all().await.map_err(io)?;
+        drop(f);
+        tokio::fs::rename(&record_partial, &record_path)
+            .await
+            .map_err(io)?;
         let partial = self.dir.join(format!("{name}.partial"));
         let mut file = tokio::fs::File::create(&partial).await.map_err(io)?;
         let bytes = match sandbox.snapshot(&mut file, self.max_bytes, WITHIN).await {
@@ -69,6 +92,7 @@ impl Snapshots {
             Err(e) => {
                 drop(file);
                 let _ = tokio::fs::remove_file(&partial).await;
+                let _ = tokio::fs::remove_file(&record_path).await;
                 return Err(e.into());
             }
         };
@@ -82,6 +106,26 @@ impl Snapshots {
             let _ = d.sync_all().await;
         }
         Ok(Taken { name, at, bytes })
+    }
+
+    /// What the document and the workspace agreed on when snapshot `name` was taken; empty
+    /// when the record is missing (a snapshot from before records were kept) or unreadable.
+    pub(crate) async fn agreed(&self, name: &str) -> HashMap<String, String> {
+        let path = self.dir.join(format!("{name}{AGREED_SUFFIX}"));
+        let read = async {
+            let f = tokio::fs::File::open(&path).await?;
+            let mut bytes = Vec::new();
+            f.take(MAX_AGREED_BYTES).read_to_end(&mut bytes).await?;
+            serde_json::from_slice(&bytes).map_err(std::io::Error::other)
+        };
+        match read.await {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => HashMap::new(),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "cannot read a snapshot's agreement record; files on disk only will be imported");
+                HashMap::new()
+            }
+        }
     }
 
     /// The room's snapshot files, newest first.
@@ -107,6 +151,8 @@ impl Snapshots {
         for name in names.iter().skip(KEEP) {
             if Some(name.as_str()) != current {
                 let _ = tokio::fs::remove_file(self.dir.join(name)).await;
+                let _ =
+                    tokio::fs::remove_file(self.dir.join(format!("{name}{AGREED_SUFFIX}"))).await;
             }
         }
     }
@@ -133,9 +179,22 @@ mod tests {
         let snaps = Snapshots::new(dir.path().to_owned(), 1 << 20, Clock::manual(0));
         for t in [1, 2, 3, 4] {
             std::fs::write(dir.path().join(format!("snapshot-{t:013}.tar")), b"x").unwrap();
+            std::fs::write(
+                dir.path().join(format!("snapshot-{t:013}.tar.agreed.json")),
+                format!(r#"{{"a.txt":"{t}"}}"#),
+            )
+            .unwrap();
         }
         std::fs::write(dir.path().join("notes.tar"), b"x").unwrap();
         snaps.prune(Some("snapshot-0000000000001.tar")).await;
+        // Each kept snapshot keeps its agreement record; a pruned one's goes with it.
+        let kept = snaps.agreed("snapshot-0000000000001.tar").await;
+        assert_eq!(kept.get("a.txt").map(String::as_str), Some("1"));
+        assert!(snaps.agreed("snapshot-0000000000002.tar").await.is_empty());
+        assert!(!dir
+            .path()
+            .join("snapshot-0000000000002.tar.agreed.json")
+            .exists());
         assert_eq!(
             snaps.list().await,
             [

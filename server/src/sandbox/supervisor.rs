@@ -386,6 +386,9 @@ struct Actor {
     snapshots: Snapshots,
     /// What the document <-> workspace sync mirrors.
     sync_stats: Arc<crate::sandbox::filesync::SyncStats>,
+    /// What the document and the workspace agree on, kept current by the sync; stored with
+    /// every snapshot.
+    sync_agreed: crate::sandbox::filesync::Digests,
     last_armed: Option<i64>,
     destroyed: bool,
     failed_idle_stops: u32,
@@ -434,6 +437,7 @@ impl Actor {
         );
         let actor = Actor {
             sync_stats: Arc::default(),
+            sync_agreed: Arc::default(),
             snapshots,
             room_id,
             me,
@@ -784,7 +788,11 @@ impl Actor {
             });
         }
         tracing::info!(room = %self.room_id, tier = %receipt.tier, "sandbox running");
-        let sync = Some(self.start_sync(&sandbox));
+        let restored = match &snapshot {
+            Some(name) => self.snapshots.agreed(name).await,
+            None => std::collections::HashMap::new(),
+        };
+        let sync = Some(self.start_sync(&sandbox, restored));
         self.life = Life::Running {
             sandbox: sandbox.clone(),
             generation,
@@ -796,8 +804,13 @@ impl Actor {
         Ok(sandbox)
     }
 
-    /// Starts the document <-> workspace sync of a running sandbox.
-    fn start_sync(&self, sandbox: &Sandbox) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    /// Starts the document <-> workspace sync of a running sandbox; `restored` is what the
+    /// two agreed on when its workspace was saved.
+    fn start_sync(
+        &self,
+        sandbox: &Sandbox,
+        restored: std::collections::HashMap<String, String>,
+    ) -> (CancellationToken, tokio::task::JoinHandle<()>) {
         let cancel = CancellationToken::new();
         let task = tokio::spawn(crate::sandbox::filesync::run(
             crate::sandbox::filesync::SyncCtx {
@@ -807,9 +820,19 @@ impl Actor {
                 sandbox: sandbox.clone(),
                 cancel: cancel.clone(),
                 stats: self.sync_stats.clone(),
+                agreed: self.sync_agreed.clone(),
+                restored,
             },
         ));
         (cancel, task)
+    }
+
+    /// What the document and the workspace agree on now (as the sync last recorded it).
+    fn agreed_now(&self) -> std::collections::HashMap<String, String> {
+        self.sync_agreed
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     fn idle_ms(&self) -> i64 {
@@ -867,7 +890,7 @@ impl Actor {
             cancel.cancel();
             let _ = tokio::time::timeout(SYNC_STOP_WITHIN, task).await;
         }
-        let snap = self.snapshots.take(&sandbox).await;
+        let snap = self.snapshots.take(&sandbox, &self.agreed_now()).await;
         let (snapshot, snapshot_at, bytes) = match snap {
             Ok(taken) => (Some(taken.name), Some(taken.at), taken.bytes),
             Err(e) if force => {
@@ -880,7 +903,9 @@ impl Actor {
             }
             Err(e) => {
                 tracing::error!(room = %self.room_id, error = %e, "snapshot failed; the sandbox keeps running");
-                let restarted = self.start_sync(&sandbox);
+                // Where the stopped sync left the agreement.
+                let agreed = self.agreed_now();
+                let restarted = self.start_sync(&sandbox, agreed);
                 if let Life::Running { sync, .. } = &mut self.life {
                     *sync = Some(restarted);
                 }
@@ -934,7 +959,7 @@ impl Actor {
             return;
         };
         let sandbox = sandbox.clone();
-        match self.snapshots.take(&sandbox).await {
+        match self.snapshots.take(&sandbox, &self.agreed_now()).await {
             Ok(snapshots::Taken { name, at, .. }) => {
                 match self
                     .deps()
