@@ -113,7 +113,18 @@ test('a flood of terminal output never freezes the page, and both viewers see wh
     await cy.page.getByTestId('terminal-view-only').waitFor({ state: 'visible' })
     await ana.page.getByTestId('terminal-status').filter({ hasText: 'Connected' }).waitFor({ timeout: 20_000 })
 
+    // Each page beats every 50 ms on its own main thread; the longest pause between beats while
+    // the flood pours in says whether the page froze. (Counting probes from outside cannot: on a
+    // loaded machine a page that falls behind catches up from the scrollback, which may already
+    // hold the end.)
+    for (const p of [ana, cy]) {
+      await p.page.evaluate(() => {
+        window.__beats = [Date.now()]
+        setInterval(() => window.__beats.push(Date.now()), 50)
+      })
+    }
     // 24 MB of output: three seconds at the server's rate bound, far more than a screen.
+    const floodFrom = Date.now()
     await ana.page.getByTestId('terminal').click()
     await ana.page.keyboard.type("head -c 24000000 /dev/zero | tr '\\0' x | fold -w 120; echo FLOOD-END-$((40+2))\n")
     // While it pours in, the pages still answer (measured from the first flood line to the end).
@@ -132,8 +143,18 @@ test('a flood of terminal output never freezes the page, and both viewers see wh
       assert.ok(probes < 2000, 'the flood did not end')
       await new Promise((resolve) => setTimeout(resolve, 200))
     }
-    assert.ok(probes >= 4, `only ${probes} probes during the flood`)
+    const floodTo = Date.now()
     assert.ok(slowest < 5000, `a page took ${slowest} ms to answer during the flood`)
+    // The flood takes at least three seconds at the rate bound, so the window holds many beats.
+    assert.ok(floodTo - floodFrom >= 2500, `the flood took only ${floodTo - floodFrom} ms`)
+    for (const p of [ana, cy]) {
+      const beats = await p.page.evaluate(([from, to]) =>
+        window.__beats.filter((b) => b >= from && b <= to), [floodFrom, floodTo])
+      let gap = 0
+      for (let i = 1; i < beats.length; i++) gap = Math.max(gap, beats[i] - beats[i - 1])
+      assert.ok(beats.length >= 10, `${p.email}'s page beat only ${beats.length} times in ${floodTo - floodFrom} ms`)
+      assert.ok(gap < 3000, `${p.email}'s page froze for ${gap} ms during the flood`)
+    }
     // What the page holds stays bounded (5,000 lines of scrollback), whatever went by.
     const cdp = await cy.context.newCDPSession(cy.page)
     await cdp.send('HeapProfiler.collectGarbage')
