@@ -5,6 +5,7 @@
 
 pub(crate) mod access;
 pub(crate) mod approvals;
+pub(crate) mod checkpoints;
 pub(crate) mod deletion;
 pub(crate) mod doc_socket;
 pub(crate) mod error;
@@ -44,6 +45,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .merge(doc_socket::routes())
         .merge(terminal_socket::routes())
         .merge(sandbox::routes())
+        .merge(checkpoints::routes())
         .layer(DefaultBodyLimit::max(MAX_API_BODY))
         // File contents are bigger than API bodies.
         .merge(files::routes())

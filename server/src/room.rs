@@ -8,6 +8,7 @@ pub(crate) mod presence;
 pub mod protocol;
 pub(crate) mod registry;
 pub(crate) mod task;
+pub(crate) mod visit;
 
 pub(crate) use registry::Rooms;
 pub(crate) use task::{ConnId, RoomCmd, RoomDeps};

@@ -18,6 +18,7 @@ mod accounts;
 mod approvals;
 mod audit_log;
 mod changes;
+mod checkpoints;
 mod deletions;
 mod docs;
 mod rooms;
@@ -25,6 +26,7 @@ mod sandboxes;
 
 pub(crate) use accounts::{LoginCode, UserRow};
 pub(crate) use changes::Change;
+pub(crate) use checkpoints::CheckpointRow;
 pub(crate) use docs::StoredDoc;
 pub(crate) use rooms::InviteRow;
 pub(crate) use sandboxes::{SandboxRow, SandboxState};

@@ -117,21 +117,6 @@ fn tail(s: &str) -> &str {
     &s[at..]
 }
 
-async fn exec(server: &Server, token: &str, room: &str, script: &str) -> (u16, Value) {
-    let body = serde_json::json!({ "argv": ["sh", "-c", script], "timeout_ms": 30000 }).to_string();
-    let (status, body) = http(
-        &server.url(&format!("/api/rooms/{room}/exec")),
-        "POST",
-        Some(token),
-        Some(&body),
-    )
-    .await;
-    (
-        status,
-        serde_json::from_str(&body).unwrap_or(Value::String(format!("{status}: {body}"))),
-    )
-}
-
 async fn sandbox_status(server: &Server, token: &str, room: &str) -> Value {
     get_json(server, token, &format!("/api/rooms/{room}/sandbox")).await
 }
@@ -706,25 +691,6 @@ async fn idle_sandboxes_stop_and_the_timer_survives_a_restart() {
         assert!(details["receipt"]["limits"]["memory_bytes"].is_u64(), "{r}");
         assert!(details["reason"].is_string(), "{r}");
     }
-}
-
-/// Runs `script` until its output contains `needle` (5 s at most); returns the last output.
-async fn stdout_until(
-    server: &Server,
-    token: &str,
-    room: &str,
-    script: &str,
-    needle: &str,
-) -> Value {
-    let mut out = Value::Null;
-    for _ in 0..100 {
-        out = exec(server, token, room, script).await.1["stdout"].clone();
-        if out.as_str().is_some_and(|s| s.contains(needle)) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    out
 }
 
 /// Editor edits reach the files inside the sandbox; files changed by commands inside reach

@@ -53,6 +53,8 @@ const STEPS: &[(&str, Option<&str>)] = &[
     ("sandbox", None),
     ("workspace", None),
     ("recordings", None),
+    // Checkpoints' files; their rows go with the room row.
+    ("checkpoints", None),
     ("secrets", None),
     ("previews", None),
     ("room", Some("DELETE FROM rooms WHERE id = $1")),
@@ -312,7 +314,7 @@ pub(crate) async fn run(app: &AppState, id: &str, room_id: &str) -> Result<(), S
                     .deletion_step_done(id, artifact, status, i64::from(was_running))
                     .await?;
             }
-            "workspace" | "recordings" => {
+            "workspace" | "recordings" | "checkpoints" => {
                 let dir = app.data_dir.join("rooms").join(room_id).join(artifact);
                 // The receipt says how many files went (snapshots, recordings), not just that
                 // the directory did.

@@ -82,6 +82,10 @@ fn sandbox_status(e: &SandboxError) -> StatusCode {
         }
         SandboxError::Failed(_) => StatusCode::CONFLICT,
         SandboxError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
+        SandboxError::Document(crate::room::visit::VisitError::Refused) => {
+            StatusCode::PAYLOAD_TOO_LARGE
+        }
+        SandboxError::Document(_) => StatusCode::SERVICE_UNAVAILABLE,
         SandboxError::Call(c) => match c {
             CallError::Agent(AgentError::NotFound) => StatusCode::NOT_FOUND,
             CallError::Agent(AgentError::InvalidPath(_)) => StatusCode::BAD_REQUEST,

@@ -9,7 +9,7 @@ use crate::sandbox::SandboxError;
 use crate::store::StoreError;
 use coderoom_sandbox::Sandbox;
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt};
 
@@ -70,48 +70,98 @@ impl Snapshots {
         sandbox: &Sandbox,
         agreed: &HashMap<String, String>,
     ) -> Result<Taken, SandboxError> {
-        let io = |e: std::io::Error| SandboxError::Store(StoreError::Io(e));
+        let (name, at) = self.begin(agreed).await?;
+        match self.archive(sandbox, &self.dir.join(&name)).await {
+            Ok(bytes) => Ok(Taken { name, at, bytes }),
+            Err(e) => {
+                let _ = tokio::fs::remove_file(self.record_path(&name)).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Makes a copy of the archive at `src` the newest snapshot, with `agreed` beside it (a
+    /// checkpoint being restored).
+    pub(crate) async fn install(
+        &self,
+        src: &Path,
+        agreed: &HashMap<String, String>,
+    ) -> Result<Taken, SandboxError> {
+        let (name, at) = self.begin(agreed).await?;
+        let dest = self.dir.join(&name);
+        let partial = partial_of(&dest);
+        let copied = async {
+            let bytes = tokio::fs::copy(src, &partial).await?;
+            tokio::fs::File::open(&partial).await?.sync_all().await?;
+            tokio::fs::rename(&partial, &dest).await?;
+            sync_dir(&self.dir).await;
+            Ok::<_, std::io::Error>(bytes)
+        };
+        match copied.await {
+            Ok(bytes) => Ok(Taken { name, at, bytes }),
+            Err(e) => {
+                let _ = tokio::fs::remove_file(&partial).await;
+                let _ = tokio::fs::remove_file(self.record_path(&name)).await;
+                Err(io(e))
+            }
+        }
+    }
+
+    /// A new snapshot's name and time, with its agreement record written (a snapshot is never
+    /// there without one).
+    async fn begin(&self, agreed: &HashMap<String, String>) -> Result<(String, i64), SandboxError> {
         tokio::fs::create_dir_all(&self.dir).await.map_err(io)?;
         let at = self.clock.now_ms();
         let name = format!("{PREFIX}{at:013}{SUFFIX}");
-        // The record first: a snapshot is never there without it.
         let record = serde_json::to_vec(agreed).map_err(|e| io(std::io::Error::other(e)))?;
-        let record_path = self.dir.join(format!("{name}{AGREED_SUFFIX}"));
-        let record_partial = self.dir.join(format!("{name}{AGREED_SUFFIX}.partial"));
-        let mut f = tokio::fs::File::create(&record_partial).await.map_err(io)?;
+        let path = self.record_path(&name);
+        let partial = partial_of(&path);
+        let mut f = tokio::fs::File::create(&partial).await.map_err(io)?;
         f.write_all(&record).await.map_err(io)?;
         f.sync_all().await.map_err(io)?;
         drop(f);
-        tokio::fs::rename(&record_partial, &record_path)
-            .await
-            .map_err(io)?;
-        let partial = self.dir.join(format!("{name}.partial"));
+        tokio::fs::rename(&partial, &path).await.map_err(io)?;
+        Ok((name, at))
+    }
+
+    fn record_path(&self, name: &str) -> PathBuf {
+        self.dir.join(format!("{name}{AGREED_SUFFIX}"))
+    }
+
+    /// Streams `sandbox`'s workspace archive to `dest` (written to `dest.partial`, synced,
+    /// renamed once complete). Returns its size.
+    pub(crate) async fn archive(
+        &self,
+        sandbox: &Sandbox,
+        dest: &Path,
+    ) -> Result<u64, SandboxError> {
+        if let Some(dir) = dest.parent() {
+            tokio::fs::create_dir_all(dir).await.map_err(io)?;
+        }
+        let partial = partial_of(dest);
         let mut file = tokio::fs::File::create(&partial).await.map_err(io)?;
         let bytes = match sandbox.snapshot(&mut file, self.max_bytes, WITHIN).await {
             Ok(b) => b,
             Err(e) => {
                 drop(file);
                 let _ = tokio::fs::remove_file(&partial).await;
-                let _ = tokio::fs::remove_file(&record_path).await;
                 return Err(e.into());
             }
         };
         file.flush().await.map_err(io)?;
         file.sync_all().await.map_err(io)?;
         drop(file);
-        tokio::fs::rename(&partial, self.dir.join(&name))
-            .await
-            .map_err(io)?;
-        if let Ok(d) = tokio::fs::File::open(&self.dir).await {
-            let _ = d.sync_all().await;
+        tokio::fs::rename(&partial, dest).await.map_err(io)?;
+        if let Some(dir) = dest.parent() {
+            sync_dir(dir).await;
         }
-        Ok(Taken { name, at, bytes })
+        Ok(bytes)
     }
 
     /// What the document and the workspace agreed on when snapshot `name` was taken; empty
     /// when the record is missing (a snapshot from before records were kept) or unreadable.
     pub(crate) async fn agreed(&self, name: &str) -> HashMap<String, String> {
-        let path = self.dir.join(format!("{name}{AGREED_SUFFIX}"));
+        let path = self.record_path(name);
         let read = async {
             let f = tokio::fs::File::open(&path).await?;
             let mut bytes = Vec::new();
@@ -155,6 +205,24 @@ impl Snapshots {
                     tokio::fs::remove_file(self.dir.join(format!("{name}{AGREED_SUFFIX}"))).await;
             }
         }
+    }
+}
+
+fn io(e: std::io::Error) -> SandboxError {
+    SandboxError::Store(StoreError::Io(e))
+}
+
+/// Where `path` is written before it is complete.
+fn partial_of(path: &Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".partial");
+    PathBuf::from(p)
+}
+
+/// Makes a rename in `dir` durable (best effort).
+async fn sync_dir(dir: &Path) {
+    if let Ok(d) = tokio::fs::File::open(dir).await {
+        let _ = d.sync_all().await;
     }
 }
 

@@ -112,6 +112,9 @@ pub(crate) enum SandboxError {
     /// The server is stopping.
     #[error("the server is shutting down")]
     ShuttingDown,
+    /// The room's document could not be read or rewritten (a checkpoint, a rollback).
+    #[error("the room's document: {0}")]
+    Document(#[from] crate::room::visit::VisitError),
 }
 
 enum Cmd {
@@ -149,6 +152,25 @@ enum Cmd {
     Destroy {
         reply: oneshot::Sender<bool>,
     },
+    /// Writes the workspace as it is to `dest` (a checkpoint's archive).
+    Archive {
+        dest: PathBuf,
+        reply: oneshot::Sender<Result<u64, SandboxError>>,
+    },
+    /// Restores a checkpoint: the document and the workspace.
+    Rewind(Arc<Rewind>, oneshot::Sender<Result<(), SandboxError>>),
+}
+
+/// A checkpoint to restore, and who asked.
+pub(crate) struct Rewind {
+    /// The checkpoint's workspace archive.
+    pub archive: PathBuf,
+    /// Its text files (path -> text): the document is made to read them.
+    pub texts: std::collections::BTreeMap<String, String>,
+    /// Who restores it (user id, shown name): the document's change is theirs.
+    pub who: (String, String),
+    /// What the terminal and the sandbox's reason say (`checkpoint "NAME"`).
+    pub what: String,
 }
 
 /// What the supervisors need from the rest of the server.
@@ -306,6 +328,23 @@ impl Sandboxes {
             reply,
         })
         .await?
+    }
+
+    /// Writes the room's workspace as it is now to `dest`: from the running sandbox, else from
+    /// its latest snapshot, else an empty archive. Returns its size.
+    pub(crate) async fn archive(&self, room_id: &str, dest: PathBuf) -> Result<u64, SandboxError> {
+        self.ask(room_id, |reply| Cmd::Archive {
+            dest: dest.clone(),
+            reply,
+        })
+        .await?
+    }
+
+    /// Restores a checkpoint into the room (see [`Actor::rewind`]).
+    pub(crate) async fn rewind(&self, room_id: &str, rewind: Rewind) -> Result<(), SandboxError> {
+        let rewind = Arc::new(rewind);
+        self.ask(room_id, |reply| Cmd::Rewind(rewind.clone(), reply))
+            .await?
     }
 
     /// Joins the terminal (starting the sandbox and its PTY if needed).
@@ -565,6 +604,12 @@ impl Actor {
                     tracing::error!(room = %self.room_id, error = %e, "cannot suspend the sandbox");
                 }
                 let _ = reply.send(());
+            }
+            Cmd::Archive { dest, reply } => {
+                let _ = reply.send(self.archive(&dest).await);
+            }
+            Cmd::Rewind(rewind, reply) => {
+                let _ = reply.send(self.rewind(&rewind).await);
             }
             Cmd::Destroy { reply } => {
                 let was = matches!(self.life, Life::Running { .. });
@@ -952,6 +997,82 @@ impl Actor {
         Ok(())
     }
 
+    /// The workspace as it is now, written to `dest`: archived from the running sandbox, else
+    /// copied from the latest snapshot, else an empty archive (the room never had a sandbox).
+    async fn archive(&mut self, dest: &std::path::Path) -> Result<u64, SandboxError> {
+        let io = |e: std::io::Error| SandboxError::Store(StoreError::Io(e));
+        if let Life::Running { sandbox, .. } = &self.life {
+            let sandbox = sandbox.clone();
+            return self.snapshots.archive(&sandbox, dest).await;
+        }
+        if let Some(dir) = dest.parent() {
+            tokio::fs::create_dir_all(dir).await.map_err(io)?;
+        }
+        match self.row.as_ref().and_then(|r| r.snapshot.clone()) {
+            Some(name) => tokio::fs::copy(self.snapshots.path(&name), dest)
+                .await
+                .map_err(io),
+            None => {
+                // An empty tar archive: two zero blocks.
+                tokio::fs::write(dest, [0u8; 1024]).await.map_err(io)?;
+                Ok(1024)
+            }
+        }
+    }
+
+    /// Restores a checkpoint. The sandbox stops first (snapshotting what it had, so nothing of
+    /// it is lost), so no sync runs while the document is rewritten; the document is made to
+    /// read the checkpoint's files, as one change by whoever asked, which every client receives
+    /// live; the checkpoint's archive becomes the newest snapshot, with an agreement record
+    /// naming the checkpoint's texts (a file the document no longer has is then removed from
+    /// the restored workspace, not taken in again); and the sandbox starts again if it ran.
+    async fn rewind(&mut self, rewind: &Rewind) -> Result<(), SandboxError> {
+        let was_running = matches!(self.life, Life::Running { .. });
+        let reason = format!("restoring {}", rewind.what);
+        if was_running {
+            self.stop(&rewind.who.0, &reason, SandboxState::Stopped, false)
+                .await?;
+        }
+        let rewritten = async {
+            let deps = self.deps();
+            let mut visit = crate::room::visit::Visit::start(
+                &deps.rooms,
+                &deps.limits,
+                &self.room_id,
+                (&rewind.who.0, &rewind.who.1),
+            )
+            .await?;
+            visit.rewrite(&rewind.texts).await?;
+            visit.leave().await;
+            Ok::<_, SandboxError>(())
+        };
+        let mut result = rewritten.await;
+        if result.is_ok() {
+            let agreed = rewind
+                .texts
+                .iter()
+                .map(|(p, t)| (p.clone(), crate::sandbox::filesync::digest(t)))
+                .collect();
+            result = match self.snapshots.install(&rewind.archive, &agreed).await {
+                Ok(taken) => self.make_latest(taken).await.map_err(SandboxError::from),
+                Err(e) => Err(e),
+            };
+        }
+        if was_running {
+            // Running again either way: on the restored workspace, or on its own if the
+            // restore failed.
+            let how = if result.is_ok() {
+                format!("restored {}", rewind.what)
+            } else {
+                format!("after a failed restore of {}", rewind.what)
+            };
+            if let Err(e) = self.ensure_running(&how).await {
+                tracing::warn!(room = %self.room_id, error = %e, "cannot start the sandbox again after a restore");
+            }
+        }
+        result
+    }
+
     /// A snapshot while running, so a crash of the server loses at most this period of the
     /// workspace (the document loses nothing). Not a lifecycle transition: no audit record.
     async fn periodic_snapshot(&mut self) {
@@ -960,29 +1081,31 @@ impl Actor {
         };
         let sandbox = sandbox.clone();
         match self.snapshots.take(&sandbox, &self.agreed_now()).await {
-            Ok(snapshots::Taken { name, at, .. }) => {
-                match self
-                    .deps()
-                    .store
-                    .set_snapshot(&self.room_id, &name, at)
-                    .await
-                {
-                    Ok(()) => {
-                        if let Some(r) = self.row.as_mut() {
-                            r.snapshot = Some(name);
-                            r.snapshot_at = Some(at);
-                        }
-                        self.snapshots
-                            .prune(self.row.as_ref().and_then(|r| r.snapshot.as_deref()))
-                            .await;
-                    }
-                    Err(e) => {
-                        tracing::warn!(room = %self.room_id, error = %e, "cannot record the snapshot")
-                    }
+            Ok(taken) => {
+                if let Err(e) = self.make_latest(taken).await {
+                    tracing::warn!(room = %self.room_id, error = %e, "cannot record the snapshot")
                 }
             }
             Err(e) => tracing::warn!(room = %self.room_id, error = %e, "periodic snapshot failed"),
         }
+    }
+
+    /// Records `taken` as the room's latest snapshot (a sandbox starting next resumes from it)
+    /// and prunes older ones.
+    async fn make_latest(&mut self, taken: snapshots::Taken) -> Result<(), StoreError> {
+        let snapshots::Taken { name, at, .. } = taken;
+        self.deps()
+            .store
+            .set_snapshot(&self.room_id, &name, at)
+            .await?;
+        if let Some(r) = self.row.as_mut() {
+            r.snapshot = Some(name);
+            r.snapshot_at = Some(at);
+        }
+        self.snapshots
+            .prune(self.row.as_ref().and_then(|r| r.snapshot.as_deref()))
+            .await;
+        Ok(())
     }
 
     async fn ended(&mut self, generation: u64, how: Ended) {

@@ -74,6 +74,16 @@ pub(crate) enum Change {
         room_id: String,
         row: SandboxRow,
     },
+    /// A new checkpoint (its files are already written).
+    AddCheckpoint {
+        room_id: String,
+        row: super::CheckpointRow,
+    },
+    /// A checkpoint pruned by the room's retention (its files go after the record).
+    RemoveCheckpoint {
+        room_id: String,
+        id: String,
+    },
 }
 
 pub(super) async fn apply_change(
@@ -179,6 +189,27 @@ pub(super) async fn apply_change(
             .bind(removed)
             .execute(&mut **tx)
             .await?;
+        }
+        Change::AddCheckpoint { room_id, row } => {
+            sqlx::query(
+                "INSERT INTO checkpoints (id, room_id, name, author, at, bytes) \
+                 VALUES ($1, $2, $3, $4, $5, $6)",
+            )
+            .bind(&row.id)
+            .bind(room_id)
+            .bind(&row.name)
+            .bind(&row.author)
+            .bind(row.at)
+            .bind(row.bytes)
+            .execute(&mut **tx)
+            .await?;
+        }
+        Change::RemoveCheckpoint { room_id, id } => {
+            sqlx::query("DELETE FROM checkpoints WHERE room_id = $1 AND id = $2")
+                .bind(room_id)
+                .bind(id)
+                .execute(&mut **tx)
+                .await?;
         }
         Change::CreateRoom { id, name, owner } => {
             let now = now_ms();

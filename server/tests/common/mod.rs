@@ -927,3 +927,44 @@ pub async fn get_json(server: &Server, token: &str, path: &str) -> serde_json::V
     assert_eq!(status, 200, "GET {path}: {body}");
     serde_json::from_str(&body).unwrap_or_else(|e| panic!("GET {path}: {e}: {body}"))
 }
+
+/// Runs `sh -c script` in the room's sandbox (`POST /exec`): the status and the answer.
+pub async fn exec(
+    server: &Server,
+    token: &str,
+    room: &str,
+    script: &str,
+) -> (u16, serde_json::Value) {
+    let body = serde_json::json!({ "argv": ["sh", "-c", script], "timeout_ms": 30000 }).to_string();
+    let (status, body) = http(
+        &server.url(&format!("/api/rooms/{room}/exec")),
+        "POST",
+        Some(token),
+        Some(&body),
+    )
+    .await;
+    (
+        status,
+        serde_json::from_str(&body)
+            .unwrap_or(serde_json::Value::String(format!("{status}: {body}"))),
+    )
+}
+
+/// Runs `script` until its stdout holds `needle` (5 s at most); its last stdout.
+pub async fn stdout_until(
+    server: &Server,
+    token: &str,
+    room: &str,
+    script: &str,
+    needle: &str,
+) -> serde_json::Value {
+    let mut out = serde_json::Value::Null;
+    for _ in 0..100 {
+        out = exec(server, token, room, script).await.1["stdout"].clone();
+        if out.as_str().is_some_and(|s| s.contains(needle)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    out
+}

@@ -1,0 +1,12 @@
+-- A room's named checkpoints: its document and its workspace at one moment, in files under
+-- DATA_DIR/rooms/<room>/checkpoints/<id>/ (doc.bin: the document as one Yjs update;
+-- workspace.tar: the workspace archive). Removed with the room.
+CREATE TABLE checkpoints (
+    id      TEXT PRIMARY KEY,
+    room_id TEXT NOT NULL REFERENCES rooms(id) ON DELETE CASCADE,
+    name    TEXT NOT NULL,
+    author  TEXT NOT NULL,
+    at      BIGINT NOT NULL,
+    bytes   BIGINT NOT NULL
+);
+CREATE INDEX checkpoints_room ON checkpoints (room_id, at);

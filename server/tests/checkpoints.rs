@@ -1,0 +1,163 @@
+//! Checkpoints and rollback (issue 20): a checkpoint holds the document and the workspace; a
+//! restore makes every connected client's text and the files on disk read as they did, as one
+//! change by whoever restored it, and the audit says so. Needs bubblewrap and root, as the
+//! sandbox tests do.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::collections::BTreeMap;
+use yrs::{GetString, Map, Out, Transact};
+
+async fn post(server: &Server, token: &str, path: &str, body: &str) -> (u16, Value) {
+    let (status, body) = http(&server.url(path), "POST", Some(token), Some(body)).await;
+    (
+        status,
+        serde_json::from_str(&body).unwrap_or(Value::String(body)),
+    )
+}
+
+/// Path -> text of a client's document.
+fn texts(c: &Client) -> BTreeMap<String, String> {
+    let files = c.doc.get_or_insert_map("files");
+    let txn = c.doc.transact();
+    files
+        .iter(&txn)
+        .filter_map(|(p, v)| match v {
+            Out::YText(t) => Some((p.to_owned(), t.get_string(&txn))),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Receives until `c`'s files read `want`.
+async fn wait_for_texts(c: &mut Client, want: &BTreeMap<String, String>) {
+    let r = tokio::time::timeout(std::time::Duration::from_secs(20), async {
+        while texts(c) != *want {
+            if let Event::Closed(code) = c.next().await {
+                panic!("closed ({code:?})");
+            }
+        }
+    })
+    .await;
+    assert!(r.is_ok(), "the files read {:?}, not {want:?}", texts(c));
+}
+
+#[tokio::test]
+async fn a_restore_brings_back_the_files_in_every_client_and_on_disk() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let t = team(&storage).await;
+    let (server, room) = (&t.server, &t.room);
+    let mut ana = Client::connect(server, room, &t.ana).await;
+    ana.synced().await;
+    let mut ben = Client::connect(server, room, &t.ben).await;
+    ben.synced().await;
+    ana.put_file("main.rs", "fn main() {\n    println!(\"one\");\n}\n")
+        .await;
+    ana.put_file("notes.txt", "keep me").await;
+    let (_, out) = exec(
+        server,
+        &t.ben,
+        room,
+        "printf 'bin\\000ary' > blob.bin && echo made > inside.txt && echo ok",
+    )
+    .await;
+    assert_eq!(out["stdout"], "ok\n");
+    ben.wait_for_file("inside.txt", "made\n").await;
+    stdout_until(server, &t.ben, room, "cat notes.txt", "keep me").await;
+    let then = texts(&ben);
+    assert_eq!(then.len(), 3, "{then:?}");
+
+    let (status, cp) = post(
+        server,
+        &t.ana,
+        &format!("/api/rooms/{room}/checkpoints"),
+        r#"{"name":"before the risky step"}"#,
+    )
+    .await;
+    assert_eq!(status, 201, "{cp}");
+    let id = cp["id"].as_str().unwrap().to_owned();
+    assert_eq!(cp["name"], "before the risky step");
+    assert!(
+        cp["bytes"].as_i64().unwrap() > 0 && cp["at"].is_i64(),
+        "{cp}"
+    );
+    // A viewer sees the list but cannot make or restore one.
+    let list = get_json(server, &t.cy, &format!("/api/rooms/{room}/checkpoints")).await;
+    assert_eq!(list.as_array().unwrap().len(), 1, "{list}");
+    assert_eq!(list[0]["id"], id.as_str());
+    let path = format!("/api/rooms/{room}/checkpoints");
+    assert_eq!(post(server, &t.cy, &path, r#"{"name":"x"}"#).await.0, 403);
+    let restore = format!("/api/rooms/{room}/checkpoints/{id}/restore");
+    assert_eq!(post(server, &t.cy, &restore, "").await.0, 403);
+    assert_eq!(post(server, &t.ana, &path, r#"{"name":""}"#).await.0, 400);
+    let missing = format!("/api/rooms/{room}/checkpoints/{}/restore", "0".repeat(32));
+    assert_eq!(post(server, &t.ana, &missing, "").await.0, 404);
+
+    // The risky step: in the editor and in the terminal.
+    ana.edit_file("main.rs", 0, "// broken\n").await;
+    let removed = {
+        let files = ana.doc.get_or_insert_map("files");
+        let mut txn = ana.doc.transact_mut();
+        files.remove(&mut txn, "notes.txt");
+        txn.encode_update_v1()
+    };
+    ana.send(yrs::sync::protocol::Message::Sync(
+        yrs::sync::protocol::SyncMessage::Update(removed),
+    ))
+    .await;
+    ana.put_file("extra.txt", "new").await;
+    let (_, out) = exec(
+        server,
+        &t.ben,
+        room,
+        "echo changed > inside.txt && rm blob.bin && echo junk > junk.txt && echo ok",
+    )
+    .await;
+    assert_eq!(out["stdout"], "ok\n");
+    ben.wait_for_file("junk.txt", "junk\n").await;
+    ben.wait_for_file("inside.txt", "changed\n").await;
+    ben.wait_for_file("extra.txt", "new").await;
+    assert!(ben.file("notes.txt").is_none());
+
+    let (status, body) = post(server, &t.ana, &restore, "").await;
+    assert_eq!(status, 200, "{body}");
+    // Every connected client reads the checkpoint's files, live.
+    wait_for_texts(&mut ben, &then).await;
+    wait_for_texts(&mut ana, &then).await;
+    // So does the workspace, binary files too; what was made after is gone.
+    let (_, out) = exec(
+        server,
+        &t.ben,
+        room,
+        "ls; cat inside.txt notes.txt; od -An -c blob.bin",
+    )
+    .await;
+    assert_eq!(
+        out["stdout"].as_str().unwrap(),
+        "blob.bin\ninside.txt\nmain.rs\nnotes.txt\nmade\nkeep me   b   i   n  \\0   a   r   y\n",
+        "{out}"
+    );
+    // And a client that joins now.
+    let mut cy = Client::connect(server, room, &t.cy).await;
+    cy.synced().await;
+    assert_eq!(texts(&cy), then);
+    // The audit names who restored what.
+    let audit = get_json(server, &t.ana, &format!("/api/rooms/{room}/audit")).await;
+    let ana_id = me(server, &t.ana).await;
+    let restored = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["action"] == "restore_checkpoint")
+        .unwrap_or_else(|| panic!("no restore in {audit}"));
+    assert_eq!(restored["actor"], ana_id.as_str(), "{restored}");
+    assert_eq!(restored["details"]["checkpoint"], id.as_str(), "{restored}");
+    assert!(audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|r| r["action"] == "create_checkpoint" && r["actor"] == ana_id.as_str()));
+}
