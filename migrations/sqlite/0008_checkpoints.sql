@@ -10,3 +10,7 @@ CREATE TABLE checkpoints (
     bytes   INTEGER NOT NULL
 );
 CREATE INDEX checkpoints_room ON checkpoints (room_id, at);
+
+-- A fork's parentage (JSON: {"room", "checkpoint", "chain_head", "dropped"}); NULL for a room
+-- made from scratch.
+ALTER TABLE rooms ADD COLUMN parent TEXT;

@@ -161,3 +161,153 @@ async fn a_restore_brings_back_the_files_in_every_client_and_on_disk() {
         .iter()
         .any(|r| r["action"] == "create_checkpoint" && r["actor"] == ana_id.as_str()));
 }
+
+/// A fork copies files, never authority: the new room has the parent's files (document and
+/// workspace) and only its creator; the parent's chain records the fork and the fork's chain
+/// starts with the parent's id and chain head; both verify; deleting the parent leaves the fork.
+#[tokio::test]
+async fn a_fork_copies_files_never_authority_and_outlives_its_parent() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let root = storage.token("root@example.com").await;
+    let t = team_with(&storage, &["--admin-emails", "root@example.com"]).await;
+    let (server, room) = (&t.server, &t.room);
+    let mut ana = Client::connect(server, room, &t.ana).await;
+    ana.synced().await;
+    ana.put_file("src/main.rs", "fn main() {}\n").await;
+    let (_, out) = exec(
+        server,
+        &t.ben,
+        room,
+        "printf 'bin\\000ary' > blob.bin && echo ok",
+    )
+    .await;
+    assert_eq!(out["stdout"], "ok\n");
+    stdout_until(server, &t.ben, room, "cat src/main.rs", "fn main").await;
+    // Authority the fork must not take: an open invite and a pending approval.
+    let (status, _) = post(
+        server,
+        &t.ana,
+        &format!("/api/rooms/{room}/invites"),
+        r#"{"role":"editor","ttl_s":600,"max_uses":5}"#,
+    )
+    .await;
+    assert_eq!(status, 201);
+    let (status, _) = post(
+        server,
+        &t.ana,
+        &format!("/api/rooms/{room}/exports"),
+        r#"{"files":["src/main.rs"]}"#,
+    )
+    .await;
+    assert_eq!(status, 202);
+
+    // An editor may not fork (it needs `export`); the owner may.
+    let fork = format!("/api/rooms/{room}/fork");
+    assert_eq!(post(server, &t.ben, &fork, "{}").await.0, 403);
+    let (status, f) = post(server, &t.ana, &fork, r#"{"name":"experiment"}"#).await;
+    assert_eq!(status, 201, "{f}");
+    let new = f["id"].as_str().unwrap().to_owned();
+    assert_eq!(f["parent"]["room"], room.as_str());
+    let checkpoint = f["parent"]["checkpoint"].as_str().unwrap().to_owned();
+
+    let v = get_json(server, &t.ana, &format!("/api/rooms/{new}")).await;
+    assert_eq!(v["name"], "experiment");
+    let people = v["participants"].as_array().unwrap();
+    assert_eq!(people.len(), 1, "{v}");
+    assert_eq!(people[0]["email"], "ana@example.com");
+    assert_eq!(people[0]["role"], "owner");
+    assert_eq!(v["repos"], serde_json::json!([]));
+    assert_eq!(v["secret_rules"], serde_json::json!([]));
+    assert_eq!(v["budget"], Value::Null);
+    assert_eq!(v["parent"]["room"], room.as_str());
+    assert_eq!(v["parent"]["dropped"]["participants"], 2, "{v}");
+    assert!(
+        v["parent"]["dropped"]["invites"].as_i64().unwrap() >= 1,
+        "{v}"
+    );
+    assert_eq!(v["parent"]["dropped"]["approvals"], 1, "{v}");
+    for who in [&t.ben, &t.cy] {
+        let (status, _) = http(
+            &server.url(&format!("/api/rooms/{new}")),
+            "GET",
+            Some(who),
+            None,
+        )
+        .await;
+        assert_eq!(status, 404, "a parent's participant sees the fork");
+    }
+    let approvals = get_json(server, &t.ana, &format!("/api/rooms/{new}/approvals")).await;
+    assert_eq!(approvals, serde_json::json!([]));
+    let checkpoints = get_json(server, &t.ana, &format!("/api/rooms/{new}/checkpoints")).await;
+    assert_eq!(checkpoints, serde_json::json!([]));
+
+    // The files: in the document and in the workspace.
+    let mut c = Client::connect(server, &new, &t.ana).await;
+    c.synced().await;
+    assert_eq!(texts(&c), texts(&ana));
+    let (_, out) = exec(server, &t.ana, &new, "cat src/main.rs; od -An -c blob.bin").await;
+    assert_eq!(
+        out["stdout"], "fn main() {}\n   b   i   n  \\0   a   r   y\n",
+        "{out}"
+    );
+
+    // Parentage in both chains.
+    let parent_audit = get_json(server, &t.ana, &format!("/api/rooms/{room}/audit")).await;
+    let forked = parent_audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["action"] == "fork")
+        .unwrap_or_else(|| panic!("no fork in {parent_audit}"))
+        .clone();
+    assert_eq!(forked["details"]["room"], new.as_str());
+    assert_eq!(forked["details"]["checkpoint"], checkpoint.as_str());
+    let audit = get_json(server, &t.ana, &format!("/api/rooms/{new}/audit")).await;
+    let first = &audit[0];
+    assert_eq!(first["action"], "create_room", "{audit}");
+    assert_eq!(first["details"]["parent"]["room"], room.as_str());
+    assert_eq!(
+        first["details"]["parent"]["checkpoint"],
+        checkpoint.as_str()
+    );
+    assert_eq!(first["details"]["parent"]["chain_head"], forked["hash"]);
+    assert_eq!(f["parent"]["chain_head"], forked["hash"]);
+    let (ok, text) = storage.cli(&["audit", "verify"]).await;
+    assert!(ok, "{text}");
+
+    // The parent goes; the fork stays whole.
+    delete_room(server, &t.ana, &root, room).await;
+    let (status, _) = http(
+        &server.url(&format!("/api/rooms/{room}")),
+        "GET",
+        Some(&t.ana),
+        None,
+    )
+    .await;
+    assert_eq!(status, 404);
+    let mut c = Client::connect(server, &new, &t.ana).await;
+    c.synced().await;
+    assert_eq!(
+        c.file_content("src/main.rs").as_deref(),
+        Some("fn main() {}\n")
+    );
+    assert_eq!(lifecycle_stop(server, &t.ana, &new).await, 200);
+    let (_, out) = exec(server, &t.ana, &new, "cat src/main.rs; od -An -c blob.bin").await;
+    assert_eq!(
+        out["stdout"], "fn main() {}\n   b   i   n  \\0   a   r   y\n",
+        "{out}"
+    );
+    let (ok, text) = storage.cli(&["audit", "verify"]).await;
+    assert!(ok, "{text}");
+}
+
+async fn lifecycle_stop(server: &Server, token: &str, room: &str) -> u16 {
+    post(
+        server,
+        token,
+        &format!("/api/rooms/{room}/sandbox/stop"),
+        "",
+    )
+    .await
+    .0
+}

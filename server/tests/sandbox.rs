@@ -993,27 +993,7 @@ async fn deletion_destroys_the_sandbox_and_its_snapshots() {
     );
     assert!(room_dir.join("recordings").exists());
 
-    let (status, body) = http(
-        &server.url(&format!("/api/rooms/{room}")),
-        "DELETE",
-        Some(&t.ana),
-        None,
-    )
-    .await;
-    assert_eq!(status, 202, "{body}");
-    let id = serde_json::from_str::<Value>(&body).unwrap()["deletion_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let (status, body) = http(
-        &server.url(&format!("/api/deletions/{id}/confirm")),
-        "POST",
-        Some(&root),
-        None,
-    )
-    .await;
-    assert_eq!(status, 200, "{body}");
-    let receipt: Value = serde_json::from_str(&body).unwrap();
+    let receipt = delete_room(server, &t.ana, &root, room).await;
     let artifact = |name: &str| {
         receipt["receipt"]["artifacts"]
             .as_array()

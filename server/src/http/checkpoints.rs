@@ -22,6 +22,7 @@ use axum::Router;
 use coderoom_authz::{Action, Capability};
 use serde::Deserialize;
 use serde_json::json;
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use yrs::updates::decoder::Decode;
 use yrs::{ReadTxn, StateVector, Transact};
@@ -37,6 +38,7 @@ pub(crate) fn routes() -> Router<AppState> {
     Router::new()
         .route("/api/rooms/{id}/checkpoints", get(list).post(create))
         .route("/api/rooms/{id}/checkpoints/{cid}/restore", post(restore))
+        .route("/api/rooms/{id}/fork", post(fork))
 }
 
 /// Where a room's checkpoints are.
@@ -71,9 +73,21 @@ async fn create(
         details,
     )
     .await?;
+    let row = make(&app, &room_id, &user, proof.actor(), name).await?;
+    Ok((StatusCode::CREATED, Json(row)))
+}
+
+/// Makes a checkpoint of the room as it is now, as `actor`: its files, its row, its record.
+async fn make(
+    app: &AppState,
+    room_id: &RoomId,
+    user: &AuthUser,
+    actor: &str,
+    name: String,
+) -> Result<CheckpointRow, ApiError> {
     let id = IssuedId::fresh().to_string();
-    let dir = dir_of(&app, &room_id).join(&id);
-    let made = write_files(&app, &room_id, &user, &dir).await;
+    let dir = dir_of(app, room_id).join(&id);
+    let made = write_files(app, room_id, user, &dir).await;
     let bytes = match made {
         Ok(b) => b,
         Err(e) => {
@@ -84,7 +98,7 @@ async fn create(
     let row = CheckpointRow {
         id: id.clone(),
         name: name.clone(),
-        author: proof.actor().to_owned(),
+        author: actor.to_owned(),
         at: app.clock.now_ms(),
         bytes: i64::try_from(bytes).unwrap_or(i64::MAX),
     };
@@ -92,8 +106,8 @@ async fn create(
     let recorded = app
         .audit
         .record(
-            &room_id,
-            proof.actor(),
+            room_id,
+            actor,
             "create_checkpoint",
             "allow",
             "",
@@ -108,8 +122,8 @@ async fn create(
         let _ = tokio::fs::remove_dir_all(&dir).await;
         return Err(e.into());
     }
-    prune(&app, &room_id).await?;
-    Ok((StatusCode::CREATED, Json(row)))
+    prune(app, room_id).await?;
+    Ok(row)
 }
 
 /// Writes a checkpoint's files into `dir`: the document (as the room holds it now, read as a
@@ -175,6 +189,20 @@ async fn prune(app: &AppState, room_id: &RoomId) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// The text files (path -> text) of the checkpoint in `dir`.
+async fn texts_in(dir: &std::path::Path) -> Result<BTreeMap<String, String>, ApiError> {
+    let corrupt = || ApiError::Store(crate::store::StoreError::Corrupt);
+    let doc = tokio::fs::read(dir.join(DOC_FILE))
+        .await
+        .map_err(store_io)?;
+    let d = yrs::Doc::new();
+    let update = yrs::Update::decode_v1(&doc).map_err(|_| corrupt())?;
+    d.transact_mut()
+        .apply_update(update)
+        .map_err(|_| corrupt())?;
+    Ok(crate::room::visit::texts_of(&d))
+}
+
 async fn list(
     State(app): State<AppState>,
     user: AuthUser,
@@ -204,18 +232,7 @@ async fn restore(
         .await?
         .ok_or(ApiError::NotFound)?;
     let dir = dir_of(&app, &room_id).join(cid.as_str());
-    let doc = tokio::fs::read(dir.join(DOC_FILE))
-        .await
-        .map_err(store_io)?;
-    let texts = {
-        let d = yrs::Doc::new();
-        let update = yrs::Update::decode_v1(&doc)
-            .map_err(|_| ApiError::Store(crate::store::StoreError::Corrupt))?;
-        d.transact_mut()
-            .apply_update(update)
-            .map_err(|_| ApiError::Store(crate::store::StoreError::Corrupt))?;
-        crate::room::visit::texts_of(&d)
-    };
+    let texts = texts_in(&dir).await?;
     let files = texts.len();
     app.sandboxes
         .rewind(
@@ -242,5 +259,147 @@ async fn restore(
         .await?;
     Ok(Json(
         json!({ "id": row.id, "name": row.name, "at": row.at, "restored": true }),
+    ))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ForkBody {
+    #[serde(default)]
+    checkpoint: Option<String>,
+    #[serde(default)]
+    name: Option<String>,
+}
+
+/// `POST /api/rooms/{id}/fork`: a new room owned by the caller, with the files of a checkpoint
+/// (the one named, or one made now) and nothing of the parent's authority: no participants,
+/// grants, invites, approvals, checkpoints (nor secrets, repositories, previews or budgets,
+/// when rooms have them). The parent's chain records the fork; the new room's first record
+/// names the parent, the checkpoint and the parent's chain head after that record.
+async fn fork(
+    State(app): State<AppState>,
+    user: AuthUser,
+    Ids(room_id): Ids<RoomId>,
+    Json(body): Json<ForkBody>,
+) -> Result<(StatusCode, Json<serde_json::Value>), ApiError> {
+    let proof = authorize(
+        &app,
+        &room_id,
+        &user,
+        Action::Use(Capability::Export),
+        json!({ "fork": body.checkpoint }),
+    )
+    .await?;
+    let parent = app.store.room(&room_id).await?.ok_or(ApiError::NotFound)?;
+    let name = match body.name.as_deref().map(str::trim) {
+        Some(n) => n.to_owned(),
+        None => {
+            let mut n: String = parent.name.chars().take(MAX_NAME - 7).collect();
+            n.push_str(" (fork)");
+            n
+        }
+    };
+    if name.is_empty() || name.chars().count() > MAX_NAME || name.chars().any(char::is_control) {
+        return Err(ApiError::BadRequest(
+            "name must be 1 to 100 printable characters",
+        ));
+    }
+    let checkpoint = match &body.checkpoint {
+        Some(cid) => {
+            let cid = IssuedId::parse(cid).ok_or(ApiError::NotFound)?;
+            app.store
+                .checkpoint(&room_id, &cid)
+                .await?
+                .ok_or(ApiError::NotFound)?
+        }
+        None => {
+            make(
+                &app,
+                &room_id,
+                &user,
+                proof.actor(),
+                format!("fork as {name:?}"),
+            )
+            .await?
+        }
+    };
+    let dir = dir_of(&app, &room_id).join(&checkpoint.id);
+    let texts = texts_in(&dir).await?;
+    // A document of its own: the files, none of the parent's history.
+    let doc = {
+        let d = yrs::Doc::new();
+        let files = d.get_or_insert_map("files");
+        let mut txn = d.transact_mut();
+        for (path, text) in &texts {
+            yrs::Map::insert(
+                &files,
+                &mut txn,
+                path.as_str(),
+                yrs::TextPrelim::new(text.as_str()),
+            );
+        }
+        txn.encode_update_v1()
+    };
+    let dropped = json!({
+        "participants": app.store.participants(&room_id).await?.len().saturating_sub(1),
+        "invites": app.store.invite_count(&room_id).await?,
+        "approvals": app.store.approvals(&room_id).await?.len(),
+        "checkpoints": app.store.checkpoints(&room_id).await?.len(),
+        "secrets": 0,
+        "repositories": 0,
+        "previews": 0,
+        "budgets": 0,
+    });
+    let new_id = RoomId::fresh();
+    let forked = app
+        .audit
+        .record(
+            &room_id,
+            proof.actor(),
+            "fork",
+            "allow",
+            "",
+            json!({ "room": new_id.as_str(), "checkpoint": checkpoint.id, "name": name }),
+            Change::None,
+        )
+        .await?;
+    let parentage = json!({
+        "room": room_id.as_str(),
+        "checkpoint": checkpoint.id,
+        "chain_head": forked.hash,
+        "dropped": dropped,
+    });
+    app.audit
+        .record(
+            &new_id,
+            &user.id,
+            "create_room",
+            "allow",
+            "",
+            json!({ "name": name, "parent": parentage }),
+            Change::ForkRoom {
+                id: new_id.to_string(),
+                name: name.clone(),
+                owner: user.id.clone(),
+                parent: parentage.to_string(),
+                doc,
+            },
+        )
+        .await?;
+    let agreed = texts
+        .iter()
+        .map(|(p, t)| (p.clone(), crate::sandbox::filesync::digest(t)))
+        .collect();
+    app.sandboxes
+        .seed(&new_id, dir.join(WORKSPACE_FILE), agreed)
+        .await?;
+    tracing::info!(room = %new_id, parent = %room_id, user = %user.id, "room forked");
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({
+            "id": new_id.as_str(),
+            "name": name,
+            "parent": { "room": room_id.as_str(), "checkpoint": checkpoint.id, "chain_head": forked.hash },
+        })),
     ))
 }

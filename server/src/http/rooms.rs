@@ -110,6 +110,10 @@ pub(crate) async fn get_room(
         egress_allowlist: Vec::new(),
         budget: None,
         sandbox: app.sandboxes.status(&id).await?,
+        parent: room
+            .parent
+            .as_deref()
+            .and_then(|p| serde_json::from_str(p).ok()),
     }))
 }
 
@@ -142,6 +146,10 @@ pub(crate) struct RoomView {
     egress_allowlist: Vec<String>,
     budget: Option<Value>,
     sandbox: SandboxStatus,
+    /// A fork's parentage: `{"room", "checkpoint", "chain_head", "dropped"}` (`dropped` counts
+    /// what of the parent's authority the fork did not take); `null` for a room made from
+    /// scratch.
+    parent: Option<Value>,
 }
 
 #[derive(Serialize)]

@@ -159,6 +159,12 @@ enum Cmd {
     },
     /// Restores a checkpoint: the document and the workspace.
     Rewind(Arc<Rewind>, oneshot::Sender<Result<(), SandboxError>>),
+    /// Gives a new room (a fork) its first workspace: `archive`, agreeing with `agreed`.
+    Seed {
+        archive: PathBuf,
+        agreed: Arc<std::collections::HashMap<String, String>>,
+        reply: oneshot::Sender<Result<(), SandboxError>>,
+    },
 }
 
 /// A checkpoint to restore, and who asked.
@@ -335,6 +341,23 @@ impl Sandboxes {
     pub(crate) async fn archive(&self, room_id: &str, dest: PathBuf) -> Result<u64, SandboxError> {
         self.ask(room_id, |reply| Cmd::Archive {
             dest: dest.clone(),
+            reply,
+        })
+        .await?
+    }
+
+    /// Gives a new room (a fork) its first workspace: a copy of `archive`, with what its
+    /// document agrees on (path -> digest), resumed from when its sandbox first starts.
+    pub(crate) async fn seed(
+        &self,
+        room_id: &str,
+        archive: PathBuf,
+        agreed: std::collections::HashMap<String, String>,
+    ) -> Result<(), SandboxError> {
+        let agreed = Arc::new(agreed);
+        self.ask(room_id, |reply| Cmd::Seed {
+            archive: archive.clone(),
+            agreed: agreed.clone(),
             reply,
         })
         .await?
@@ -610,6 +633,17 @@ impl Actor {
             }
             Cmd::Rewind(rewind, reply) => {
                 let _ = reply.send(self.rewind(&rewind).await);
+            }
+            Cmd::Seed {
+                archive,
+                agreed,
+                reply,
+            } => {
+                let r = match self.snapshots.install(&archive, &agreed).await {
+                    Ok(taken) => self.make_latest(taken).await.map_err(SandboxError::from),
+                    Err(e) => Err(e),
+                };
+                let _ = reply.send(r);
             }
             Cmd::Destroy { reply } => {
                 let was = matches!(self.life, Life::Running { .. });

@@ -45,6 +45,15 @@ pub(crate) enum Change {
         name: String,
         owner: String,
     },
+    /// A fork: a new room, its owner, its parentage (JSON) and its first document (one Yjs
+    /// update: the files it was forked with).
+    ForkRoom {
+        id: String,
+        name: String,
+        owner: String,
+        parent: String,
+        doc: Vec<u8>,
+    },
     /// A pending deletion request.
     CreateDeletion {
         id: String,
@@ -211,25 +220,20 @@ pub(super) async fn apply_change(
                 .execute(&mut **tx)
                 .await?;
         }
-        Change::CreateRoom { id, name, owner } => {
-            let now = now_ms();
-            sqlx::query(
-                "INSERT INTO rooms (id, name, created_by, created_at) VALUES ($1, $2, $3, $4)",
-            )
-            .bind(id)
-            .bind(name)
-            .bind(owner)
-            .bind(now)
-            .execute(&mut **tx)
-            .await?;
-            sqlx::query(
-                "INSERT INTO participants (room_id, user_id, role, created_at) VALUES ($1, $2, 'owner', $3)",
-            )
-            .bind(id)
-            .bind(owner)
-            .bind(now)
-            .execute(&mut **tx)
-            .await?;
+        Change::CreateRoom { id, name, owner } => insert_room(tx, id, name, owner, None).await?,
+        Change::ForkRoom {
+            id,
+            name,
+            owner,
+            parent,
+            doc,
+        } => {
+            insert_room(tx, id, name, owner, Some(parent)).await?;
+            sqlx::query("INSERT INTO doc_updates (room_id, seq, data) VALUES ($1, 1, $2)")
+                .bind(id)
+                .bind(doc.as_slice())
+                .execute(&mut **tx)
+                .await?;
         }
         Change::CreateDeletion {
             id,
@@ -325,5 +329,35 @@ pub(super) async fn apply_change(
             .await?;
         }
     }
+    Ok(())
+}
+
+/// A new room row and its owner.
+async fn insert_room(
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
+    id: &str,
+    name: &str,
+    owner: &str,
+    parent: Option<&str>,
+) -> Result<(), StoreError> {
+    let now = now_ms();
+    sqlx::query(
+        "INSERT INTO rooms (id, name, created_by, created_at, parent) VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(id)
+    .bind(name)
+    .bind(owner)
+    .bind(now)
+    .bind(parent)
+    .execute(&mut **tx)
+    .await?;
+    sqlx::query(
+        "INSERT INTO participants (room_id, user_id, role, created_at) VALUES ($1, $2, 'owner', $3)",
+    )
+    .bind(id)
+    .bind(owner)
+    .bind(now)
+    .execute(&mut **tx)
+    .await?;
     Ok(())
 }

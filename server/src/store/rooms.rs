@@ -7,6 +7,8 @@ pub(crate) struct RoomRow {
     pub id: String,
     pub name: String,
     pub created_at: i64,
+    /// A fork's parentage (JSON), `None` for a room made from scratch.
+    pub parent: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
@@ -105,7 +107,7 @@ impl Store {
 
     pub(crate) async fn rooms_of(&self, user_id: &str) -> Result<Vec<RoomRow>, StoreError> {
         Ok(sqlx::query_as::<_, RoomRow>(
-            "SELECT r.id, r.name, r.created_at FROM rooms r \
+            "SELECT r.id, r.name, r.created_at, r.parent FROM rooms r \
              JOIN participants p ON p.room_id = r.id WHERE p.user_id = $1 \
              ORDER BY r.created_at, r.id",
         )
@@ -115,12 +117,23 @@ impl Store {
     }
 
     pub(crate) async fn room(&self, id: &str) -> Result<Option<RoomRow>, StoreError> {
-        Ok(
-            sqlx::query_as::<_, RoomRow>("SELECT id, name, created_at FROM rooms WHERE id = $1")
-                .bind(id)
-                .fetch_optional(&self.pool)
-                .await?,
+        Ok(sqlx::query_as::<_, RoomRow>(
+            "SELECT id, name, created_at, parent FROM rooms WHERE id = $1",
         )
+        .bind(id)
+        .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// How many invites of the room were not revoked (spent or expired ones included).
+    pub(crate) async fn invite_count(&self, room_id: &str) -> Result<i64, StoreError> {
+        let row = sqlx::query(
+            "SELECT COUNT(*) AS n FROM invites WHERE room_id = $1 AND revoked_at IS NULL",
+        )
+        .bind(room_id)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(row.try_get("n")?)
     }
 
     pub(crate) async fn participants(

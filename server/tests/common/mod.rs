@@ -968,3 +968,22 @@ pub async fn stdout_until(
     }
     out
 }
+
+/// Deletes a room: its owner asks, a system admin confirms. Returns the confirmation (with the
+/// receipt).
+pub async fn delete_room(
+    server: &Server,
+    owner: &str,
+    admin: &str,
+    room: &str,
+) -> serde_json::Value {
+    let url = server.url(&format!("/api/rooms/{room}"));
+    let (status, body) = http(&url, "DELETE", Some(owner), None).await;
+    assert_eq!(status, 202, "{body}");
+    let asked: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let id = asked["deletion_id"].as_str().unwrap();
+    let url = server.url(&format!("/api/deletions/{id}/confirm"));
+    let (status, body) = http(&url, "POST", Some(admin), None).await;
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str(&body).unwrap()
+}
