@@ -14,3 +14,6 @@ CREATE INDEX checkpoints_room ON checkpoints (room_id, at);
 -- A fork's parentage (JSON: {"room", "checkpoint", "chain_head", "dropped"}); NULL for a room
 -- made from scratch.
 ALTER TABLE rooms ADD COLUMN parent TEXT;
+
+-- The room's readiness command (run in its sandbox after every start or resume), if any.
+ALTER TABLE rooms ADD COLUMN readiness TEXT;

@@ -311,3 +311,126 @@ async fn lifecycle_stop(server: &Server, token: &str, room: &str) -> u16 {
     .await
     .0
 }
+
+async fn put(server: &Server, token: &str, path: &str, body: &str) -> (u16, Value) {
+    let (status, body) = http(&server.url(path), "PUT", Some(token), Some(body)).await;
+    (
+        status,
+        serde_json::from_str(&body).unwrap_or(Value::String(body)),
+    )
+}
+
+/// Polls the sandbox's readiness until it leaves `preparing` (20 s at most).
+async fn readiness_settled(server: &Server, token: &str, room: &str) -> Value {
+    let mut r = Value::Null;
+    for _ in 0..400 {
+        r = get_json(server, token, &format!("/api/rooms/{room}/sandbox")).await["readiness"]
+            .clone();
+        if r["state"] != "preparing" && r["state"] != "none" {
+            return r;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("the readiness step never settled: {r}");
+}
+
+/// Asserts the readiness step is done (`skipped` or not) and the workspace's `.runs` reads
+/// `runs` (each run of the step adds a line).
+async fn assert_ready(server: &Server, token: &str, room: &str, skipped: bool, runs: &str) {
+    let r = readiness_settled(server, token, room).await;
+    assert_eq!(
+        (r["state"].as_str(), r["skipped"].as_bool()),
+        (Some("ready"), Some(skipped)),
+        "{r}"
+    );
+    let (_, out) = exec(server, token, room, "cat .runs").await;
+    assert_eq!(out["stdout"], runs);
+}
+
+async fn restart(server: &Server, token: &str, room: &str) {
+    let stop = format!("/api/rooms/{room}/sandbox/stop");
+    assert_eq!(post(server, token, &stop, "").await.0, 200);
+    let start = format!("/api/rooms/{room}/sandbox/start");
+    assert_eq!(post(server, token, &start, "").await.0, 200);
+}
+
+/// Ready means ready: the room's readiness command runs after every start; a failure is shown
+/// with its output and the room stays usable; a workspace saved after it completed (a stop's
+/// snapshot, a checkpoint, a fork of one) starts without running it again, until the command
+/// changes.
+#[tokio::test]
+async fn readiness_runs_after_start_shows_failures_and_ready_workspaces_skip_it() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let t = team(&storage).await;
+    let (server, room) = (&t.server, &t.room);
+    let path = format!("/api/rooms/{room}/readiness");
+    let failing = r#"{"command":"echo preparing; echo oops >&2; exit 3"}"#;
+    assert_eq!(put(server, &t.cy, &path, failing).await.0, 403);
+    let too_long = format!(r#"{{"command":"{}"}}"#, "x".repeat(5000));
+    assert_eq!(put(server, &t.ben, &path, &too_long).await.0, 400);
+    let (status, body) = put(server, &t.ben, &path, failing).await;
+    assert_eq!(status, 200, "{body}");
+    let v = get_json(server, &t.cy, &format!("/api/rooms/{room}")).await;
+    assert_eq!(v["readiness"], "echo preparing; echo oops >&2; exit 3");
+
+    // A failing step: shown with its output; the room works regardless.
+    let (_, out) = exec(server, &t.ben, room, "echo usable").await;
+    assert_eq!(out["stdout"], "usable\n");
+    let r = readiness_settled(server, &t.ben, room).await;
+    assert_eq!(r["state"], "failed", "{r}");
+    assert_eq!(r["exit_code"], 3, "{r}");
+    let output = r["output"].as_str().unwrap();
+    assert!(
+        output.contains("preparing") && output.contains("oops"),
+        "{r}"
+    );
+    let (_, out) = exec(server, &t.ben, room, "echo still usable").await;
+    assert_eq!(out["stdout"], "still usable\n");
+
+    // A working step runs once per workspace that has not had it.
+    let prepare = r#"{"command":"echo run >> .runs"}"#;
+    assert_eq!(put(server, &t.ben, &path, prepare).await.0, 200);
+    restart(server, &t.ben, room).await;
+    assert_ready(server, &t.ben, room, false, "run\n").await;
+    // Resumed from its own snapshot: already ready.
+    restart(server, &t.ben, room).await;
+    assert_ready(server, &t.ben, room, true, "run\n").await;
+    // A checkpoint of a ready workspace: restoring it, or forking it, skips the step too.
+    let (status, cp) = post(
+        server,
+        &t.ana,
+        &format!("/api/rooms/{room}/checkpoints"),
+        r#"{"name":"ready"}"#,
+    )
+    .await;
+    assert_eq!(status, 201, "{cp}");
+    let (_, out) = exec(server, &t.ben, room, "echo junk > .runs").await;
+    assert_eq!(out["exit_code"], 0);
+    let restore = format!(
+        "/api/rooms/{room}/checkpoints/{}/restore",
+        cp["id"].as_str().unwrap()
+    );
+    assert_eq!(post(server, &t.ana, &restore, "").await.0, 200);
+    assert_ready(server, &t.ben, room, true, "run\n").await;
+    let fork = format!("/api/rooms/{room}/fork");
+    let body = format!(r#"{{"checkpoint":"{}"}}"#, cp["id"].as_str().unwrap());
+    let (status, f) = post(server, &t.ana, &fork, &body).await;
+    assert_eq!(status, 201, "{f}");
+    let new = f["id"].as_str().unwrap();
+    let (_, out) = exec(server, &t.ana, new, "true").await;
+    assert_eq!(out["exit_code"], 0);
+    assert_ready(server, &t.ana, new, true, "run\n").await;
+    // A new command runs again.
+    let other = r#"{"command":"echo again >> .runs"}"#;
+    assert_eq!(put(server, &t.ben, &path, other).await.0, 200);
+    restart(server, &t.ben, room).await;
+    assert_ready(server, &t.ben, room, false, "run\nagain\n").await;
+    let audit = get_json(server, &t.ana, &format!("/api/rooms/{room}/audit")).await;
+    let set = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["action"] == "set_readiness")
+        .count();
+    assert_eq!(set, 3, "{audit}");
+}

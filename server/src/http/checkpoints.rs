@@ -13,6 +13,7 @@ use crate::http::ApiError;
 use crate::http::AppState;
 use crate::http::AuthUser;
 use crate::ids::{IssuedId, RoomId};
+use crate::sandbox::snapshots::Meta;
 use crate::store::{Change, CheckpointRow};
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -33,6 +34,8 @@ const MAX_NAME: usize = 100;
 pub(crate) const MAX_CHECKPOINTS: usize = 20;
 const DOC_FILE: &str = "doc.bin";
 const WORKSPACE_FILE: &str = "workspace.tar";
+/// What the server knows of the archive (`{"ready_for"}`).
+const WORKSPACE_META_FILE: &str = "workspace.json";
 
 pub(crate) fn routes() -> Router<AppState> {
     Router::new()
@@ -145,10 +148,12 @@ async fn write_files(
         .encode_state_as_update_v1(&StateVector::default());
     visit.leave().await;
     write_durably(&dir.join(DOC_FILE), &doc).await?;
-    let workspace = app
+    let (workspace, ready_for) = app
         .sandboxes
         .archive(room_id, dir.join(WORKSPACE_FILE))
         .await?;
+    let meta = json!({ "ready_for": ready_for }).to_string();
+    write_durably(&dir.join(WORKSPACE_META_FILE), meta.as_bytes()).await?;
     Ok(doc.len() as u64 + workspace)
 }
 
@@ -187,6 +192,19 @@ async fn prune(app: &AppState, room_id: &RoomId) -> Result<(), ApiError> {
         let _ = tokio::fs::remove_dir_all(dir_of(app, room_id).join(&old.id)).await;
     }
     Ok(())
+}
+
+/// What the server knows of the workspace of the checkpoint in `dir`, agreeing with `texts`.
+async fn workspace_meta(dir: &std::path::Path, texts: &BTreeMap<String, String>) -> Meta {
+    let ready_for = tokio::fs::read(dir.join(WORKSPACE_META_FILE))
+        .await
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| v["ready_for"].as_str().map(str::to_owned));
+    Meta {
+        agreed: crate::sandbox::filesync::digests(texts),
+        ready_for,
+    }
 }
 
 /// The text files (path -> text) of the checkpoint in `dir`.
@@ -234,6 +252,7 @@ async fn restore(
     let dir = dir_of(&app, &room_id).join(cid.as_str());
     let texts = texts_in(&dir).await?;
     let files = texts.len();
+    let ready_for = workspace_meta(&dir, &texts).await.ready_for;
     app.sandboxes
         .rewind(
             &room_id,
@@ -242,6 +261,7 @@ async fn restore(
                 texts,
                 who: (user.id.clone(), user.email.clone()),
                 what: format!("checkpoint {:?}", row.name),
+                ready_for,
             },
         )
         .await?;
@@ -383,15 +403,13 @@ async fn fork(
                 owner: user.id.clone(),
                 parent: parentage.to_string(),
                 doc,
+                readiness: parent.readiness.clone(),
             },
         )
         .await?;
-    let agreed = texts
-        .iter()
-        .map(|(p, t)| (p.clone(), crate::sandbox::filesync::digest(t)))
-        .collect();
+    let meta = workspace_meta(&dir, &texts).await;
     app.sandboxes
-        .seed(&new_id, dir.join(WORKSPACE_FILE), agreed)
+        .seed(&new_id, dir.join(WORKSPACE_FILE), meta)
         .await?;
     tracing::info!(room = %new_id, parent = %room_id, user = %user.id, "room forked");
     Ok((

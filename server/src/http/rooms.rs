@@ -114,6 +114,7 @@ pub(crate) async fn get_room(
             .parent
             .as_deref()
             .and_then(|p| serde_json::from_str(p).ok()),
+        readiness: room.readiness,
     }))
 }
 
@@ -150,6 +151,9 @@ pub(crate) struct RoomView {
     /// what of the parent's authority the fork did not take); `null` for a room made from
     /// scratch.
     parent: Option<Value>,
+    /// The readiness command run after every start of the room's sandbox (`sandbox.readiness`
+    /// says where it is).
+    readiness: Option<String>,
 }
 
 #[derive(Serialize)]

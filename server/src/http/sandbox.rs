@@ -35,6 +35,10 @@ pub(crate) fn routes() -> Router<AppState> {
         .route("/api/rooms/{id}/sandbox", get(status))
         .route("/api/rooms/{id}/sandbox/stop", post(stop))
         .route("/api/rooms/{id}/sandbox/start", post(start))
+        .route(
+            "/api/rooms/{id}/readiness",
+            axum::routing::put(set_readiness),
+        )
 }
 
 #[derive(Deserialize)]
@@ -117,6 +121,68 @@ pub(crate) async fn exec(
         })),
         _ => Err(ApiError::Internal),
     }
+}
+
+/// Longest readiness command.
+const MAX_READINESS_BYTES: usize = 4096;
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ReadinessBody {
+    command: Option<String>,
+}
+
+/// `PUT /api/rooms/{id}/readiness` `{"command": "npm ci" | null}`: the command the room's sandbox
+/// runs (as `sh -c`) after every start or resume, before the room says it is ready. Needs
+/// `type` (it runs code); takes effect at the next start; audited (the program, not the whole
+/// command line, which may hold anything).
+pub(crate) async fn set_readiness(
+    State(app): State<AppState>,
+    user: AuthUser,
+    Ids(room_id): Ids<RoomId>,
+    Json(body): Json<ReadinessBody>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let command = body
+        .command
+        .map(|c| c.trim().to_owned())
+        .filter(|c| !c.is_empty());
+    if let Some(c) = &command {
+        if c.len() > MAX_READINESS_BYTES || c.contains('\0') {
+            return Err(ApiError::BadRequest(
+                "command must be at most 4096 bytes, without NUL characters",
+            ));
+        }
+    }
+    let details = match &command {
+        Some(c) => json!({
+            "program": c.split_whitespace().next().unwrap_or_default(),
+            "bytes": c.len(),
+        }),
+        None => json!({ "cleared": true }),
+    };
+    let proof = authorize(
+        &app,
+        &room_id,
+        &user,
+        Action::Use(Capability::Type),
+        details.clone(),
+    )
+    .await?;
+    app.audit
+        .record(
+            &room_id,
+            proof.actor(),
+            "set_readiness",
+            "allow",
+            "",
+            details,
+            crate::store::Change::SetReadiness {
+                room_id: room_id.to_string(),
+                command: command.clone(),
+            },
+        )
+        .await?;
+    Ok(Json(json!({ "command": command })))
 }
 
 pub(crate) async fn status(

@@ -147,6 +147,16 @@ pub(crate) fn digest(text: &str) -> String {
     hex::encode(sha2::Sha256::digest(text.as_bytes()))
 }
 
+/// Path -> digest of each text.
+pub(crate) fn digests<'a>(
+    texts: impl IntoIterator<Item = (&'a String, &'a String)>,
+) -> HashMap<String, String> {
+    texts
+        .into_iter()
+        .map(|(p, t)| (p.clone(), digest(t)))
+        .collect()
+}
+
 /// Path -> digest of the text the document and the workspace last agreed on: the sync keeps
 /// it current, the supervisor stores it beside each snapshot.
 pub(crate) type Digests = Arc<Mutex<HashMap<String, String>>>;
@@ -532,7 +542,8 @@ impl Session<'_> {
     /// Agreement after joining. On the first join of a sandbox the document wins for files both
     /// have (it is durable to the keystroke; the workspace may come from an older snapshot).
     /// On a rejoin (the sync was interrupted), files changed on disk since the last agreement
-    /// are merged like any disk change. Files only on disk are imported, unless they read as
+    /// are merged like any disk change; so, on a restored workspace, are files whose document
+    /// text is still what was agreed when it was saved. Files only on disk are imported, unless they read as
     /// both sides last agreed (this run's agreement, or the one kept with the restored
     /// snapshot): the document deleted those, and the workspace follows. Files only in the
     /// document are written.
@@ -544,6 +555,7 @@ impl Session<'_> {
             .map(|e| (e.path.clone(), (e.size, e.mtime_ns)))
             .collect();
         self.replica.take_dirty();
+        let restored = std::mem::take(&mut *self.restored);
         for path in self.replica.paths() {
             if WorkspacePath::parse(&path).is_err() {
                 continue;
@@ -567,13 +579,18 @@ impl Session<'_> {
                 (Some(base), Some(disk)) if base != disk => {
                     self.merge_in(&path, &base, &disk).await?;
                 }
+                // The document reads as when the restored workspace was saved, the disk does
+                // not: code that ran since the start (a readiness step) changed it. That change
+                // is taken in, as any change inside would be.
+                (None, Some(disk)) if restored.get(&path) == Some(&digest(&text)) => {
+                    self.merge_in(&path, &text, &disk).await?;
+                }
                 _ => {
                     self.write(&path, &text).await?;
                     self.base.insert(path, text);
                 }
             }
         }
-        let restored = std::mem::take(&mut *self.restored);
         for entry in listing {
             // Files the document has were agreed on above (or are not the disk's to replace).
             if self.replica.text(&entry.path).is_some() {

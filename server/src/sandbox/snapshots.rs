@@ -1,8 +1,8 @@
 //! A room's workspace snapshots on disk: tar archives streamed out of the sandbox by its
 //! agent, named by the time they were taken, written to a `.partial` file and renamed once
-//! complete and synced, the newest few kept. Beside each, `NAME.agreed.json`: what the room's
-//! document and that workspace last agreed on (path -> digest; see `filesync`), written by the
-//! server, never by the agent.
+//! complete and synced, the newest few kept. Beside each, `NAME.meta.json` ([`Meta`]): what the
+//! room's document and that workspace last agreed on (path -> digest; see `filesync`), and the
+//! readiness command that had completed in it, written by the server, never by the agent.
 
 use crate::clock::Clock;
 use crate::sandbox::SandboxError;
@@ -19,10 +19,22 @@ pub(crate) const WITHIN: Duration = Duration::from_secs(120);
 const KEEP: usize = 2;
 const PREFIX: &str = "snapshot-";
 const SUFFIX: &str = ".tar";
-/// Beside a snapshot: what the document and its workspace last agreed on.
-const AGREED_SUFFIX: &str = ".agreed.json";
-/// Largest agreement record read back (a digest per mirrored file is far less).
-const MAX_AGREED_BYTES: u64 = 64 << 20;
+/// Beside a snapshot: its [`Meta`].
+const META_SUFFIX: &str = ".meta.json";
+/// Largest record read back (a digest per mirrored file is far less).
+const MAX_META_BYTES: u64 = 64 << 20;
+
+/// What the server knows of a saved workspace, kept beside it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub(crate) struct Meta {
+    /// What the document and the workspace last agreed on (path -> digest).
+    #[serde(default)]
+    pub agreed: HashMap<String, String>,
+    /// The readiness command that had completed in this workspace, if one had: a start from
+    /// it with the same command skips it.
+    #[serde(default)]
+    pub ready_for: Option<String>,
+}
 
 /// When a snapshot file was taken (Unix ms), from its name; `None` for any other file.
 pub(crate) fn time_of(name: &str) -> Option<i64> {
@@ -65,12 +77,8 @@ impl Snapshots {
     /// Streams a snapshot of `sandbox`'s workspace to a new file, with `agreed` (what the
     /// document and the workspace agreed on as it starts) beside it: its name, the time in that
     /// name (a snapshot's time everywhere it is shown), and its size.
-    pub(crate) async fn take(
-        &self,
-        sandbox: &Sandbox,
-        agreed: &HashMap<String, String>,
-    ) -> Result<Taken, SandboxError> {
-        let (name, at) = self.begin(agreed).await?;
+    pub(crate) async fn take(&self, sandbox: &Sandbox, meta: &Meta) -> Result<Taken, SandboxError> {
+        let (name, at) = self.begin(meta).await?;
         match self.archive(sandbox, &self.dir.join(&name)).await {
             Ok(bytes) => Ok(Taken { name, at, bytes }),
             Err(e) => {
@@ -82,12 +90,8 @@ impl Snapshots {
 
     /// Makes a copy of the archive at `src` the newest snapshot, with `agreed` beside it (a
     /// checkpoint being restored).
-    pub(crate) async fn install(
-        &self,
-        src: &Path,
-        agreed: &HashMap<String, String>,
-    ) -> Result<Taken, SandboxError> {
-        let (name, at) = self.begin(agreed).await?;
+    pub(crate) async fn install(&self, src: &Path, meta: &Meta) -> Result<Taken, SandboxError> {
+        let (name, at) = self.begin(meta).await?;
         let dest = self.dir.join(&name);
         let partial = partial_of(&dest);
         let copied = async {
@@ -109,11 +113,11 @@ impl Snapshots {
 
     /// A new snapshot's name and time, with its agreement record written (a snapshot is never
     /// there without one).
-    async fn begin(&self, agreed: &HashMap<String, String>) -> Result<(String, i64), SandboxError> {
+    async fn begin(&self, meta: &Meta) -> Result<(String, i64), SandboxError> {
         tokio::fs::create_dir_all(&self.dir).await.map_err(io)?;
         let at = self.clock.now_ms();
         let name = format!("{PREFIX}{at:013}{SUFFIX}");
-        let record = serde_json::to_vec(agreed).map_err(|e| io(std::io::Error::other(e)))?;
+        let record = serde_json::to_vec(meta).map_err(|e| io(std::io::Error::other(e)))?;
         let path = self.record_path(&name);
         let partial = partial_of(&path);
         let mut f = tokio::fs::File::create(&partial).await.map_err(io)?;
@@ -125,7 +129,7 @@ impl Snapshots {
     }
 
     fn record_path(&self, name: &str) -> PathBuf {
-        self.dir.join(format!("{name}{AGREED_SUFFIX}"))
+        self.dir.join(format!("{name}{META_SUFFIX}"))
     }
 
     /// Streams `sandbox`'s workspace archive to `dest` (written to `dest.partial`, synced,
@@ -158,22 +162,22 @@ impl Snapshots {
         Ok(bytes)
     }
 
-    /// What the document and the workspace agreed on when snapshot `name` was taken; empty
-    /// when the record is missing (a snapshot from before records were kept) or unreadable.
-    pub(crate) async fn agreed(&self, name: &str) -> HashMap<String, String> {
+    /// What the server knew of snapshot `name` when it was taken; empty when the record is
+    /// missing (a snapshot from before records were kept) or unreadable.
+    pub(crate) async fn meta(&self, name: &str) -> Meta {
         let path = self.record_path(name);
         let read = async {
             let f = tokio::fs::File::open(&path).await?;
             let mut bytes = Vec::new();
-            f.take(MAX_AGREED_BYTES).read_to_end(&mut bytes).await?;
+            f.take(MAX_META_BYTES).read_to_end(&mut bytes).await?;
             serde_json::from_slice(&bytes).map_err(std::io::Error::other)
         };
         match read.await {
             Ok(m) => m,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => HashMap::new(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Meta::default(),
             Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e, "cannot read a snapshot's agreement record; files on disk only will be imported");
-                HashMap::new()
+                tracing::warn!(path = %path.display(), error = %e, "cannot read a snapshot's record; files on disk only will be imported");
+                Meta::default()
             }
         }
     }
@@ -201,8 +205,7 @@ impl Snapshots {
         for name in names.iter().skip(KEEP) {
             if Some(name.as_str()) != current {
                 let _ = tokio::fs::remove_file(self.dir.join(name)).await;
-                let _ =
-                    tokio::fs::remove_file(self.dir.join(format!("{name}{AGREED_SUFFIX}"))).await;
+                let _ = tokio::fs::remove_file(self.record_path(name)).await;
             }
         }
     }
@@ -248,20 +251,24 @@ mod tests {
         for t in [1, 2, 3, 4] {
             std::fs::write(dir.path().join(format!("snapshot-{t:013}.tar")), b"x").unwrap();
             std::fs::write(
-                dir.path().join(format!("snapshot-{t:013}.tar.agreed.json")),
-                format!(r#"{{"a.txt":"{t}"}}"#),
+                dir.path().join(format!("snapshot-{t:013}.tar.meta.json")),
+                format!(r#"{{"agreed":{{"a.txt":"{t}"}},"ready_for":"make"}}"#),
             )
             .unwrap();
         }
         std::fs::write(dir.path().join("notes.tar"), b"x").unwrap();
         snaps.prune(Some("snapshot-0000000000001.tar")).await;
         // Each kept snapshot keeps its agreement record; a pruned one's goes with it.
-        let kept = snaps.agreed("snapshot-0000000000001.tar").await;
-        assert_eq!(kept.get("a.txt").map(String::as_str), Some("1"));
-        assert!(snaps.agreed("snapshot-0000000000002.tar").await.is_empty());
+        let kept = snaps.meta("snapshot-0000000000001.tar").await;
+        assert_eq!(kept.agreed.get("a.txt").map(String::as_str), Some("1"));
+        assert_eq!(kept.ready_for.as_deref(), Some("make"));
+        assert_eq!(
+            snaps.meta("snapshot-0000000000002.tar").await,
+            Meta::default()
+        );
         assert!(!dir
             .path()
-            .join("snapshot-0000000000002.tar.agreed.json")
+            .join("snapshot-0000000000002.tar.meta.json")
             .exists());
         assert_eq!(
             snaps.list().await,

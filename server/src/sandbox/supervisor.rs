@@ -15,7 +15,7 @@
 use crate::audit::Audit;
 use crate::close::CloseCode;
 use crate::config::SandboxArgs;
-use crate::sandbox::snapshots::{self, Snapshots};
+use crate::sandbox::snapshots::{self, Meta, Snapshots};
 use crate::store::{Change, SandboxRow, SandboxState, Store, StoreError};
 use crate::terminal::hub::{pty_port, pump, HubConfig};
 use crate::terminal::{Hub, Joined, Link, Recorder, TermEvent};
@@ -76,7 +76,44 @@ pub(crate) struct SandboxStatus {
     usage: Option<Usage>,
     /// The workspace's text files in the document, and those left out past the cap.
     file_sync: FileSync,
+    /// The room's readiness step in the running sandbox.
+    readiness: Readiness,
 }
+
+/// Where the room's readiness step (its manifest's command, run after every start or resume)
+/// is, for the running sandbox. The room is usable throughout; "ready" says the workspace is
+/// prepared.
+#[derive(Debug, Clone, Default, Serialize)]
+#[serde(tag = "state", rename_all = "snake_case")]
+pub(crate) enum Readiness {
+    /// No sandbox runs, or the room has no readiness command.
+    #[default]
+    None,
+    Preparing {
+        command: String,
+        since: i64,
+    },
+    /// `skipped`: the workspace was restored from one in which the command had completed.
+    Ready {
+        command: String,
+        at: i64,
+        skipped: bool,
+    },
+    /// The command failed: its exit code (none when it was killed or timed out) and the end of
+    /// its output.
+    Failed {
+        command: String,
+        at: i64,
+        exit_code: Option<i32>,
+        timed_out: bool,
+        output: String,
+    },
+}
+
+/// Longest a readiness command may run.
+const READINESS_MS: u64 = 10 * 60 * 1000;
+/// How much of a failed readiness command's output is kept (its end).
+const READINESS_OUTPUT: usize = 8 << 10;
 
 #[derive(Debug, Serialize)]
 pub(crate) struct FileSync {
@@ -155,14 +192,20 @@ enum Cmd {
     /// Writes the workspace as it is to `dest` (a checkpoint's archive).
     Archive {
         dest: PathBuf,
-        reply: oneshot::Sender<Result<u64, SandboxError>>,
+        reply: oneshot::Sender<Result<(u64, Option<String>), SandboxError>>,
+    },
+    /// The readiness command of sandbox `generation` ended.
+    Prepared {
+        generation: u64,
+        command: String,
+        outcome: Result<Reply, SandboxError>,
     },
     /// Restores a checkpoint: the document and the workspace.
     Rewind(Arc<Rewind>, oneshot::Sender<Result<(), SandboxError>>),
-    /// Gives a new room (a fork) its first workspace: `archive`, agreeing with `agreed`.
+    /// Gives a new room (a fork) its first workspace: `archive`, described by `meta`.
     Seed {
         archive: PathBuf,
-        agreed: Arc<std::collections::HashMap<String, String>>,
+        meta: Arc<Meta>,
         reply: oneshot::Sender<Result<(), SandboxError>>,
     },
 }
@@ -177,6 +220,8 @@ pub(crate) struct Rewind {
     pub who: (String, String),
     /// What the terminal and the sandbox's reason say (`checkpoint "NAME"`).
     pub what: String,
+    /// The readiness command that had completed in the checkpoint's workspace.
+    pub ready_for: Option<String>,
 }
 
 /// What the supervisors need from the rest of the server.
@@ -337,8 +382,13 @@ impl Sandboxes {
     }
 
     /// Writes the room's workspace as it is now to `dest`: from the running sandbox, else from
-    /// its latest snapshot, else an empty archive. Returns its size.
-    pub(crate) async fn archive(&self, room_id: &str, dest: PathBuf) -> Result<u64, SandboxError> {
+    /// its latest snapshot, else an empty archive. Returns its size, and the readiness command
+    /// that had completed in it.
+    pub(crate) async fn archive(
+        &self,
+        room_id: &str,
+        dest: PathBuf,
+    ) -> Result<(u64, Option<String>), SandboxError> {
         self.ask(room_id, |reply| Cmd::Archive {
             dest: dest.clone(),
             reply,
@@ -346,18 +396,18 @@ impl Sandboxes {
         .await?
     }
 
-    /// Gives a new room (a fork) its first workspace: a copy of `archive`, with what its
-    /// document agrees on (path -> digest), resumed from when its sandbox first starts.
+    /// Gives a new room (a fork) its first workspace: a copy of `archive`, described by `meta`
+    /// (what its document agrees on), resumed from when its sandbox first starts.
     pub(crate) async fn seed(
         &self,
         room_id: &str,
         archive: PathBuf,
-        agreed: std::collections::HashMap<String, String>,
+        meta: Meta,
     ) -> Result<(), SandboxError> {
-        let agreed = Arc::new(agreed);
+        let meta = Arc::new(meta);
         self.ask(room_id, |reply| Cmd::Seed {
             archive: archive.clone(),
-            agreed: agreed.clone(),
+            meta: meta.clone(),
             reply,
         })
         .await?
@@ -451,6 +501,8 @@ struct Actor {
     /// What the document and the workspace agree on, kept current by the sync; stored with
     /// every snapshot.
     sync_agreed: crate::sandbox::filesync::Digests,
+    /// The readiness step of the running sandbox.
+    readiness: Readiness,
     last_armed: Option<i64>,
     destroyed: bool,
     failed_idle_stops: u32,
@@ -500,6 +552,7 @@ impl Actor {
         let actor = Actor {
             sync_stats: Arc::default(),
             sync_agreed: Arc::default(),
+            readiness: Readiness::None,
             snapshots,
             room_id,
             me,
@@ -634,12 +687,17 @@ impl Actor {
             Cmd::Rewind(rewind, reply) => {
                 let _ = reply.send(self.rewind(&rewind).await);
             }
+            Cmd::Prepared {
+                generation,
+                command,
+                outcome,
+            } => self.prepared(generation, command, outcome).await,
             Cmd::Seed {
                 archive,
-                agreed,
+                meta,
                 reply,
             } => {
-                let r = match self.snapshots.install(&archive, &agreed).await {
+                let r = match self.snapshots.install(&archive, &meta).await {
                     Ok(taken) => self.make_latest(taken).await.map_err(SandboxError::from),
                     Err(e) => Err(e),
                 };
@@ -715,6 +773,10 @@ impl Actor {
                     cap: self.deps().limits.max_synced_files,
                     not_mirrored,
                 }
+            },
+            readiness: match &self.life {
+                Life::Running { .. } => self.readiness.clone(),
+                _ => Readiness::None,
             },
         }
     }
@@ -868,10 +930,10 @@ impl Actor {
         }
         tracing::info!(room = %self.room_id, tier = %receipt.tier, "sandbox running");
         let restored = match &snapshot {
-            Some(name) => self.snapshots.agreed(name).await,
-            None => std::collections::HashMap::new(),
+            Some(name) => self.snapshots.meta(name).await,
+            None => Meta::default(),
         };
-        let sync = Some(self.start_sync(&sandbox, restored));
+        let sync = Some(self.start_sync(&sandbox, restored.agreed));
         self.life = Life::Running {
             sandbox: sandbox.clone(),
             generation,
@@ -880,7 +942,171 @@ impl Actor {
             sync,
         };
         self.pty_open = false;
+        self.begin_readiness(&sandbox, generation, restored.ready_for)
+            .await;
         Ok(sandbox)
+    }
+
+    /// Runs the room's readiness command in the sandbox just started, unless the workspace was
+    /// restored from one in which that same command had completed. It runs beside whatever
+    /// else the room does (the terminal and commands work meanwhile); its outcome comes back
+    /// as [`Cmd::Prepared`].
+    async fn begin_readiness(
+        &mut self,
+        sandbox: &Sandbox,
+        generation: u64,
+        ready_for: Option<String>,
+    ) {
+        let now = self.deps().clock.now_ms();
+        let command = match self.deps().store.room(&self.room_id).await {
+            Ok(row) => row.and_then(|r| r.readiness),
+            Err(e) => {
+                tracing::warn!(room = %self.room_id, error = %e, "cannot read the readiness command");
+                None
+            }
+        };
+        self.readiness = match command {
+            None => Readiness::None,
+            Some(command) if ready_for.as_deref() == Some(command.as_str()) => Readiness::Ready {
+                command,
+                at: now,
+                skipped: true,
+            },
+            Some(command) => {
+                let op = Op::Exec {
+                    argv: vec!["sh".into(), "-c".into(), command.clone()],
+                    cwd: String::new(),
+                    timeout_ms: READINESS_MS,
+                    max_output: u32::try_from(READINESS_OUTPUT).unwrap_or(u32::MAX),
+                };
+                let (sandbox, me) = (sandbox.clone(), self.me.clone());
+                let ran = command.clone();
+                tokio::spawn(async move {
+                    let within = Duration::from_millis(READINESS_MS) + Duration::from_secs(30);
+                    let outcome = sandbox.call(op, within).await.map_err(SandboxError::from);
+                    if let Some(me) = me.upgrade() {
+                        let _ = me
+                            .send(Cmd::Prepared {
+                                generation,
+                                command: ran,
+                                outcome,
+                            })
+                            .await;
+                    }
+                });
+                Readiness::Preparing {
+                    command,
+                    since: now,
+                }
+            }
+        };
+        let state = match &self.readiness {
+            Readiness::None => return,
+            Readiness::Preparing { .. } => "preparing",
+            _ => "ready",
+        };
+        self.hub
+            .event(TermEvent::Sandbox {
+                state,
+                reason: None,
+            })
+            .await;
+    }
+
+    /// The readiness command of sandbox `generation` ended.
+    async fn prepared(
+        &mut self,
+        generation: u64,
+        command: String,
+        outcome: Result<Reply, SandboxError>,
+    ) {
+        let current = matches!(&self.life, Life::Running { generation: g, .. } if *g == generation);
+        if !current
+            || !matches!(&self.readiness, Readiness::Preparing { command: c, .. } if *c == command)
+        {
+            return;
+        }
+        let at = self.deps().clock.now_ms();
+        self.readiness = match outcome {
+            Ok(Reply::Exec {
+                exit_code: Some(0),
+                timed_out: false,
+                ..
+            }) => Readiness::Ready {
+                command,
+                at,
+                skipped: false,
+            },
+            Ok(Reply::Exec {
+                exit_code,
+                stdout,
+                stderr,
+                timed_out,
+                ..
+            }) => {
+                let mut all = String::from_utf8_lossy(&stdout).into_owned();
+                all.push_str(&String::from_utf8_lossy(&stderr));
+                let mut from = all.len().saturating_sub(READINESS_OUTPUT);
+                while !all.is_char_boundary(from) {
+                    from += 1;
+                }
+                Readiness::Failed {
+                    command,
+                    at,
+                    exit_code,
+                    timed_out,
+                    output: all[from..].to_owned(),
+                }
+            }
+            Ok(_) => Readiness::Failed {
+                command,
+                at,
+                exit_code: None,
+                timed_out: false,
+                output: "the sandbox answered out of turn".into(),
+            },
+            Err(e) => Readiness::Failed {
+                command,
+                at,
+                exit_code: None,
+                timed_out: false,
+                output: e.to_string(),
+            },
+        };
+        let (state, reason) = match &self.readiness {
+            Readiness::Ready { .. } => ("ready", None),
+            Readiness::Failed {
+                exit_code,
+                timed_out,
+                ..
+            } => (
+                "not_ready",
+                Some(match (exit_code, timed_out) {
+                    (_, true) => "the readiness command timed out".to_owned(),
+                    (Some(code), _) => format!("the readiness command exited with {code}"),
+                    (None, _) => "the readiness command did not complete".to_owned(),
+                }),
+            ),
+            _ => return,
+        };
+        tracing::info!(room = %self.room_id, state, "readiness");
+        self.hub.event(TermEvent::Sandbox { state, reason }).await;
+    }
+
+    /// The readiness command that has completed in the running sandbox's workspace.
+    fn ready_for(&self) -> Option<String> {
+        match &self.readiness {
+            Readiness::Ready { command, .. } => Some(command.clone()),
+            _ => None,
+        }
+    }
+
+    /// What a snapshot of the running sandbox's workspace is, for its record.
+    fn meta_now(&self) -> Meta {
+        Meta {
+            agreed: self.agreed_now(),
+            ready_for: self.ready_for(),
+        }
     }
 
     /// Starts the document <-> workspace sync of a running sandbox; `restored` is what the
@@ -969,7 +1195,7 @@ impl Actor {
             cancel.cancel();
             let _ = tokio::time::timeout(SYNC_STOP_WITHIN, task).await;
         }
-        let snap = self.snapshots.take(&sandbox, &self.agreed_now()).await;
+        let snap = self.snapshots.take(&sandbox, &self.meta_now()).await;
         let (snapshot, snapshot_at, bytes) = match snap {
             Ok(taken) => (Some(taken.name), Some(taken.at), taken.bytes),
             Err(e) if force => {
@@ -1033,23 +1259,29 @@ impl Actor {
 
     /// The workspace as it is now, written to `dest`: archived from the running sandbox, else
     /// copied from the latest snapshot, else an empty archive (the room never had a sandbox).
-    async fn archive(&mut self, dest: &std::path::Path) -> Result<u64, SandboxError> {
+    async fn archive(
+        &mut self,
+        dest: &std::path::Path,
+    ) -> Result<(u64, Option<String>), SandboxError> {
         let io = |e: std::io::Error| SandboxError::Store(StoreError::Io(e));
         if let Life::Running { sandbox, .. } = &self.life {
-            let sandbox = sandbox.clone();
-            return self.snapshots.archive(&sandbox, dest).await;
+            let (sandbox, ready_for) = (sandbox.clone(), self.ready_for());
+            return Ok((self.snapshots.archive(&sandbox, dest).await?, ready_for));
         }
         if let Some(dir) = dest.parent() {
             tokio::fs::create_dir_all(dir).await.map_err(io)?;
         }
         match self.row.as_ref().and_then(|r| r.snapshot.clone()) {
-            Some(name) => tokio::fs::copy(self.snapshots.path(&name), dest)
-                .await
-                .map_err(io),
+            Some(name) => {
+                let bytes = tokio::fs::copy(self.snapshots.path(&name), dest)
+                    .await
+                    .map_err(io)?;
+                Ok((bytes, self.snapshots.meta(&name).await.ready_for))
+            }
             None => {
                 // An empty tar archive: two zero blocks.
                 tokio::fs::write(dest, [0u8; 1024]).await.map_err(io)?;
-                Ok(1024)
+                Ok((1024, None))
             }
         }
     }
@@ -1082,12 +1314,11 @@ impl Actor {
         };
         let mut result = rewritten.await;
         if result.is_ok() {
-            let agreed = rewind
-                .texts
-                .iter()
-                .map(|(p, t)| (p.clone(), crate::sandbox::filesync::digest(t)))
-                .collect();
-            result = match self.snapshots.install(&rewind.archive, &agreed).await {
+            let meta = Meta {
+                agreed: crate::sandbox::filesync::digests(&rewind.texts),
+                ready_for: rewind.ready_for.clone(),
+            };
+            result = match self.snapshots.install(&rewind.archive, &meta).await {
                 Ok(taken) => self.make_latest(taken).await.map_err(SandboxError::from),
                 Err(e) => Err(e),
             };
@@ -1114,7 +1345,7 @@ impl Actor {
             return;
         };
         let sandbox = sandbox.clone();
-        match self.snapshots.take(&sandbox, &self.agreed_now()).await {
+        match self.snapshots.take(&sandbox, &self.meta_now()).await {
             Ok(taken) => {
                 if let Err(e) = self.make_latest(taken).await {
                     tracing::warn!(room = %self.room_id, error = %e, "cannot record the snapshot")

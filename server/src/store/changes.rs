@@ -53,6 +53,8 @@ pub(crate) enum Change {
         owner: String,
         parent: String,
         doc: Vec<u8>,
+        /// The parent's readiness command (setup, not authority: a fork keeps it).
+        readiness: Option<String>,
     },
     /// A pending deletion request.
     CreateDeletion {
@@ -87,6 +89,11 @@ pub(crate) enum Change {
     AddCheckpoint {
         room_id: String,
         row: super::CheckpointRow,
+    },
+    /// The room's readiness command (`None`: no readiness step).
+    SetReadiness {
+        room_id: String,
+        command: Option<String>,
     },
     /// A checkpoint pruned by the room's retention (its files go after the record).
     RemoveCheckpoint {
@@ -213,6 +220,13 @@ pub(super) async fn apply_change(
             .execute(&mut **tx)
             .await?;
         }
+        Change::SetReadiness { room_id, command } => {
+            sqlx::query("UPDATE rooms SET readiness = $1 WHERE id = $2")
+                .bind(command.as_deref())
+                .bind(room_id)
+                .execute(&mut **tx)
+                .await?;
+        }
         Change::RemoveCheckpoint { room_id, id } => {
             sqlx::query("DELETE FROM checkpoints WHERE room_id = $1 AND id = $2")
                 .bind(room_id)
@@ -220,15 +234,18 @@ pub(super) async fn apply_change(
                 .execute(&mut **tx)
                 .await?;
         }
-        Change::CreateRoom { id, name, owner } => insert_room(tx, id, name, owner, None).await?,
+        Change::CreateRoom { id, name, owner } => {
+            insert_room(tx, id, name, owner, (None, None)).await?;
+        }
         Change::ForkRoom {
             id,
             name,
             owner,
             parent,
             doc,
+            readiness,
         } => {
-            insert_room(tx, id, name, owner, Some(parent)).await?;
+            insert_room(tx, id, name, owner, (Some(parent), readiness.as_deref())).await?;
             sqlx::query("INSERT INTO doc_updates (room_id, seq, data) VALUES ($1, 1, $2)")
                 .bind(id)
                 .bind(doc.as_slice())
@@ -332,23 +349,25 @@ pub(super) async fn apply_change(
     Ok(())
 }
 
-/// A new room row and its owner.
+/// A new room row (with a fork's parentage and readiness command) and its owner.
 async fn insert_room(
     tx: &mut sqlx::Transaction<'_, sqlx::Any>,
     id: &str,
     name: &str,
     owner: &str,
-    parent: Option<&str>,
+    (parent, readiness): (Option<&str>, Option<&str>),
 ) -> Result<(), StoreError> {
     let now = now_ms();
     sqlx::query(
-        "INSERT INTO rooms (id, name, created_by, created_at, parent) VALUES ($1, $2, $3, $4, $5)",
+        "INSERT INTO rooms (id, name, created_by, created_at, parent, readiness) \
+         VALUES ($1, $2, $3, $4, $5, $6)",
     )
     .bind(id)
     .bind(name)
     .bind(owner)
     .bind(now)
     .bind(parent)
+    .bind(readiness)
     .execute(&mut **tx)
     .await?;
     sqlx::query(

@@ -9,6 +9,8 @@ pub(crate) struct RoomRow {
     pub created_at: i64,
     /// A fork's parentage (JSON), `None` for a room made from scratch.
     pub parent: Option<String>,
+    /// The readiness command, if the room has one.
+    pub readiness: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
@@ -107,7 +109,7 @@ impl Store {
 
     pub(crate) async fn rooms_of(&self, user_id: &str) -> Result<Vec<RoomRow>, StoreError> {
         Ok(sqlx::query_as::<_, RoomRow>(
-            "SELECT r.id, r.name, r.created_at, r.parent FROM rooms r \
+            "SELECT r.id, r.name, r.created_at, r.parent, r.readiness FROM rooms r \
              JOIN participants p ON p.room_id = r.id WHERE p.user_id = $1 \
              ORDER BY r.created_at, r.id",
         )
@@ -118,7 +120,7 @@ impl Store {
 
     pub(crate) async fn room(&self, id: &str) -> Result<Option<RoomRow>, StoreError> {
         Ok(sqlx::query_as::<_, RoomRow>(
-            "SELECT id, name, created_at, parent FROM rooms WHERE id = $1",
+            "SELECT id, name, created_at, parent, readiness FROM rooms WHERE id = $1",
         )
         .bind(id)
         .fetch_optional(&self.pool)
