@@ -19,7 +19,25 @@ export interface Room {
   participants: Participant[]
   my_capabilities: Capability[]
   sandbox: SandboxStatus | null
+  /** A fork's parentage; null for a room made from scratch. */
+  parent?: Parentage | null
+  /** The command the sandbox runs after every start, if any. */
+  readiness?: string | null
 }
+export interface Parentage {
+  room: string
+  checkpoint: string
+  chain_head: string
+  /** What of the parent's authority the fork did not take, by kind. */
+  dropped?: Record<string, number>
+}
+/** The room's readiness step in the running sandbox. */
+export type Readiness =
+  | { state: 'none' }
+  | { state: 'preparing', command: string, since: number }
+  | { state: 'ready', command: string, at: number, skipped: boolean }
+  | { state: 'failed', command: string, at: number, exit_code: number | null, timed_out: boolean, output: string }
+export interface Checkpoint { id: string, name: string, author: string, at: number, bytes: number }
 export interface SandboxStatus {
   tier: string
   tier_reason?: string
@@ -33,6 +51,7 @@ export interface SandboxStatus {
   usage?: Record<string, unknown> | null
   /** Text files of the workspace in the document, the cap, and those left out past it. */
   file_sync?: { files: number, cap: number, not_mirrored: number }
+  readiness?: Readiness
 }
 export interface Approval {
   id: string
@@ -124,6 +143,12 @@ export const api = {
   sandbox: (id: string) => call<SandboxStatus>('GET', `/api/rooms/${id}/sandbox`),
   sandboxStop: (id: string) => call<SandboxStatus>('POST', `/api/rooms/${id}/sandbox/stop`),
   sandboxStart: (id: string) => call<SandboxStatus>('POST', `/api/rooms/${id}/sandbox/start`),
+  checkpoints: (id: string) => call<Checkpoint[]>('GET', `/api/rooms/${id}/checkpoints`),
+  checkpoint: (id: string, name: string) => call<Checkpoint>('POST', `/api/rooms/${id}/checkpoints`, { name }),
+  restore: (id: string, checkpoint: string) => call<unknown>('POST', `/api/rooms/${id}/checkpoints/${checkpoint}/restore`),
+  fork: (id: string, checkpoint: string | null, name?: string) =>
+    call<{ id: string, name: string, parent: Parentage }>('POST', `/api/rooms/${id}/fork`, { checkpoint, name }),
+  setReadiness: (id: string, command: string | null) => call<{ command: string | null }>('PUT', `/api/rooms/${id}/readiness`, { command }),
   requestDeletion: (id: string) => call<{ deletion_id: string, state: string }>('DELETE', `/api/rooms/${id}`),
   deletion: (id: string) => call<Deletion>('GET', `/api/deletions/${id}`),
   confirmDeletion: (id: string) => call<Deletion>('POST', `/api/deletions/${id}/confirm`),

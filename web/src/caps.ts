@@ -16,6 +16,8 @@ export interface Abilities {
   approve: boolean
   revoke: boolean
   delete: boolean
+  /** Fork the room (a fork copies its files out). */
+  export: boolean
   /** Capabilities this person could grant to another (only what they hold themselves). */
   grantable: Capability[]
   /** Roles this person could invite with (never more than they hold). */
@@ -32,6 +34,7 @@ export function abilities (mine: readonly Capability[]): Abilities {
     approve: has('approve'),
     revoke: has('revoke'),
     delete: has('delete'),
+    export: has('export'),
     grantable: mine.filter((c) => c !== 'observe'),
     inviteRoles: has('invite') ? Object.keys(ROLES).filter((r) => ROLES[r].every(has)) : [],
   }

@@ -4,6 +4,7 @@ import { api, list, type Approval, type Room, type SandboxStatus } from '../api'
 import { abilities } from '../caps'
 import { action, h, replace, toast, when } from '../dom'
 import { verifyChain } from '../audit'
+import { parentView, readinessView } from './checkpoints'
 
 function emailOf (room: Room, id: string | null): string {
   if (!id) return '—'
@@ -92,6 +93,7 @@ export async function sandboxPanel (el: HTMLElement, room: Room, refresh: () => 
         `${s.file_sync.not_mirrored} text files of the workspace are not in the editor: a room mirrors at most ${s.file_sync.cap} files. They stay in the workspace, untouched.`)
       : null,
     controls,
+    h('h3', null, 'Readiness'), readinessView(s.readiness, room.readiness),
     h('h3', null, 'Limits'), table(s.limits) ?? h('p', { class: 'hint' }, '—'),
     h('h3', null, 'Spend so far'),
     s.usage ? table(s.usage) : null,
@@ -128,6 +130,7 @@ export function roomPanel (el: HTMLElement, room: Room, paths: () => string[]): 
     h('h2', null, 'Room'),
     h('p', null, 'Name: ', h('strong', null, room.name)),
     h('p', null, 'Your capabilities: ', room.my_capabilities.join(', ')),
+    room.parent ? parentView(room.parent) : null,
     h('p', { class: 'hint' }, 'Terminal recording: ',
       h('a', { href: `/api/rooms/${room.id}/terminal/recording`, download: `${room.name}.cast` }, 'asciicast'), ' · ',
       h('a', { href: `/api/rooms/${room.id}/terminal/recording/inputs` }, 'who typed what')),

@@ -178,6 +178,9 @@ export class SharedTerminal {
       case 'sandbox':
         if (e.state === 'starting') this.flash('Starting the sandbox…')
         else if (e.state === 'running') this.flash('Connected')
+        else if (e.state === 'preparing') this.flash('Connected — preparing the workspace…')
+        else if (e.state === 'ready') this.flash('Connected — ready')
+        else if (e.state === 'not_ready') this.flash(`Connected — not ready: ${e.reason ?? 'the readiness step failed'}`)
         break
       case 'exit':
         this.term.write(e.reason

@@ -1,0 +1,77 @@
+// The Checkpoints panel in a real browser: make a checkpoint, change the file, restore it (two
+// clicks) and see the editor go back; a readiness step that fails is shown with its output while
+// the room keeps working; a fork opens a room of one's own that says where it came from.
+
+import { test } from 'node:test'
+import assert from 'node:assert/strict'
+import { skipUnless, waitFor, mintToken, api } from './lib/server.mjs'
+import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login, shot, editorText, terminalText } from './lib/browser.mjs'
+
+const skip = skipUnless(HAVE_CHROMIUM, 'CHROMIUM', `no Chromium at ${CHROMIUM} (apt-get install chromium, or set CODEROOM_CHROMIUM)`)
+
+test('checkpoints are made, restored and forked from the page; readiness shows where it is',
+  { skip, timeout: 240_000 }, async (t) => {
+    const { storage, server, people: [ana] } = await scene(t, ['ana@example.com'])
+    const { page } = ana
+    await login(ana, storage.dataDir)
+    const roomId = await createRoomFromPage(ana, 'checkpointed')
+    const token = await mintToken(storage, 'ana@example.com')
+    await page.getByTestId('terminal-status').filter({ hasText: 'Connected' }).waitFor({ timeout: 30_000 })
+
+    await page.keyboard.press('Alt+N')
+    await page.getByTestId('file-path').fill('plan.md')
+    await page.getByTestId('file-path').press('Enter')
+    await page.locator('.cm-content').click()
+    await page.keyboard.type('step one', { delay: 5 })
+    await waitFor(async () => (await api(server, token, 'GET', `/api/rooms/${roomId}/sandbox`)).body?.file_sync?.files === 1,
+      15_000, 'the file never reached the workspace')
+
+    // Alt+4 opens the Checkpoints panel; a failing readiness step is saved there.
+    await page.keyboard.press('Alt+4')
+    await page.getByTestId('readiness-command').fill('echo installing deps; exit 7')
+    await page.getByTestId('readiness-save').click()
+    await page.getByText('Saved: it runs when the sandbox next starts.').waitFor()
+    await page.getByTestId('readiness').filter({ hasText: 'Runs when the sandbox next starts' }).waitFor()
+    await page.getByTestId('checkpoint-name').fill('before the rewrite')
+    await page.getByTestId('checkpoint-make').click()
+    const item = page.getByTestId('checkpoint').filter({ hasText: 'before the rewrite' })
+    await item.waitFor()
+
+    await page.locator('.cm-content').click()
+    await page.keyboard.press('Control+End')
+    await page.keyboard.type(' and a broken rewrite', { delay: 5 })
+    await waitFor(async () => (await editorText(page)) === 'step one and a broken rewrite', 5000, 'typing did not land')
+
+    // Restore asks twice; the editor goes back for everyone, live.
+    const restore = item.getByRole('button', { name: /^Restore/ })
+    await restore.click()
+    await item.getByRole('button', { name: 'Restore: click again to confirm' }).click()
+    await waitFor(async () => (await editorText(page)) === 'step one', 20_000,
+      async () => `the editor reads ${JSON.stringify(await editorText(page))}`)
+    // The sandbox restarted on the restored workspace and ran the readiness step, which failed:
+    // shown with its output, and the room still works.
+    await page.getByTestId('readiness').filter({ hasText: 'exited with 7' }).waitFor({ timeout: 30_000 })
+    assert.match(await page.getByTestId('readiness-output').innerText(), /installing deps/)
+    await shot(page, '16-checkpoints-not-ready')
+    await page.getByTestId('terminal-status').filter({ hasText: 'Connected' }).waitFor({ timeout: 30_000 })
+    await page.getByTestId('terminal').click()
+    await page.keyboard.type('cat plan.md; echo; echo sum-$((3+4))\n', { delay: 5 })
+    await waitFor(async () => /step one\s+sum-7/.test(await terminalText(page)), 20_000,
+      async () => `the terminal shows ${JSON.stringify((await terminalText(page)).slice(-300))}`)
+
+    // Fork: a room of one's own, which says where it came from.
+    await page.keyboard.press('Alt+4')
+    await item.getByRole('button', { name: 'Fork' }).click()
+    await page.waitForURL((u) => /\/rooms\/[A-Za-z0-9]+$/.test(u.pathname) && !u.pathname.endsWith(roomId))
+    const forkId = page.url().split('/').pop()
+    await page.getByTestId('conn-status').filter({ hasText: 'Synced' }).waitFor()
+    await page.locator('button.file[data-path="plan.md"]').click()
+    await waitFor(async () => (await editorText(page)) === 'step one', 10_000, 'the fork lacks the file')
+    await page.keyboard.press('Alt+4')
+    await page.getByTestId('parentage').filter({ hasText: `room ${roomId.slice(0, 8)}` }).waitFor()
+    await shot(page, '17-fork-parentage')
+    const fork = await api(server, token, 'GET', `/api/rooms/${forkId}`)
+    assert.equal(fork.body.parent.room, roomId)
+    assert.deepEqual(ana.errors, [])
+    assert.deepEqual(await server.stop(), { code: 0, signal: null })
+  })
