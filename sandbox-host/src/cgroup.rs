@@ -35,7 +35,13 @@ impl Layout {
     /// (`<own>/server`): a group whose children use controllers may hold no processes itself.
     pub fn delegated() -> Result<Layout, String> {
         let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
-        let layout = Self::detect_in(Path::new("/sys/fs/cgroup"), &own)?;
+        Self::delegated_in(Path::new("/sys/fs/cgroup"), &own)
+    }
+
+    /// [`Layout::delegated`] for the hierarchy at `base`, `own` being this process's
+    /// `/proc/self/cgroup`.
+    fn delegated_in(base: &Path, own: &str) -> Result<Layout, String> {
+        let layout = Self::detect_in(base, own)?;
         let layout = match layout {
             Layout::V1 { .. } => layout,
             Layout::V2 { root } => {
@@ -325,6 +331,54 @@ mod tests {
         std::fs::write(poor.path().join("cgroup.controllers"), "hugetlb\n").unwrap();
         let err = Layout::detect_in(poor.path(), "").unwrap_err();
         assert!(err.contains("hugetlb"), "{err}");
+    }
+
+    /// The v2 path of a server that is not root, on a stand-in hierarchy (this host's v2 mount
+    /// has no controllers, so the kernel's side is not exercised here): the server moves itself
+    /// into `<own>/server`, sandboxes' groups go under `<own>/coderoom`, with the controllers
+    /// enabled above them and the room's limits written.
+    #[test]
+    fn a_delegated_v2_group_gets_a_leaf_for_the_server_and_the_sandboxes_beside_it() {
+        let v2 = tempfile::tempdir().unwrap();
+        let own = v2.path().join("system.slice/coderoom.service");
+        std::fs::create_dir_all(&own).unwrap();
+        std::fs::write(
+            v2.path().join("cgroup.controllers"),
+            "cpuset cpu io memory pids\n",
+        )
+        .unwrap();
+        let layout =
+            Layout::delegated_in(v2.path(), "0::/system.slice/coderoom.service\n").unwrap();
+        let Layout::V2 { root } = &layout else {
+            panic!("{layout:?}")
+        };
+        assert_eq!(root, &own);
+        assert_eq!(
+            std::fs::read_to_string(own.join("server/cgroup.procs")).unwrap(),
+            "0"
+        );
+        assert!(own.join(PARENT).is_dir());
+        let limits = Limits::default();
+        let g = Cgroup::create(&layout, "room1", &limits).unwrap();
+        let dir = own.join(PARENT).join("room1");
+        assert_eq!(g.procs_files(), vec![dir.join("cgroup.procs")]);
+        for level in [&own, &own.join(PARENT)] {
+            assert_eq!(
+                std::fs::read_to_string(level.join("cgroup.subtree_control")).unwrap(),
+                "+memory +pids +cpu"
+            );
+        }
+        assert_eq!(
+            std::fs::read_to_string(dir.join("memory.max")).unwrap(),
+            limits.memory_bytes.to_string()
+        );
+        assert_eq!(
+            std::fs::read_to_string(dir.join("pids.max")).unwrap(),
+            limits.pids.to_string()
+        );
+        assert!(std::fs::read_to_string(dir.join("cpu.max"))
+            .unwrap()
+            .ends_with(" 100000"));
     }
 
     #[test]
