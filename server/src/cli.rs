@@ -1,7 +1,7 @@
 //! The `coderoom` command line: `serve`, `agent`, `audit verify`, `migrate`, `admin token`.
 
 use crate::accounts::sessions as auth;
-use crate::config::{AdminCommand, AuditCommand, Cli, Command};
+use crate::config::{AdminCommand, AuditCommand, Cli, Command, SecretsCommand};
 use crate::store::Store;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
@@ -89,6 +89,46 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                     std::process::exit(1);
                 }
             }
+        }
+        Command::Secrets { command } => {
+            init_logging(false);
+            let (storage, file, rotate) = match command {
+                SecretsCommand::RotateKey {
+                    storage,
+                    secret_key_file,
+                } => (storage, secret_key_file, true),
+                SecretsCommand::Verify {
+                    storage,
+                    secret_key_file,
+                } => (storage, secret_key_file, false),
+            };
+            let path = storage.secret_key_path(file.as_deref());
+            let store = Store::connect(&storage.database_url()).await?;
+            store.migrate().await?;
+            let outcome = if rotate {
+                crate::secrets::rotate(&store, &path)
+                    .await
+                    .map(|(n, id)| println!("ok: {n} secret(s) sealed again under key {id}"))
+            } else {
+                match crate::secrets::verify(&store, &path).await {
+                    Ok((n, None)) => {
+                        println!("ok: {n} secret(s) open with {}", path.display());
+                        Ok(())
+                    }
+                    Ok((n, Some(e))) => {
+                        eprintln!("FAILED after {n} secret(s): {e}");
+                        store.close().await;
+                        std::process::exit(1);
+                    }
+                    Err(e) => Err(e),
+                }
+            };
+            store.close().await;
+            if let Err(e) = outcome {
+                eprintln!("FAILED: {e}");
+                std::process::exit(1);
+            }
+            Ok(())
         }
         Command::Migrate(storage) => {
             init_logging(false);

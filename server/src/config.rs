@@ -26,6 +26,11 @@ pub(crate) enum Command {
         #[command(subcommand)]
         command: AuditCommand,
     },
+    /// Room secrets at rest.
+    Secrets {
+        #[command(subcommand)]
+        command: SecretsCommand,
+    },
     /// Administrative tasks.
     Admin {
         #[command(subcommand)]
@@ -69,6 +74,27 @@ pub(crate) enum AuditCommand {
 }
 
 #[derive(Debug, Subcommand)]
+pub(crate) enum SecretsCommand {
+    /// Seal every secret again under a new key (stop the server first). Run again if it was
+    /// interrupted: it finishes the same rotation.
+    RotateKey {
+        #[command(flatten)]
+        storage: StorageArgs,
+        /// Defaults to `DATA_DIR/secret.key`.
+        #[arg(long, env = "CODEROOM_SECRET_KEY_FILE")]
+        secret_key_file: Option<PathBuf>,
+    },
+    /// Open every secret with the key (values are never shown); exits non-zero if one does not.
+    Verify {
+        #[command(flatten)]
+        storage: StorageArgs,
+        /// Defaults to `DATA_DIR/secret.key`.
+        #[arg(long, env = "CODEROOM_SECRET_KEY_FILE")]
+        secret_key_file: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
 pub(crate) enum AdminCommand {
     /// Create (if needed) the user with this email and print a new bearer token for it.
     Token {
@@ -93,6 +119,14 @@ pub(crate) struct StorageArgs {
 }
 
 impl StorageArgs {
+    /// `file`, or the secret key's place in the data directory.
+    pub(crate) fn secret_key_path(&self, file: Option<&std::path::Path>) -> PathBuf {
+        file.map_or_else(
+            || self.data_dir.join("secret.key"),
+            std::path::Path::to_path_buf,
+        )
+    }
+
     pub(crate) fn database_url(&self) -> String {
         match &self.database_url {
             Some(url) => url.clone(),
@@ -137,6 +171,8 @@ pub(crate) struct ServeArgs {
     /// Comma-separated CIDRs whose X-Forwarded-For is trusted.
     #[arg(long, env = "CODEROOM_TRUSTED_PROXIES", value_delimiter = ',')]
     pub trusted_proxies: Vec<String>,
+    /// The key room secrets are sealed with (generated, mode 0600, on first start); defaults
+    /// to `DATA_DIR/secret.key`. Keep it apart from database backups.
     #[arg(long, env = "CODEROOM_SECRET_KEY_FILE")]
     pub secret_key_file: Option<PathBuf>,
     /// Log format (logs go to stderr).
@@ -344,4 +380,12 @@ pub(crate) enum Vmm {
 pub(crate) enum LogFormat {
     Text,
     Json,
+}
+
+impl ServeArgs {
+    /// Where the key that seals room secrets is.
+    pub(crate) fn secret_key_path(&self) -> PathBuf {
+        self.storage
+            .secret_key_path(self.secret_key_file.as_deref())
+    }
 }

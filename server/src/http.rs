@@ -17,6 +17,7 @@ pub(crate) mod login;
 pub(crate) mod ops;
 pub(crate) mod rooms;
 pub(crate) mod sandbox;
+pub(crate) mod secrets;
 pub(crate) mod serve;
 pub(crate) mod state;
 pub(crate) mod terminal_socket;
@@ -46,6 +47,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .merge(terminal_socket::routes())
         .merge(sandbox::routes())
         .merge(checkpoints::routes())
+        .merge(secrets::routes())
         .layer(DefaultBodyLimit::max(MAX_API_BODY))
         // File contents are bigger than API bodies.
         .merge(files::routes())

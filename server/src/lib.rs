@@ -18,5 +18,6 @@ pub(crate) mod metrics;
 pub(crate) mod registry;
 pub mod room;
 pub(crate) mod sandbox;
+pub(crate) mod secrets;
 pub(crate) mod store;
 pub(crate) mod terminal;

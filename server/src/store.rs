@@ -23,6 +23,7 @@ mod deletions;
 mod docs;
 mod rooms;
 mod sandboxes;
+mod secrets;
 
 pub(crate) use accounts::{LoginCode, UserRow};
 pub(crate) use changes::Change;
@@ -30,6 +31,7 @@ pub(crate) use checkpoints::CheckpointRow;
 pub(crate) use docs::StoredDoc;
 pub(crate) use rooms::InviteRow;
 pub(crate) use sandboxes::{SandboxRow, SandboxState};
+pub(crate) use secrets::{SealedSecret, SecretRule};
 
 static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/sqlite");
 

@@ -365,7 +365,7 @@ async fn fork(
         "invites": app.store.invite_count(&room_id).await?,
         "approvals": app.store.approvals(&room_id).await?.len(),
         "checkpoints": app.store.checkpoints(&room_id).await?.len(),
-        "secrets": 0,
+        "secrets": app.store.secret_rules(&room_id).await?.len(),
         "repositories": 0,
         "previews": 0,
         "budgets": 0,

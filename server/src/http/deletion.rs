@@ -55,7 +55,7 @@ const STEPS: &[(&str, Option<&str>)] = &[
     ("recordings", None),
     // Checkpoints' files; their rows go with the room row.
     ("checkpoints", None),
-    ("secrets", None),
+    ("secrets", Some("DELETE FROM secrets WHERE room_id = $1")),
     ("previews", None),
     ("room", Some("DELETE FROM rooms WHERE id = $1")),
 ];

@@ -106,7 +106,13 @@ pub(crate) async fn get_room(
         participants,
         my_capabilities: mine.names(),
         repos: Vec::new(),
-        secret_rules: Vec::new(),
+        secret_rules: app
+            .store
+            .secret_rules(&id)
+            .await?
+            .into_iter()
+            .map(|r| serde_json::json!({ "name": r.name, "hosts": r.hosts, "header": r.header, "format": r.format }))
+            .collect(),
         egress_allowlist: Vec::new(),
         budget: None,
         sandbox: app.sandboxes.status(&id).await?,

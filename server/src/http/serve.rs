@@ -69,6 +69,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     )?;
     let permits = std::thread::available_parallelism().map_or(1, |n| n.get());
     let sandboxes = sandboxes(&args, &store, &audit, &rooms, (&shutdown, &clock))?;
+    let vault = crate::secrets::Vault::open_or_create(&args.secret_key_path())?;
     let admin_emails = args
         .admin_emails
         .iter()
@@ -99,6 +100,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         sandboxes: sandboxes.clone(),
         issuance: Arc::default(),
         deletions: Arc::default(),
+        vault: Arc::new(vault),
     };
     // Deletions a crash interrupted are finished before anything else touches those rooms.
     deletion::resume(&state).await?;
@@ -169,13 +171,12 @@ async fn wait_for_signal(signals: Signals) {
 /// Flags of the public contract whose features later work fills in: accepted now so scripts
 /// written against the contract start, and said out loud so nobody believes they act.
 fn warn_unbuilt(args: &ServeArgs) {
-    let set: [(&str, bool); 3] = [
+    let set: [(&str, bool); 2] = [
         (
             "--cloud-hypervisor-bin",
             args.cloud_hypervisor_bin.is_some(),
         ),
         ("--preview-url", args.preview_url.is_some()),
-        ("--secret-key-file", args.secret_key_file.is_some()),
     ];
     for (flag, given) in set {
         if given {

@@ -42,6 +42,9 @@ pub(crate) struct AppState {
     /// One deletion run at a time.
     #[from_ref(skip)]
     pub deletions: Arc<tokio::sync::Mutex<()>>,
+    /// Seals room secrets.
+    #[from_ref(skip)]
+    pub vault: Arc<crate::secrets::Vault>,
     /// Sessions that just ended (logout): their open sockets close.
     pub sessions_ended: tokio::sync::broadcast::Sender<SessionEnded>,
     /// Whose rights in which room just changed: open terminals look them up again.

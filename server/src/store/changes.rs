@@ -90,6 +90,16 @@ pub(crate) enum Change {
         room_id: String,
         row: super::CheckpointRow,
     },
+    /// Adds a secret, or replaces the one of that name.
+    PutSecret {
+        room_id: String,
+        rule: super::SecretRule,
+        sealed: super::SealedSecret,
+    },
+    RemoveSecret {
+        room_id: String,
+        name: String,
+    },
     /// The room's readiness command (`None`: no readiness step).
     SetReadiness {
         room_id: String,
@@ -219,6 +229,44 @@ pub(super) async fn apply_change(
             .bind(row.bytes)
             .execute(&mut **tx)
             .await?;
+        }
+        Change::PutSecret {
+            room_id,
+            rule,
+            sealed,
+        } => {
+            let hosts = serde_json::to_string(&rule.hosts).map_err(|_| StoreError::Corrupt)?;
+            sqlx::query("DELETE FROM secrets WHERE room_id = $1 AND name = $2")
+                .bind(room_id)
+                .bind(&rule.name)
+                .execute(&mut **tx)
+                .await?;
+            sqlx::query(
+                "INSERT INTO secrets (room_id, name, hosts, header, format, key_id, nonce, \
+                 sealed, created_by, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+            )
+            .bind(room_id)
+            .bind(&rule.name)
+            .bind(hosts)
+            .bind(&rule.header)
+            .bind(&rule.format)
+            .bind(&sealed.key_id)
+            .bind(sealed.nonce.as_slice())
+            .bind(sealed.sealed.as_slice())
+            .bind(&rule.created_by)
+            .bind(rule.created_at)
+            .execute(&mut **tx)
+            .await?;
+        }
+        Change::RemoveSecret { room_id, name } => {
+            let done = sqlx::query("DELETE FROM secrets WHERE room_id = $1 AND name = $2")
+                .bind(room_id)
+                .bind(name)
+                .execute(&mut **tx)
+                .await?;
+            if done.rows_affected() != 1 {
+                return Err(StoreError::Conflict);
+            }
         }
         Change::SetReadiness { room_id, command } => {
             sqlx::query("UPDATE rooms SET readiness = $1 WHERE id = $2")

@@ -325,6 +325,12 @@ impl Server {
         Self::start_command(sh, storage, &[], &[], None).await
     }
 
+    /// Starts the server logging at debug level into `log` (its stderr).
+    pub async fn start_logging_to(storage: &Storage, log: &std::path::Path) -> Server {
+        let after = format!("2>>{}", log.display());
+        Self::start_via_shell(storage, "CODEROOM_LOG=debug", &after).await
+    }
+
     /// Starts the server with an open-file limit of `soft` (and `hard`) descriptors.
     pub async fn start_with_open_file_limit(storage: &Storage, soft: u32, hard: u32) -> Server {
         let limits = format!("ulimit -S -n {soft} && ulimit -H -n {hard} &&");
