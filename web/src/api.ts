@@ -37,6 +37,15 @@ export type Readiness =
   | { state: 'preparing', command: string, since: number }
   | { state: 'ready', command: string, at: number, skipped: boolean }
   | { state: 'failed', command: string, at: number, exit_code: number | null, timed_out: boolean, output: string }
+export interface SecretRule {
+  name: string
+  hosts: string[]
+  header: string
+  format: string
+  created_by: string
+  created_at: number
+  last_used_at: number | null
+}
 export interface Checkpoint { id: string, name: string, author: string, at: number, bytes: number }
 export interface SandboxStatus {
   tier: string
@@ -148,6 +157,10 @@ export const api = {
   restore: (id: string, checkpoint: string) => call<unknown>('POST', `/api/rooms/${id}/checkpoints/${checkpoint}/restore`),
   fork: (id: string, checkpoint: string | null, name?: string) =>
     call<{ id: string, name: string, parent: Parentage }>('POST', `/api/rooms/${id}/fork`, { checkpoint, name }),
+  secrets: (id: string) => call<SecretRule[]>('GET', `/api/rooms/${id}/secrets`),
+  addSecret: (id: string, s: { name: string, value: string, hosts: string[], header: string, format: string }) =>
+    call<SecretRule>('POST', `/api/rooms/${id}/secrets`, s),
+  removeSecret: (id: string, name: string) => call<void>('DELETE', `/api/rooms/${id}/secrets/${encodeURIComponent(name)}`),
   setReadiness: (id: string, command: string | null) => call<{ command: string | null }>('PUT', `/api/rooms/${id}/readiness`, { command }),
   requestDeletion: (id: string) => call<{ deletion_id: string, state: string }>('DELETE', `/api/rooms/${id}`),
   deletion: (id: string) => call<Deletion>('GET', `/api/deletions/${id}`),

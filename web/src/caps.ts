@@ -18,6 +18,8 @@ export interface Abilities {
   delete: boolean
   /** Fork the room (a fork copies its files out). */
   export: boolean
+  /** Add and remove the room's secrets. */
+  addSecret: boolean
   /** Capabilities this person could grant to another (only what they hold themselves). */
   grantable: Capability[]
   /** Roles this person could invite with (never more than they hold). */
@@ -35,6 +37,7 @@ export function abilities (mine: readonly Capability[]): Abilities {
     revoke: has('revoke'),
     delete: has('delete'),
     export: has('export'),
+    addSecret: has('add_secret'),
     grantable: mine.filter((c) => c !== 'observe'),
     inviteRoles: has('invite') ? Object.keys(ROLES).filter((r) => ROLES[r].every(has)) : [],
   }
