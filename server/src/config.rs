@@ -215,6 +215,10 @@ pub(crate) struct SandboxArgs {
     /// Largest terminal recording (asciicast plus input attribution) kept per room.
     #[arg(long, env = "CODEROOM_RECORDING_MAX_BYTES", default_value_t = 64 << 20)]
     pub recording_max_bytes: u64,
+    /// Sandboxes kept started and unassigned, so a room's sandbox starts in the time of a
+    /// restore, not a boot (each is used once, by one room; at most 16).
+    #[arg(long, env = "CODEROOM_SANDBOX_WARM_POOL", default_value_t = 0)]
+    pub sandbox_warm_pool: usize,
 }
 
 impl Default for SandboxArgs {
@@ -229,6 +233,7 @@ impl Default for SandboxArgs {
             terminal_scrollback_bytes: 1 << 20,
             terminal_output_bytes_per_s: 8 << 20,
             recording_max_bytes: 64 << 20,
+            sandbox_warm_pool: 0,
         }
     }
 }

@@ -15,6 +15,8 @@ pub(crate) struct Metrics {
 pub(crate) struct Inner {
     registry: Registry,
     pub rooms_loaded: Gauge,
+    /// Started sandboxes waiting in the warm pool.
+    pub sandbox_pool_ready: Gauge,
     pub connections: Gauge,
     pub updates_applied: Counter,
     pub updates_denied: Counter,
@@ -38,6 +40,7 @@ impl Metrics {
     pub(crate) fn new() -> Self {
         let mut registry = Registry::with_prefix("coderoom");
         let rooms_loaded = Gauge::default();
+        let sandbox_pool_ready = Gauge::default();
         let connections = Gauge::default();
         let updates_applied = Counter::default();
         let updates_denied = Counter::default();
@@ -92,6 +95,11 @@ impl Metrics {
             argon2_operations.clone(),
         );
         registry.register("rooms_loaded", "Rooms held in memory", rooms_loaded.clone());
+        registry.register(
+            "sandbox_pool_ready",
+            "Started sandboxes waiting in the warm pool",
+            sandbox_pool_ready.clone(),
+        );
         registry.register(
             "connections",
             "Open document WebSocket connections",
@@ -151,6 +159,7 @@ impl Metrics {
             inner: Arc::new(Inner {
                 registry,
                 rooms_loaded,
+                sandbox_pool_ready,
                 connections,
                 updates_applied,
                 updates_denied,

@@ -144,7 +144,64 @@ async fn time_to_a_ready_sandbox() {
         assert_eq!(out["stdout"].as_str().unwrap().trim(), files.to_string());
         stop(&server, &token, &new).await;
     }
+    // The same two starts with a warm pool of one: the sandbox is started ahead of need.
+    let server = Server::start(&storage, &["--sandbox-warm-pool", "1"]).await;
+    let pool_ready = |server: &Server| {
+        let url = server.url("/metrics");
+        async move {
+            loop {
+                let m = http(&url, "GET", None, None).await.1;
+                if m.lines().any(|l| l == "coderoom_sandbox_pool_ready 1") {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    let ready_room = create_room(&server, &token).await;
+    let (status, _) = http(
+        &server.url(&format!("/api/rooms/{ready_room}/readiness")),
+        "PUT",
+        Some(&token),
+        Some(&body),
+    )
+    .await;
+    assert_eq!(status, 200);
+    start_until_ready(&server, &token, &ready_room).await;
+    let (status, cp) = post(
+        &server,
+        &token,
+        &format!("/api/rooms/{ready_room}/checkpoints"),
+        r#"{"name":"ready"}"#,
+    )
+    .await;
+    assert_eq!(status, 201, "{cp}");
+    let (mut pooled_bare, mut pooled_fork) = (vec![], vec![]);
+    for _ in 0..rounds {
+        pool_ready(&server).await;
+        let room = create_room(&server, &token).await;
+        let (s, _) = start_until_ready(&server, &token, &room).await;
+        pooled_bare.push(s);
+        stop(&server, &token, &room).await;
+        pool_ready(&server).await;
+        let fork = format!(r#"{{"checkpoint":"{}"}}"#, cp["id"].as_str().unwrap());
+        let (status, f) = post(
+            &server,
+            &token,
+            &format!("/api/rooms/{ready_room}/fork"),
+            &fork,
+        )
+        .await;
+        assert_eq!(status, 201, "{f}");
+        let new = f["id"].as_str().unwrap().to_owned();
+        let (s, skipped) = start_until_ready(&server, &token, &new).await;
+        assert!(skipped);
+        pooled_fork.push(s);
+        stop(&server, &token, &new).await;
+    }
     let report = serde_json::json!({
+        "warm_pool_no_readiness_step": summary(pooled_bare),
+        "warm_pool_fork_of_a_ready_checkpoint": summary(pooled_fork),
         "tier": get_json(&server, &token, &format!("/api/rooms/{}/sandbox", create_room(&server, &token).await)).await["tier"],
         "dependency_files": files,
         "no_readiness_step_cold": summary(bare),

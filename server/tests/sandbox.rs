@@ -1364,6 +1364,75 @@ async fn files_deleted_while_the_sandbox_sleeps_stay_deleted() {
     assert_eq!(files, ["after.txt", "keep.txt"]);
 }
 
+/// Waits until the warm pool holds `n` started sandboxes (`/metrics`).
+async fn pool_holds(server: &Server, n: u32) {
+    let want = format!("coderoom_sandbox_pool_ready {n}");
+    let mut last = String::new();
+    for _ in 0..200 {
+        last = http(&server.url("/metrics"), "GET", None, None).await.1;
+        if last.lines().any(|l| l == want) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!(
+        "the pool never held {n}: {}",
+        last.lines()
+            .filter(|l| l.contains("pool"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+/// The warm pool (issue 20): rooms get sandboxes started ahead of need, each used by one room
+/// once and holding nothing of any other; the pool fills again; a resume from a snapshot takes
+/// a pooled sandbox too.
+#[tokio::test]
+async fn a_warm_pool_gives_each_room_a_fresh_sandbox_once() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let t = team_with(&storage, &["--sandbox-warm-pool", "1"]).await;
+    let (server, room) = (&t.server, &t.room);
+    pool_holds(server, 1).await;
+    let (_, out) = exec(server, &t.ben, room, "echo a > mark && ls").await;
+    assert_eq!(out["stdout"], "mark\n");
+    assert_eq!(
+        sandbox_status(server, &t.ana, room).await["from_warm_pool"],
+        true
+    );
+    pool_holds(server, 1).await;
+    // Another room: another pooled sandbox, with nothing of the first.
+    let other = create_room(server, &t.ana).await;
+    let (_, out) = exec(server, &t.ana, &other, "ls -A; echo end").await;
+    assert_eq!(out["stdout"], "end\n");
+    assert_eq!(
+        sandbox_status(server, &t.ana, &other).await["from_warm_pool"],
+        true
+    );
+    // The first room resumes from its snapshot into a pooled sandbox.
+    pool_holds(server, 1).await;
+    assert_eq!(lifecycle(server, &t.ana, room, "stop").await, 200);
+    let (_, out) = exec(server, &t.ben, room, "cat mark").await;
+    assert_eq!(out["stdout"], "a\n");
+    assert_eq!(
+        sandbox_status(server, &t.ana, room).await["from_warm_pool"],
+        true
+    );
+    let audit = get_json(server, &t.ana, &format!("/api/rooms/{room}/audit")).await;
+    let starts: Vec<&Value> = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["action"] == "sandbox_start")
+        .collect();
+    assert_eq!(starts.len(), 2, "{audit}");
+    assert!(
+        starts
+            .iter()
+            .all(|r| r["details"]["from_warm_pool"] == true),
+        "{audit}"
+    );
+}
+
 /// A server that is not root still bounds each sandbox's memory, processes and CPU, in the
 /// cgroups its operator delegated to it (issue 13 item 5): here the v1 hierarchy, with the
 /// server's own memory, pids and cpu groups given to its user; the sandbox's groups are made

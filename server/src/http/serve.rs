@@ -68,7 +68,15 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         shutdown.clone(),
     )?;
     let permits = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let sandboxes = sandboxes(&args, &store, &audit, &rooms, (&shutdown, &clock))?;
+    let pool_ready = metrics.sandbox_pool_ready.clone();
+    let sandboxes = sandboxes(
+        &args,
+        &store,
+        &audit,
+        &rooms,
+        (&shutdown, &clock),
+        &pool_ready,
+    )?;
     let vault = crate::secrets::Vault::open_or_create(&args.secret_key_path())?;
     let admin_emails = args
         .admin_emails
@@ -105,6 +113,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // Deletions a crash interrupted are finished before anything else touches those rooms.
     deletion::resume(&state).await?;
     sandboxes.start_idle_scheduler();
+    sandboxes.start_warm_pool();
     // The handlers are in place before anyone can know where to send a signal: a SIGTERM right
     // after the line below still shuts down gracefully.
     let signals = install_signal_handlers();
@@ -192,6 +201,7 @@ fn sandboxes(
     audit: &crate::audit::Audit,
     rooms: &Rooms,
     (shutdown, clock): (&CancellationToken, &crate::clock::Clock),
+    pool_ready: &prometheus_client::metrics::gauge::Gauge,
 ) -> anyhow::Result<crate::sandbox::Sandboxes> {
     use coderoom_sandbox::{AgentCommand, Backend, Tier};
     let tier = args.sandbox_tier.tier();
@@ -217,6 +227,7 @@ fn sandboxes(
             cfg: Arc::new(args.sandbox.clone()),
             shutdown: shutdown.clone(),
             clock: clock.clone(),
+            pool_ready: pool_ready.clone(),
         },
     ))
 }

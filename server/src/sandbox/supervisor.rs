@@ -78,6 +78,8 @@ pub(crate) struct SandboxStatus {
     file_sync: FileSync,
     /// The room's readiness step in the running sandbox.
     readiness: Readiness,
+    /// The running sandbox was started ahead of need, in the warm pool.
+    from_warm_pool: bool,
 }
 
 /// Where the room's readiness step (its manifest's command, run after every start or resume)
@@ -236,6 +238,8 @@ pub(crate) struct Deps {
     pub shutdown: CancellationToken,
     /// The time of day for the terminal's recording.
     pub clock: crate::clock::Clock,
+    /// Started sandboxes waiting in the warm pool (a metric).
+    pub pool_ready: prometheus_client::metrics::gauge::Gauge,
 }
 
 struct Inner {
@@ -246,7 +250,14 @@ struct Inner {
     supervisors: crate::registry::Registry<Cmd>,
     /// Numbers each sandbox a supervisor starts, so events of an old one are told apart.
     next_generation: AtomicU64,
+    /// The warm pool: started sandboxes no room has had, each given to one room once.
+    pool: std::sync::Mutex<Vec<coderoom_sandbox::Started>>,
+    /// Told when a pooled sandbox is taken (time to start another).
+    pool_taken: tokio::sync::Notify,
 }
+
+/// Most sandboxes the warm pool holds, whatever `--sandbox-warm-pool` says.
+const MAX_WARM_POOL: usize = 16;
 
 /// Every room's sandbox supervisor.
 #[derive(Clone)]
@@ -263,8 +274,87 @@ impl Sandboxes {
                 deps,
                 supervisors: crate::registry::Registry::default(),
                 next_generation: AtomicU64::new(1),
+                pool: std::sync::Mutex::default(),
+                pool_taken: tokio::sync::Notify::new(),
             }),
         }
+    }
+
+    /// Keeps `--sandbox-warm-pool` sandboxes started and unassigned until shutdown, when the
+    /// unassigned ones are killed.
+    pub(crate) fn start_warm_pool(&self) {
+        let size = self.inner.deps.cfg.sandbox_warm_pool.min(MAX_WARM_POOL);
+        if size == 0 || matches!(self.inner.backend, Backend::None(_)) {
+            return;
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            let inner = &this.inner;
+            let shutdown = inner.deps.shutdown.clone();
+            let mut made = 0u64;
+            while !shutdown.is_cancelled() {
+                let have = inner.pool.lock().unwrap_or_else(|e| e.into_inner()).len();
+                if have < size {
+                    made += 1;
+                    let started = inner
+                        .backend
+                        .start(&format!("pool{made}"), &inner.deps.cfg.limits())
+                        .await;
+                    match started {
+                        Ok(s) => {
+                            let mut pool = inner.pool.lock().unwrap_or_else(|e| e.into_inner());
+                            pool.push(s);
+                            inner.deps.pool_ready.set(pool.len() as i64);
+                        }
+                        Err(e) => {
+                            tracing::warn!(error = %e, "cannot start a sandbox for the warm pool");
+                            tokio::select! {
+                                () = shutdown.cancelled() => {}
+                                () = tokio::time::sleep(Duration::from_secs(5)) => {}
+                            }
+                        }
+                    }
+                    continue;
+                }
+                tokio::select! {
+                    () = shutdown.cancelled() => {}
+                    () = inner.pool_taken.notified() => {}
+                }
+            }
+            let left = std::mem::take(&mut *inner.pool.lock().unwrap_or_else(|e| e.into_inner()));
+            for (sandbox, _, _) in &left {
+                sandbox.kill();
+            }
+            inner.deps.pool_ready.set(0);
+        });
+    }
+
+    /// A sandbox for `room_id`: one from the warm pool if one is waiting (and still alive),
+    /// else a new one. Says which.
+    async fn take_sandbox(
+        &self,
+        room_id: &str,
+    ) -> Result<(coderoom_sandbox::Started, bool), coderoom_sandbox::StartError> {
+        let inner = &self.inner;
+        loop {
+            let pooled = {
+                let mut pool = inner.pool.lock().unwrap_or_else(|e| e.into_inner());
+                let s = pool.pop();
+                inner.deps.pool_ready.set(pool.len() as i64);
+                s
+            };
+            let Some(started) = pooled else { break };
+            inner.pool_taken.notify_one();
+            if started.0.has_ended() {
+                continue;
+            }
+            return Ok((started, true));
+        }
+        let started = inner
+            .backend
+            .start(room_id, &inner.deps.cfg.limits())
+            .await?;
+        Ok((started, false))
     }
 
     /// The tier in use (`namespace` or `none`).
@@ -503,6 +593,8 @@ struct Actor {
     sync_agreed: crate::sandbox::filesync::Digests,
     /// The readiness step of the running sandbox.
     readiness: Readiness,
+    /// Whether the running sandbox came from the warm pool.
+    from_pool: bool,
     last_armed: Option<i64>,
     destroyed: bool,
     failed_idle_stops: u32,
@@ -553,6 +645,7 @@ impl Actor {
             sync_stats: Arc::default(),
             sync_agreed: Arc::default(),
             readiness: Readiness::None,
+            from_pool: false,
             snapshots,
             room_id,
             me,
@@ -778,6 +871,7 @@ impl Actor {
                 Life::Running { .. } => self.readiness.clone(),
                 _ => Readiness::None,
             },
+            from_warm_pool: matches!(self.life, Life::Running { .. }) && self.from_pool,
         }
     }
 
@@ -843,16 +937,12 @@ impl Actor {
         let mut failures = Vec::new();
         let mut started = None;
         for candidate in candidates {
-            let (sandbox, events, receipt) = self
-                .owner
-                .inner
-                .backend
-                .start(&self.room_id, &self.deps().cfg.limits())
-                .await
-                .map_err(|e| {
+            let ((sandbox, events, receipt), pooled) =
+                self.owner.take_sandbox(&self.room_id).await.map_err(|e| {
                     tracing::error!(room = %self.room_id, error = %e, "sandbox start failed");
                     SandboxError::Start
                 })?;
+            self.from_pool = pooled;
             let Some(name) = &candidate else {
                 started = Some((sandbox, events, receipt, candidate));
                 break;
@@ -909,6 +999,7 @@ impl Actor {
             "reason": reason,
             "resumed_from": snapshot,
             "restore_failures": failures,
+            "from_warm_pool": self.from_pool,
             "receipt": receipt,
         });
         if let Err(e) = self
