@@ -25,6 +25,8 @@ pub(crate) enum SecretError {
     KeyFile(PathBuf, std::io::Error),
     #[error("the secret key file {0} is not 64 hex digits")]
     BadKey(PathBuf),
+    #[error("the secret key file {0} is missing, but {1} secret(s) are stored: give the key they were sealed with (--secret-key-file), or they cannot be opened")]
+    Missing(PathBuf, usize),
     #[error("secret {room}/{name} was sealed with key {key_id}, which this server does not have")]
     UnknownKey {
         room: String,
@@ -96,15 +98,28 @@ fn write_new_key(path: &Path) -> Result<[u8; KEY_BYTES], SecretError> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir).map_err(fail)?;
     }
+    // Written whole under a temporary name, then renamed: a crash never leaves a short key.
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let _ = std::fs::remove_file(&tmp);
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
         .mode(0o600)
-        .open(path)
+        .open(&tmp)
         .map_err(fail)?;
     f.write_all(format!("{}\n", hex::encode(key)).as_bytes())
         .and_then(|()| f.sync_all())
         .map_err(fail)?;
+    drop(f);
+    if path.exists() {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(fail(std::io::Error::from(
+            std::io::ErrorKind::AlreadyExists,
+        )));
+    }
+    std::fs::rename(&tmp, path).map_err(fail)?;
     sync_parent(path);
     Ok(key)
 }
@@ -118,10 +133,15 @@ fn sync_parent(path: &Path) {
 }
 
 impl Vault {
-    /// The key at `path`, made (mode 0600) if there is none yet; and the new key of a rotation
-    /// that did not finish, if one is there.
-    pub(crate) fn open_or_create(path: &Path) -> Result<Vault, SecretError> {
+    /// The key at `path`, made (mode 0600) if there is none yet, unless secrets are stored
+    /// (`sealed` of them): a new key would open none of them, so a missing key is an error
+    /// then (a wrong `--secret-key-file`, a database moved without its key). Also the new key
+    /// of a rotation that did not finish, if one is there.
+    pub(crate) fn open_or_create(path: &Path, sealed: usize) -> Result<Vault, SecretError> {
         if read_key(path)?.is_none() {
+            if sealed > 0 {
+                return Err(SecretError::Missing(path.to_owned(), sealed));
+            }
             write_new_key(path)?;
             tracing::warn!(path = %path.display(), "generated the secret key: back it up; without it, room secrets cannot be opened");
         }
@@ -251,7 +271,7 @@ pub(crate) async fn rotate(store: &Store, path: &Path) -> Result<(usize, String)
     for (room, name, sealed) in store.sealed_secrets().await? {
         let value = vault.open(&room, &name, &sealed)?;
         let again = vault.seal(&room, &name, &value);
-        resealed.push((room, name, again));
+        resealed.push((room, name, sealed, again));
     }
     let count = resealed.len();
     store.reseal_secrets(resealed).await?;
@@ -268,7 +288,7 @@ mod tests {
     fn a_sealed_value_opens_only_for_its_room_and_name_and_key() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("secret.key");
-        let vault = Vault::open_or_create(&path).unwrap();
+        let vault = Vault::open_or_create(&path, 0).unwrap();
         use std::os::unix::fs::PermissionsExt as _;
         let mode = std::fs::metadata(&path).unwrap().permissions().mode();
         assert_eq!(mode & 0o777, 0o600);
@@ -291,7 +311,7 @@ mod tests {
             Vault::load(&path).unwrap().open("r1", "API", &s).unwrap(),
             b"sk-live-123"
         );
-        let other = Vault::open_or_create(&dir.path().join("other.key")).unwrap();
+        let other = Vault::open_or_create(&dir.path().join("other.key"), 0).unwrap();
         assert!(matches!(
             other.open("r1", "API", &s),
             Err(SecretError::UnknownKey { .. })
@@ -299,9 +319,15 @@ mod tests {
         // A malformed key file is refused, not replaced.
         std::fs::write(dir.path().join("bad.key"), "not hex").unwrap();
         assert!(matches!(
-            Vault::open_or_create(&dir.path().join("bad.key")),
+            Vault::open_or_create(&dir.path().join("bad.key"), 0),
             Err(SecretError::BadKey(_))
         ));
+        // No key is made over stored secrets.
+        assert!(matches!(
+            Vault::open_or_create(&dir.path().join("missing.key"), 3),
+            Err(SecretError::Missing(_, 3))
+        ));
+        assert!(!dir.path().join("missing.key").exists());
         // Nonces differ: sealing twice gives two ciphertexts.
         assert_ne!(
             vault.seal("r1", "API", b"x").sealed,

@@ -388,7 +388,8 @@ async fn readiness_runs_after_start_shows_failures_and_ready_workspaces_skip_it(
     assert_eq!(out["stdout"], "still usable\n");
 
     // A working step runs once per workspace that has not had it.
-    let prepare = r#"{"command":"echo run >> .runs"}"#;
+    // Assignments before the program may hold a token: the audit names the program only.
+    let prepare = r#"{"command":"TOKEN=s3cr3t-t0ken sh -c 'echo run >> .runs'"}"#;
     assert_eq!(put(server, &t.ben, &path, prepare).await.0, 200);
     restart(server, &t.ben, room).await;
     assert_ready(server, &t.ben, room, false, "run\n").await;
@@ -433,4 +434,69 @@ async fn readiness_runs_after_start_shows_failures_and_ready_workspaces_skip_it(
         .filter(|r| r["action"] == "set_readiness")
         .count();
     assert_eq!(set, 3, "{audit}");
+    assert!(!audit.to_string().contains("s3cr3t-t0ken"), "{audit}");
+    assert!(audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|r| r["action"] == "set_readiness" && r["details"]["program"] == "sh"));
+}
+
+/// A checkpoint of a sleeping room whose document moved on since its last snapshot keeps the
+/// document's text: restored (and forked), the files read as the document did, not as the
+/// older workspace archive did. (The archive's record once claimed it agreed with the newer
+/// document, and the restored workspace's older text was taken in as a change inside.)
+#[tokio::test]
+async fn a_checkpoint_of_a_sleeping_room_keeps_the_edits_made_since_its_snapshot() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let t = team(&storage).await;
+    let (server, room) = (&t.server, &t.room);
+    let mut ana = Client::connect(server, room, &t.ana).await;
+    ana.synced().await;
+    ana.put_file("main.rs", "v1").await;
+    stdout_until(server, &t.ben, room, "cat main.rs", "v1").await;
+    let stop = format!("/api/rooms/{room}/sandbox/stop");
+    assert_eq!(post(server, &t.ana, &stop, "").await.0, 200);
+    // The sandbox sleeps; the document moves on.
+    ana.edit_file("main.rs", 2, " then v2").await;
+    let mut ben = Client::connect(server, room, &t.ben).await;
+    ben.synced().await;
+    ben.wait_for_file("main.rs", "v1 then v2").await;
+    let (status, cp) = post(
+        server,
+        &t.ana,
+        &format!("/api/rooms/{room}/checkpoints"),
+        r#"{"name":"asleep"}"#,
+    )
+    .await;
+    assert_eq!(status, 201, "{cp}");
+    let id = cp["id"].as_str().unwrap();
+    let restore = format!("/api/rooms/{room}/checkpoints/{id}/restore");
+    assert_eq!(post(server, &t.ana, &restore, "").await.0, 200);
+    // The sync writes the document's text over the archive's older one.
+    let out = stdout_until(server, &t.ben, room, "cat main.rs", "v1 then v2").await;
+    assert_eq!(out, "v1 then v2");
+    // The sync has agreed by now (its first scan follows its first agreement).
+    let (_, out) = exec(server, &t.ben, room, "echo x > probe.txt").await;
+    assert_eq!(out["exit_code"], 0);
+    ben.wait_for_file("probe.txt", "x\n").await;
+    assert_eq!(ben.file_content("main.rs").as_deref(), Some("v1 then v2"));
+    let fork = format!("/api/rooms/{room}/fork");
+    let (status, f) = post(
+        server,
+        &t.ana,
+        &fork,
+        &format!(r#"{{"checkpoint":"{id}"}}"#),
+    )
+    .await;
+    assert_eq!(status, 201, "{f}");
+    let new = f["id"].as_str().unwrap();
+    let out = stdout_until(server, &t.ana, new, "cat main.rs", "v1 then v2").await;
+    assert_eq!(out, "v1 then v2");
+    let (_, out) = exec(server, &t.ana, new, "echo y > probe.txt").await;
+    assert_eq!(out["exit_code"], 0);
+    let mut c = Client::connect(server, new, &t.ana).await;
+    c.synced().await;
+    c.wait_for_file("probe.txt", "y\n").await;
+    assert_eq!(c.file_content("main.rs").as_deref(), Some("v1 then v2"));
 }

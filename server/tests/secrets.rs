@@ -256,6 +256,16 @@ async fn secrets_are_sealed_listed_by_rule_and_rotated_on(backend: &Backend) {
     );
     assert!(!text.contains(&value));
 
+    // Without its key, a server holding secrets does not start (a new key would open none).
+    let aside = storage.dir.path().join("aside.key");
+    std::fs::rename(&key, &aside).unwrap();
+    let (ok, text) = storage.cli(&["serve", "--listen", "127.0.0.1:0"]).await;
+    assert!(
+        !ok && text.contains("is missing, but 1 secret(s) are stored"),
+        "{text}"
+    );
+    assert!(!key.exists());
+    std::fs::rename(&aside, &key).unwrap();
     // The server starts with the rotated key; deleting the room destroys its secrets.
     let root = storage.token("root@example.com").await;
     let server = Server::start(&storage, &["--admin-emails", "root@example.com"]).await;

@@ -34,7 +34,7 @@ const MAX_NAME: usize = 100;
 pub(crate) const MAX_CHECKPOINTS: usize = 20;
 const DOC_FILE: &str = "doc.bin";
 const WORKSPACE_FILE: &str = "workspace.tar";
-/// What the server knows of the archive (`{"ready_for"}`).
+/// What the server knows of the archive (a snapshot record: `{"agreed", "ready_for"}`).
 const WORKSPACE_META_FILE: &str = "workspace.json";
 
 pub(crate) fn routes() -> Router<AppState> {
@@ -42,6 +42,16 @@ pub(crate) fn routes() -> Router<AppState> {
         .route("/api/rooms/{id}/checkpoints", get(list).post(create))
         .route("/api/rooms/{id}/checkpoints/{cid}/restore", post(restore))
         .route("/api/rooms/{id}/fork", post(fork))
+}
+
+/// A checkpoint's or a fork's name: 1 to [`MAX_NAME`] printable characters.
+fn checked_name(name: &str) -> Result<(), ApiError> {
+    if name.is_empty() || name.chars().count() > MAX_NAME || name.chars().any(char::is_control) {
+        return Err(ApiError::BadRequest(
+            "name must be 1 to 100 printable characters",
+        ));
+    }
+    Ok(())
 }
 
 /// Where a room's checkpoints are.
@@ -62,11 +72,7 @@ async fn create(
     Json(body): Json<CreateCheckpoint>,
 ) -> Result<(StatusCode, Json<CheckpointRow>), ApiError> {
     let name = body.name.trim().to_owned();
-    if name.is_empty() || name.chars().count() > MAX_NAME || name.chars().any(char::is_control) {
-        return Err(ApiError::BadRequest(
-            "name must be 1 to 100 printable characters",
-        ));
-    }
+    checked_name(&name)?;
     let details = json!({ "name": name });
     let proof = authorize(
         &app,
@@ -76,8 +82,20 @@ async fn create(
         details,
     )
     .await?;
+    let lock = room_lock(&app, &room_id);
+    let _held = lock.lock().await;
     let row = make(&app, &room_id, &user, proof.actor(), name).await?;
     Ok((StatusCode::CREATED, Json(row)))
+}
+
+/// The room's checkpoint lock: making, pruning, restoring and forking one at a time per room
+/// (a prune never removes a checkpoint a restore or a fork is reading).
+fn room_lock(app: &AppState, room_id: &str) -> std::sync::Arc<tokio::sync::Mutex<()>> {
+    let mut locks = app
+        .checkpoint_locks
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    locks.entry(room_id.to_owned()).or_default().clone()
 }
 
 /// Makes a checkpoint of the room as it is now, as `actor`: its files, its row, its record.
@@ -147,22 +165,14 @@ async fn write_files(
         .transact()
         .encode_state_as_update_v1(&StateVector::default());
     visit.leave().await;
-    write_durably(&dir.join(DOC_FILE), &doc).await?;
-    let (workspace, ready_for) = app
+    crate::sandbox::snapshots::write_durably(&dir.join(DOC_FILE), &doc).await?;
+    let (workspace, meta) = app
         .sandboxes
         .archive(room_id, dir.join(WORKSPACE_FILE))
         .await?;
-    let meta = json!({ "ready_for": ready_for }).to_string();
-    write_durably(&dir.join(WORKSPACE_META_FILE), meta.as_bytes()).await?;
+    let meta = serde_json::to_vec(&meta).map_err(|e| store_io(std::io::Error::other(e)))?;
+    crate::sandbox::snapshots::write_durably(&dir.join(WORKSPACE_META_FILE), &meta).await?;
     Ok(doc.len() as u64 + workspace)
-}
-
-async fn write_durably(path: &std::path::Path, data: &[u8]) -> Result<(), ApiError> {
-    use tokio::io::AsyncWriteExt as _;
-    let mut f = tokio::fs::File::create(path).await.map_err(store_io)?;
-    f.write_all(data).await.map_err(store_io)?;
-    f.sync_all().await.map_err(store_io)?;
-    Ok(())
 }
 
 fn store_io(e: std::io::Error) -> ApiError {
@@ -175,7 +185,8 @@ async fn prune(app: &AppState, room_id: &RoomId) -> Result<(), ApiError> {
     let over = rows.len().saturating_sub(MAX_CHECKPOINTS);
     for old in rows.into_iter().take(over) {
         let details = json!({ "checkpoint": old.id, "name": old.name, "kept": MAX_CHECKPOINTS });
-        app.audit
+        let pruned = app
+            .audit
             .record(
                 room_id,
                 "system",
@@ -188,23 +199,27 @@ async fn prune(app: &AppState, room_id: &RoomId) -> Result<(), ApiError> {
                     id: old.id.clone(),
                 },
             )
-            .await?;
+            .await;
+        match pruned {
+            Ok(_) => {}
+            // Pruned by another request first.
+            Err(crate::store::StoreError::Conflict) => continue,
+            Err(e) => return Err(e.into()),
+        }
         let _ = tokio::fs::remove_dir_all(dir_of(app, room_id).join(&old.id)).await;
     }
     Ok(())
 }
 
-/// What the server knows of the workspace of the checkpoint in `dir`, agreeing with `texts`.
-async fn workspace_meta(dir: &std::path::Path, texts: &BTreeMap<String, String>) -> Meta {
-    let ready_for = tokio::fs::read(dir.join(WORKSPACE_META_FILE))
+/// What the server knew of the workspace archive of the checkpoint in `dir`: what it agreed with
+/// the document on (so a restore or a fork takes in what only the archive had changed, and
+/// keeps what only the document had), and the readiness command completed in it.
+async fn workspace_meta(dir: &std::path::Path) -> Meta {
+    tokio::fs::read(dir.join(WORKSPACE_META_FILE))
         .await
         .ok()
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-        .and_then(|v| v["ready_for"].as_str().map(str::to_owned));
-    Meta {
-        agreed: crate::sandbox::filesync::digests(texts),
-        ready_for,
-    }
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
 }
 
 /// The text files (path -> text) of the checkpoint in `dir`.
@@ -235,15 +250,27 @@ async fn restore(
     user: AuthUser,
     Ids((room_id, cid)): Ids<(RoomId, IssuedId)>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
+    // Files for everyone (`edit`), and the workspace with its running programs (`type`, as a
+    // stop and start of the sandbox needs).
     let details = json!({ "checkpoint": cid.as_str() });
     let proof = authorize(
         &app,
         &room_id,
         &user,
         Action::Use(Capability::Edit),
+        details.clone(),
+    )
+    .await?;
+    authorize(
+        &app,
+        &room_id,
+        &user,
+        Action::Use(Capability::Type),
         details,
     )
     .await?;
+    let lock = room_lock(&app, &room_id);
+    let _held = lock.lock().await;
     let row = app
         .store
         .checkpoint(&room_id, &cid)
@@ -252,8 +279,9 @@ async fn restore(
     let dir = dir_of(&app, &room_id).join(cid.as_str());
     let texts = texts_in(&dir).await?;
     let files = texts.len();
-    let ready_for = workspace_meta(&dir, &texts).await.ready_for;
-    app.sandboxes
+    let meta = workspace_meta(&dir).await;
+    let rewound = app
+        .sandboxes
         .rewind(
             &room_id,
             crate::sandbox::supervisor::Rewind {
@@ -261,10 +289,26 @@ async fn restore(
                 texts,
                 who: (user.id.clone(), user.email.clone()),
                 what: format!("checkpoint {:?}", row.name),
-                ready_for,
+                meta,
             },
         )
-        .await?;
+        .await;
+    if let Err(e) = rewound {
+        // Part of it may have happened (the document rewritten, the workspace not): on record.
+        let details = json!({ "checkpoint": row.id, "name": row.name, "error": e.to_string() });
+        app.audit
+            .record(
+                &room_id,
+                proof.actor(),
+                "restore_checkpoint_failed",
+                "allow",
+                "",
+                details,
+                Change::None,
+            )
+            .await?;
+        return Err(e.into());
+    }
     let details = json!({ "checkpoint": row.id, "name": row.name, "at": row.at, "files": files });
     app.audit
         .record(
@@ -319,11 +363,9 @@ async fn fork(
             n
         }
     };
-    if name.is_empty() || name.chars().count() > MAX_NAME || name.chars().any(char::is_control) {
-        return Err(ApiError::BadRequest(
-            "name must be 1 to 100 printable characters",
-        ));
-    }
+    checked_name(&name)?;
+    let lock = room_lock(&app, &room_id);
+    let _held = lock.lock().await;
     let checkpoint = match &body.checkpoint {
         Some(cid) => {
             let cid = IssuedId::parse(cid).ok_or(ApiError::NotFound)?;
@@ -333,6 +375,16 @@ async fn fork(
                 .ok_or(ApiError::NotFound)?
         }
         None => {
+            // A checkpoint made for the fork: making one needs `edit`.
+            let details = json!({ "fork": null });
+            authorize(
+                &app,
+                &room_id,
+                &user,
+                Action::Use(Capability::Edit),
+                details,
+            )
+            .await?;
             make(
                 &app,
                 &room_id,
@@ -407,7 +459,7 @@ async fn fork(
             },
         )
         .await?;
-    let meta = workspace_meta(&dir, &texts).await;
+    let meta = workspace_meta(&dir).await;
     app.sandboxes
         .seed(&new_id, dir.join(WORKSPACE_FILE), meta)
         .await?;

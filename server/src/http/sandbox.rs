@@ -154,8 +154,9 @@ pub(crate) async fn set_readiness(
         }
     }
     let details = match &command {
+        // The program, past any leading `NAME=value` assignments (which may hold a token).
         Some(c) => json!({
-            "program": c.split_whitespace().next().unwrap_or_default(),
+            "program": c.split_whitespace().find(|w| !w.contains('=')).unwrap_or_default(),
             "bytes": c.len(),
         }),
         None => json!({ "cleared": true }),

@@ -77,7 +77,8 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         (&shutdown, &clock),
         &pool_ready,
     )?;
-    let vault = crate::secrets::Vault::open_or_create(&args.secret_key_path())?;
+    let stored = store.sealed_secrets().await?.len();
+    let vault = crate::secrets::Vault::open_or_create(&args.secret_key_path(), stored)?;
     let admin_emails = args
         .admin_emails
         .iter()
@@ -109,6 +110,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         issuance: Arc::default(),
         deletions: Arc::default(),
         vault: Arc::new(vault),
+        checkpoint_locks: Arc::default(),
     };
     // Deletions a crash interrupted are finished before anything else touches those rooms.
     deletion::resume(&state).await?;

@@ -42,6 +42,10 @@ pub(crate) struct AppState {
     /// One deletion run at a time.
     #[from_ref(skip)]
     pub deletions: Arc<tokio::sync::Mutex<()>>,
+    /// One checkpoint operation at a time per room (`http::checkpoints`).
+    #[from_ref(skip)]
+    pub checkpoint_locks:
+        Arc<std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
     /// Seals room secrets.
     #[from_ref(skip)]
     pub vault: Arc<crate::secrets::Vault>,

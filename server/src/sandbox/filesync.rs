@@ -147,16 +147,6 @@ pub(crate) fn digest(text: &str) -> String {
     hex::encode(sha2::Sha256::digest(text.as_bytes()))
 }
 
-/// Path -> digest of each text.
-pub(crate) fn digests<'a>(
-    texts: impl IntoIterator<Item = (&'a String, &'a String)>,
-) -> HashMap<String, String> {
-    texts
-        .into_iter()
-        .map(|(p, t)| (p.clone(), digest(t)))
-        .collect()
-}
-
 /// Path -> digest of the text the document and the workspace last agreed on: the sync keeps
 /// it current, the supervisor stores it beside each snapshot.
 pub(crate) type Digests = Arc<Mutex<HashMap<String, String>>>;
@@ -168,8 +158,10 @@ struct Agreed {
 }
 
 impl Agreed {
-    fn new(digests: Digests) -> Self {
-        digests.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    /// Starts from `restored` (what the restored workspace agreed on): a snapshot taken before
+    /// the first agreement completes keeps it, rather than an empty record.
+    fn new(digests: Digests, restored: &HashMap<String, String>) -> Self {
+        *digests.lock().unwrap_or_else(|e| e.into_inner()) = restored.clone();
         Agreed {
             texts: HashMap::new(),
             digests,
@@ -318,8 +310,8 @@ pub(crate) enum SyncError {
 
 /// Runs the sync until `cancel` fires. Rejoins the room if it goes away.
 pub(crate) async fn run(mut ctx: SyncCtx) {
-    let mut base = Agreed::new(ctx.agreed.clone());
     let mut restored = std::mem::take(&mut ctx.restored);
+    let mut base = Agreed::new(ctx.agreed.clone(), &restored);
     while !ctx.cancel.is_cancelled() {
         if let Err(e) = session(&ctx, &mut base, &mut restored).await {
             tracing::warn!(room = %ctx.room_id, error = %e, "file sync interrupted; retrying");
@@ -555,7 +547,8 @@ impl Session<'_> {
             .map(|e| (e.path.clone(), (e.size, e.mtime_ns)))
             .collect();
         self.replica.take_dirty();
-        let restored = std::mem::take(&mut *self.restored);
+        // Kept until this agreement completes: an interrupted one is tried again with it.
+        let restored = self.restored.clone();
         for path in self.replica.paths() {
             if WorkspacePath::parse(&path).is_err() {
                 continue;
@@ -627,6 +620,7 @@ impl Session<'_> {
             self.import(&entry.path, &text).await?;
         }
         self.replica.take_dirty();
+        self.restored.clear();
         Ok(())
     }
 

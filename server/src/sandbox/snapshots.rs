@@ -92,21 +92,11 @@ impl Snapshots {
     /// checkpoint being restored).
     pub(crate) async fn install(&self, src: &Path, meta: &Meta) -> Result<Taken, SandboxError> {
         let (name, at) = self.begin(meta).await?;
-        let dest = self.dir.join(&name);
-        let partial = partial_of(&dest);
-        let copied = async {
-            let bytes = tokio::fs::copy(src, &partial).await?;
-            tokio::fs::File::open(&partial).await?.sync_all().await?;
-            tokio::fs::rename(&partial, &dest).await?;
-            sync_dir(&self.dir).await;
-            Ok::<_, std::io::Error>(bytes)
-        };
-        match copied.await {
+        match copy_durably(src, &self.dir.join(&name)).await {
             Ok(bytes) => Ok(Taken { name, at, bytes }),
             Err(e) => {
-                let _ = tokio::fs::remove_file(&partial).await;
                 let _ = tokio::fs::remove_file(self.record_path(&name)).await;
-                Err(io(e))
+                Err(e)
             }
         }
     }
@@ -118,13 +108,7 @@ impl Snapshots {
         let at = self.clock.now_ms();
         let name = format!("{PREFIX}{at:013}{SUFFIX}");
         let record = serde_json::to_vec(meta).map_err(|e| io(std::io::Error::other(e)))?;
-        let path = self.record_path(&name);
-        let partial = partial_of(&path);
-        let mut f = tokio::fs::File::create(&partial).await.map_err(io)?;
-        f.write_all(&record).await.map_err(io)?;
-        f.sync_all().await.map_err(io)?;
-        drop(f);
-        tokio::fs::rename(&partial, &path).await.map_err(io)?;
+        write_durably(&self.record_path(&name), &record).await?;
         Ok((name, at))
     }
 
@@ -211,6 +195,59 @@ impl Snapshots {
     }
 }
 
+/// Copies `src` to `dest` (through `dest.partial`, synced, renamed, the directory synced).
+pub(crate) async fn copy_durably(src: &Path, dest: &Path) -> Result<u64, SandboxError> {
+    let partial = partial_of(dest);
+    let copied = async {
+        if let Some(dir) = dest.parent() {
+            tokio::fs::create_dir_all(dir).await?;
+        }
+        let bytes = tokio::fs::copy(src, &partial).await?;
+        tokio::fs::File::open(&partial).await?.sync_all().await?;
+        tokio::fs::rename(&partial, dest).await?;
+        Ok::<_, std::io::Error>(bytes)
+    };
+    match copied.await {
+        Ok(bytes) => {
+            if let Some(dir) = dest.parent() {
+                sync_dir(dir).await;
+            }
+            Ok(bytes)
+        }
+        Err(e) => {
+            let _ = tokio::fs::remove_file(&partial).await;
+            Err(io(e))
+        }
+    }
+}
+
+/// Writes `data` to `dest` (through `dest.partial`, synced, renamed, the directory synced).
+pub(crate) async fn write_durably(dest: &Path, data: &[u8]) -> Result<(), SandboxError> {
+    let partial = partial_of(dest);
+    let written = async {
+        if let Some(dir) = dest.parent() {
+            tokio::fs::create_dir_all(dir).await?;
+        }
+        let mut f = tokio::fs::File::create(&partial).await?;
+        f.write_all(data).await?;
+        f.sync_all().await?;
+        drop(f);
+        tokio::fs::rename(&partial, dest).await
+    };
+    match written.await {
+        Ok(()) => {
+            if let Some(dir) = dest.parent() {
+                sync_dir(dir).await;
+            }
+            Ok(())
+        }
+        Err(e) => {
+            let _ = tokio::fs::remove_file(&partial).await;
+            Err(io(e))
+        }
+    }
+}
+
 fn io(e: std::io::Error) -> SandboxError {
     SandboxError::Store(StoreError::Io(e))
 }
@@ -223,7 +260,7 @@ fn partial_of(path: &Path) -> PathBuf {
 }
 
 /// Makes a rename in `dir` durable (best effort).
-async fn sync_dir(dir: &Path) {
+pub(crate) async fn sync_dir(dir: &Path) {
     if let Ok(d) = tokio::fs::File::open(dir).await {
         let _ = d.sync_all().await;
     }

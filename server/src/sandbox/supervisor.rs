@@ -194,7 +194,7 @@ enum Cmd {
     /// Writes the workspace as it is to `dest` (a checkpoint's archive).
     Archive {
         dest: PathBuf,
-        reply: oneshot::Sender<Result<(u64, Option<String>), SandboxError>>,
+        reply: oneshot::Sender<Result<(u64, Meta), SandboxError>>,
     },
     /// The readiness command of sandbox `generation` ended.
     Prepared {
@@ -222,8 +222,8 @@ pub(crate) struct Rewind {
     pub who: (String, String),
     /// What the terminal and the sandbox's reason say (`checkpoint "NAME"`).
     pub what: String,
-    /// The readiness command that had completed in the checkpoint's workspace.
-    pub ready_for: Option<String>,
+    /// What the server knew of the checkpoint's workspace when it was archived.
+    pub meta: Meta,
 }
 
 /// What the supervisors need from the rest of the server.
@@ -472,13 +472,13 @@ impl Sandboxes {
     }
 
     /// Writes the room's workspace as it is now to `dest`: from the running sandbox, else from
-    /// its latest snapshot, else an empty archive. Returns its size, and the readiness command
-    /// that had completed in it.
+    /// its latest snapshot, else an empty archive. Returns its size, and what the server knows
+    /// of it (what it agreed with the document on, the readiness command completed in it).
     pub(crate) async fn archive(
         &self,
         room_id: &str,
         dest: PathBuf,
-    ) -> Result<(u64, Option<String>), SandboxError> {
+    ) -> Result<(u64, Meta), SandboxError> {
         self.ask(room_id, |reply| Cmd::Archive {
             dest: dest.clone(),
             reply,
@@ -1350,29 +1350,23 @@ impl Actor {
 
     /// The workspace as it is now, written to `dest`: archived from the running sandbox, else
     /// copied from the latest snapshot, else an empty archive (the room never had a sandbox).
-    async fn archive(
-        &mut self,
-        dest: &std::path::Path,
-    ) -> Result<(u64, Option<String>), SandboxError> {
-        let io = |e: std::io::Error| SandboxError::Store(StoreError::Io(e));
+    async fn archive(&mut self, dest: &std::path::Path) -> Result<(u64, Meta), SandboxError> {
         if let Life::Running { sandbox, .. } = &self.life {
-            let (sandbox, ready_for) = (sandbox.clone(), self.ready_for());
-            return Ok((self.snapshots.archive(&sandbox, dest).await?, ready_for));
-        }
-        if let Some(dir) = dest.parent() {
-            tokio::fs::create_dir_all(dir).await.map_err(io)?;
+            // The agreement as the archive starts: what changes on disk while it is written
+            // reads, on a restore, as a change inside (and is taken in).
+            let (sandbox, meta) = (sandbox.clone(), self.meta_now());
+            return Ok((self.snapshots.archive(&sandbox, dest).await?, meta));
         }
         match self.row.as_ref().and_then(|r| r.snapshot.clone()) {
             Some(name) => {
-                let bytes = tokio::fs::copy(self.snapshots.path(&name), dest)
-                    .await
-                    .map_err(io)?;
-                Ok((bytes, self.snapshots.meta(&name).await.ready_for))
+                let bytes = snapshots::copy_durably(&self.snapshots.path(&name), dest).await?;
+                Ok((bytes, self.snapshots.meta(&name).await))
             }
             None => {
                 // An empty tar archive: two zero blocks.
-                tokio::fs::write(dest, [0u8; 1024]).await.map_err(io)?;
-                Ok((1024, None))
+                let empty = [0u8; 1024];
+                snapshots::write_durably(dest, &empty).await?;
+                Ok((1024, Meta::default()))
             }
         }
     }
@@ -1405,11 +1399,7 @@ impl Actor {
         };
         let mut result = rewritten.await;
         if result.is_ok() {
-            let meta = Meta {
-                agreed: crate::sandbox::filesync::digests(&rewind.texts),
-                ready_for: rewind.ready_for.clone(),
-            };
-            result = match self.snapshots.install(&rewind.archive, &meta).await {
+            result = match self.snapshots.install(&rewind.archive, &rewind.meta).await {
                 Ok(taken) => self.make_latest(taken).await.map_err(SandboxError::from),
                 Err(e) => Err(e),
             };

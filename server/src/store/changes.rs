@@ -276,11 +276,14 @@ pub(super) async fn apply_change(
                 .await?;
         }
         Change::RemoveCheckpoint { room_id, id } => {
-            sqlx::query("DELETE FROM checkpoints WHERE room_id = $1 AND id = $2")
+            let done = sqlx::query("DELETE FROM checkpoints WHERE room_id = $1 AND id = $2")
                 .bind(room_id)
                 .bind(id)
                 .execute(&mut **tx)
                 .await?;
+            if done.rows_affected() != 1 {
+                return Err(StoreError::Conflict);
+            }
         }
         Change::CreateRoom { id, name, owner } => {
             insert_room(tx, id, name, owner, (None, None)).await?;

@@ -29,12 +29,14 @@ impl Store {
     pub(crate) async fn secret_rules(&self, room_id: &str) -> Result<Vec<SecretRule>, StoreError> {
         let rows = sqlx::query(
             "SELECT name, hosts, header, format, created_by, created_at, last_used_at \
-             FROM secrets WHERE room_id = $1 ORDER BY name",
+             FROM secrets WHERE room_id = $1",
         )
         .bind(room_id)
         .fetch_all(&self.pool)
         .await?;
-        rows.iter()
+        // Sorted here: PostgreSQL's collation and SQLite's byte order differ on `_`.
+        let mut rules = rows
+            .iter()
             .map(|r| {
                 let hosts: String = r.try_get("hosts")?;
                 Ok(SecretRule {
@@ -47,7 +49,9 @@ impl Store {
                     last_used_at: r.try_get("last_used_at")?,
                 })
             })
-            .collect()
+            .collect::<Result<Vec<_>, StoreError>>()?;
+        rules.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(rules)
     }
 
     /// Every sealed value: (room, name, sealed).
@@ -74,22 +78,25 @@ impl Store {
             .collect()
     }
 
-    /// Replaces the sealed values of these secrets, in one transaction (a key rotation).
+    /// Replaces sealed values (`old` by `new`), in one transaction (a key rotation). A row
+    /// that no longer holds `old` (replaced meanwhile) fails the whole transaction.
     pub(crate) async fn reseal_secrets(
         &self,
-        rows: Vec<(String, String, SealedSecret)>,
+        rows: Vec<(String, String, SealedSecret, SealedSecret)>,
     ) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await?;
-        for (room, name, s) in rows {
+        for (room, name, old, s) in rows {
             let done = sqlx::query(
                 "UPDATE secrets SET key_id = $1, nonce = $2, sealed = $3 \
-                 WHERE room_id = $4 AND name = $5",
+                 WHERE room_id = $4 AND name = $5 AND key_id = $6 AND nonce = $7",
             )
             .bind(&s.key_id)
             .bind(s.nonce.as_slice())
             .bind(s.sealed.as_slice())
             .bind(&room)
             .bind(&name)
+            .bind(&old.key_id)
+            .bind(old.nonce.as_slice())
             .execute(&mut *tx)
             .await?;
             if done.rows_affected() != 1 {
