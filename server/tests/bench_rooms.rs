@@ -54,27 +54,68 @@ async fn many_rooms_paced() {
     }
 }
 
+/// A load: `rooms` rooms, each with one writer and `readers` readers, the writer paced at
+/// `rate` updates a second for `secs` seconds.
+#[derive(Clone, Copy)]
+struct Shape {
+    rooms: usize,
+    readers: usize,
+    rate: usize,
+    secs: usize,
+}
+
 async fn run(group: &str) -> serde_json::Value {
-    let (rooms, readers, rate, secs) = (
-        knob("BENCH_ROOMS", 40),
-        knob("BENCH_READERS", 4),
-        knob("BENCH_RATE", 50),
-        knob("BENCH_SECS", 10),
-    );
-    let total = rate * secs;
+    let shape = Shape {
+        rooms: knob("BENCH_ROOMS", 40),
+        readers: knob("BENCH_READERS", 4),
+        rate: knob("BENCH_RATE", 50),
+        secs: knob("BENCH_SECS", 10),
+    };
     let storage = Storage::new(&Backend::Sqlite).await;
-    let token = storage.token("ana@example.com").await;
     let server =
         Server::start_with_env(&storage, &[], &[("CODEROOM_MAX_COMMIT_GROUP", group)]).await;
+    let report = load(&storage, &server, shape).await;
+    drop(server);
+    report
+}
+
+/// The load generator's smoke mode, in every test run (and so in `.ci/run`): a few seconds of
+/// a small shape, asserting that every update reaches every reader and that every reader ends
+/// with the writer's text. Not speed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smoke_every_update_reaches_every_reader() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let server = Server::start(&storage, &[]).await;
+    let shape = Shape {
+        rooms: 4,
+        readers: 3,
+        rate: 20,
+        secs: 2,
+    };
+    let report = load(&storage, &server, shape).await;
+    assert_eq!(report["delivered"], report["expected"], "{report}");
+}
+
+/// Runs `shape` against `server`: returns the latency report; panics unless every update
+/// reached every reader and every reader converged on its writer's text.
+async fn load(storage: &Storage, server: &Server, shape: Shape) -> serde_json::Value {
+    let Shape {
+        rooms,
+        readers,
+        rate,
+        secs,
+    } = shape;
+    let total = rate * secs;
+    let token = storage.token("ana@example.com").await;
     let mut tasks = Vec::new();
     let mut clients = Vec::new();
     for _ in 0..rooms {
-        let room = create_room(&server, &token).await;
-        let mut writer = Client::connect(&server, &room, &token).await;
+        let room = create_room(server, &token).await;
+        let mut writer = Client::connect(server, &room, &token).await;
         writer.synced().await;
         let mut rs = Vec::new();
         for _ in 0..readers {
-            let mut r = Client::connect(&server, &room, &token).await;
+            let mut r = Client::connect(server, &room, &token).await;
             r.synced().await;
             rs.push(r);
         }
@@ -85,8 +126,9 @@ async fn run(group: &str) -> serde_json::Value {
     for (mut writer, rs) in clients {
         let sent: Arc<Mutex<Vec<Option<Instant>>>> = Arc::new(Mutex::new(vec![None; total]));
         let latencies: Arc<Mutex<Vec<f64>>> = Arc::default();
+        let finals: Arc<Mutex<Vec<String>>> = Arc::default();
         for mut r in rs {
-            let (sent, latencies) = (sent.clone(), latencies.clone());
+            let (sent, latencies, finals) = (sent.clone(), latencies.clone(), finals.clone());
             tasks.push(tokio::spawn(async move {
                 let mut seen = 0usize;
                 while seen < total {
@@ -106,9 +148,11 @@ async fn run(group: &str) -> serde_json::Value {
                     }
                     seen = n + 1;
                 }
+                finals.lock().unwrap().push(r.content("t"));
             }));
         }
         let s = sent.clone();
+        let written = finals.clone();
         tasks.push(tokio::spawn(async move {
             for n in 0..total {
                 let at = start + Duration::from_secs_f64(n as f64 / rate as f64);
@@ -121,18 +165,20 @@ async fn run(group: &str) -> serde_json::Value {
                 s.lock().unwrap()[n] = Some(Instant::now());
                 writer.insert("t", end, &format!("{n:08}|")).await;
             }
+            // The text every reader must end with, first in the list.
+            written.lock().unwrap().insert(0, writer.content("t"));
             // Keep the writer's socket open until the readers are done.
             tokio::time::sleep(Duration::from_secs(30)).await;
             drop(writer);
         }));
-        all.push(latencies);
+        all.push((latencies, finals));
     }
     // Readers finish when they have every update; writers are cut short after that.
     let deadline = Instant::now() + Duration::from_secs((secs + 60) as u64);
     loop {
-        let done = all
-            .iter()
-            .all(|l| l.lock().unwrap().len() >= total * readers);
+        let done = all.iter().all(|(l, f)| {
+            l.lock().unwrap().len() >= total * readers && f.lock().unwrap().len() > readers
+        });
         if done || Instant::now() > deadline {
             break;
         }
@@ -144,7 +190,12 @@ async fn run(group: &str) -> serde_json::Value {
     let mut p50s = Vec::new();
     let mut p99s = Vec::new();
     let mut delivered = 0;
-    for l in &all {
+    for (l, f) in &all {
+        let f = f.lock().unwrap();
+        assert!(
+            f.len() == readers + 1 && f.iter().all(|t| *t == f[0]),
+            "a reader did not converge on its writer's text"
+        );
         let mut v = l.lock().unwrap().clone();
         delivered += v.len();
         v.sort_by(|a, b| a.partial_cmp(b).unwrap());
@@ -164,6 +215,89 @@ async fn run(group: &str) -> serde_json::Value {
         total * readers * rooms,
         "every update reaches every reader"
     );
-    drop(server);
     report
+}
+
+/// Durable before any peer sees it, under load: rooms with paced writers and readers, the
+/// server killed with SIGKILL mid-stream; after a restart each room's text holds every update
+/// any of its readers had received, in order, with no gap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill9_under_paced_load_loses_nothing_a_peer_received() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let (rooms, readers, rate) = (4, 2, 100);
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let token = storage.token("ana@example.com").await;
+    let server = Server::start(&storage, &[]).await;
+    let mut writers = Vec::new();
+    let mut reader_tasks = Vec::new();
+    let mut seen_by_room = Vec::new();
+    for _ in 0..rooms {
+        let room = create_room(&server, &token).await;
+        let mut writer = Client::connect(&server, &room, &token).await;
+        writer.synced().await;
+        // The highest token number any reader of this room received (+1; 0: none).
+        let seen = Arc::new(AtomicUsize::new(0));
+        for _ in 0..readers {
+            let mut r = Client::connect(&server, &room, &token).await;
+            r.synced().await;
+            let seen = seen.clone();
+            reader_tasks.push(tokio::spawn(async move {
+                while let Event::Y(_) = r.next().await {
+                    if let Some(n) = newest(&r.content("t")) {
+                        seen.fetch_max(n + 1, Ordering::SeqCst);
+                    }
+                }
+            }));
+        }
+        writers.push(tokio::spawn(async move {
+            for n in 0.. {
+                let end = {
+                    let t = writer.text("t");
+                    let txn = writer.doc.transact();
+                    t.get_string(&txn).len() as u32
+                };
+                writer.insert("t", end, &format!("{n:08}|")).await;
+                tokio::time::sleep(Duration::from_secs_f64(1.0 / f64::from(rate))).await;
+            }
+        }));
+        seen_by_room.push((room, seen));
+    }
+    // Killed once every room's readers have received a good part of the stream.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while seen_by_room
+        .iter()
+        .any(|(_, s)| s.load(Ordering::SeqCst) < 50)
+    {
+        assert!(Instant::now() < deadline, "the load never got going");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.kill9().await;
+    for w in &writers {
+        w.abort();
+    }
+    // Readers end with their sockets; what they received before is what counts.
+    for r in reader_tasks {
+        let _ = tokio::time::timeout(Duration::from_secs(30), r).await;
+    }
+    let server = Server::start(&storage, &[]).await;
+    for (room, seen) in &seen_by_room {
+        let seen = seen.load(Ordering::SeqCst);
+        let mut c = Client::connect(&server, room, &token).await;
+        c.synced().await;
+        let text = c.content("t");
+        let tokens: Vec<usize> = text
+            .split('|')
+            .filter(|t| !t.is_empty())
+            .map(|t| t.parse().unwrap())
+            .collect();
+        assert!(
+            tokens.iter().enumerate().all(|(i, n)| i == *n),
+            "room {room}: the text has a gap or is out of order"
+        );
+        assert!(
+            tokens.len() >= seen,
+            "room {room}: readers had received {seen} updates, the restarted server holds {}",
+            tokens.len()
+        );
+    }
 }
