@@ -7,7 +7,9 @@ CREATE TABLE checkpoints (
     name    TEXT NOT NULL,
     author  TEXT NOT NULL,
     at      BIGINT NOT NULL,
-    bytes   BIGINT NOT NULL
+    bytes   BIGINT NOT NULL,
+    -- Made by the room's schedule (1) or by someone (0): each kind is kept to its own count.
+    scheduled BIGINT NOT NULL DEFAULT 0
 );
 CREATE INDEX checkpoints_room ON checkpoints (room_id, at);
 
@@ -17,3 +19,9 @@ ALTER TABLE rooms ADD COLUMN parent TEXT;
 
 -- The room's readiness command (run in its sandbox after every start or resume), if any.
 ALTER TABLE rooms ADD COLUMN readiness TEXT;
+
+-- The room's checkpoint policy: one every N ms (NULL: none) and when the next is due; the age
+-- past which checkpoints are pruned (NULL: by count only).
+ALTER TABLE rooms ADD COLUMN checkpoint_every_ms BIGINT;
+ALTER TABLE rooms ADD COLUMN checkpoint_due_at BIGINT;
+ALTER TABLE rooms ADD COLUMN checkpoint_keep_ms BIGINT;

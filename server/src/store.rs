@@ -27,7 +27,7 @@ mod secrets;
 
 pub(crate) use accounts::{LoginCode, UserRow};
 pub(crate) use changes::Change;
-pub(crate) use checkpoints::CheckpointRow;
+pub(crate) use checkpoints::{CheckpointPolicy, CheckpointRow};
 pub(crate) use docs::StoredDoc;
 pub(crate) use rooms::InviteRow;
 pub(crate) use sandboxes::{SandboxRow, SandboxState};

@@ -500,3 +500,101 @@ async fn a_checkpoint_of_a_sleeping_room_keeps_the_edits_made_since_its_snapshot
     c.wait_for_file("probe.txt", "y\n").await;
     assert_eq!(c.file_content("main.rs").as_deref(), Some("v1 then v2"));
 }
+
+/// A room's checkpoint policy: a schedule makes checkpoints (by `system`, kept apart from the
+/// ones people make, so they never push those out), and an age past which checkpoints are
+/// pruned, recorded as such.
+#[tokio::test]
+async fn a_schedule_makes_checkpoints_and_old_ones_are_pruned_by_age() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let ana = storage.token("ana@example.com").await;
+    let server = Server::start_with_env(
+        &storage,
+        &[],
+        &[("CODEROOM_CHECKPOINT_MIN_EVERY_MS", "1000")],
+    )
+    .await;
+    let room = create_room(&server, &ana).await;
+    let list = format!("/api/rooms/{room}/checkpoints");
+    let (status, mine) = post(&server, &ana, &list, r#"{"name":"mine"}"#).await;
+    assert_eq!(status, 201, "{mine}");
+    let path = format!("/api/rooms/{room}/checkpoint-policy");
+    for bad in [
+        r#"{"every_s":0,"keep_days":null}"#,
+        r#"{"every_s":null,"keep_days":0}"#,
+    ] {
+        assert_eq!(put(&server, &ana, &path, bad).await.0, 400, "{bad}");
+    }
+    let (status, p) = put(&server, &ana, &path, r#"{"every_s":1,"keep_days":null}"#).await;
+    assert_eq!(status, 200, "{p}");
+    assert_eq!(p["every_s"], 1);
+    let mut rows = Value::Null;
+    for _ in 0..300 {
+        rows = get_json(&server, &ana, &list).await;
+        let scheduled = rows
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["scheduled"] == true && r["author"] == "system")
+            .count();
+        if scheduled >= 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let scheduled = |rows: &Value| {
+        rows.as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["scheduled"] == true)
+            .count()
+    };
+    assert!(scheduled(&rows) >= 2, "{rows}");
+    let v = get_json(&server, &ana, &format!("/api/rooms/{room}")).await;
+    assert_eq!(v["checkpoint_policy"]["every_s"], 1, "{v}");
+    // The schedule stops; ana's checkpoint is made old; an age policy prunes it (and only it).
+    let (status, _) = put(&server, &ana, &path, r#"{"every_s":null,"keep_days":null}"#).await;
+    assert_eq!(status, 200);
+    let old = 1_000_000_i64;
+    let changed = storage
+        .execute(
+            "UPDATE checkpoints SET at = $1 WHERE id = $2",
+            &[Arg::Int(old), mine["id"].as_str().unwrap().into()],
+        )
+        .await;
+    assert_eq!(changed, 1);
+    let before = get_json(&server, &ana, &list).await;
+    let (status, _) = put(&server, &ana, &path, r#"{"every_s":null,"keep_days":30}"#).await;
+    assert_eq!(status, 200);
+    let after = get_json(&server, &ana, &list).await;
+    assert_eq!(
+        after.as_array().unwrap().len() + 1,
+        before.as_array().unwrap().len(),
+        "{after}"
+    );
+    assert!(after
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|r| r["id"] != mine["id"]));
+    let dir = storage
+        .dir
+        .path()
+        .join("rooms")
+        .join(&room)
+        .join("checkpoints");
+    assert!(!dir.join(mine["id"].as_str().unwrap()).exists());
+    let audit = get_json(&server, &ana, &format!("/api/rooms/{room}/audit")).await;
+    let pruned = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["action"] == "prune_checkpoint")
+        .unwrap_or_else(|| panic!("{audit}"));
+    assert_eq!(pruned["details"]["by"], "age");
+    assert!(audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|r| r["action"] == "create_checkpoint" && r["actor"] == "system"));
+}

@@ -42,6 +42,10 @@ pub(crate) fn routes() -> Router<AppState> {
         .route("/api/rooms/{id}/checkpoints", get(list).post(create))
         .route("/api/rooms/{id}/checkpoints/{cid}/restore", post(restore))
         .route("/api/rooms/{id}/fork", post(fork))
+        .route(
+            "/api/rooms/{id}/checkpoint-policy",
+            axum::routing::put(set_policy),
+        )
 }
 
 /// A checkpoint's or a fork's name: 1 to [`MAX_NAME`] printable characters.
@@ -84,7 +88,7 @@ async fn create(
     .await?;
     let lock = room_lock(&app, &room_id);
     let _held = lock.lock().await;
-    let row = make(&app, &room_id, &user, proof.actor(), name).await?;
+    let row = make(&app, &room_id, Maker::person(&user, proof.actor()), name).await?;
     Ok((StatusCode::CREATED, Json(row)))
 }
 
@@ -98,17 +102,41 @@ fn room_lock(app: &AppState, room_id: &str) -> std::sync::Arc<tokio::sync::Mutex
     locks.entry(room_id.to_owned()).or_default().clone()
 }
 
-/// Makes a checkpoint of the room as it is now, as `actor`: its files, its row, its record.
+/// Who makes a checkpoint: a person (their id and email: the document is read as them), or
+/// the room's schedule.
+struct Maker<'a> {
+    who: (&'a str, &'a str),
+    actor: &'a str,
+    scheduled: bool,
+}
+
+impl<'a> Maker<'a> {
+    fn person(user: &'a AuthUser, actor: &'a str) -> Self {
+        Maker {
+            who: (&user.id, &user.email),
+            actor,
+            scheduled: false,
+        }
+    }
+
+    const SCHEDULE: Maker<'static> = Maker {
+        who: ("system", "scheduled checkpoints"),
+        actor: "system",
+        scheduled: true,
+    };
+}
+
+/// Makes a checkpoint of the room as it is now: its files, its row, its record.
 async fn make(
     app: &AppState,
     room_id: &RoomId,
-    user: &AuthUser,
-    actor: &str,
+    maker: Maker<'_>,
     name: String,
 ) -> Result<CheckpointRow, ApiError> {
+    let actor = maker.actor;
     let id = IssuedId::fresh().to_string();
     let dir = dir_of(app, room_id).join(&id);
-    let made = write_files(app, room_id, user, &dir).await;
+    let made = write_files(app, room_id, maker.who, &dir).await;
     let bytes = match made {
         Ok(b) => b,
         Err(e) => {
@@ -122,8 +150,10 @@ async fn make(
         author: actor.to_owned(),
         at: app.clock.now_ms(),
         bytes: i64::try_from(bytes).unwrap_or(i64::MAX),
+        scheduled: maker.scheduled,
     };
-    let details = json!({ "checkpoint": id, "name": name, "bytes": row.bytes });
+    let details =
+        json!({ "checkpoint": id, "name": name, "bytes": row.bytes, "scheduled": row.scheduled });
     let recorded = app
         .audit
         .record(
@@ -152,14 +182,13 @@ async fn make(
 async fn write_files(
     app: &AppState,
     room_id: &RoomId,
-    user: &AuthUser,
+    who: (&str, &str),
     dir: &std::path::Path,
 ) -> Result<u64, ApiError> {
     tokio::fs::create_dir_all(dir).await.map_err(store_io)?;
-    let visit =
-        crate::room::visit::Visit::start(&app.rooms, &app.limits, room_id, (&user.id, &user.email))
-            .await
-            .map_err(|e| ApiError::Sandbox(e.into()))?;
+    let visit = crate::room::visit::Visit::start(&app.rooms, &app.limits, room_id, who)
+        .await
+        .map_err(|e| ApiError::Sandbox(e.into()))?;
     let doc = visit
         .doc
         .transact()
@@ -179,12 +208,30 @@ fn store_io(e: std::io::Error) -> ApiError {
     ApiError::Store(crate::store::StoreError::Io(e))
 }
 
-/// Keeps the newest [`MAX_CHECKPOINTS`]: older ones are recorded as pruned, then removed.
+/// Keeps the newest [`MAX_CHECKPOINTS`] of each kind (made by people, made by the schedule,
+/// so a schedule never pushes out what people made), and none older than the room's policy
+/// says: the others are recorded as pruned, then removed.
 async fn prune(app: &AppState, room_id: &RoomId) -> Result<(), ApiError> {
     let rows = app.store.checkpoints(room_id).await?;
-    let over = rows.len().saturating_sub(MAX_CHECKPOINTS);
-    for old in rows.into_iter().take(over) {
-        let details = json!({ "checkpoint": old.id, "name": old.name, "kept": MAX_CHECKPOINTS });
+    let keep_ms = app.store.checkpoint_policy(room_id).await?.keep_ms;
+    let now = app.clock.now_ms();
+    let mut gone = Vec::new();
+    for scheduled in [false, true] {
+        let kind: Vec<&CheckpointRow> = rows.iter().filter(|r| r.scheduled == scheduled).collect();
+        let over = kind.len().saturating_sub(MAX_CHECKPOINTS);
+        for (i, r) in kind.into_iter().enumerate() {
+            let too_old = keep_ms.is_some_and(|k| r.at < now - k);
+            if i < over || too_old {
+                let why = if i < over { "count" } else { "age" };
+                gone.push((r.clone(), why));
+            }
+        }
+    }
+    for (old, why) in gone {
+        let details = json!({
+            "checkpoint": old.id, "name": old.name, "by": why,
+            "kept": MAX_CHECKPOINTS, "keep_ms": keep_ms,
+        });
         let pruned = app
             .audit
             .record(
@@ -388,8 +435,7 @@ async fn fork(
             make(
                 &app,
                 &room_id,
-                &user,
-                proof.actor(),
+                Maker::person(&user, proof.actor()),
                 format!("fork as {name:?}"),
             )
             .await?
@@ -472,4 +518,136 @@ async fn fork(
             "parent": { "room": room_id.as_str(), "checkpoint": checkpoint.id, "chain_head": forked.hash },
         })),
     ))
+}
+
+/// Shortest schedule a room may set (`CODEROOM_CHECKPOINT_MIN_EVERY_MS` lowers it, for tests).
+const MIN_EVERY_MS: i64 = 5 * 60 * 1000;
+/// Longest schedule, and longest age kept.
+const MAX_EVERY_MS: i64 = 7 * 24 * 3600 * 1000;
+const MAX_KEEP_MS: i64 = 365 * 24 * 3600 * 1000;
+/// How often due schedules are looked for.
+const SCHEDULE_POLL: std::time::Duration = std::time::Duration::from_secs(2);
+
+fn min_every_ms() -> i64 {
+    std::env::var("CODEROOM_CHECKPOINT_MIN_EVERY_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(MIN_EVERY_MS)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct PolicyBody {
+    /// A checkpoint this often (seconds); `null`: none.
+    every_s: Option<i64>,
+    /// Checkpoints older than this (days) are pruned; `null`: by count only.
+    keep_days: Option<i64>,
+}
+
+/// `PUT /api/rooms/{id}/checkpoint-policy` `{"every_s": 3600 | null, "keep_days": 30 | null}`
+/// (needs `edit`): scheduled checkpoints (kept 20, apart from the ones people make) and an age
+/// past which checkpoints are pruned. Audited.
+async fn set_policy(
+    State(app): State<AppState>,
+    user: AuthUser,
+    Ids(room_id): Ids<RoomId>,
+    Json(body): Json<PolicyBody>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let every_ms = body.every_s.map(|s| s.saturating_mul(1000));
+    if every_ms.is_some_and(|e| e < min_every_ms() || e > MAX_EVERY_MS) {
+        return Err(ApiError::BadRequest(
+            "every_s must be from 300 (five minutes) to 604800 (a week), or null",
+        ));
+    }
+    let keep_ms = body.keep_days.map(|d| d.saturating_mul(24 * 3600 * 1000));
+    if keep_ms.is_some_and(|k| k <= 0 || k > MAX_KEEP_MS) {
+        return Err(ApiError::BadRequest(
+            "keep_days must be from 1 to 365, or null",
+        ));
+    }
+    let details = json!({ "every_s": body.every_s, "keep_days": body.keep_days });
+    let proof = authorize(
+        &app,
+        &room_id,
+        &user,
+        Action::Use(Capability::Edit),
+        details.clone(),
+    )
+    .await?;
+    let policy = crate::store::CheckpointPolicy {
+        every_ms,
+        keep_ms,
+        due_at: every_ms.map(|e| app.clock.now_ms() + e),
+    };
+    app.audit
+        .record(
+            &room_id,
+            proof.actor(),
+            "set_checkpoint_policy",
+            "allow",
+            "",
+            details,
+            Change::SetCheckpointPolicy {
+                room_id: room_id.to_string(),
+                policy,
+            },
+        )
+        .await?;
+    let lock = room_lock(&app, &room_id);
+    let _held = lock.lock().await;
+    prune(&app, &room_id).await?;
+    Ok(Json(policy_view(&policy)))
+}
+
+/// A policy as the API shows it.
+pub(crate) fn policy_view(p: &crate::store::CheckpointPolicy) -> serde_json::Value {
+    json!({
+        "every_s": p.every_ms.map(|e| e / 1000),
+        "keep_days": p.keep_ms.map(|k| k / (24 * 3600 * 1000)),
+        "next_at": p.every_ms.and(p.due_at),
+    })
+}
+
+/// Makes the checkpoints rooms' schedules call for, until shutdown. A room whose checkpoint
+/// fails is tried again at its next time (and the failure logged).
+pub(crate) fn start_scheduler(app: AppState) {
+    tokio::spawn(async move {
+        let shutdown = app.shutdown.clone();
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => break,
+                () = tokio::time::sleep(SCHEDULE_POLL) => {}
+            }
+            let now = app.clock.now_ms();
+            let due = match app.store.due_checkpoints(now).await {
+                Ok(d) => d,
+                Err(e) => {
+                    tracing::warn!(error = %e, "checkpoint schedule: storage unavailable");
+                    continue;
+                }
+            };
+            for room in due {
+                let Some(room_id) = RoomId::parse(&room) else {
+                    continue;
+                };
+                if let Err(e) = scheduled(&app, &room_id, now).await {
+                    tracing::warn!(room = %room_id, error = %e, "scheduled checkpoint failed");
+                }
+            }
+        }
+    });
+}
+
+async fn scheduled(app: &AppState, room_id: &RoomId, now: i64) -> Result<(), ApiError> {
+    let policy = app.store.checkpoint_policy(room_id).await?;
+    let Some(every) = policy.every_ms else {
+        return Ok(());
+    };
+    // The next time first: a failure waits for it rather than retrying at once.
+    app.store.set_checkpoint_due(room_id, now + every).await?;
+    let lock = room_lock(app, room_id);
+    let _held = lock.lock().await;
+    let name = format!("scheduled {}", now);
+    make(app, room_id, Maker::SCHEDULE, name).await?;
+    Ok(())
 }

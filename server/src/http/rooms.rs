@@ -121,6 +121,9 @@ pub(crate) async fn get_room(
             .as_deref()
             .and_then(|p| serde_json::from_str(p).ok()),
         readiness: room.readiness,
+        checkpoint_policy: crate::http::checkpoints::policy_view(
+            &app.store.checkpoint_policy(&id).await?,
+        ),
     }))
 }
 
@@ -160,6 +163,8 @@ pub(crate) struct RoomView {
     /// The readiness command run after every start of the room's sandbox (`sandbox.readiness`
     /// says where it is).
     readiness: Option<String>,
+    /// `{"every_s", "keep_days", "next_at"}` (`PUT .../checkpoint-policy`).
+    checkpoint_policy: Value,
 }
 
 #[derive(Serialize)]

@@ -116,6 +116,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     deletion::resume(&state).await?;
     sandboxes.start_idle_scheduler();
     sandboxes.start_warm_pool();
+    crate::http::checkpoints::start_scheduler(state.clone());
     // The handlers are in place before anyone can know where to send a signal: a SIGTERM right
     // after the line below still shuts down gracefully.
     let signals = install_signal_handlers();

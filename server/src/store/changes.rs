@@ -105,6 +105,11 @@ pub(crate) enum Change {
         room_id: String,
         command: Option<String>,
     },
+    /// The room's checkpoint policy.
+    SetCheckpointPolicy {
+        room_id: String,
+        policy: super::CheckpointPolicy,
+    },
     /// A checkpoint pruned by the room's retention (its files go after the record).
     RemoveCheckpoint {
         room_id: String,
@@ -218,8 +223,8 @@ pub(super) async fn apply_change(
         }
         Change::AddCheckpoint { room_id, row } => {
             sqlx::query(
-                "INSERT INTO checkpoints (id, room_id, name, author, at, bytes) \
-                 VALUES ($1, $2, $3, $4, $5, $6)",
+                "INSERT INTO checkpoints (id, room_id, name, author, at, bytes, scheduled) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)",
             )
             .bind(&row.id)
             .bind(room_id)
@@ -227,6 +232,7 @@ pub(super) async fn apply_change(
             .bind(&row.author)
             .bind(row.at)
             .bind(row.bytes)
+            .bind(i64::from(row.scheduled))
             .execute(&mut **tx)
             .await?;
         }
@@ -274,6 +280,18 @@ pub(super) async fn apply_change(
                 .bind(room_id)
                 .execute(&mut **tx)
                 .await?;
+        }
+        Change::SetCheckpointPolicy { room_id, policy } => {
+            sqlx::query(
+                "UPDATE rooms SET checkpoint_every_ms = $1, checkpoint_keep_ms = $2, \
+                 checkpoint_due_at = $3 WHERE id = $4",
+            )
+            .bind(policy.every_ms)
+            .bind(policy.keep_ms)
+            .bind(policy.due_at)
+            .bind(room_id)
+            .execute(&mut **tx)
+            .await?;
         }
         Change::RemoveCheckpoint { room_id, id } => {
             let done = sqlx::query("DELETE FROM checkpoints WHERE room_id = $1 AND id = $2")
