@@ -58,6 +58,18 @@ pub enum Action {
         /// The approval presented with the request, if any.
         approval: Option<Approval>,
     },
+    /// Restore a checkpoint (`params`: canonical JSON naming it). Needs `edit` and `type` (it
+    /// rewrites everyone's files and restarts the sandbox); where the room's policy asks for it
+    /// (`approval_required`), also an approval by another holder of `approve`, bound to exactly
+    /// these parameters.
+    RestoreCheckpoint {
+        /// The restore's parameters, canonical JSON.
+        params: String,
+        /// The approval presented with the request, if any.
+        approval: Option<Approval>,
+        /// The room's policy asks for an approval.
+        approval_required: bool,
+    },
     /// Approve or deny a pending request.
     DecideApproval {
         /// The request being decided.
@@ -78,6 +90,7 @@ impl Action {
             Action::RemoveParticipant { .. } => "remove_participant",
             Action::RequestDeletion => "request_deletion",
             Action::Export { .. } => "export",
+            Action::RestoreCheckpoint { .. } => "restore_checkpoint",
             Action::DecideApproval { .. } => "decide_approval",
             Action::ConfirmDeletion => "confirm_deletion",
         }
@@ -296,33 +309,11 @@ pub fn decide(principal: &Principal, action: &Action, room: &RoomState, now: i64
             }
         }
         Action::RequestDeletion => need(Capability::Delete),
-        Action::Export { params, approval } => match need(Capability::Export) {
-            Err(e) => Err(e),
-            Ok(()) => match approval {
-                None => {
-                    return Decision::NeedsApproval(ApprovalRequest {
-                        action: action.name(),
-                        params: params.clone(),
-                    })
-                }
-                Some(a) => {
-                    let granted = matches!(&a.decided, Some((by, true)) if *by != a.requester);
-                    if a.expires_at <= now {
-                        Err(DenyReason::ApprovalExpired)
-                    } else if a.used {
-                        Err(DenyReason::AlreadyDecided)
-                    } else if !granted
-                        || a.action != action.name()
-                        || a.requester != principal.user
-                        || a.params != *params
-                    {
-                        Err(DenyReason::ApprovalMismatch)
-                    } else {
-                        Ok(())
-                    }
-                }
-            },
-        },
+        // Their approvals are checked below, once the capabilities hold.
+        Action::Export { .. } => need(Capability::Export),
+        Action::RestoreCheckpoint { .. } => {
+            need(Capability::Edit).and_then(|()| need(Capability::Type))
+        }
         Action::DecideApproval { approval } => need(Capability::Approve).and_then(|()| {
             if approval.requester == principal.user {
                 Err(DenyReason::SelfApproval)
@@ -342,6 +333,31 @@ pub fn decide(principal: &Principal, action: &Action, room: &RoomState, now: i64
             }
         }
     };
+    // Actions bound to an approval: one must be presented, granted by someone else, for
+    // exactly these parameters.
+    let gated = match action {
+        Action::Export { params, approval }
+        | Action::RestoreCheckpoint {
+            params,
+            approval,
+            approval_required: true,
+        } => Some((params, approval)),
+        _ => None,
+    };
+    let result = match (result, gated) {
+        (Ok(()), Some((params, approval))) => {
+            match approved(principal, action.name(), params, approval.as_ref(), now) {
+                Some(r) => r,
+                None => {
+                    return Decision::NeedsApproval(ApprovalRequest {
+                        action: action.name(),
+                        params: params.clone(),
+                    })
+                }
+            }
+        }
+        (result, _) => result,
+    };
     match result {
         Ok(()) => Decision::Allow(Authorized {
             action: action.clone(),
@@ -350,6 +366,29 @@ pub fn decide(principal: &Principal, action: &Action, room: &RoomState, now: i64
         }),
         Err(reason) => Decision::Deny(reason),
     }
+}
+
+/// Whether `approval` lets `principal` do `action` with `params` now: `None` when there is none
+/// (one must be asked for), else the verdict.
+fn approved(
+    principal: &Principal,
+    action: &str,
+    params: &str,
+    approval: Option<&Approval>,
+    now: i64,
+) -> Option<Result<(), DenyReason>> {
+    let a = approval?;
+    let granted = matches!(&a.decided, Some((by, true)) if *by != a.requester);
+    Some(if a.expires_at <= now {
+        Err(DenyReason::ApprovalExpired)
+    } else if a.used {
+        Err(DenyReason::AlreadyDecided)
+    } else if !granted || a.action != action || a.requester != principal.user || a.params != params
+    {
+        Err(DenyReason::ApprovalMismatch)
+    } else {
+        Ok(())
+    })
 }
 
 #[cfg(test)]
@@ -377,6 +416,66 @@ mod tests {
 
     fn allowed(d: &Decision) -> bool {
         matches!(d, Decision::Allow(_))
+    }
+
+    /// A restore needs `edit` and `type`; where the room's policy asks, also an approval by
+    /// someone else for exactly that checkpoint (an approval for an export does not do).
+    #[test]
+    fn restores_need_edit_type_and_an_approval_where_the_room_asks() {
+        let r = room(&[
+            ("ana", Role::Owner),
+            ("ben", Role::Editor),
+            ("cy", Role::Viewer),
+        ]);
+        let params = r#"{"checkpoint":"c1"}"#.to_owned();
+        let restore = |approval, approval_required| Action::RestoreCheckpoint {
+            params: params.clone(),
+            approval,
+            approval_required,
+        };
+        assert!(allowed(&decide(&user("ben"), &restore(None, false), &r, 0)));
+        assert_eq!(
+            decide(&user("cy"), &restore(None, false), &r, 0),
+            Decision::Deny(DenyReason::Missing(Capability::Edit))
+        );
+        assert!(matches!(
+            decide(&user("ben"), &restore(None, true), &r, 0),
+            Decision::NeedsApproval(ApprovalRequest {
+                action: "restore_checkpoint",
+                ..
+            })
+        ));
+        let approved = Approval {
+            id: "1".into(),
+            requester: "ben".into(),
+            action: "restore_checkpoint".into(),
+            params: params.clone(),
+            expires_at: 100,
+            decided: Some(("ana".into(), true)),
+            used: false,
+        };
+        assert!(allowed(&decide(
+            &user("ben"),
+            &restore(Some(approved.clone()), true),
+            &r,
+            50
+        )));
+        let for_export = Approval {
+            action: "export".into(),
+            ..approved.clone()
+        };
+        assert_eq!(
+            decide(&user("ben"), &restore(Some(for_export), true), &r, 50),
+            Decision::Deny(DenyReason::ApprovalMismatch)
+        );
+        let other = Approval {
+            params: r#"{"checkpoint":"c2"}"#.into(),
+            ..approved
+        };
+        assert_eq!(
+            decide(&user("ben"), &restore(Some(other), true), &r, 50),
+            Decision::Deny(DenyReason::ApprovalMismatch)
+        );
     }
 
     #[test]

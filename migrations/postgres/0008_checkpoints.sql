@@ -25,3 +25,5 @@ ALTER TABLE rooms ADD COLUMN readiness TEXT;
 ALTER TABLE rooms ADD COLUMN checkpoint_every_ms BIGINT;
 ALTER TABLE rooms ADD COLUMN checkpoint_due_at BIGINT;
 ALTER TABLE rooms ADD COLUMN checkpoint_keep_ms BIGINT;
+-- Whether restoring a checkpoint needs an approval by someone else (1) or not (0).
+ALTER TABLE rooms ADD COLUMN checkpoint_restore_approval BIGINT NOT NULL DEFAULT 0;

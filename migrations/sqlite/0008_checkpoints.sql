@@ -25,3 +25,5 @@ ALTER TABLE rooms ADD COLUMN readiness TEXT;
 ALTER TABLE rooms ADD COLUMN checkpoint_every_ms INTEGER;
 ALTER TABLE rooms ADD COLUMN checkpoint_due_at INTEGER;
 ALTER TABLE rooms ADD COLUMN checkpoint_keep_ms INTEGER;
+-- Whether restoring a checkpoint needs an approval by someone else (1) or not (0).
+ALTER TABLE rooms ADD COLUMN checkpoint_restore_approval INTEGER NOT NULL DEFAULT 0;

@@ -598,3 +598,71 @@ async fn a_schedule_makes_checkpoints_and_old_ones_are_pruned_by_age() {
         .iter()
         .any(|r| r["action"] == "create_checkpoint" && r["actor"] == "system"));
 }
+
+/// Where the room's policy says so, a restore waits for someone else's approval, bound to that
+/// checkpoint and spent once.
+#[tokio::test]
+async fn a_room_can_ask_for_an_approval_before_a_restore() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let t = team(&storage).await;
+    let (server, room) = (&t.server, &t.room);
+    let mut ana = Client::connect(server, room, &t.ana).await;
+    ana.synced().await;
+    ana.put_file("a.txt", "one").await;
+    let mut ben = Client::connect(server, room, &t.ben).await;
+    ben.synced().await;
+    ben.wait_for_file("a.txt", "one").await;
+    let (status, cp) = post(
+        server,
+        &t.ben,
+        &format!("/api/rooms/{room}/checkpoints"),
+        r#"{"name":"one"}"#,
+    )
+    .await;
+    assert_eq!(status, 201, "{cp}");
+    let policy = format!("/api/rooms/{room}/checkpoint-policy");
+    let body = r#"{"every_s":null,"keep_days":null,"restore_needs_approval":true}"#;
+    assert_eq!(put(server, &t.ben, &policy, body).await.0, 200);
+    ana.edit_file("a.txt", 3, " two").await;
+    ben.wait_for_file("a.txt", "one two").await;
+
+    let restore = format!(
+        "/api/rooms/{room}/checkpoints/{}/restore",
+        cp["id"].as_str().unwrap()
+    );
+    assert_eq!(post(server, &t.cy, &restore, "").await.0, 403);
+    let (status, pending) = post(server, &t.ben, &restore, "").await;
+    assert_eq!(status, 202, "{pending}");
+    assert_eq!(pending["state"], "pending_approval");
+    let id = pending["approval_id"].as_str().unwrap().to_owned();
+    let with = format!(r#"{{"approval_id":"{id}"}}"#);
+    // Not decided yet; the requester cannot decide it.
+    assert_eq!(post(server, &t.ben, &restore, &with).await.0, 403);
+    let decision = format!("/api/rooms/{room}/approvals/{id}/decision");
+    assert_eq!(
+        post(server, &t.ben, &decision, r#"{"approve":true}"#)
+            .await
+            .0,
+        403
+    );
+    assert_eq!(
+        post(server, &t.ana, &decision, r#"{"approve":true}"#)
+            .await
+            .0,
+        200
+    );
+    // Approved for this checkpoint only, by ben only, once.
+    assert_eq!(post(server, &t.ana, &restore, &with).await.0, 403);
+    let (status, body) = post(server, &t.ben, &restore, &with).await;
+    assert_eq!(status, 200, "{body}");
+    ben.wait_for_file("a.txt", "one").await;
+    assert_eq!(post(server, &t.ben, &restore, &with).await.0, 403);
+    let audit = get_json(server, &t.ana, &format!("/api/rooms/{room}/audit")).await;
+    let restored = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["action"] == "restore_checkpoint" && r["decision"] == "allow")
+        .unwrap_or_else(|| panic!("{audit}"));
+    assert_eq!(restored["details"]["approval_id"], id.as_str());
+}

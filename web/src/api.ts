@@ -23,6 +23,13 @@ export interface Room {
   parent?: Parentage | null
   /** The command the sandbox runs after every start, if any. */
   readiness?: string | null
+  checkpoint_policy?: CheckpointPolicy
+}
+export interface CheckpointPolicy {
+  every_s: number | null
+  keep_days: number | null
+  next_at: number | null
+  restore_needs_approval: boolean
 }
 export interface Parentage {
   room: string
@@ -46,7 +53,7 @@ export interface SecretRule {
   created_at: number
   last_used_at: number | null
 }
-export interface Checkpoint { id: string, name: string, author: string, at: number, bytes: number }
+export interface Checkpoint { id: string, name: string, author: string, at: number, bytes: number, scheduled?: boolean }
 export interface SandboxStatus {
   tier: string
   tier_reason?: string
@@ -154,7 +161,11 @@ export const api = {
   sandboxStart: (id: string) => call<SandboxStatus>('POST', `/api/rooms/${id}/sandbox/start`),
   checkpoints: (id: string) => call<Checkpoint[]>('GET', `/api/rooms/${id}/checkpoints`),
   checkpoint: (id: string, name: string) => call<Checkpoint>('POST', `/api/rooms/${id}/checkpoints`, { name }),
-  restore: (id: string, checkpoint: string) => call<unknown>('POST', `/api/rooms/${id}/checkpoints/${checkpoint}/restore`),
+  restore: (id: string, checkpoint: string, approval_id?: string) =>
+    call<{ state?: string, approval_id?: string }>('POST', `/api/rooms/${id}/checkpoints/${checkpoint}/restore`,
+      approval_id ? { approval_id } : undefined),
+  setCheckpointPolicy: (id: string, p: { every_s: number | null, keep_days: number | null, restore_needs_approval: boolean }) =>
+    call<CheckpointPolicy>('PUT', `/api/rooms/${id}/checkpoint-policy`, p),
   fork: (id: string, checkpoint: string | null, name?: string) =>
     call<{ id: string, name: string, parent: Parentage }>('POST', `/api/rooms/${id}/fork`, { checkpoint, name }),
   secrets: (id: string) => call<SecretRule[]>('GET', `/api/rooms/${id}/secrets`),

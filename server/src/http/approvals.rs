@@ -82,23 +82,75 @@ pub(crate) async fn export(
     )
     .await?;
     let params = export_params(&body.files)?;
-    let approval = match &body.approval_id {
-        Some(id) if IssuedId::parse(id).is_some() => Some(
-            app.store
-                .approval(&room_id, id)
-                .await?
-                .ok_or(ApiError::NotFound)?,
-        ),
-        Some(_) => return Err(ApiError::NotFound),
-        None => None,
-    };
-    let state = app.store.room_state(&room_id).await?;
+    let approval = presented(&app, &room_id, body.approval_id.as_deref()).await?;
     let action = Action::Export {
         params: params.clone(),
-        approval: approval.clone(),
+        approval,
     };
     let details: Value = serde_json::from_str(&params).unwrap_or(Value::Null);
-    match decide(&principal(&app, &user), &action, &state, app.clock.now_ms()) {
+    let (proof, approval_id) = match gate(&app, &room_id, &user, action, details.clone()).await? {
+        Gate::Allowed { proof, approval } => (proof, approval),
+        Gate::Pending(response) => return Ok(response),
+    };
+    let details = json!({ "approval_id": approval_id, "params": details });
+    match app
+        .audit
+        .record(
+            &room_id,
+            proof.actor(),
+            "export",
+            "allow",
+            "",
+            details,
+            Change::UseApproval { id: approval_id },
+        )
+        .await
+    {
+        Ok(_) => {}
+        // Used by a concurrent request in between.
+        Err(StoreError::Conflict) => {
+            return Err(ApiError::Denied(DenyReason::AlreadyDecided.to_string()))
+        }
+        Err(e) => return Err(e.into()),
+    }
+    let files = read_files(&app, &room_id, &body.files).await?;
+    Ok(Json(Export { files }).into_response())
+}
+
+/// What [`gate`] decided.
+pub(crate) enum Gate {
+    /// Go ahead; `approval` is the id of the approval presented (empty: none), which the
+    /// action's record spends (`Change::UseApproval`).
+    Allowed {
+        proof: coderoom_authz::Authorized,
+        approval: String,
+    },
+    /// An approval was asked for: the answer to give (202, `pending_approval`).
+    Pending(Response),
+}
+
+/// Decides an action that may need an approval: one is asked for when needed (stored with the
+/// action's exact parameters, audited `needs_approval`), a denial is audited, and an allowed
+/// action is left to the caller to perform and record.
+pub(crate) async fn gate(
+    app: &AppState,
+    room_id: &RoomId,
+    user: &AuthUser,
+    action: Action,
+    details: Value,
+) -> Result<Gate, ApiError> {
+    if app.store.room(room_id).await?.is_none() {
+        return Err(ApiError::NotFound);
+    }
+    let state = app.store.room_state(room_id).await?;
+    let presented = match &action {
+        Action::Export { approval, .. } | Action::RestoreCheckpoint { approval, .. } => {
+            approval.as_ref().map(|a| a.id.clone())
+        }
+        _ => None,
+    };
+    let name = action.name();
+    match decide(&principal(app, user), &action, &state, app.clock.now_ms()) {
         Decision::NeedsApproval(request) => {
             let id = IssuedId::fresh().to_string();
             let change = Change::CreateApproval {
@@ -112,60 +164,65 @@ pub(crate) async fn export(
             let details = json!({ "approval_id": id, "params": details });
             app.audit
                 .record(
-                    &room_id,
+                    room_id,
                     &user.id,
-                    "export",
+                    name,
                     "needs_approval",
                     "",
                     details,
                     change,
                 )
                 .await?;
-            Ok((
-                StatusCode::ACCEPTED,
-                Json(Pending {
-                    approval_id: id,
-                    state: "pending_approval",
-                }),
-            )
-                .into_response())
+            Ok(Gate::Pending(
+                (
+                    StatusCode::ACCEPTED,
+                    Json(Pending {
+                        approval_id: id,
+                        state: "pending_approval",
+                    }),
+                )
+                    .into_response(),
+            ))
+        }
+        // Outsiders learn nothing of the room, as everywhere (`guard::authorize_locked`).
+        Decision::Deny(DenyReason::NotParticipant) if !user_is_admin(app, user) => {
+            Err(ApiError::NotFound)
         }
         Decision::Deny(reason) => {
-            let details = json!({ "approval_id": body.approval_id, "params": details });
+            let details = json!({ "approval_id": presented, "params": details });
             app.audit
                 .lock()
                 .await
-                .deny(&room_id, &user.id, "export", &reason.to_string(), details)
+                .deny(room_id, &user.id, name, &reason.to_string(), details)
                 .await?;
             Err(ApiError::Denied(reason.to_string()))
         }
-        Decision::Allow(proof) => {
-            let id = approval.map(|a| a.id).unwrap_or_default();
-            let details = json!({ "approval_id": id, "params": details });
-            let change = Change::UseApproval { id };
-            match app
-                .audit
-                .record(
-                    &room_id,
-                    proof.actor(),
-                    "export",
-                    "allow",
-                    "",
-                    details,
-                    change,
-                )
-                .await
-            {
-                Ok(_) => {}
-                // Used by a concurrent request in between.
-                Err(StoreError::Conflict) => {
-                    return Err(ApiError::Denied(DenyReason::AlreadyDecided.to_string()))
-                }
-                Err(e) => return Err(e.into()),
-            }
-            let files = read_files(&app, &room_id, &body.files).await?;
-            Ok(Json(Export { files }).into_response())
-        }
+        Decision::Allow(proof) => Ok(Gate::Allowed {
+            proof,
+            approval: presented.unwrap_or_default(),
+        }),
+    }
+}
+
+fn user_is_admin(app: &AppState, user: &AuthUser) -> bool {
+    principal(app, user).is_admin
+}
+
+/// The approval named `id` in the room (404 for an id of the wrong form or not there).
+pub(crate) async fn presented(
+    app: &AppState,
+    room_id: &RoomId,
+    id: Option<&str>,
+) -> Result<Option<coderoom_authz::Approval>, ApiError> {
+    match id {
+        Some(id) if IssuedId::parse(id).is_some() => Ok(Some(
+            app.store
+                .approval(room_id, id)
+                .await?
+                .ok_or(ApiError::NotFound)?,
+        )),
+        Some(_) => Err(ApiError::NotFound),
+        None => Ok(None),
     }
 }
 

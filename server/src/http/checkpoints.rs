@@ -296,26 +296,34 @@ async fn restore(
     State(app): State<AppState>,
     user: AuthUser,
     Ids((room_id, cid)): Ids<(RoomId, IssuedId)>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+    body: axum::body::Bytes,
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse as _;
+    // `{"approval_id"}` where the room's policy asks for an approval; otherwise no body.
+    let approval_id = if body.is_empty() {
+        None
+    } else {
+        let v: RestoreBody = serde_json::from_slice(&body)
+            .map_err(|_| ApiError::BadRequest("the body may only hold {\"approval_id\"}"))?;
+        v.approval_id
+    };
+    let policy = app.store.checkpoint_policy(&room_id).await?;
+    let approval =
+        crate::http::approvals::presented(&app, &room_id, approval_id.as_deref()).await?;
     // Files for everyone (`edit`), and the workspace with its running programs (`type`, as a
-    // stop and start of the sandbox needs).
+    // stop and start of the sandbox needs); an approval where the room asks for one.
+    let params = json!({ "checkpoint": cid.as_str() }).to_string();
+    let action = Action::RestoreCheckpoint {
+        params,
+        approval,
+        approval_required: policy.restore_needs_approval,
+    };
     let details = json!({ "checkpoint": cid.as_str() });
-    let proof = authorize(
-        &app,
-        &room_id,
-        &user,
-        Action::Use(Capability::Edit),
-        details.clone(),
-    )
-    .await?;
-    authorize(
-        &app,
-        &room_id,
-        &user,
-        Action::Use(Capability::Type),
-        details,
-    )
-    .await?;
+    let (proof, approval) =
+        match crate::http::approvals::gate(&app, &room_id, &user, action, details).await? {
+            crate::http::approvals::Gate::Allowed { proof, approval } => (proof, approval),
+            crate::http::approvals::Gate::Pending(response) => return Ok(response),
+        };
     let lock = room_lock(&app, &room_id);
     let _held = lock.lock().await;
     let row = app
@@ -356,7 +364,16 @@ async fn restore(
             .await?;
         return Err(e.into());
     }
-    let details = json!({ "checkpoint": row.id, "name": row.name, "at": row.at, "files": files });
+    let details = json!({
+        "checkpoint": row.id, "name": row.name, "at": row.at, "files": files,
+        "approval_id": approval,
+    });
+    // The approval presented is spent with the record (none: nothing to spend).
+    let change = if approval.is_empty() {
+        Change::None
+    } else {
+        Change::UseApproval { id: approval }
+    };
     app.audit
         .record(
             &room_id,
@@ -365,12 +382,19 @@ async fn restore(
             "allow",
             "",
             details,
-            Change::None,
+            change,
         )
         .await?;
-    Ok(Json(
-        json!({ "id": row.id, "name": row.name, "at": row.at, "restored": true }),
-    ))
+    Ok(
+        Json(json!({ "id": row.id, "name": row.name, "at": row.at, "restored": true }))
+            .into_response(),
+    )
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RestoreBody {
+    approval_id: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -542,6 +566,9 @@ pub(crate) struct PolicyBody {
     every_s: Option<i64>,
     /// Checkpoints older than this (days) are pruned; `null`: by count only.
     keep_days: Option<i64>,
+    /// A restore needs an approval by someone else who holds `approve`.
+    #[serde(default)]
+    restore_needs_approval: bool,
 }
 
 /// `PUT /api/rooms/{id}/checkpoint-policy` `{"every_s": 3600 | null, "keep_days": 30 | null}`
@@ -565,7 +592,11 @@ async fn set_policy(
             "keep_days must be from 1 to 365, or null",
         ));
     }
-    let details = json!({ "every_s": body.every_s, "keep_days": body.keep_days });
+    let details = json!({
+        "every_s": body.every_s,
+        "keep_days": body.keep_days,
+        "restore_needs_approval": body.restore_needs_approval,
+    });
     let proof = authorize(
         &app,
         &room_id,
@@ -578,6 +609,7 @@ async fn set_policy(
         every_ms,
         keep_ms,
         due_at: every_ms.map(|e| app.clock.now_ms() + e),
+        restore_needs_approval: body.restore_needs_approval,
     };
     app.audit
         .record(
@@ -605,6 +637,7 @@ pub(crate) fn policy_view(p: &crate::store::CheckpointPolicy) -> serde_json::Val
         "every_s": p.every_ms.map(|e| e / 1000),
         "keep_days": p.keep_ms.map(|k| k / (24 * 3600 * 1000)),
         "next_at": p.every_ms.and(p.due_at),
+        "restore_needs_approval": p.restore_needs_approval,
     })
 }
 

@@ -284,11 +284,12 @@ pub(super) async fn apply_change(
         Change::SetCheckpointPolicy { room_id, policy } => {
             sqlx::query(
                 "UPDATE rooms SET checkpoint_every_ms = $1, checkpoint_keep_ms = $2, \
-                 checkpoint_due_at = $3 WHERE id = $4",
+                 checkpoint_due_at = $3, checkpoint_restore_approval = $4 WHERE id = $5",
             )
             .bind(policy.every_ms)
             .bind(policy.keep_ms)
             .bind(policy.due_at)
+            .bind(i64::from(policy.restore_needs_approval))
             .bind(room_id)
             .execute(&mut **tx)
             .await?;

@@ -26,6 +26,8 @@ pub(crate) struct CheckpointPolicy {
     pub keep_ms: Option<i64>,
     /// When the next scheduled one is due.
     pub due_at: Option<i64>,
+    /// A restore needs an approval by someone else.
+    pub restore_needs_approval: bool,
 }
 
 fn checkpoint_row(r: &sqlx::any::AnyRow) -> Result<CheckpointRow, StoreError> {
@@ -76,7 +78,8 @@ impl Store {
         room_id: &str,
     ) -> Result<CheckpointPolicy, StoreError> {
         let row = sqlx::query(
-            "SELECT checkpoint_every_ms, checkpoint_keep_ms, checkpoint_due_at FROM rooms WHERE id = $1",
+            "SELECT checkpoint_every_ms, checkpoint_keep_ms, checkpoint_due_at, \
+             checkpoint_restore_approval FROM rooms WHERE id = $1",
         )
         .bind(room_id)
         .fetch_optional(&self.pool)
@@ -86,6 +89,7 @@ impl Store {
                 every_ms: r.try_get("checkpoint_every_ms")?,
                 keep_ms: r.try_get("checkpoint_keep_ms")?,
                 due_at: r.try_get("checkpoint_due_at")?,
+                restore_needs_approval: r.try_get::<i64, _>("checkpoint_restore_approval")? != 0,
             })
         })
     }

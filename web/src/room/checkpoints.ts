@@ -1,7 +1,7 @@
 // The Checkpoints panel: the room's readiness (its command and where it is), checkpoints to make,
 // restore and fork from, and where a fork came from.
 
-import { api, type Checkpoint, type Readiness, type Room } from '../api'
+import { api, list, type Approval, type Checkpoint, type Readiness, type Room } from '../api'
 import { abilities } from '../caps'
 import { action, h, replace, toast, when } from '../dom'
 
@@ -90,7 +90,15 @@ export async function checkpointsPanel (el: HTMLElement, room: Room, selfId: str
           return
         }
         armed.delete(c.id)
-        await api.restore(room.id, c.id)
+        // An approval someone gave for this restore, if the room asks for one.
+        const approved = list<Approval>(await api.approvals(room.id)).find((a) =>
+          a.action === 'restore_checkpoint' && a.state === 'approved' && a.requester === selfId &&
+          (a.params as { checkpoint?: string } | null)?.checkpoint === c.id)
+        const r = await api.restore(room.id, c.id, approved?.id)
+        if (r?.state === 'pending_approval') {
+          toast('This room asks for an approval before a restore: someone who holds approve must agree (Approvals panel), then restore again.')
+          return
+        }
         toast(`Restored "${c.name}": everyone's files now read as they did then.`)
         refresh()
       }, { 'data-testid': `restore-${c.id}`, title: 'Files and workspace go back to this checkpoint, for everyone in the room' })
@@ -104,9 +112,31 @@ export async function checkpointsPanel (el: HTMLElement, room: Room, selfId: str
       }, { 'data-testid': `fork-${c.id}`, title: 'A new room of your own with these files, and none of this room\'s people or grants' })
       : null
     return h('li', { class: 'checkpoint', 'data-testid': 'checkpoint' },
-      h('div', null, h('strong', null, c.name), ' ', h('span', { class: 'hint' }, `${when(c.at)} · by ${by(c.author)} · ${size(c.bytes)}`)),
+      h('div', null, h('strong', null, c.name), ' ', h('span', { class: 'hint' }, `${when(c.at)} · by ${c.scheduled ? 'the schedule' : by(c.author)} · ${size(c.bytes)}`)),
       h('div', { class: 'row' }, restore, fork))
   }
+
+  // The room's checkpoint policy.
+  const p = room.checkpoint_policy
+  const every = h('input', { type: 'number', min: 5, max: 10080, value: p?.every_s ? Math.round(p.every_s / 60) : '', placeholder: 'off', 'aria-label': 'Checkpoint every (minutes)', 'data-testid': 'policy-every', class: 'short' })
+  const keep = h('input', { type: 'number', min: 1, max: 365, value: p?.keep_days ?? '', placeholder: 'no limit', 'aria-label': 'Keep for (days)', 'data-testid': 'policy-keep', class: 'short' })
+  const needsApproval = h('input', { type: 'checkbox', 'data-testid': 'policy-approval', checked: p?.restore_needs_approval ?? false })
+  const policy = h('details', { class: 'stack' },
+    h('summary', null, 'Policy: ', p?.every_s ? `every ${Math.round(p.every_s / 60)} min` : 'no schedule',
+      p?.keep_days ? `, kept ${p.keep_days} days` : '', p?.restore_needs_approval ? ', restores need an approval' : ''),
+    can.edit
+      ? h('div', { class: 'stack' },
+        h('label', { class: 'row' }, 'Checkpoint every', every, 'minutes'),
+        h('label', { class: 'row' }, 'Keep checkpoints for', keep, 'days'),
+        h('label', { class: 'row' }, needsApproval, 'A restore needs someone else\'s approval'),
+        action('Save the policy', async () => {
+          const minutes = every.value === '' ? null : Number(every.value)
+          const days = keep.value === '' ? null : Number(keep.value)
+          await api.setCheckpointPolicy(room.id, { every_s: minutes === null ? null : minutes * 60, keep_days: days, restore_needs_approval: needsApproval.checked })
+          toast('Checkpoint policy saved.')
+          refresh()
+        }, { 'data-testid': 'policy-save' }))
+      : null)
 
   const parent = room.parent
   replace(el,
@@ -116,6 +146,7 @@ export async function checkpointsPanel (el: HTMLElement, room: Room, selfId: str
     h('h3', null, 'Checkpoints'),
     h('p', { class: 'hint' }, 'A checkpoint keeps every file of the room and its workspace. Restoring one changes the files for everyone, live; a fork makes a room of your own from it, with none of this room\'s people, grants or approvals.'),
     make,
+    policy,
     items.length
       ? h('ol', { class: 'checkpoints', reversed: true }, items.slice().reverse().map(row))
       : h('p', { class: 'hint' }, 'No checkpoints yet.'))
