@@ -65,7 +65,11 @@ async fn a_restore_brings_back_the_files_in_every_client_and_on_disk() {
     )
     .await;
     assert_eq!(out["stdout"], "ok\n");
+    // Ben's client applies frames as it reads them: it waits for each file it must hold.
     ben.wait_for_file("inside.txt", "made\n").await;
+    ben.wait_for_file("notes.txt", "keep me").await;
+    ben.wait_for_file("main.rs", "fn main() {\n    println!(\"one\");\n}\n")
+        .await;
     stdout_until(server, &t.ben, room, "cat notes.txt", "keep me").await;
     let then = texts(&ben);
     assert_eq!(then.len(), 3, "{then:?}");
@@ -151,7 +155,7 @@ async fn a_restore_brings_back_the_files_in_every_client_and_on_disk() {
         .as_array()
         .unwrap()
         .iter()
-        .find(|r| r["action"] == "restore_checkpoint")
+        .find(|r| r["action"] == "restore_checkpoint" && r["decision"] == "allow")
         .unwrap_or_else(|| panic!("no restore in {audit}"));
     assert_eq!(restored["actor"], ana_id.as_str(), "{restored}");
     assert_eq!(restored["details"]["checkpoint"], id.as_str(), "{restored}");
