@@ -70,6 +70,15 @@ pub enum Action {
         /// The room's policy asks for an approval.
         approval_required: bool,
     },
+    /// Fork the room into a new one of the principal's own (`params`: canonical JSON naming the
+    /// checkpoint). Needs `observe` plus `export`, or, without `export`, an approval by another
+    /// holder of `approve`, bound to exactly these parameters.
+    Fork {
+        /// The fork's parameters, canonical JSON.
+        params: String,
+        /// The approval presented with the request, if any.
+        approval: Option<Approval>,
+    },
     /// Approve or deny a pending request.
     DecideApproval {
         /// The request being decided.
@@ -80,6 +89,23 @@ pub enum Action {
 }
 
 impl Action {
+    /// The approval this action presents, if it is one that can.
+    pub fn approval(&self) -> Option<&Approval> {
+        match self {
+            Action::Export { approval, .. }
+            | Action::RestoreCheckpoint { approval, .. }
+            | Action::Fork { approval, .. } => approval.as_ref(),
+            Action::Use(_)
+            | Action::CreateInvite { .. }
+            | Action::AcceptInvite { .. }
+            | Action::ChangeParticipant { .. }
+            | Action::RemoveParticipant { .. }
+            | Action::RequestDeletion
+            | Action::DecideApproval { .. }
+            | Action::ConfirmDeletion => None,
+        }
+    }
+
     /// The name recorded in the audit log.
     pub fn name(&self) -> &'static str {
         match self {
@@ -91,6 +117,7 @@ impl Action {
             Action::RequestDeletion => "request_deletion",
             Action::Export { .. } => "export",
             Action::RestoreCheckpoint { .. } => "restore_checkpoint",
+            Action::Fork { .. } => "fork",
             Action::DecideApproval { .. } => "decide_approval",
             Action::ConfirmDeletion => "confirm_deletion",
         }
@@ -314,6 +341,7 @@ pub fn decide(principal: &Principal, action: &Action, room: &RoomState, now: i64
         Action::RestoreCheckpoint { .. } => {
             need(Capability::Edit).and_then(|()| need(Capability::Type))
         }
+        Action::Fork { .. } => need(Capability::Observe),
         Action::DecideApproval { approval } => need(Capability::Approve).and_then(|()| {
             if approval.requester == principal.user {
                 Err(DenyReason::SelfApproval)
@@ -342,6 +370,9 @@ pub fn decide(principal: &Principal, action: &Action, room: &RoomState, now: i64
             approval,
             approval_required: true,
         } => Some((params, approval)),
+        Action::Fork { params, approval } if !caps.contains(Capability::Export) => {
+            Some((params, approval))
+        }
         _ => None,
     };
     let result = match (result, gated) {
@@ -416,6 +447,41 @@ mod tests {
 
     fn allowed(d: &Decision) -> bool {
         matches!(d, Decision::Allow(_))
+    }
+
+    /// A fork needs `observe` and `export`, or an approval by someone else for that checkpoint.
+    #[test]
+    fn forks_need_export_or_an_approval() {
+        let r = room(&[("ana", Role::Owner), ("ben", Role::Editor)]);
+        let params = r#"{"checkpoint":"c1"}"#.to_owned();
+        let fork = |approval| Action::Fork {
+            params: params.clone(),
+            approval,
+        };
+        assert!(allowed(&decide(&user("ana"), &fork(None), &r, 0)));
+        assert!(matches!(
+            decide(&user("ben"), &fork(None), &r, 0),
+            Decision::NeedsApproval(ApprovalRequest { action: "fork", .. })
+        ));
+        let approved = Approval {
+            id: "1".into(),
+            requester: "ben".into(),
+            action: "fork".into(),
+            params: params.clone(),
+            expires_at: 100,
+            decided: Some(("ana".into(), true)),
+            used: false,
+        };
+        assert!(allowed(&decide(
+            &user("ben"),
+            &fork(Some(approved)),
+            &r,
+            50
+        )));
+        assert_eq!(
+            decide(&user("zed"), &fork(None), &r, 0),
+            Decision::Deny(DenyReason::NotParticipant)
+        );
     }
 
     /// A restore needs `edit` and `type`; where the room's policy asks, also an approval by

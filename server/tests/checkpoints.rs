@@ -205,9 +205,8 @@ async fn a_fork_copies_files_never_authority_and_outlives_its_parent() {
     .await;
     assert_eq!(status, 202);
 
-    // An editor may not fork (it needs `export`); the owner may.
+    // The owner holds `export` and forks at once.
     let fork = format!("/api/rooms/{room}/fork");
-    assert_eq!(post(server, &t.ben, &fork, "{}").await.0, 403);
     let (status, f) = post(server, &t.ana, &fork, r#"{"name":"experiment"}"#).await;
     assert_eq!(status, 201, "{f}");
     let new = f["id"].as_str().unwrap().to_owned();
@@ -278,6 +277,39 @@ async fn a_fork_copies_files_never_authority_and_outlives_its_parent() {
     assert_eq!(f["parent"]["chain_head"], forked["hash"]);
     let (ok, text) = storage.cli(&["audit", "verify"]).await;
     assert!(ok, "{text}");
+
+    // Without `export`, a fork waits for someone else's approval, and is ben's own once made.
+    let (status, pending) = post(server, &t.ben, &fork, "{}").await;
+    assert_eq!(status, 202, "{pending}");
+    let id = pending["approval_id"].as_str().unwrap().to_owned();
+    let with = format!(r#"{{"approval_id":"{id}"}}"#);
+    assert_eq!(
+        post(server, &t.ben, &fork, &with).await.0,
+        403,
+        "not approved yet"
+    );
+    let decision = format!("/api/rooms/{room}/approvals/{id}/decision");
+    assert_eq!(
+        post(server, &t.ana, &decision, r#"{"approve":true}"#)
+            .await
+            .0,
+        200
+    );
+    let (status, f2) = post(server, &t.ben, &fork, &with).await;
+    assert_eq!(status, 201, "{f2}");
+    let v = get_json(
+        server,
+        &t.ben,
+        &format!("/api/rooms/{}", f2["id"].as_str().unwrap()),
+    )
+    .await;
+    assert_eq!(v["participants"][0]["email"], "ben@example.com", "{v}");
+    assert_eq!(v["participants"].as_array().unwrap().len(), 1, "{v}");
+    assert_eq!(
+        post(server, &t.ben, &fork, &with).await.0,
+        403,
+        "an approval is spent once"
+    );
 
     // The parent goes; the fork stays whole.
     delete_room(server, &t.ana, &root, room).await;

@@ -166,8 +166,8 @@ export const api = {
       approval_id ? { approval_id } : undefined),
   setCheckpointPolicy: (id: string, p: { every_s: number | null, keep_days: number | null, restore_needs_approval: boolean }) =>
     call<CheckpointPolicy>('PUT', `/api/rooms/${id}/checkpoint-policy`, p),
-  fork: (id: string, checkpoint: string | null, name?: string) =>
-    call<{ id: string, name: string, parent: Parentage }>('POST', `/api/rooms/${id}/fork`, { checkpoint, name }),
+  fork: (id: string, checkpoint: string | null, approval_id?: string) =>
+    call<{ id?: string, name?: string, parent?: Parentage, state?: string, approval_id?: string }>('POST', `/api/rooms/${id}/fork`, { checkpoint, approval_id }),
   secrets: (id: string) => call<SecretRule[]>('GET', `/api/rooms/${id}/secrets`),
   addSecret: (id: string, s: { name: string, value: string, hosts: string[], header: string, format: string }) =>
     call<SecretRule>('POST', `/api/rooms/${id}/secrets`, s),

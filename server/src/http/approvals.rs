@@ -143,12 +143,7 @@ pub(crate) async fn gate(
         return Err(ApiError::NotFound);
     }
     let state = app.store.room_state(room_id).await?;
-    let presented = match &action {
-        Action::Export { approval, .. } | Action::RestoreCheckpoint { approval, .. } => {
-            approval.as_ref().map(|a| a.id.clone())
-        }
-        _ => None,
-    };
+    let presented = action.approval().map(|a| a.id.clone());
     let name = action.name();
     match decide(&principal(app, user), &action, &state, app.clock.now_ms()) {
         Decision::NeedsApproval(request) => {

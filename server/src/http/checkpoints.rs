@@ -404,6 +404,9 @@ pub(crate) struct ForkBody {
     checkpoint: Option<String>,
     #[serde(default)]
     name: Option<String>,
+    /// An approval of this fork, for a caller without `export`.
+    #[serde(default)]
+    approval_id: Option<String>,
 }
 
 /// `POST /api/rooms/{id}/fork`: a new room owned by the caller, with the files of a checkpoint
@@ -416,15 +419,19 @@ async fn fork(
     user: AuthUser,
     Ids(room_id): Ids<RoomId>,
     Json(body): Json<ForkBody>,
-) -> Result<(StatusCode, Json<serde_json::Value>), ApiError> {
-    let proof = authorize(
-        &app,
-        &room_id,
-        &user,
-        Action::Use(Capability::Export),
-        json!({ "fork": body.checkpoint }),
-    )
-    .await?;
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse as _;
+    // `observe` plus `export`, or an approval of exactly this fork (202 until there is one).
+    let params = json!({ "checkpoint": body.checkpoint }).to_string();
+    let approval =
+        crate::http::approvals::presented(&app, &room_id, body.approval_id.as_deref()).await?;
+    let action = Action::Fork { params, approval };
+    let details = json!({ "checkpoint": body.checkpoint });
+    let gate = crate::http::approvals::gate(&app, &room_id, &user, action, details).await?;
+    let (proof, approval) = match gate {
+        crate::http::approvals::Gate::Allowed { proof, approval } => (proof, approval),
+        crate::http::approvals::Gate::Pending(response) => return Ok(response),
+    };
     let parent = app.store.room(&room_id).await?.ok_or(ApiError::NotFound)?;
     let name = match body.name.as_deref().map(str::trim) {
         Some(n) => n.to_owned(),
@@ -501,8 +508,18 @@ async fn fork(
             "fork",
             "allow",
             "",
-            json!({ "room": new_id.as_str(), "checkpoint": checkpoint.id, "name": name }),
-            Change::None,
+            json!({
+                "room": new_id.as_str(), "checkpoint": checkpoint.id, "name": name,
+                "approval_id": approval,
+            }),
+            // An approval presented is spent with the record.
+            if approval.is_empty() {
+                Change::None
+            } else {
+                Change::UseApproval {
+                    id: approval.clone(),
+                }
+            },
         )
         .await?;
     let parentage = json!({
@@ -541,7 +558,8 @@ async fn fork(
             "name": name,
             "parent": { "room": room_id.as_str(), "checkpoint": checkpoint.id, "chain_head": forked.hash },
         })),
-    ))
+    )
+        .into_response())
 }
 
 /// Shortest schedule a room may set (`CODEROOM_CHECKPOINT_MIN_EVERY_MS` lowers it, for tests).

@@ -104,13 +104,21 @@ export async function checkpointsPanel (el: HTMLElement, room: Room, selfId: str
       }, { 'data-testid': `restore-${c.id}`, title: 'Files and workspace go back to this checkpoint, for everyone in the room' })
       : null
     const restoreButton = restore as HTMLButtonElement
-    const fork = can.export
-      ? action('Fork', async () => {
-        const f = await api.fork(room.id, c.id)
-        toast(`Forked into "${f.name}".`)
-        go(`/rooms/${f.id}`)
-      }, { 'data-testid': `fork-${c.id}`, title: 'A new room of your own with these files, and none of this room\'s people or grants' })
-      : null
+    // With `export` a fork is made at once; without it, it waits for someone else's approval.
+    const fork = action('Fork', async () => {
+      const approved = can.export
+        ? undefined
+        : list<Approval>(await api.approvals(room.id)).find((a) =>
+          a.action === 'fork' && a.state === 'approved' && a.requester === selfId &&
+          (a.params as { checkpoint?: string } | null)?.checkpoint === c.id)
+      const f = await api.fork(room.id, c.id, approved?.id)
+      if (f.state === 'pending_approval' || !f.id) {
+        toast('Forking needs export, or someone else\'s approval: asked (Approvals panel). Fork again once approved.')
+        return
+      }
+      toast(`Forked into "${f.name ?? 'a new room'}".`)
+      go(`/rooms/${f.id}`)
+    }, { 'data-testid': `fork-${c.id}`, title: 'A new room of your own with these files, and none of this room\'s people or grants' })
     return h('li', { class: 'checkpoint', 'data-testid': 'checkpoint' },
       h('div', null, h('strong', null, c.name), ' ', h('span', { class: 'hint' }, `${when(c.at)} · by ${c.scheduled ? 'the schedule' : by(c.author)} · ${size(c.bytes)}`)),
       h('div', { class: 'row' }, restore, fork))
