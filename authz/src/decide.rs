@@ -445,6 +445,19 @@ mod tests {
         }
     }
 
+    /// An approval ben asked for, for `action` with `params`, granted by ana, valid until 100.
+    fn approved_by_ana(action: &str, params: &str) -> Approval {
+        Approval {
+            id: "1".into(),
+            requester: "ben".into(),
+            action: action.into(),
+            params: params.into(),
+            expires_at: 100,
+            decided: Some(("ana".into(), true)),
+            used: false,
+        }
+    }
+
     fn allowed(d: &Decision) -> bool {
         matches!(d, Decision::Allow(_))
     }
@@ -463,15 +476,7 @@ mod tests {
             decide(&user("ben"), &fork(None), &r, 0),
             Decision::NeedsApproval(ApprovalRequest { action: "fork", .. })
         ));
-        let approved = Approval {
-            id: "1".into(),
-            requester: "ben".into(),
-            action: "fork".into(),
-            params: params.clone(),
-            expires_at: 100,
-            decided: Some(("ana".into(), true)),
-            used: false,
-        };
+        let approved = approved_by_ana("fork", &params);
         assert!(allowed(&decide(
             &user("ben"),
             &fork(Some(approved)),
@@ -511,15 +516,7 @@ mod tests {
                 ..
             })
         ));
-        let approved = Approval {
-            id: "1".into(),
-            requester: "ben".into(),
-            action: "restore_checkpoint".into(),
-            params: params.clone(),
-            expires_at: 100,
-            decided: Some(("ana".into(), true)),
-            used: false,
-        };
+        let approved = approved_by_ana("restore_checkpoint", &params);
         assert!(allowed(&decide(
             &user("ben"),
             &restore(Some(approved.clone()), true),
