@@ -211,9 +211,17 @@ pub struct Authorized {
     action: Action,
     actor: String,
     actor_caps: CapabilitySet,
+    /// The approval the decision rested on (checked: granted by someone else, for this action,
+    /// requester and parameters), which the action's record must spend.
+    approval: Option<String>,
 }
 
 impl Authorized {
+    /// The id of the approval this decision rested on, if it needed one.
+    pub fn approval(&self) -> Option<&str> {
+        self.approval.as_deref()
+    }
+
     /// The action that was allowed.
     pub fn action(&self) -> &Action {
         &self.action
@@ -375,10 +383,14 @@ pub fn decide(principal: &Principal, action: &Action, room: &RoomState, now: i64
         }
         _ => None,
     };
+    let mut rested_on = None;
     let result = match (result, gated) {
         (Ok(()), Some((params, approval))) => {
             match approved(principal, action.name(), params, approval.as_ref(), now) {
-                Some(r) => r,
+                Some(r) => {
+                    rested_on = approval.as_ref().map(|a| a.id.clone());
+                    r
+                }
                 None => {
                     return Decision::NeedsApproval(ApprovalRequest {
                         action: action.name(),
@@ -394,6 +406,7 @@ pub fn decide(principal: &Principal, action: &Action, room: &RoomState, now: i64
             action: action.clone(),
             actor: principal.user.clone(),
             actor_caps: caps,
+            approval: rested_on,
         }),
         Err(reason) => Decision::Deny(reason),
     }

@@ -656,9 +656,20 @@ async fn a_room_can_ask_for_an_approval_before_a_restore() {
     )
     .await;
     assert_eq!(status, 201, "{cp}");
+    // Only someone who holds approve sets the policy: those it restrains cannot lift it.
     let policy = format!("/api/rooms/{room}/checkpoint-policy");
-    let body = r#"{"every_s":null,"keep_days":null,"restore_needs_approval":true}"#;
-    assert_eq!(put(server, &t.ben, &policy, body).await.0, 200);
+    let body = r#"{"restore_needs_approval":true}"#;
+    assert_eq!(put(server, &t.ben, &policy, body).await.0, 403);
+    assert_eq!(put(server, &t.ana, &policy, body).await.0, 200);
+    let off = r#"{"restore_needs_approval":false}"#;
+    assert_eq!(put(server, &t.ben, &policy, off).await.0, 403);
+    // Other fields left out stay as they are.
+    let (status, p) = put(server, &t.ana, &policy, r#"{"keep_days":30}"#).await;
+    assert_eq!(
+        (status, p["restore_needs_approval"].as_bool()),
+        (200, Some(true)),
+        "{p}"
+    );
     ana.edit_file("a.txt", 3, " two").await;
     ben.wait_for_file("a.txt", "one two").await;
 
@@ -693,6 +704,23 @@ async fn a_room_can_ask_for_an_approval_before_a_restore() {
     assert_eq!(status, 200, "{body}");
     ben.wait_for_file("a.txt", "one").await;
     assert_eq!(post(server, &t.ben, &restore, &with).await.0, 403);
+    // An approval is not spent on what needs none (a fork by the owner, who holds export).
+    let (status, again) = post(server, &t.ben, &restore, "").await;
+    assert_eq!(status, 202, "{again}");
+    let second = again["approval_id"].as_str().unwrap().to_owned();
+    let decision = format!("/api/rooms/{room}/approvals/{second}/decision");
+    assert_eq!(
+        post(server, &t.ana, &decision, r#"{"approve":true}"#)
+            .await
+            .0,
+        200
+    );
+    let fork = format!("/api/rooms/{room}/fork");
+    let stolen = format!(r#"{{"approval_id":"{second}"}}"#);
+    assert_eq!(post(server, &t.ana, &fork, &stolen).await.0, 400);
+    let with = stolen;
+    let (status, body) = post(server, &t.ben, &restore, &with).await;
+    assert_eq!(status, 200, "ben's approval is still his to use: {body}");
     let audit = get_json(server, &t.ana, &format!("/api/rooms/{room}/audit")).await;
     let restored = audit
         .as_array()

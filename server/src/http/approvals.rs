@@ -192,10 +192,17 @@ pub(crate) async fn gate(
                 .await?;
             Err(ApiError::Denied(reason.to_string()))
         }
-        Decision::Allow(proof) => Ok(Gate::Allowed {
-            proof,
-            approval: presented.unwrap_or_default(),
-        }),
+        Decision::Allow(proof) => {
+            // An approval the decision did not need is not spent on it (it may be someone
+            // else's, for something else).
+            if presented.is_some() && proof.approval().is_none() {
+                return Err(ApiError::BadRequest(
+                    "this needs no approval: send it without approval_id",
+                ));
+            }
+            let approval = proof.approval().unwrap_or_default().to_owned();
+            Ok(Gate::Allowed { proof, approval })
+        }
     }
 }
 

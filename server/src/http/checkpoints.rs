@@ -310,6 +310,10 @@ async fn restore(
     let policy = app.store.checkpoint_policy(&room_id).await?;
     let approval =
         crate::http::approvals::presented(&app, &room_id, approval_id.as_deref()).await?;
+    // A checkpoint that is not there gets no approval asked for it.
+    if app.store.checkpoint(&room_id, &cid).await?.is_none() {
+        return Err(ApiError::NotFound);
+    }
     // Files for everyone (`edit`), and the workspace with its running programs (`type`, as a
     // stop and start of the sandbox needs); an approval where the room asks for one.
     let params = json!({ "checkpoint": cid.as_str() }).to_string();
@@ -335,6 +339,38 @@ async fn restore(
     let texts = texts_in(&dir).await?;
     let files = texts.len();
     let meta = workspace_meta(&dir).await;
+    // On record (and the approval spent, once) before anything changes: a restore is never
+    // done without its record, and one approval never restores twice.
+    let details = json!({
+        "checkpoint": row.id, "name": row.name, "at": row.at, "files": files,
+        "approval_id": approval,
+    });
+    let change = if approval.is_empty() {
+        Change::None
+    } else {
+        Change::UseApproval { id: approval }
+    };
+    match app
+        .audit
+        .record(
+            &room_id,
+            proof.actor(),
+            "restore_checkpoint",
+            "allow",
+            "",
+            details,
+            change,
+        )
+        .await
+    {
+        Ok(_) => {}
+        Err(crate::store::StoreError::Conflict) => {
+            return Err(ApiError::Denied(
+                coderoom_authz::DenyReason::AlreadyDecided.to_string(),
+            ))
+        }
+        Err(e) => return Err(e.into()),
+    }
     let rewound = app
         .sandboxes
         .rewind(
@@ -364,27 +400,6 @@ async fn restore(
             .await?;
         return Err(e.into());
     }
-    let details = json!({
-        "checkpoint": row.id, "name": row.name, "at": row.at, "files": files,
-        "approval_id": approval,
-    });
-    // The approval presented is spent with the record (none: nothing to spend).
-    let change = if approval.is_empty() {
-        Change::None
-    } else {
-        Change::UseApproval { id: approval }
-    };
-    app.audit
-        .record(
-            &room_id,
-            proof.actor(),
-            "restore_checkpoint",
-            "allow",
-            "",
-            details,
-            change,
-        )
-        .await?;
     Ok(
         Json(json!({ "id": row.id, "name": row.name, "at": row.at, "restored": true }))
             .into_response(),
@@ -421,6 +436,13 @@ async fn fork(
     Json(body): Json<ForkBody>,
 ) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse as _;
+    // A checkpoint that is not there gets no approval asked for it.
+    if let Some(cid) = &body.checkpoint {
+        let cid = IssuedId::parse(cid).ok_or(ApiError::NotFound)?;
+        if app.store.checkpoint(&room_id, &cid).await?.is_none() {
+            return Err(ApiError::NotFound);
+        }
+    }
     // `observe` plus `export`, or an approval of exactly this fork (202 until there is one).
     let params = json!({ "checkpoint": body.checkpoint }).to_string();
     let approval =
@@ -577,57 +599,76 @@ fn min_every_ms() -> i64 {
         .unwrap_or(MIN_EVERY_MS)
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct PolicyBody {
-    /// A checkpoint this often (seconds); `null`: none.
-    every_s: Option<i64>,
-    /// Checkpoints older than this (days) are pruned; `null`: by count only.
-    keep_days: Option<i64>,
-    /// A restore needs an approval by someone else who holds `approve`.
-    #[serde(default)]
-    restore_needs_approval: bool,
+/// A field of the policy body: absent (keep what the room has), `null`, or a value.
+fn field<T: serde::de::DeserializeOwned>(
+    body: &serde_json::Map<String, serde_json::Value>,
+    key: &str,
+) -> Result<Option<Option<T>>, ApiError> {
+    match body.get(key) {
+        None => Ok(None),
+        Some(serde_json::Value::Null) => Ok(Some(None)),
+        Some(v) => serde_json::from_value(v.clone())
+            .map(|t| Some(Some(t)))
+            .map_err(|_| ApiError::BadRequest("every_s and keep_days are numbers or null, restore_needs_approval true or false")),
+    }
 }
 
-/// `PUT /api/rooms/{id}/checkpoint-policy` `{"every_s": 3600 | null, "keep_days": 30 | null}`
-/// (needs `edit`): scheduled checkpoints (kept 20, apart from the ones people make) and an age
-/// past which checkpoints are pruned. Audited.
+/// `PUT /api/rooms/{id}/checkpoint-policy` `{"every_s": 3600 | null, "keep_days": 30 | null,
+/// "restore_needs_approval": true | false}`, each optional (absent: unchanged): scheduled
+/// checkpoints (kept 20, apart from the ones people make), an age past which checkpoints are
+/// pruned, and whether a restore needs someone else's approval. Room governance: needs
+/// `approve` (owners hold it), so those a policy restrains cannot lift it. Audited.
 async fn set_policy(
     State(app): State<AppState>,
     user: AuthUser,
     Ids(room_id): Ids<RoomId>,
-    Json(body): Json<PolicyBody>,
+    Json(body): Json<serde_json::Map<String, serde_json::Value>>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let every_ms = body.every_s.map(|s| s.saturating_mul(1000));
-    if every_ms.is_some_and(|e| e < min_every_ms() || e > MAX_EVERY_MS) {
+    const KEYS: [&str; 3] = ["every_s", "keep_days", "restore_needs_approval"];
+    if body.keys().any(|k| !KEYS.contains(&k.as_str())) {
+        return Err(ApiError::BadRequest(
+            "the policy holds every_s, keep_days and restore_needs_approval only",
+        ));
+    }
+    let every_s: Option<Option<i64>> = field(&body, "every_s")?;
+    let keep_days: Option<Option<i64>> = field(&body, "keep_days")?;
+    let approval: Option<Option<bool>> = field(&body, "restore_needs_approval")?;
+    let every_ms = every_s.map(|v| v.map(|s| s.saturating_mul(1000)));
+    if every_ms
+        .flatten()
+        .is_some_and(|e| e < min_every_ms() || e > MAX_EVERY_MS)
+    {
         return Err(ApiError::BadRequest(
             "every_s must be from 300 (five minutes) to 604800 (a week), or null",
         ));
     }
-    let keep_ms = body.keep_days.map(|d| d.saturating_mul(24 * 3600 * 1000));
-    if keep_ms.is_some_and(|k| k <= 0 || k > MAX_KEEP_MS) {
+    let keep_ms = keep_days.map(|v| v.map(|d| d.saturating_mul(24 * 3600 * 1000)));
+    if keep_ms.flatten().is_some_and(|k| k <= 0 || k > MAX_KEEP_MS) {
         return Err(ApiError::BadRequest(
             "keep_days must be from 1 to 365, or null",
         ));
     }
-    let details = json!({
-        "every_s": body.every_s,
-        "keep_days": body.keep_days,
-        "restore_needs_approval": body.restore_needs_approval,
-    });
+    let details = serde_json::Value::Object(body.clone());
     let proof = authorize(
         &app,
         &room_id,
         &user,
-        Action::Use(Capability::Edit),
+        Action::Use(Capability::Approve),
         details.clone(),
     )
     .await?;
+    let now_policy = app.store.checkpoint_policy(&room_id).await?;
+    let every_ms = every_ms.unwrap_or(now_policy.every_ms);
     let policy = crate::store::CheckpointPolicy {
         every_ms,
-        keep_ms,
-        due_at: every_ms.map(|e| app.clock.now_ms() + e),
-        restore_needs_approval: body.restore_needs_approval,
+        keep_ms: keep_ms.unwrap_or(now_policy.keep_ms),
+        due_at: match every_s {
+            // A new schedule starts from now; an unchanged one keeps its next time.
+            Some(_) => every_ms.map(|e| app.clock.now_ms() + e),
+            None => now_policy.due_at,
+        },
+        restore_needs_approval: approval
+            .map_or(now_policy.restore_needs_approval, |a| a.unwrap_or(false)),
     };
     app.audit
         .record(

@@ -132,7 +132,7 @@ export async function checkpointsPanel (el: HTMLElement, room: Room, selfId: str
   const policy = h('details', { class: 'stack' },
     h('summary', null, 'Policy: ', p?.every_s ? `every ${Math.round(p.every_s / 60)} min` : 'no schedule',
       p?.keep_days ? `, kept ${p.keep_days} days` : '', p?.restore_needs_approval ? ', restores need an approval' : ''),
-    can.edit
+    can.approve
       ? h('div', { class: 'stack' },
         h('label', { class: 'row' }, 'Checkpoint every', every, 'minutes'),
         h('label', { class: 'row' }, 'Keep checkpoints for', keep, 'days'),
