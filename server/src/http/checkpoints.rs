@@ -94,7 +94,7 @@ async fn create(
 
 /// The room's checkpoint lock: making, pruning, restoring and forking one at a time per room
 /// (a prune never removes a checkpoint a restore or a fork is reading).
-fn room_lock(app: &AppState, room_id: &str) -> std::sync::Arc<tokio::sync::Mutex<()>> {
+pub(crate) fn room_lock(app: &AppState, room_id: &str) -> std::sync::Arc<tokio::sync::Mutex<()>> {
     let mut locks = app
         .checkpoint_locks
         .lock()
@@ -739,6 +739,12 @@ async fn scheduled(app: &AppState, room_id: &RoomId, now: i64) -> Result<(), Api
     app.store.set_checkpoint_due(room_id, now + every).await?;
     let lock = room_lock(app, room_id);
     let _held = lock.lock().await;
+    // A room being deleted gets no more checkpoints (the deletion removes their files under
+    // this same lock).
+    let deleting = app.store.unfinished_deletions().await?;
+    if deleting.iter().any(|d| d.room_id == room_id.as_str()) {
+        return Ok(());
+    }
     let name = format!("scheduled {}", now);
     make(app, room_id, Maker::SCHEDULE, name).await?;
     Ok(())

@@ -315,6 +315,14 @@ pub(crate) async fn run(app: &AppState, id: &str, room_id: &str) -> Result<(), S
                     .await?;
             }
             "workspace" | "recordings" | "checkpoints" => {
+                // A checkpoint being made finishes first, and none starts after (the schedule
+                // skips a room being deleted).
+                let lock = crate::http::checkpoints::room_lock(app, room_id);
+                let _held = if *artifact == "checkpoints" {
+                    Some(lock.lock().await)
+                } else {
+                    None
+                };
                 let dir = app.data_dir.join("rooms").join(room_id).join(artifact);
                 // The receipt says how many files went (snapshots, recordings), not just that
                 // the directory did.
