@@ -406,8 +406,11 @@ async fn readiness_runs_after_start_shows_failures_and_ready_workspaces_skip_it(
     assert_eq!(put(server, &t.ben, &path, &too_long).await.0, 400);
     let (status, body) = put(server, &t.ben, &path, failing).await;
     assert_eq!(status, 200, "{body}");
-    let v = get_json(server, &t.cy, &format!("/api/rooms/{room}")).await;
+    let v = get_json(server, &t.ben, &format!("/api/rooms/{room}")).await;
     assert_eq!(v["readiness"], "echo preparing; echo oops >&2; exit 3");
+    // Those who may not run commands see neither the command nor its output.
+    let v = get_json(server, &t.cy, &format!("/api/rooms/{room}")).await;
+    assert_eq!(v["readiness"], Value::Null);
 
     // A failing step: shown with its output; the room works regardless.
     let (_, out) = exec(server, &t.ben, room, "echo usable").await;
@@ -420,6 +423,14 @@ async fn readiness_runs_after_start_shows_failures_and_ready_workspaces_skip_it(
         output.contains("preparing") && output.contains("oops"),
         "{r}"
     );
+    let seen = get_json(server, &t.cy, &format!("/api/rooms/{room}/sandbox")).await;
+    let r = &seen["readiness"];
+    assert_eq!(
+        (r["state"].as_str(), r["output"].as_str()),
+        (Some("failed"), Some("")),
+        "{seen}"
+    );
+    assert_eq!(r["command"], "", "{seen}");
     let (_, out) = exec(server, &t.ben, room, "echo still usable").await;
     assert_eq!(out["stdout"], "still usable\n");
 
@@ -564,28 +575,46 @@ async fn a_schedule_makes_checkpoints_and_old_ones_are_pruned_by_age() {
     let (status, p) = put(&server, &ana, &path, r#"{"every_s":1,"keep_days":null}"#).await;
     assert_eq!(status, 200, "{p}");
     assert_eq!(p["every_s"], 1);
-    let mut rows = Value::Null;
-    for _ in 0..300 {
-        rows = get_json(&server, &ana, &list).await;
-        let scheduled = rows
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|r| r["scheduled"] == true && r["author"] == "system")
-            .count();
-        if scheduled >= 2 {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
     let scheduled = |rows: &Value| {
         rows.as_array()
             .unwrap()
             .iter()
-            .filter(|r| r["scheduled"] == true)
+            .filter(|r| r["scheduled"] == true && r["author"] == "system")
             .count()
     };
-    assert!(scheduled(&rows) >= 2, "{rows}");
+    let next_at = |v: &Value| v["checkpoint_policy"]["next_at"].as_i64().unwrap();
+    // Waits until the schedule has come round `ticks` more times; the checkpoints then.
+    let after_ticks = |ticks: i64| {
+        let (server, ana, room, list) = (&server, &ana, &room, &list);
+        async move {
+            let room_path = format!("/api/rooms/{room}");
+            let start = next_at(&get_json(server, ana, &room_path).await);
+            for _ in 0..300 {
+                let v = get_json(server, ana, &room_path).await;
+                if next_at(&v) >= start + ticks * 1000 {
+                    return get_json(server, ana, list).await;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            panic!("the schedule never came round");
+        }
+    };
+    // The first tick takes one; later ticks on an unchanged room take none.
+    let rows = after_ticks(3).await;
+    assert_eq!(scheduled(&rows), 1, "{rows}");
+    // A change to the files: the next tick takes another.
+    let mut c = Client::connect(&server, &room, &ana).await;
+    c.synced().await;
+    c.put_file("new.txt", "changed").await;
+    let mut rows = Value::Null;
+    for _ in 0..300 {
+        rows = get_json(&server, &ana, &list).await;
+        if scheduled(&rows) >= 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(scheduled(&rows), 2, "{rows}");
     let v = get_json(&server, &ana, &format!("/api/rooms/{room}")).await;
     assert_eq!(v["checkpoint_policy"]["every_s"], 1, "{v}");
     // The schedule stops; ana's checkpoint is made old; an age policy prunes it (and only it).

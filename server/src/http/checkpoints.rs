@@ -745,7 +745,31 @@ async fn scheduled(app: &AppState, room_id: &RoomId, now: i64) -> Result<(), Api
     if deleting.iter().any(|d| d.room_id == room_id.as_str()) {
         return Ok(());
     }
+    if unchanged_since_last(app, room_id).await? {
+        return Ok(());
+    }
     let name = format!("scheduled {}", now);
     make(app, room_id, Maker::SCHEDULE, name).await?;
     Ok(())
+}
+
+/// Whether nothing changed since the room's last scheduled checkpoint: the same files in the
+/// document, and a workspace that has not run since (no sandbox running, no snapshot newer).
+/// A schedule on an idle room then takes nothing, instead of copies of one state.
+async fn unchanged_since_last(app: &AppState, room_id: &RoomId) -> Result<bool, ApiError> {
+    let rows = app.store.checkpoints(room_id).await?;
+    let Some(last) = rows.iter().rev().find(|r| r.scheduled) else {
+        return Ok(false);
+    };
+    let status = app.sandboxes.status(room_id).await?;
+    if status.running() || status.snapshot_at().is_some_and(|t| t > last.at) {
+        return Ok(false);
+    }
+    let visit =
+        crate::room::visit::Visit::start(&app.rooms, &app.limits, room_id, Maker::SCHEDULE.who)
+            .await
+            .map_err(|e| ApiError::Sandbox(e.into()))?;
+    let now = crate::room::visit::texts_of(&visit.doc);
+    visit.leave().await;
+    Ok(texts_in(&dir_of(app, room_id).join(&last.id)).await? == now)
 }

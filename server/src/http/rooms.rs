@@ -115,12 +115,19 @@ pub(crate) async fn get_room(
             .collect(),
         egress_allowlist: Vec::new(),
         budget: None,
-        sandbox: app.sandboxes.status(&id).await?,
+        // The readiness command and its output are for those who may run commands.
+        sandbox: if mine.contains(coderoom_authz::Capability::Type) {
+            app.sandboxes.status(&id).await?
+        } else {
+            app.sandboxes.status(&id).await?.without_readiness_details()
+        },
         parent: room
             .parent
             .as_deref()
             .and_then(|p| serde_json::from_str(p).ok()),
-        readiness: room.readiness,
+        readiness: room
+            .readiness
+            .filter(|_| mine.contains(coderoom_authz::Capability::Type)),
         checkpoint_policy: crate::http::checkpoints::policy_view(
             &app.store.checkpoint_policy(&id).await?,
         ),

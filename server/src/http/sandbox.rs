@@ -191,8 +191,13 @@ pub(crate) async fn status(
     user: AuthUser,
     Ids(room_id): Ids<RoomId>,
 ) -> Result<Json<SandboxStatus>, ApiError> {
-    crate::http::guard::room_capabilities(&app, &room_id, &user).await?;
-    Ok(Json(app.sandboxes.status(&room_id).await?))
+    let caps = crate::http::guard::room_capabilities(&app, &room_id, &user).await?;
+    let status = app.sandboxes.status(&room_id).await?;
+    Ok(Json(if caps.contains(Capability::Type) {
+        status
+    } else {
+        status.without_readiness_details()
+    }))
 }
 
 /// Stop and start need `type`: they change what everyone's terminal runs in.

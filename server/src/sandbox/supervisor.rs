@@ -117,6 +117,36 @@ const READINESS_MS: u64 = 10 * 60 * 1000;
 /// How much of a failed readiness command's output is kept (its end).
 const READINESS_OUTPUT: usize = 8 << 10;
 
+impl SandboxStatus {
+    /// Whether the sandbox runs (its workspace may change at any moment).
+    pub(crate) fn running(&self) -> bool {
+        self.state == SandboxState::Running
+    }
+
+    /// When its latest workspace snapshot was taken.
+    pub(crate) fn snapshot_at(&self) -> Option<i64> {
+        self.snapshot_at
+    }
+
+    /// For someone who may not run commands: where the readiness step is, without the command
+    /// line or its output (either may hold what only those who run code should see).
+    pub(crate) fn without_readiness_details(mut self) -> Self {
+        match &mut self.readiness {
+            Readiness::None => {}
+            Readiness::Preparing { command, .. } | Readiness::Ready { command, .. } => {
+                command.clear();
+            }
+            Readiness::Failed {
+                command, output, ..
+            } => {
+                command.clear();
+                output.clear();
+            }
+        }
+        self
+    }
+}
+
 #[derive(Debug, Serialize)]
 pub(crate) struct FileSync {
     files: usize,

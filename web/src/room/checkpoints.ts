@@ -17,8 +17,9 @@ function size (bytes: number): string {
 /** One line saying where the readiness step is (with the output of a failure). */
 export function readinessView (r: Readiness | undefined, command: string | null | undefined): HTMLElement {
   const box = h('div', { class: 'readiness', 'data-testid': 'readiness' })
-  if (!command) {
-    replace(box, h('p', { class: 'hint' }, 'No readiness step: the room is ready once its sandbox runs.'))
+  // Those who may not run commands are not told the command (nor its output), only the state.
+  if (!command && (!r || r.state === 'none')) {
+    replace(box, h('p', { class: 'hint' }, 'No readiness step that you can see: the room is ready once its sandbox runs.'))
     return box
   }
   switch (r?.state) {
@@ -35,7 +36,7 @@ export function readinessView (r: Readiness | undefined, command: string | null 
         h('p', { class: 'error', role: 'alert' }, r.timed_out
           ? 'Not ready: the readiness step timed out. The room works; fix the step or run it by hand.'
           : `Not ready: the readiness step exited with ${r.exit_code ?? 'no code'}. The room works; fix the step or run it by hand.`),
-        h('pre', { class: 'params', 'data-testid': 'readiness-output' }, r.output || '(no output)'))
+        r.output ? h('pre', { class: 'params', 'data-testid': 'readiness-output' }, r.output) : null)
       break
     default:
       replace(box, h('p', { class: 'hint' }, 'Runs when the sandbox next starts.'))
