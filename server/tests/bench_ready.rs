@@ -17,21 +17,6 @@ use common::*;
 use serde_json::Value;
 use std::time::{Duration, Instant};
 
-fn knob(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-async fn post(server: &Server, token: &str, path: &str, body: &str) -> (u16, Value) {
-    let (status, body) = http(&server.url(path), "POST", Some(token), Some(body)).await;
-    (
-        status,
-        serde_json::from_str(&body).unwrap_or(Value::String(body)),
-    )
-}
-
 /// Starts the room's sandbox and waits until it is ready (or just running, for a room with no
 /// readiness step). Returns the seconds it took and whether the step was skipped.
 async fn start_until_ready(server: &Server, token: &str, room: &str) -> (f64, bool) {

@@ -17,13 +17,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use yrs::{GetString, Transact};
 
-fn knob(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;

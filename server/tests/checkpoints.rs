@@ -11,14 +11,6 @@ use serde_json::Value;
 use std::collections::BTreeMap;
 use yrs::{GetString, Map, Out, Transact};
 
-async fn post(server: &Server, token: &str, path: &str, body: &str) -> (u16, Value) {
-    let (status, body) = http(&server.url(path), "POST", Some(token), Some(body)).await;
-    (
-        status,
-        serde_json::from_str(&body).unwrap_or(Value::String(body)),
-    )
-}
-
 /// Path -> text of a client's document.
 fn texts(c: &Client) -> BTreeMap<String, String> {
     let files = c.doc.get_or_insert_map("files");
@@ -346,14 +338,6 @@ async fn lifecycle_stop(server: &Server, token: &str, room: &str) -> u16 {
     )
     .await
     .0
-}
-
-async fn put(server: &Server, token: &str, path: &str, body: &str) -> (u16, Value) {
-    let (status, body) = http(&server.url(path), "PUT", Some(token), Some(body)).await;
-    (
-        status,
-        serde_json::from_str(&body).unwrap_or(Value::String(body)),
-    )
 }
 
 /// Polls the sandbox's readiness until it leaves `preparing` (20 s at most).

@@ -10,8 +10,7 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import {
-  cleanups, createStorage, mintToken, startServer, startReferenceServer, createRoom, openProvider, waitSynced,
-  waitFor, destroyAll, sleep
+  cleanups, roomScene, startReferenceServer, openProvider, waitSynced, waitFor, destroyAll, sleep
 } from './lib/server.mjs'
 
 
@@ -51,13 +50,7 @@ async function presenceScenario (defer, server, roomId, token) {
 
 test('presence reaches every peer and nobody is disconnected for relaying it',
   { timeout: 60_000 }, async (t) => {
-    const defer = cleanups(t)
-    const storage = await createStorage('sqlite')
-    defer(() => storage.cleanup())
-    const token = await mintToken(storage)
-    const server = await startServer(storage)
-    defer(() => server.kill())
-    const roomId = await createRoom(server, token)
+    const { defer, token, server, roomId } = await roomScene(t)
     await presenceScenario(defer, server, roomId, token)
     assert.deepEqual(await server.stop(), { code: 0, signal: null })
   })

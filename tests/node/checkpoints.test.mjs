@@ -5,23 +5,12 @@
 
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import {
-  cleanups, createStorage, mintToken, startServer, createRoom, openProvider, waitSynced,
-  waitFor, destroyAll, serverFiles, filesJson, api, Y
-} from './lib/server.mjs'
+import { roomScene, syncedProviders, waitFor, serverFiles, filesJson, api, Y } from './lib/server.mjs'
 
 test('a restore reaches every connected client live, and the workspace', { timeout: 120_000 }, async (t) => {
-  const defer = cleanups(t)
-  const storage = await createStorage('sqlite')
-  defer(() => storage.cleanup())
-  const token = await mintToken(storage)
-  const server = await startServer(storage)
-  defer(() => server.kill())
-  const roomId = await createRoom(server, token)
-  const a = openProvider(server, roomId, token)
-  const b = openProvider(server, roomId, token)
-  defer(() => destroyAll([a, b]))
-  await Promise.all([waitSynced(a.provider), waitSynced(b.provider)])
+  const scene = await roomScene(t)
+  const { token, server, roomId } = scene
+  const [a, b] = await syncedProviders(scene, 2)
 
   const files = a.doc.getMap('files')
   a.doc.transact(() => {

@@ -5,8 +5,8 @@
 import { describe, test } from 'node:test'
 import assert from 'node:assert/strict'
 import {
-  BACKENDS, cleanups, createStorage, mintToken, startServer, createRoom, openProvider, waitSynced,
-  waitFor, filesJson, stateVector, destroyAll, Y
+  BACKENDS, roomScene, syncedProviders, startServer, openProvider, waitSynced, waitFor, filesJson,
+  stateVector, destroyAll, Y
 } from './lib/server.mjs'
 import { editLoop } from './lib/edits.mjs'
 
@@ -44,19 +44,10 @@ for (const backend of BACKENDS) {
   describe(`convergence on ${backend.kind}`, () => {
     test(`${CLIENTS} concurrent clients converge, and the result survives a graceful restart`,
       { skip: backend.skip, timeout: TEST_TIMEOUT_MS }, async (t) => {
-        const defer = cleanups(t)
-        const storage = await createStorage(backend.kind)
-        defer(() => storage.cleanup())
-        const token = await mintToken(storage)
         // A small compaction threshold so the restart loads a snapshot plus a log tail.
-        const server = await startServer(storage, { extraArgs: ['--compact-every', '100'] })
-        defer(() => server.kill())
-        const roomId = await createRoom(server, token)
-
-        const clients = []
-        defer(() => destroyAll(clients))
-        for (let i = 0; i < CLIENTS; i++) clients.push(openProvider(server, roomId, token))
-        await Promise.all(clients.map((c) => waitSynced(c.provider)))
+        const scene = await roomScene(t, { kind: backend.kind, serverOpts: { extraArgs: ['--compact-every', '100'] } })
+        const { defer, storage, token, server, roomId } = scene
+        const clients = await syncedProviders(scene, CLIENTS)
         const docs = clients.map((c) => c.doc)
         await seedMainFile(docs)
 
@@ -119,18 +110,9 @@ for (const backend of BACKENDS) {
 
     test('a late joiner gets the full content at sync',
       { skip: backend.skip, timeout: TEST_TIMEOUT_MS }, async (t) => {
-        const defer = cleanups(t)
-        const storage = await createStorage(backend.kind)
-        defer(() => storage.cleanup())
-        const token = await mintToken(storage)
-        const server = await startServer(storage)
-        defer(() => server.kill())
-        const roomId = await createRoom(server, token)
-
-        const a = openProvider(server, roomId, token)
-        const b = openProvider(server, roomId, token)
-        defer(() => destroyAll([a, b]))
-        await Promise.all([waitSynced(a.provider), waitSynced(b.provider)])
+        const scene = await roomScene(t, { kind: backend.kind })
+        const { defer, token, server, roomId } = scene
+        const [a, b] = await syncedProviders(scene, 2)
         await seedMainFile([a.doc, b.doc])
         await Promise.all([
           editLoop(a.doc, { seed: BASE_SEED + 100, ops: 200, maxGapMs: 4 }),
@@ -165,18 +147,9 @@ for (const backend of BACKENDS) {
 
     test('a late joiner gets the full content after the room was compacted and unloaded',
       { skip: backend.skip, timeout: TEST_TIMEOUT_MS }, async (t) => {
-        const defer = cleanups(t)
-        const storage = await createStorage(backend.kind)
-        defer(() => storage.cleanup())
-        const token = await mintToken(storage)
-        const server = await startServer(storage, { extraArgs: ['--room-idle-ms', '300', '--compact-every', '50'] })
-        defer(() => server.kill())
-        const roomId = await createRoom(server, token)
-
-        const a = openProvider(server, roomId, token)
-        const b = openProvider(server, roomId, token)
-        defer(() => destroyAll([a, b]))
-        await Promise.all([waitSynced(a.provider), waitSynced(b.provider)])
+        const scene = await roomScene(t, { kind: backend.kind, serverOpts: { extraArgs: ['--room-idle-ms', '300', '--compact-every', '50'] } })
+        const { defer, token, server, roomId } = scene
+        const [a, b] = await syncedProviders(scene, 2)
         await seedMainFile([a.doc, b.doc])
         await Promise.all([
           editLoop(a.doc, { seed: BASE_SEED + 200, ops: 150, maxGapMs: 4 }),

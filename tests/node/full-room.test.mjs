@@ -5,23 +5,15 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import {
-  cleanups, createStorage, mintToken, startServer, createRoom, openProvider, waitSynced,
-  waitFor, destroyAll, serverFiles, authedWebSocket, Y
+  roomScene, syncedProviders, openProvider, waitSynced, waitFor, destroyAll, serverFiles,
+  authedWebSocket, Y
 } from './lib/server.mjs'
 
 test('a full room refuses growth without closing, keeps readers, and takes deletions',
   { timeout: 60_000 }, async (t) => {
-    const defer = cleanups(t)
-    const storage = await createStorage('sqlite')
-    defer(() => storage.cleanup())
-    const token = await mintToken(storage)
-    const server = await startServer(storage, { extraArgs: ['--max-doc-bytes', '16384'] })
-    defer(() => server.kill())
-    const roomId = await createRoom(server, token)
-    const writer = openProvider(server, roomId, token)
-    const reader = openProvider(server, roomId, token)
-    defer(() => destroyAll([writer, reader]))
-    await Promise.all([waitSynced(writer.provider), waitSynced(reader.provider)])
+    const scene = await roomScene(t, { serverOpts: { extraArgs: ['--max-doc-bytes', '16384'] } })
+    const { defer, token, server, roomId } = scene
+    const [writer, reader] = await syncedProviders(scene, 2)
     const files = writer.doc.getMap('files')
     const text = new Y.Text('a'.repeat(10_000))
     files.set('fill.txt', text)
@@ -65,13 +57,7 @@ test('a full room refuses growth without closing, keeps readers, and takes delet
 // Before the server closed lingering, about one try in ten here ended 1006.
 test('a message far over the size cap closes 1009 for a stock ws client, every time',
   { timeout: 120_000 }, async (t) => {
-    const defer = cleanups(t)
-    const storage = await createStorage('sqlite')
-    defer(() => storage.cleanup())
-    const token = await mintToken(storage)
-    const server = await startServer(storage)
-    defer(() => server.kill())
-    const roomId = await createRoom(server, token)
+    const { token, server, roomId } = await roomScene(t)
     const WS = authedWebSocket(token)
     const codes = []
     for (let i = 0; i < 50; i++) {

@@ -6,10 +6,7 @@
 
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import {
-  cleanups, createStorage, mintToken, startServer, createRoom, openProvider, waitSynced,
-  waitFor, destroyAll, serverFiles, filesJson, Y
-} from './lib/server.mjs'
+import { roomScene, syncedProviders, waitFor, serverFiles, filesJson, Y } from './lib/server.mjs'
 
 function rename (doc, from, to) {
   const files = doc.getMap('files')
@@ -20,17 +17,9 @@ function rename (doc, from, to) {
 }
 
 async function setup (t) {
-  const defer = cleanups(t)
-  const storage = await createStorage('sqlite')
-  defer(() => storage.cleanup())
-  const token = await mintToken(storage)
-  const server = await startServer(storage)
-  defer(() => server.kill())
-  const roomId = await createRoom(server, token)
-  const renamer = openProvider(server, roomId, token)
-  const typist = openProvider(server, roomId, token)
-  defer(() => destroyAll([renamer, typist]))
-  await Promise.all([waitSynced(renamer.provider), waitSynced(typist.provider)])
+  const scene = await roomScene(t)
+  const [renamer, typist] = await syncedProviders(scene, 2)
+  const { server, roomId, token } = scene
   return { server, roomId, token, renamer, typist }
 }
 

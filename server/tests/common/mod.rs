@@ -993,3 +993,42 @@ pub async fn delete_room(
     assert_eq!(status, 200, "{body}");
     serde_json::from_str(&body).unwrap()
 }
+
+/// `METHOD path` as `token` with a JSON `body`: the status and the answer as JSON (the text,
+/// as a JSON string, when it is not JSON).
+pub async fn send_json(
+    server: &Server,
+    token: &str,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> (u16, serde_json::Value) {
+    let (status, body) = http(&server.url(path), method, Some(token), Some(body)).await;
+    (
+        status,
+        serde_json::from_str(&body).unwrap_or(serde_json::Value::String(body)),
+    )
+}
+
+/// [`send_json`] with `POST`.
+pub async fn post(
+    server: &Server,
+    token: &str,
+    path: &str,
+    body: &str,
+) -> (u16, serde_json::Value) {
+    send_json(server, token, "POST", path, body).await
+}
+
+/// [`send_json`] with `PUT`.
+pub async fn put(server: &Server, token: &str, path: &str, body: &str) -> (u16, serde_json::Value) {
+    send_json(server, token, "PUT", path, body).await
+}
+
+/// A benchmark's knob: the environment variable `name` as a number, else `default`.
+pub fn knob(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}

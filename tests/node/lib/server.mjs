@@ -79,6 +79,28 @@ export function cleanups (t) {
   return (fn) => stack.push(fn)
 }
 
+/** A server on fresh storage of `kind` (started with `serverOpts`, as `startServer` takes them)
+ *  and a room on it, all torn down with the test: `{ defer, storage, token, server, roomId }`. */
+export async function roomScene (t, { kind = 'sqlite', serverOpts = {} } = {}) {
+  const defer = cleanups(t)
+  const storage = await createStorage(kind)
+  defer(() => storage.cleanup())
+  const token = await mintToken(storage)
+  const server = await startServer(storage, serverOpts)
+  defer(() => server.kill())
+  const roomId = await createRoom(server, token)
+  return { defer, storage, token, server, roomId }
+}
+
+/** `n` y-websocket providers on the scene's room, synced, destroyed with the test. */
+export async function syncedProviders ({ defer, server, roomId, token }, n) {
+  const clients = []
+  defer(() => destroyAll(clients))
+  for (let i = 0; i < n; i++) clients.push(openProvider(server, roomId, token))
+  await Promise.all(clients.map((c) => waitSynced(c.provider)))
+  return clients
+}
+
 /** Resolves once `predicate()` is truthy; rejects with `message` after `timeoutMs`. */
 export async function waitFor (predicate, timeoutMs, message, intervalMs = 20) {
   const deadline = Date.now() + timeoutMs
