@@ -7,7 +7,7 @@
 //! with exactly the approved parameters, before the request expires, once.
 
 use crate::http::extract::Ids;
-use crate::http::guard::{authorize, principal};
+use crate::http::guard::{authorize, decide_locked};
 use crate::http::ApiError;
 use crate::http::AppState;
 use crate::http::AuthUser;
@@ -19,7 +19,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Json;
 use axum::Router;
-use coderoom_authz::{decide, Action, Capability, Decision, DenyReason};
+use coderoom_authz::{Action, Capability, DenyReason};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -139,14 +139,12 @@ pub(crate) async fn gate(
     action: Action,
     details: Value,
 ) -> Result<Gate, ApiError> {
-    if app.store.room(room_id).await?.is_none() {
-        return Err(ApiError::NotFound);
-    }
-    let state = app.store.room_state(room_id).await?;
     let presented = action.approval().map(|a| a.id.clone());
-    let name = action.name();
-    match decide(&principal(app, user), &action, &state, app.clock.now_ms()) {
-        Decision::NeedsApproval(request) => {
+    let locked = app.audit.lock().await;
+    // A denial records the approval presented and the parameters.
+    let denied = json!({ "approval_id": presented, "params": details });
+    match decide_locked(app, &locked, room_id, user, &action, denied).await? {
+        Err(request) => {
             let id = IssuedId::fresh().to_string();
             let change = Change::CreateApproval {
                 id: id.to_string(),
@@ -157,11 +155,11 @@ pub(crate) async fn gate(
                 expires_at: app.clock.now_ms() + APPROVAL_TTL_MS,
             };
             let details = json!({ "approval_id": id, "params": details });
-            app.audit
+            locked
                 .record(
                     room_id,
                     &user.id,
-                    name,
+                    action.name(),
                     "needs_approval",
                     "",
                     details,
@@ -179,20 +177,7 @@ pub(crate) async fn gate(
                     .into_response(),
             ))
         }
-        // Outsiders learn nothing of the room, as everywhere (`guard::authorize_locked`).
-        Decision::Deny(DenyReason::NotParticipant) if !user_is_admin(app, user) => {
-            Err(ApiError::NotFound)
-        }
-        Decision::Deny(reason) => {
-            let details = json!({ "approval_id": presented, "params": details });
-            app.audit
-                .lock()
-                .await
-                .deny(room_id, &user.id, name, &reason.to_string(), details)
-                .await?;
-            Err(ApiError::Denied(reason.to_string()))
-        }
-        Decision::Allow(proof) => {
+        Ok(proof) => {
             // An approval the decision did not need is not spent on it (it may be someone
             // else's, for something else).
             if presented.is_some() && proof.approval().is_none() {
@@ -204,10 +189,6 @@ pub(crate) async fn gate(
             Ok(Gate::Allowed { proof, approval })
         }
     }
-}
-
-fn user_is_admin(app: &AppState, user: &AuthUser) -> bool {
-    principal(app, user).is_admin
 }
 
 /// The approval named `id` in the room (404 for an id of the wrong form or not there).

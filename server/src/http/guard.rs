@@ -7,8 +7,8 @@ use crate::http::{ApiError, AppState, AuthUser};
 use crate::ids::RoomId;
 use crate::room::task::Rights;
 use coderoom_authz::{
-    decide, Action, Authorized, Capability, CapabilitySet, Decision, DenyReason, Principal,
-    RoomState,
+    decide, Action, ApprovalRequest, Authorized, Capability, CapabilitySet, Decision, DenyReason,
+    Principal, RoomState,
 };
 use serde_json::Value;
 
@@ -30,13 +30,29 @@ pub(crate) async fn authorize_locked(
     action: Action,
     details: Value,
 ) -> Result<Authorized, ApiError> {
+    // Routes whose actions can need approval handle that outcome themselves (`decide_locked`).
+    decide_locked(app, locked, room_id, user, &action, details)
+        .await?
+        .map_err(|_| ApiError::Denied("this action needs an approval".into()))
+}
+
+/// [`authorize_locked`], with an action that may need an approval: that outcome is the
+/// caller's to handle (`Err` of the inner result: the approval to ask for).
+pub(crate) async fn decide_locked(
+    app: &AppState,
+    locked: &Locked<'_>,
+    room_id: &RoomId,
+    user: &AuthUser,
+    action: &Action,
+    details: Value,
+) -> Result<Result<Authorized, ApprovalRequest>, ApiError> {
     if app.store.room(room_id).await?.is_none() {
         return Err(ApiError::NotFound);
     }
     let state = app.store.room_state(room_id).await?;
     let who = principal(app, user);
-    match decide(&who, &action, &state, app.clock.now_ms()) {
-        Decision::Allow(proof) => Ok(proof),
+    match decide(&who, action, &state, app.clock.now_ms()) {
+        Decision::Allow(proof) => Ok(Ok(proof)),
         Decision::Deny(DenyReason::NotParticipant) if !who.is_admin => {
             tracing::info!(room = %room_id, user = %user.id, action = action.name(), "outsider refused");
             Err(ApiError::NotFound)
@@ -53,8 +69,7 @@ pub(crate) async fn authorize_locked(
                 .await?;
             Err(ApiError::Denied(reason.to_string()))
         }
-        // Routes whose actions can need approval handle that outcome themselves.
-        Decision::NeedsApproval(_) => Err(ApiError::Denied("this action needs an approval".into())),
+        Decision::NeedsApproval(request) => Ok(Err(request)),
     }
 }
 
