@@ -89,6 +89,16 @@ fn read_key(path: &Path) -> Result<Option<[u8; KEY_BYTES]>, SecretError> {
     Ok(Some(key))
 }
 
+/// The key at `path`, which must be there.
+fn existing_key(path: &Path) -> Result<[u8; KEY_BYTES], SecretError> {
+    read_key(path)?.ok_or_else(|| {
+        SecretError::KeyFile(
+            path.to_owned(),
+            std::io::Error::from(std::io::ErrorKind::NotFound),
+        )
+    })
+}
+
 /// Writes a new random key to `path` (which must not exist), readable by its owner only, and
 /// makes it durable.
 fn write_new_key(path: &Path) -> Result<[u8; KEY_BYTES], SecretError> {
@@ -150,12 +160,7 @@ impl Vault {
 
     /// The keys at `path` (and `path.next`), without making any.
     pub(crate) fn load(path: &Path) -> Result<Vault, SecretError> {
-        let current = read_key(path)?.ok_or_else(|| {
-            SecretError::KeyFile(
-                path.to_owned(),
-                std::io::Error::from(std::io::ErrorKind::NotFound),
-            )
-        })?;
+        let current = existing_key(path)?;
         let mut keys = vec![Key::new(&current)];
         if let Some(next) = read_key(&next_path(path))? {
             keys.push(Key::new(&next));
@@ -254,12 +259,7 @@ pub(crate) async fn verify(
 /// and the new key's id.
 pub(crate) async fn rotate(store: &Store, path: &Path) -> Result<(usize, String), SecretError> {
     let next = next_path(path);
-    let current = read_key(path)?.ok_or_else(|| {
-        SecretError::KeyFile(
-            path.to_owned(),
-            std::io::Error::from(std::io::ErrorKind::NotFound),
-        )
-    })?;
+    let current = existing_key(path)?;
     let new = match read_key(&next)? {
         Some(k) => k,
         None => write_new_key(&next)?,

@@ -77,7 +77,8 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         (&shutdown, &clock),
         &pool_ready,
     )?;
-    let stored = store.sealed_secrets().await?.len();
+    // Counted, not read: start-up does not load every sealed value.
+    let stored = usize::try_from(store.secret_count().await?).unwrap_or(usize::MAX);
     let vault = crate::secrets::Vault::open_or_create(&args.secret_key_path(), stored)?;
     let admin_emails = args
         .admin_emails

@@ -54,6 +54,14 @@ impl Store {
         Ok(rules)
     }
 
+    /// How many secrets are stored, in every room.
+    pub(crate) async fn secret_count(&self) -> Result<i64, StoreError> {
+        let row = sqlx::query("SELECT COUNT(*) AS n FROM secrets")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(row.try_get("n")?)
+    }
+
     /// Every sealed value: (room, name, sealed).
     pub(crate) async fn sealed_secrets(
         &self,
