@@ -820,11 +820,7 @@ impl Actor {
                 meta,
                 reply,
             } => {
-                let r = match self.snapshots.install(&archive, &meta).await {
-                    Ok(taken) => self.make_latest(taken).await.map_err(SandboxError::from),
-                    Err(e) => Err(e),
-                };
-                let _ = reply.send(r);
+                let _ = reply.send(self.install_latest(&archive, &meta).await);
             }
             Cmd::Destroy { reply } => {
                 let was = matches!(self.life, Life::Running { .. });
@@ -1429,10 +1425,7 @@ impl Actor {
         };
         let mut result = rewritten.await;
         if result.is_ok() {
-            result = match self.snapshots.install(&rewind.archive, &rewind.meta).await {
-                Ok(taken) => self.make_latest(taken).await.map_err(SandboxError::from),
-                Err(e) => Err(e),
-            };
+            result = self.install_latest(&rewind.archive, &rewind.meta).await;
         }
         if was_running {
             // Running again either way: on the restored workspace, or on its own if the
@@ -1464,6 +1457,16 @@ impl Actor {
             }
             Err(e) => tracing::warn!(room = %self.room_id, error = %e, "periodic snapshot failed"),
         }
+    }
+
+    /// Makes a copy of the archive at `src`, described by `meta`, the room's latest snapshot.
+    async fn install_latest(
+        &mut self,
+        src: &std::path::Path,
+        meta: &Meta,
+    ) -> Result<(), SandboxError> {
+        let taken = self.snapshots.install(src, meta).await?;
+        Ok(self.make_latest(taken).await?)
     }
 
     /// Records `taken` as the room's latest snapshot (a sandbox starting next resumes from it)
