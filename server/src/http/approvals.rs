@@ -93,26 +93,7 @@ pub(crate) async fn export(
         Gate::Pending(response) => return Ok(response),
     };
     let details = json!({ "approval_id": approval_id, "params": details });
-    match app
-        .audit
-        .record(
-            &room_id,
-            proof.actor(),
-            "export",
-            "allow",
-            "",
-            details,
-            Change::UseApproval { id: approval_id },
-        )
-        .await
-    {
-        Ok(_) => {}
-        // Used by a concurrent request in between.
-        Err(StoreError::Conflict) => {
-            return Err(ApiError::Denied(DenyReason::AlreadyDecided.to_string()))
-        }
-        Err(e) => return Err(e.into()),
-    }
+    record_allowed(&app, &room_id, &proof, "export", details, &approval_id).await?;
     let files = read_files(&app, &room_id, &body.files).await?;
     Ok(Json(Export { files }).into_response())
 }
@@ -188,6 +169,34 @@ pub(crate) async fn gate(
             let approval = proof.approval().unwrap_or_default().to_owned();
             Ok(Gate::Allowed { proof, approval })
         }
+    }
+}
+
+/// Records an action [`gate`] allowed, spending in the same transaction the approval it rested
+/// on (`approval`; empty: none). An approval a concurrent request spent first refuses it.
+pub(crate) async fn record_allowed(
+    app: &AppState,
+    room_id: &RoomId,
+    proof: &coderoom_authz::Authorized,
+    action: &str,
+    details: Value,
+    approval: &str,
+) -> Result<coderoom_authz::audit::Record, ApiError> {
+    let change = if approval.is_empty() {
+        Change::None
+    } else {
+        Change::UseApproval {
+            id: approval.to_owned(),
+        }
+    };
+    match app
+        .audit
+        .record(room_id, proof.actor(), action, "allow", "", details, change)
+        .await
+    {
+        Ok(r) => Ok(r),
+        Err(StoreError::Conflict) => Err(ApiError::Denied(DenyReason::AlreadyDecided.to_string())),
+        Err(e) => Err(e.into()),
     }
 }
 

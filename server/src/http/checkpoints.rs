@@ -345,32 +345,15 @@ async fn restore(
         "checkpoint": row.id, "name": row.name, "at": row.at, "files": files,
         "approval_id": approval,
     });
-    let change = if approval.is_empty() {
-        Change::None
-    } else {
-        Change::UseApproval { id: approval }
-    };
-    match app
-        .audit
-        .record(
-            &room_id,
-            proof.actor(),
-            "restore_checkpoint",
-            "allow",
-            "",
-            details,
-            change,
-        )
-        .await
-    {
-        Ok(_) => {}
-        Err(crate::store::StoreError::Conflict) => {
-            return Err(ApiError::Denied(
-                coderoom_authz::DenyReason::AlreadyDecided.to_string(),
-            ))
-        }
-        Err(e) => return Err(e.into()),
-    }
+    crate::http::approvals::record_allowed(
+        &app,
+        &room_id,
+        &proof,
+        "restore_checkpoint",
+        details,
+        &approval,
+    )
+    .await?;
     let rewound = app
         .sandboxes
         .rewind(
@@ -522,28 +505,13 @@ async fn fork(
         "budgets": 0,
     });
     let new_id = RoomId::fresh();
-    let forked = app
-        .audit
-        .record(
-            &room_id,
-            proof.actor(),
-            "fork",
-            "allow",
-            "",
-            json!({
-                "room": new_id.as_str(), "checkpoint": checkpoint.id, "name": name,
-                "approval_id": approval,
-            }),
-            // An approval presented is spent with the record.
-            if approval.is_empty() {
-                Change::None
-            } else {
-                Change::UseApproval {
-                    id: approval.clone(),
-                }
-            },
-        )
-        .await?;
+    let details = json!({
+        "room": new_id.as_str(), "checkpoint": checkpoint.id, "name": name,
+        "approval_id": approval,
+    });
+    let forked =
+        crate::http::approvals::record_allowed(&app, &room_id, &proof, "fork", details, &approval)
+            .await?;
     let parentage = json!({
         "room": room_id.as_str(),
         "checkpoint": checkpoint.id,
