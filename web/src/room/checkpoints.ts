@@ -79,6 +79,12 @@ export async function checkpointsPanel (el: HTMLElement, room: Room, selfId: str
     ? h('form', { class: 'row', onsubmit: (e: Event) => { e.preventDefault(); makeButton.click() } }, name, makeButton)
     : null
 
+  /** An approval someone gave this person for `action` on checkpoint `id`, not yet used. */
+  const approvedFor = async (action: string, id: string): Promise<Approval | undefined> =>
+    list<Approval>(await api.approvals(room.id)).find((a) =>
+      a.action === action && a.state === 'approved' && a.requester === selfId &&
+      (a.params as { checkpoint?: string } | null)?.checkpoint === id)
+
   const armed = new Map<string, number>()
   const row = (c: Checkpoint): HTMLElement => {
     const restore = can.edit
@@ -92,9 +98,7 @@ export async function checkpointsPanel (el: HTMLElement, room: Room, selfId: str
         }
         armed.delete(c.id)
         // An approval someone gave for this restore, if the room asks for one.
-        const approved = list<Approval>(await api.approvals(room.id)).find((a) =>
-          a.action === 'restore_checkpoint' && a.state === 'approved' && a.requester === selfId &&
-          (a.params as { checkpoint?: string } | null)?.checkpoint === c.id)
+        const approved = await approvedFor('restore_checkpoint', c.id)
         const r = await api.restore(room.id, c.id, approved?.id)
         if (r?.state === 'pending_approval') {
           toast('This room asks for an approval before a restore: someone who holds approve must agree (Approvals panel), then restore again.')
@@ -109,9 +113,7 @@ export async function checkpointsPanel (el: HTMLElement, room: Room, selfId: str
     const fork = action('Fork', async () => {
       const approved = can.export
         ? undefined
-        : list<Approval>(await api.approvals(room.id)).find((a) =>
-          a.action === 'fork' && a.state === 'approved' && a.requester === selfId &&
-          (a.params as { checkpoint?: string } | null)?.checkpoint === c.id)
+        : await approvedFor('fork', c.id)
       const f = await api.fork(room.id, c.id, approved?.id)
       if (f.state === 'pending_approval' || !f.id) {
         toast('Forking needs export, or someone else\'s approval: asked (Approvals panel). Fork again once approved.')
