@@ -52,7 +52,8 @@ fn default_format() -> String {
     "Bearer {}".into()
 }
 
-/// A secret's name: what code inside sees as the placeholder's name (`CODEROOM_SECRET_<NAME>`).
+/// A secret's name: what code inside will see as the placeholder's name
+/// (`CODEROOM_SECRET_<NAME>`) once the egress proxy is built; nothing enters the sandbox today.
 fn valid_name(name: &str) -> bool {
     (1..=64).contains(&name.len())
         && name
