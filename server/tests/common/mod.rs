@@ -316,12 +316,19 @@ impl Server {
             .iter()
             .map(|d| format!("echo $$ > {}/cgroup.procs && ", d.display()))
             .collect();
+        // The binary as `uid` can reach it: linked into the data directory (which the caller
+        // opened to `uid`), since the checkout may sit below a directory only root may enter
+        // (a `mktemp -d` clone), and the server binds its own binary into every sandbox.
+        let bin = storage.dir.path().join("coderoom");
+        if std::fs::hard_link(BIN, &bin).is_err() {
+            std::fs::copy(BIN, &bin).unwrap();
+        }
         let mut sh = Command::new("sh");
         sh.arg("-c")
             .arg(format!(
                 "{moves} exec setpriv --reuid={uid} --regid={uid} --clear-groups \"$0\" \"$@\""
             ))
-            .arg(BIN);
+            .arg(&bin);
         Self::start_command(sh, storage, &[], &[], None).await
     }
 
