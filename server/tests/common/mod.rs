@@ -319,8 +319,10 @@ impl Server {
         // The binary as `uid` can reach it: linked into the data directory (which the caller
         // opened to `uid`), since the checkout may sit below a directory only root may enter
         // (a `mktemp -d` clone), and the server binds its own binary into every sandbox.
+        // Made once per storage (a restart finds it), and never copied onto itself: a copy
+        // over a hard link to `BIN` would truncate `BIN`.
         let bin = storage.dir.path().join("coderoom");
-        if std::fs::hard_link(BIN, &bin).is_err() {
+        if !bin.exists() && std::fs::hard_link(BIN, &bin).is_err() {
             std::fs::copy(BIN, &bin).unwrap();
         }
         let mut sh = Command::new("sh");
