@@ -52,6 +52,10 @@ const SKIP_DIRS: [&str; 6] = [
 const MAX_STREAMS: usize = 256;
 /// Chunks queued for one connection's socket before the stream is reset.
 const STREAM_QUEUE: usize = 64;
+/// The room's proxy: the agent's forwarder (see [`proto::EGRESS_PORT`]).
+const PROXY_URL: &str = "http://127.0.0.1:3128";
+/// Connections to the sandbox's own loopback stay inside.
+const NO_PROXY: &str = "localhost,127.0.0.1,::1";
 /// Time a connection to a port inside may take.
 const CONNECT_WITHIN: Duration = Duration::from_secs(5);
 /// After an exec's main process exits, how long its output pipes may stay open.
@@ -214,8 +218,15 @@ struct State {
     bulk: Out,
     pty: Arc<Mutex<Option<Pty>>>,
     restore: Option<Restore>,
-    /// Open port connections: their write queues.
-    streams: HashMap<u32, mpsc::Sender<Vec<u8>>>,
+    /// Open port and outbound connections: their write queues.
+    streams: Streams,
+}
+
+/// Open connections' write queues by stream id, shared with the egress forwarder.
+type Streams = Arc<Mutex<HashMap<u32, mpsc::Sender<Vec<u8>>>>>;
+
+fn streams_of(streams: &Streams) -> std::sync::MutexGuard<'_, HashMap<u32, mpsc::Sender<Vec<u8>>>> {
+    streams.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 struct Restore {
@@ -267,8 +278,20 @@ async fn serve(fd: OwnedFd) -> std::io::Result<()> {
         bulk,
         pty: Arc::default(),
         restore: None,
-        streams: HashMap::new(),
+        streams: Arc::default(),
     };
+    let forwarder =
+        match tokio::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, proto::EGRESS_PORT))
+            .await
+        {
+            Ok(listener) => Some(tokio::spawn(forward_outbound(
+                listener,
+                state.streams.clone(),
+                state.out.clone(),
+            ))),
+            // Without it code inside simply has no way out, which is the safe failure.
+            Err(_) => None,
+        };
     let mut buf = Vec::new();
     loop {
         let req: Request = match proto::read_frame(&mut rd, &mut buf).await {
@@ -277,6 +300,9 @@ async fn serve(fd: OwnedFd) -> std::io::Result<()> {
             Err(_) => break,
         };
         handle(&mut state, req).await;
+    }
+    if let Some(f) = forwarder {
+        f.abort();
     }
     drop(state);
     writer.abort();
@@ -373,20 +399,26 @@ async fn handle(state: &mut State, req: Request) {
             send(&state.out, &reply(id, r)).await;
         }
         Op::StreamData { stream, data } => {
-            let full = match state.streams.get(&stream) {
-                Some(q) => q.try_send(data.into_vec()).is_err(),
-                None => false,
+            let full = {
+                let mut streams = streams_of(&state.streams);
+                let full = match streams.get(&stream) {
+                    Some(q) => q.try_send(data.into_vec()).is_err(),
+                    None => false,
+                };
+                if full {
+                    streams.remove(&stream);
+                }
+                full
             };
             // A peer that sends faster than the port reads is reset, never buffered
             // without bound (and never allowed to stall the agent's other work).
             if full {
-                state.streams.remove(&stream);
                 send(&state.out, &Message::StreamClosed { stream }).await;
             }
         }
         Op::StreamClose { stream } => {
             // Dropping the queue ends the writer, which shuts the socket's write half.
-            state.streams.remove(&stream);
+            streams_of(&state.streams).remove(&stream);
         }
         Op::Restore { data, last } => {
             let r = restore_chunk(state, id, data.into_vec(), last).await;
@@ -449,6 +481,16 @@ fn base_env() -> Vec<(&'static str, &'static str)> {
         ("USER", "coder"),
         ("LANG", "C.UTF-8"),
         ("TERM", "xterm-256color"),
+        // Every way out is the agent's forwarder, which hands the connection to the control
+        // plane's egress proxy (default deny). Both spellings: tools read one or the other.
+        ("HTTP_PROXY", PROXY_URL),
+        ("HTTPS_PROXY", PROXY_URL),
+        ("ALL_PROXY", PROXY_URL),
+        ("http_proxy", PROXY_URL),
+        ("https_proxy", PROXY_URL),
+        ("all_proxy", PROXY_URL),
+        ("NO_PROXY", NO_PROXY),
+        ("no_proxy", NO_PROXY),
     ]
 }
 
@@ -956,11 +998,17 @@ fn append_tree<W: Write>(
 
 /// Opens a TCP connection inside the sandbox and wires it to stream `stream`.
 async fn connect(state: &mut State, stream: u32, port: u16) -> Result<Reply, AgentError> {
-    if state.streams.len() >= MAX_STREAMS {
-        return Err(AgentError::Invalid("too many open connections".into()));
+    if stream & proto::OUTBOUND_STREAM != 0 {
+        return Err(AgentError::Invalid("stream id out of range".into()));
     }
-    if state.streams.contains_key(&stream) {
-        return Err(AgentError::Invalid("stream id in use".into()));
+    {
+        let streams = streams_of(&state.streams);
+        if streams.len() >= MAX_STREAMS {
+            return Err(AgentError::Invalid("too many open connections".into()));
+        }
+        if streams.contains_key(&stream) {
+            return Err(AgentError::Invalid("stream id in use".into()));
+        }
     }
     let tcp = tokio::time::timeout(
         CONNECT_WITHIN,
@@ -969,19 +1017,51 @@ async fn connect(state: &mut State, stream: u32, port: u16) -> Result<Reply, Age
     .await
     .map_err(|_| AgentError::Failed("connection timed out".into()))?
     .map_err(|e| AgentError::Failed(format!("cannot connect to port {port}: {e}")))?;
-    let (rd, wr) = tcp.into_split();
     let (queue, rx) = mpsc::channel::<Vec<u8>>(STREAM_QUEUE);
+    streams_of(&state.streams).insert(stream, queue);
+    carry(tcp, stream, rx, state.out.clone());
+    Ok(Reply::Done)
+}
+
+/// Carries a connection's bytes as stream `stream`: what arrives on `rx` is written to it, and
+/// what it sends goes out as [`Message::StreamData`], then [`Message::StreamClosed`].
+fn carry(tcp: tokio::net::TcpStream, stream: u32, rx: mpsc::Receiver<Vec<u8>>, out: Out) {
+    let (rd, wr) = tcp.into_split();
     tokio::spawn(crate::bridge::drain_into(rx, wr));
     let closed = proto::encode(&Message::StreamClosed { stream }).ok();
     let frame = move |data| proto::encode(&Message::StreamData { stream, data }).ok();
-    tokio::spawn(crate::bridge::frames_from(
-        rd,
-        state.out.clone(),
-        frame,
-        closed,
-    ));
-    state.streams.insert(stream, queue);
-    Ok(Reply::Done)
+    tokio::spawn(crate::bridge::frames_from(rd, out, frame, closed));
+}
+
+/// The egress forwarder: every connection code inside makes to [`proto::EGRESS_PORT`] becomes
+/// an outbound stream to the control plane, which alone decides where it goes. Nothing here
+/// reads or judges the bytes.
+async fn forward_outbound(listener: tokio::net::TcpListener, streams: Streams, out: Out) {
+    let mut next: u32 = 0;
+    loop {
+        let tcp = match listener.accept().await {
+            Ok((tcp, _)) => tcp,
+            Err(_) => {
+                // Out of descriptors, most likely: wait rather than spin.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let stream = proto::OUTBOUND_STREAM | (next & !proto::OUTBOUND_STREAM);
+        next = next.wrapping_add(1);
+        let (queue, rx) = mpsc::channel::<Vec<u8>>(STREAM_QUEUE);
+        {
+            let mut open = streams_of(&streams);
+            if open.len() >= MAX_STREAMS || open.contains_key(&stream) {
+                // Dropping the connection tells the program inside; nothing is queued.
+                continue;
+            }
+            open.insert(stream, queue);
+        }
+        // The control plane hears of the stream before any of its data.
+        send(&out, &Message::Outbound { stream }).await;
+        carry(tcp, stream, rx, out.clone());
+    }
 }
 
 /// Feeds restore chunks to an unpacking thread; answers when the last chunk is unpacked.
@@ -1060,6 +1140,17 @@ impl Read for ChannelReader {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_proxy_variables_name_the_forwarder() {
+        assert_eq!(
+            PROXY_URL,
+            format!("http://127.0.0.1:{}", proto::EGRESS_PORT)
+        );
+        for name in ["HTTP_PROXY", "https_proxy", "ALL_PROXY"] {
+            assert!(base_env().contains(&(name, PROXY_URL)), "{name}");
+        }
+    }
 
     /// Any UTF-8 name, however its characters fall around byte 200, gets a temporary name
     /// (no panic), valid UTF-8, short enough for a file system, and never the name itself.

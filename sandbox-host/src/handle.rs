@@ -19,6 +19,9 @@ const REQUEST_QUEUE: usize = 256;
 const EVENT_QUEUE: usize = 64;
 /// Chunks from the agent queued for one port connection before it is reset.
 const STREAM_CHUNKS: usize = 64;
+/// Outbound connections (see [`Sandbox::on_outbound`]) open at once; the agent keeps its own
+/// cap too.
+const MAX_OUTBOUND: usize = 256;
 /// Snapshot chunks queued between the agent and the file they are written to.
 const MAX_PENDING_CHUNKS: usize = 64;
 
@@ -88,9 +91,14 @@ struct Inner {
     /// Open port connections: where their incoming bytes go.
     streams: Mutex<HashMap<u32, mpsc::Sender<Vec<u8>>>>,
     next_stream: std::sync::atomic::AtomicU32,
+    /// Who takes the connections code inside opens to the egress forwarder; until set, they
+    /// are closed at once.
+    outbound: Mutex<Option<OutboundFn>>,
 }
 
 type PressureFn = Box<dyn Fn() -> Pressure + Send + Sync>;
+/// Takes one outbound connection from inside the sandbox.
+pub type OutboundFn = Arc<dyn Fn(tokio::io::DuplexStream) + Send + Sync>;
 
 /// A running sandbox. Cheap to clone; every clone drives the same agent.
 #[derive(Clone)]
@@ -133,6 +141,7 @@ impl Sandbox {
             closed: Default::default(),
             streams: Mutex::default(),
             next_stream: std::sync::atomic::AtomicU32::new(1),
+            outbound: Mutex::default(),
         });
         tokio::spawn(async move {
             while let Some(frame) = req_rx.recv().await {
@@ -345,7 +354,8 @@ impl Sandbox {
         port: u16,
         within: Duration,
     ) -> Result<tokio::io::DuplexStream, CallError> {
-        let stream = self.inner.next_stream.fetch_add(1, Ordering::Relaxed);
+        let stream =
+            self.inner.next_stream.fetch_add(1, Ordering::Relaxed) & !proto::OUTBOUND_STREAM;
         let (tx, rx) = mpsc::channel::<Vec<u8>>(STREAM_CHUNKS);
         locked(&self.inner.streams).insert(stream, tx);
         let forget = || {
@@ -363,19 +373,14 @@ impl Sandbox {
                 return Err(e);
             }
         }
-        let (ours, theirs) = tokio::io::duplex(CHUNK);
-        let (rd, wr) = tokio::io::split(theirs);
-        tokio::spawn(crate::bridge::drain_into(rx, wr));
-        let request = move |op| proto::encode(&Request { id: 0, op }).ok();
-        let close = request(Op::StreamClose { stream });
-        let frame = move |data| request(Op::StreamData { stream, data });
-        tokio::spawn(crate::bridge::frames_from(
-            rd,
-            self.inner.requests.clone(),
-            frame,
-            close,
-        ));
-        Ok(ours)
+        Ok(bridge(&self.inner, stream, rx))
+    }
+
+    /// Hands every connection code inside makes to the egress forwarder
+    /// ([`proto::EGRESS_PORT`]) to `f`, as a stream carrying its bytes both ways. Replaces any
+    /// earlier taker; before the first, such connections are closed at once.
+    pub fn on_outbound(&self, f: OutboundFn) {
+        *locked(&self.inner.outbound) = Some(f);
     }
 
     /// Asks the backend to kill the sandbox now.
@@ -402,6 +407,63 @@ impl Sandbox {
     pub fn has_ended(&self) -> bool {
         self.inner.ended.borrow().is_some()
     }
+}
+
+/// The local end of stream `stream`: bytes the agent sends for it arrive on `rx` and are
+/// readable from the returned stream; what is written to it goes to the agent, and dropping it
+/// closes the stream.
+fn bridge(inner: &Arc<Inner>, stream: u32, rx: mpsc::Receiver<Vec<u8>>) -> tokio::io::DuplexStream {
+    let (ours, theirs) = tokio::io::duplex(CHUNK);
+    let (rd, wr) = tokio::io::split(theirs);
+    tokio::spawn(crate::bridge::drain_into(rx, wr));
+    let request = move |op| proto::encode(&Request { id: 0, op }).ok();
+    let close = request(Op::StreamClose { stream });
+    let frame = move |data| request(Op::StreamData { stream, data });
+    tokio::spawn(crate::bridge::frames_from(
+        rd,
+        inner.requests.clone(),
+        frame,
+        close,
+    ));
+    ours
+}
+
+/// Takes stream `stream`, which the agent opened for a connection to its egress forwarder:
+/// hands it to the sandbox's taker, or closes it when there is none or too many are open.
+/// `Err` names a protocol violation.
+fn take_outbound(inner: &Arc<Inner>, stream: u32) -> Result<(), String> {
+    if stream & proto::OUTBOUND_STREAM == 0 {
+        return Err("outbound stream with a control-plane id".into());
+    }
+    let taker = locked(&inner.outbound).clone();
+    let rx = taker.as_ref().and_then(|_| {
+        let mut streams = locked(&inner.streams);
+        if streams.contains_key(&stream) {
+            return None;
+        }
+        let open = streams
+            .keys()
+            .filter(|s| *s & proto::OUTBOUND_STREAM != 0)
+            .count();
+        if open >= MAX_OUTBOUND {
+            return None;
+        }
+        let (tx, rx) = mpsc::channel::<Vec<u8>>(STREAM_CHUNKS);
+        streams.insert(stream, tx);
+        Some(rx)
+    });
+    match (taker, rx) {
+        (Some(taker), Some(rx)) => taker(bridge(inner, stream, rx)),
+        _ => {
+            if let Ok(frame) = proto::encode(&Request {
+                id: 0,
+                op: Op::StreamClose { stream },
+            }) {
+                let _ = inner.requests.try_send(frame);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Snapshot bytes written to their sink so far.
@@ -483,6 +545,12 @@ async fn read_loop<R: AsyncRead + Unpin>(
             Message::StreamClosed { stream } => {
                 let inner = inner.upgrade()?;
                 locked(&inner.streams).remove(&stream);
+            }
+            Message::Outbound { stream } => {
+                let inner = inner.upgrade()?;
+                if let Err(violation) = take_outbound(&inner, stream) {
+                    return Some(violation);
+                }
             }
             Message::Reply { id, result } => {
                 let inner = inner.upgrade()?;

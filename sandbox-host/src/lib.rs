@@ -26,7 +26,7 @@ pub mod proto;
 pub mod seccomp;
 mod userns;
 
-pub use handle::{CallError, Ended, Event, Sandbox};
+pub use handle::{CallError, Ended, Event, OutboundFn, Sandbox};
 pub use namespace::{AgentCommand, Namespace};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;

@@ -424,7 +424,11 @@ impl Namespace {
             implementation: format!("{}, coderoom-agent {}", self.bwrap_version, crate::VERSION),
             mounts,
             limits: limits.clone(),
-            network: "none: private network namespace with loopback only".into(),
+            network: format!(
+                "private network namespace with loopback only; the only way out is the agent's \
+                 forwarder on 127.0.0.1:{} to the control plane's egress proxy (default deny)",
+                crate::proto::EGRESS_PORT
+            ),
             seccomp: format!(
                 "deny-list of {} syscalls (EPERM), x32 ABI refused, other ABIs killed",
                 crate::seccomp::denied().len()

@@ -10,7 +10,7 @@ use serde_bytes::ByteBuf;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Protocol version the agent announces in [`Reply::Hello`]; the server refuses any other.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Largest frame body either side accepts: a reply carrying a whole file (the API reads up to
 /// 16 MiB) or two captured output streams. Streamed data (terminal output, snapshots, port
@@ -22,6 +22,15 @@ pub const MAX_PTY_CHUNK: usize = 64 << 10;
 
 /// Largest payload chunk of bulk data in one frame.
 pub const CHUNK: usize = 256 << 10;
+
+/// Port on the sandbox's loopback where the agent accepts outbound connections (the room's
+/// `HTTP_PROXY`): each one is carried to the control plane as an [`Message::Outbound`] stream,
+/// and the control plane's egress proxy alone decides where, if anywhere, it goes.
+pub const EGRESS_PORT: u16 = 3128;
+
+/// Set in the ids of streams the agent opens ([`Message::Outbound`]); never in the ids the
+/// control plane picks for [`Op::Connect`], so the two never collide.
+pub const OUTBOUND_STREAM: u32 = 1 << 31;
 
 /// A request from the control plane. `id` pairs it with its [`Reply`]; requests that get no
 /// reply (terminal input and resize) use id 0.
@@ -163,6 +172,13 @@ pub enum Message {
     PtyExit {
         /// Its exit code, when it exited rather than being killed by a signal.
         code: Option<i32>,
+    },
+    /// Code inside connected to [`EGRESS_PORT`]: a new stream (its id has [`OUTBOUND_STREAM`]
+    /// set) whose bytes then flow as [`Op::StreamData`] / [`Message::StreamData`]. The control
+    /// plane closes it with [`Op::StreamClose`] when it will not carry it.
+    Outbound {
+        /// The agent's id for this stream.
+        stream: u32,
     },
 }
 

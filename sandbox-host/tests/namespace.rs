@@ -444,6 +444,77 @@ async fn ports_inside_are_reached_through_the_agent() {
     sb.ended().await;
 }
 
+/// The only way out of a sandbox: code inside connects to the agent's forwarder (named by the
+/// proxy variables of its environment), and the control plane gets the connection as a
+/// stream. Until the control plane takes them, such connections close at once; connections
+/// that skip the forwarder find no network at all.
+#[tokio::test]
+async fn outbound_connections_leave_only_through_the_forwarder() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let ns = backend();
+    let (sb, _events, _) = ns.start(&name("o"), &Limits::default()).await.unwrap();
+    let client = r#"
+import socket, sys
+s = socket.create_connection(("127.0.0.1", 3128), timeout=10)
+s.sendall(b"hello from inside\n")
+s.shutdown(socket.SHUT_WR)
+got = b""
+while True:
+    b = s.recv(4096)
+    if not b:
+        break
+    got += b
+sys.stdout.write(got.decode())
+"#;
+    sh(
+        &sb,
+        &format!("cat > /workspace/client.py <<'EOF'\n{client}\nEOF"),
+    )
+    .await;
+    // Nobody takes them yet: the connection is closed, nothing comes back.
+    let (code, out, err) = sh(&sb, "python3 /workspace/client.py").await;
+    assert_eq!((code, out.as_str()), (Some(0), ""), "{err}");
+
+    let taken = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = taken.clone();
+    sb.on_outbound(std::sync::Arc::new(move |conn| {
+        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        tokio::spawn(async move {
+            let (rd, mut wr) = tokio::io::split(conn);
+            let mut line = String::new();
+            let _ = tokio::io::BufReader::new(rd).read_line(&mut line).await;
+            let _ = wr
+                .write_all(format!("control plane got: {line}").as_bytes())
+                .await;
+        });
+    }));
+    let (code, out, err) = sh(&sb, "python3 /workspace/client.py").await;
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(out, "control plane got: hello from inside\n");
+    assert_eq!(taken.load(std::sync::atomic::Ordering::SeqCst), 1);
+
+    // What code inside is told, and what happens when it ignores it.
+    let (_, env, _) = sh(&sb, "printenv HTTPS_PROXY http_proxy NO_PROXY").await;
+    assert_eq!(
+        env,
+        "http://127.0.0.1:3128\nhttp://127.0.0.1:3128\nlocalhost,127.0.0.1,::1\n"
+    );
+    let direct = r#"python3 -c '
+import socket
+for addr in [("1.1.1.1", 443), ("10.0.0.1", 80), ("::ffff:8.8.8.8", 53)]:
+    try:
+        socket.create_connection(addr, timeout=5)
+        print("connected", addr)
+    except OSError as e:
+        print("refused", addr, e.errno)
+'"#;
+    let (_, out, err) = sh(&sb, direct).await;
+    assert!(!out.contains("connected"), "{out}{err}");
+    assert_eq!(out.matches("refused").count(), 3, "{out}{err}");
+    sb.kill();
+    sb.ended().await;
+}
+
 /// Things code inside may leave in the workspace or do to the agent's requests: sockets, FIFOs,
 /// unreadable files, huge output. None of them wedges the agent or breaks a snapshot.
 #[tokio::test]

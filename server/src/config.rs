@@ -175,6 +175,14 @@ pub(crate) struct ServeArgs {
     /// to `DATA_DIR/secret.key`. Keep it apart from database backups.
     #[arg(long, env = "CODEROOM_SECRET_KEY_FILE")]
     pub secret_key_file: Option<PathBuf>,
+    /// How often the egress proxy writes each room's aggregated record of its connections
+    /// (allowed and refused) to the audit chain.
+    #[arg(long, env = "CODEROOM_EGRESS_AUDIT_EVERY_MS", default_value_t = 60_000)]
+    pub egress_audit_every_ms: u64,
+    /// For tests: `NAME=ADDR[+ADDR...]` makes the egress proxy resolve NAME to those addresses
+    /// (checked like any DNS answer), `NAME=IP:PORT` to a stand-in server (not checked).
+    #[arg(long, value_delimiter = ',', hide = true)]
+    pub egress_test_resolve: Vec<String>,
     /// Log format (logs go to stderr).
     #[arg(long, env = "CODEROOM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

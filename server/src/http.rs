@@ -8,6 +8,7 @@ pub(crate) mod approvals;
 pub(crate) mod checkpoints;
 pub(crate) mod deletion;
 pub(crate) mod doc_socket;
+pub(crate) mod egress;
 pub(crate) mod error;
 pub(crate) mod extract;
 pub(crate) mod files;
@@ -48,6 +49,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .merge(sandbox::routes())
         .merge(checkpoints::routes())
         .merge(secrets::routes())
+        .merge(egress::routes())
         .layer(DefaultBodyLimit::max(MAX_API_BODY))
         // File contents are bigger than API bodies.
         .merge(files::routes())

@@ -11,6 +11,7 @@ pub mod cli;
 pub(crate) mod clock;
 pub(crate) mod close;
 pub(crate) mod config;
+pub(crate) mod egress;
 pub(crate) mod fault;
 pub(crate) mod http;
 pub(crate) mod ids;

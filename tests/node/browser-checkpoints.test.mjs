@@ -107,3 +107,42 @@ test('a secret is added from the page and never shown again', { skip, timeout: 1
   assert.deepEqual(ana.errors, [])
   assert.deepEqual(await server.stop(), { code: 0, signal: null })
 })
+
+test('the Network panel opens a host, switches a registry on, and offers to allow a refused host',
+  { skip, timeout: 120_000 }, async (t) => {
+    const { storage, server, people: [ana] } = await scene(t, ['ana@example.com'])
+    const { page } = ana
+    await login(ana, storage.dataDir)
+    const roomId = await createRoomFromPage(ana, 'networked')
+    const token = await mintToken(storage, 'ana@example.com')
+    // Code inside asks for a host nobody allowed (curl reads the proxy from its environment).
+    const refused = await api(server, token, 'POST', `/api/rooms/${roomId}/exec`,
+      { argv: ['curl', '-sS', '-o', '/dev/null', '-w', '%{http_code}', 'https://api.blocked.example/'], timeout_ms: 30000 })
+    assert.equal(refused.status, 200)
+    assert.match(refused.body.stderr, /403/)
+    // Alt+6 opens the Network panel: nothing allowed, the refusal listed with its reason.
+    await page.keyboard.press('Alt+6')
+    await page.getByText('Nothing is allowed').waitFor()
+    const denied = page.getByTestId('egress-denied').filter({ hasText: 'api.blocked.example:443' })
+    await denied.waitFor()
+    assert.match(await denied.innerText(), /not on the room's egress allowlist/)
+    await shot(page, '19-network')
+    // One click allows it; typing a rule allows another; a preset is a checkbox.
+    await page.getByTestId('egress-allow-api.blocked.example').click()
+    await page.getByTestId('egress-allowed').filter({ hasText: 'api.blocked.example' }).waitFor()
+    await page.getByTestId('egress-rule').fill('*.Models.example')
+    await page.getByTestId('egress-add').click()
+    await page.getByTestId('egress-allowed').filter({ hasText: '*.models.example' }).waitFor()
+    await page.getByTestId('egress-preset-npm').check()
+    await waitFor(async () => (await api(server, token, 'GET', `/api/rooms/${roomId}/egress`)).body?.presets?.includes('npm'),
+      10_000, 'the preset never reached the server')
+    const eg = await api(server, token, 'GET', `/api/rooms/${roomId}/egress`)
+    assert.deepEqual(eg.body.allow, ['api.blocked.example', '*.models.example'])
+    const changes = (await api(server, token, 'GET', `/api/rooms/${roomId}/audit`)).body.filter((r) => r.action === 'set_egress')
+    assert.equal(changes.length, 3)
+    await page.getByTestId('egress-remove-*.models.example').click()
+    await waitFor(async () => (await api(server, token, 'GET', `/api/rooms/${roomId}/egress`)).body?.allow?.length === 1,
+      10_000, 'the rule was never removed')
+    assert.deepEqual(ana.errors, [])
+    assert.deepEqual(await server.stop(), { code: 0, signal: null })
+  })

@@ -53,6 +53,14 @@ export interface SecretRule {
   created_at: number
   last_used_at: number | null
 }
+export interface Tally { connections: number, bytes_out: number, bytes_in: number }
+export interface Egress {
+  allow: string[]
+  presets: string[]
+  available_presets: { name: string, label: string, hosts: string[] }[]
+  recent_denied: { at: number, host: string, port: number, reason: string }[]
+  totals: Record<string, { allowed: Tally, denied: Tally }>
+}
 export interface Checkpoint { id: string, name: string, author: string, at: number, bytes: number, scheduled?: boolean }
 export interface SandboxStatus {
   tier: string
@@ -172,6 +180,8 @@ export const api = {
   addSecret: (id: string, s: { name: string, value: string, hosts: string[], header: string, format: string }) =>
     call<SecretRule>('POST', `/api/rooms/${id}/secrets`, s),
   removeSecret: (id: string, name: string) => call<void>('DELETE', `/api/rooms/${id}/secrets/${encodeURIComponent(name)}`),
+  egress: (id: string) => call<Egress>('GET', `/api/rooms/${id}/egress`),
+  setEgress: (id: string, p: { allow: string[], presets: string[] }) => call<Egress>('PUT', `/api/rooms/${id}/egress`, p),
   setReadiness: (id: string, command: string | null) => call<{ command: string | null }>('PUT', `/api/rooms/${id}/readiness`, { command }),
   requestDeletion: (id: string) => call<{ deletion_id: string, state: string }>('DELETE', `/api/rooms/${id}`),
   deletion: (id: string) => call<Deletion>('GET', `/api/deletions/${id}`),

@@ -309,6 +309,8 @@ pub(crate) async fn run(app: &AppState, id: &str, room_id: &str) -> Result<(), S
             }
             "sandbox" => {
                 let was_running = app.sandboxes.destroy(room_id).await;
+                // No sandbox, no connections: the room's counters go with it.
+                app.egress.forget(room_id);
                 let status = if was_running { "destroyed" } else { "none" };
                 app.store
                     .deletion_step_done(id, artifact, status, i64::from(was_running))

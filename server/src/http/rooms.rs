@@ -113,7 +113,7 @@ pub(crate) async fn get_room(
             .into_iter()
             .map(|r| serde_json::json!({ "name": r.name, "hosts": r.hosts, "header": r.header, "format": r.format }))
             .collect(),
-        egress_allowlist: Vec::new(),
+        egress_allowlist: app.egress.policy(&id).await.in_force(),
         budget: None,
         // The readiness command and its output are for those who may run commands.
         sandbox: if mine.contains(coderoom_authz::Capability::Type) {
@@ -156,8 +156,8 @@ pub(crate) struct RoomView {
     participants: Vec<ParticipantView>,
     my_capabilities: Vec<&'static str>,
     // The room manifest: only an authorised, audited change alters it; joining never does.
-    // Repositories, secret rules, egress and budgets come with the features that use them;
-    // until then a room has none.
+    // Repositories and budgets come with the features that use them; until then a room has
+    // none. `egress_allowlist` is every rule in force (the room's own and its presets' hosts).
     repos: Vec<Value>,
     secret_rules: Vec<Value>,
     egress_allowlist: Vec<String>,

@@ -69,13 +69,19 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     )?;
     let permits = std::thread::available_parallelism().map_or(1, |n| n.get());
     let pool_ready = metrics.sandbox_pool_ready.clone();
+    let egress = crate::egress::Egress::new(
+        store.clone(),
+        audit.clone(),
+        clock.clone(),
+        crate::egress::Resolver::with_overrides(&args.egress_test_resolve)?,
+    );
     let sandboxes = sandboxes(
         &args,
         &store,
         &audit,
         &rooms,
         (&shutdown, &clock),
-        &pool_ready,
+        (&pool_ready, &egress),
     )?;
     // Counted, not read: start-up does not load every sealed value.
     let stored = usize::try_from(store.secret_count().await?).unwrap_or(usize::MAX);
@@ -112,12 +118,15 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         deletions: Arc::default(),
         vault: Arc::new(vault),
         checkpoint_locks: Arc::default(),
+        egress: egress.clone(),
     };
     // Deletions a crash interrupted are finished before anything else touches those rooms.
     deletion::resume(&state).await?;
     sandboxes.start_idle_scheduler();
     sandboxes.start_warm_pool();
     crate::http::checkpoints::start_scheduler(state.clone());
+    let egress_window = std::time::Duration::from_millis(args.egress_audit_every_ms.max(100));
+    egress.start_auditor(egress_window, shutdown.clone());
     // The handlers are in place before anyone can know where to send a signal: a SIGTERM right
     // after the line below still shuts down gracefully.
     let signals = install_signal_handlers();
@@ -144,6 +153,9 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     .await?;
     // Every running sandbox is snapshotted (its idle timer survives in the database).
     sandboxes.suspend_all().await;
+    egress
+        .flush(u64::try_from(egress_window.as_millis()).unwrap_or(u64::MAX))
+        .await;
     tracker.close();
     tracker.wait().await;
     if let Err(e) = audit.anchor(anchor_file.as_deref()).await {
@@ -205,7 +217,10 @@ fn sandboxes(
     audit: &crate::audit::Audit,
     rooms: &Rooms,
     (shutdown, clock): (&CancellationToken, &crate::clock::Clock),
-    pool_ready: &prometheus_client::metrics::gauge::Gauge,
+    (pool_ready, egress): (
+        &prometheus_client::metrics::gauge::Gauge,
+        &crate::egress::Egress,
+    ),
 ) -> anyhow::Result<crate::sandbox::Sandboxes> {
     use coderoom_sandbox::{AgentCommand, Backend, Tier};
     let tier = args.sandbox_tier.tier();
@@ -232,6 +247,7 @@ fn sandboxes(
             shutdown: shutdown.clone(),
             clock: clock.clone(),
             pool_ready: pool_ready.clone(),
+            egress: egress.clone(),
         },
     ))
 }

@@ -55,6 +55,9 @@ pub(crate) struct AppState {
     pub access_changed: tokio::sync::broadcast::Sender<AccessChanged>,
     /// Every room's sandbox supervisor.
     pub sandboxes: Sandboxes,
+    /// The egress proxy (policy views, counters).
+    #[from_ref(skip)]
+    pub egress: crate::egress::Egress,
 }
 
 /// A session that ended, announced to the sockets it opened.

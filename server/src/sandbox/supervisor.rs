@@ -270,6 +270,8 @@ pub(crate) struct Deps {
     pub clock: crate::clock::Clock,
     /// Started sandboxes waiting in the warm pool (a metric).
     pub pool_ready: prometheus_client::metrics::gauge::Gauge,
+    /// Takes the connections code inside opens to the outside.
+    pub egress: crate::egress::Egress,
 }
 
 struct Inner {
@@ -1003,6 +1005,9 @@ impl Actor {
         let Some((sandbox, events, receipt, snapshot)) = started else {
             return Err(SandboxError::Start);
         };
+        // From now on the sandbox's way out is this room's egress policy (a pooled sandbox had
+        // none: its connections were closed).
+        sandbox.on_outbound(self.deps().egress.taker(self.room_id.to_string()));
         self.generation = self
             .owner
             .inner

@@ -115,6 +115,11 @@ pub(crate) enum Change {
         room_id: String,
         id: String,
     },
+    /// The room's egress policy (JSON, checked by the egress proxy's policy).
+    SetEgress {
+        room_id: String,
+        policy: String,
+    },
 }
 
 pub(super) async fn apply_change(
@@ -277,6 +282,13 @@ pub(super) async fn apply_change(
         Change::SetReadiness { room_id, command } => {
             sqlx::query("UPDATE rooms SET readiness = $1 WHERE id = $2")
                 .bind(command.as_deref())
+                .bind(room_id)
+                .execute(&mut **tx)
+                .await?;
+        }
+        Change::SetEgress { room_id, policy } => {
+            sqlx::query("UPDATE rooms SET egress = $1 WHERE id = $2")
+                .bind(policy)
                 .bind(room_id)
                 .execute(&mut **tx)
                 .await?;

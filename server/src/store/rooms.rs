@@ -97,6 +97,15 @@ impl Store {
         Ok(state)
     }
 
+    /// The room's egress policy as stored (JSON), `None` for an unknown room.
+    pub(crate) async fn egress_policy(&self, room_id: &str) -> Result<Option<String>, StoreError> {
+        let row = sqlx::query("SELECT egress FROM rooms WHERE id = $1")
+            .bind(room_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        row.map(|r| Ok(r.try_get("egress")?)).transpose()
+    }
+
     pub(crate) async fn invite(&self, token_hash: &str) -> Result<Option<InviteRow>, StoreError> {
         Ok(sqlx::query_as::<_, InviteRow>(
             "SELECT room_id, role, created_by, expires_at, max_uses, uses, revoked_at \

@@ -42,7 +42,7 @@ export async function secretsPanel (el: HTMLElement, room: Room, refresh: () => 
 
   replace(el,
     h('div', { class: 'panel-head' }, h('h2', null, 'Secrets'), action('Refresh', refresh)),
-    h('p', { class: 'hint' }, 'Not used yet: the egress proxy that adds them to outgoing requests is still being built.'),
+    h('p', { class: 'hint' }, 'Not used yet: the egress proxy does not add them to requests yet.'),
     items.length ? h('ul', { class: 'approvals' }, items.map(row)) : h('p', { class: 'hint' }, 'No secrets.'),
     add)
 }

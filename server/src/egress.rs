@@ -1,0 +1,381 @@
+//! The egress proxy: the only way out of a sandbox. Code inside connects to the agent's
+//! forwarder (its `HTTP_PROXY`); the agent carries the connection to the control plane, and
+//! here it is judged and, when allowed, connected.
+//!
+//! A connection goes out only when the room's policy names its host and port, and every address
+//! the host resolves to is public and not one of this machine's own; the connection then goes
+//! to the address that was checked (never resolved again). Everything is counted per room, the
+//! last refusals are kept for the Network panel, and the audit chain gets one aggregated record
+//! per room and decision per interval (bounded, whatever code inside does).
+
+pub(crate) mod addr;
+pub(crate) mod policy;
+mod proxy;
+
+use crate::audit::Audit;
+use crate::store::{Change, Store};
+use serde::Serialize;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub(crate) use policy::Policy;
+
+/// Distinct (decision, host, port, reason) entries one room's audit window keeps; the rest are
+/// counted together.
+const MAX_WINDOW_ENTRIES: usize = 200;
+/// Entries one aggregated audit record lists (the most frequent first).
+const MAX_AUDITED_ENTRIES: usize = 50;
+/// Refusals kept per room for the Network panel.
+const MAX_RECENT_DENIED: usize = 20;
+
+/// What a test or an operator made a name resolve to (`--egress-test-resolve`).
+#[derive(Debug, Clone)]
+enum Override {
+    /// DNS answers: checked like any others.
+    Answers(Vec<IpAddr>),
+    /// A stand-in server for the name: connections go there, unchecked (the operator chose it).
+    StandIn(SocketAddr),
+}
+
+/// Resolves names for the proxy: the system resolver, unless overridden.
+#[derive(Debug, Default)]
+pub(crate) struct Resolver {
+    overrides: HashMap<String, Override>,
+}
+
+/// Where a name leads.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Answer {
+    /// Addresses to check, then connect to (on the requested port).
+    Addrs(Vec<IpAddr>),
+    /// A stand-in set by the operator.
+    StandIn(SocketAddr),
+}
+
+impl Resolver {
+    /// A resolver with `NAME=ADDR[+ADDR...]` (answers) or `NAME=IP:PORT` (a stand-in) entries.
+    pub(crate) fn with_overrides(entries: &[String]) -> anyhow::Result<Resolver> {
+        let mut overrides = HashMap::new();
+        for entry in entries.iter().filter(|e| !e.trim().is_empty()) {
+            let (name, to) = entry
+                .split_once('=')
+                .ok_or_else(|| anyhow::anyhow!("--egress-test-resolve {entry:?}: NAME=ADDR"))?;
+            let name = match addr::parse_host(name) {
+                Ok(addr::Host::Name(n)) => n,
+                _ => anyhow::bail!("--egress-test-resolve {entry:?}: not a host name"),
+            };
+            let o = if let Ok(stand_in) = to.parse::<SocketAddr>() {
+                Override::StandIn(stand_in)
+            } else {
+                let answers = to
+                    .split('+')
+                    .map(|a| a.parse::<IpAddr>())
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|_| anyhow::anyhow!("--egress-test-resolve {entry:?}: bad address"))?;
+                Override::Answers(answers)
+            };
+            overrides.insert(name, o);
+        }
+        if !overrides.is_empty() {
+            tracing::warn!(
+                names = overrides.len(),
+                "egress names resolved by --egress-test-resolve, not DNS (for tests)"
+            );
+        }
+        Ok(Resolver { overrides })
+    }
+
+    /// What `name` leads to.
+    pub(crate) async fn resolve(&self, name: &str, port: u16) -> std::io::Result<Answer> {
+        match self.overrides.get(name) {
+            Some(Override::Answers(a)) => Ok(Answer::Addrs(a.clone())),
+            Some(Override::StandIn(s)) => Ok(Answer::StandIn(*s)),
+            None => {
+                let addrs: Vec<IpAddr> = tokio::net::lookup_host((name, port))
+                    .await?
+                    .map(|a| a.ip())
+                    .collect();
+                Ok(Answer::Addrs(addrs))
+            }
+        }
+    }
+}
+
+/// Connections and bytes.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
+pub(crate) struct Tally {
+    pub connections: u64,
+    pub bytes_out: u64,
+    pub bytes_in: u64,
+}
+
+impl Tally {
+    fn add(&mut self, other: Tally) {
+        self.connections += other.connections;
+        self.bytes_out += other.bytes_out;
+        self.bytes_in += other.bytes_in;
+    }
+}
+
+/// How one connection went, for the meters.
+#[derive(Debug, Clone)]
+pub(crate) struct Outcome {
+    /// Who it is counted to (`sandbox`: code inside, unattributed).
+    pub who: String,
+    pub host: String,
+    pub port: u16,
+    pub allowed: bool,
+    /// Why it was refused or failed; empty when it went through.
+    pub reason: String,
+    pub bytes_out: u64,
+    pub bytes_in: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+struct Key {
+    allowed: bool,
+    host: String,
+    port: u16,
+    reason: String,
+}
+
+#[derive(Debug, Default)]
+struct RoomMeter {
+    /// Since the last audit record.
+    window: HashMap<Key, Tally>,
+    /// Beyond [`MAX_WINDOW_ENTRIES`]: allowed, refused.
+    window_more: [Tally; 2],
+    /// Since the server started, per participant: allowed, refused.
+    totals: BTreeMap<String, [Tally; 2]>,
+    recent_denied: VecDeque<Value>,
+}
+
+/// Participants counted apart per room; later ones are counted as `other`.
+const MAX_COUNTED: usize = 64;
+
+struct Inner {
+    store: Store,
+    audit: Audit,
+    clock: crate::clock::Clock,
+    resolver: Resolver,
+    meters: Mutex<HashMap<String, RoomMeter>>,
+}
+
+/// The control plane's egress proxy. Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct Egress {
+    inner: Arc<Inner>,
+}
+
+impl Egress {
+    pub(crate) fn new(
+        store: Store,
+        audit: Audit,
+        clock: crate::clock::Clock,
+        resolver: Resolver,
+    ) -> Egress {
+        Egress {
+            inner: Arc::new(Inner {
+                store,
+                audit,
+                clock,
+                resolver,
+                meters: Mutex::default(),
+            }),
+        }
+    }
+
+    fn meters(&self) -> std::sync::MutexGuard<'_, HashMap<String, RoomMeter>> {
+        self.inner.meters.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// What takes room `room_id`'s outbound connections: each is served on a task of its own.
+    pub(crate) fn taker(&self, room_id: String) -> coderoom_sandbox::OutboundFn {
+        let this = self.clone();
+        Arc::new(move |conn| {
+            let this = this.clone();
+            let room = room_id.clone();
+            tokio::spawn(async move { proxy::serve(&this, &room, conn).await });
+        })
+    }
+
+    /// The room's policy as stored; a room without one (or an unreadable one) allows nothing.
+    pub(crate) async fn policy(&self, room_id: &str) -> Policy {
+        match self.inner.store.egress_policy(room_id).await {
+            Ok(Some(json)) => serde_json::from_str::<Policy>(&json)
+                .ok()
+                .and_then(|p| p.checked().ok())
+                .unwrap_or_default(),
+            Ok(None) => Policy::default(),
+            Err(e) => {
+                tracing::error!(room = room_id, error = %e, "cannot read the egress policy; refusing");
+                Policy::default()
+            }
+        }
+    }
+
+    /// Counts one connection.
+    pub(crate) fn record(&self, room_id: &str, o: Outcome) {
+        let now = self.inner.clock.now_ms();
+        let mut meters = self.meters();
+        let m = meters.entry(room_id.to_owned()).or_default();
+        let tally = Tally {
+            connections: 1,
+            bytes_out: o.bytes_out,
+            bytes_in: o.bytes_in,
+        };
+        let key = Key {
+            allowed: o.allowed,
+            host: o.host.clone(),
+            port: o.port,
+            reason: o.reason.clone(),
+        };
+        let slot = usize::from(!o.allowed);
+        if m.window.len() < MAX_WINDOW_ENTRIES || m.window.contains_key(&key) {
+            m.window.entry(key).or_default().add(tally);
+        } else {
+            m.window_more[slot].add(tally);
+        }
+        let who = if m.totals.len() < MAX_COUNTED || m.totals.contains_key(&o.who) {
+            o.who
+        } else {
+            "other".to_owned()
+        };
+        m.totals.entry(who).or_default()[slot].add(tally);
+        if !o.allowed {
+            if m.recent_denied.len() == MAX_RECENT_DENIED {
+                m.recent_denied.pop_front();
+            }
+            m.recent_denied.push_back(json!({
+                "at": now, "host": o.host, "port": o.port, "reason": o.reason,
+            }));
+        }
+    }
+
+    /// `GET /api/rooms/{id}/egress`'s live part: recent refusals (newest first) and totals.
+    pub(crate) fn activity(&self, room_id: &str) -> Value {
+        let meters = self.meters();
+        let Some(m) = meters.get(room_id) else {
+            return json!({ "recent_denied": [], "totals": {} });
+        };
+        let totals: BTreeMap<&String, Value> = m
+            .totals
+            .iter()
+            .map(|(who, [allowed, denied])| (who, json!({ "allowed": allowed, "denied": denied })))
+            .collect();
+        json!({
+            "recent_denied": m.recent_denied.iter().rev().collect::<Vec<_>>(),
+            "totals": totals,
+        })
+    }
+
+    /// Forgets a deleted room's counters.
+    pub(crate) fn forget(&self, room_id: &str) {
+        self.meters().remove(room_id);
+    }
+
+    /// Writes each room's aggregated record(s) for the window that ends now.
+    pub(crate) async fn flush(&self, window_ms: u64) {
+        let windows: Vec<(String, HashMap<Key, Tally>, [Tally; 2])> = self
+            .meters()
+            .iter_mut()
+            .filter(|(_, m)| !m.window.is_empty() || m.window_more != [Tally::default(); 2])
+            .map(|(room, m)| {
+                (
+                    room.clone(),
+                    std::mem::take(&mut m.window),
+                    std::mem::take(&mut m.window_more),
+                )
+            })
+            .collect();
+        for (room, window, more) in windows {
+            for allowed in [true, false] {
+                let slot = usize::from(!allowed);
+                let mut entries: Vec<(&Key, &Tally)> = window
+                    .iter()
+                    .filter(|(k, _)| k.allowed == allowed)
+                    .collect();
+                if entries.is_empty() && more[slot] == Tally::default() {
+                    continue;
+                }
+                entries.sort_by(|a, b| b.1.connections.cmp(&a.1.connections).then(a.0.cmp(b.0)));
+                let mut rest = more[slot];
+                for (_, t) in entries.iter().skip(MAX_AUDITED_ENTRIES) {
+                    rest.add(**t);
+                }
+                let listed: Vec<Value> = entries
+                    .iter()
+                    .take(MAX_AUDITED_ENTRIES)
+                    .map(|(k, t)| {
+                        json!({
+                            "host": k.host, "port": k.port, "reason": k.reason,
+                            "connections": t.connections, "bytes_out": t.bytes_out,
+                            "bytes_in": t.bytes_in,
+                        })
+                    })
+                    .collect();
+                let details =
+                    json!({ "window_ms": window_ms, "connections": listed, "more": rest });
+                let (decision, reason) = if allowed {
+                    ("allow", "")
+                } else {
+                    ("deny", "not allowed by the room's egress policy")
+                };
+                if let Err(e) = self
+                    .inner
+                    .audit
+                    .record(
+                        &room,
+                        "sandbox",
+                        "egress",
+                        decision,
+                        reason,
+                        details,
+                        Change::None,
+                    )
+                    .await
+                {
+                    // A room deleted meanwhile has no chain left to write to.
+                    tracing::debug!(room, error = %e, "cannot audit egress");
+                }
+            }
+        }
+    }
+
+    /// Writes the aggregated audit records every `every` until shutdown (the caller flushes
+    /// once more after the sandboxes stop).
+    pub(crate) fn start_auditor(
+        &self,
+        every: Duration,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) {
+        let this = self.clone();
+        let window_ms = u64::try_from(every.as_millis()).unwrap_or(u64::MAX);
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = shutdown.cancelled() => break,
+                    () = tokio::time::sleep(every) => this.flush(window_ms).await,
+                }
+            }
+        });
+    }
+}
+
+/// This machine's own addresses (every interface's), which the proxy never connects to.
+pub(crate) fn host_addresses() -> Vec<IpAddr> {
+    let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
+        return Vec::new();
+    };
+    addrs
+        .filter_map(|a| a.address)
+        .filter_map(|a| {
+            a.as_sockaddr_in()
+                .map(|v4| IpAddr::V4(v4.ip()))
+                .or_else(|| a.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip())))
+        })
+        .collect()
+}

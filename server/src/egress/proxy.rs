@@ -1,0 +1,478 @@
+//! One outbound connection from a sandbox: an HTTP proxy request (`CONNECT host:port`, or a
+//! plain-HTTP request in absolute form), judged, then carried or refused with a clear answer.
+
+use super::addr::{self, Host};
+use super::{Answer, Egress, Outcome};
+use std::net::SocketAddr;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// Largest request head read from code inside.
+const MAX_HEAD: usize = 16 << 10;
+/// Time code inside has to send its request head.
+const HEAD_WITHIN: Duration = Duration::from_secs(30);
+/// Time a name may take to resolve.
+const RESOLVE_WITHIN: Duration = Duration::from_secs(10);
+/// Time an upstream connection may take.
+const CONNECT_WITHIN: Duration = Duration::from_secs(10);
+/// Headers read from one request head.
+const MAX_HEADERS: usize = 64;
+
+/// A request head from code inside.
+#[derive(Debug)]
+pub(super) struct Head {
+    method: String,
+    target: String,
+    headers: Vec<(String, Vec<u8>)>,
+    /// Bytes read past the head (a body, or a TLS hello sent right after `CONNECT`).
+    rest: Vec<u8>,
+}
+
+/// What the request asks for.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Target {
+    /// `CONNECT host:port`: a tunnel.
+    Tunnel { host: String, port: u16 },
+    /// `GET http://host[:port]/path`: one plain-HTTP request.
+    Forward {
+        host: String,
+        port: u16,
+        /// The authority as written (the upstream's `Host`).
+        authority: String,
+        /// The path and query.
+        path: String,
+    },
+}
+
+/// A refusal or failure, answered to code inside.
+struct Refusal {
+    status: &'static str,
+    reason: String,
+    /// Refused by the policy or the address checks (else: it failed).
+    denied: bool,
+}
+
+fn refuse(reason: impl Into<String>) -> Refusal {
+    Refusal {
+        status: "403 Forbidden",
+        reason: reason.into(),
+        denied: true,
+    }
+}
+
+fn fail(status: &'static str, reason: impl Into<String>) -> Refusal {
+    Refusal {
+        status,
+        reason: reason.into(),
+        denied: false,
+    }
+}
+
+pub(super) async fn serve<S>(egress: &Egress, room_id: &str, mut conn: S)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut outcome = Outcome {
+        who: "sandbox".into(),
+        host: "(malformed request)".into(),
+        port: 0,
+        allowed: false,
+        reason: String::new(),
+        bytes_out: 0,
+        bytes_in: 0,
+    };
+    let head = tokio::time::timeout(HEAD_WITHIN, read_head(&mut conn))
+        .await
+        .unwrap_or(Err("no request in time"));
+    let target = head.and_then(|head| Ok((target_of(&head)?, head)));
+    let (target, head) = match target {
+        Ok(t) => t,
+        Err(why) => {
+            let _ = answer(&mut conn, "400 Bad Request", why).await;
+            outcome.reason = why.to_owned();
+            egress.record(room_id, outcome);
+            return;
+        }
+    };
+    let (host_raw, port) = match &target {
+        Target::Tunnel { host, port } | Target::Forward { host, port, .. } => (host.clone(), *port),
+    };
+    outcome.host = host_raw.clone();
+    outcome.port = port;
+    let upstream = match judge_and_connect(egress, room_id, &host_raw, port).await {
+        Ok((host, upstream)) => {
+            outcome.host = host.to_string();
+            upstream
+        }
+        Err(r) => {
+            outcome.allowed = !r.denied;
+            outcome.reason = r.reason.clone();
+            tracing::info!(room = room_id, host = %host_raw, port, reason = %r.reason, "egress refused");
+            let _ = answer(&mut conn, r.status, &r.reason).await;
+            egress.record(room_id, outcome);
+            return;
+        }
+    };
+    outcome.allowed = true;
+    let carried = carry(&mut conn, upstream, &head, &target).await;
+    outcome.bytes_out = carried.0;
+    outcome.bytes_in = carried.1;
+    egress.record(room_id, outcome);
+}
+
+/// Applies the room's policy and the address checks, then connects to the checked address.
+async fn judge_and_connect(
+    egress: &Egress,
+    room_id: &str,
+    host_raw: &str,
+    port: u16,
+) -> Result<(Host, tokio::net::TcpStream), Refusal> {
+    let host = addr::parse_host(host_raw).map_err(|why| fail("400 Bad Request", why))?;
+    if port == 0 {
+        return Err(fail("400 Bad Request", "port 0"));
+    }
+    let policy = egress.policy(room_id).await;
+    if !policy.allows(&host, port) {
+        return Err(refuse(format!(
+            "{host}:{port} is not on the room's egress allowlist (an owner can allow it in the \
+             Network panel)"
+        )));
+    }
+    let answer = match &host {
+        Host::Ip(ip) => Answer::Addrs(vec![*ip]),
+        Host::Name(name) => {
+            match tokio::time::timeout(RESOLVE_WITHIN, egress.inner.resolver.resolve(name, port))
+                .await
+            {
+                Ok(Ok(a)) => a,
+                Ok(Err(e)) => {
+                    return Err(fail(
+                        "502 Bad Gateway",
+                        format!("cannot resolve {name}: {e}"),
+                    ))
+                }
+                Err(_) => {
+                    return Err(fail(
+                        "504 Gateway Timeout",
+                        format!("resolving {name} timed out"),
+                    ))
+                }
+            }
+        }
+    };
+    let to: SocketAddr = match answer {
+        Answer::StandIn(s) => s,
+        Answer::Addrs(addrs) => {
+            if addrs.is_empty() {
+                return Err(fail("502 Bad Gateway", format!("{host} has no address")));
+            }
+            let own = super::host_addresses();
+            // Every answer is checked: a name that mixes a public address with a private one
+            // is refused as a whole, not tried address by address.
+            let says = |what: &str, ip| match &host {
+                Host::Ip(_) => format!("{host} is {what}"),
+                Host::Name(_) => format!("{host} resolves to {what} ({ip})"),
+            };
+            for ip in &addrs {
+                let ip = addr::canonical(*ip);
+                // Loopback is refused below as loopback; the others are named for what they
+                // are to this server (they may be private or public addresses too).
+                if own
+                    .iter()
+                    .any(|o| !o.is_loopback() && addr::canonical(*o) == ip)
+                {
+                    return Err(refuse(says("this server's own address", ip)));
+                }
+                if let Some(why) = addr::refused(ip) {
+                    return Err(refuse(says(why, ip)));
+                }
+            }
+            // Pinned: the connection goes to the address checked above, never to a fresh
+            // answer (no rebinding between the check and the connect).
+            SocketAddr::new(addr::canonical(addrs[0]), port)
+        }
+    };
+    match tokio::time::timeout(CONNECT_WITHIN, tokio::net::TcpStream::connect(to)).await {
+        Ok(Ok(s)) => Ok((host, s)),
+        Ok(Err(e)) => Err(fail(
+            "502 Bad Gateway",
+            format!("cannot connect to {host}:{port}: {e}"),
+        )),
+        Err(_) => Err(fail(
+            "504 Gateway Timeout",
+            format!("connecting to {host}:{port} timed out"),
+        )),
+    }
+}
+
+/// Carries the connection; returns the bytes sent out and received.
+async fn carry<S>(
+    conn: &mut S,
+    mut upstream: tokio::net::TcpStream,
+    head: &Head,
+    target: &Target,
+) -> (u64, u64)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let _ = upstream.set_nodelay(true);
+    let first = match target {
+        Target::Tunnel { .. } => {
+            if conn
+                .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                .await
+                .is_err()
+            {
+                return (0, 0);
+            }
+            head.rest.clone()
+        }
+        Target::Forward {
+            authority, path, ..
+        } => {
+            let mut out = forwarded_head(head, authority, path);
+            out.extend_from_slice(&head.rest);
+            out
+        }
+    };
+    if upstream.write_all(&first).await.is_err() {
+        return (0, 0);
+    }
+    let (out, inn) = tokio::io::copy_bidirectional(conn, &mut upstream)
+        .await
+        .unwrap_or((0, 0));
+    (out + first.len() as u64, inn)
+}
+
+/// Headers that belong to one hop (this proxy), never forwarded.
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authorization",
+    "proxy-authenticate",
+    "te",
+    "trailer",
+    "upgrade",
+];
+
+/// The request head sent upstream: origin-form, `Host` from the URL, one request per
+/// connection.
+fn forwarded_head(head: &Head, authority: &str, path: &str) -> Vec<u8> {
+    let mut out = format!(
+        "{} {} HTTP/1.1\r\nHost: {}\r\n",
+        head.method, path, authority
+    )
+    .into_bytes();
+    for (name, value) in &head.headers {
+        let lower = name.to_ascii_lowercase();
+        if lower == "host" || HOP_BY_HOP.contains(&lower.as_str()) {
+            continue;
+        }
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"Connection: close\r\n\r\n");
+    out
+}
+
+/// Answers code inside with `status` and a one-line reason, then the connection ends.
+async fn answer<S: AsyncWrite + Unpin>(
+    conn: &mut S,
+    status: &str,
+    reason: &str,
+) -> std::io::Result<()> {
+    let body = format!("coderoom egress proxy: {reason}\n");
+    let msg = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: {}\r\n\
+         X-Coderoom-Egress: refused\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(msg.as_bytes()).await?;
+    conn.shutdown().await
+}
+
+/// Reads one request head.
+pub(super) async fn read_head<R: AsyncRead + Unpin>(rd: &mut R) -> Result<Head, &'static str> {
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = rd
+            .read(&mut chunk)
+            .await
+            .map_err(|_| "the request could not be read")?;
+        if n == 0 {
+            return Err("the connection ended before a request");
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut req = httparse::Request::new(&mut headers);
+        match req.parse(&buf) {
+            Ok(httparse::Status::Complete(len)) if len > MAX_HEAD => {
+                return Err("the request head is too large")
+            }
+            Ok(httparse::Status::Complete(len)) => {
+                let method = req.method.unwrap_or_default().to_owned();
+                let target = req.path.unwrap_or_default().to_owned();
+                let headers = req
+                    .headers
+                    .iter()
+                    .map(|h| (h.name.to_owned(), h.value.to_vec()))
+                    .collect();
+                return Ok(Head {
+                    method,
+                    target,
+                    headers,
+                    rest: buf[len..].to_vec(),
+                });
+            }
+            Ok(httparse::Status::Partial) if buf.len() <= MAX_HEAD => {}
+            Ok(httparse::Status::Partial) => return Err("the request head is too large"),
+            Err(_) => return Err("malformed proxy request"),
+        }
+    }
+}
+
+/// What a request head asks for.
+pub(super) fn target_of(head: &Head) -> Result<Target, &'static str> {
+    if head.method.eq_ignore_ascii_case("CONNECT") {
+        let (host, port) = split_authority(&head.target).ok_or("CONNECT needs host:port")?;
+        let port = port.ok_or("CONNECT needs host:port")?;
+        return Ok(Target::Tunnel { host, port });
+    }
+    let lower = head.target.to_ascii_lowercase();
+    if lower.starts_with("https://") {
+        return Err("https:// goes through CONNECT (set HTTPS_PROXY)");
+    }
+    let rest = lower
+        .strip_prefix("http://")
+        .map(|_| &head.target["http://".len()..])
+        .ok_or("only CONNECT and http:// requests go through this proxy")?;
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let authority = &rest[..end];
+    if authority.contains('@') {
+        return Err("credentials in the URL are not forwarded");
+    }
+    let (host, port) = split_authority(authority).ok_or("malformed URL")?;
+    let path = match &rest[end..] {
+        "" => "/".to_owned(),
+        p if p.starts_with('/') => p.split('#').next().unwrap_or("/").to_owned(),
+        p => format!("/{}", p.split('#').next().unwrap_or("")),
+    };
+    Ok(Target::Forward {
+        host,
+        port: port.unwrap_or(80),
+        authority: authority.to_owned(),
+        path,
+    })
+}
+
+/// `host[:port]` or `[v6][:port]`; `None` when the port is not a number.
+fn split_authority(a: &str) -> Option<(String, Option<u16>)> {
+    let (host, port) = addr::split_port(a);
+    if host.is_empty() {
+        return None;
+    }
+    let port = match port {
+        Some(p) => Some(p.parse::<u16>().ok()?),
+        None => None,
+    };
+    Some((host.to_owned(), port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn head(raw: &str) -> Result<Head, &'static str> {
+        read_head(&mut raw.as_bytes()).await
+    }
+
+    #[tokio::test]
+    async fn targets() {
+        let h = head("CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\nTLS")
+            .await
+            .unwrap();
+        assert_eq!(
+            target_of(&h).unwrap(),
+            Target::Tunnel {
+                host: "example.com".into(),
+                port: 443
+            }
+        );
+        assert_eq!(h.rest, b"TLS");
+        let h = head("CONNECT [::ffff:127.0.0.1]:80 HTTP/1.1\r\n\r\n")
+            .await
+            .unwrap();
+        assert_eq!(
+            target_of(&h).unwrap(),
+            Target::Tunnel {
+                host: "[::ffff:127.0.0.1]".into(),
+                port: 80
+            }
+        );
+        let h = head("GET http://Example.com:8080/a?b=1#frag HTTP/1.1\r\n\r\n")
+            .await
+            .unwrap();
+        assert_eq!(
+            target_of(&h).unwrap(),
+            Target::Forward {
+                host: "Example.com".into(),
+                port: 8080,
+                authority: "Example.com:8080".into(),
+                path: "/a?b=1".into()
+            }
+        );
+        let h = head("GET http://example.com HTTP/1.1\r\n\r\n")
+            .await
+            .unwrap();
+        assert!(
+            matches!(target_of(&h).unwrap(), Target::Forward { port: 80, ref path, .. } if path == "/")
+        );
+        for bad in [
+            "CONNECT example.com HTTP/1.1\r\n\r\n",
+            "CONNECT example.com:99999 HTTP/1.1\r\n\r\n",
+            "GET /relative HTTP/1.1\r\n\r\n",
+            "GET https://example.com/ HTTP/1.1\r\n\r\n",
+            "GET http://allowed.example@evil.example/ HTTP/1.1\r\n\r\n",
+            "GET ftp://example.com/ HTTP/1.1\r\n\r\n",
+        ] {
+            let h = head(bad).await.unwrap();
+            assert!(target_of(&h).is_err(), "{bad:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn heads_are_bounded_and_checked() {
+        assert!(head("NOT A REQUEST\r\n\r\n").await.is_err());
+        assert!(
+            head("GET http://x/ HTTP/1.1\r\n").await.is_err(),
+            "ended early"
+        );
+        let long = format!(
+            "GET http://x/ HTTP/1.1\r\nX: {}\r\n\r\n",
+            "a".repeat(MAX_HEAD)
+        );
+        assert_eq!(
+            head(&long).await.err(),
+            Some("the request head is too large")
+        );
+    }
+
+    #[tokio::test]
+    async fn forwarded_heads_drop_hop_by_hop_headers() {
+        let h = head(
+            "POST http://api.example/v1 HTTP/1.1\r\nHost: evil.example\r\nProxy-Authorization: Basic eA==\r\n\
+             Connection: keep-alive\r\nContent-Length: 2\r\n\r\nhi",
+        )
+        .await
+        .unwrap();
+        let out = String::from_utf8(forwarded_head(&h, "api.example", "/v1")).unwrap();
+        assert_eq!(
+            out,
+            "POST /v1 HTTP/1.1\r\nHost: api.example\r\nContent-Length: 2\r\nConnection: close\r\n\r\n"
+        );
+    }
+}
