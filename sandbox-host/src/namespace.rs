@@ -33,6 +33,10 @@ const TMP_BYTES: u64 = 64 << 20;
 const NOFILE: u64 = 4096;
 /// Where the agent binary appears inside.
 const AGENT_PATH: &str = "/.coderoom/agent";
+/// Where the agent keeps the trust bundle (see [`crate::proto::TRUST_FILE`]).
+const TRUST_DIR: &str = "/run/coderoom";
+/// Room for the system's roots and the room's authority.
+const TRUST_BYTES: u64 = 4 << 20;
 /// Time the agent gets to answer its first hello.
 const READY_WITHIN: Duration = Duration::from_secs(20);
 /// bwrap diagnostics kept for the error message.
@@ -610,6 +614,18 @@ impl Namespace {
                 "/workspace",
             ],
         );
+        // The trust bundle the agent writes (root's, readable by room code).
+        push(
+            &mut a,
+            &[
+                "--perms",
+                "0755",
+                "--size",
+                &TRUST_BYTES.to_string(),
+                "--tmpfs",
+                TRUST_DIR,
+            ],
+        );
         // Room code's terminal program starts through the agent binary (`--exec-as`), so its
         // directory is open to room code's user too.
         let agent_dir = Path::new(AGENT_PATH)
@@ -629,6 +645,9 @@ impl Namespace {
             limits.workspace_bytes
         ));
         mounts.push(format!("{AGENT_PATH} (read-only)"));
+        mounts.push(format!(
+            "{TRUST_DIR} (tmpfs, {TRUST_BYTES} bytes: the trust bundle)"
+        ));
         push(&mut a, &["--seccomp", &seccomp_fd.to_string()]);
         push(&mut a, &["--chdir", "/workspace", "--"]);
         a.push(AGENT_PATH.to_owned());

@@ -135,7 +135,20 @@ pub enum Op {
         /// The stream.
         stream: u32,
     },
+    /// What the outside looks like to room code from now on: the certificate of the room's
+    /// egress authority (added to the trust bundle at [`TRUST_FILE`]), and the variables every
+    /// later exec and terminal gets (secret placeholders: `CODEROOM_SECRET_*`, never values).
+    Egress {
+        /// One PEM certificate.
+        ca_pem: String,
+        /// `CODEROOM_SECRET_<NAME>` = placeholder.
+        env: Vec<(String, String)>,
+    },
 }
+
+/// The trust bundle room code's TLS clients are pointed at (`SSL_CERT_FILE` and friends): the
+/// system's roots, plus the room's egress authority once [`Op::Egress`] names it.
+pub const TRUST_FILE: &str = "/run/coderoom/ca-certificates.crt";
 
 /// A message from the agent.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

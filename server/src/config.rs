@@ -179,6 +179,10 @@ pub(crate) struct ServeArgs {
     /// (allowed and refused) to the audit chain.
     #[arg(long, env = "CODEROOM_EGRESS_AUDIT_EVERY_MS", default_value_t = 60_000)]
     pub egress_audit_every_ms: u64,
+    /// PEM certificates of authorities the egress proxy trusts for upstreams, besides the
+    /// Mozilla roots it ships with (a private registry's authority; tests use it too).
+    #[arg(long, env = "CODEROOM_EGRESS_EXTRA_CA")]
+    pub egress_extra_ca: Option<PathBuf>,
     /// For tests: `NAME=ADDR[+ADDR...]` makes the egress proxy resolve NAME to those addresses
     /// (checked like any DNS answer), `NAME=IP:PORT` to a stand-in server (not checked).
     #[arg(long, value_delimiter = ',', hide = true)]

@@ -9,8 +9,11 @@
 //! per room and decision per interval (bounded, whatever code inside does).
 
 pub(crate) mod addr;
+mod intercept;
 pub(crate) mod policy;
 mod proxy;
+pub(crate) mod tls;
+mod usage;
 
 use crate::audit::Audit;
 use crate::store::{Change, Store};
@@ -148,13 +151,34 @@ struct RoomMeter {
     window: HashMap<Key, Tally>,
     /// Beyond [`MAX_WINDOW_ENTRIES`]: allowed, refused.
     window_more: [Tally; 2],
-    /// Since the server started, per participant: allowed, refused.
-    totals: BTreeMap<String, [Tally; 2]>,
+    /// Since the server started, per participant.
+    totals: BTreeMap<String, Totals>,
     recent_denied: VecDeque<Value>,
+}
+
+/// One participant's counters.
+#[derive(Debug, Default, Clone, Copy, Serialize)]
+struct Totals {
+    allowed: Tally,
+    denied: Tally,
+    /// Tokens model providers reported for requests the proxy added a secret to.
+    model_tokens: usage::Tokens,
 }
 
 /// Participants counted apart per room; later ones are counted as `other`.
 const MAX_COUNTED: usize = 64;
+
+impl RoomMeter {
+    /// `who`'s counters (`other` past [`MAX_COUNTED`] participants).
+    fn totals_of(&mut self, who: String) -> &mut Totals {
+        let who = if self.totals.len() < MAX_COUNTED || self.totals.contains_key(&who) {
+            who
+        } else {
+            "other".to_owned()
+        };
+        self.totals.entry(who).or_default()
+    }
+}
 
 struct Inner {
     store: Store,
@@ -162,6 +186,33 @@ struct Inner {
     clock: crate::clock::Clock,
     resolver: Resolver,
     meters: Mutex<HashMap<String, RoomMeter>>,
+    /// Opens the secrets the proxy adds.
+    vault: Arc<crate::secrets::Vault>,
+    /// How upstreams' certificates are checked.
+    upstream_tls: Arc<rustls::ClientConfig>,
+    /// Each room's egress authority, made on first need.
+    authorities: Mutex<HashMap<String, Arc<tls::RoomCa>>>,
+}
+
+/// What code inside sees in place of the room's secret `name`: `CODEROOM_SECRET_<NAME>` holds
+/// it, and the proxy swaps it for the value in requests to the secret's hosts. Not a secret
+/// (it opens nothing by itself), but distinct per room and name.
+pub(crate) fn placeholder(room_id: &str, name: &str) -> String {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(format!("coderoom placeholder\0{room_id}\0{name}"));
+    format!("crs_placeholder_{name}_{}", &hex::encode(digest)[..16])
+}
+
+/// Whether a secret rule's host (`api.example.com`, `*.example.com`) covers `host`.
+fn rule_covers(pattern: &str, host: &str) -> bool {
+    match pattern.strip_prefix("*.") {
+        Some(suffix) => {
+            host.len() > suffix.len() + 1
+                && host.ends_with(suffix)
+                && host[..host.len() - suffix.len()].ends_with('.')
+        }
+        None => pattern == host,
+    }
 }
 
 /// The control plane's egress proxy. Cheap to clone.
@@ -172,10 +223,10 @@ pub(crate) struct Egress {
 
 impl Egress {
     pub(crate) fn new(
-        store: Store,
-        audit: Audit,
-        clock: crate::clock::Clock,
+        (store, audit, clock): (Store, Audit, crate::clock::Clock),
         resolver: Resolver,
+        vault: Arc<crate::secrets::Vault>,
+        upstream_tls: Arc<rustls::ClientConfig>,
     ) -> Egress {
         Egress {
             inner: Arc::new(Inner {
@@ -184,7 +235,102 @@ impl Egress {
                 clock,
                 resolver,
                 meters: Mutex::default(),
+                vault,
+                upstream_tls,
+                authorities: Mutex::default(),
             }),
+        }
+    }
+
+    /// The room's egress authority (made on first need, kept while the server runs).
+    pub(crate) fn authority(&self, room_id: &str) -> Result<Arc<tls::RoomCa>, tls::TlsError> {
+        let mut all = self
+            .inner
+            .authorities
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(ca) = all.get(room_id) {
+            return Ok(ca.clone());
+        }
+        let ca = Arc::new(tls::RoomCa::new(room_id)?);
+        all.insert(room_id.to_owned(), ca.clone());
+        Ok(ca)
+    }
+
+    /// The variables code inside gets for the room's secrets: `CODEROOM_SECRET_<NAME>` =
+    /// its placeholder.
+    pub(crate) async fn room_env(&self, room_id: &str) -> Vec<(String, String)> {
+        match self.inner.store.secret_rules(room_id).await {
+            Ok(rules) => rules
+                .iter()
+                .map(|r| {
+                    (
+                        format!("CODEROOM_SECRET_{}", r.name),
+                        placeholder(room_id, &r.name),
+                    )
+                })
+                .collect(),
+            Err(e) => {
+                tracing::error!(room = room_id, error = %e, "cannot read the room's secret rules");
+                Vec::new()
+            }
+        }
+    }
+
+    /// The secrets the proxy adds to requests for `host` (opened now; a value that does not
+    /// open is left out and logged by name).
+    pub(crate) async fn injections(&self, room_id: &str, host: &str) -> Vec<intercept::Injection> {
+        let rules = match self.inner.store.secret_rules(room_id).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!(room = room_id, error = %e, "cannot read the room's secret rules");
+                return Vec::new();
+            }
+        };
+        let mut out = Vec::new();
+        for rule in rules
+            .iter()
+            .filter(|r| r.hosts.iter().any(|p| rule_covers(p, host)))
+        {
+            let sealed = match self.inner.store.sealed_secret(room_id, &rule.name).await {
+                Ok(Some(s)) => s,
+                _ => continue,
+            };
+            let Some(raw) = self
+                .inner
+                .vault
+                .open(room_id, &rule.name, &sealed)
+                .ok()
+                .and_then(|v| String::from_utf8(v).ok())
+            else {
+                tracing::error!(room = room_id, secret = %rule.name, "cannot open the secret; not added");
+                continue;
+            };
+            let header = hyper::header::HeaderName::from_bytes(rule.header.as_bytes());
+            let value = hyper::header::HeaderValue::from_str(&rule.format.replace("{}", &raw));
+            let (Ok(header), Ok(mut value)) = (header, value) else {
+                tracing::error!(room = room_id, secret = %rule.name, "the secret's header is not valid; not added");
+                continue;
+            };
+            value.set_sensitive(true);
+            out.push(intercept::Injection {
+                name: rule.name.clone(),
+                header,
+                value,
+                raw,
+                placeholder: placeholder(room_id, &rule.name),
+            });
+        }
+        out
+    }
+
+    /// Records that the proxy added these secrets (their `last_used_at`).
+    pub(crate) async fn used_secrets(&self, room_id: &str, names: &[String]) {
+        let now = self.inner.clock.now_ms();
+        for name in names {
+            if let Err(e) = self.inner.store.touch_secret(room_id, name, now).await {
+                tracing::warn!(room = room_id, secret = %name, error = %e, "cannot record a secret's use");
+            }
         }
     }
 
@@ -239,12 +385,12 @@ impl Egress {
         } else {
             m.window_more[slot].add(tally);
         }
-        let who = if m.totals.len() < MAX_COUNTED || m.totals.contains_key(&o.who) {
-            o.who
+        let t = m.totals_of(o.who);
+        if o.allowed {
+            t.allowed.add(tally);
         } else {
-            "other".to_owned()
-        };
-        m.totals.entry(who).or_default()[slot].add(tally);
+            t.denied.add(tally);
+        }
         if !o.allowed {
             if m.recent_denied.len() == MAX_RECENT_DENIED {
                 m.recent_denied.pop_front();
@@ -261,20 +407,27 @@ impl Egress {
         let Some(m) = meters.get(room_id) else {
             return json!({ "recent_denied": [], "totals": {} });
         };
-        let totals: BTreeMap<&String, Value> = m
-            .totals
-            .iter()
-            .map(|(who, [allowed, denied])| (who, json!({ "allowed": allowed, "denied": denied })))
-            .collect();
         json!({
             "recent_denied": m.recent_denied.iter().rev().collect::<Vec<_>>(),
-            "totals": totals,
+            "totals": m.totals,
         })
     }
 
-    /// Forgets a deleted room's counters.
+    /// Counts tokens a model provider reported for the room.
+    pub(crate) fn record_tokens(&self, room_id: &str, who: &str, tokens: usage::Tokens) {
+        let mut meters = self.meters();
+        let m = meters.entry(room_id.to_owned()).or_default();
+        m.totals_of(who.to_owned()).model_tokens.add(tokens);
+    }
+
+    /// Forgets a deleted room's counters and its authority.
     pub(crate) fn forget(&self, room_id: &str) {
         self.meters().remove(room_id);
+        self.inner
+            .authorities
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(room_id);
     }
 
     /// Writes each room's aggregated record(s) for the window that ends now.

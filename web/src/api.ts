@@ -59,7 +59,7 @@ export interface Egress {
   presets: string[]
   available_presets: { name: string, label: string, hosts: string[] }[]
   recent_denied: { at: number, host: string, port: number, reason: string }[]
-  totals: Record<string, { allowed: Tally, denied: Tally }>
+  totals: Record<string, { allowed: Tally, denied: Tally, model_tokens: { input: number, output: number } }>
 }
 export interface Checkpoint { id: string, name: string, author: string, at: number, bytes: number, scheduled?: boolean }
 export interface SandboxStatus {

@@ -55,6 +55,17 @@ pub(crate) struct Policy {
     pub presets: Vec<String>,
 }
 
+/// What is wrong with a policy, said for the person who wrote it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum PolicyError {
+    #[error("allowlist entry {entry:?}: {why}")]
+    Rule { entry: String, why: &'static str },
+    #[error("an allowlist holds at most {MAX_RULES} entries")]
+    TooMany,
+    #[error("unknown preset {0:?}; presets are npm, crates, pypi and debian")]
+    UnknownPreset(String),
+}
+
 /// One parsed rule.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Rule {
@@ -72,8 +83,11 @@ enum Pattern {
 
 impl Rule {
     /// Reads a rule; the error says what is wrong with it.
-    pub(crate) fn parse(raw: &str) -> Result<Rule, String> {
-        let bad = |why: &str| format!("allowlist entry {raw:?}: {why}");
+    pub(crate) fn parse(raw: &str) -> Result<Rule, PolicyError> {
+        let bad = |why: &'static str| PolicyError::Rule {
+            entry: raw.to_owned(),
+            why,
+        };
         let (host, port) = split_port(raw.trim());
         let port = match port {
             Some(p) => Some(
@@ -115,7 +129,7 @@ impl Rule {
 impl Policy {
     /// Checks every rule and preset and drops duplicates; the error is for the person who
     /// wrote it.
-    pub(crate) fn checked(mut self) -> Result<Policy, String> {
+    pub(crate) fn checked(mut self) -> Result<Policy, PolicyError> {
         let mut seen = std::collections::HashSet::new();
         self.allow = self
             .allow
@@ -124,7 +138,7 @@ impl Policy {
             .filter(|r| seen.insert(r.clone()))
             .collect();
         if self.allow.len() > MAX_RULES {
-            return Err(format!("an allowlist holds at most {MAX_RULES} entries"));
+            return Err(PolicyError::TooMany);
         }
         for rule in &self.allow {
             Rule::parse(rule)?;
@@ -136,10 +150,7 @@ impl Policy {
             .iter()
             .find(|p| !PRESETS.iter().any(|(name, ..)| name == p))
         {
-            return Err(format!(
-                "unknown preset {unknown:?}; presets are {}",
-                PRESETS.map(|(n, ..)| n).join(", ")
-            ));
+            return Err(PolicyError::UnknownPreset(unknown.clone()));
         }
         Ok(self)
     }
@@ -242,7 +253,8 @@ mod tests {
                 presets: vec![],
             }
             .checked()
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
             assert!(err.contains(says), "{bad:?}: {err}");
         }
         let err = Policy {
@@ -250,8 +262,12 @@ mod tests {
             presets: vec!["everything".into()],
         }
         .checked()
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(err.contains("unknown preset"), "{err}");
+        for (name, ..) in PRESETS {
+            assert!(err.contains(name), "{err} does not name {name}");
+        }
         let many = Policy {
             allow: (0..=MAX_RULES).map(|i| format!("h{i}.example")).collect(),
             presets: vec![],

@@ -2,10 +2,15 @@
 //! plain-HTTP request in absolute form), judged, then carried or refused with a clear answer.
 
 use super::addr::{self, Host};
+use super::intercept::Injection;
 use super::{Answer, Egress, Outcome};
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 
 /// Largest request head read from code inside.
 const MAX_HEAD: usize = 16 << 10;
@@ -70,7 +75,7 @@ fn fail(status: &'static str, reason: impl Into<String>) -> Refusal {
 
 pub(super) async fn serve<S>(egress: &Egress, room_id: &str, mut conn: S)
 where
-    S: AsyncRead + AsyncWrite + Unpin,
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let mut outcome = Outcome {
         who: "sandbox".into(),
@@ -99,11 +104,8 @@ where
     };
     outcome.host = host_raw.clone();
     outcome.port = port;
-    let upstream = match judge_and_connect(egress, room_id, &host_raw, port).await {
-        Ok((host, upstream)) => {
-            outcome.host = host.to_string();
-            upstream
-        }
+    let (host, upstream) = match judge_and_connect(egress, room_id, &host_raw, port).await {
+        Ok(judged) => judged,
         Err(r) => {
             outcome.allowed = !r.denied;
             outcome.reason = r.reason.clone();
@@ -113,11 +115,242 @@ where
             return;
         }
     };
-    outcome.allowed = true;
-    let carried = carry(&mut conn, upstream, &head, &target).await;
-    outcome.bytes_out = carried.0;
-    outcome.bytes_in = carried.1;
+    outcome.host = host.to_string();
+    let _ = upstream.set_nodelay(true);
+    let counters = Counters::default();
+    let upstream = Counted {
+        inner: upstream,
+        counters: counters.clone(),
+    };
+    // A tunnel to a host the room has secrets for is opened here; any other is carried as is.
+    let secrets = match (&target, &host) {
+        (Target::Tunnel { .. }, Host::Name(name)) => {
+            Some((name, egress.injections(room_id, name).await))
+        }
+        _ => None,
+    };
+    let result = match secrets {
+        Some((name, secrets)) if !secrets.is_empty() => {
+            intercepted(
+                egress,
+                room_id,
+                (name, port),
+                conn,
+                head.rest,
+                upstream,
+                secrets,
+            )
+            .await
+        }
+        _ => {
+            carry(conn, upstream, &head, &target).await;
+            Ok(())
+        }
+    };
+    if let Err(r) = result {
+        outcome.allowed = !r.denied;
+        outcome.reason = r.reason;
+    } else {
+        outcome.allowed = true;
+    }
+    outcome.bytes_out = counters.written.load(Ordering::Relaxed);
+    outcome.bytes_in = counters.read.load(Ordering::Relaxed);
     egress.record(room_id, outcome);
+}
+
+/// Bytes through a connection, each way.
+#[derive(Clone, Default)]
+struct Counters {
+    read: Arc<AtomicU64>,
+    written: Arc<AtomicU64>,
+}
+
+/// A stream that counts what passes.
+struct Counted<S> {
+    inner: S,
+    counters: Counters,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Counted<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let Poll::Ready(Ok(())) = &r {
+            let n = (buf.filled().len() - before) as u64;
+            self.counters.read.fetch_add(n, Ordering::Relaxed);
+        }
+        r
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Counted<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let r = Pin::new(&mut self.inner).poll_write(cx, data);
+        if let Poll::Ready(Ok(n)) = &r {
+            self.counters
+                .written
+                .fetch_add(*n as u64, Ordering::Relaxed);
+        }
+        r
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// A stream whose first bytes were already read (sent right behind the `CONNECT`).
+struct Prefixed<S> {
+    prefix: Vec<u8>,
+    at: usize,
+    inner: S,
+}
+
+impl<S: AsyncRead + Unpin> AsyncRead for Prefixed<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if self.at < self.prefix.len() {
+            let n = buf.remaining().min(self.prefix.len() - self.at);
+            let at = self.at;
+            buf.put_slice(&self.prefix[at..at + n]);
+            self.at += n;
+            return Poll::Ready(Ok(()));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Unpin> AsyncWrite for Prefixed<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, data)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// Answers the refusal `r` to code inside, and returns it.
+async fn told<S: AsyncWrite + Unpin>(conn: &mut S, r: Refusal) -> Result<(), Refusal> {
+    let _ = answer(conn, r.status, &r.reason).await;
+    Err(r)
+}
+
+/// A tunnel to `host`, which the room has secrets for: the upstream's certificate is checked
+/// for `host` first (no secret goes to a server that cannot prove it is the host), then code
+/// inside gets the tunnel, and TLS from the room's authority once its TLS names `host` too.
+async fn intercepted<S>(
+    egress: &Egress,
+    room_id: &str,
+    (host, port): (&str, u16),
+    mut conn: S,
+    rest: Vec<u8>,
+    upstream: Counted<tokio::net::TcpStream>,
+    secrets: Vec<Injection>,
+) -> Result<(), Refusal>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let Ok(server_name) = rustls::pki_types::ServerName::try_from(host.to_owned()) else {
+        return told(&mut conn, fail("400 Bad Request", "not a TLS host name")).await;
+    };
+    let connector = tokio_rustls::TlsConnector::from(egress.inner.upstream_tls.clone());
+    let up = match tokio::time::timeout(CONNECT_WITHIN, connector.connect(server_name, upstream))
+        .await
+    {
+        Ok(Ok(up)) => up,
+        Ok(Err(e)) => {
+            return told(
+                &mut conn,
+                fail(
+                    "502 Bad Gateway",
+                    format!("{host} did not prove it is {host} ({e}); nothing was sent to it"),
+                ),
+            )
+            .await
+        }
+        Err(_) => {
+            return told(
+                &mut conn,
+                fail("504 Gateway Timeout", format!("TLS with {host} timed out")),
+            )
+            .await
+        }
+    };
+    let config = match egress
+        .authority(room_id)
+        .and_then(|ca| ca.server_config(host))
+    {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(room = room_id, error = %e, "cannot make the room's certificate");
+            return told(
+                &mut conn,
+                fail(
+                    "500 Internal Server Error",
+                    "the proxy cannot make a certificate",
+                ),
+            )
+            .await;
+        }
+    };
+    if conn
+        .write_all(
+            b"HTTP/1.1 200 Connection established
+
+",
+        )
+        .await
+        .is_err()
+    {
+        return Ok(());
+    }
+    let acceptor = tokio_rustls::TlsAcceptor::from(config);
+    let client = Prefixed {
+        prefix: rest,
+        at: 0,
+        inner: conn,
+    };
+    let client = match tokio::time::timeout(HEAD_WITHIN, acceptor.accept(client)).await {
+        Ok(Ok(c)) => c,
+        _ => return Err(fail("400 Bad Request", "no TLS handshake in the tunnel")),
+    };
+    let sni = client
+        .get_ref()
+        .1
+        .server_name()
+        .map(|s| s.trim_end_matches('.').to_ascii_lowercase());
+    if sni.as_deref() != Some(host) {
+        return Err(refuse(format!(
+            "the tunnel is for {host} but its TLS asked for {}",
+            sni.as_deref().unwrap_or("no name")
+        )));
+    }
+    super::intercept::serve(egress, room_id, host, port, client, up, Arc::new(secrets)).await;
+    Ok(())
 }
 
 /// Applies the room's policy and the address checks, then connects to the checked address.
@@ -205,17 +438,12 @@ async fn judge_and_connect(
     }
 }
 
-/// Carries the connection; returns the bytes sent out and received.
-async fn carry<S>(
-    conn: &mut S,
-    mut upstream: tokio::net::TcpStream,
-    head: &Head,
-    target: &Target,
-) -> (u64, u64)
+/// Carries the connection as it is.
+async fn carry<S, U>(mut conn: S, mut upstream: U, head: &Head, target: &Target)
 where
     S: AsyncRead + AsyncWrite + Unpin,
+    U: AsyncRead + AsyncWrite + Unpin,
 {
-    let _ = upstream.set_nodelay(true);
     let first = match target {
         Target::Tunnel { .. } => {
             if conn
@@ -223,7 +451,7 @@ where
                 .await
                 .is_err()
             {
-                return (0, 0);
+                return;
             }
             head.rest.clone()
         }
@@ -236,12 +464,9 @@ where
         }
     };
     if upstream.write_all(&first).await.is_err() {
-        return (0, 0);
+        return;
     }
-    let (out, inn) = tokio::io::copy_bidirectional(conn, &mut upstream)
-        .await
-        .unwrap_or((0, 0));
-    (out + first.len() as u64, inn)
+    let _ = tokio::io::copy_bidirectional(&mut conn, &mut upstream).await;
 }
 
 /// Headers that belong to one hop (this proxy), never forwarded.

@@ -68,7 +68,7 @@ async fn change(
         presets: body.presets.unwrap_or_else(|| before.presets.clone()),
     }
     .checked()
-    .map_err(ApiError::Invalid)?;
+    .map_err(|e| ApiError::Invalid(e.to_string()))?;
     let added: Vec<&String> = after
         .allow
         .iter()

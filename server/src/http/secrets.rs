@@ -52,8 +52,8 @@ fn default_format() -> String {
     "Bearer {}".into()
 }
 
-/// A secret's name: what code inside will see as the placeholder's name
-/// (`CODEROOM_SECRET_<NAME>`) once the egress proxy is built; nothing enters the sandbox today.
+/// A secret's name: what code inside sees as the placeholder's name (`CODEROOM_SECRET_<NAME>`,
+/// holding a placeholder the egress proxy swaps for the value on the way out).
 fn valid_name(name: &str) -> bool {
     (1..=64).contains(&name.len())
         && name
@@ -180,6 +180,8 @@ async fn add(
             },
         )
         .await?;
+    // A running sandbox gets the new placeholder for its next commands.
+    app.sandboxes.egress_changed(&room_id).await;
     Ok((StatusCode::CREATED, Json(rule)))
 }
 
@@ -226,7 +228,10 @@ async fn remove(
         )
         .await
     {
-        Ok(_) => Ok(StatusCode::NO_CONTENT),
+        Ok(_) => {
+            app.sandboxes.egress_changed(&room_id).await;
+            Ok(StatusCode::NO_CONTENT)
+        }
         Err(StoreError::Conflict) => Err(ApiError::NotFound),
         Err(e) => Err(e.into()),
     }

@@ -69,11 +69,23 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     )?;
     let permits = std::thread::available_parallelism().map_or(1, |n| n.get());
     let pool_ready = metrics.sandbox_pool_ready.clone();
+    // Counted, not read: start-up does not load every sealed value.
+    let stored = usize::try_from(store.secret_count().await?).unwrap_or(usize::MAX);
+    let vault = Arc::new(crate::secrets::Vault::open_or_create(
+        &args.secret_key_path(),
+        stored,
+    )?);
+    let extra_ca = match &args.egress_extra_ca {
+        Some(path) => Some(std::fs::read(path).map_err(|e| {
+            anyhow::anyhow!("cannot read --egress-extra-ca {}: {e}", path.display())
+        })?),
+        None => None,
+    };
     let egress = crate::egress::Egress::new(
-        store.clone(),
-        audit.clone(),
-        clock.clone(),
+        (store.clone(), audit.clone(), clock.clone()),
         crate::egress::Resolver::with_overrides(&args.egress_test_resolve)?,
+        vault.clone(),
+        crate::egress::tls::client_config(extra_ca.as_deref())?,
     );
     let sandboxes = sandboxes(
         &args,
@@ -83,9 +95,6 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         (&shutdown, &clock),
         (&pool_ready, &egress),
     )?;
-    // Counted, not read: start-up does not load every sealed value.
-    let stored = usize::try_from(store.secret_count().await?).unwrap_or(usize::MAX);
-    let vault = crate::secrets::Vault::open_or_create(&args.secret_key_path(), stored)?;
     let admin_emails = args
         .admin_emails
         .iter()
@@ -116,7 +125,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         sandboxes: sandboxes.clone(),
         issuance: Arc::default(),
         deletions: Arc::default(),
-        vault: Arc::new(vault),
+        vault,
         checkpoint_locks: Arc::default(),
         egress: egress.clone(),
     };

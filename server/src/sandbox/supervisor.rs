@@ -34,6 +34,8 @@ use tokio_util::sync::CancellationToken;
 const ACTOR_QUEUE: usize = 256;
 /// Time the sandbox gets to end after being killed.
 const KILL_WITHIN: Duration = Duration::from_secs(10);
+/// Time the agent has to take the room's egress settings.
+const EGRESS_WITHIN: Duration = Duration::from_secs(10);
 /// Time the file sync gets to write pending edits before a snapshot.
 const SYNC_STOP_WITHIN: Duration = Duration::from_secs(10);
 /// How often the idle scheduler looks for due timers.
@@ -234,6 +236,8 @@ enum Cmd {
     },
     /// Restores a checkpoint: the document and the workspace.
     Rewind(Arc<Rewind>, oneshot::Sender<Result<(), SandboxError>>),
+    /// The room's secrets changed: a running sandbox gets the new placeholders.
+    Egress,
     /// Gives a new room (a fork) its first workspace: `archive`, described by `meta`.
     Seed {
         archive: PathBuf,
@@ -431,6 +435,13 @@ impl Sandboxes {
                 let (actor, pty_wanted) = Actor::new(room_id.to_owned(), owner, tx.downgrade());
                 tokio::spawn(actor.run(rx, pty_wanted, generation));
             })
+    }
+
+    /// Tells a running sandbox of the room that its secrets changed (nothing when none runs).
+    pub(crate) async fn egress_changed(&self, room_id: &str) {
+        if let Some(tx) = self.inner.supervisors.get(room_id) {
+            let _ = tx.send(Cmd::Egress).await;
+        }
     }
 
     /// Sends a command without waiting for an answer.
@@ -698,6 +709,27 @@ impl Actor {
         &self.owner.inner.deps
     }
 
+    /// Gives the sandbox the room's egress authority (its TLS clients trust it) and the
+    /// placeholders of the room's secrets. A failure is logged: the sandbox works, and a
+    /// request to a secret's host fails its certificate check instead of leaking anything.
+    async fn configure_egress(&self, sandbox: &Sandbox) {
+        let egress = &self.deps().egress;
+        let ca_pem = match egress.authority(&self.room_id) {
+            Ok(ca) => ca.pem.clone(),
+            Err(e) => {
+                tracing::error!(room = %self.room_id, error = %e, "cannot make the room's egress authority");
+                String::new()
+            }
+        };
+        let env = egress.room_env(&self.room_id).await;
+        if let Err(e) = sandbox
+            .call(Op::Egress { ca_pem, env }, EGRESS_WITHIN)
+            .await
+        {
+            tracing::warn!(room = %self.room_id, error = %e, "the sandbox did not take its egress settings");
+        }
+    }
+
     async fn run(
         mut self,
         mut rx: mpsc::Receiver<Cmd>,
@@ -795,6 +827,12 @@ impl Actor {
             }
             Cmd::Join { cols, rows, reply } => self.join(cols, rows, reply).await,
             Cmd::Left => self.touch().await,
+            Cmd::Egress => {
+                if let Life::Running { sandbox, .. } = &self.life {
+                    let sandbox = sandbox.clone();
+                    self.configure_egress(&sandbox).await;
+                }
+            }
             Cmd::Ended { generation, how } => self.ended(generation, how).await,
             Cmd::IdleDue => self.idle_due().await,
             Cmd::Suspend { reply } => {
@@ -1008,6 +1046,7 @@ impl Actor {
         // From now on the sandbox's way out is this room's egress policy (a pooled sandbox had
         // none: its connections were closed).
         sandbox.on_outbound(self.deps().egress.taker(self.room_id.to_string()));
+        self.configure_egress(&sandbox).await;
         self.generation = self
             .owner
             .inner

@@ -54,6 +54,45 @@ impl Store {
         Ok(rules)
     }
 
+    /// The sealed value of the room's secret `name`, if it has one.
+    pub(crate) async fn sealed_secret(
+        &self,
+        room_id: &str,
+        name: &str,
+    ) -> Result<Option<SealedSecret>, StoreError> {
+        let row = sqlx::query(
+            "SELECT key_id, nonce, sealed FROM secrets WHERE room_id = $1 AND name = $2",
+        )
+        .bind(room_id)
+        .bind(name)
+        .fetch_optional(&self.pool)
+        .await?;
+        row.map(|r| {
+            Ok(SealedSecret {
+                key_id: r.try_get("key_id")?,
+                nonce: r.try_get("nonce")?,
+                sealed: r.try_get("sealed")?,
+            })
+        })
+        .transpose()
+    }
+
+    /// Records that the egress proxy added the room's secret `name` to a request at `at`.
+    pub(crate) async fn touch_secret(
+        &self,
+        room_id: &str,
+        name: &str,
+        at: i64,
+    ) -> Result<(), StoreError> {
+        sqlx::query("UPDATE secrets SET last_used_at = $1 WHERE room_id = $2 AND name = $3")
+            .bind(at)
+            .bind(room_id)
+            .bind(name)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
     /// How many secrets are stored, in every room.
     pub(crate) async fn secret_count(&self) -> Result<i64, StoreError> {
         let row = sqlx::query("SELECT COUNT(*) AS n FROM secrets")

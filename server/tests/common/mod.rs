@@ -301,7 +301,7 @@ impl Server {
     /// Starts the server through `sh` with extra redirections (`7>>FILE 8<FILE`): descriptors
     /// it inherits without close-on-exec, as a careless parent would leave them.
     pub async fn start_with_redirections(storage: &Storage, redirections: &str) -> Server {
-        Self::start_via_shell(storage, "", redirections).await
+        Self::start_via_shell(storage, "", redirections, &[]).await
     }
 
     /// Starts the server as `uid` (not root), moved first into `cgroups` (its own groups, one
@@ -336,23 +336,37 @@ impl Server {
 
     /// Starts the server logging at debug level into `log` (its stderr).
     pub async fn start_logging_to(storage: &Storage, log: &std::path::Path) -> Server {
+        Self::start_logging_with(storage, log, &[]).await
+    }
+
+    /// [`Server::start_logging_to`] with extra server flags.
+    pub async fn start_logging_with(
+        storage: &Storage,
+        log: &std::path::Path,
+        extra: &[&str],
+    ) -> Server {
         let after = format!("2>>{}", log.display());
-        Self::start_via_shell(storage, "CODEROOM_LOG=debug", &after).await
+        Self::start_via_shell(storage, "CODEROOM_LOG=debug", &after, extra).await
     }
 
     /// Starts the server with an open-file limit of `soft` (and `hard`) descriptors.
     pub async fn start_with_open_file_limit(storage: &Storage, soft: u32, hard: u32) -> Server {
         let limits = format!("ulimit -S -n {soft} && ulimit -H -n {hard} &&");
-        Self::start_via_shell(storage, &limits, "").await
+        Self::start_via_shell(storage, &limits, "", &[]).await
     }
 
     /// Starts the server through `sh -c "{before} exec coderoom serve ... {after}"`.
-    async fn start_via_shell(storage: &Storage, before: &str, after: &str) -> Server {
+    async fn start_via_shell(
+        storage: &Storage,
+        before: &str,
+        after: &str,
+        extra: &[&str],
+    ) -> Server {
         let mut sh = Command::new("sh");
         sh.arg("-c")
             .arg(format!("{before} exec \"$0\" \"$@\" {after}"))
             .arg(BIN);
-        Self::start_command(sh, storage, &[], &[], None).await
+        Self::start_command(sh, storage, extra, &[], None).await
     }
 
     async fn start_command(
@@ -1032,6 +1046,38 @@ pub async fn post(
 /// [`send_json`] with `PUT`.
 pub async fn put(server: &Server, token: &str, path: &str, body: &str) -> (u16, serde_json::Value) {
     send_json(server, token, "PUT", path, body).await
+}
+
+/// Every file under `dir`, recursively.
+pub fn files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            files(&p, out);
+        } else {
+            out.push(p);
+        }
+    }
+}
+
+/// Asserts that no file under `dir` holds `needle`; returns the files searched.
+pub fn no_file_holds(dir: &std::path::Path, needle: &str) -> Vec<std::path::PathBuf> {
+    let mut all = Vec::new();
+    files(dir, &mut all);
+    for f in &all {
+        let bytes = std::fs::read(f).unwrap();
+        assert!(
+            !holds(&bytes, needle.as_bytes()),
+            "{} holds the value",
+            f.display()
+        );
+    }
+    all
+}
+
+/// Whether `haystack` holds `needle` anywhere.
+pub fn holds(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 /// A benchmark's knob: the environment variable `name` as a number, else `default`.

@@ -55,7 +55,8 @@ export async function networkPanel (el: HTMLElement, room: Room, refresh: () => 
     : h('p', { class: 'hint' }, 'No refused connections since the server started.')
 
   const totals = Object.entries(eg.totals).map(([who, t]) => h('div', { class: 'hint' },
-    `${who}: ${t.allowed.connections} allowed (${t.allowed.bytes_out} B out, ${t.allowed.bytes_in} B in), ${t.denied.connections} refused`))
+    `${who}: ${t.allowed.connections} allowed (${t.allowed.bytes_out} B out, ${t.allowed.bytes_in} B in), ${t.denied.connections} refused` +
+    (t.model_tokens.input || t.model_tokens.output ? `, model tokens ${t.model_tokens.input} in / ${t.model_tokens.output} out` : '')))
 
   replace(el,
     h('div', { class: 'panel-head' }, h('h2', null, 'Network'), action('Refresh', refresh)),

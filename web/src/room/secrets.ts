@@ -42,7 +42,7 @@ export async function secretsPanel (el: HTMLElement, room: Room, refresh: () => 
 
   replace(el,
     h('div', { class: 'panel-head' }, h('h2', null, 'Secrets'), action('Refresh', refresh)),
-    h('p', { class: 'hint' }, 'Not used yet: the egress proxy does not add them to requests yet.'),
+    h('p', { class: 'hint' }, 'Code in the sandbox sees CODEROOM_SECRET_<NAME> holding a placeholder; the room\'s proxy puts the value into requests for the secret\'s hosts only (they must be allowed in Network too).'),
     items.length ? h('ul', { class: 'approvals' }, items.map(row)) : h('p', { class: 'hint' }, 'No secrets.'),
     add)
 }

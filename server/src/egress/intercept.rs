@@ -1,0 +1,252 @@
+//! The tunnel to a host that has secret rules: the proxy is the TLS server code inside talks to
+//! (with a certificate from the room's authority) and the TLS client the upstream sees (having
+//! checked its certificate for that host). Between the two, each HTTP/1.1 request gets the
+//! room's secrets for that host, and only if the client asked for that very host (its SNI and
+//! `Host` match the tunnel's).
+
+use super::Egress;
+use bytes::Bytes;
+use http_body_util::{combinators::BoxBody, BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use std::sync::Arc;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+/// A secret the proxy adds to requests for one host.
+pub(crate) struct Injection {
+    pub name: String,
+    pub header: hyper::header::HeaderName,
+    /// The header's value (the format with the value in it).
+    pub value: hyper::header::HeaderValue,
+    /// The value alone, for placeholders written into headers by code inside.
+    pub raw: String,
+    /// What code inside sees instead of the value.
+    pub placeholder: String,
+}
+
+impl std::fmt::Debug for Injection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Injection")
+            .field("name", &self.name)
+            .field("header", &self.header)
+            .finish_non_exhaustive()
+    }
+}
+
+type Body = BoxBody<Bytes, hyper::Error>;
+
+fn answer(status: StatusCode, reason: &str) -> Response<Body> {
+    let body = format!("coderoom egress proxy: {reason}\n");
+    let mut r = Response::new(
+        Full::new(Bytes::from(body))
+            .map_err(|never| match never {})
+            .boxed(),
+    );
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        "x-coderoom-egress",
+        hyper::header::HeaderValue::from_static("refused"),
+    );
+    r
+}
+
+/// Whether the request names `host` (and no other): its `Host` header, and its URI's
+/// authority when it has one, ignoring case, a trailing dot and the default port.
+fn names_host<B>(req: &Request<B>, host: &str, port: u16) -> bool {
+    let same = |authority: &str| {
+        let (h, p) = super::addr::split_port(authority);
+        let h = h.to_ascii_lowercase();
+        let h = h.strip_suffix('.').unwrap_or(&h);
+        h == host && p.is_none_or(|p| p.parse::<u16>().ok() == Some(port))
+    };
+    let header = req
+        .headers()
+        .get_all(hyper::header::HOST)
+        .iter()
+        .collect::<Vec<_>>();
+    let header_ok = match header.as_slice() {
+        [one] => one.to_str().is_ok_and(same),
+        _ => false,
+    };
+    let uri_ok = req.uri().authority().is_none_or(|a| same(a.as_str()));
+    header_ok && uri_ok
+}
+
+/// Adds the secrets: a placeholder written into any header is replaced by the value; a secret
+/// whose placeholder appears nowhere sets its header as its rule says.
+fn inject<B>(req: &mut Request<B>, secrets: &[Injection]) -> Vec<String> {
+    let mut used = Vec::new();
+    for s in secrets {
+        let mut replaced = false;
+        let names: Vec<_> = req.headers().keys().cloned().collect();
+        for name in names {
+            let values: Vec<_> = req.headers().get_all(&name).iter().cloned().collect();
+            if !values.iter().any(|v| {
+                v.as_bytes()
+                    .windows(s.placeholder.len())
+                    .any(|w| w == s.placeholder.as_bytes())
+            }) {
+                continue;
+            }
+            req.headers_mut().remove(&name);
+            for v in values {
+                let text = String::from_utf8_lossy(v.as_bytes()).replace(&s.placeholder, &s.raw);
+                if let Ok(v) = hyper::header::HeaderValue::from_str(&text) {
+                    req.headers_mut().append(name.clone(), v);
+                }
+            }
+            replaced = true;
+        }
+        if !replaced {
+            req.headers_mut().insert(s.header.clone(), s.value.clone());
+        }
+        used.push(s.name.clone());
+    }
+    used
+}
+
+/// Serves the decrypted side of a tunnel to `host:port`: each request that names the host gets
+/// its secrets and goes to the upstream over `upstream` (TLS already checked); anything else is
+/// answered here and goes nowhere.
+pub(crate) async fn serve<C, U>(
+    egress: &Egress,
+    room_id: &str,
+    host: &str,
+    port: u16,
+    client: C,
+    upstream: U,
+    secrets: Arc<Vec<Injection>>,
+) where
+    C: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    U: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let Ok((sender, conn)) =
+        hyper::client::conn::http1::handshake::<_, Incoming>(TokioIo::new(upstream)).await
+    else {
+        return;
+    };
+    tokio::spawn(async move {
+        let _ = conn.await;
+    });
+    let sender = Arc::new(tokio::sync::Mutex::new(sender));
+    let (egress, room_id, host) = (egress.clone(), room_id.to_owned(), host.to_owned());
+    let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+        let sender = sender.clone();
+        let secrets = secrets.clone();
+        let (egress, room_id, host) = (egress.clone(), room_id.clone(), host.clone());
+        async move {
+            if !names_host(&req, &host, port) {
+                return Ok::<_, hyper::Error>(answer(
+                    StatusCode::MISDIRECTED_REQUEST,
+                    &format!("this tunnel is for {host}; the request names another host"),
+                ));
+            }
+            let used = inject(&mut req, &secrets);
+            // Uncompressed answers, so their token usage can be read on the way back.
+            req.headers_mut().remove(hyper::header::ACCEPT_ENCODING);
+            egress.used_secrets(&room_id, &used).await;
+            let mut sender = sender.lock().await;
+            if sender.ready().await.is_err() {
+                return Ok(answer(
+                    StatusCode::BAD_GATEWAY,
+                    "the upstream closed the connection",
+                ));
+            }
+            match sender.send_request(req).await {
+                Ok(resp) => {
+                    let kind = resp
+                        .headers()
+                        .get(hyper::header::CONTENT_TYPE)
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or_default()
+                        .to_owned();
+                    let (egress, room_id) = (egress.clone(), room_id.clone());
+                    let report = move |t| egress.record_tokens(&room_id, "sandbox", t);
+                    Ok(resp.map(|b| super::usage::Metered::new(b, &kind, report).boxed()))
+                }
+                Err(e) => Ok(answer(
+                    StatusCode::BAD_GATEWAY,
+                    &format!("upstream error: {e}"),
+                )),
+            }
+        }
+    });
+    let _ = hyper::server::conn::http1::Builder::new()
+        .serve_connection(TokioIo::new(client), service)
+        .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secret() -> Injection {
+        Injection {
+            name: "KEY".into(),
+            header: hyper::header::AUTHORIZATION,
+            value: hyper::header::HeaderValue::from_static("Bearer real-value"),
+            raw: "real-value".into(),
+            placeholder: "crs_placeholder_KEY_0123".into(),
+        }
+    }
+
+    fn req(host: &str, uri: &str) -> Request<()> {
+        Request::builder()
+            .uri(uri)
+            .header("host", host)
+            .body(())
+            .unwrap()
+    }
+
+    #[test]
+    fn only_requests_for_the_tunnel_host_qualify() {
+        for ok in ["api.example.com", "API.Example.com.", "api.example.com:443"] {
+            assert!(names_host(&req(ok, "/v1"), "api.example.com", 443), "{ok}");
+        }
+        for bad in [
+            "evil.example",
+            "api.example.com:8443",
+            "api.example.com.evil",
+        ] {
+            assert!(
+                !names_host(&req(bad, "/v1"), "api.example.com", 443),
+                "{bad}"
+            );
+        }
+        // An absolute URI naming another host, or two Host headers, never qualify.
+        assert!(!names_host(
+            &req("api.example.com", "https://evil.example/v1"),
+            "api.example.com",
+            443
+        ));
+        let mut two = req("api.example.com", "/v1");
+        two.headers_mut().append(
+            "host",
+            hyper::header::HeaderValue::from_static("evil.example"),
+        );
+        assert!(!names_host(&two, "api.example.com", 443));
+    }
+
+    #[test]
+    fn placeholders_are_swapped_and_missing_headers_set() {
+        let mut r = req("api.example.com", "/");
+        r.headers_mut().insert(
+            "x-api-key",
+            hyper::header::HeaderValue::from_static("k=crs_placeholder_KEY_0123;"),
+        );
+        assert_eq!(inject(&mut r, &[secret()]), vec!["KEY".to_owned()]);
+        assert_eq!(r.headers()["x-api-key"], "k=real-value;");
+        assert!(
+            r.headers().get("authorization").is_none(),
+            "the placeholder decided where it goes"
+        );
+        let mut r = req("api.example.com", "/");
+        r.headers_mut().insert(
+            "authorization",
+            hyper::header::HeaderValue::from_static("Bearer something-else"),
+        );
+        inject(&mut r, &[secret()]);
+        assert_eq!(r.headers()["authorization"], "Bearer real-value");
+    }
+}
