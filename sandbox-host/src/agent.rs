@@ -40,7 +40,7 @@ const PTY_INPUT_QUEUE: usize = 256;
 /// Deepest directory level walked when listing files.
 const MAX_DEPTH: usize = 32;
 /// Directories never listed: tool state and build output, not the room's text.
-const SKIP_DIRS: [&str; 6] = [
+pub const SKIP_DIRS: [&str; 6] = [
     ".git",
     "node_modules",
     "target",
@@ -50,6 +50,8 @@ const SKIP_DIRS: [&str; 6] = [
 ];
 /// Port connections open at once.
 const MAX_STREAMS: usize = 256;
+/// Of those, connections out through the egress forwarder (port connections keep the rest).
+const MAX_OUTBOUND: usize = 64;
 /// Chunks queued for one connection's socket before the stream is reset.
 const STREAM_QUEUE: usize = 64;
 /// The room's proxy: the agent's forwarder (see [`proto::EGRESS_PORT`]).
@@ -1145,7 +1147,11 @@ async fn forward_outbound(listener: tokio::net::TcpListener, streams: Streams, o
         let (queue, rx) = mpsc::channel::<Vec<u8>>(STREAM_QUEUE);
         {
             let mut open = streams_of(&streams);
-            if open.len() >= MAX_STREAMS || open.contains_key(&stream) {
+            let outbound = open
+                .keys()
+                .filter(|s| *s & proto::OUTBOUND_STREAM != 0)
+                .count();
+            if open.len() >= MAX_STREAMS || outbound >= MAX_OUTBOUND || open.contains_key(&stream) {
                 // Dropping the connection tells the program inside; nothing is queued.
                 continue;
             }

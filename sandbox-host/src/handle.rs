@@ -21,7 +21,11 @@ const EVENT_QUEUE: usize = 64;
 const STREAM_CHUNKS: usize = 64;
 /// Outbound connections (see [`Sandbox::on_outbound`]) open at once; the agent keeps its own
 /// cap too.
-const MAX_OUTBOUND: usize = 256;
+const MAX_OUTBOUND: usize = 64;
+/// Chunks from the agent queued for one outbound connection before it is reset: with
+/// [`MAX_OUTBOUND`], at most 128 MiB per sandbox waits for upstreams (code inside sending
+/// faster than its upstream takes is reset, not buffered).
+const OUTBOUND_CHUNKS: usize = 8;
 /// Snapshot chunks queued between the agent and the file they are written to.
 const MAX_PENDING_CHUNKS: usize = 64;
 
@@ -448,22 +452,29 @@ fn take_outbound(inner: &Arc<Inner>, stream: u32) -> Result<(), String> {
         if open >= MAX_OUTBOUND {
             return None;
         }
-        let (tx, rx) = mpsc::channel::<Vec<u8>>(STREAM_CHUNKS);
+        let (tx, rx) = mpsc::channel::<Vec<u8>>(OUTBOUND_CHUNKS);
         streams.insert(stream, tx);
         Some(rx)
     });
     match (taker, rx) {
         (Some(taker), Some(rx)) => taker(bridge(inner, stream, rx)),
-        _ => {
-            if let Ok(frame) = proto::encode(&Request {
-                id: 0,
-                op: Op::StreamClose { stream },
-            }) {
-                let _ = inner.requests.try_send(frame);
-            }
-        }
+        _ => close_stream(inner, stream),
     }
     Ok(())
+}
+
+/// Tells the agent to close `stream`, without holding up the reader: the request queue may be
+/// full, and a lost close would leave the agent's end open for good.
+fn close_stream(inner: &Arc<Inner>, stream: u32) {
+    if let Ok(frame) = proto::encode(&Request {
+        id: 0,
+        op: Op::StreamClose { stream },
+    }) {
+        let requests = inner.requests.clone();
+        tokio::spawn(async move {
+            let _ = requests.send(frame).await;
+        });
+    }
 }
 
 /// Snapshot bytes written to their sink so far.
@@ -534,12 +545,7 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 if reset {
                     streams.remove(&stream);
                     drop(streams);
-                    if let Ok(frame) = proto::encode(&Request {
-                        id: 0,
-                        op: Op::StreamClose { stream },
-                    }) {
-                        let _ = inner.requests.try_send(frame);
-                    }
+                    close_stream(&inner, stream);
                 }
             }
             Message::StreamClosed { stream } => {

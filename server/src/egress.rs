@@ -107,6 +107,12 @@ impl Resolver {
     }
 }
 
+/// Why the control plane will not connect somewhere: the proxy's reason, for the person who
+/// asked.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct Unreachable(pub String);
+
 /// Connections and bytes.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Serialize)]
 pub(crate) struct Tally {
@@ -117,9 +123,9 @@ pub(crate) struct Tally {
 
 impl Tally {
     fn add(&mut self, other: Tally) {
-        self.connections += other.connections;
-        self.bytes_out += other.bytes_out;
-        self.bytes_in += other.bytes_in;
+        self.connections = self.connections.saturating_add(other.connections);
+        self.bytes_out = self.bytes_out.saturating_add(other.bytes_out);
+        self.bytes_in = self.bytes_in.saturating_add(other.bytes_in);
     }
 }
 
@@ -192,7 +198,12 @@ struct Inner {
     upstream_tls: Arc<rustls::ClientConfig>,
     /// Each room's egress authority, made on first need.
     authorities: Mutex<HashMap<String, Arc<tls::RoomCa>>>,
+    /// Each room's connection places.
+    places: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
 }
+
+/// Connections the proxy carries at once for one room.
+const MAX_PROXIED: usize = 64;
 
 /// What code inside sees in place of the room's secret `name`: `CODEROOM_SECRET_<NAME>` holds
 /// it, and the proxy swaps it for the value in requests to the secret's hosts. Not a secret
@@ -238,8 +249,25 @@ impl Egress {
                 vault,
                 upstream_tls,
                 authorities: Mutex::default(),
+                places: Mutex::default(),
             }),
         }
+    }
+
+    /// Where the control plane itself may connect for `host:port` (a repository's server):
+    /// the address checks code inside gets, without the room's allowlist (the caller's right
+    /// to connect a repository decides). The host as read, the address to use (pinned), and
+    /// whether it is a test stand-in.
+    pub(crate) async fn checked_address(
+        &self,
+        host_raw: &str,
+        port: u16,
+    ) -> Result<(addr::Host, SocketAddr), Unreachable> {
+        let host = addr::parse_host(host_raw).map_err(|why| Unreachable(why.to_owned()))?;
+        let to = proxy::checked_address(self, &host, port)
+            .await
+            .map_err(|r| Unreachable(r.reason))?;
+        Ok((host, to))
     }
 
     /// The room's egress authority (made on first need, kept while the server runs).
@@ -324,6 +352,47 @@ impl Egress {
         out
     }
 
+    /// The header line (`Name: value`) the room's secret `name` makes under its rule, for
+    /// the control plane's own requests (a repository's server). `None`: no such secret.
+    pub(crate) async fn secret_header(
+        &self,
+        room_id: &str,
+        name: &str,
+    ) -> Result<Option<String>, Unreachable> {
+        let unavailable = || Unreachable(format!("the secret {name} cannot be opened"));
+        let Some(rule) = self
+            .inner
+            .store
+            .secret_rules(room_id)
+            .await
+            .map_err(|_| unavailable())?
+            .into_iter()
+            .find(|r| r.name == name)
+        else {
+            return Ok(None);
+        };
+        let sealed = self
+            .inner
+            .store
+            .sealed_secret(room_id, name)
+            .await
+            .map_err(|_| unavailable())?
+            .ok_or_else(unavailable)?;
+        let raw = self
+            .inner
+            .vault
+            .open(room_id, name, &sealed)
+            .ok()
+            .and_then(|v| String::from_utf8(v).ok())
+            .ok_or_else(unavailable)?;
+        self.used_secrets(room_id, &[name.to_owned()]).await;
+        Ok(Some(format!(
+            "{}: {}",
+            rule.header,
+            rule.format.replace("{}", &raw)
+        )))
+    }
+
     /// Records that the proxy added these secrets (their `last_used_at`).
     pub(crate) async fn used_secrets(&self, room_id: &str, names: &[String]) {
         let now = self.inner.clock.now_ms();
@@ -338,14 +407,46 @@ impl Egress {
         self.inner.meters.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// What takes room `room_id`'s outbound connections: each is served on a task of its own.
+    /// What takes room `room_id`'s outbound connections: each is served on a task of its own,
+    /// at most [`MAX_PROXIED`] at once per room (a task holds its place until it ends, however
+    /// its stream ended); one more is closed at once and counted as refused.
     pub(crate) fn taker(&self, room_id: String) -> coderoom_sandbox::OutboundFn {
         let this = self.clone();
+        let places = self.places(&room_id);
         Arc::new(move |conn| {
-            let this = this.clone();
-            let room = room_id.clone();
-            tokio::spawn(async move { proxy::serve(&this, &room, conn).await });
+            let (this, room) = (this.clone(), room_id.clone());
+            match places.clone().try_acquire_owned() {
+                Ok(place) => {
+                    tokio::spawn(async move {
+                        proxy::serve(&this, &room, conn).await;
+                        drop(place);
+                    });
+                }
+                Err(_) => {
+                    drop(conn);
+                    this.record(
+                        &room,
+                        Outcome {
+                            who: "sandbox".into(),
+                            host: "(any)".into(),
+                            port: 0,
+                            allowed: false,
+                            reason: format!("more than {MAX_PROXIED} connections at once"),
+                            bytes_out: 0,
+                            bytes_in: 0,
+                        },
+                    );
+                }
+            }
         })
+    }
+
+    /// The room's connection places (one semaphore per room, shared by its sandboxes).
+    fn places(&self, room_id: &str) -> Arc<tokio::sync::Semaphore> {
+        let mut all = self.inner.places.lock().unwrap_or_else(|e| e.into_inner());
+        all.entry(room_id.to_owned())
+            .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(MAX_PROXIED)))
+            .clone()
     }
 
     /// The room's policy as stored; a room without one (or an unreadable one) allows nothing.

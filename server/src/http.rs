@@ -16,6 +16,7 @@ pub(crate) mod guard;
 pub(crate) mod listener;
 pub(crate) mod login;
 pub(crate) mod ops;
+pub(crate) mod repos;
 pub(crate) mod rooms;
 pub(crate) mod sandbox;
 pub(crate) mod secrets;
@@ -50,6 +51,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .merge(checkpoints::routes())
         .merge(secrets::routes())
         .merge(egress::routes())
+        .merge(repos::routes())
         .layer(DefaultBodyLimit::max(MAX_API_BODY))
         // File contents are bigger than API bodies.
         .merge(files::routes())

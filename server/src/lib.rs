@@ -17,6 +17,7 @@ pub(crate) mod http;
 pub(crate) mod ids;
 pub(crate) mod metrics;
 pub(crate) mod registry;
+pub(crate) mod repos;
 pub mod room;
 pub(crate) mod sandbox;
 pub(crate) mod secrets;

@@ -159,6 +159,7 @@ async fn deletion_survives_a_crash_and_leaves_nothing_on(backend: &Backend) {
         "workspace",
         "recordings",
         "secrets",
+        "repositories",
         "previews",
         "sandbox",
         "room",

@@ -24,7 +24,9 @@ enum Layer {
 fn layer_of(module: &str) -> Option<Layer> {
     Some(match module {
         "http" => Layer::Edge,
-        "room" | "terminal" | "sandbox" | "accounts" | "secrets" | "egress" => Layer::Domain,
+        "room" | "terminal" | "sandbox" | "accounts" | "secrets" | "egress" | "repos" => {
+            Layer::Domain
+        }
         "audit" | "store" | "config" | "metrics" | "registry" | "clock" | "close" | "ids"
         | "fault" => Layer::Below,
         "lib" | "main" | "cli" => Layer::Top,

@@ -165,10 +165,11 @@ const V4_REFUSED: [(&str, &str); 15] = [
 ];
 
 /// IPv6 ranges never reached (IPv4 forms are turned into IPv4 first, see [`canonical`]).
-const V6_REFUSED: [(&str, &str); 10] = [
+const V6_REFUSED: [(&str, &str); 11] = [
     ("::/128", "an unspecified address"),
     ("::1/128", "a loopback address"),
     ("64:ff9b:1::/48", "a local NAT64 address"),
+    ("::ffff:0:0:0/96", "an IPv4-translated address"),
     ("100::/64", "a discard address"),
     ("2001::/23", "an IETF protocol (Teredo) address"),
     ("2001:db8::/32", "a documentation address"),

@@ -73,37 +73,63 @@ fn names_host<B>(req: &Request<B>, host: &str, port: u16) -> bool {
     header_ok && uri_ok
 }
 
-/// Adds the secrets: a placeholder written into any header is replaced by the value; a secret
-/// whose placeholder appears nowhere sets its header as its rule says.
+/// Adds the secrets, each in its rule's header only: a placeholder code inside wrote there is
+/// replaced by the value; otherwise the header is set as the rule says. A placeholder in any
+/// other header stays a placeholder (a header the upstream might echo back must not carry the
+/// value).
 fn inject<B>(req: &mut Request<B>, secrets: &[Injection]) -> Vec<String> {
     let mut used = Vec::new();
     for s in secrets {
-        let mut replaced = false;
-        let names: Vec<_> = req.headers().keys().cloned().collect();
-        for name in names {
-            let values: Vec<_> = req.headers().get_all(&name).iter().cloned().collect();
-            if !values.iter().any(|v| {
-                v.as_bytes()
-                    .windows(s.placeholder.len())
-                    .any(|w| w == s.placeholder.as_bytes())
-            }) {
-                continue;
-            }
-            req.headers_mut().remove(&name);
+        let values: Vec<_> = req.headers().get_all(&s.header).iter().cloned().collect();
+        let holds = |v: &hyper::header::HeaderValue| {
+            v.as_bytes()
+                .windows(s.placeholder.len())
+                .any(|w| w == s.placeholder.as_bytes())
+        };
+        if values.iter().any(holds) {
+            req.headers_mut().remove(&s.header);
             for v in values {
                 let text = String::from_utf8_lossy(v.as_bytes()).replace(&s.placeholder, &s.raw);
-                if let Ok(v) = hyper::header::HeaderValue::from_str(&text) {
-                    req.headers_mut().append(name.clone(), v);
+                if let Ok(mut v) = hyper::header::HeaderValue::from_str(&text) {
+                    v.set_sensitive(true);
+                    req.headers_mut().append(s.header.clone(), v);
                 }
             }
-            replaced = true;
-        }
-        if !replaced {
+        } else {
             req.headers_mut().insert(s.header.clone(), s.value.clone());
         }
         used.push(s.name.clone());
     }
     used
+}
+
+/// Takes every secret's value out of the answer's headers (an upstream that echoes a request
+/// header back must not hand the value to code inside): the placeholder stands in for it.
+fn redact<B>(resp: &mut Response<B>, secrets: &[Injection]) {
+    let names: Vec<_> = resp.headers().keys().cloned().collect();
+    for name in names {
+        let values: Vec<_> = resp.headers().get_all(&name).iter().cloned().collect();
+        let leaks = values.iter().any(|v| {
+            secrets.iter().any(|s| {
+                v.as_bytes()
+                    .windows(s.raw.len().max(1))
+                    .any(|w| w == s.raw.as_bytes())
+            })
+        });
+        if !leaks {
+            continue;
+        }
+        resp.headers_mut().remove(&name);
+        for v in values {
+            let mut text = String::from_utf8_lossy(v.as_bytes()).into_owned();
+            for s in secrets {
+                text = text.replace(&s.raw, &s.placeholder);
+            }
+            if let Ok(v) = hyper::header::HeaderValue::from_str(&text) {
+                resp.headers_mut().append(name.clone(), v);
+            }
+        }
+    }
 }
 
 /// Serves the decrypted side of a tunnel to `host:port`: each request that names the host gets
@@ -116,7 +142,6 @@ pub(crate) async fn serve<C, U>(
     port: u16,
     client: C,
     upstream: U,
-    secrets: Arc<Vec<Injection>>,
 ) where
     C: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     U: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -133,7 +158,6 @@ pub(crate) async fn serve<C, U>(
     let (egress, room_id, host) = (egress.clone(), room_id.to_owned(), host.to_owned());
     let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
         let sender = sender.clone();
-        let secrets = secrets.clone();
         let (egress, room_id, host) = (egress.clone(), room_id.clone(), host.clone());
         async move {
             if !names_host(&req, &host, port) {
@@ -142,6 +166,15 @@ pub(crate) async fn serve<C, U>(
                     &format!("this tunnel is for {host}; the request names another host"),
                 ));
             }
+            // The policy and the secrets as they are now: a change reaches open tunnels too.
+            let named = super::addr::Host::Name(host.clone());
+            if !egress.policy(&room_id).await.allows(&named, port) {
+                return Ok(answer(
+                    StatusCode::FORBIDDEN,
+                    &format!("{host} is no longer on the room's egress allowlist"),
+                ));
+            }
+            let secrets = egress.injections(&room_id, &host).await;
             let used = inject(&mut req, &secrets);
             // Uncompressed answers, so their token usage can be read on the way back.
             req.headers_mut().remove(hyper::header::ACCEPT_ENCODING);
@@ -154,7 +187,8 @@ pub(crate) async fn serve<C, U>(
                 ));
             }
             match sender.send_request(req).await {
-                Ok(resp) => {
+                Ok(mut resp) => {
+                    redact(&mut resp, &secrets);
                     let kind = resp
                         .headers()
                         .get(hyper::header::CONTENT_TYPE)
@@ -232,14 +266,26 @@ mod tests {
     fn placeholders_are_swapped_and_missing_headers_set() {
         let mut r = req("api.example.com", "/");
         r.headers_mut().insert(
-            "x-api-key",
-            hyper::header::HeaderValue::from_static("k=crs_placeholder_KEY_0123;"),
+            "authorization",
+            hyper::header::HeaderValue::from_static("token crs_placeholder_KEY_0123"),
+        );
+        // Elsewhere it stays a placeholder: an echoed header must not carry the value.
+        r.headers_mut().insert(
+            "origin",
+            hyper::header::HeaderValue::from_static("crs_placeholder_KEY_0123"),
         );
         assert_eq!(inject(&mut r, &[secret()]), vec!["KEY".to_owned()]);
-        assert_eq!(r.headers()["x-api-key"], "k=real-value;");
-        assert!(
-            r.headers().get("authorization").is_none(),
-            "the placeholder decided where it goes"
+        assert_eq!(r.headers()["authorization"], "token real-value");
+        assert_eq!(r.headers()["origin"], "crs_placeholder_KEY_0123");
+        let mut echoed = Response::new(());
+        echoed.headers_mut().insert(
+            "x-echo",
+            hyper::header::HeaderValue::from_static("you sent Bearer real-value"),
+        );
+        redact(&mut echoed, &[secret()]);
+        assert_eq!(
+            echoed.headers()["x-echo"],
+            "you sent Bearer crs_placeholder_KEY_0123"
         );
         let mut r = req("api.example.com", "/");
         r.headers_mut().insert(

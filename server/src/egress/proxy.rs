@@ -2,7 +2,6 @@
 //! plain-HTTP request in absolute form), judged, then carried or refused with a clear answer.
 
 use super::addr::{self, Host};
-use super::intercept::Injection;
 use super::{Answer, Egress, Outcome};
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -50,9 +49,9 @@ pub(super) enum Target {
 }
 
 /// A refusal or failure, answered to code inside.
-struct Refusal {
+pub(super) struct Refusal {
     status: &'static str,
-    reason: String,
+    pub(super) reason: String,
     /// Refused by the policy or the address checks (else: it failed).
     denied: bool,
 }
@@ -102,7 +101,8 @@ where
     let (host_raw, port) = match &target {
         Target::Tunnel { host, port } | Target::Forward { host, port, .. } => (host.clone(), *port),
     };
-    outcome.host = host_raw.clone();
+    // Whatever code inside sent, the counters keep a bounded name.
+    outcome.host = host_raw.chars().take(253).collect();
     outcome.port = port;
     let (host, upstream) = match judge_and_connect(egress, room_id, &host_raw, port).await {
         Ok(judged) => judged,
@@ -131,16 +131,7 @@ where
     };
     let result = match secrets {
         Some((name, secrets)) if !secrets.is_empty() => {
-            intercepted(
-                egress,
-                room_id,
-                (name, port),
-                conn,
-                head.rest,
-                upstream,
-                secrets,
-            )
-            .await
+            intercepted(egress, room_id, (name, port), conn, head.rest, upstream).await
         }
         _ => {
             carry(conn, upstream, &head, &target).await;
@@ -269,7 +260,6 @@ async fn intercepted<S>(
     mut conn: S,
     rest: Vec<u8>,
     upstream: Counted<tokio::net::TcpStream>,
-    secrets: Vec<Injection>,
 ) -> Result<(), Refusal>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -318,11 +308,7 @@ where
         }
     };
     if conn
-        .write_all(
-            b"HTTP/1.1 200 Connection established
-
-",
-        )
+        .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
         .await
         .is_err()
     {
@@ -349,7 +335,7 @@ where
             sni.as_deref().unwrap_or("no name")
         )));
     }
-    super::intercept::serve(egress, room_id, host, port, client, up, Arc::new(secrets)).await;
+    super::intercept::serve(egress, room_id, host, port, client, up).await;
     Ok(())
 }
 
@@ -360,9 +346,14 @@ async fn judge_and_connect(
     host_raw: &str,
     port: u16,
 ) -> Result<(Host, tokio::net::TcpStream), Refusal> {
-    let host = addr::parse_host(host_raw).map_err(|why| fail("400 Bad Request", why))?;
+    let bad = |why: &str| Refusal {
+        status: "400 Bad Request",
+        reason: why.to_owned(),
+        denied: true,
+    };
+    let host = addr::parse_host(host_raw).map_err(bad)?;
     if port == 0 {
-        return Err(fail("400 Bad Request", "port 0"));
+        return Err(bad("port 0"));
     }
     let policy = egress.policy(room_id).await;
     if !policy.allows(&host, port) {
@@ -371,7 +362,28 @@ async fn judge_and_connect(
              Network panel)"
         )));
     }
-    let answer = match &host {
+    let to = checked_address(egress, &host, port).await?;
+    match tokio::time::timeout(CONNECT_WITHIN, tokio::net::TcpStream::connect(to)).await {
+        Ok(Ok(s)) => Ok((host, s)),
+        Ok(Err(e)) => Err(fail(
+            "502 Bad Gateway",
+            format!("cannot connect to {host}:{port}: {e}"),
+        )),
+        Err(_) => Err(fail(
+            "504 Gateway Timeout",
+            format!("connecting to {host}:{port} timed out"),
+        )),
+    }
+}
+
+/// Where a connection to `host:port` may go: resolved once, every answer checked (see the
+/// module's rules); the address to connect to, and nothing else.
+pub(super) async fn checked_address(
+    egress: &Egress,
+    host: &Host,
+    port: u16,
+) -> Result<SocketAddr, Refusal> {
+    let answer = match host {
         Host::Ip(ip) => Answer::Addrs(vec![*ip]),
         Host::Name(name) => {
             match tokio::time::timeout(RESOLVE_WITHIN, egress.inner.resolver.resolve(name, port))
@@ -402,7 +414,7 @@ async fn judge_and_connect(
             let own = super::host_addresses();
             // Every answer is checked: a name that mixes a public address with a private one
             // is refused as a whole, not tried address by address.
-            let says = |what: &str, ip| match &host {
+            let says = |what: &str, ip| match host {
                 Host::Ip(_) => format!("{host} is {what}"),
                 Host::Name(_) => format!("{host} resolves to {what} ({ip})"),
             };
@@ -425,17 +437,7 @@ async fn judge_and_connect(
             SocketAddr::new(addr::canonical(addrs[0]), port)
         }
     };
-    match tokio::time::timeout(CONNECT_WITHIN, tokio::net::TcpStream::connect(to)).await {
-        Ok(Ok(s)) => Ok((host, s)),
-        Ok(Err(e)) => Err(fail(
-            "502 Bad Gateway",
-            format!("cannot connect to {host}:{port}: {e}"),
-        )),
-        Err(_) => Err(fail(
-            "504 Gateway Timeout",
-            format!("connecting to {host}:{port} timed out"),
-        )),
-    }
+    Ok(to)
 }
 
 /// Carries the connection as it is.
@@ -466,7 +468,34 @@ where
     if upstream.write_all(&first).await.is_err() {
         return;
     }
-    let _ = tokio::io::copy_bidirectional(&mut conn, &mut upstream).await;
+    pipe(conn, upstream).await;
+}
+
+/// After one side of a carried connection has finished, how long the other may go on: a
+/// program that hung up must not keep a download running on its room's account.
+const AFTER_ONE_SIDE: Duration = Duration::from_secs(30);
+
+/// Copies both ways until both sides finish, or one has and the other takes too long.
+async fn pipe<S, U>(conn: S, upstream: U)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+    U: AsyncRead + AsyncWrite + Unpin,
+{
+    let (mut cr, mut cw) = tokio::io::split(conn);
+    let (mut ur, mut uw) = tokio::io::split(upstream);
+    let out = async {
+        let _ = tokio::io::copy(&mut cr, &mut uw).await;
+        let _ = uw.shutdown().await;
+    };
+    let back = async {
+        let _ = tokio::io::copy(&mut ur, &mut cw).await;
+        let _ = cw.shutdown().await;
+    };
+    tokio::pin!(out, back);
+    tokio::select! {
+        () = &mut out => { let _ = tokio::time::timeout(AFTER_ONE_SIDE, back).await; }
+        () = &mut back => { let _ = tokio::time::timeout(AFTER_ONE_SIDE, out).await; }
+    }
 }
 
 /// Headers that belong to one hop (this proxy), never forwarded.

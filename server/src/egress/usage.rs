@@ -9,7 +9,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 /// Most bytes of a JSON body kept to read its usage (a bigger one is passed on unread).
-const MAX_JSON: usize = 4 << 20;
+const MAX_JSON: usize = 1 << 20;
 /// Longest event-stream line kept.
 const MAX_LINE: usize = 1 << 20;
 
@@ -22,8 +22,8 @@ pub(crate) struct Tokens {
 
 impl Tokens {
     pub(crate) fn add(&mut self, o: Tokens) {
-        self.input += o.input;
-        self.output += o.output;
+        self.input = self.input.saturating_add(o.input);
+        self.output = self.output.saturating_add(o.output);
     }
 }
 
@@ -39,11 +39,12 @@ fn read_usage(v: &Value, seen: &mut Tokens) {
     .into_iter()
     .flatten()
     {
+        // Numbers come from the upstream: added without overflowing.
         let input = n(u, "prompt_tokens")
-            + n(u, "input_tokens")
-            + n(u, "cache_creation_input_tokens")
-            + n(u, "cache_read_input_tokens");
-        let output = n(u, "completion_tokens") + n(u, "output_tokens");
+            .saturating_add(n(u, "input_tokens"))
+            .saturating_add(n(u, "cache_creation_input_tokens"))
+            .saturating_add(n(u, "cache_read_input_tokens"));
+        let output = n(u, "completion_tokens").saturating_add(n(u, "output_tokens"));
         seen.input = seen.input.max(input);
         seen.output = seen.output.max(output);
     }

@@ -56,6 +56,9 @@ const STEPS: &[(&str, Option<&str>)] = &[
     // Checkpoints' files; their rows go with the room row.
     ("checkpoints", None),
     ("secrets", Some("DELETE FROM secrets WHERE room_id = $1")),
+    // The server's clones of the room's repositories (their rows go with the room row; their
+    // credentials are the secrets above).
+    ("repositories", None),
     ("previews", None),
     ("room", Some("DELETE FROM rooms WHERE id = $1")),
 ];
@@ -316,7 +319,7 @@ pub(crate) async fn run(app: &AppState, id: &str, room_id: &str) -> Result<(), S
                     .deletion_step_done(id, artifact, status, i64::from(was_running))
                     .await?;
             }
-            "workspace" | "recordings" | "checkpoints" => {
+            "workspace" | "recordings" | "checkpoints" | "repositories" => {
                 // A checkpoint being made finishes first, and none starts after (the schedule
                 // skips a room being deleted).
                 let lock = crate::http::checkpoints::room_lock(app, room_id);
@@ -325,7 +328,12 @@ pub(crate) async fn run(app: &AppState, id: &str, room_id: &str) -> Result<(), S
                 } else {
                     None
                 };
-                let dir = app.data_dir.join("rooms").join(room_id).join(artifact);
+                let name = if *artifact == "repositories" {
+                    "repos"
+                } else {
+                    artifact
+                };
+                let dir = app.data_dir.join("rooms").join(room_id).join(name);
                 // The receipt says how many files went (snapshots, recordings), not just that
                 // the directory did.
                 let counted = dir.clone();

@@ -38,6 +38,11 @@ pub(crate) enum ApiError {
     Busy,
     #[error("{0}")]
     Sandbox(#[from] SandboxError),
+    #[error("{0}")]
+    Repo(#[from] crate::repos::RepoError),
+    /// The request collides with the state of things (a merge conflict); the message says how.
+    #[error("{0}")]
+    Conflict(String),
 }
 
 /// The body of every error response.
@@ -116,6 +121,18 @@ impl IntoResponse for ApiError {
                     tracing::error!(error = ?e, "storage error");
                 }
                 sandbox_status(e)
+            }
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::Repo(e) => {
+                use crate::repos::RepoError as R;
+                match e {
+                    R::BadUrl(_) | R::NoBranch(_) => StatusCode::BAD_REQUEST,
+                    R::Refused(_) => StatusCode::FORBIDDEN,
+                    R::Rejected => StatusCode::CONFLICT,
+                    R::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+                    R::Auth | R::Failed(_) => StatusCode::BAD_GATEWAY,
+                    R::Timeout => StatusCode::GATEWAY_TIMEOUT,
+                }
             }
             // Fail closed: when the database does not answer, nothing happens.
             ApiError::Store(e) => {

@@ -115,6 +115,22 @@ pub(crate) enum Change {
         room_id: String,
         id: String,
     },
+    /// A repository connected to the room.
+    PutRepo {
+        room_id: String,
+        repo: super::RepoRow,
+    },
+    /// The commit a repository's files are now in step with (a pull or a push).
+    SetRepoBase {
+        room_id: String,
+        id: String,
+        base: String,
+    },
+    /// A repository disconnected.
+    RemoveRepo {
+        room_id: String,
+        id: String,
+    },
     /// The room's egress policy (JSON, checked by the egress proxy's policy).
     SetEgress {
         room_id: String,
@@ -285,6 +301,28 @@ pub(super) async fn apply_change(
                 .bind(room_id)
                 .execute(&mut **tx)
                 .await?;
+        }
+        Change::PutRepo { room_id, repo } => super::repos::insert(tx, room_id, repo).await?,
+        Change::SetRepoBase { room_id, id, base } => {
+            let done = sqlx::query("UPDATE repos SET base = $1 WHERE room_id = $2 AND id = $3")
+                .bind(base)
+                .bind(room_id)
+                .bind(id)
+                .execute(&mut **tx)
+                .await?;
+            if done.rows_affected() != 1 {
+                return Err(StoreError::Conflict);
+            }
+        }
+        Change::RemoveRepo { room_id, id } => {
+            let done = sqlx::query("DELETE FROM repos WHERE room_id = $1 AND id = $2")
+                .bind(room_id)
+                .bind(id)
+                .execute(&mut **tx)
+                .await?;
+            if done.rows_affected() != 1 {
+                return Err(StoreError::Conflict);
+            }
         }
         Change::SetEgress { room_id, policy } => {
             sqlx::query("UPDATE rooms SET egress = $1 WHERE id = $2")

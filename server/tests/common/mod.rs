@@ -979,6 +979,21 @@ pub async fn exec(
     )
 }
 
+/// Runs `sh -c script` in the room's sandbox, asserting it ran; its stdout. The whole answer is
+/// kept in `seen` (tests search everything they were shown for a secret).
+pub async fn inside(
+    server: &Server,
+    token: &str,
+    room: &str,
+    script: &str,
+    seen: &mut String,
+) -> String {
+    let (status, out) = exec(server, token, room, script).await;
+    assert_eq!(status, 200, "{out}");
+    seen.push_str(&out.to_string());
+    out["stdout"].as_str().unwrap().to_owned()
+}
+
 /// Runs `script` until its stdout holds `needle` (5 s at most); its last stdout.
 pub async fn stdout_until(
     server: &Server,
