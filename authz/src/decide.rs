@@ -79,6 +79,24 @@ pub enum Action {
         /// The approval presented with the request, if any.
         approval: Option<Approval>,
     },
+    /// Add one rule to the room's egress allowlist (`params`: canonical JSON naming it). Holders
+    /// of `approve` add it directly; holders of `edit` ask, and an approval by another holder of
+    /// `approve`, bound to exactly this rule, lets them.
+    AllowEgress {
+        /// The rule, canonical JSON.
+        params: String,
+        /// The approval presented with the request, if any.
+        approval: Option<Approval>,
+    },
+    /// Replace a repository branch's history with the room's version (`params`: canonical JSON
+    /// naming the repository, the branch and the commit message). Needs `edit` and an approval
+    /// by another holder of `approve`, bound to exactly these parameters.
+    ForcePush {
+        /// The push's parameters, canonical JSON.
+        params: String,
+        /// The approval presented with the request, if any.
+        approval: Option<Approval>,
+    },
     /// Approve or deny a pending request.
     DecideApproval {
         /// The request being decided.
@@ -94,7 +112,9 @@ impl Action {
         match self {
             Action::Export { approval, .. }
             | Action::RestoreCheckpoint { approval, .. }
-            | Action::Fork { approval, .. } => approval.as_ref(),
+            | Action::Fork { approval, .. }
+            | Action::AllowEgress { approval, .. }
+            | Action::ForcePush { approval, .. } => approval.as_ref(),
             Action::Use(_)
             | Action::CreateInvite { .. }
             | Action::AcceptInvite { .. }
@@ -118,6 +138,8 @@ impl Action {
             Action::Export { .. } => "export",
             Action::RestoreCheckpoint { .. } => "restore_checkpoint",
             Action::Fork { .. } => "fork",
+            Action::AllowEgress { .. } => "allow_egress",
+            Action::ForcePush { .. } => "force_push",
             Action::DecideApproval { .. } => "decide_approval",
             Action::ConfirmDeletion => "confirm_deletion",
         }
@@ -350,6 +372,8 @@ pub fn decide(principal: &Principal, action: &Action, room: &RoomState, now: i64
             need(Capability::Edit).and_then(|()| need(Capability::Type))
         }
         Action::Fork { .. } => need(Capability::Observe),
+        Action::AllowEgress { .. } if caps.contains(Capability::Approve) => Ok(()),
+        Action::AllowEgress { .. } | Action::ForcePush { .. } => need(Capability::Edit),
         Action::DecideApproval { approval } => need(Capability::Approve).and_then(|()| {
             if approval.requester == principal.user {
                 Err(DenyReason::SelfApproval)
@@ -381,6 +405,10 @@ pub fn decide(principal: &Principal, action: &Action, room: &RoomState, now: i64
         Action::Fork { params, approval } if !caps.contains(Capability::Export) => {
             Some((params, approval))
         }
+        Action::AllowEgress { params, approval } if !caps.contains(Capability::Approve) => {
+            Some((params, approval))
+        }
+        Action::ForcePush { params, approval } => Some((params, approval)),
         _ => None,
     };
     let mut rested_on = None;
@@ -500,6 +528,63 @@ mod tests {
             decide(&user("zed"), &fork(None), &r, 0),
             Decision::Deny(DenyReason::NotParticipant)
         );
+    }
+
+    /// Owners open the network directly; editors ask and need someone else's approval of that
+    /// very rule; viewers cannot ask. A force push always needs an approval, even an owner's.
+    #[test]
+    fn egress_asks_and_force_pushes_need_approvals() {
+        let r = room(&[
+            ("ana", Role::Owner),
+            ("ben", Role::Editor),
+            ("cy", Role::Viewer),
+        ]);
+        let params = r#"{"rule":"registry.npmjs.org"}"#.to_owned();
+        let allow = |approval| Action::AllowEgress {
+            params: params.clone(),
+            approval,
+        };
+        assert!(allowed(&decide(&user("ana"), &allow(None), &r, 0)));
+        assert!(matches!(
+            decide(&user("ben"), &allow(None), &r, 0),
+            Decision::NeedsApproval(ApprovalRequest {
+                action: "allow_egress",
+                ..
+            })
+        ));
+        assert!(allowed(&decide(
+            &user("ben"),
+            &allow(Some(approved_by_ana("allow_egress", &params))),
+            &r,
+            50
+        )));
+        let other = approved_by_ana("allow_egress", r#"{"rule":"*"}"#);
+        assert_eq!(
+            decide(&user("ben"), &allow(Some(other)), &r, 50),
+            Decision::Deny(DenyReason::ApprovalMismatch)
+        );
+        assert_eq!(
+            decide(&user("cy"), &allow(None), &r, 0),
+            Decision::Deny(DenyReason::Missing(Capability::Edit))
+        );
+        let push = r#"{"repo":"r1","branch":"main","message":"m"}"#.to_owned();
+        let force = |approval| Action::ForcePush {
+            params: push.clone(),
+            approval,
+        };
+        assert!(matches!(
+            decide(&user("ana"), &force(None), &r, 0),
+            Decision::NeedsApproval(ApprovalRequest {
+                action: "force_push",
+                ..
+            })
+        ));
+        assert!(allowed(&decide(
+            &user("ben"),
+            &force(Some(approved_by_ana("force_push", &push))),
+            &r,
+            50
+        )));
     }
 
     /// A restore needs `edit` and `type`; where the room's policy asks, also an approval by

@@ -157,6 +157,8 @@ struct RoomMeter {
     window: HashMap<Key, Tally>,
     /// Beyond [`MAX_WINDOW_ENTRIES`]: allowed, refused.
     window_more: [Tally; 2],
+    /// Model tokens reported since the last audit record (the durable record spend reads).
+    window_tokens: usage::Tokens,
     /// Since the server started, per participant.
     totals: BTreeMap<String, Totals>,
     recent_denied: VecDeque<Value>,
@@ -519,6 +521,7 @@ impl Egress {
         let mut meters = self.meters();
         let m = meters.entry(room_id.to_owned()).or_default();
         m.totals_of(who.to_owned()).model_tokens.add(tokens);
+        m.window_tokens.add(tokens);
     }
 
     /// Forgets a deleted room's counters and its authority.
@@ -533,26 +536,33 @@ impl Egress {
 
     /// Writes each room's aggregated record(s) for the window that ends now.
     pub(crate) async fn flush(&self, window_ms: u64) {
-        let windows: Vec<(String, HashMap<Key, Tally>, [Tally; 2])> = self
+        type Window = (String, HashMap<Key, Tally>, [Tally; 2], usage::Tokens);
+        let windows: Vec<Window> = self
             .meters()
             .iter_mut()
-            .filter(|(_, m)| !m.window.is_empty() || m.window_more != [Tally::default(); 2])
+            .filter(|(_, m)| {
+                !m.window.is_empty()
+                    || m.window_more != [Tally::default(); 2]
+                    || m.window_tokens != usage::Tokens::default()
+            })
             .map(|(room, m)| {
                 (
                     room.clone(),
                     std::mem::take(&mut m.window),
                     std::mem::take(&mut m.window_more),
+                    std::mem::take(&mut m.window_tokens),
                 )
             })
             .collect();
-        for (room, window, more) in windows {
+        for (room, window, more, tokens) in windows {
             for allowed in [true, false] {
                 let slot = usize::from(!allowed);
                 let mut entries: Vec<(&Key, &Tally)> = window
                     .iter()
                     .filter(|(k, _)| k.allowed == allowed)
                     .collect();
-                if entries.is_empty() && more[slot] == Tally::default() {
+                let no_tokens = !allowed || tokens == usage::Tokens::default();
+                if entries.is_empty() && more[slot] == Tally::default() && no_tokens {
                     continue;
                 }
                 entries.sort_by(|a, b| b.1.connections.cmp(&a.1.connections).then(a.0.cmp(b.0)));
@@ -571,8 +581,11 @@ impl Egress {
                         })
                     })
                     .collect();
-                let details =
+                let mut details =
                     json!({ "window_ms": window_ms, "connections": listed, "more": rest });
+                if allowed {
+                    details["model_tokens"] = json!(tokens);
+                }
                 let (decision, reason) = if allowed {
                     ("allow", "")
                 } else {

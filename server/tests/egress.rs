@@ -261,6 +261,46 @@ async fn the_sandbox_reaches_only_what_the_room_allows() {
         .sum();
     assert!(bytes_in > 0, "{allowed:?}");
 
+    // An editor asks for one more host: it waits for someone else's approval of that very rule,
+    // then the editor's own request adds it, once. A viewer cannot even ask.
+    let ask = format!("/api/rooms/{room}/egress/allow");
+    let (status, body) = post(server, &t.ben, &ask, r#"{"rule":"Ben.test"}"#).await;
+    assert_eq!(status, 202, "{body}");
+    assert_eq!(body["state"], "pending_approval");
+    let approval = body["approval_id"].as_str().unwrap().to_owned();
+    let (status, _) = post(server, &t.cy, &ask, r#"{"rule":"cy.test"}"#).await;
+    assert_eq!(status, 403);
+    let (status, body) = post(server, &t.ben, &ask, r#"{"rule":"exa mple"}"#).await;
+    assert_eq!(status, 400, "{body}");
+    let (status, body) = post(
+        server,
+        &t.ana,
+        &format!("/api/rooms/{room}/approvals/{approval}/decision"),
+        r#"{"approve":true}"#,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let with = format!(r#"{{"rule":"ben.test","approval_id":"{approval}"}}"#);
+    let other = format!(r#"{{"rule":"other.test","approval_id":"{approval}"}}"#);
+    let (status, _) = post(server, &t.ben, &ask, &other).await;
+    assert_eq!(status, 403, "an approval covers its own rule only");
+    let (status, body) = post(server, &t.ben, &ask, &with).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["allow"],
+        serde_json::json!(["allowed.test", "ben.test"])
+    );
+    let (status, _) = post(server, &t.ben, &ask, &with).await;
+    assert_eq!(status, 403, "an approval is spent once");
+    let (status, body) = post(server, &t.ana, &ask, r#"{"rule":"ana.test:8443"}"#).await;
+    assert_eq!(status, 200, "{body}");
+    let asked = audit(server, &t.ana, room)
+        .await
+        .into_iter()
+        .filter(|r| r["action"] == "allow_egress" && r["decision"] == "allow")
+        .count();
+    assert_eq!(asked, 2);
+
     // Now the owner allows every name, and spells out every address literal below: the
     // address checks alone must stop each of them.
     let server_port = server.addr.rsplit(':').next().unwrap().to_owned();

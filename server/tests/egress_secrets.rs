@@ -152,6 +152,8 @@ async fn secrets_reach_only_their_hosts_and_never_the_sandbox() {
             &resolve,
             "--egress-extra-ca",
             &ca_file.display().to_string(),
+            "--egress-audit-every-ms",
+            "200",
         ],
     )
     .await;
@@ -242,6 +244,23 @@ async fn secrets_reach_only_their_hosts_and_never_the_sandbox() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     assert_eq!(view["totals"]["sandbox"]["model_tokens"], want, "{view}");
+    // And durably, in the room's audit chain (what spend is summed from).
+    let mut summed = Value::Null;
+    for _ in 0..100 {
+        let (mut input, mut output) = (0, 0);
+        for r in audit(&server, &ana, &room).await {
+            if r["action"] == "egress" && r["decision"] == "allow" {
+                input += r["details"]["model_tokens"]["input"].as_u64().unwrap_or(0);
+                output += r["details"]["model_tokens"]["output"].as_u64().unwrap_or(0);
+            }
+        }
+        summed = serde_json::json!({ "input": input, "output": output });
+        if summed == want {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(summed, want);
     let rules = get_json(&server, &ana, &format!("/api/rooms/{room}/secrets")).await;
     seen.push_str(&rules.to_string());
     assert!(rules[0]["last_used_at"].as_i64().is_some(), "{rules}");

@@ -436,6 +436,30 @@ async fn repositories_are_cloned_pulled_and_pushed_without_the_token_entering_th
         git(&bare, &["show", "main:src/app.txt"]),
         "one\ntwo\nTHREE\nfour\n"
     );
+    // Forced, it needs someone else's approval of exactly that push; then it replaces the
+    // branch with the room's version, once.
+    let force = r#"{"message":"ours wins","force":true}"#;
+    let (status, body) = post(&server, &ben, &format!("{repos}/{rid}/push"), force).await;
+    assert_eq!(status, 202, "{body}");
+    let approval = body["approval_id"].as_str().unwrap().to_owned();
+    let (status, body) = post(
+        &server,
+        &ana,
+        &format!("/api/rooms/{room}/approvals/{approval}/decision"),
+        r#"{"approve":true}"#,
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let approved = format!(r#"{{"message":"ours wins","force":true,"approval_id":"{approval}"}}"#);
+    let (status, body) = post(&server, &ben, &format!("{repos}/{rid}/push"), &approved).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["forced"], true);
+    assert_eq!(
+        git(&bare, &["show", "main:src/app.txt"]),
+        "one\ntwo\n3\nfour\n"
+    );
+    let (status, _) = post(&server, &ben, &format!("{repos}/{rid}/push"), &approved).await;
+    assert_eq!(status, 403, "an approval is spent once");
 
     // The token is nowhere in the room: not the environment, not a file (git's own config
     // included), not the terminal's processes.

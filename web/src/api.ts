@@ -24,6 +24,8 @@ export interface Room {
   /** The command the sandbox runs after every start, if any. */
   readiness?: string | null
   checkpoint_policy?: CheckpointPolicy
+  /** The room's secrets by rule (never by value). */
+  secret_rules?: { name: string, hosts: string[] }[]
 }
 export interface CheckpointPolicy {
   every_s: number | null
@@ -61,6 +63,19 @@ export interface Egress {
   recent_denied: { at: number, host: string, port: number, reason: string }[]
   totals: Record<string, { allowed: Tally, denied: Tally, model_tokens: { input: number, output: number } }>
 }
+export interface Repo {
+  id: string
+  url: string
+  branch: string
+  secret: string | null
+  access: 'read' | 'push'
+  path: string
+  base: string
+  created_by: string
+  created_at: number
+}
+/** An answer that may instead be a request for someone else's approval. */
+export interface Gated { state?: string, approval_id?: string }
 export interface Checkpoint { id: string, name: string, author: string, at: number, bytes: number, scheduled?: boolean }
 export interface SandboxStatus {
   tier: string
@@ -182,6 +197,17 @@ export const api = {
   removeSecret: (id: string, name: string) => call<void>('DELETE', `/api/rooms/${id}/secrets/${encodeURIComponent(name)}`),
   egress: (id: string) => call<Egress>('GET', `/api/rooms/${id}/egress`),
   setEgress: (id: string, p: { allow: string[], presets: string[] }) => call<Egress>('PUT', `/api/rooms/${id}/egress`, p),
+  allowEgress: (id: string, rule: string, approval_id?: string) =>
+    call<Egress & Gated>('POST', `/api/rooms/${id}/egress/allow`, approval_id ? { rule, approval_id } : { rule }),
+  repos: (id: string) => call<Repo[]>('GET', `/api/rooms/${id}/repos`),
+  connectRepo: (id: string, r: { url: string, branch: string, secret: string | null, access: string, path?: string }) =>
+    call<Repo & { skipped: string[] }>('POST', `/api/rooms/${id}/repos`, r),
+  pullRepo: (id: string, rid: string) =>
+    call<{ state: string, merged?: boolean, skipped?: string[] }>('POST', `/api/rooms/${id}/repos/${rid}/pull`, {}),
+  pushRepo: (id: string, rid: string, message: string, force = false, approval_id?: string) =>
+    call<{ state: string, commit?: string } & Gated>('POST', `/api/rooms/${id}/repos/${rid}/push`,
+      approval_id ? { message, force, approval_id } : { message, force }),
+  disconnectRepo: (id: string, rid: string) => call<void>('DELETE', `/api/rooms/${id}/repos/${rid}`),
   setReadiness: (id: string, command: string | null) => call<{ command: string | null }>('PUT', `/api/rooms/${id}/readiness`, { command }),
   requestDeletion: (id: string) => call<{ deletion_id: string, state: string }>('DELETE', `/api/rooms/${id}`),
   deletion: (id: string) => call<Deletion>('GET', `/api/deletions/${id}`),

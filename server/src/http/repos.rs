@@ -399,6 +399,12 @@ async fn pull(
 #[serde(deny_unknown_fields)]
 pub(crate) struct Push {
     message: String,
+    /// Replace the branch with the room's version even when it moved (needs an approval).
+    #[serde(default)]
+    force: bool,
+    /// The approval of exactly this forced push.
+    #[serde(default)]
+    approval_id: Option<String>,
 }
 
 async fn push(
@@ -406,7 +412,8 @@ async fn push(
     user: AuthUser,
     Path((room, rid)): Path<(String, String)>,
     Json(body): Json<Push>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse as _;
     let room_id = RoomId::parse(&room).ok_or(ApiError::NotFound)?;
     let repo = repo_of(&app, &room_id, &rid).await?;
     let message = body.message.trim().to_owned();
@@ -415,15 +422,32 @@ async fn push(
             "a push needs a commit message (at most 10,000 bytes)",
         ));
     }
-    let details = json!({ "id": repo.id, "url": repo.url, "branch": repo.branch });
-    let proof = authorize(
-        &app,
-        &room_id,
-        &user,
-        Action::Use(Capability::Edit),
-        details.clone(),
-    )
-    .await?;
+    let details = json!({
+        "id": repo.id, "url": repo.url, "branch": repo.branch, "force": body.force,
+    });
+    // A forced push replaces what others pushed: someone else who holds `approve` agrees to
+    // exactly this one first.
+    let (proof, approval) = if body.force {
+        let params =
+            json!({ "repo": repo.id, "branch": repo.branch, "message": message }).to_string();
+        let approval =
+            crate::http::approvals::presented(&app, &room_id, body.approval_id.as_deref()).await?;
+        let action = Action::ForcePush { params, approval };
+        match crate::http::approvals::gate(&app, &room_id, &user, action, details.clone()).await? {
+            crate::http::approvals::Gate::Allowed { proof, approval } => (proof, approval),
+            crate::http::approvals::Gate::Pending(response) => return Ok(response),
+        }
+    } else {
+        let proof = authorize(
+            &app,
+            &room_id,
+            &user,
+            Action::Use(Capability::Edit),
+            details.clone(),
+        )
+        .await?;
+        (proof, String::new())
+    };
     if repo.access != "push" {
         app.audit
             .record(
@@ -443,13 +467,23 @@ async fn push(
     let remote = remote_of(&app, &room_id, &repo).await?;
     let lock = crate::http::checkpoints::room_lock(&app, &room_id);
     let _held = lock.lock().await;
+    // The approval is spent before the push, once: a second push cannot ride on it.
+    if !approval.is_empty() {
+        crate::http::approvals::record_allowed(
+            &app,
+            &room_id,
+            &proof,
+            "force_push",
+            details.clone(),
+            &approval,
+        )
+        .await?;
+    }
     let git = bare(&app, &room_id, &repo.id);
     let files = workspace_files(&app, &room_id, &repo.path).await?;
     let tree = git.tree_from(&repo.base, &files).await?;
-    if tree == git.tree_of(&repo.base).await? {
-        return Ok(Json(
-            json!({ "state": "nothing_to_push", "base": repo.base }),
-        ));
+    if tree == git.tree_of(&repo.base).await? && !body.force {
+        return Ok(Json(json!({ "state": "nothing_to_push", "base": repo.base })).into_response());
     }
     let commit = git
         .commit(
@@ -460,11 +494,17 @@ async fn push(
             &committer(&room_id),
         )
         .await?;
-    git.push(&remote, &commit, &repo.branch, false).await?;
+    git.push(&remote, &commit, &repo.branch, body.force).await?;
     git.set_branch(&repo.branch, &commit).await?;
     let mut details = details;
     details["commit"] = json!(commit);
     details["author"] = json!(user.email);
+    details["approval_id"] = json!(approval);
+    let change = Change::SetRepoBase {
+        room_id: room_id.to_string(),
+        id: repo.id.clone(),
+        base: commit.clone(),
+    };
     app.audit
         .record(
             &room_id,
@@ -473,14 +513,10 @@ async fn push(
             "allow",
             "",
             details,
-            Change::SetRepoBase {
-                room_id: room_id.to_string(),
-                id: repo.id.clone(),
-                base: commit.clone(),
-            },
+            change,
         )
         .await?;
-    Ok(Json(json!({ "state": "pushed", "commit": commit })))
+    Ok(Json(json!({ "state": "pushed", "commit": commit, "forced": body.force })).into_response())
 }
 
 async fn disconnect(

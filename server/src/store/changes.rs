@@ -131,6 +131,8 @@ pub(crate) enum Change {
         room_id: String,
         id: String,
     },
+    /// Two changes in the one transaction (an action and the approval it spends).
+    Both(Box<Change>, Box<Change>),
     /// The room's egress policy (JSON, checked by the egress proxy's policy).
     SetEgress {
         room_id: String,
@@ -323,6 +325,10 @@ pub(super) async fn apply_change(
             if done.rows_affected() != 1 {
                 return Err(StoreError::Conflict);
             }
+        }
+        Change::Both(first, second) => {
+            Box::pin(apply_change(tx, first)).await?;
+            Box::pin(apply_change(tx, second)).await?;
         }
         Change::SetEgress { room_id, policy } => {
             sqlx::query("UPDATE rooms SET egress = $1 WHERE id = $2")

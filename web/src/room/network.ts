@@ -1,12 +1,13 @@
 // The Network panel: what the room's sandbox may reach through the egress proxy (its allowlist
-// and package-registry presets), the latest refused connections, and the counters. Changing
-// the list needs `approve`; everyone else sees it and can ask an owner.
+// and package-registry presets), the latest refused connections, and the counters. Owners (who
+// hold approve) change the list; editors ask for a host, and someone who holds approve agrees in
+// the Approvals panel.
 
-import { api, type Room } from '../api'
+import { api, list, type Approval, type Room } from '../api'
 import { abilities } from '../caps'
 import { action, h, replace, toast, when } from '../dom'
 
-export async function networkPanel (el: HTMLElement, room: Room, refresh: () => void): Promise<void> {
+export async function networkPanel (el: HTMLElement, room: Room, selfId: string, refresh: () => void): Promise<void> {
   const eg = await api.egress(room.id)
   const can = abilities(room.my_capabilities)
   const save = async (allow: string[], presets: string[], said: string): Promise<void> => {
@@ -14,15 +15,27 @@ export async function networkPanel (el: HTMLElement, room: Room, refresh: () => 
     toast(said)
     refresh()
   }
+  // Adds one rule: at once for approvers; an editor's ask waits for an approval, and an
+  // approval already given to them for that rule is used.
+  const allowOne = async (rule: string): Promise<void> => {
+    const mine = list<Approval>(await api.approvals(room.id)).find((a) =>
+      a.action === 'allow_egress' && a.state === 'approved' && a.requester === selfId &&
+      (a.params as { rule?: string } | null)?.rule === rule)
+    const r = await api.allowEgress(room.id, rule, can.approve ? undefined : mine?.id)
+    toast(r.state === 'pending_approval'
+      ? `Asked to allow ${rule}: someone who holds approve decides in the Approvals panel.`
+      : `${rule} allowed.`)
+    refresh()
+  }
+  const asks = can.approve ? 'Allow' : 'Ask to allow'
 
   const rule = h('input', { type: 'text', placeholder: 'api.example.com, *.example.org, host:8443', 'aria-label': 'Host to allow', 'data-testid': 'egress-rule', maxlength: 260 })
-  const add = can.approve
-    ? h('div', { class: 'row' }, rule, action('Allow', async () => {
+  const add = can.approve || can.edit
+    ? h('div', { class: 'row' }, rule, action(asks, async () => {
       const v = rule.value.trim().toLowerCase()
-      if (!v) return
-      await save([...eg.allow, v], eg.presets, `${v} allowed.`)
+      if (v) await allowOne(v)
     }, { class: 'primary', 'data-testid': 'egress-add' }))
-    : h('p', { class: 'hint' }, 'Changing what the sandbox can reach needs approve (owners hold it).')
+    : h('p', { class: 'hint' }, 'Opening the network needs approve, or edit and someone\'s approval.')
 
   const allowList = eg.allow.length
     ? h('ul', { class: 'approvals' }, eg.allow.map((r) => h('li', { class: 'approval', 'data-testid': 'egress-allowed' },
@@ -48,8 +61,8 @@ export async function networkPanel (el: HTMLElement, room: Room, refresh: () => 
         h('div', null, h('code', null, `${d.host}:${d.port}`), ' · ', when(d.at)),
         h('div', { class: 'hint' }, d.reason),
         // Only a host the list could open gets the button: addresses inside never open.
-        can.approve && d.reason.includes('not on the room')
-          ? action(`Allow ${target}`, () => save([...eg.allow, target], eg.presets, `${target} allowed.`), { 'data-testid': `egress-allow-${target}` })
+        (can.approve || can.edit) && d.reason.includes('not on the room')
+          ? action(`${asks} ${target}`, () => allowOne(target), { 'data-testid': `egress-allow-${target}` })
           : null)
     }))
     : h('p', { class: 'hint' }, 'No refused connections since the server started.')

@@ -37,7 +37,24 @@ export async function approvalsPanel (el: HTMLElement, room: Room, selfId: strin
         refresh()
       }, { class: 'primary', 'data-testid': `download-${a.id}` })
       : null
-    const buttons = fetchExport ?? (a.state === 'pending' && can.approve
+    const params = (a.params ?? {}) as { rule?: string, repo?: string, message?: string }
+    // Approved for me: the action it covers, one click away.
+    const use = a.state === 'approved' && own
+      ? a.action === 'allow_egress' && params.rule
+        ? action(`Allow ${params.rule}`, async () => {
+          await api.allowEgress(room.id, params.rule!, a.id)
+          toast(`${params.rule} allowed.`)
+          refresh()
+        }, { class: 'primary', 'data-testid': `use-${a.id}` })
+        : a.action === 'force_push' && params.repo && params.message
+          ? action('Push now (forced)', async () => {
+            await api.pushRepo(room.id, params.repo!, params.message!, true, a.id)
+            toast('Pushed.')
+            refresh()
+          }, { class: 'primary', 'data-testid': `use-${a.id}` })
+          : null
+      : null
+    const buttons = fetchExport ?? use ?? (a.state === 'pending' && can.approve
       ? own
         ? h('p', { class: 'hint' }, 'You asked for this: someone else must decide.')
         : h('div', { class: 'row' },

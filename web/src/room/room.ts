@@ -17,6 +17,7 @@ import { approvalsPanel, auditPanel, roomPanel, sandboxPanel } from './panels'
 import { checkpointsPanel } from './checkpoints'
 import { secretsPanel } from './secrets'
 import { networkPanel } from './network'
+import { reposPanel } from './repos'
 
 /**
  * What this page had when the server said it did not keep our latest changes (a full room, or
@@ -34,7 +35,7 @@ let notKept: {
   at: number
 } | null = null
 
-const PANELS = ['People', 'Approvals', 'Sandbox', 'Checkpoints', 'Secrets', 'Network', 'Audit', 'Room'] as const
+const PANELS = ['People', 'Approvals', 'Sandbox', 'Checkpoints', 'Secrets', 'Network', 'Repos', 'Audit', 'Room'] as const
 type Panel = typeof PANELS[number]
 const POLL_MS = 5000
 const MAC = /Mac|iPhone|iPad/.test(navigator.userAgent)
@@ -377,7 +378,8 @@ export function roomPage (app: App, id: string): () => void {
       case 'Sandbox': later((box) => sandboxPanel(box, r, refresh)); break
       case 'Checkpoints': later((box) => checkpointsPanel(box, r, me.id, app.go, refresh)); break
       case 'Secrets': later((box) => secretsPanel(box, r, refresh)); break
-      case 'Network': later((box) => networkPanel(box, r, refresh)); break
+      case 'Network': later((box) => networkPanel(box, r, me.id, refresh)); break
+      case 'Repos': later((box) => reposPanel(box, r, me.id, refresh)); break
       case 'Audit': later((box) => auditPanel(box, r, refresh)); break
       case 'Room': roomPanel(sideBody, r, () => Array.from(files.keys()).sort()); break
     }
@@ -465,7 +467,7 @@ export function roomPage (app: App, id: string): () => void {
     if (e.type === 'keydown') run()
   }
   /** The page's shortcut for a key, if it is one. `inTerminal`: only those that leave the
-   *  terminal (Alt+E, Alt+1-8); the shell keeps every other key, Ctrl+S and Alt+N/T included. */
+   *  terminal (Alt+E, Alt+1-9); the shell keeps every other key, Ctrl+S and Alt+N/T included. */
   function shortcut (e: KeyboardEvent, inTerminal = false): (() => void) | null {
     // Alt+letter, by the character it gives: where Alt (macOS Option) types a character of
     // its own (é, #, [) it stays a character. On macOS, Ctrl+Option gives the shortcuts (there
@@ -473,7 +475,7 @@ export function roomPage (app: App, id: string): () => void {
     if (e.altKey && !e.metaKey && (MAC || !e.ctrlKey)) {
       const k = /^[a-z0-9]$/i.test(e.key) ? e.key.toLowerCase() : ''
       if (k === 'e') return () => editor.focus()
-      if (/^[1-8]$/.test(k)) return () => { panel = PANELS[Number(k) - 1]; renderNav(); renderSide() }
+      if (/^[1-9]$/.test(k)) return () => { panel = PANELS[Number(k) - 1]; renderNav(); renderSide() }
       if (inTerminal) return null
       if (k === 'n') return newFile
       if (k === 't') return () => terminal.focus()
