@@ -97,6 +97,17 @@ pub enum Action {
         /// The approval presented with the request, if any.
         approval: Option<Approval>,
     },
+    /// Add a secret to the room (`params`: canonical JSON of its rule, never its value). Needs
+    /// `add_secret`; where the room's policy asks for it (`approval_required`), also an approval
+    /// by another holder of `approve`, bound to exactly this rule.
+    AddSecret {
+        /// The secret's rule, canonical JSON.
+        params: String,
+        /// The approval presented with the request, if any.
+        approval: Option<Approval>,
+        /// The room's policy asks for an approval.
+        approval_required: bool,
+    },
     /// Approve or deny a pending request.
     DecideApproval {
         /// The request being decided.
@@ -114,7 +125,8 @@ impl Action {
             | Action::RestoreCheckpoint { approval, .. }
             | Action::Fork { approval, .. }
             | Action::AllowEgress { approval, .. }
-            | Action::ForcePush { approval, .. } => approval.as_ref(),
+            | Action::ForcePush { approval, .. }
+            | Action::AddSecret { approval, .. } => approval.as_ref(),
             Action::Use(_)
             | Action::CreateInvite { .. }
             | Action::AcceptInvite { .. }
@@ -140,6 +152,7 @@ impl Action {
             Action::Fork { .. } => "fork",
             Action::AllowEgress { .. } => "allow_egress",
             Action::ForcePush { .. } => "force_push",
+            Action::AddSecret { .. } => "add_secret",
             Action::DecideApproval { .. } => "decide_approval",
             Action::ConfirmDeletion => "confirm_deletion",
         }
@@ -374,6 +387,7 @@ pub fn decide(principal: &Principal, action: &Action, room: &RoomState, now: i64
         Action::Fork { .. } => need(Capability::Observe),
         Action::AllowEgress { .. } if caps.contains(Capability::Approve) => Ok(()),
         Action::AllowEgress { .. } | Action::ForcePush { .. } => need(Capability::Edit),
+        Action::AddSecret { .. } => need(Capability::AddSecret),
         Action::DecideApproval { approval } => need(Capability::Approve).and_then(|()| {
             if approval.requester == principal.user {
                 Err(DenyReason::SelfApproval)
@@ -409,6 +423,11 @@ pub fn decide(principal: &Principal, action: &Action, room: &RoomState, now: i64
             Some((params, approval))
         }
         Action::ForcePush { params, approval } => Some((params, approval)),
+        Action::AddSecret {
+            params,
+            approval,
+            approval_required: true,
+        } => Some((params, approval)),
         _ => None,
     };
     let mut rested_on = None;
@@ -585,6 +604,31 @@ mod tests {
             &r,
             50
         )));
+    }
+
+    /// A secret needs `add_secret`; where the room's policy asks, also someone else's approval
+    /// of exactly that rule.
+    #[test]
+    fn secrets_need_an_approval_where_the_room_asks() {
+        let r = room(&[("ana", Role::Owner), ("ben", Role::Editor)]);
+        let params = r#"{"name":"KEY","hosts":["api.example.com"]}"#.to_owned();
+        let add = |approval, approval_required| Action::AddSecret {
+            params: params.clone(),
+            approval,
+            approval_required,
+        };
+        assert!(allowed(&decide(&user("ana"), &add(None, false), &r, 0)));
+        assert!(matches!(
+            decide(&user("ana"), &add(None, true), &r, 0),
+            Decision::NeedsApproval(ApprovalRequest {
+                action: "add_secret",
+                ..
+            })
+        ));
+        assert_eq!(
+            decide(&user("ben"), &add(None, false), &r, 0),
+            Decision::Deny(DenyReason::Missing(Capability::AddSecret))
+        );
     }
 
     /// A restore needs `edit` and `type`; where the room's policy asks, also an approval by

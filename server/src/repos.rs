@@ -540,6 +540,47 @@ impl Bare {
         Ok(Err(conflicts))
     }
 
+    /// The commits `from..to` as a git bundle holding the branch `room-changes` (whoever has
+    /// `from` fetches it: `git fetch room.bundle room-changes`). The caller holds the room's
+    /// lock: the name is used by one export at a time.
+    pub(crate) async fn bundle(&self, from: &str, to: &str) -> Result<Vec<u8>, RepoError> {
+        let name = "refs/heads/room-changes";
+        let file = self
+            .dir
+            .with_extension(format!("export-{}.bundle", uuid::Uuid::new_v4().simple()));
+        let path = file.to_string_lossy().into_owned();
+        self.must(&["update-ref", name, to], &[]).await?;
+        let made = self
+            .must(
+                &["bundle", "create", &path, &format!("{from}..{name}")],
+                &[],
+            )
+            .await;
+        let _ = self.must(&["update-ref", "-d", name], &[]).await;
+        let out = match made {
+            Ok(_) => tokio::fs::read(&file)
+                .await
+                .map_err(|e| RepoError::Failed(e.to_string())),
+            Err(e) => Err(e),
+        };
+        let _ = tokio::fs::remove_file(&file).await;
+        out
+    }
+
+    /// The commits `from..to` as an email-style patch series (`git am` applies it).
+    pub(crate) async fn patch(&self, from: &str, to: &str) -> Result<Vec<u8>, RepoError> {
+        self.must(
+            &[
+                "format-patch",
+                "--stdout",
+                "--no-signature",
+                &format!("{from}..{to}"),
+            ],
+            &[],
+        )
+        .await
+    }
+
     /// Sets `refs/heads/<branch>` here (what the room has).
     pub(crate) async fn set_branch(&self, branch: &str, commit: &str) -> Result<(), RepoError> {
         self.must(

@@ -204,6 +204,14 @@ async fn secrets_reach_only_their_hosts_and_never_the_sandbox() {
     )
     .await;
     assert_eq!(out, "authorized\n");
+    // The same from the shared terminal (what it shows is recorded, and searched below).
+    let mut t = term(&server, &room, &ana).await;
+    t.send(b"printenv CODEROOM_SECRET_MODEL_KEY; curl -sS https://api.models.test/v1/models\r")
+        .await;
+    t.output_contains("authorized").await;
+    assert!(t.output.contains(&placeholder), "{}", tail(&t.output));
+    seen.push_str(&t.output);
+    drop(t);
     // Written into a header by code inside, the placeholder is swapped too.
     let out = inside(
         &server,
@@ -388,8 +396,10 @@ EOF"#;
         "the debug log is missing"
     );
     let all = no_file_holds(storage.dir.path(), &value);
-    assert!(
-        all.iter().any(|f| f.to_string_lossy().contains("snapshot")),
-        "{all:?}"
-    );
+    for kind in ["snapshot", "recordings"] {
+        assert!(
+            all.iter().any(|f| f.to_string_lossy().contains(kind)),
+            "no {kind} among {all:?}"
+        );
+    }
 }

@@ -461,6 +461,84 @@ async fn repositories_are_cloned_pulled_and_pushed_without_the_token_entering_th
     let (status, _) = post(&server, &ben, &format!("{repos}/{rid}/push"), &approved).await;
     assert_eq!(status, 403, "an approval is spent once");
 
+    // Exports of the room's changes, as a bundle and as a patch: each waits for someone
+    // else's approval (Dee's, a second owner), and carries one commit authored by whoever
+    // asked.
+    let dee = storage.token("dee@example.com").await;
+    let (status, inv) = invite(&server, &ana, &room, "owner", 1).await;
+    assert_eq!(status, 201);
+    assert_eq!(accept(&server, &dee, &inv).await, 200);
+    inside(
+        &server,
+        &ana,
+        &room,
+        "echo exported > team/EXPORT.md",
+        &mut seen,
+    )
+    .await;
+    let export = format!("{repos}/{rid}/export");
+    let mut outputs = Vec::new();
+    for format in ["bundle", "patch"] {
+        let (status, body) = post(
+            &server,
+            &ana,
+            &export,
+            &format!(r#"{{"format":"{format}"}}"#),
+        )
+        .await;
+        assert_eq!(status, 202, "{body}");
+        let approval = body["approval_id"].as_str().unwrap().to_owned();
+        let (status, _) = post(
+            &server,
+            &dee,
+            &format!("/api/rooms/{room}/approvals/{approval}/decision"),
+            r#"{"approve":true}"#,
+        )
+        .await;
+        assert_eq!(status, 200);
+        let url = server.url(&export);
+        let body = format!(r#"{{"format":"{format}","approval_id":"{approval}"}}"#);
+        let auth = format!("Bearer {ana}");
+        let resp = request(&url, "POST", &[("Authorization", &auth)], Some(&body)).await;
+        assert_eq!(resp.status, 200, "{}", resp.body);
+        assert!(resp
+            .header("content-disposition")
+            .unwrap()
+            .contains(&format!("team.{format}")));
+        outputs.push(resp.raw);
+    }
+    let file = upstream.path().join("room.bundle");
+    std::fs::write(&file, &outputs[0]).unwrap();
+    git(&seed, &["fetch", "-q", "origin", "main"]);
+    git(&seed, &["reset", "-q", "--hard", "origin/main"]);
+    git(
+        &seed,
+        &["bundle", "verify", "-q", &file.display().to_string()],
+    );
+    let fetched = format!("{}", file.display());
+    git(
+        &seed,
+        &["fetch", "-q", &fetched, "room-changes:refs/heads/from-room"],
+    );
+    assert_eq!(
+        git(&seed, &["log", "-1", "--format=%an <%ae>|%s", "from-room"]).trim(),
+        "ana <ana@example.com>|Changes from the room"
+    );
+    assert_eq!(git(&seed, &["show", "from-room:EXPORT.md"]), "exported\n");
+    let patch = String::from_utf8(outputs[1].clone()).unwrap();
+    assert!(
+        patch.contains("From: ana <ana@example.com>") && patch.contains("+exported"),
+        "{patch}"
+    );
+
+    // Nor in what the shared terminal shows (its recording is searched below).
+    let mut t = term(&server, &room, &ana).await;
+    t.send(b"cat team/README.md; env | sort; echo terminal-done\r")
+        .await;
+    t.output_contains("terminal-done\r\n").await;
+    seen.push_str(&t.output);
+    drop(t);
+
     // The token is nowhere in the room: not the environment, not a file (git's own config
     // included), not the terminal's processes.
     let out = inside(
@@ -482,6 +560,12 @@ async fn repositories_are_cloned_pulled_and_pushed_without_the_token_entering_th
         "an answer or an output carried the token"
     );
     // The server's clone names its remote by URL only.
+    assert!(
+        no_file_holds(storage.dir.path(), &token)
+            .iter()
+            .any(|f| f.to_string_lossy().contains("recordings")),
+        "no terminal recording was searched"
+    );
     let clone = storage
         .dir
         .path()

@@ -175,6 +175,82 @@ async fn secrets_are_sealed_listed_by_rule_and_rotated_on(backend: &Backend) {
     assert_eq!(count("add_secret", "allow"), 3, "{audit}");
     assert_eq!(count("remove_secret", "allow"), 1, "{audit}");
     assert_eq!(count("add_secret", "deny"), 2, "{audit}");
+    // Where the room's policy asks (set by approve holders only), a secret waits for someone
+    // else's approval of its rule; the value is sent again with the approval, and kept nowhere
+    // meanwhile.
+    let policy = format!("/api/rooms/{room}/secrets-policy");
+    let (status, _) = call(
+        &server,
+        &ben,
+        "PUT",
+        &policy,
+        Some(r#"{"add_needs_approval":true}"#),
+    )
+    .await;
+    assert_eq!(status, 403);
+    ask(
+        &server,
+        &ana,
+        "PUT",
+        &policy,
+        Some(r#"{"add_needs_approval":true}"#),
+        200,
+        &mut responses,
+    )
+    .await;
+    let text = ask(
+        &server,
+        &ana,
+        "POST",
+        &path,
+        Some(&body("GATED", r#"["api.example.com"]"#, "Bearer {}")),
+        202,
+        &mut responses,
+    )
+    .await;
+    let approval: Value = serde_json::from_str(&text).unwrap();
+    let approval = approval["approval_id"].as_str().unwrap().to_owned();
+    let dee = storage.token("dee@example.com").await;
+    let (status, inv) = invite(&server, &ana, &room, "owner", 1).await;
+    assert_eq!(status, 201);
+    assert_eq!(accept(&server, &dee, &inv).await, 200);
+    ask(
+        &server,
+        &dee,
+        "POST",
+        &format!("/api/rooms/{room}/approvals/{approval}/decision"),
+        Some(r#"{"approve":true}"#),
+        200,
+        &mut responses,
+    )
+    .await;
+    let with = |name: &str| {
+        format!(
+            r#"{{"name":"{name}","value":"{value}","hosts":["api.example.com"],"header":"Authorization","format":"Bearer {{}}","approval_id":"{approval}"}}"#
+        )
+    };
+    let (status, _) = call(&server, &ana, "POST", &path, Some(&with("OTHER_NAME"))).await;
+    assert_eq!(status, 403, "an approval covers its own rule only");
+    ask(
+        &server,
+        &ana,
+        "POST",
+        &path,
+        Some(&with("GATED")),
+        201,
+        &mut responses,
+    )
+    .await;
+    let (status, _) = call(&server, &ana, "POST", &path, Some(&with("GATED"))).await;
+    assert_eq!(status, 403, "an approval is spent once");
+    let view: Value = serde_json::from_str(
+        &call(&server, &ana, "GET", &format!("/api/rooms/{room}"), None)
+            .await
+            .1,
+    )
+    .unwrap();
+    assert_eq!(view["secrets_need_approval"], true);
+
     // Nothing in the sandbox either.
     let (_, out) = exec(
         &server,
@@ -202,12 +278,12 @@ async fn secrets_are_sealed_listed_by_rule_and_rotated_on(backend: &Backend) {
 
     // The key opens every secret; after a rotation the new one does and the old one does not.
     let (ok, text) = storage.cli(&["secrets", "verify"]).await;
-    assert!(ok && text.contains("ok: 1 secret(s)"), "{text}");
+    assert!(ok && text.contains("ok: 2 secret(s)"), "{text}");
     let old = storage.dir.path().join("old.key");
     std::fs::copy(&key, &old).unwrap();
     let (ok, text) = storage.cli(&["secrets", "rotate-key"]).await;
     assert!(
-        ok && text.contains("ok: 1 secret(s) sealed again"),
+        ok && text.contains("ok: 2 secret(s) sealed again"),
         "{text}"
     );
     assert_ne!(std::fs::read(&key).unwrap(), std::fs::read(&old).unwrap());
@@ -236,7 +312,7 @@ async fn secrets_are_sealed_listed_by_rule_and_rotated_on(backend: &Backend) {
     std::fs::rename(&key, &aside).unwrap();
     let (ok, text) = storage.cli(&["serve", "--listen", "127.0.0.1:0"]).await;
     assert!(
-        !ok && text.contains("is missing, but 1 secret(s) are stored"),
+        !ok && text.contains("is missing, but 2 secret(s) are stored"),
         "{text}"
     );
     assert!(!key.exists());

@@ -24,6 +24,8 @@ export interface Room {
   /** The command the sandbox runs after every start, if any. */
   readiness?: string | null
   checkpoint_policy?: CheckpointPolicy
+  /** Whether adding a secret needs someone else's approval. */
+  secrets_need_approval?: boolean
   /** The room's secrets by rule (never by value). */
   secret_rules?: { name: string, hosts: string[] }[]
 }
@@ -158,6 +160,18 @@ export async function call<T> (method: string, path: string, body?: unknown): Pr
   return (text ? JSON.parse(text) : undefined) as T
 }
 
+/** An export of a repository's changes: the file once approved, else the approval request. */
+export async function exportRepo (id: string, rid: string, format: 'bundle' | 'patch', approval_id?: string): Promise<Blob | Gated> {
+  const res = await fetch(`/api/rooms/${id}/repos/${rid}/export`, {
+    method: 'POST',
+    credentials: 'same-origin',
+    headers: { 'content-type': 'application/json' },
+    body: JSON.stringify(approval_id ? { format, approval_id } : { format }),
+  }).catch(() => { throw new ApiError(0, 'The server cannot be reached; check your connection') })
+  if (!res.ok) throw await failure(res)
+  return res.status === 202 ? await res.json() as Gated : await res.blob()
+}
+
 export const api = {
   me: () => call<Me>('GET', '/api/me'),
   requestCode: (email: string) => call<void>('POST', '/api/auth/code', { email }),
@@ -192,8 +206,10 @@ export const api = {
   fork: (id: string, checkpoint: string | null, approval_id?: string) =>
     call<{ id?: string, name?: string, parent?: Parentage, state?: string, approval_id?: string }>('POST', `/api/rooms/${id}/fork`, { checkpoint, approval_id }),
   secrets: (id: string) => call<SecretRule[]>('GET', `/api/rooms/${id}/secrets`),
-  addSecret: (id: string, s: { name: string, value: string, hosts: string[], header: string, format: string }) =>
-    call<SecretRule>('POST', `/api/rooms/${id}/secrets`, s),
+  addSecret: (id: string, s: { name: string, value: string, hosts: string[], header: string, format: string, approval_id?: string }) =>
+    call<SecretRule & Gated>('POST', `/api/rooms/${id}/secrets`, s),
+  setSecretsPolicy: (id: string, add_needs_approval: boolean) =>
+    call<{ add_needs_approval: boolean }>('PUT', `/api/rooms/${id}/secrets-policy`, { add_needs_approval }),
   removeSecret: (id: string, name: string) => call<void>('DELETE', `/api/rooms/${id}/secrets/${encodeURIComponent(name)}`),
   egress: (id: string) => call<Egress>('GET', `/api/rooms/${id}/egress`),
   setEgress: (id: string, p: { allow: string[], presets: string[] }) => call<Egress>('PUT', `/api/rooms/${id}/egress`, p),

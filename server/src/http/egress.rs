@@ -171,14 +171,7 @@ async fn allow(
     details["approval_id"] = json!(approval);
     let change = stored(&room_id, &after)?;
     // The approval is spent with the change, in one transaction.
-    let change = if approval.is_empty() {
-        change
-    } else {
-        Change::Both(
-            Box::new(change),
-            Box::new(Change::UseApproval { id: approval }),
-        )
-    };
+    let change = change.spending(approval);
     match locked
         .record(
             &room_id,

@@ -38,6 +38,7 @@ pub(crate) fn routes() -> Router<AppState> {
         )
         .route("/api/rooms/{id}/repos/{rid}/pull", post(pull))
         .route("/api/rooms/{id}/repos/{rid}/push", post(push))
+        .route("/api/rooms/{id}/repos/{rid}/export", post(export))
 }
 
 fn bare(app: &AppState, room_id: &str, id: &str) -> Bare {
@@ -517,6 +518,94 @@ async fn push(
         )
         .await?;
     Ok(Json(json!({ "state": "pushed", "commit": commit, "forced": body.force })).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Export {
+    /// `bundle` (a git bundle) or `patch` (a patch series).
+    format: String,
+    /// The approval of exactly this export.
+    #[serde(default)]
+    approval_id: Option<String>,
+}
+
+/// `POST .../repos/{rid}/export` `{"format": "bundle" | "patch"}`: the room's changes since
+/// the last pull or push, as one commit authored by the caller, in a git bundle or a patch.
+/// Needs `export` and someone else's approval of exactly this export (202 until then), like
+/// every export.
+async fn export(
+    State(app): State<AppState>,
+    user: AuthUser,
+    Path((room, rid)): Path<(String, String)>,
+    Json(body): Json<Export>,
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse as _;
+    let room_id = RoomId::parse(&room).ok_or(ApiError::NotFound)?;
+    let repo = repo_of(&app, &room_id, &rid).await?;
+    if body.format != "bundle" && body.format != "patch" {
+        return Err(ApiError::BadRequest("format is \"bundle\" or \"patch\""));
+    }
+    let params = json!({ "repo": repo.id, "format": body.format }).to_string();
+    let approval =
+        crate::http::approvals::presented(&app, &room_id, body.approval_id.as_deref()).await?;
+    let action = Action::Export { params, approval };
+    let details = json!({ "repo": repo.id, "format": body.format });
+    let (proof, approval) =
+        match crate::http::approvals::gate(&app, &room_id, &user, action, details.clone()).await? {
+            crate::http::approvals::Gate::Allowed { proof, approval } => (proof, approval),
+            crate::http::approvals::Gate::Pending(response) => return Ok(response),
+        };
+    let lock = crate::http::checkpoints::room_lock(&app, &room_id);
+    let _held = lock.lock().await;
+    let git = bare(&app, &room_id, &repo.id);
+    let files = workspace_files(&app, &room_id, &repo.path).await?;
+    let tree = git.tree_from(&repo.base, &files).await?;
+    if tree == git.tree_of(&repo.base).await? {
+        return Err(ApiError::Conflict(
+            "nothing to export: the files match the last commit pulled or pushed".into(),
+        ));
+    }
+    let commit = git
+        .commit(
+            &tree,
+            &[&repo.base],
+            "Changes from the room",
+            &author(&user),
+            &committer(&room_id),
+        )
+        .await?;
+    let (data, kind, extension) = if body.format == "bundle" {
+        (
+            git.bundle(&repo.base, &commit).await?,
+            "application/octet-stream",
+            "bundle",
+        )
+    } else {
+        (
+            git.patch(&repo.base, &commit).await?,
+            "text/x-patch; charset=utf-8",
+            "patch",
+        )
+    };
+    // Spent once the export exists, with what it holds.
+    let mut details = details;
+    details["commit"] = json!(commit);
+    details["bytes"] = json!(data.len());
+    crate::http::approvals::record_allowed(&app, &room_id, &proof, "export", details, &approval)
+        .await?;
+    let name = repo.path.replace('/', "-");
+    Ok((
+        [
+            (axum::http::header::CONTENT_TYPE, kind.to_owned()),
+            (
+                axum::http::header::CONTENT_DISPOSITION,
+                format!("attachment; filename=\"{name}.{extension}\""),
+            ),
+        ],
+        data,
+    )
+        .into_response())
 }
 
 async fn disconnect(

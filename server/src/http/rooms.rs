@@ -131,6 +131,7 @@ pub(crate) async fn get_room(
         checkpoint_policy: crate::http::checkpoints::policy_view(
             &app.store.checkpoint_policy(&id).await?,
         ),
+        secrets_need_approval: app.store.secrets_need_approval(&id).await?,
     }))
 }
 
@@ -172,6 +173,8 @@ pub(crate) struct RoomView {
     readiness: Option<String>,
     /// `{"every_s", "keep_days", "next_at"}` (`PUT .../checkpoint-policy`).
     checkpoint_policy: Value,
+    /// Whether adding a secret needs someone else's approval (`PUT .../secrets-policy`).
+    secrets_need_approval: bool,
 }
 
 #[derive(Serialize)]

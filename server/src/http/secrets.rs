@@ -29,6 +29,10 @@ pub(crate) fn routes() -> Router<AppState> {
     Router::new()
         .route("/api/rooms/{id}/secrets", get(list).post(add))
         .route("/api/rooms/{id}/secrets/{name}", delete(remove))
+        .route(
+            "/api/rooms/{id}/secrets-policy",
+            axum::routing::put(set_policy),
+        )
 }
 
 /// The request. No `Debug`: it holds the value.
@@ -42,6 +46,9 @@ pub(crate) struct AddSecret {
     header: String,
     #[serde(default = "default_format")]
     format: String,
+    /// An approval of exactly this rule, where the room's policy asks for one.
+    #[serde(default)]
+    approval_id: Option<String>,
 }
 
 fn default_header() -> String {
@@ -103,7 +110,8 @@ async fn add(
     user: AuthUser,
     Ids(room_id): Ids<RoomId>,
     Json(body): Json<AddSecret>,
-) -> Result<(StatusCode, Json<SecretRule>), ApiError> {
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse as _;
     if !valid_name(&body.name) {
         return Err(ApiError::BadRequest(
             "name must be 1 to 64 of A-Z, 0-9 and _, not starting with a digit",
@@ -139,14 +147,23 @@ async fn add(
         ));
     }
     let details = json!({ "name": body.name, "hosts": hosts, "header": body.header });
-    let proof = authorize(
-        &app,
-        &room_id,
-        &user,
-        Action::Use(Capability::AddSecret),
-        details.clone(),
-    )
-    .await?;
+    // Where the room's policy asks, someone else approves exactly this rule (never the value:
+    // the one who asked sends it again with the approval; nothing is kept meanwhile).
+    let params = json!({
+        "name": body.name, "hosts": hosts, "header": body.header, "format": body.format,
+    })
+    .to_string();
+    let action = Action::AddSecret {
+        params,
+        approval: crate::http::approvals::presented(&app, &room_id, body.approval_id.as_deref())
+            .await?,
+        approval_required: app.store.secrets_need_approval(&room_id).await?,
+    };
+    let (proof, approval) =
+        match crate::http::approvals::gate(&app, &room_id, &user, action, details.clone()).await? {
+            crate::http::approvals::Gate::Allowed { proof, approval } => (proof, approval),
+            crate::http::approvals::Gate::Pending(response) => return Ok(response),
+        };
     let existing = app.store.secret_rules(&room_id).await?;
     let replaces = existing.iter().any(|r| r.name == body.name);
     if !replaces && existing.len() >= MAX_SECRETS {
@@ -165,7 +182,16 @@ async fn add(
     };
     let mut details = details;
     details["replaced"] = json!(replaces);
-    app.audit
+    details["approval_id"] = json!(approval);
+    let change = Change::PutSecret {
+        room_id: room_id.to_string(),
+        rule: rule.clone(),
+        sealed,
+    };
+    // The approval is spent with the secret, in one transaction.
+    let change = change.spending(approval);
+    match app
+        .audit
         .record(
             &room_id,
             proof.actor(),
@@ -173,16 +199,62 @@ async fn add(
             "allow",
             "",
             details,
-            Change::PutSecret {
+            change,
+        )
+        .await
+    {
+        Ok(_) => {}
+        Err(StoreError::Conflict) => {
+            return Err(ApiError::Denied(
+                coderoom_authz::DenyReason::AlreadyDecided.to_string(),
+            ))
+        }
+        Err(e) => return Err(e.into()),
+    }
+    // A running sandbox gets the new placeholder for its next commands.
+    app.sandboxes.egress_changed(&room_id).await;
+    Ok((StatusCode::CREATED, Json(rule)).into_response())
+}
+
+/// `PUT /api/rooms/{id}/secrets-policy` `{"add_needs_approval": true | false}`: whether adding
+/// a secret needs someone else's approval of its rule. Room governance: needs `approve`.
+/// Audited.
+async fn set_policy(
+    State(app): State<AppState>,
+    user: AuthUser,
+    Ids(room_id): Ids<RoomId>,
+    Json(body): Json<SecretsPolicy>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let details = json!({ "add_needs_approval": body.add_needs_approval });
+    let proof = authorize(
+        &app,
+        &room_id,
+        &user,
+        Action::Use(Capability::Approve),
+        details.clone(),
+    )
+    .await?;
+    app.audit
+        .record(
+            &room_id,
+            proof.actor(),
+            "set_secrets_policy",
+            "allow",
+            "",
+            details.clone(),
+            Change::SetSecretsPolicy {
                 room_id: room_id.to_string(),
-                rule: rule.clone(),
-                sealed,
+                needs_approval: body.add_needs_approval,
             },
         )
         .await?;
-    // A running sandbox gets the new placeholder for its next commands.
-    app.sandboxes.egress_changed(&room_id).await;
-    Ok((StatusCode::CREATED, Json(rule)))
+    Ok(Json(details))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SecretsPolicy {
+    add_needs_approval: bool,
 }
 
 async fn list(

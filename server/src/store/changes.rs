@@ -131,6 +131,11 @@ pub(crate) enum Change {
         room_id: String,
         id: String,
     },
+    /// Whether adding a secret needs an approval.
+    SetSecretsPolicy {
+        room_id: String,
+        needs_approval: bool,
+    },
     /// Two changes in the one transaction (an action and the approval it spends).
     Both(Box<Change>, Box<Change>),
     /// The room's egress policy (JSON, checked by the egress proxy's policy).
@@ -138,6 +143,21 @@ pub(crate) enum Change {
         room_id: String,
         policy: String,
     },
+}
+
+impl Change {
+    /// This change, and the spending of `approval` (an id; empty: none) in the same
+    /// transaction.
+    pub(crate) fn spending(self, approval: String) -> Change {
+        if approval.is_empty() {
+            self
+        } else {
+            Change::Both(
+                Box::new(self),
+                Box::new(Change::UseApproval { id: approval }),
+            )
+        }
+    }
 }
 
 pub(super) async fn apply_change(
@@ -325,6 +345,16 @@ pub(super) async fn apply_change(
             if done.rows_affected() != 1 {
                 return Err(StoreError::Conflict);
             }
+        }
+        Change::SetSecretsPolicy {
+            room_id,
+            needs_approval,
+        } => {
+            sqlx::query("UPDATE rooms SET secrets_need_approval = $1 WHERE id = $2")
+                .bind(i64::from(*needs_approval))
+                .bind(room_id)
+                .execute(&mut **tx)
+                .await?;
         }
         Change::Both(first, second) => {
             Box::pin(apply_change(tx, first)).await?;

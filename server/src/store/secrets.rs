@@ -93,6 +93,19 @@ impl Store {
         Ok(())
     }
 
+    /// Whether adding a secret to the room needs an approval.
+    pub(crate) async fn secrets_need_approval(&self, room_id: &str) -> Result<bool, StoreError> {
+        let row = sqlx::query("SELECT secrets_need_approval FROM rooms WHERE id = $1")
+            .bind(room_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row
+            .map(|r| r.try_get::<i64, _>("secrets_need_approval"))
+            .transpose()?
+            .unwrap_or(0)
+            != 0)
+    }
+
     /// How many secrets are stored, in every room.
     pub(crate) async fn secret_count(&self) -> Result<i64, StoreError> {
         let row = sqlx::query("SELECT COUNT(*) AS n FROM secrets")

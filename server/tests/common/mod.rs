@@ -478,6 +478,8 @@ pub struct Resp {
     pub status: u16,
     pub headers: Vec<(String, String)>,
     pub body: String,
+    /// The body's bytes as they came (`body` is them read as UTF-8).
+    pub raw: Vec<u8>,
 }
 
 impl Resp {
@@ -531,6 +533,10 @@ pub async fn request(
         }
     })
     .await;
+    let raw = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map_or_else(Vec::new, |i| buf[i + 4..].to_vec());
     let text = String::from_utf8_lossy(&buf).into_owned();
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     let mut lines = head.lines();
@@ -543,6 +549,7 @@ pub async fn request(
         status,
         headers,
         body: body.to_owned(),
+        raw,
     }
 }
 
@@ -1101,4 +1108,112 @@ pub fn knob(name: &str, default: usize) -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(default)
+}
+
+/// A terminal socket and what it has shown.
+pub struct Term {
+    pub ws: Ws,
+    pub output: String,
+    pub events: Vec<serde_json::Value>,
+    pub closed: Option<u16>,
+}
+
+/// Opens the room's terminal as `token`.
+pub async fn term(server: &Server, room: &str, token: &str) -> Term {
+    let ws = terminal_ws(server, room, token).await;
+    Term {
+        ws,
+        output: String::new(),
+        events: Vec::new(),
+        closed: None,
+    }
+}
+
+impl Term {
+    pub async fn send(&mut self, bytes: &[u8]) {
+        self.ws
+            .send(Message::Binary(bytes.to_vec().into()))
+            .await
+            .unwrap();
+    }
+
+    /// Reads until `pred` holds (or fails after the timeout).
+    pub async fn until(&mut self, what: &str, pred: impl Fn(&Term) -> bool) {
+        let r = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+            while !pred(self) {
+                if !self.read_one().await {
+                    return;
+                }
+            }
+        })
+        .await;
+        assert!(
+            r.is_ok() && pred(self),
+            "waiting for {what}: output ends {:?}, events {:?}, closed {:?}",
+            tail(&self.output),
+            self.events,
+            self.closed
+        );
+    }
+
+    /// Reads one message; false once the socket is closed.
+    pub async fn read_one(&mut self) -> bool {
+        match self.ws.next().await {
+            Some(Ok(Message::Binary(b))) => self.output.push_str(&String::from_utf8_lossy(&b)),
+            Some(Ok(Message::Text(t))) => self.events.push(serde_json::from_str(&t).unwrap()),
+            Some(Ok(Message::Close(f))) => {
+                self.closed = Some(f.map_or(1005, |f| f.code.into()));
+                return false;
+            }
+            Some(Ok(_)) => {}
+            None | Some(Err(_)) => {
+                self.closed.get_or_insert(1006);
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Reads until the output contains `needle`, searching only what is new each time (the
+    /// output may be tens of megabytes).
+    pub async fn output_contains(&mut self, needle: &str) {
+        let mut from = 0;
+        let r = tokio::time::timeout(std::time::Duration::from_secs(30), async {
+            loop {
+                let start = from.min(self.output.len());
+                let start = (0..=start)
+                    .rev()
+                    .find(|i| self.output.is_char_boundary(*i))
+                    .unwrap_or(0);
+                if self.output[start..].contains(needle) {
+                    return true;
+                }
+                from = self.output.len().saturating_sub(needle.len());
+                if !self.read_one().await {
+                    return false;
+                }
+            }
+        })
+        .await;
+        assert!(
+            r == Ok(true),
+            "waiting for {needle:?}: output ends {:?}, events {:?}, closed {:?}",
+            tail(&self.output),
+            self.events,
+            self.closed
+        );
+    }
+
+    pub fn has_event(&self, kind: &str) -> bool {
+        self.events.iter().any(|e| e["type"] == kind)
+    }
+}
+
+/// The last characters of a long output, for failure messages.
+pub fn tail(s: &str) -> &str {
+    let mut at = s.len().saturating_sub(300);
+    while !s.is_char_boundary(at) {
+        at += 1;
+    }
+    &s[at..]
 }

@@ -1,6 +1,6 @@
 // The room's side panels besides People: approvals, sandbox, audit, and the room itself.
 
-import { api, list, type Approval, type Room, type SandboxStatus } from '../api'
+import { api, exportRepo, list, type Approval, type Room, type SandboxStatus } from '../api'
 import { abilities } from '../caps'
 import { action, h, replace, toast, when } from '../dom'
 import { verifyChain } from '../audit'
@@ -12,8 +12,9 @@ function emailOf (room: Room, id: string | null): string {
 }
 
 /** Saves `data` as a JSON file through the browser's download. */
-function download (name: string, data: unknown): void {
-  const url = URL.createObjectURL(new Blob([JSON.stringify(data, null, 2)], { type: 'application/json' }))
+export function download (name: string, data: unknown): void {
+  const blob = data instanceof Blob ? data : new Blob([JSON.stringify(data, null, 2)], { type: 'application/json' })
+  const url = URL.createObjectURL(blob)
   const a = h('a', { href: url, download: name })
   document.body.append(a)
   a.click()
@@ -37,7 +38,7 @@ export async function approvalsPanel (el: HTMLElement, room: Room, selfId: strin
         refresh()
       }, { class: 'primary', 'data-testid': `download-${a.id}` })
       : null
-    const params = (a.params ?? {}) as { rule?: string, repo?: string, message?: string }
+    const params = (a.params ?? {}) as { rule?: string, repo?: string, message?: string, format?: string }
     // Approved for me: the action it covers, one click away.
     const use = a.state === 'approved' && own
       ? a.action === 'allow_egress' && params.rule
@@ -46,7 +47,14 @@ export async function approvalsPanel (el: HTMLElement, room: Room, selfId: strin
           toast(`${params.rule} allowed.`)
           refresh()
         }, { class: 'primary', 'data-testid': `use-${a.id}` })
-        : a.action === 'force_push' && params.repo && params.message
+        : a.action === 'export' && params.repo && (params.format === 'bundle' || params.format === 'patch')
+          ? action(`Download the ${params.format}`, async () => {
+            const format = params.format as 'bundle' | 'patch'
+            const out = await exportRepo(room.id, params.repo!, format, a.id)
+            if (out instanceof Blob) download(`room-changes.${format}`, out)
+            refresh()
+          }, { class: 'primary', 'data-testid': `use-${a.id}` })
+          : a.action === 'force_push' && params.repo && params.message
           ? action('Push now (forced)', async () => {
             await api.pushRepo(room.id, params.repo!, params.message!, true, a.id)
             toast('Pushed.')

@@ -3,9 +3,10 @@
 // and disconnecting. The server does the git work: the token never reaches the page or the
 // sandbox.
 
-import { api, list, type Approval, type Repo, type Room } from '../api'
+import { api, exportRepo, list, type Approval, type Repo, type Room } from '../api'
 import { abilities } from '../caps'
 import { action, h, replace, toast, when } from '../dom'
+import { download } from './panels'
 
 export async function reposPanel (el: HTMLElement, room: Room, selfId: string, refresh: () => void): Promise<void> {
   const repos = await api.repos(room.id)
@@ -42,6 +43,17 @@ export async function reposPanel (el: HTMLElement, room: Room, selfId: string, r
           }, { 'data-testid': `pull-${r.path}` }),
           r.access === 'push' ? [message, action('Push', () => push(false), { class: 'primary', 'data-testid': `push-${r.path}` }),
             action('Force push…', () => push(true), { class: 'danger', 'data-testid': `force-push-${r.path}` })] : null)
+        : null,
+      room.my_capabilities.includes('export')
+        ? h('div', { class: 'row' }, (['bundle', 'patch'] as const).map((format) => action(`Export as a ${format}`, async () => {
+          const out = await exportRepo(room.id, r.id, format)
+          if (out instanceof Blob) {
+            download(`${r.path.replace(/\//g, '-')}.${format}`, out)
+          } else {
+            toast('An export needs someone else\'s approval (Approvals panel); download it there once given.')
+          }
+          refresh()
+        }, { 'data-testid': `export-${format}-${r.path}` })))
         : null,
       canConnect
         ? action('Disconnect', async () => { await api.disconnectRepo(room.id, r.id); toast(`${r.path} disconnected (its files stay).`); refresh() }, { class: 'danger', 'data-testid': `disconnect-${r.path}` })
