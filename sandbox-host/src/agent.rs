@@ -65,6 +65,92 @@ const MAX_CA_PEM: usize = 64 << 10;
 /// Most variables [`Op::Egress`] may set.
 const MAX_ROOM_ENV: usize = 128;
 
+/// Whom each running exec's session belongs to (session id -> actor), for attributing
+/// outbound connections.
+static SESSIONS: Mutex<std::collections::BTreeMap<i32, String>> =
+    Mutex::new(std::collections::BTreeMap::new());
+/// The actor of the terminal's session.
+const TERMINAL: &str = "terminal";
+
+/// An exec's entry in [`SESSIONS`], removed when the exec is over.
+struct Attributed(i32);
+
+impl Attributed {
+    fn new(sid: i32, actor: String) -> Attributed {
+        if !actor.is_empty() {
+            SESSIONS
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(sid, actor);
+        }
+        Attributed(sid)
+    }
+}
+
+impl Drop for Attributed {
+    fn drop(&mut self) {
+        SESSIONS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.0);
+    }
+}
+
+/// Who opened the connection from local port `peer_port` to the forwarder: the actor of its
+/// process's session, found through the kernel's socket table and each process's descriptors
+/// (read with room code's file identity, which is allowed for room code's processes). Empty
+/// when it cannot be told.
+fn actor_of_peer(peer_port: u16) -> String {
+    let inode = std::fs::read_to_string("/proc/net/tcp")
+        .ok()
+        .and_then(|table| {
+            table.lines().skip(1).find_map(|line| {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                let port = |field: &str| {
+                    field
+                        .rsplit_once(':')
+                        .and_then(|(_, p)| u16::from_str_radix(p, 16).ok())
+                };
+                let ours = port(f.get(1)?)? == peer_port && port(f.get(2)?)? == proto::EGRESS_PORT;
+                ours.then(|| f.get(9).map(|s| (*s).to_owned())).flatten()
+            })
+        });
+    let Some(inode) = inode else {
+        return String::new();
+    };
+    let wanted = format!("socket:[{inode}]");
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return String::new();
+    };
+    for p in procs.flatten() {
+        let name = p.file_name();
+        let Some(pid) = name.to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(fds) = std::fs::read_dir(p.path().join("fd")) else {
+            continue;
+        };
+        let holds = fds.flatten().any(|fd| {
+            std::fs::read_link(fd.path()).is_ok_and(|t| t.as_os_str() == wanted.as_str())
+        });
+        if !holds {
+            continue;
+        }
+        // The session is the sixth field of `stat`, counted after the command's closing `)`.
+        let sid = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|stat| {
+                let rest = stat.rsplit_once(')')?.1;
+                rest.split_whitespace().nth(3)?.parse::<i32>().ok()
+            });
+        let sessions = SESSIONS.lock().unwrap_or_else(|e| e.into_inner());
+        return sid
+            .and_then(|s| sessions.get(&s).cloned())
+            .unwrap_or_default();
+    }
+    String::new()
+}
+
 /// Variables the control plane gave room code ([`Op::Egress`]), after [`base_env`].
 static ROOM_ENV: Mutex<Vec<(String, String)>> = Mutex::new(Vec::new());
 /// Time a connection to a port inside may take.
@@ -377,10 +463,11 @@ async fn handle(state: &mut State, req: Request) {
             cwd,
             timeout_ms,
             max_output,
+            actor,
         } => {
             let out = state.out.clone();
             tokio::spawn(async move {
-                let r = exec(argv, cwd, timeout_ms, max_output as usize).await;
+                let r = exec(argv, cwd, timeout_ms, max_output as usize, actor).await;
                 send(&out, &reply(id, r)).await;
             });
         }
@@ -629,6 +716,12 @@ fn open_pty(
     }
     let mut child = pair.slave.spawn_command(cmd).map_err(failed)?;
     drop(pair.slave);
+    // The terminal's program leads a session of its own (its controlling terminal).
+    if let Some(pid) = child.process_id() {
+        let mut all = SESSIONS.lock().unwrap_or_else(|e| e.into_inner());
+        all.retain(|_, who| who != TERMINAL);
+        all.insert(pid as i32, TERMINAL.to_owned());
+    }
     let mut reader = pair.master.try_clone_reader().map_err(failed)?;
     let mut writer = pair.master.take_writer().map_err(failed)?;
     let (input, input_rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(PTY_INPUT_QUEUE);
@@ -685,6 +778,7 @@ async fn exec(
     cwd: String,
     timeout_ms: u64,
     max_output: usize,
+    actor: String,
 ) -> Result<Reply, AgentError> {
     let Some((prog, args)) = argv.split_first() else {
         return Err(AgentError::Invalid("empty argv".into()));
@@ -703,19 +797,27 @@ async fn exec(
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
-        .process_group(0)
         .kill_on_drop(true);
-    if let Some(id) = room_uid() {
-        // SAFETY: `become_user` only makes system calls, as the child of a fork may.
-        unsafe {
-            cmd.pre_exec(move || become_user(id));
-        }
+    let uid = room_uid();
+    // A session of its own (and so a process group: killed as one below). Its processes'
+    // connections out are attributed to `actor` by that session, which they cannot trade for
+    // another exec's.
+    // SAFETY: `setsid` and `become_user` only make system calls, as the child of a fork may.
+    unsafe {
+        cmd.pre_exec(move || {
+            rustix::process::setsid().map_err(std::io::Error::from)?;
+            match uid {
+                Some(id) => become_user(id),
+                None => Ok(()),
+            }
+        });
     }
     let mut child = cmd.spawn().map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => AgentError::NotFound,
         _ => failed(e),
     })?;
     let pgid = child.id().map(|p| p as i32);
+    let _attributed = pgid.map(|sid| Attributed::new(sid, actor));
     let stdout = child.stdout.take();
     let stderr = child.stderr.take();
     let out_task = tokio::spawn(capture(stdout, max_output));
@@ -1157,8 +1259,12 @@ async fn forward_outbound(listener: tokio::net::TcpListener, streams: Streams, o
             }
             open.insert(stream, queue);
         }
+        let port = tcp.peer_addr().map(|a| a.port()).unwrap_or(0);
+        let actor = tokio::task::spawn_blocking(move || actor_of_peer(port))
+            .await
+            .unwrap_or_default();
         // The control plane hears of the stream before any of its data.
-        send(&out, &Message::Outbound { stream }).await;
+        send(&out, &Message::Outbound { stream, actor }).await;
         carry(tcp, stream, rx, out.clone());
     }
 }

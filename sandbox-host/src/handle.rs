@@ -101,8 +101,9 @@ struct Inner {
 }
 
 type PressureFn = Box<dyn Fn() -> Pressure + Send + Sync>;
-/// Takes one outbound connection from inside the sandbox.
-pub type OutboundFn = Arc<dyn Fn(tokio::io::DuplexStream) + Send + Sync>;
+/// Takes one outbound connection from inside the sandbox, with whose process opened it (the
+/// agent's `actor`, empty when it could not tell).
+pub type OutboundFn = Arc<dyn Fn(tokio::io::DuplexStream, String) + Send + Sync>;
 
 /// A running sandbox. Cheap to clone; every clone drives the same agent.
 #[derive(Clone)]
@@ -435,7 +436,7 @@ fn bridge(inner: &Arc<Inner>, stream: u32, rx: mpsc::Receiver<Vec<u8>>) -> tokio
 /// Takes stream `stream`, which the agent opened for a connection to its egress forwarder:
 /// hands it to the sandbox's taker, or closes it when there is none or too many are open.
 /// `Err` names a protocol violation.
-fn take_outbound(inner: &Arc<Inner>, stream: u32) -> Result<(), String> {
+fn take_outbound(inner: &Arc<Inner>, stream: u32, actor: String) -> Result<(), String> {
     if stream & proto::OUTBOUND_STREAM == 0 {
         return Err("outbound stream with a control-plane id".into());
     }
@@ -457,7 +458,7 @@ fn take_outbound(inner: &Arc<Inner>, stream: u32) -> Result<(), String> {
         Some(rx)
     });
     match (taker, rx) {
-        (Some(taker), Some(rx)) => taker(bridge(inner, stream, rx)),
+        (Some(taker), Some(rx)) => taker(bridge(inner, stream, rx), actor),
         _ => close_stream(inner, stream),
     }
     Ok(())
@@ -552,9 +553,9 @@ async fn read_loop<R: AsyncRead + Unpin>(
                 let inner = inner.upgrade()?;
                 locked(&inner.streams).remove(&stream);
             }
-            Message::Outbound { stream } => {
+            Message::Outbound { stream, actor } => {
                 let inner = inner.upgrade()?;
-                if let Err(violation) = take_outbound(&inner, stream) {
+                if let Err(violation) = take_outbound(&inner, stream, actor) {
                     return Some(violation);
                 }
             }

@@ -58,6 +58,9 @@ pub enum Op {
         timeout_ms: u64,
         /// Bytes of stdout and of stderr kept each; the rest is discarded.
         max_output: u32,
+        /// Whom the control plane runs it for: connections its processes open through the
+        /// egress forwarder are attributed to them (empty: to nobody in particular).
+        actor: String,
     },
     /// Open the room's PTY running `argv` (replaces none: fails if one is open).
     PtyOpen {
@@ -192,6 +195,11 @@ pub enum Message {
     Outbound {
         /// The agent's id for this stream.
         stream: u32,
+        /// Whose process opened it: the `actor` of the exec whose session the process is in,
+        /// `terminal` for the terminal's, empty when the agent cannot tell (a process that left
+        /// its session). Processes cannot join another session, so they can drop their
+        /// attribution but never take someone else's.
+        actor: String,
     },
 }
 

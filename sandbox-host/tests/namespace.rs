@@ -29,6 +29,7 @@ async fn sh(sb: &Sandbox, script: &str) -> (Option<i32>, String, String) {
         cwd: String::new(),
         timeout_ms: 20_000,
         max_output: 1 << 20,
+        actor: String::new(),
     };
     match sb.call(op, T).await.unwrap() {
         Reply::Exec {
@@ -288,6 +289,7 @@ async fn fork_bombs_memory_hogs_and_disk_fillers_are_contained() {
         cwd: String::new(),
         timeout_ms: 3000,
         max_output: 4096,
+        actor: String::new(),
     };
     sb.call(bomb, T).await.unwrap();
     assert!(sb.pressure().pids_refused > 0, "{:?}", sb.pressure());
@@ -325,6 +327,7 @@ async fn fork_bombs_memory_hogs_and_disk_fillers_are_contained() {
         cwd: String::new(),
         timeout_ms: 500,
         max_output: 1 << 16,
+        actor: String::new(),
     };
     match sb.call(yes, T).await.unwrap() {
         Reply::Exec {
@@ -477,8 +480,11 @@ sys.stdout.write(got.decode())
 
     let taken = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let count = taken.clone();
-    sb.on_outbound(std::sync::Arc::new(move |conn| {
+    let actors = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let seen = actors.clone();
+    sb.on_outbound(std::sync::Arc::new(move |conn, actor| {
         count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        seen.lock().unwrap().push(actor);
         tokio::spawn(async move {
             let (rd, mut wr) = tokio::io::split(conn);
             let mut line = String::new();
@@ -492,6 +498,47 @@ sys.stdout.write(got.decode())
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(out, "control plane got: hello from inside\n");
     assert_eq!(taken.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // Connections are attributed to the actor of the exec whose session opened them; a process
+    // that leaves its session loses the attribution, and cannot take another's.
+    let as_ana = |script: &str| Op::Exec {
+        argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
+        cwd: String::new(),
+        timeout_ms: 20_000,
+        max_output: 1 << 20,
+        actor: "ana".into(),
+    };
+    let r = sb
+        .call(as_ana("python3 /workspace/client.py"), T)
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            r,
+            Reply::Exec {
+                exit_code: Some(0),
+                ..
+            }
+        ),
+        "{r:?}"
+    );
+    let r = sb
+        .call(as_ana("setsid python3 /workspace/client.py"), T)
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            r,
+            Reply::Exec {
+                exit_code: Some(0),
+                ..
+            }
+        ),
+        "{r:?}"
+    );
+    assert_eq!(
+        *actors.lock().unwrap(),
+        vec![String::new(), "ana".to_owned(), String::new()]
+    );
 
     // What code inside is told, and what happens when it ignores it.
     let (_, env, _) = sh(&sb, "printenv HTTPS_PROXY http_proxy NO_PROXY").await;
@@ -554,6 +601,7 @@ async fn hostile_workspace_contents_do_not_break_the_agent() {
         cwd: String::new(),
         timeout_ms: 20_000,
         max_output: 1 << 20,
+        actor: String::new(),
     };
     match tokio::time::timeout(Duration::from_secs(10), sb.call(big, T))
         .await
@@ -639,6 +687,7 @@ async fn a_rootfs_replaces_the_host_base() {
         cwd: String::new(),
         timeout_ms: 10_000,
         max_output: 4096,
+        actor: String::new(),
     };
     match sb.call(op, T).await.unwrap() {
         Reply::Exec { stdout, .. } => {

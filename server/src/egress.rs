@@ -207,6 +207,22 @@ struct Inner {
 /// Connections the proxy carries at once for one room.
 const MAX_PROXIED: usize = 64;
 
+/// Whom a connection counts to: the agent's attribution (a participant's id, `terminal`,
+/// `readiness`) when it is a plain name, else `sandbox` (code inside that left its session, or
+/// an attribution that does not look like one).
+fn attributed(actor: &str) -> String {
+    let plain = !actor.is_empty()
+        && actor.len() <= 64
+        && actor
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if plain {
+        actor.to_owned()
+    } else {
+        "sandbox".to_owned()
+    }
+}
+
 /// What code inside sees in place of the room's secret `name`: `CODEROOM_SECRET_<NAME>` holds
 /// it, and the proxy swaps it for the value in requests to the secret's hosts. Not a secret
 /// (it opens nothing by itself), but distinct per room and name.
@@ -415,12 +431,13 @@ impl Egress {
     pub(crate) fn taker(&self, room_id: String) -> coderoom_sandbox::OutboundFn {
         let this = self.clone();
         let places = self.places(&room_id);
-        Arc::new(move |conn| {
+        Arc::new(move |conn, actor| {
             let (this, room) = (this.clone(), room_id.clone());
+            let who = attributed(&actor);
             match places.clone().try_acquire_owned() {
                 Ok(place) => {
                     tokio::spawn(async move {
-                        proxy::serve(&this, &room, conn).await;
+                        proxy::serve(&this, &room, &who, conn).await;
                         drop(place);
                     });
                 }
@@ -429,7 +446,7 @@ impl Egress {
                     this.record(
                         &room,
                         Outcome {
-                            who: "sandbox".into(),
+                            who,
                             host: "(any)".into(),
                             port: 0,
                             allowed: false,

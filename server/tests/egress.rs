@@ -452,22 +452,30 @@ async fn the_sandbox_reaches_only_what_the_room_allows() {
             .any(|c| c["host"] == "private.test"
                 && c["reason"].as_str().unwrap().contains("10.1.2.3"))
     );
-    // The Network panel's view: the latest refusals, newest first, and the counters.
+    // The Network panel's view: the latest refusals, newest first, and the counters, per
+    // participant: Ana ran every command above, so everything counts to her; a process that
+    // leaves its session counts to the sandbox, never to someone else.
+    let ana = me(server, &t.ana).await;
+    let (_, out) = exec(
+        server,
+        &t.ben,
+        room,
+        "curl -s -o /dev/null http://allowed.test/ben; setsid curl -s -o /dev/null http://allowed.test/nobody",
+    )
+    .await;
+    assert_eq!(out["exit_code"], 0, "{out}");
     let view = get_json(server, &t.cy, &path).await;
     let recent = view["recent_denied"].as_array().unwrap();
     assert!(!recent.is_empty() && recent.len() <= 20, "{view}");
+    let totals = &view["totals"];
     assert!(
-        view["totals"]["sandbox"]["denied"]["connections"]
-            .as_u64()
-            .unwrap()
-            >= 28,
+        totals[&ana]["denied"]["connections"].as_u64().unwrap() >= 28,
         "{view}"
     );
     assert!(
-        view["totals"]["sandbox"]["allowed"]["bytes_in"]
-            .as_u64()
-            .unwrap()
-            > 0,
+        totals[&ana]["allowed"]["bytes_in"].as_u64().unwrap() > 0,
         "{view}"
     );
+    assert_eq!(totals[&t.ben_id]["allowed"]["connections"], 1, "{view}");
+    assert_eq!(totals["sandbox"]["allowed"]["connections"], 1, "{view}");
 }

@@ -241,17 +241,19 @@ async fn secrets_reach_only_their_hosts_and_never_the_sandbox() {
         out.contains("\"completion_tokens\":7") && out.contains("message_stop"),
         "{out}"
     );
-    // Counted as each answer ends, which may be a moment after the client has it all.
+    // Counted, to whoever ran the command, as each answer ends (which may be a moment after
+    // the client has it all).
+    let ana_id = me(&server, &ana).await;
     let want = serde_json::json!({ "input": 36, "output": 22 });
     let mut view = Value::Null;
     for _ in 0..100 {
         view = get_json(&server, &ana, &format!("/api/rooms/{room}/egress")).await;
-        if view["totals"]["sandbox"]["model_tokens"] == want {
+        if view["totals"][&ana_id]["model_tokens"] == want {
             break;
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
-    assert_eq!(view["totals"]["sandbox"]["model_tokens"], want, "{view}");
+    assert_eq!(view["totals"][&ana_id]["model_tokens"], want, "{view}");
     // And durably, in the room's audit chain (what spend is summed from).
     let mut summed = Value::Null;
     for _ in 0..100 {

@@ -137,9 +137,8 @@ fn redact<B>(resp: &mut Response<B>, secrets: &[Injection]) {
 /// answered here and goes nowhere.
 pub(crate) async fn serve<C, U>(
     egress: &Egress,
-    room_id: &str,
-    host: &str,
-    port: u16,
+    (room_id, who): (&str, &str),
+    (host, port): (&str, u16),
     client: C,
     upstream: U,
 ) where
@@ -155,10 +154,16 @@ pub(crate) async fn serve<C, U>(
         let _ = conn.await;
     });
     let sender = Arc::new(tokio::sync::Mutex::new(sender));
-    let (egress, room_id, host) = (egress.clone(), room_id.to_owned(), host.to_owned());
+    let (egress, room_id, host, who) = (
+        egress.clone(),
+        room_id.to_owned(),
+        host.to_owned(),
+        who.to_owned(),
+    );
     let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
         let sender = sender.clone();
-        let (egress, room_id, host) = (egress.clone(), room_id.clone(), host.clone());
+        let (egress, room_id, host, who) =
+            (egress.clone(), room_id.clone(), host.clone(), who.clone());
         async move {
             if !names_host(&req, &host, port) {
                 return Ok::<_, hyper::Error>(answer(
@@ -196,7 +201,7 @@ pub(crate) async fn serve<C, U>(
                         .unwrap_or_default()
                         .to_owned();
                     let (egress, room_id) = (egress.clone(), room_id.clone());
-                    let report = move |t| egress.record_tokens(&room_id, "sandbox", t);
+                    let report = move |t| egress.record_tokens(&room_id, &who, t);
                     Ok(resp.map(|b| super::usage::Metered::new(b, &kind, report).boxed()))
                 }
                 Err(e) => Ok(answer(

@@ -72,12 +72,12 @@ fn fail(status: &'static str, reason: impl Into<String>) -> Refusal {
     }
 }
 
-pub(super) async fn serve<S>(egress: &Egress, room_id: &str, mut conn: S)
+pub(super) async fn serve<S>(egress: &Egress, room_id: &str, who: &str, mut conn: S)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let mut outcome = Outcome {
-        who: "sandbox".into(),
+        who: who.to_owned(),
         host: "(malformed request)".into(),
         port: 0,
         allowed: false,
@@ -131,7 +131,15 @@ where
     };
     let result = match secrets {
         Some((name, secrets)) if !secrets.is_empty() => {
-            intercepted(egress, room_id, (name, port), conn, head.rest, upstream).await
+            intercepted(
+                egress,
+                (room_id, who),
+                (name, port),
+                conn,
+                head.rest,
+                upstream,
+            )
+            .await
         }
         _ => {
             carry(conn, upstream, &head, &target).await;
@@ -255,7 +263,7 @@ async fn told<S: AsyncWrite + Unpin>(conn: &mut S, r: Refusal) -> Result<(), Ref
 /// inside gets the tunnel, and TLS from the room's authority once its TLS names `host` too.
 async fn intercepted<S>(
     egress: &Egress,
-    room_id: &str,
+    (room_id, who): (&str, &str),
     (host, port): (&str, u16),
     mut conn: S,
     rest: Vec<u8>,
@@ -335,7 +343,7 @@ where
             sni.as_deref().unwrap_or("no name")
         )));
     }
-    super::intercept::serve(egress, room_id, host, port, client, up).await;
+    super::intercept::serve(egress, (room_id, who), (host, port), client, up).await;
     Ok(())
 }
 

@@ -102,6 +102,8 @@ pub(crate) async fn exec(
         cwd: req.cwd,
         timeout_ms,
         max_output: MAX_EXEC_OUTPUT,
+        // Its connections out count to whoever ran it.
+        actor: proof.actor().to_owned(),
     };
     // The agent enforces the timeout; the extra margin covers a start from a snapshot.
     let within = Duration::from_millis(timeout_ms) + Duration::from_secs(30);

@@ -1139,6 +1139,7 @@ impl Actor {
                     cwd: String::new(),
                     timeout_ms: READINESS_MS,
                     max_output: u32::try_from(READINESS_OUTPUT).unwrap_or(u32::MAX),
+                    actor: "readiness".into(),
                 };
                 let (sandbox, me) = (sandbox.clone(), self.me.clone());
                 let ran = command.clone();

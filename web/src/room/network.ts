@@ -67,8 +67,10 @@ export async function networkPanel (el: HTMLElement, room: Room, selfId: string,
     }))
     : h('p', { class: 'hint' }, 'No refused connections since the server started.')
 
+  const name = (who: string): string => room.participants.find((p) => p.user_id === who)?.email ??
+    (who === 'sandbox' ? 'unattributed (left its session)' : who)
   const totals = Object.entries(eg.totals).map(([who, t]) => h('div', { class: 'hint' },
-    `${who}: ${t.allowed.connections} allowed (${t.allowed.bytes_out} B out, ${t.allowed.bytes_in} B in), ${t.denied.connections} refused` +
+    `${name(who)}: ${t.allowed.connections} allowed (${t.allowed.bytes_out} B out, ${t.allowed.bytes_in} B in), ${t.denied.connections} refused` +
     (t.model_tokens.input || t.model_tokens.output ? `, model tokens ${t.model_tokens.input} in / ${t.model_tokens.output} out` : '')))
 
   replace(el,
