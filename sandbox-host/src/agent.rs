@@ -52,8 +52,6 @@ pub const SKIP_DIRS: [&str; 6] = [
 const MAX_STREAMS: usize = 256;
 /// Of those, connections out through the egress forwarder (port connections keep the rest).
 const MAX_OUTBOUND: usize = 64;
-/// Chunks queued for one connection's socket before the stream is reset.
-const STREAM_QUEUE: usize = 64;
 /// The room's proxy: the agent's forwarder (see [`proto::EGRESS_PORT`]).
 const PROXY_URL: &str = "http://127.0.0.1:3128";
 /// Connections to the sandbox's own loopback stay inside.
@@ -320,9 +318,12 @@ struct State {
 }
 
 /// Open connections' write queues by stream id, shared with the egress forwarder.
-type Streams = Arc<Mutex<HashMap<u32, mpsc::Sender<Vec<u8>>>>>;
+type Streams = Arc<Mutex<HashMap<u32, Carried>>>;
+/// A carried stream's end here: its queue toward the socket and the credit of what the socket
+/// sends out.
+type Carried = crate::bridge::End;
 
-fn streams_of(streams: &Streams) -> std::sync::MutexGuard<'_, HashMap<u32, mpsc::Sender<Vec<u8>>>> {
+fn streams_of(streams: &Streams) -> std::sync::MutexGuard<'_, HashMap<u32, Carried>> {
     streams.lock().unwrap_or_else(|e| e.into_inner())
 }
 
@@ -502,24 +503,30 @@ async fn handle(state: &mut State, req: Request) {
         Op::StreamData { stream, data } => {
             let full = {
                 let mut streams = streams_of(&state.streams);
-                let full = match streams.get(&stream) {
-                    Some(q) => q.try_send(data.into_vec()).is_err(),
-                    None => false,
-                };
+                let full = streams
+                    .get(&stream)
+                    .is_some_and(|c| !c.deliver(data.into_vec()));
+                // Only a sender that ignores its window fills the queue: the stream is reset.
                 if full {
-                    streams.remove(&stream);
+                    if let Some(c) = streams.remove(&stream) {
+                        c.credit.close();
+                    }
                 }
                 full
             };
-            // A peer that sends faster than the port reads is reset, never buffered
-            // without bound (and never allowed to stall the agent's other work).
             if full {
                 send(&state.out, &Message::StreamClosed { stream }).await;
             }
         }
+        Op::StreamAck { stream, bytes } => {
+            if let Some(c) = streams_of(&state.streams).get(&stream) {
+                c.credit.returned(bytes);
+            }
+        }
         Op::StreamClose { stream } => {
-            // Dropping the queue ends the writer, which shuts the socket's write half.
-            streams_of(&state.streams).remove(&stream);
+            // Dropping the queue ends the writer, which shuts the socket's write half; what the
+            // socket still sends keeps its credit until it ends.
+            crate::bridge::received_all(&mut streams_of(&state.streams), stream);
         }
         Op::Egress { ca_pem, env } => spawn_reply(&state.out, id, move || set_egress(ca_pem, env)),
         Op::Restore { data, last } => {
@@ -1214,20 +1221,41 @@ async fn connect(state: &mut State, stream: u32, port: u16) -> Result<Reply, Age
     .await
     .map_err(|_| AgentError::Failed("connection timed out".into()))?
     .map_err(|e| AgentError::Failed(format!("cannot connect to port {port}: {e}")))?;
-    let (queue, rx) = mpsc::channel::<Vec<u8>>(STREAM_QUEUE);
-    streams_of(&state.streams).insert(stream, queue);
-    carry(tcp, stream, rx, state.out.clone());
+    let rx = open_stream(&state.streams, stream);
+    carry(tcp, stream, rx, state.streams.clone(), state.out.clone());
     Ok(Reply::Done)
 }
 
-/// Carries a connection's bytes as stream `stream`: what arrives on `rx` is written to it, and
-/// what it sends goes out as [`Message::StreamData`], then [`Message::StreamClosed`].
-fn carry(tcp: tokio::net::TcpStream, stream: u32, rx: mpsc::Receiver<Vec<u8>>, out: Out) {
+/// Registers stream `stream`: its queue toward the socket (returned) and its credit.
+fn open_stream(streams: &Streams, stream: u32) -> mpsc::Receiver<Vec<u8>> {
+    let (end, rx) = Carried::new();
+    streams_of(streams).insert(stream, end);
+    rx
+}
+
+/// Carries a connection's bytes as stream `stream`: what arrives on `rx` is written to it (each
+/// chunk acknowledged), and what it sends goes out as [`Message::StreamData`] as the control
+/// plane's acknowledgements allow, then [`Message::StreamClosed`]; the stream is forgotten once
+/// the socket has nothing more to send.
+fn carry(
+    tcp: tokio::net::TcpStream,
+    stream: u32,
+    rx: mpsc::Receiver<Vec<u8>>,
+    streams: Streams,
+    out: Out,
+) {
+    let Some(credit) = streams_of(&streams).get(&stream).map(|c| c.credit.clone()) else {
+        return;
+    };
     let (rd, wr) = tcp.into_split();
-    tokio::spawn(crate::bridge::drain_into(rx, wr));
+    let ack = move |bytes| proto::encode(&Message::StreamAck { stream, bytes }).ok();
+    tokio::spawn(crate::bridge::drain_into(rx, wr, out.clone(), ack));
     let closed = proto::encode(&Message::StreamClosed { stream }).ok();
     let frame = move |data| proto::encode(&Message::StreamData { stream, data }).ok();
-    tokio::spawn(crate::bridge::frames_from(rd, out, frame, closed));
+    tokio::spawn(async move {
+        crate::bridge::frames_from(rd, out, credit, frame, closed).await;
+        crate::bridge::sent_all(&mut streams_of(&streams), stream);
+    });
 }
 
 /// The egress forwarder: every connection code inside makes to [`proto::EGRESS_PORT`] becomes
@@ -1246,9 +1274,8 @@ async fn forward_outbound(listener: tokio::net::TcpListener, streams: Streams, o
         };
         let stream = proto::OUTBOUND_STREAM | (next & !proto::OUTBOUND_STREAM);
         next = next.wrapping_add(1);
-        let (queue, rx) = mpsc::channel::<Vec<u8>>(STREAM_QUEUE);
         {
-            let mut open = streams_of(&streams);
+            let open = streams_of(&streams);
             let outbound = open
                 .keys()
                 .filter(|s| *s & proto::OUTBOUND_STREAM != 0)
@@ -1257,15 +1284,15 @@ async fn forward_outbound(listener: tokio::net::TcpListener, streams: Streams, o
                 // Dropping the connection tells the program inside; nothing is queued.
                 continue;
             }
-            open.insert(stream, queue);
         }
+        let rx = open_stream(&streams, stream);
         let port = tcp.peer_addr().map(|a| a.port()).unwrap_or(0);
         let actor = tokio::task::spawn_blocking(move || actor_of_peer(port))
             .await
             .unwrap_or_default();
         // The control plane hears of the stream before any of its data.
         send(&out, &Message::Outbound { stream, actor }).await;
-        carry(tcp, stream, rx, out.clone());
+        carry(tcp, stream, rx, streams.clone(), out.clone());
     }
 }
 

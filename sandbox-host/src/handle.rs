@@ -17,15 +17,9 @@ const REQUEST_QUEUE: usize = 256;
 /// Events queued for the control plane before reading from the agent pauses (which in turn
 /// pauses the agent's PTY reader: terminal flow control).
 const EVENT_QUEUE: usize = 64;
-/// Chunks from the agent queued for one port connection before it is reset.
-const STREAM_CHUNKS: usize = 64;
 /// Outbound connections (see [`Sandbox::on_outbound`]) open at once; the agent keeps its own
 /// cap too.
 const MAX_OUTBOUND: usize = 64;
-/// Chunks from the agent queued for one outbound connection before it is reset: with
-/// [`MAX_OUTBOUND`], at most 128 MiB per sandbox waits for upstreams (code inside sending
-/// faster than its upstream takes is reset, not buffered).
-const OUTBOUND_CHUNKS: usize = 8;
 /// Snapshot chunks queued between the agent and the file they are written to.
 const MAX_PENDING_CHUNKS: usize = 64;
 
@@ -93,7 +87,7 @@ struct Inner {
     /// Set when the agent's stream has ended: no reply will ever come.
     closed: std::sync::atomic::AtomicBool,
     /// Open port connections: where their incoming bytes go.
-    streams: Mutex<HashMap<u32, mpsc::Sender<Vec<u8>>>>,
+    streams: Mutex<HashMap<u32, crate::bridge::End>>,
     next_stream: std::sync::atomic::AtomicU32,
     /// Who takes the connections code inside opens to the egress forwarder; until set, they
     /// are closed at once.
@@ -352,8 +346,9 @@ impl Sandbox {
     }
 
     /// Opens a TCP connection to `127.0.0.1:port` inside the sandbox. The returned stream
-    /// carries its bytes both ways; dropping it closes the connection. A caller that stops
-    /// reading while the port keeps sending gets its connection reset, never a stalled sandbox.
+    /// carries its bytes both ways; dropping it closes the connection. A caller that reads
+    /// slowly slows that connection only (flow control, see [`crate::bridge`]): nothing else in
+    /// the sandbox waits for it, and nothing is cut.
     pub async fn connect(
         &self,
         port: u16,
@@ -361,8 +356,8 @@ impl Sandbox {
     ) -> Result<tokio::io::DuplexStream, CallError> {
         let stream =
             self.inner.next_stream.fetch_add(1, Ordering::Relaxed) & !proto::OUTBOUND_STREAM;
-        let (tx, rx) = mpsc::channel::<Vec<u8>>(STREAM_CHUNKS);
-        locked(&self.inner.streams).insert(stream, tx);
+        let (end, rx) = crate::bridge::End::new();
+        locked(&self.inner.streams).insert(stream, end);
         let forget = || {
             locked(&self.inner.streams).remove(&stream);
         };
@@ -420,16 +415,32 @@ impl Sandbox {
 fn bridge(inner: &Arc<Inner>, stream: u32, rx: mpsc::Receiver<Vec<u8>>) -> tokio::io::DuplexStream {
     let (ours, theirs) = tokio::io::duplex(CHUNK);
     let (rd, wr) = tokio::io::split(theirs);
-    tokio::spawn(crate::bridge::drain_into(rx, wr));
     let request = move |op| proto::encode(&Request { id: 0, op }).ok();
+    let ack = move |bytes| request(Op::StreamAck { stream, bytes });
+    tokio::spawn(crate::bridge::drain_into(
+        rx,
+        wr,
+        inner.requests.clone(),
+        ack,
+    ));
+    let Some(credit) = locked(&inner.streams)
+        .get(&stream)
+        .map(|e| e.credit.clone())
+    else {
+        return ours;
+    };
     let close = request(Op::StreamClose { stream });
     let frame = move |data| request(Op::StreamData { stream, data });
-    tokio::spawn(crate::bridge::frames_from(
-        rd,
-        inner.requests.clone(),
-        frame,
-        close,
-    ));
+    let requests = inner.requests.clone();
+    let weak = Arc::downgrade(inner);
+    tokio::spawn(async move {
+        crate::bridge::frames_from(rd, requests, credit, frame, close).await;
+        // Nothing more goes out on it: once the agent's side is done too, it is forgotten
+        // (its entry holds nothing but the credit otherwise).
+        if let Some(inner) = weak.upgrade() {
+            crate::bridge::sent_all(&mut locked(&inner.streams), stream);
+        }
+    });
     ours
 }
 
@@ -453,8 +464,8 @@ fn take_outbound(inner: &Arc<Inner>, stream: u32, actor: String) -> Result<(), S
         if open >= MAX_OUTBOUND {
             return None;
         }
-        let (tx, rx) = mpsc::channel::<Vec<u8>>(OUTBOUND_CHUNKS);
-        streams.insert(stream, tx);
+        let (end, rx) = crate::bridge::End::new();
+        streams.insert(stream, end);
         Some(rx)
     });
     match (taker, rx) {
@@ -534,24 +545,32 @@ async fn read_loop<R: AsyncRead + Unpin>(
             Message::StreamData { stream, data } => {
                 let inner = inner.upgrade()?;
                 let mut streams = locked(&inner.streams);
-                let reset = match streams.get(&stream) {
-                    Some(q) => match q.try_send(data.into_vec()) {
-                        Ok(()) => false,
-                        // The caller is not reading: reset rather than stall every stream.
-                        Err(mpsc::error::TrySendError::Full(_)) => true,
-                        Err(mpsc::error::TrySendError::Closed(_)) => true,
-                    },
-                    None => false,
-                };
+                // Within its window the agent never fills the queue; a full one (or one nobody
+                // reads any more) resets the stream.
+                let reset = streams
+                    .get(&stream)
+                    .is_some_and(|e| !e.deliver(data.into_vec()));
                 if reset {
-                    streams.remove(&stream);
+                    if let Some(e) = streams.remove(&stream) {
+                        e.credit.close();
+                    }
                     drop(streams);
                     close_stream(&inner, stream);
                 }
             }
-            Message::StreamClosed { stream } => {
+            Message::StreamAck { stream, bytes } => {
                 let inner = inner.upgrade()?;
-                locked(&inner.streams).remove(&stream);
+                let streams = locked(&inner.streams);
+                if let Some(e) = streams.get(&stream) {
+                    e.credit.returned(bytes);
+                }
+            }
+            Message::StreamClosed { stream } => {
+                // The agent sends no more on it: the reader here gets the end of the stream;
+                // what goes the other way keeps its credit.
+                let inner = inner.upgrade()?;
+                let mut streams = locked(&inner.streams);
+                crate::bridge::received_all(&mut streams, stream);
             }
             Message::Outbound { stream, actor } => {
                 let inner = inner.upgrade()?;

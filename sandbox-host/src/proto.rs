@@ -138,6 +138,14 @@ pub enum Op {
         /// The stream.
         stream: u32,
     },
+    /// `bytes` of stream `stream` were passed on to the socket inside: that much more may be
+    /// sent (see [`crate::bridge`]). No reply.
+    StreamAck {
+        /// The stream.
+        stream: u32,
+        /// Bytes passed on.
+        bytes: u32,
+    },
     /// What the outside looks like to room code from now on: the certificate of the room's
     /// egress authority (added to the trust bundle at [`TRUST_FILE`]), and the variables every
     /// later exec and terminal gets (secret placeholders: `CODEROOM_SECRET_*`, never values).
@@ -188,6 +196,14 @@ pub enum Message {
     PtyExit {
         /// Its exit code, when it exited rather than being killed by a signal.
         code: Option<i32>,
+    },
+    /// `bytes` of stream `stream` were passed on to its reader in the control plane: that much
+    /// more may be sent (see [`crate::bridge`]).
+    StreamAck {
+        /// The stream.
+        stream: u32,
+        /// Bytes passed on.
+        bytes: u32,
     },
     /// Code inside connected to [`EGRESS_PORT`]: a new stream (its id has [`OUTBOUND_STREAM`]
     /// set) whose bytes then flow as [`Op::StreamData`] / [`Message::StreamData`]. The control

@@ -447,6 +447,121 @@ async fn ports_inside_are_reached_through_the_agent() {
     sb.ended().await;
 }
 
+/// Flow control on carried connections: a reader that reads slowly gets all of a long download
+/// (nothing is reset for being slow), a second download of the same sandbox runs at full speed
+/// beside it, and an upload to a program that reads slowly arrives whole.
+#[tokio::test]
+async fn slow_readers_slow_only_their_own_connection() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const MIB: usize = 1 << 20;
+    let ns = backend();
+    let (sb, mut events, _) = ns.start(&name("f"), &Limits::default()).await.unwrap();
+    let server = r#"
+import socket, threading, time
+def serve(c):
+    kind = c.recv(1)
+    if kind == b'D':
+        chunk = b'x' * 65536
+        for _ in range(512):
+            c.sendall(chunk)
+    elif kind == b'U':
+        n = 0
+        while True:
+            b = c.recv(65536)
+            if not b:
+                break
+            n += len(b)
+            time.sleep(0.001)
+        c.sendall(str(n).encode())
+    c.close()
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(('127.0.0.1', 8100))
+s.listen(16)
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=serve, args=(c,), daemon=True).start()
+"#;
+    sh(
+        &sb,
+        &format!("cat > /workspace/server.py <<'EOF'\n{server}\nEOF"),
+    )
+    .await;
+    let open = Op::PtyOpen {
+        argv: vec!["/bin/sh".into()],
+        cols: 80,
+        rows: 24,
+    };
+    sb.call(open, T).await.unwrap();
+    sb.send(Op::PtyInput(ByteBuf::from(
+        b"python3 /workspace/server.py\n".to_vec(),
+    )))
+    .await
+    .unwrap();
+    tokio::spawn(async move { while events.recv().await.is_some() {} });
+    let mut ready = false;
+    for _ in 0..100 {
+        if sb.connect(8100, T).await.is_ok() {
+            ready = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(ready, "the server inside never listened");
+
+    let download = |slow: bool| {
+        let sb = sb.clone();
+        async move {
+            let mut c = sb.connect(8100, T).await.unwrap();
+            c.write_all(b"D").await.unwrap();
+            let mut got = 0usize;
+            let mut buf = vec![0u8; 64 << 10];
+            loop {
+                let n = c.read(&mut buf).await.unwrap();
+                if n == 0 {
+                    break;
+                }
+                got += n;
+                if slow {
+                    tokio::time::sleep(Duration::from_millis(4)).await;
+                }
+            }
+            (got, std::time::Instant::now())
+        }
+    };
+    let slow = tokio::spawn(download(true));
+    let fast = tokio::spawn(download(false));
+    let (fast_bytes, fast_done) = tokio::time::timeout(Duration::from_secs(60), fast)
+        .await
+        .unwrap()
+        .unwrap();
+    let (slow_bytes, slow_done) = tokio::time::timeout(Duration::from_secs(120), slow)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!((fast_bytes, slow_bytes), (32 * MIB, 32 * MIB));
+    assert!(
+        fast_done < slow_done,
+        "the fast download waited for the slow one"
+    );
+
+    let mut up = sb.connect(8100, T).await.unwrap();
+    up.write_all(b"U").await.unwrap();
+    let chunk = vec![7u8; MIB];
+    for _ in 0..16 {
+        up.write_all(&chunk).await.unwrap();
+    }
+    up.shutdown().await.unwrap();
+    let mut answer = String::new();
+    tokio::time::timeout(Duration::from_secs(120), up.read_to_string(&mut answer))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(answer, (16 * MIB).to_string());
+    sb.kill();
+    sb.ended().await;
+}
+
 /// The only way out of a sandbox: code inside connects to the agent's forwarder (named by the
 /// proxy variables of its environment), and the control plane gets the connection as a
 /// stream. Until the control plane takes them, such connections close at once; connections
