@@ -108,6 +108,15 @@ pub enum Action {
         /// The room's policy asks for an approval.
         approval_required: bool,
     },
+    /// Publish a preview to everyone (`params`: canonical JSON of its port, visibility and
+    /// lifetime). Needs `publish` and always an approval by another holder of `approve`, bound to
+    /// exactly these parameters.
+    PublicPreview {
+        /// The preview's parameters, canonical JSON.
+        params: String,
+        /// The approval presented with the request, if any.
+        approval: Option<Approval>,
+    },
     /// Approve or deny a pending request.
     DecideApproval {
         /// The request being decided.
@@ -126,7 +135,8 @@ impl Action {
             | Action::Fork { approval, .. }
             | Action::AllowEgress { approval, .. }
             | Action::ForcePush { approval, .. }
-            | Action::AddSecret { approval, .. } => approval.as_ref(),
+            | Action::AddSecret { approval, .. }
+            | Action::PublicPreview { approval, .. } => approval.as_ref(),
             Action::Use(_)
             | Action::CreateInvite { .. }
             | Action::AcceptInvite { .. }
@@ -153,6 +163,7 @@ impl Action {
             Action::AllowEgress { .. } => "allow_egress",
             Action::ForcePush { .. } => "force_push",
             Action::AddSecret { .. } => "add_secret",
+            Action::PublicPreview { .. } => "public_preview",
             Action::DecideApproval { .. } => "decide_approval",
             Action::ConfirmDeletion => "confirm_deletion",
         }
@@ -388,6 +399,7 @@ pub fn decide(principal: &Principal, action: &Action, room: &RoomState, now: i64
         Action::AllowEgress { .. } if caps.contains(Capability::Approve) => Ok(()),
         Action::AllowEgress { .. } | Action::ForcePush { .. } => need(Capability::Edit),
         Action::AddSecret { .. } => need(Capability::AddSecret),
+        Action::PublicPreview { .. } => need(Capability::Publish),
         Action::DecideApproval { approval } => need(Capability::Approve).and_then(|()| {
             if approval.requester == principal.user {
                 Err(DenyReason::SelfApproval)
@@ -422,7 +434,9 @@ pub fn decide(principal: &Principal, action: &Action, room: &RoomState, now: i64
         Action::AllowEgress { params, approval } if !caps.contains(Capability::Approve) => {
             Some((params, approval))
         }
-        Action::ForcePush { params, approval } => Some((params, approval)),
+        Action::ForcePush { params, approval } | Action::PublicPreview { params, approval } => {
+            Some((params, approval))
+        }
         Action::AddSecret {
             params,
             approval,

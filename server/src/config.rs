@@ -165,9 +165,14 @@ pub(crate) struct ServeArgs {
     /// chain's head is appended at each start and stop, for `coderoom audit verify --anchor`.
     #[arg(long, env = "CODEROOM_AUDIT_ANCHOR_FILE")]
     pub audit_anchor_file: Option<PathBuf>,
-    /// Separate origin that previews are served from.
+    /// Separate origin that previews are served from: `http://{id}.preview.localhost:8081`
+    /// (the host must start with `{id}.`; in production a wildcard DNS name with a wildcard
+    /// certificate, on another host than the app). Previews are off without it.
     #[arg(long, env = "CODEROOM_PREVIEW_URL")]
     pub preview_url: Option<String>,
+    /// Where the preview origin listens (default: 127.0.0.1 and the port of `--preview-url`).
+    #[arg(long, env = "CODEROOM_PREVIEW_LISTEN")]
+    pub preview_listen: Option<String>,
     /// Comma-separated CIDRs whose X-Forwarded-For is trusted.
     #[arg(long, env = "CODEROOM_TRUSTED_PROXIES", value_delimiter = ',')]
     pub trusted_proxies: Vec<String>,

@@ -16,6 +16,7 @@ pub(crate) mod guard;
 pub(crate) mod listener;
 pub(crate) mod login;
 pub(crate) mod ops;
+pub(crate) mod previews;
 pub(crate) mod repos;
 pub(crate) mod rooms;
 pub(crate) mod sandbox;
@@ -52,6 +53,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .merge(secrets::routes())
         .merge(egress::routes())
         .merge(repos::routes())
+        .merge(previews::routes())
         .layer(DefaultBodyLimit::max(MAX_API_BODY))
         // File contents are bigger than API bodies.
         .merge(files::routes())

@@ -120,6 +120,44 @@ pub(crate) async fn gate(
     action: Action,
     details: Value,
 ) -> Result<Gate, ApiError> {
+    Ok(match ask(app, room_id, user, action, details).await? {
+        Asked::Allowed { proof, approval } => Gate::Allowed {
+            proof: *proof,
+            approval,
+        },
+        Asked::Pending(id) => Gate::Pending(
+            (
+                StatusCode::ACCEPTED,
+                Json(Pending {
+                    approval_id: id,
+                    state: "pending_approval",
+                }),
+            )
+                .into_response(),
+        ),
+    })
+}
+
+/// What [`ask`] decided.
+pub(crate) enum Asked {
+    /// Go ahead (see [`Gate::Allowed`]).
+    Allowed {
+        proof: Box<coderoom_authz::Authorized>,
+        approval: String,
+    },
+    /// An approval was asked for: its id.
+    Pending(String),
+}
+
+/// [`gate`], for callers that answer a pending request themselves (a preview waits under its
+/// own id for its approval).
+pub(crate) async fn ask(
+    app: &AppState,
+    room_id: &RoomId,
+    user: &AuthUser,
+    action: Action,
+    details: Value,
+) -> Result<Asked, ApiError> {
     let presented = action.approval().map(|a| a.id.clone());
     let locked = app.audit.lock().await;
     // A denial records the approval presented and the parameters.
@@ -147,16 +185,7 @@ pub(crate) async fn gate(
                     change,
                 )
                 .await?;
-            Ok(Gate::Pending(
-                (
-                    StatusCode::ACCEPTED,
-                    Json(Pending {
-                        approval_id: id,
-                        state: "pending_approval",
-                    }),
-                )
-                    .into_response(),
-            ))
+            Ok(Asked::Pending(id))
         }
         Ok(proof) => {
             // An approval the decision did not need is not spent on it (it may be someone
@@ -167,7 +196,10 @@ pub(crate) async fn gate(
                 ));
             }
             let approval = proof.approval().unwrap_or_default().to_owned();
-            Ok(Gate::Allowed { proof, approval })
+            Ok(Asked::Allowed {
+                proof: Box::new(proof),
+                approval,
+            })
         }
     }
 }

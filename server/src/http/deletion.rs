@@ -59,7 +59,7 @@ const STEPS: &[(&str, Option<&str>)] = &[
     // The server's clones of the room's repositories (their rows go with the room row; their
     // credentials are the secrets above).
     ("repositories", None),
-    ("previews", None),
+    ("previews", Some("DELETE FROM previews WHERE room_id = $1")),
     ("room", Some("DELETE FROM rooms WHERE id = $1")),
 ];
 

@@ -82,9 +82,10 @@ pub(crate) fn agent_error(e: &AgentError) -> ErrorBody {
 
 fn sandbox_status(e: &SandboxError) -> StatusCode {
     match e {
-        SandboxError::Unavailable(_) | SandboxError::Start | SandboxError::ShuttingDown => {
-            StatusCode::SERVICE_UNAVAILABLE
-        }
+        SandboxError::Unavailable(_)
+        | SandboxError::Start
+        | SandboxError::ShuttingDown
+        | SandboxError::Stopped => StatusCode::SERVICE_UNAVAILABLE,
         SandboxError::Failed(_) => StatusCode::CONFLICT,
         SandboxError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
         SandboxError::Document(crate::room::visit::VisitError::Refused) => {

@@ -50,6 +50,21 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     let addr = listener.local_addr()?;
     let public_origin = public_origin(args.public_url.as_deref(), addr)?;
+    // The preview origin: its own listener, on another host than the app.
+    let (preview_origin, preview_listener) = match &args.preview_url {
+        Some(url) => {
+            let origin = crate::http::previews::PreviewOrigin::parse(url, &public_origin)?;
+            let bind = match &args.preview_listen {
+                Some(b) => b.clone(),
+                None => format!("127.0.0.1:{}", origin.port().unwrap_or(80)),
+            };
+            let listener = tokio::net::TcpListener::bind(&bind)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot listen for previews on {bind}: {e}"))?;
+            (Some(origin), Some(listener))
+        }
+        None => (None, None),
+    };
     let host = public_origin.split("://").nth(1).unwrap_or("localhost");
     let host = host.split(':').next().unwrap_or("localhost");
     let domain = if host.contains('.') && host.parse::<std::net::IpAddr>().is_err() {
@@ -128,12 +143,18 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         vault,
         checkpoint_locks: Arc::default(),
         egress: egress.clone(),
+        previews: Arc::new(crate::http::previews::Previews::new(preview_origin)),
     };
     // Deletions a crash interrupted are finished before anything else touches those rooms.
     deletion::resume(&state).await?;
     sandboxes.start_idle_scheduler();
     sandboxes.start_warm_pool();
     crate::http::checkpoints::start_scheduler(state.clone());
+    if let Some(listener) = preview_listener {
+        // Tests and scripts read this line to find the preview origin's port.
+        println!("previews on http://{}", listener.local_addr()?);
+        crate::http::previews::serve(state.clone(), listener);
+    }
     let egress_window = std::time::Duration::from_millis(args.egress_audit_every_ms.max(100));
     egress.start_auditor(egress_window, shutdown.clone());
     // The handlers are in place before anyone can know where to send a signal: a SIGTERM right
@@ -205,13 +226,10 @@ async fn wait_for_signal(signals: Signals) {
 /// Flags of the public contract whose features later work fills in: accepted now so scripts
 /// written against the contract start, and said out loud so nobody believes they act.
 fn warn_unbuilt(args: &ServeArgs) {
-    let set: [(&str, bool); 2] = [
-        (
-            "--cloud-hypervisor-bin",
-            args.cloud_hypervisor_bin.is_some(),
-        ),
-        ("--preview-url", args.preview_url.is_some()),
-    ];
+    let set: [(&str, bool); 1] = [(
+        "--cloud-hypervisor-bin",
+        args.cloud_hypervisor_bin.is_some(),
+    )];
     for (flag, given) in set {
         if given {
             tracing::warn!(flag, "flag accepted but its feature is not built yet");

@@ -58,6 +58,9 @@ pub(crate) struct AppState {
     /// The egress proxy (policy views, counters).
     #[from_ref(skip)]
     pub egress: crate::egress::Egress,
+    /// The preview origin's tokens, sessions and cancellations.
+    #[from_ref(skip)]
+    pub previews: Arc<crate::http::previews::Previews>,
 }
 
 /// A session that ended, announced to the sockets it opened.

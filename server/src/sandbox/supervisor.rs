@@ -34,6 +34,8 @@ use tokio_util::sync::CancellationToken;
 const ACTOR_QUEUE: usize = 256;
 /// Time the sandbox gets to end after being killed.
 const KILL_WITHIN: Duration = Duration::from_secs(10);
+/// Time a connection to a port inside may take.
+const CONNECT_WITHIN: Duration = Duration::from_secs(10);
 /// Time the agent has to take the room's egress settings.
 const EGRESS_WITHIN: Duration = Duration::from_secs(10);
 /// Time the file sync gets to write pending edits before a snapshot.
@@ -183,6 +185,9 @@ pub(crate) enum SandboxError {
     /// The server is stopping.
     #[error("the server is shutting down")]
     ShuttingDown,
+    /// The room's sandbox is not running (and the caller would not start it).
+    #[error("the room's sandbox is stopped")]
+    Stopped,
     /// The room's document could not be read or rewritten (a checkpoint, a rollback).
     #[error("the room's document: {0}")]
     Document(#[from] crate::room::visit::VisitError),
@@ -238,6 +243,12 @@ enum Cmd {
     Rewind(Arc<Rewind>, oneshot::Sender<Result<(), SandboxError>>),
     /// The room's secrets changed: a running sandbox gets the new placeholders.
     Egress,
+    /// Opens a connection to a port inside (a preview): `start` starts a stopped sandbox.
+    Connect {
+        port: u16,
+        start: bool,
+        reply: oneshot::Sender<Result<tokio::io::DuplexStream, SandboxError>>,
+    },
     /// Gives a new room (a fork) its first workspace: `archive`, described by `meta`.
     Seed {
         archive: PathBuf,
@@ -481,6 +492,18 @@ impl Sandboxes {
             reply,
         })
         .await?
+    }
+
+    /// A connection to `port` inside the room's sandbox; `start` starts a stopped one first
+    /// (a member opening a preview), else a stopped sandbox is an error.
+    pub(crate) async fn connect(
+        &self,
+        room_id: &str,
+        port: u16,
+        start: bool,
+    ) -> Result<tokio::io::DuplexStream, SandboxError> {
+        self.ask(room_id, |reply| Cmd::Connect { port, start, reply })
+            .await?
     }
 
     /// `{"tier", "state", "limits", "receipt", ...}` of the room's sandbox.
@@ -785,6 +808,28 @@ impl Actor {
 
     async fn handle(&mut self, cmd: Cmd) {
         match cmd {
+            Cmd::Connect { port, start, reply } => {
+                let sandbox = match &self.life {
+                    Life::Running { sandbox, .. } => Ok(sandbox.clone()),
+                    _ if start => self.ensure_running("a preview was opened").await,
+                    _ => Err(SandboxError::Stopped),
+                };
+                let sandbox = match sandbox {
+                    Ok(s) => s,
+                    Err(e) => {
+                        let _ = reply.send(Err(e));
+                        return;
+                    }
+                };
+                self.touch().await;
+                tokio::spawn(async move {
+                    let r = sandbox
+                        .connect(port, CONNECT_WITHIN)
+                        .await
+                        .map_err(SandboxError::from);
+                    let _ = reply.send(r);
+                });
+            }
             Cmd::Op { op, within, reply } => {
                 let sandbox = match self.ensure_running("first use").await {
                     Ok(s) => s,

@@ -136,6 +136,14 @@ pub(crate) enum Change {
         room_id: String,
         needs_approval: bool,
     },
+    /// A preview made.
+    CreatePreview(super::PreviewRow),
+    /// A preview's state (and its expiry: an approved public preview's lifetime starts then).
+    SetPreviewState {
+        id: String,
+        state: String,
+        expires_at: i64,
+    },
     /// Two changes in the one transaction (an action and the approval it spends).
     Both(Box<Change>, Box<Change>),
     /// The room's egress policy (JSON, checked by the egress proxy's policy).
@@ -353,6 +361,19 @@ pub(super) async fn apply_change(
             sqlx::query("UPDATE rooms SET secrets_need_approval = $1 WHERE id = $2")
                 .bind(i64::from(*needs_approval))
                 .bind(room_id)
+                .execute(&mut **tx)
+                .await?;
+        }
+        Change::CreatePreview(p) => super::previews::insert(tx, p).await?,
+        Change::SetPreviewState {
+            id,
+            state,
+            expires_at,
+        } => {
+            sqlx::query("UPDATE previews SET state = $1, expires_at = $2 WHERE id = $3")
+                .bind(state)
+                .bind(expires_at)
+                .bind(id)
                 .execute(&mut **tx)
                 .await?;
         }

@@ -503,7 +503,12 @@ pub async fn request(
     let (host, path) = rest.split_at(rest.find('/').unwrap());
     let mut s = TcpStream::connect(host).await.unwrap();
     let body = body.unwrap_or("");
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\n");
+    // A `Host` among `headers` replaces the URL's (a request to a name-based origin).
+    let mut req = if headers.iter().any(|(k, _)| k.eq_ignore_ascii_case("host")) {
+        format!("{method} {path} HTTP/1.1\r\n")
+    } else {
+        format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\n")
+    };
     if !headers
         .iter()
         .any(|(k, _)| k.eq_ignore_ascii_case("connection"))

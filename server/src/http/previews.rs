@@ -1,0 +1,791 @@
+//! Previews: a port inside a room's sandbox, served on a separate origin (`--preview-url`,
+//! `http://{id}.preview.localhost:8081` by example) by a listener of its own, so a preview can
+//! never read or set the app's session cookie (host-only, on another host).
+//!
+//! API: `POST /api/rooms/{id}/previews` `{"port", "visibility": "room" | "public", "ttl_s"}`
+//! (needs `publish`; a public one also someone else's approval, and waits as
+//! `pending_approval`), `GET` (list), `DELETE .../previews/{pid}` (revoke: within a second every
+//! open connection of it ends), `POST .../previews/{pid}/open` (a room preview's one-time link).
+//!
+//! Room previews are for members who may observe: the app hands out a one-time token (60 s),
+//! the preview origin trades it for a cookie of its own host and redirects to the same URL
+//! without it; every request checks the member still may observe, and open WebSockets are
+//! checked every second.
+
+use crate::http::extract::Ids;
+use crate::http::guard::{authorize, room_capabilities};
+use crate::http::{ApiError, AppState, AuthUser};
+use crate::ids::RoomId;
+use crate::store::{Change, PreviewRow};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use bytes::Bytes;
+use coderoom_authz::{Action, Capability};
+use http_body_util::{combinators::BoxBody, BodyExt, Full};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// Longest a preview may live.
+const MAX_TTL_S: i64 = 7 * 24 * 3600;
+/// Previews one room may hold (revoked and expired ones included, until the room goes).
+const MAX_PREVIEWS: usize = 50;
+/// A one-time link's life.
+const TOKEN_MS: i64 = 60_000;
+/// A preview cookie's life.
+const SESSION_MS: i64 = 8 * 3600 * 1000;
+/// Live tokens and sessions kept (the oldest go first).
+const MAX_LIVE: usize = 10_000;
+/// The preview origin's cookie.
+const COOKIE: &str = "coderoom_preview";
+/// The one-time token's query parameter.
+const TOKEN_PARAM: &str = "coderoom_preview_token";
+/// How often an open WebSocket of a room preview checks its viewer may still observe.
+const RECHECK: Duration = Duration::from_secs(1);
+
+/// Where previews are served: `scheme://{id}.<suffix>:<port>`.
+#[derive(Debug, Clone)]
+pub(crate) struct PreviewOrigin {
+    scheme: String,
+    /// The host after `{id}.`.
+    suffix: String,
+    /// `:port`, or empty.
+    port: String,
+}
+
+impl PreviewOrigin {
+    /// Reads `--preview-url`; the host must start with `{id}.` and differ from the app's.
+    pub(crate) fn parse(url: &str, app_origin: &str) -> anyhow::Result<PreviewOrigin> {
+        let (scheme, rest) = url
+            .split_once("://")
+            .filter(|(s, _)| *s == "http" || *s == "https")
+            .ok_or_else(|| anyhow::anyhow!("--preview-url must start with http:// or https://"))?;
+        let authority = rest.split('/').next().unwrap_or_default();
+        let suffix_port = authority
+            .strip_prefix("{id}.")
+            .ok_or_else(|| anyhow::anyhow!("--preview-url's host must start with {{id}}."))?;
+        let (suffix, port) = match suffix_port.rsplit_once(':') {
+            Some((h, p)) => (h.to_ascii_lowercase(), format!(":{p}")),
+            None => (suffix_port.to_ascii_lowercase(), String::new()),
+        };
+        let app_host = app_origin
+            .split_once("://")
+            .map(|(_, a)| a.rsplit_once(':').map_or(a, |(h, _)| h))
+            .unwrap_or_default()
+            .to_ascii_lowercase();
+        if suffix.is_empty() || suffix == app_host {
+            anyhow::bail!("--preview-url must be on another host than the app ({app_host})");
+        }
+        Ok(PreviewOrigin {
+            scheme: scheme.to_owned(),
+            suffix,
+            port,
+        })
+    }
+
+    /// The port in `--preview-url`, if it names one.
+    pub(crate) fn port(&self) -> Option<u16> {
+        self.port.strip_prefix(':').and_then(|p| p.parse().ok())
+    }
+
+    /// The preview's URL.
+    pub(crate) fn url(&self, id: &str) -> String {
+        format!("{}://{id}.{}{}/", self.scheme, self.suffix, self.port)
+    }
+
+    /// The preview id a request's `Host` names, if it is one of ours.
+    fn id_of(&self, host: &str) -> Option<String> {
+        let host = host
+            .rsplit_once(':')
+            .map_or(host, |(h, _)| h)
+            .to_ascii_lowercase();
+        let id = host.strip_suffix(&format!(".{}", self.suffix))?;
+        (id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())).then(|| id.to_owned())
+    }
+}
+
+/// What the preview origin holds in memory: one-time tokens, viewers' sessions, and each open
+/// preview's cancellation (revoking one ends its connections).
+#[derive(Default)]
+pub(crate) struct Previews {
+    pub origin: Option<PreviewOrigin>,
+    /// Token hash -> (preview, user, expires).
+    tokens: Mutex<HashMap<String, (String, String, i64)>>,
+    /// Session hash -> (preview, user, expires).
+    sessions: Mutex<HashMap<String, (String, String, i64)>>,
+    cancels: Mutex<HashMap<String, CancellationToken>>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Previews {
+    pub(crate) fn new(origin: Option<PreviewOrigin>) -> Previews {
+        Previews {
+            origin,
+            ..Previews::default()
+        }
+    }
+
+    /// The token that ends preview `id`'s connections.
+    fn cancel_of(&self, id: &str) -> CancellationToken {
+        lock(&self.cancels)
+            .entry(id.to_owned())
+            .or_default()
+            .clone()
+    }
+
+    fn revoke(&self, id: &str) {
+        if let Some(c) = lock(&self.cancels).remove(id) {
+            c.cancel();
+        }
+        lock(&self.sessions).retain(|_, (p, _, _)| p != id);
+    }
+
+    fn issue(
+        map: &Mutex<HashMap<String, (String, String, i64)>>,
+        preview: &str,
+        user: &str,
+        until: i64,
+        now: i64,
+    ) -> String {
+        let token =
+            crate::ids::IssuedId::fresh().to_string() + &crate::ids::IssuedId::fresh().to_string();
+        let mut m = lock(map);
+        m.retain(|_, (_, _, exp)| *exp > now);
+        if m.len() >= MAX_LIVE {
+            if let Some(oldest) = m.iter().min_by_key(|(_, v)| v.2).map(|(k, _)| k.clone()) {
+                m.remove(&oldest);
+            }
+        }
+        m.insert(
+            crate::accounts::sessions::hash_token(&token),
+            (preview.to_owned(), user.to_owned(), until),
+        );
+        token
+    }
+}
+
+/// How a preview stands now.
+fn standing(p: &PreviewRow, now: i64) -> &'static str {
+    match p.state.as_str() {
+        "revoked" => "revoked",
+        "pending_approval" => "pending_approval",
+        _ if p.expires_at <= now => "expired",
+        _ => "active",
+    }
+}
+
+fn view(app: &AppState, p: &PreviewRow) -> Value {
+    let mut v = json!(p);
+    v["state"] = json!(standing(p, app.clock.now_ms()));
+    v["url"] = json!(app.previews.origin.as_ref().map(|o| o.url(&p.id)));
+    v
+}
+
+pub(crate) fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/api/rooms/{id}/previews", get(list).post(create))
+        .route(
+            "/api/rooms/{id}/previews/{pid}",
+            axum::routing::delete(revoke),
+        )
+        .route("/api/rooms/{id}/previews/{pid}/open", post(open))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Create {
+    port: u16,
+    visibility: String,
+    ttl_s: i64,
+}
+
+async fn create(
+    State(app): State<AppState>,
+    user: AuthUser,
+    Ids(room_id): Ids<RoomId>,
+    Json(body): Json<Create>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    if app.previews.origin.is_none() {
+        return Err(ApiError::Invalid(
+            "previews are off on this server (start it with --preview-url)".into(),
+        ));
+    }
+    if body.port == 0 || body.port == coderoom_sandbox::proto::EGRESS_PORT {
+        return Err(ApiError::BadRequest(
+            "port must be a port a program inside listens on",
+        ));
+    }
+    if !(60..=MAX_TTL_S).contains(&body.ttl_s) {
+        return Err(ApiError::BadRequest(
+            "ttl_s must be from 60 to 604800 (a week)",
+        ));
+    }
+    let public = match body.visibility.as_str() {
+        "room" => false,
+        "public" => true,
+        _ => return Err(ApiError::BadRequest("visibility is \"room\" or \"public\"")),
+    };
+    let details = json!({ "port": body.port, "visibility": body.visibility, "ttl_s": body.ttl_s });
+    let (actor, approval) = if public {
+        let params = details.to_string();
+        let action = Action::PublicPreview {
+            params,
+            approval: None,
+        };
+        match crate::http::approvals::ask(&app, &room_id, &user, action, details.clone()).await? {
+            crate::http::approvals::Asked::Pending(id) => (user.id.clone(), Some(id)),
+            // Never without an approval; kept total for the type.
+            crate::http::approvals::Asked::Allowed { proof, .. } => {
+                (proof.actor().to_owned(), None)
+            }
+        }
+    } else {
+        let proof = authorize(
+            &app,
+            &room_id,
+            &user,
+            Action::Use(Capability::Publish),
+            details.clone(),
+        )
+        .await?;
+        (proof.actor().to_owned(), None)
+    };
+    if app.store.previews(&room_id).await?.len() >= MAX_PREVIEWS {
+        return Err(ApiError::Invalid(format!(
+            "a room holds at most {MAX_PREVIEWS} previews"
+        )));
+    }
+    let now = app.clock.now_ms();
+    let mut id = [0u8; 16];
+    rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut id);
+    let row = PreviewRow {
+        id: hex::encode(id),
+        room_id: room_id.to_string(),
+        port: i64::from(body.port),
+        visibility: body.visibility.clone(),
+        state: if approval.is_some() {
+            "pending_approval"
+        } else {
+            "active"
+        }
+        .into(),
+        approval_id: approval,
+        ttl_ms: body.ttl_s * 1000,
+        created_by: actor.clone(),
+        created_at: now,
+        expires_at: now + body.ttl_s * 1000,
+    };
+    let mut details = details;
+    details["id"] = json!(row.id);
+    details["approval_id"] = json!(row.approval_id);
+    app.audit
+        .record(
+            &room_id,
+            &actor,
+            "create_preview",
+            "allow",
+            "",
+            details,
+            Change::CreatePreview(row.clone()),
+        )
+        .await?;
+    Ok((StatusCode::CREATED, Json(view(&app, &row))))
+}
+
+async fn list(
+    State(app): State<AppState>,
+    user: AuthUser,
+    Ids(room_id): Ids<RoomId>,
+) -> Result<Json<Vec<Value>>, ApiError> {
+    room_capabilities(&app, &room_id, &user).await?;
+    let mut out = Vec::new();
+    for p in app.store.previews(&room_id).await? {
+        let p = activate_if_approved(&app, p).await?;
+        out.push(view(&app, &p));
+    }
+    Ok(Json(out))
+}
+
+async fn preview_of(app: &AppState, room_id: &RoomId, pid: &str) -> Result<PreviewRow, ApiError> {
+    match app.store.preview(pid).await? {
+        Some(p) if p.room_id == room_id.as_str() => Ok(p),
+        _ => Err(ApiError::NotFound),
+    }
+}
+
+async fn revoke(
+    State(app): State<AppState>,
+    user: AuthUser,
+    Path((room, pid)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    let room_id = RoomId::parse(&room).ok_or(ApiError::NotFound)?;
+    let p = preview_of(&app, &room_id, &pid).await?;
+    let details = json!({ "id": p.id, "port": p.port, "visibility": p.visibility });
+    let proof = authorize(
+        &app,
+        &room_id,
+        &user,
+        Action::Use(Capability::Publish),
+        details.clone(),
+    )
+    .await?;
+    app.audit
+        .record(
+            &room_id,
+            proof.actor(),
+            "revoke_preview",
+            "allow",
+            "",
+            details,
+            Change::SetPreviewState {
+                id: p.id.clone(),
+                state: "revoked".into(),
+                expires_at: p.expires_at,
+            },
+        )
+        .await?;
+    app.previews.revoke(&p.id);
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `POST .../previews/{pid}/open`: the URL to open: for a room preview with a one-time token
+/// (any member who may observe), for a public one the plain URL.
+async fn open(
+    State(app): State<AppState>,
+    user: AuthUser,
+    Path((room, pid)): Path<(String, String)>,
+) -> Result<Json<Value>, ApiError> {
+    let room_id = RoomId::parse(&room).ok_or(ApiError::NotFound)?;
+    room_capabilities(&app, &room_id, &user).await?;
+    let p = activate_if_approved(&app, preview_of(&app, &room_id, &pid).await?).await?;
+    let origin = app.previews.origin.as_ref().ok_or(ApiError::NotFound)?;
+    let now = app.clock.now_ms();
+    let url = if p.visibility == "room" {
+        let token = Previews::issue(&app.previews.tokens, &p.id, &user.id, now + TOKEN_MS, now);
+        format!("{}?{TOKEN_PARAM}={token}", origin.url(&p.id))
+    } else {
+        origin.url(&p.id)
+    };
+    Ok(Json(json!({ "url": url, "state": standing(&p, now) })))
+}
+
+/// A public preview waiting for an approval that has been given becomes active now (its
+/// lifetime starts then); the approval is spent with the change.
+async fn activate_if_approved(app: &AppState, p: PreviewRow) -> Result<PreviewRow, ApiError> {
+    let (Some(approval), "pending_approval") = (&p.approval_id, p.state.as_str()) else {
+        return Ok(p);
+    };
+    let Some(a) = app
+        .store
+        .approval(
+            &RoomId::parse(&p.room_id).ok_or(ApiError::NotFound)?,
+            approval,
+        )
+        .await?
+    else {
+        return Ok(p);
+    };
+    let approved = matches!(&a.decided, Some((by, true)) if *by != a.requester) && !a.used;
+    if !approved {
+        return Ok(p);
+    }
+    let expires_at = app.clock.now_ms() + p.ttl_ms;
+    let change = Change::SetPreviewState {
+        id: p.id.clone(),
+        state: "active".into(),
+        expires_at,
+    }
+    .spending(approval.clone());
+    let details = json!({ "id": p.id, "approval_id": approval });
+    match app
+        .audit
+        .record(
+            &p.room_id,
+            "system",
+            "activate_preview",
+            "allow",
+            "",
+            details,
+            change,
+        )
+        .await
+    {
+        Ok(_) | Err(crate::store::StoreError::Conflict) => {}
+        Err(e) => return Err(e.into()),
+    }
+    Ok(app.store.preview(&p.id).await?.unwrap_or(p))
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+type Body = BoxBody<Bytes, BoxError>;
+
+/// A page of the preview origin itself (never the app's).
+fn page(status: StatusCode, text: &str, retry: bool) -> hyper::Response<Body> {
+    let refresh = if retry {
+        "<meta http-equiv=\"refresh\" content=\"2\">"
+    } else {
+        ""
+    };
+    let html = format!(
+        "<!doctype html><meta charset=\"utf-8\">{refresh}<title>Coderoom preview</title>\
+         <body style=\"font-family:sans-serif;margin:3rem\"><h1>Coderoom preview</h1><p>{text}</p></body>"
+    );
+    let mut r = hyper::Response::new(
+        Full::new(Bytes::from(html))
+            .map_err(|never| match never {})
+            .boxed(),
+    );
+    *r.status_mut() = status;
+    let h = r.headers_mut();
+    h.insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    h.insert(
+        "referrer-policy",
+        hyper::header::HeaderValue::from_static("no-referrer"),
+    );
+    h.insert(
+        hyper::header::CACHE_CONTROL,
+        hyper::header::HeaderValue::from_static("no-store"),
+    );
+    r
+}
+
+/// Serves the preview origin on `listener` until shutdown.
+pub(crate) fn serve(app: AppState, listener: tokio::net::TcpListener) {
+    tokio::spawn(async move {
+        loop {
+            let tcp = tokio::select! {
+                () = app.shutdown.cancelled() => return,
+                a = listener.accept() => match a {
+                    Ok((tcp, _)) => tcp,
+                    Err(_) => { tokio::time::sleep(Duration::from_millis(100)).await; continue; }
+                },
+            };
+            let app = app.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |req| {
+                    let app = app.clone();
+                    async move { Ok::<_, std::convert::Infallible>(handle(&app, req).await) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(tcp), service)
+                    .with_upgrades()
+                    .await;
+            });
+        }
+    });
+}
+
+fn cookie_of(req: &hyper::Request<hyper::body::Incoming>) -> Option<String> {
+    req.headers()
+        .get_all(hyper::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .find_map(|c| {
+            c.trim()
+                .strip_prefix(&format!("{COOKIE}="))
+                .map(str::to_owned)
+        })
+}
+
+/// Whether `user` may still observe the preview's room.
+async fn may_observe(app: &AppState, room_id: &str, user: &str) -> bool {
+    let Some(room) = RoomId::parse(room_id) else {
+        return false;
+    };
+    let who = AuthUser {
+        id: user.to_owned(),
+        email: String::new(),
+        session_hash: String::new(),
+    };
+    room_capabilities(app, &room, &who).await.is_ok()
+}
+
+async fn handle(
+    app: &AppState,
+    mut req: hyper::Request<hyper::body::Incoming>,
+) -> hyper::Response<Body> {
+    let host = req
+        .headers()
+        .get(hyper::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let Some(origin) = app.previews.origin.as_ref() else {
+        return page(StatusCode::NOT_FOUND, "No such preview.", false);
+    };
+    let Some(id) = origin.id_of(&host) else {
+        return page(StatusCode::NOT_FOUND, "No such preview.", false);
+    };
+    let p = match app.store.preview(&id).await {
+        Ok(Some(p)) => p,
+        Ok(None) => return page(StatusCode::NOT_FOUND, "No such preview.", false),
+        Err(_) => return page(StatusCode::SERVICE_UNAVAILABLE, "Try again shortly.", true),
+    };
+    let Ok(p) = activate_if_approved(app, p).await else {
+        return page(StatusCode::SERVICE_UNAVAILABLE, "Try again shortly.", true);
+    };
+    let now = app.clock.now_ms();
+    match standing(&p, now) {
+        "revoked" => return page(StatusCode::GONE, "This preview was revoked.", false),
+        "expired" => return page(StatusCode::GONE, "This preview has expired.", false),
+        "pending_approval" => {
+            return page(
+                StatusCode::FORBIDDEN,
+                "This preview waits for an owner's approval.",
+                true,
+            )
+        }
+        _ => {}
+    }
+    let mut viewer = None;
+    if p.visibility == "room" {
+        // The one-time token: traded for this origin's own cookie, then gone from the URL.
+        let query = req.uri().query().unwrap_or_default().to_owned();
+        let token = query.split('&').find_map(|kv| {
+            kv.strip_prefix(&format!("{TOKEN_PARAM}="))
+                .map(str::to_owned)
+        });
+        if let Some(token) = token {
+            let taken =
+                lock(&app.previews.tokens).remove(&crate::accounts::sessions::hash_token(&token));
+            let Some((pid, user, until)) =
+                taken.filter(|(pid, _, until)| *pid == p.id && *until > now)
+            else {
+                return page(
+                    StatusCode::NOT_FOUND,
+                    "This link was used or has expired: open the preview from the room again.",
+                    false,
+                );
+            };
+            if !may_observe(app, &p.room_id, &user).await {
+                return page(StatusCode::NOT_FOUND, "No such preview.", false);
+            }
+            let session = Previews::issue(
+                &app.previews.sessions,
+                &pid,
+                &user,
+                until.max(now) + SESSION_MS,
+                now,
+            );
+            let rest: Vec<&str> = query
+                .split('&')
+                .filter(|kv| !kv.starts_with(TOKEN_PARAM) && !kv.is_empty())
+                .collect();
+            let location = if rest.is_empty() {
+                req.uri().path().to_owned()
+            } else {
+                format!("{}?{}", req.uri().path(), rest.join("&"))
+            };
+            let mut r = page(StatusCode::SEE_OTHER, "Opening the preview.", false);
+            let secure = if origin.scheme == "https" {
+                "; Secure"
+            } else {
+                ""
+            };
+            let cookie = format!("{COOKIE}={session}; Path=/; HttpOnly; SameSite=Lax{secure}");
+            if let (Ok(c), Ok(l)) = (
+                hyper::header::HeaderValue::from_str(&cookie),
+                hyper::header::HeaderValue::from_str(&location),
+            ) {
+                r.headers_mut().insert(hyper::header::SET_COOKIE, c);
+                r.headers_mut().insert(hyper::header::LOCATION, l);
+            }
+            return r;
+        }
+        let session = cookie_of(&req).and_then(|c| {
+            lock(&app.previews.sessions)
+                .get(&crate::accounts::sessions::hash_token(&c))
+                .filter(|(pid, _, until)| *pid == p.id && *until > now)
+                .map(|(_, user, _)| user.clone())
+        });
+        let Some(user) = session else {
+            // Not signed in here: the room is where a preview is opened from.
+            let mut r = page(
+                StatusCode::SEE_OTHER,
+                "Sign in and open the preview from its room.",
+                false,
+            );
+            if let Ok(l) = hyper::header::HeaderValue::from_str(&format!(
+                "{}/rooms/{}",
+                app.public_origin, p.room_id
+            )) {
+                r.headers_mut().insert(hyper::header::LOCATION, l);
+            }
+            return r;
+        };
+        if !may_observe(app, &p.room_id, &user).await {
+            return page(StatusCode::NOT_FOUND, "No such preview.", false);
+        }
+        viewer = Some(user);
+    }
+    let port = u16::try_from(p.port).unwrap_or(0);
+    let conn = match app
+        .sandboxes
+        .connect(&p.room_id, port, p.visibility == "room")
+        .await
+    {
+        Ok(c) => c,
+        Err(crate::sandbox::SandboxError::Stopped) => {
+            return page(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "The room's sandbox is stopped: a member opening this preview starts it.",
+                true,
+            )
+        }
+        Err(_) => return page(
+            StatusCode::BAD_GATEWAY,
+            &format!(
+                "Nothing listens on port {port} in the room yet. This page tries again by itself."
+            ),
+            true,
+        ),
+    };
+    let Ok((mut sender, connection)) = hyper::client::conn::http1::handshake::<
+        _,
+        hyper::body::Incoming,
+    >(hyper_util::rt::TokioIo::new(conn))
+    .await
+    else {
+        return page(StatusCode::BAD_GATEWAY, "The app did not answer.", true);
+    };
+    let cancel = app.previews.cancel_of(&p.id);
+    let watched = cancel.clone();
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = connection.with_upgrades() => {}
+            () = watched.cancelled() => {}
+        }
+    });
+    // The app gets its own cookies, never this origin's.
+    let kept: Vec<String> = req
+        .headers()
+        .get_all(hyper::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .map(str::trim)
+        .filter(|c| !c.is_empty() && !c.starts_with(&format!("{COOKIE}=")))
+        .map(str::to_owned)
+        .collect();
+    req.headers_mut().remove(hyper::header::COOKIE);
+    if !kept.is_empty() {
+        if let Ok(v) = hyper::header::HeaderValue::from_str(&kept.join("; ")) {
+            req.headers_mut().insert(hyper::header::COOKIE, v);
+        }
+    }
+    let upgrade = req
+        .headers()
+        .get(hyper::header::UPGRADE)
+        .is_some()
+        .then(|| hyper::upgrade::on(&mut req));
+    let mut resp = match sender.send_request(req).await {
+        Ok(r) => r,
+        Err(_) => {
+            return page(
+                StatusCode::BAD_GATEWAY,
+                "The app closed the connection.",
+                true,
+            )
+        }
+    };
+    if let (Some(client_side), StatusCode::SWITCHING_PROTOCOLS) = (upgrade, resp.status()) {
+        let app_side = hyper::upgrade::on(&mut resp);
+        let (app2, room, cancel) = (app.clone(), p.room_id.clone(), cancel.clone());
+        tokio::spawn(async move {
+            let (Ok(a), Ok(b)) = (client_side.await, app_side.await) else {
+                return;
+            };
+            let (mut a, mut b) = (
+                hyper_util::rt::TokioIo::new(a),
+                hyper_util::rt::TokioIo::new(b),
+            );
+            let watch = async {
+                // A room preview's viewer who loses access loses the socket within a second.
+                let Some(user) = viewer else {
+                    return std::future::pending::<()>().await;
+                };
+                loop {
+                    tokio::time::sleep(RECHECK).await;
+                    if !may_observe(&app2, &room, &user).await {
+                        return;
+                    }
+                }
+            };
+            tokio::select! {
+                _ = tokio::io::copy_bidirectional(&mut a, &mut b) => {}
+                () = cancel.cancelled() => {}
+                () = watch => {}
+            }
+        });
+    }
+    let h = resp.headers_mut();
+    // A preview cannot set a cookie for any other host: only host-only cookies pass.
+    let cookies: Vec<_> = h
+        .get_all(hyper::header::SET_COOKIE)
+        .iter()
+        .cloned()
+        .collect();
+    h.remove(hyper::header::SET_COOKIE);
+    for c in cookies {
+        let domain = c
+            .to_str()
+            .map(|s| {
+                s.to_ascii_lowercase()
+                    .split(';')
+                    .any(|a| a.trim().starts_with("domain="))
+            })
+            .unwrap_or(true);
+        if !domain {
+            h.append(hyper::header::SET_COOKIE, c);
+        }
+    }
+    h.insert(
+        "referrer-policy",
+        hyper::header::HeaderValue::from_static("no-referrer"),
+    );
+    let (parts, body) = resp.into_parts();
+    let body = Cancellable {
+        inner: body,
+        cancel: Box::pin(cancel.cancelled_owned()),
+    };
+    hyper::Response::from_parts(parts, body.boxed())
+}
+
+/// A response body that fails (the connection is cut, not ended cleanly) when its preview is
+/// revoked.
+struct Cancellable<B> {
+    inner: B,
+    cancel: std::pin::Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+}
+
+impl<B> hyper::body::Body for Cancellable<B>
+where
+    B: hyper::body::Body<Data = Bytes, Error = hyper::Error> + Unpin,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, BoxError>>> {
+        if std::future::Future::poll(self.cancel.as_mut(), cx).is_ready() {
+            return std::task::Poll::Ready(Some(Err("the preview was revoked".into())));
+        }
+        std::pin::Pin::new(&mut self.inner)
+            .poll_frame(cx)
+            .map_err(|e| -> BoxError { Box::new(e) })
+    }
+}
