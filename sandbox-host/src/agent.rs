@@ -483,6 +483,7 @@ async fn handle(state: &mut State, req: Request) {
         Op::RemoveFile { path } => spawn_reply(&state.out, id, move || {
             remove_file(&path).map(|()| Reply::Done)
         }),
+        Op::Listening => spawn_reply(&state.out, id, || Ok(Reply::Listening(listening()))),
         Op::ListFiles { max_entries } => {
             spawn_reply(&state.out, id, move || Ok(list_files(max_entries as usize)))
         }
@@ -1018,6 +1019,32 @@ fn remove_file(path: &str) -> Result<(), AgentError> {
     }
 }
 
+/// The TCP ports listened on inside (this network namespace's `/proc/net/tcp` and `tcp6`),
+/// the forwarder's aside.
+fn listening() -> Vec<u16> {
+    let mut ports = std::collections::BTreeSet::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        if let Ok(text) = std::fs::read_to_string(table) {
+            ports.extend(listening_in(&text));
+        }
+    }
+    ports.remove(&proto::EGRESS_PORT);
+    ports.into_iter().take(proto::MAX_LISTENING).collect()
+}
+
+/// Local ports of the sockets in state `0A` (LISTEN) of a `/proc/net/tcp`-style table.
+fn listening_in(table: &str) -> impl Iterator<Item = u16> + '_ {
+    table.lines().skip(1).filter_map(|line| {
+        let mut fields = line.split_whitespace();
+        let local = fields.nth(1)?;
+        let state = fields.nth(1)?;
+        if state != "0A" {
+            return None;
+        }
+        u16::from_str_radix(local.rsplit_once(':')?.1, 16).ok()
+    })
+}
+
 fn list_files(max: usize) -> Reply {
     let mut entries = Vec::new();
     let mut truncated = false;
@@ -1382,6 +1409,22 @@ mod tests {
         for name in ["HTTP_PROXY", "https_proxy", "ALL_PROXY"] {
             assert!(base_env().contains(&(name, PROXY_URL)), "{name}");
         }
+    }
+
+    /// Only LISTEN sockets count, on any address, IPv4 or IPv6; junk lines are skipped.
+    #[test]
+    fn listening_ports_are_read_from_the_tables() {
+        let v4 = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode
+   0: 0100007F:1F40 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 1 1
+   1: 00000000:1435 00000000:0000 0A 00000000:00000000 00:00000000 00000000  1000        0 2 1
+   2: 0100007F:1F40 0100007F:A2C4 01 00000000:00000000 00:00000000 00000000  1000        0 3 1
+   3: garbage
+";
+        let v6 = "  sl  local_address remote_address st
+   0: 00000000000000000000000000000000:0BB8 00000000000000000000000000000000:0000 0A 0
+";
+        assert_eq!(listening_in(v4).collect::<Vec<_>>(), vec![8000, 5173]);
+        assert_eq!(listening_in(v6).collect::<Vec<_>>(), vec![3000]);
     }
 
     /// Any UTF-8 name, however its characters fall around byte 200, gets a temporary name

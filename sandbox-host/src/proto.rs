@@ -10,7 +10,7 @@ use serde_bytes::ByteBuf;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Protocol version the agent announces in [`Reply::Hello`]; the server refuses any other.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// Largest frame body either side accepts: a reply carrying a whole file (the API reads up to
 /// 16 MiB) or two captured output streams. Streamed data (terminal output, snapshots, port
@@ -155,6 +155,9 @@ pub enum Op {
         /// `CODEROOM_SECRET_<NAME>` = placeholder.
         env: Vec<(String, String)>,
     },
+    /// The TCP ports something inside listens on (IPv4 and IPv6, any address), the agent's
+    /// own forwarder ([`EGRESS_PORT`]) aside: the room offers to preview them.
+    Listening,
 }
 
 /// The trust bundle room code's TLS clients are pointed at (`SSL_CERT_FILE` and friends): the
@@ -258,7 +261,12 @@ pub enum Reply {
         /// Total archive bytes sent.
         bytes: u64,
     },
+    /// Answer to [`Op::Listening`]: ascending, at most [`MAX_LISTENING`].
+    Listening(Vec<u16>),
 }
+
+/// Most ports [`Reply::Listening`] names.
+pub const MAX_LISTENING: usize = 64;
 
 /// One regular file of the workspace.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]

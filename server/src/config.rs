@@ -173,6 +173,14 @@ pub(crate) struct ServeArgs {
     /// Where the preview origin listens (default: 127.0.0.1 and the port of `--preview-url`).
     #[arg(long, env = "CODEROOM_PREVIEW_LISTEN")]
     pub preview_listen: Option<String>,
+    /// Requests per second one public preview answers (a burst of ten times that); more get
+    /// `429` with `Retry-After`. Room previews are for members and are not bounded.
+    #[arg(long, env = "CODEROOM_PREVIEW_RATE", default_value_t = 20)]
+    pub preview_rate: u32,
+    /// Bytes per second one public preview sends, all its viewers together (a burst of one
+    /// second's worth); faster readers are slowed, never cut.
+    #[arg(long, env = "CODEROOM_PREVIEW_BANDWIDTH", default_value_t = 5_000_000)]
+    pub preview_bandwidth: u64,
     /// Comma-separated CIDRs whose X-Forwarded-For is trusted.
     #[arg(long, env = "CODEROOM_TRUSTED_PROXIES", value_delimiter = ',')]
     pub trusted_proxies: Vec<String>,

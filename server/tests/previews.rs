@@ -1,8 +1,10 @@
-//! Previews (issue 15, first part): an app in the room's sandbox (HTTP and a WebSocket echo,
-//! started from the terminal) served on the preview origin. Room previews only for members, by a
-//! one-time link traded for the preview origin's own cookie; public previews only after someone
-//! else's approval; revocation and removal from the room end open WebSockets within seconds; a
-//! preview cannot set cookies for another host; room deletion removes previews.
+//! Previews (issue 15): an app in the room's sandbox (HTTP and a WebSocket echo, started from
+//! the terminal) served on the preview origin. Room previews only for members, by a one-time
+//! link traded for the preview origin's own cookie; public previews only after someone else's
+//! approval (owners are mailed), bounded in requests and bytes a second; revocation, expiry and
+//! removal from the room end open WebSockets within seconds; a preview cannot set cookies for
+//! another host; the room sees which ports listen; room deletion removes previews. A 200 MB
+//! download read slowly neither fails nor stalls another preview of the room.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -13,46 +15,10 @@ use std::time::{Duration, Instant};
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 use tokio_tungstenite::tungstenite::Message;
 
-/// The app: `/` answers with the cookies it received, `/cookies` tries to set one for another
-/// host and one of its own, `/ws` echoes WebSocket text frames.
-const APP: &str = r#"
-import base64, hashlib, http.server, socketserver
-class H(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    def log_message(self, *a): pass
-    def do_GET(self):
-        if self.path == "/ws":
-            key = self.headers["Sec-WebSocket-Key"]
-            accept = base64.b64encode(hashlib.sha1((key + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11").encode()).digest()).decode()
-            self.send_response(101)
-            self.send_header("Upgrade", "websocket")
-            self.send_header("Connection", "Upgrade")
-            self.send_header("Sec-WebSocket-Accept", accept)
-            self.end_headers()
-            self.wfile.flush()
-            while True:
-                head = self.rfile.read(2)
-                if len(head) < 2 or head[0] & 0x0f == 8:
-                    return
-                n = head[1] & 0x7f
-                if n == 126:
-                    n = int.from_bytes(self.rfile.read(2), "big")
-                mask = self.rfile.read(4)
-                data = bytes(b ^ mask[i % 4] for i, b in enumerate(self.rfile.read(n)))
-                self.wfile.write(bytes([0x81, len(data)]) + data)
-                self.wfile.flush()
-        body = ("app saw cookies: " + str(self.headers.get("Cookie"))).encode()
-        self.send_response(200)
-        if self.path == "/cookies":
-            self.send_header("Set-Cookie", "stolen=1; Domain=localhost; Path=/")
-            self.send_header("Set-Cookie", "own=1; Path=/")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-class S(socketserver.ThreadingMixIn, http.server.HTTPServer):
-    daemon_threads = True
-S(("127.0.0.1", 8000), H).serve_forever()
-"#;
+/// The app (`tests/fixtures/preview_app.py`): `/` names the cookies it received, `/cookies`
+/// tries to set one for another host and one of its own, `/big?n=N` sends N bytes, `/ws`
+/// echoes WebSocket text frames.
+const APP: &str = include_str!("../../tests/fixtures/preview_app.py");
 
 /// A request to the preview origin at `port` for `url`'s host and path, with `cookie`.
 async fn get(port: u16, url: &str, cookie: Option<&str>) -> Resp {
@@ -126,9 +92,8 @@ async fn trade(port: u16, link: &str) -> String {
     cookie
 }
 
-#[tokio::test]
-async fn previews_are_for_members_or_approved_and_end_when_revoked() {
-    let storage = Storage::new(&Backend::Sqlite).await;
+/// A [`team_with`] whose server serves previews on a port of its own (returned).
+async fn preview_team(storage: &Storage, extra: &[&str]) -> (Room, u16) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -136,19 +101,36 @@ async fn previews_are_for_members_or_approved_and_end_when_revoked() {
         .port();
     let url = format!("http://{{id}}.preview.localhost:{port}");
     let listen = format!("127.0.0.1:{port}");
-    let t = team_with(
-        &storage,
-        &[
-            "--preview-url",
-            &url,
-            "--preview-listen",
-            &listen,
-            "--admin-emails",
-            "root@example.com",
-        ],
-    )
-    .await;
+    let mut args = vec!["--preview-url", &url, "--preview-listen", &listen];
+    args.extend_from_slice(extra);
+    (team_with(storage, &args).await, port)
+}
+
+/// Puts the app in the room's workspace as `app.py`.
+async fn write_app(t: &Room) {
+    let script = format!("cat > app.py <<'EOF'\n{APP}\nEOF");
+    inside(&t.server, &t.ana, &t.room, &script, &mut String::new()).await;
+}
+
+#[tokio::test]
+async fn previews_are_for_members_or_approved_and_end_when_revoked() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let extra = [
+        "--admin-emails",
+        "root@example.com",
+        "--preview-rate",
+        "2",
+        "--preview-bandwidth",
+        "250000",
+    ];
+    let (t, port) = preview_team(&storage, &extra).await;
     let (server, room) = (&t.server, &t.room);
+    // Looking at the ports neither starts the sandbox nor finds any.
+    let ports = format!("/api/rooms/{room}/sandbox/ports");
+    let v = get_json(server, &t.cy, &ports).await;
+    assert_eq!(v, serde_json::json!({"running": false, "listening": []}));
+    let v = get_json(server, &t.ana, &format!("/api/rooms/{room}/sandbox")).await;
+    assert_ne!(v["state"], "running", "{v}");
     let dee = storage.token("dee@example.com").await;
     let (status, inv) = invite(server, &t.ana, room, "owner", 1).await;
     assert_eq!(status, 201);
@@ -157,16 +139,22 @@ async fn previews_are_for_members_or_approved_and_end_when_revoked() {
     let previews = format!("/api/rooms/{room}/previews");
 
     // The app runs from the terminal.
-    inside(
-        server,
-        &t.ana,
-        room,
-        &format!("cat > app.py <<'EOF'\n{APP}\nEOF"),
-        &mut String::new(),
-    )
-    .await;
+    write_app(&t).await;
     let mut term = term(server, room, &t.ana).await;
     term.send(b"python3 app.py\r").await;
+    // The room sees the port open (and never the agent's own forwarder).
+    let mut listening = serde_json::Value::Null;
+    for _ in 0..200 {
+        listening = get_json(server, &t.cy, &ports).await;
+        if listening["listening"] == serde_json::json!([8000]) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        listening,
+        serde_json::json!({"running": true, "listening": [8000]})
+    );
 
     // A room preview: needs publish; only members who may observe open it.
     let body = r#"{"port":8000,"visibility":"room","ttl_s":600}"#;
@@ -217,7 +205,11 @@ async fn previews_are_for_members_or_approved_and_end_when_revoked() {
     // The app gets its own cookies, never the preview origin's.
     let both = format!("{cy_cookie}; theme=dark");
     let r = get(port, &preview_url, Some(&both)).await;
-    assert_eq!(r.body, "app saw cookies: theme=dark");
+    assert!(
+        r.body.contains("app saw cookies: theme=dark<"),
+        "{}",
+        r.body
+    );
     // A cookie for another host does not pass; the app's own does.
     let r = get(port, &format!("{preview_url}cookies"), Some(&cy_cookie)).await;
     let set: Vec<&str> = r
@@ -238,6 +230,11 @@ async fn previews_are_for_members_or_approved_and_end_when_revoked() {
         .status,
         404
     );
+
+    // Requests answered are counted.
+    let listed = get_json(server, &t.ana, &previews).await;
+    assert!(listed[0]["hits"].as_i64().unwrap() >= 3, "{listed}");
+    assert_eq!(listed[0]["created_by"], me(server, &t.ana).await);
 
     // WebSockets pass; removing the viewer from the room ends theirs within seconds.
     let mut cy_ws = ws(port, &preview_url, Some(&cy_cookie)).await;
@@ -264,9 +261,12 @@ async fn previews_are_for_members_or_approved_and_end_when_revoked() {
     assert!(ends(&mut ana_ws).await < Duration::from_secs(5));
     assert_eq!(get(port, &preview_url, Some(&ana_cookie)).await.status, 410);
 
-    // A public preview waits for someone else's approval, then anyone gets the app.
+    // A public preview, asked by an editor granted publish, waits for someone else's
+    // approval, then anyone gets the app.
     let body = r#"{"port":8000,"visibility":"public","ttl_s":600}"#;
-    let (status, p) = post(server, &t.ana, &previews, body).await;
+    let grant = r#"{"grant":["publish"]}"#;
+    assert_eq!(set_role(server, &t.ana, room, &t.ben_id, grant).await, 200);
+    let (status, p) = post(server, &t.ben, &previews, body).await;
     assert_eq!(status, 201, "{p}");
     assert_eq!(p["state"], "pending_approval");
     let public = p["url"].as_str().unwrap().to_owned();
@@ -274,10 +274,20 @@ async fn previews_are_for_members_or_approved_and_end_when_revoked() {
     let r = get(port, &public, None).await;
     assert_eq!(r.status, 403);
     assert!(r.body.contains("waits for an owner's approval") && !r.body.contains("app saw"));
+    // The owners are told by mail (the requester is not).
+    for owner in ["ana@example.com", "dee@example.com"] {
+        let mail = wait_for_mail(&storage, owner).await;
+        assert!(
+            mail.contains("ben@example.com asks to make port 8000")
+                && mail.contains(&format!("/rooms/{room}")),
+            "{mail}"
+        );
+    }
+    assert!(mail_to(&storage, "ben@example.com").is_empty());
     let approval = p["approval_id"].as_str().unwrap().to_owned();
     let decide = format!("/api/rooms/{room}/approvals/{approval}/decision");
     assert_eq!(
-        post(server, &t.ana, &decide, r#"{"approve":true}"#).await.0,
+        post(server, &t.ben, &decide, r#"{"approve":true}"#).await.0,
         403,
         "not one's own"
     );
@@ -286,9 +296,34 @@ async fn previews_are_for_members_or_approved_and_end_when_revoked() {
         200
     );
     let r = get(port, &public, None).await;
-    assert_eq!((r.status, r.body.as_str()), (200, "app saw cookies: None"));
+    assert_eq!(r.status, 200);
+    assert!(r.body.contains("app saw cookies: None<"), "{}", r.body);
     let mut anon = ws(port, &public, None).await;
     echoes(&mut anon, "anyone").await;
+    // Bounded: a burst of requests meets 429 with Retry-After (2 a second, a burst of 20)...
+    let mut limited = None;
+    for _ in 0..40 {
+        let r = get(port, &public, None).await;
+        if r.status == 429 {
+            limited = Some(r);
+            break;
+        }
+        assert_eq!(r.status, 200, "{}", r.body);
+    }
+    let limited = limited.expect("40 requests at once were all answered");
+    assert!(limited.header("retry-after").is_some());
+    // ...and bytes (250 kB a second, a burst of a second's): 1 MB takes at least 3 s more. The
+    // slowest machine only makes it slower.
+    let (big, took) = loop {
+        let started = Instant::now();
+        let big = get(port, &format!("{public}big?n=1000000"), None).await;
+        if big.status != 429 {
+            break (big, started.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    assert_eq!((big.status, big.raw.len()), (200, 1_000_000));
+    assert!(took >= Duration::from_millis(2500), "1 MB in {took:?}");
     let listed = get_json(server, &t.ana, &previews).await;
     let states: Vec<&str> = listed
         .as_array()
@@ -301,6 +336,35 @@ async fn previews_are_for_members_or_approved_and_end_when_revoked() {
     assert_eq!(status, 204);
     assert!(ends(&mut anon).await < Duration::from_secs(5));
     assert_eq!(get(port, &public, None).await.status, 410);
+    // An expiring preview ends by itself, open WebSockets included, within seconds.
+    let body = r#"{"port":8000,"visibility":"room","ttl_s":10}"#;
+    let started = Instant::now();
+    let (status, p) = post(server, &t.ana, &previews, body).await;
+    assert_eq!(status, 201, "{p}");
+    let short = p["url"].as_str().unwrap().to_owned();
+    let sid = p["id"].as_str().unwrap().to_owned();
+    let (_, opened) = post(server, &t.ana, &format!("{previews}/{sid}/open"), "{}").await;
+    let cookie = trade(port, opened["url"].as_str().unwrap()).await;
+    let mut expiring = ws(port, &short, Some(&cookie)).await;
+    echoes(&mut expiring, "for now").await;
+    let r = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(Ok(m)) = expiring.next().await {
+            if m.is_close() {
+                break;
+            }
+        }
+    })
+    .await;
+    assert!(r.is_ok(), "the socket outlived its preview");
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        started.elapsed()
+    );
+    let r = get(port, &short, Some(&cookie)).await;
+    assert_eq!(r.status, 410);
+    assert!(r.body.contains("expired"), "{}", r.body);
+
     let chain = audit(server, &t.ana, room).await;
     for action in ["create_preview", "activate_preview", "revoke_preview"] {
         assert!(
@@ -321,5 +385,146 @@ async fn previews_are_for_members_or_approved_and_end_when_revoked() {
         .unwrap();
     assert_eq!(entry["status"], "destroyed", "{v}");
     assert_eq!(get(port, &public, None).await.status, 404);
+    drop(term);
+}
+
+/// The mails in the dev outbox addressed to `to` (whole files only: the server writes
+/// `NAME.eml.tmp` and renames it).
+fn mail_to(storage: &Storage, to: &str) -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir(storage.dir.path().join("outbox")) else {
+        return Vec::new();
+    };
+    dir.filter_map(Result::ok)
+        .filter(|e| e.path().extension().is_some_and(|x| x == "eml"))
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        // Quoted-printable's soft line breaks joined again.
+        .map(|m| m.replace("=\r\n", "").replace("=\n", ""))
+        .filter(|m| m.contains(&format!("To: {to}")))
+        .collect()
+}
+
+async fn wait_for_mail(storage: &Storage, to: &str) -> String {
+    for _ in 0..200 {
+        if let Some(m) = mail_to(storage, to)
+            .into_iter()
+            .find(|m| m.contains("preview"))
+        {
+            return m;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("no mail to {to}");
+}
+
+/// Reads an HTTP/1.1 answer's head from `tcp`: (status, content length).
+async fn head_of(tcp: &mut tokio::io::BufReader<tokio::net::TcpStream>) -> (u16, usize) {
+    use tokio::io::AsyncBufReadExt;
+    let mut status = 0;
+    let mut length = 0;
+    loop {
+        let mut line = String::new();
+        tcp.read_line(&mut line).await.unwrap();
+        let line = line.trim_end();
+        if line.is_empty() {
+            return (status, length);
+        }
+        if let Some(rest) = line.strip_prefix("HTTP/1.1 ") {
+            status = rest[..3].parse().unwrap();
+        } else if let Some((k, v)) = line.split_once(':') {
+            if k.eq_ignore_ascii_case("content-length") {
+                length = v.trim().parse().unwrap();
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_slow_reader_of_a_big_download_stalls_no_other_preview() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const SIZE: usize = 200_000_000;
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let (t, port) = preview_team(&storage, &[]).await;
+    let (server, room) = (&t.server, &t.room);
+    write_app(&t).await;
+    let mut term = term(server, room, &t.ana).await;
+    term.send(b"python3 app.py 8000 & python3 app.py 8001 &\r")
+        .await;
+    let previews = format!("/api/rooms/{room}/previews");
+    let mut open = Vec::new();
+    for app_port in [8000, 8001] {
+        let body = format!(r#"{{"port":{app_port},"visibility":"room","ttl_s":3600}}"#);
+        let (status, p) = post(server, &t.ana, &previews, &body).await;
+        assert_eq!(status, 201, "{p}");
+        let id = p["id"].as_str().unwrap();
+        let (_, opened) = post(server, &t.ana, &format!("{previews}/{id}/open"), "{}").await;
+        let cookie = trade(port, opened["url"].as_str().unwrap()).await;
+        let mut r = get(port, p["url"].as_str().unwrap(), Some(&cookie)).await;
+        for _ in 0..200 {
+            if r.status == 200 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            r = get(port, p["url"].as_str().unwrap(), Some(&cookie)).await;
+        }
+        assert_eq!(r.status, 200, "{}", r.body);
+        open.push((p["url"].as_str().unwrap().to_owned(), cookie));
+    }
+    let (big, big_cookie) = open[0].clone();
+    let (other, other_cookie) = open[1].clone();
+
+    // The slow reader: 200 MB, with long pauses in which it reads nothing at all.
+    let host = big
+        .split_once("://")
+        .unwrap()
+        .1
+        .trim_end_matches('/')
+        .to_owned();
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let mut tcp = tokio::io::BufReader::new(tcp);
+    tcp.get_mut()
+        .write_all(
+            format!("GET /big?n={SIZE} HTTP/1.1\r\nHost: {host}\r\nCookie: {big_cookie}\r\n\r\n")
+                .as_bytes(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(head_of(&mut tcp).await, (200, SIZE));
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut pauses = 0;
+    let mut next_pause = 1 << 20;
+    while got < SIZE {
+        let n = tokio::time::timeout(Duration::from_secs(60), tcp.read(&mut buf))
+            .await
+            .expect("the download stalled")
+            .unwrap();
+        assert!(n > 0, "the download was cut at {got} bytes");
+        // Every byte is the app's: the pattern continues where it left off.
+        for (i, b) in buf[..n].iter().enumerate() {
+            assert_eq!(usize::from(*b), (got + i) % 256, "byte {}", got + i);
+        }
+        got += n;
+        if got >= next_pause {
+            // Paused: the preview's window fills. Meanwhile the other preview answers, page
+            // and all, every time.
+            next_pause += 50 << 20;
+            pauses += 1;
+            for _ in 0..3 {
+                let r = tokio::time::timeout(
+                    Duration::from_secs(20),
+                    get(port, &other, Some(&other_cookie)),
+                )
+                .await
+                .expect("the other preview stalled behind the slow reader");
+                assert_eq!(r.status, 200, "{}", r.body);
+                assert!(r.body.contains("app saw cookies"), "{}", r.body);
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    }
+    assert_eq!(got, SIZE);
+    assert!(pauses >= 4);
     drop(term);
 }

@@ -125,6 +125,22 @@ export interface Receipt {
 }
 export interface Deletion { deletion_id?: string, state?: string, receipt: Receipt }
 
+/** A port of the room's sandbox served on the preview origin. */
+export interface Preview {
+  id: string
+  port: number
+  visibility: 'room' | 'public'
+  state: 'active' | 'pending_approval' | 'expired' | 'revoked'
+  approval_id: string | null
+  ttl_ms: number
+  created_by: string
+  created_at: number
+  expires_at: number
+  hits: number
+  /** The preview's address (a room preview's needs a one-time link from `openPreview`). */
+  url: string | null
+}
+
 export class ApiError extends Error {
   constructor (readonly status: number, message: string) {
     super(message)
@@ -215,6 +231,12 @@ export const api = {
   setEgress: (id: string, p: { allow: string[], presets: string[] }) => call<Egress>('PUT', `/api/rooms/${id}/egress`, p),
   allowEgress: (id: string, rule: string, approval_id?: string) =>
     call<Egress & Gated>('POST', `/api/rooms/${id}/egress/allow`, approval_id ? { rule, approval_id } : { rule }),
+  previews: (id: string) => call<Preview[]>('GET', `/api/rooms/${id}/previews`),
+  createPreview: (id: string, p: { port: number, visibility: 'room' | 'public', ttl_s: number }) =>
+    call<Preview>('POST', `/api/rooms/${id}/previews`, p),
+  openPreview: (id: string, pid: string) => call<{ url: string, state: string }>('POST', `/api/rooms/${id}/previews/${pid}/open`, {}),
+  revokePreview: (id: string, pid: string) => call<void>('DELETE', `/api/rooms/${id}/previews/${pid}`),
+  ports: (id: string) => call<{ running: boolean, listening: number[] }>('GET', `/api/rooms/${id}/sandbox/ports`),
   repos: (id: string) => call<Repo[]>('GET', `/api/rooms/${id}/repos`),
   connectRepo: (id: string, r: { url: string, branch: string, secret: string | null, access: string, path?: string }) =>
     call<Repo & { skipped: string[] }>('POST', `/api/rooms/${id}/repos`, r),

@@ -20,6 +20,8 @@ export interface Abilities {
   export: boolean
   /** Add and remove the room's secrets. */
   addSecret: boolean
+  /** Serve a port of the sandbox as a preview (public ones also need someone's approval). */
+  publish: boolean
   /** Capabilities this person could grant to another (only what they hold themselves). */
   grantable: Capability[]
   /** Roles this person could invite with (never more than they hold). */
@@ -38,6 +40,7 @@ export function abilities (mine: readonly Capability[]): Abilities {
     delete: has('delete'),
     export: has('export'),
     addSecret: has('add_secret'),
+    publish: has('publish'),
     grantable: mine.filter((c) => c !== 'observe'),
     inviteRoles: has('invite') ? Object.keys(ROLES).filter((r) => ROLES[r].every(has)) : [],
   }

@@ -27,12 +27,14 @@ use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// Longest a preview may live.
 const MAX_TTL_S: i64 = 7 * 24 * 3600;
+/// Shortest.
+const MIN_TTL_S: i64 = 10;
 /// Previews one room may hold (revoked and expired ones included, until the room goes).
 const MAX_PREVIEWS: usize = 50;
 /// A one-time link's life.
@@ -47,6 +49,8 @@ const COOKIE: &str = "coderoom_preview";
 const TOKEN_PARAM: &str = "coderoom_preview_token";
 /// How often an open WebSocket of a room preview checks its viewer may still observe.
 const RECHECK: Duration = Duration::from_secs(1);
+/// How often the requests previews answered are written to their counters.
+const HITS_EVERY: Duration = Duration::from_secs(5);
 
 /// Where previews are served: `scheme://{id}.<suffix>:<port>`.
 #[derive(Debug, Clone)]
@@ -88,6 +92,27 @@ impl PreviewOrigin {
         })
     }
 
+    /// The preview cookie's scope. Where browsers take `Secure` (https, and `*.localhost`,
+    /// which they count as secure) it is partitioned by the top-level site: sent to a
+    /// preview framed by the room's pane and to one opened in its own tab, never when another
+    /// site frames or posts to it. Elsewhere (plain http) it is `SameSite=Lax`, and the pane
+    /// cannot hold it: the preview opens in its own tab.
+    fn cookie_scope(&self) -> &'static str {
+        if self.scheme == "https"
+            || self.suffix == "localhost"
+            || self.suffix.ends_with(".localhost")
+        {
+            "SameSite=None; Secure; Partitioned"
+        } else {
+            "SameSite=Lax"
+        }
+    }
+
+    /// Every preview's origin as a CSP source (`http://*.preview.localhost:8081`).
+    pub(crate) fn frame_source(&self) -> String {
+        format!("{}://*.{}{}", self.scheme, self.suffix, self.port)
+    }
+
     /// The port in `--preview-url`, if it names one.
     pub(crate) fn port(&self) -> Option<u16> {
         self.port.strip_prefix(':').and_then(|p| p.parse().ok())
@@ -109,11 +134,88 @@ impl PreviewOrigin {
     }
 }
 
-/// What the preview origin holds in memory: one-time tokens, viewers' sessions, and each open
-/// preview's cancellation (revoking one ends its connections).
+/// Bounds on each public preview (`--preview-rate`, `--preview-bandwidth`).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PreviewLimits {
+    /// Requests per second (a burst of ten times that).
+    pub rate: u32,
+    /// Bytes per second, both directions and all viewers together (a burst of one second's).
+    pub bandwidth: u64,
+}
+
+impl Default for PreviewLimits {
+    fn default() -> Self {
+        PreviewLimits {
+            rate: 20,
+            bandwidth: 5_000_000,
+        }
+    }
+}
+
+/// A token bucket: `rate` tokens a second, holding at most `burst`.
+pub(crate) struct Bucket {
+    rate: f64,
+    burst: f64,
+    /// Tokens (negative: owed by those already let through) and when they were counted.
+    level: Mutex<(f64, tokio::time::Instant)>,
+}
+
+impl Bucket {
+    fn new(rate: f64, burst: f64) -> Bucket {
+        Bucket {
+            rate: rate.max(1.0),
+            burst: burst.max(1.0),
+            level: Mutex::new((burst.max(1.0), tokio::time::Instant::now())),
+        }
+    }
+
+    fn refilled(&self) -> std::sync::MutexGuard<'_, (f64, tokio::time::Instant)> {
+        let mut l = lock(&self.level);
+        let now = tokio::time::Instant::now();
+        l.0 = (l.0 + now.duration_since(l.1).as_secs_f64() * self.rate).min(self.burst);
+        l.1 = now;
+        l
+    }
+
+    /// Takes one token if there is one, else says how long until there is.
+    fn try_take(&self) -> Result<(), Duration> {
+        let mut l = self.refilled();
+        if l.0 >= 1.0 {
+            l.0 -= 1.0;
+            Ok(())
+        } else {
+            Err(Duration::from_secs_f64((1.0 - l.0) / self.rate))
+        }
+    }
+
+    /// Takes `n` tokens, going into debt: how long the taker waits before using them (so
+    /// concurrent takers share the rate in the order they came).
+    fn reserve(&self, n: usize) -> Duration {
+        let mut l = self.refilled();
+        l.0 -= n as f64;
+        if l.0 >= 0.0 {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64(-l.0 / self.rate)
+        }
+    }
+}
+
+/// A public preview's bounds as they stand.
+struct Meters {
+    requests: Bucket,
+    bytes: Arc<Bucket>,
+}
+
+/// What the preview origin holds in memory: one-time tokens, viewers' sessions, each open
+/// preview's cancellation (revoking one ends its connections), public previews' meters and
+/// the requests answered since the counters were last written.
 #[derive(Default)]
 pub(crate) struct Previews {
     pub origin: Option<PreviewOrigin>,
+    limits: PreviewLimits,
+    meters: Mutex<HashMap<String, Arc<Meters>>>,
+    hits: Mutex<HashMap<String, i64>>,
     /// Token hash -> (preview, user, expires).
     tokens: Mutex<HashMap<String, (String, String, i64)>>,
     /// Session hash -> (preview, user, expires).
@@ -126,18 +228,47 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Previews {
-    pub(crate) fn new(origin: Option<PreviewOrigin>) -> Previews {
+    pub(crate) fn new(origin: Option<PreviewOrigin>, limits: PreviewLimits) -> Previews {
         Previews {
             origin,
+            limits,
             ..Previews::default()
         }
     }
 
-    /// The token that ends preview `id`'s connections.
-    fn cancel_of(&self, id: &str) -> CancellationToken {
-        lock(&self.cancels)
+    /// The token that ends preview `id`'s connections: when it is revoked, and by itself at
+    /// `expires_at`.
+    fn cancel_of(&self, id: &str, expires_at: i64, now: i64) -> CancellationToken {
+        let mut cancels = lock(&self.cancels);
+        if let Some(c) = cancels.get(id) {
+            return c.clone();
+        }
+        let c = CancellationToken::new();
+        cancels.insert(id.to_owned(), c.clone());
+        let timer = c.clone();
+        let left = Duration::from_millis(u64::try_from(expires_at - now).unwrap_or(0));
+        tokio::spawn(async move {
+            tokio::select! {
+                () = tokio::time::sleep(left) => timer.cancel(),
+                () = timer.cancelled() => {}
+            }
+        });
+        c
+    }
+
+    /// A public preview's meters.
+    fn meters_of(&self, id: &str) -> Arc<Meters> {
+        let l = self.limits;
+        lock(&self.meters)
             .entry(id.to_owned())
-            .or_default()
+            .or_insert_with(|| {
+                let rate = f64::from(l.rate);
+                let bandwidth = l.bandwidth as f64;
+                Arc::new(Meters {
+                    requests: Bucket::new(rate, rate * 10.0),
+                    bytes: Arc::new(Bucket::new(bandwidth, bandwidth)),
+                })
+            })
             .clone()
     }
 
@@ -146,6 +277,30 @@ impl Previews {
             c.cancel();
         }
         lock(&self.sessions).retain(|_, (p, _, _)| p != id);
+        lock(&self.meters).remove(id);
+    }
+
+    fn hit(&self, id: &str) {
+        *lock(&self.hits).entry(id.to_owned()).or_default() += 1;
+    }
+
+    /// Requests answered and not yet written.
+    fn unwritten_hits(&self, id: &str) -> i64 {
+        lock(&self.hits).get(id).copied().unwrap_or(0)
+    }
+
+    /// Writes the counted requests; what cannot be written now is counted again.
+    async fn write_hits(&self, store: &crate::store::Store) {
+        let taken: Vec<(String, i64)> = lock(&self.hits).drain().collect();
+        if taken.is_empty() {
+            return;
+        }
+        if store.add_preview_hits(&taken).await.is_err() {
+            let mut hits = lock(&self.hits);
+            for (id, n) in taken {
+                *hits.entry(id).or_default() += n;
+            }
+        }
     }
 
     fn issue(
@@ -184,6 +339,7 @@ fn standing(p: &PreviewRow, now: i64) -> &'static str {
 
 fn view(app: &AppState, p: &PreviewRow) -> Value {
     let mut v = json!(p);
+    v["hits"] = json!(p.hits + app.previews.unwritten_hits(&p.id));
     v["state"] = json!(standing(p, app.clock.now_ms()));
     v["url"] = json!(app.previews.origin.as_ref().map(|o| o.url(&p.id)));
     v
@@ -197,6 +353,33 @@ pub(crate) fn routes() -> Router<AppState> {
             axum::routing::delete(revoke),
         )
         .route("/api/rooms/{id}/previews/{pid}/open", post(open))
+        .route("/api/rooms/{id}/sandbox/ports", get(ports))
+}
+
+/// `GET /api/rooms/{id}/sandbox/ports`: `{"running", "listening": [port, ...]}`, the TCP ports
+/// something in the room's sandbox listens on (any participant). It neither starts a stopped
+/// sandbox nor keeps a running one from its idle stop.
+async fn ports(
+    State(app): State<AppState>,
+    user: AuthUser,
+    Ids(room_id): Ids<RoomId>,
+) -> Result<Json<Value>, ApiError> {
+    room_capabilities(&app, &room_id, &user).await?;
+    let op = coderoom_sandbox::proto::Op::Listening;
+    match app
+        .sandboxes
+        .peek(room_id.as_str(), op, Duration::from_secs(5))
+        .await
+    {
+        Ok(coderoom_sandbox::proto::Reply::Listening(ports)) => {
+            Ok(Json(json!({ "running": true, "listening": ports })))
+        }
+        Err(crate::sandbox::SandboxError::Stopped) => {
+            Ok(Json(json!({ "running": false, "listening": [] })))
+        }
+        Ok(_) => Err(ApiError::Internal),
+        Err(e) => Err(e.into()),
+    }
 }
 
 #[derive(Deserialize)]
@@ -223,9 +406,9 @@ async fn create(
             "port must be a port a program inside listens on",
         ));
     }
-    if !(60..=MAX_TTL_S).contains(&body.ttl_s) {
+    if !(MIN_TTL_S..=MAX_TTL_S).contains(&body.ttl_s) {
         return Err(ApiError::BadRequest(
-            "ttl_s must be from 60 to 604800 (a week)",
+            "ttl_s must be from 10 to 604800 (a week)",
         ));
     }
     let public = match body.visibility.as_str() {
@@ -241,7 +424,10 @@ async fn create(
             approval: None,
         };
         match crate::http::approvals::ask(&app, &room_id, &user, action, details.clone()).await? {
-            crate::http::approvals::Asked::Pending(id) => (user.id.clone(), Some(id)),
+            crate::http::approvals::Asked::Pending(id) => {
+                tell_approvers(&app, &room_id, &user, body.port, body.ttl_s).await?;
+                (user.id.clone(), Some(id))
+            }
             // Never without an approval; kept total for the type.
             crate::http::approvals::Asked::Allowed { proof, .. } => {
                 (proof.actor().to_owned(), None)
@@ -282,6 +468,7 @@ async fn create(
         created_by: actor.clone(),
         created_at: now,
         expires_at: now + body.ttl_s * 1000,
+        hits: 0,
     };
     let mut details = details;
     details["id"] = json!(row.id);
@@ -298,6 +485,57 @@ async fn create(
         )
         .await?;
     Ok((StatusCode::CREATED, Json(view(&app, &row))))
+}
+
+/// Mails everyone who may approve a public preview (the requester aside) that one waits for
+/// them; the room shows it in its Approvals and Previews panels.
+async fn tell_approvers(
+    app: &AppState,
+    room_id: &RoomId,
+    requester: &AuthUser,
+    port: u16,
+    ttl_s: i64,
+) -> Result<(), ApiError> {
+    let state = app.store.room_state(room_id).await?;
+    let name = app
+        .store
+        .room(room_id)
+        .await?
+        .map(|r| r.name)
+        .unwrap_or_default();
+    let now = app.clock.now_ms();
+    let link = format!("{}/rooms/{room_id}", app.public_origin);
+    for p in app.store.participants(room_id).await? {
+        let may = state
+            .capabilities_of(&p.user_id, now)
+            .contains(Capability::Approve);
+        if p.user_id == requester.id || !may {
+            continue;
+        }
+        app.mailer.send(crate::accounts::mail::Mail {
+            to: p.email,
+            subject: "A public preview waits for your approval".into(),
+            body: format!(
+                "{} asks to make port {port} of the room \"{name}\" public for {}\r\n\
+                 (anyone with its link could open it).\r\n\r\n\
+                 Approve or deny it in the room: {link}\r\n",
+                requester.email,
+                human_span(ttl_s),
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// `3600` -> "1 hour", and so on, for mails and pages.
+fn human_span(s: i64) -> String {
+    let (n, unit) = match s {
+        s if s % 86_400 == 0 => (s / 86_400, "day"),
+        s if s % 3600 == 0 => (s / 3600, "hour"),
+        s if s % 60 == 0 => (s / 60, "minute"),
+        s => (s, "second"),
+    };
+    format!("{n} {unit}{}", if n == 1 { "" } else { "s" })
 }
 
 async fn list(
@@ -462,6 +700,19 @@ fn page(status: StatusCode, text: &str, retry: bool) -> hyper::Response<Body> {
 
 /// Serves the preview origin on `listener` until shutdown.
 pub(crate) fn serve(app: AppState, listener: tokio::net::TcpListener) {
+    let counters = app.clone();
+    tokio::spawn(async move {
+        loop {
+            let stop = tokio::select! {
+                () = counters.shutdown.cancelled() => true,
+                () = tokio::time::sleep(HITS_EVERY) => false,
+            };
+            counters.previews.write_hits(&counters.store).await;
+            if stop {
+                return;
+            }
+        }
+    });
     tokio::spawn(async move {
         loop {
             let tcp = tokio::select! {
@@ -549,6 +800,22 @@ async fn handle(
         }
         _ => {}
     }
+    // A public preview answers at most so many requests a second.
+    let meters = (p.visibility == "public").then(|| app.previews.meters_of(&p.id));
+    if let Some(m) = &meters {
+        if let Err(wait) = m.requests.try_take() {
+            let mut r = page(
+                StatusCode::TOO_MANY_REQUESTS,
+                "This preview is answering too many requests: try again in a moment.",
+                false,
+            );
+            r.headers_mut().insert(
+                hyper::header::RETRY_AFTER,
+                hyper::header::HeaderValue::from(wait.as_secs().max(1)),
+            );
+            return r;
+        }
+    }
     let mut viewer = None;
     if p.visibility == "room" {
         // The one-time token: traded for this origin's own cookie, then gone from the URL.
@@ -589,12 +856,10 @@ async fn handle(
                 format!("{}?{}", req.uri().path(), rest.join("&"))
             };
             let mut r = page(StatusCode::SEE_OTHER, "Opening the preview.", false);
-            let secure = if origin.scheme == "https" {
-                "; Secure"
-            } else {
-                ""
-            };
-            let cookie = format!("{COOKIE}={session}; Path=/; HttpOnly; SameSite=Lax{secure}");
+            let cookie = format!(
+                "{COOKIE}={session}; Path=/; HttpOnly; {}",
+                origin.cookie_scope()
+            );
             if let (Ok(c), Ok(l)) = (
                 hyper::header::HeaderValue::from_str(&cookie),
                 hyper::header::HeaderValue::from_str(&location),
@@ -644,13 +909,15 @@ async fn handle(
                 true,
             )
         }
-        Err(_) => return page(
-            StatusCode::BAD_GATEWAY,
-            &format!(
+        Err(_) => {
+            return page(
+                StatusCode::BAD_GATEWAY,
+                &format!(
                 "Nothing listens on port {port} in the room yet. This page tries again by itself."
             ),
-            true,
-        ),
+                true,
+            )
+        }
     };
     let Ok((mut sender, connection)) = hyper::client::conn::http1::handshake::<
         _,
@@ -660,7 +927,8 @@ async fn handle(
     else {
         return page(StatusCode::BAD_GATEWAY, "The app did not answer.", true);
     };
-    let cancel = app.previews.cancel_of(&p.id);
+    app.previews.hit(&p.id);
+    let cancel = app.previews.cancel_of(&p.id, p.expires_at, now);
     let watched = cancel.clone();
     tokio::spawn(async move {
         tokio::select! {
@@ -700,9 +968,11 @@ async fn handle(
             )
         }
     };
+    let bytes = meters.map(|m| m.bytes.clone());
     if let (Some(client_side), StatusCode::SWITCHING_PROTOCOLS) = (upgrade, resp.status()) {
         let app_side = hyper::upgrade::on(&mut resp);
         let (app2, room, cancel) = (app.clone(), p.room_id.clone(), cancel.clone());
+        let bytes = bytes.clone();
         tokio::spawn(async move {
             let (Ok(a), Ok(b)) = (client_side.await, app_side.await) else {
                 return;
@@ -724,7 +994,7 @@ async fn handle(
                 }
             };
             tokio::select! {
-                _ = tokio::io::copy_bidirectional(&mut a, &mut b) => {}
+                () = splice(&mut a, &mut b, bytes) => {}
                 () = cancel.cancelled() => {}
                 () = watch => {}
             }
@@ -755,22 +1025,78 @@ async fn handle(
         "referrer-policy",
         hyper::header::HeaderValue::from_static("no-referrer"),
     );
+    if p.visibility == "room" {
+        // A room preview may be framed by the room (its preview pane), by nobody else.
+        if let Ok(v) = hyper::header::HeaderValue::from_str(&format!(
+            "frame-ancestors 'self' {}",
+            app.public_origin
+        )) {
+            h.append(hyper::header::CONTENT_SECURITY_POLICY, v);
+        }
+    }
     let (parts, body) = resp.into_parts();
-    let body = Cancellable {
+    let body = Guarded {
         inner: body,
         cancel: Box::pin(cancel.cancelled_owned()),
+        bytes,
+        held: None,
     };
     hyper::Response::from_parts(parts, body.boxed())
 }
 
-/// A response body that fails (the connection is cut, not ended cleanly) when its preview is
-/// revoked.
-struct Cancellable<B> {
-    inner: B,
-    cancel: std::pin::Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+/// Carries bytes both ways between a viewer's upgraded connection and the app's until either
+/// side ends; `bytes` (a public preview's bandwidth) paces both directions.
+async fn splice<A, B>(a: &mut A, b: &mut B, bytes: Option<Arc<Bucket>>)
+where
+    A: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    B: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let Some(bytes) = bytes else {
+        let _ = tokio::io::copy_bidirectional(a, b).await;
+        return;
+    };
+    let (mut ar, mut aw) = tokio::io::split(a);
+    let (mut br, mut bw) = tokio::io::split(b);
+    tokio::select! {
+        () = paced(&mut ar, &mut bw, &bytes) => {}
+        () = paced(&mut br, &mut aw, &bytes) => {}
+    }
 }
 
-impl<B> hyper::body::Body for Cancellable<B>
+/// Copies `from` to `to`, waiting as `bytes` says after each read.
+async fn paced<R, W>(from: &mut R, to: &mut W, bytes: &Bucket)
+where
+    R: tokio::io::AsyncRead + Unpin,
+    W: tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        tokio::time::sleep(bytes.reserve(n)).await;
+        if to.write_all(&buf[..n]).await.is_err() || to.flush().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A response body that fails (the connection is cut, not ended cleanly) when its preview is
+/// revoked or expires, and is paced by a public preview's bandwidth.
+struct Guarded<B> {
+    inner: B,
+    cancel: std::pin::Pin<Box<tokio_util::sync::WaitForCancellationFutureOwned>>,
+    bytes: Option<Arc<Bucket>>,
+    /// A frame waiting for its turn.
+    held: Option<(
+        hyper::body::Frame<Bytes>,
+        std::pin::Pin<Box<tokio::time::Sleep>>,
+    )>,
+}
+
+impl<B> hyper::body::Body for Guarded<B>
 where
     B: hyper::body::Body<Data = Bytes, Error = hyper::Error> + Unpin,
 {
@@ -781,11 +1107,35 @@ where
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, BoxError>>> {
+        use std::future::Future;
+        use std::task::Poll;
         if std::future::Future::poll(self.cancel.as_mut(), cx).is_ready() {
-            return std::task::Poll::Ready(Some(Err("the preview was revoked".into())));
+            return Poll::Ready(Some(Err("the preview was revoked or expired".into())));
         }
-        std::pin::Pin::new(&mut self.inner)
-            .poll_frame(cx)
-            .map_err(|e| -> BoxError { Box::new(e) })
+        if let Some((_, wait)) = self.held.as_mut() {
+            if wait.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            return Poll::Ready(self.held.take().map(|(frame, _)| Ok(frame)));
+        }
+        let frame = match std::pin::Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Ready(Some(Ok(frame))) => frame,
+            Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(Box::new(e) as BoxError))),
+            Poll::Ready(None) => return Poll::Ready(None),
+            Poll::Pending => return Poll::Pending,
+        };
+        let wait = match (&self.bytes, frame.data_ref()) {
+            (Some(bytes), Some(data)) => bytes.reserve(data.len()),
+            _ => Duration::ZERO,
+        };
+        if wait.is_zero() {
+            return Poll::Ready(Some(Ok(frame)));
+        }
+        let mut sleep = Box::pin(tokio::time::sleep(wait));
+        if sleep.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Some(Ok(frame)));
+        }
+        self.held = Some((frame, sleep));
+        Poll::Pending
     }
 }

@@ -143,7 +143,13 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         vault,
         checkpoint_locks: Arc::default(),
         egress: egress.clone(),
-        previews: Arc::new(crate::http::previews::Previews::new(preview_origin)),
+        previews: Arc::new(crate::http::previews::Previews::new(
+            preview_origin,
+            crate::http::previews::PreviewLimits {
+                rate: args.preview_rate,
+                bandwidth: args.preview_bandwidth,
+            },
+        )),
     };
     // Deletions a crash interrupted are finished before anything else touches those rooms.
     deletion::resume(&state).await?;

@@ -77,9 +77,13 @@ pub(crate) async fn fallback(State(app): State<AppState>, method: Method, uri: U
     let h = res.headers_mut();
     // The origin was validated at start; should it still not make a header, the policy stays
     // strict without the WebSocket source rather than being left out.
-    let csp = HeaderValue::from_str(&csp(&app.public_origin)).unwrap_or_else(|_| {
-        HeaderValue::from_static("default-src 'self'; object-src 'none'; frame-ancestors 'none'")
-    });
+    let frames = app.previews.origin.as_ref().map(|o| o.frame_source());
+    let csp =
+        HeaderValue::from_str(&csp(&app.public_origin, frames.as_deref())).unwrap_or_else(|_| {
+            HeaderValue::from_static(
+                "default-src 'self'; object-src 'none'; frame-ancestors 'none'",
+            )
+        });
     h.insert(header::CONTENT_SECURITY_POLICY, csp);
     h.insert(
         header::X_CONTENT_TYPE_OPTIONS,
@@ -94,15 +98,18 @@ pub(crate) async fn fallback(State(app): State<AppState>, method: Method, uri: U
 }
 
 /// Scripts, connections and everything else from this origin only (plus its WebSocket form);
-/// inline styles are allowed because CodeMirror and xterm.js set them.
-fn csp(public_origin: &str) -> String {
+/// inline styles are allowed because CodeMirror and xterm.js set them. Frames: only previews
+/// (`frames`, the preview origin's wildcard), for the preview pane.
+fn csp(public_origin: &str, frames: Option<&str>) -> String {
     let ws = public_origin
         .replacen("https://", "wss://", 1)
         .replacen("http://", "ws://", 1);
+    let frames = frames.unwrap_or("'none'");
     format!(
         "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; \
          img-src 'self' data:; font-src 'self' data:; connect-src 'self' {ws}; \
-         object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+         frame-src {frames}; object-src 'none'; base-uri 'none'; form-action 'self'; \
+         frame-ancestors 'none'"
     )
 }
 
@@ -118,8 +125,14 @@ mod tests {
         );
         assert_eq!(mime("index.html"), "text/html; charset=utf-8");
         assert_eq!(mime("weird"), "application/octet-stream");
-        let p = csp("https://rooms.example.com");
+        let p = csp("https://rooms.example.com", None);
         assert!(p.contains("connect-src 'self' wss://rooms.example.com;"));
+        assert!(p.contains("frame-src 'none';"));
+        let p = csp(
+            "https://rooms.example.com",
+            Some("https://*.preview.example.net"),
+        );
+        assert!(p.contains("frame-src https://*.preview.example.net;"));
         assert!(p.contains("script-src 'self';"));
         assert!(p.contains("frame-ancestors 'none'"));
     }

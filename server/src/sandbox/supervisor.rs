@@ -197,6 +197,9 @@ enum Cmd {
     Op {
         op: Op,
         within: Duration,
+        /// Only where the sandbox runs already, and not counted as use (the idle timer is
+        /// left alone): a look that must neither start nor keep alive a sandbox.
+        peek: bool,
         reply: oneshot::Sender<Result<Reply, SandboxError>>,
     },
     Status {
@@ -485,10 +488,32 @@ impl Sandboxes {
         op: Op,
         within: Duration,
     ) -> Result<Reply, SandboxError> {
+        self.run_op(room_id, op, within, false).await
+    }
+
+    /// Runs a typed operation where the room's sandbox is running already (else
+    /// [`SandboxError::Stopped`]), without counting it as use.
+    pub(crate) async fn peek(
+        &self,
+        room_id: &str,
+        op: Op,
+        within: Duration,
+    ) -> Result<Reply, SandboxError> {
+        self.run_op(room_id, op, within, true).await
+    }
+
+    async fn run_op(
+        &self,
+        room_id: &str,
+        op: Op,
+        within: Duration,
+        peek: bool,
+    ) -> Result<Reply, SandboxError> {
         let op = Arc::new(op);
         self.ask(room_id, |reply| Cmd::Op {
             op: (*op).clone(),
             within,
+            peek,
             reply,
         })
         .await?
@@ -830,15 +855,27 @@ impl Actor {
                     let _ = reply.send(r);
                 });
             }
-            Cmd::Op { op, within, reply } => {
-                let sandbox = match self.ensure_running("first use").await {
+            Cmd::Op {
+                op,
+                within,
+                peek,
+                reply,
+            } => {
+                let sandbox = match (&self.life, peek) {
+                    (Life::Running { sandbox, .. }, true) => Ok(sandbox.clone()),
+                    (_, true) => Err(SandboxError::Stopped),
+                    (_, false) => self.ensure_running("first use").await,
+                };
+                let sandbox = match sandbox {
                     Ok(s) => s,
                     Err(e) => {
                         let _ = reply.send(Err(e));
                         return;
                     }
                 };
-                self.touch().await;
+                if !peek {
+                    self.touch().await;
+                }
                 tokio::spawn(async move {
                     let r = sandbox.call(op, within).await.map_err(SandboxError::from);
                     let _ = reply.send(r);

@@ -18,6 +18,8 @@ pub(crate) struct PreviewRow {
     pub created_by: String,
     pub created_at: i64,
     pub expires_at: i64,
+    /// Requests answered (those not yet written are added by the edge when it lists).
+    pub hits: i64,
 }
 
 fn row_of(r: &sqlx::any::AnyRow) -> Result<PreviewRow, StoreError> {
@@ -32,17 +34,21 @@ fn row_of(r: &sqlx::any::AnyRow) -> Result<PreviewRow, StoreError> {
         created_by: r.try_get("created_by")?,
         created_at: r.try_get("created_at")?,
         expires_at: r.try_get("expires_at")?,
+        hits: r.try_get("hits")?,
     })
 }
 
 const COLUMNS: &str =
     "id, room_id, port, visibility, state, approval_id, ttl_ms, created_by, created_at, expires_at";
+/// What is read: the inserted columns and the counter.
+const READ: &str = "id, room_id, port, visibility, state, approval_id, ttl_ms, created_by, \
+                    created_at, expires_at, hits";
 
 impl Store {
     /// The room's previews, newest first.
     pub(crate) async fn previews(&self, room_id: &str) -> Result<Vec<PreviewRow>, StoreError> {
         let rows = sqlx::query(&format!(
-            "SELECT {COLUMNS} FROM previews WHERE room_id = $1 ORDER BY created_at DESC, id"
+            "SELECT {READ} FROM previews WHERE room_id = $1 ORDER BY created_at DESC, id"
         ))
         .bind(room_id)
         .fetch_all(&self.pool)
@@ -52,11 +58,25 @@ impl Store {
 
     /// A preview by its id (whatever its room).
     pub(crate) async fn preview(&self, id: &str) -> Result<Option<PreviewRow>, StoreError> {
-        let row = sqlx::query(&format!("SELECT {COLUMNS} FROM previews WHERE id = $1"))
+        let row = sqlx::query(&format!("SELECT {READ} FROM previews WHERE id = $1"))
             .bind(id)
             .fetch_optional(&self.pool)
             .await?;
         row.as_ref().map(row_of).transpose()
+    }
+
+    /// Adds requests answered to previews' counters (a preview gone meanwhile is skipped).
+    pub(crate) async fn add_preview_hits(&self, hits: &[(String, i64)]) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await?;
+        for (id, n) in hits {
+            sqlx::query("UPDATE previews SET hits = hits + $1 WHERE id = $2")
+                .bind(*n)
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
     }
 }
 

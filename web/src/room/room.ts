@@ -18,6 +18,7 @@ import { checkpointsPanel } from './checkpoints'
 import { secretsPanel } from './secrets'
 import { networkPanel } from './network'
 import { reposPanel } from './repos'
+import { PortWatch, PreviewPane, previewsPanel } from './previews'
 
 /**
  * What this page had when the server said it did not keep our latest changes (a full room, or
@@ -35,9 +36,11 @@ let notKept: {
   at: number
 } | null = null
 
-const PANELS = ['People', 'Approvals', 'Sandbox', 'Checkpoints', 'Secrets', 'Network', 'Repos', 'Audit', 'Room'] as const
+const PANELS = ['People', 'Approvals', 'Sandbox', 'Checkpoints', 'Secrets', 'Network', 'Repos', 'Audit', 'Room', 'Previews'] as const
 type Panel = typeof PANELS[number]
 const POLL_MS = 5000
+/** How often the room looks for newly listening ports. */
+const PORTS_MS = 3000
 const MAC = /Mac|iPhone|iPad/.test(navigator.userAgent)
 
 export function roomPage (app: App, id: string): () => void {
@@ -60,6 +63,8 @@ export function roomPage (app: App, id: string): () => void {
   const connStatus = h('span', { class: 'conn', 'data-testid': 'conn-status', role: 'status' }, 'Connecting…')
   const banner = h('div', { class: 'room-ended', hidden: true, role: 'alert', 'data-testid': 'room-ended' })
   const fullNotice = h('div', { class: 'room-full', hidden: true, role: 'alert', 'data-testid': 'room-full' })
+  const portNotice = h('div', { class: 'port-notice row', hidden: true, role: 'status', 'data-testid': 'port-notice' })
+  const pane = new PreviewPane(id, () => { if (panel === 'Previews') renderSide() })
   const tree = h('ul', { class: 'tree', role: 'tree', 'aria-label': 'Files' })
   const treeTools = h('div', { class: 'tree-tools' })
   const tabs = h('div', { class: 'tabs', role: 'tablist', 'aria-label': 'Open files' })
@@ -70,9 +75,9 @@ export function roomPage (app: App, id: string): () => void {
   const sideBody = h('div', { class: 'side-body' })
   const layout = h('div', { class: 'room' },
     h('aside', { class: 'files' }, h('div', { class: 'panel-head' }, h('h2', null, 'Files'), treeTools), tree),
-    h('section', { class: 'work' }, tabs, editorEl, empty, termEl),
+    h('section', { class: 'work' }, tabs, pane.el, editorEl, empty, termEl),
     h('aside', { class: 'side' }, sideNav, sideBody))
-  replace(app.main, banner, fullNotice, layout)
+  replace(app.main, banner, fullNotice, portNotice, layout)
   title?.append(connStatus)
 
   // The document and its connection.
@@ -151,6 +156,11 @@ export function roomPage (app: App, id: string): () => void {
     renderTabs()
     renderTree()
   }
+  /** A file chosen by this person: it takes the preview pane's place. */
+  const pick = (path: string): void => {
+    if (pane.current) pane.close()
+    openFile(path)
+  }
   const closeTab = (path: string): void => {
     const i = open.indexOf(path)
     if (i >= 0) open.splice(i, 1)
@@ -167,7 +177,7 @@ export function roomPage (app: App, id: string): () => void {
     empty.hidden = active !== null
     editorEl.hidden = active === null
     replace(tabs, open.map((p) => h('div', { class: `tab ${p === active ? 'active' : ''}`, role: 'tab', 'aria-selected': p === active ? 'true' : 'false' },
-      h('button', { type: 'button', class: 'tab-name', onclick: () => openFile(p), title: p }, p.split('/').pop()),
+      h('button', { type: 'button', class: 'tab-name', onclick: () => pick(p), title: p }, p.split('/').pop()),
       h('button', { type: 'button', class: 'tab-x', onclick: () => closeTab(p), 'aria-label': `Close ${p}` }, '×'))))
   }
 
@@ -270,7 +280,7 @@ export function roomPage (app: App, id: string): () => void {
     const del = h('button', { type: 'button', class: 'icon', 'aria-label': `Delete ${n.path}`, title: 'Delete' }, '✕')
     del.addEventListener('click', () => remove(n.path, del))
     return h('li', { role: 'treeitem', class: n.path === active ? 'active' : '' },
-      h('button', { type: 'button', class: 'file', onclick: () => openFile(n.path), 'data-path': n.path }, n.name),
+      h('button', { type: 'button', class: 'file', onclick: () => pick(n.path), 'data-path': n.path }, n.name),
       editable ? h('button', { type: 'button', class: 'icon', 'aria-label': `Rename ${n.path}`, title: 'Rename', onclick: () => rename(n.path) }, '✎') : null,
       editable ? del : null)
   }
@@ -356,7 +366,7 @@ export function roomPage (app: App, id: string): () => void {
   const renderNav = (): void => {
     replace(sideNav, PANELS.map((p, i) => h('button', {
       type: 'button', role: 'tab', class: p === panel ? 'active' : '', 'aria-selected': p === panel ? 'true' : 'false',
-      title: `${p} (Alt+${i + 1})`, onclick: () => { panel = p; renderNav(); renderSide() },
+      title: `${p} (Alt+${(i + 1) % 10})`, onclick: () => { panel = p; renderNav(); renderSide() },
     }, p)))
   }
   let sideSeq = 0
@@ -382,6 +392,7 @@ export function roomPage (app: App, id: string): () => void {
       case 'Repos': later((box) => reposPanel(box, r, me.id, refresh)); break
       case 'Audit': later((box) => auditPanel(box, r, refresh)); break
       case 'Room': roomPanel(sideBody, r, () => Array.from(files.keys()).sort()); break
+      case 'Previews': later((box) => previewsPanel(box, r, me.id, pane, refresh)); break
     }
   }
 
@@ -467,7 +478,7 @@ export function roomPage (app: App, id: string): () => void {
     if (e.type === 'keydown') run()
   }
   /** The page's shortcut for a key, if it is one. `inTerminal`: only those that leave the
-   *  terminal (Alt+E, Alt+1-9); the shell keeps every other key, Ctrl+S and Alt+N/T included. */
+   *  terminal (Alt+E, Alt+0-9); the shell keeps every other key, Ctrl+S and Alt+N/T included. */
   function shortcut (e: KeyboardEvent, inTerminal = false): (() => void) | null {
     // Alt+letter, by the character it gives: where Alt (macOS Option) types a character of
     // its own (é, #, [) it stays a character. On macOS, Ctrl+Option gives the shortcuts (there
@@ -475,7 +486,7 @@ export function roomPage (app: App, id: string): () => void {
     if (e.altKey && !e.metaKey && (MAC || !e.ctrlKey)) {
       const k = /^[a-z0-9]$/i.test(e.key) ? e.key.toLowerCase() : ''
       if (k === 'e') return () => editor.focus()
-      if (/^[1-9]$/.test(k)) return () => { panel = PANELS[Number(k) - 1]; renderNav(); renderSide() }
+      if (/^[0-9]$/.test(k)) return () => { panel = PANELS[(Number(k) + 9) % 10]; renderNav(); renderSide() }
       if (inTerminal) return null
       if (k === 'n') return newFile
       if (k === 't') return () => terminal.focus()
@@ -493,6 +504,25 @@ export function roomPage (app: App, id: string): () => void {
   }
   window.addEventListener('keydown', keys)
   disposers.push(() => window.removeEventListener('keydown', keys))
+
+  // Something started listening in the sandbox: offer its preview.
+  const ports = new PortWatch(id, (port, live) => {
+    const can = abilities(caps)
+    if (ended || (!live && !can.publish)) return
+    const open = live
+      ? action('Open its preview', async () => { portNotice.hidden = true; await pane.show(live) }, { class: 'primary', 'data-testid': 'port-notice-open' })
+      : action('Preview it (room only)', async () => {
+        const p = await api.createPreview(id, { port, visibility: 'room', ttl_s: 8 * 3600 })
+        portNotice.hidden = true
+        await pane.show(p)
+        if (panel === 'Previews') renderSide()
+      }, { class: 'primary', 'data-testid': 'port-notice-open' })
+    replace(portNotice, h('span', null, `Port ${port} is open${live ? '' : ': preview it?'}`), open,
+      action('Dismiss', () => { portNotice.hidden = true }))
+    portNotice.hidden = false
+  })
+  ports.start(PORTS_MS)
+  disposers.push(() => ports.stop())
 
   renderNav()
   void reload()
