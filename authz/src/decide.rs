@@ -117,6 +117,14 @@ pub enum Action {
         /// The approval presented with the request, if any.
         approval: Option<Approval>,
     },
+    /// Run a command in the room's sandbox. Needs `type`; an agent in approval mode also
+    /// someone's approval of exactly that command.
+    RunCommand {
+        /// The command (argv and working directory), canonical JSON.
+        params: String,
+        /// The approval presented with the request, if any.
+        approval: Option<Approval>,
+    },
     /// Approve or deny a pending request.
     DecideApproval {
         /// The request being decided.
@@ -136,7 +144,8 @@ impl Action {
             | Action::AllowEgress { approval, .. }
             | Action::ForcePush { approval, .. }
             | Action::AddSecret { approval, .. }
-            | Action::PublicPreview { approval, .. } => approval.as_ref(),
+            | Action::PublicPreview { approval, .. }
+            | Action::RunCommand { approval, .. } => approval.as_ref(),
             Action::Use(_)
             | Action::CreateInvite { .. }
             | Action::AcceptInvite { .. }
@@ -164,6 +173,7 @@ impl Action {
             Action::ForcePush { .. } => "force_push",
             Action::AddSecret { .. } => "add_secret",
             Action::PublicPreview { .. } => "public_preview",
+            Action::RunCommand { .. } => "run_command",
             Action::DecideApproval { .. } => "decide_approval",
             Action::ConfirmDeletion => "confirm_deletion",
         }
@@ -298,7 +308,7 @@ pub enum Decision {
 /// Decides whether `principal` may perform `action` on the room in `room` at `now`.
 pub fn decide(principal: &Principal, action: &Action, room: &RoomState, now: i64) -> Decision {
     let caps = room.capabilities_of(&principal.user, now);
-    let member = room.participants.contains_key(&principal.user);
+    let member = room.is_member(&principal.user);
     let need = |cap: Capability| -> Result<(), DenyReason> {
         if !member {
             Err(DenyReason::NotParticipant)
@@ -400,6 +410,7 @@ pub fn decide(principal: &Principal, action: &Action, room: &RoomState, now: i64
         Action::AllowEgress { .. } | Action::ForcePush { .. } => need(Capability::Edit),
         Action::AddSecret { .. } => need(Capability::AddSecret),
         Action::PublicPreview { .. } => need(Capability::Publish),
+        Action::RunCommand { .. } => need(Capability::Type),
         Action::DecideApproval { approval } => need(Capability::Approve).and_then(|()| {
             if approval.requester == principal.user {
                 Err(DenyReason::SelfApproval)
@@ -442,6 +453,14 @@ pub fn decide(principal: &Principal, action: &Action, room: &RoomState, now: i64
             approval,
             approval_required: true,
         } => Some((params, approval)),
+        Action::RunCommand { params, approval }
+            if room
+                .agents
+                .get(&principal.user)
+                .is_some_and(|a| a.approval_mode) =>
+        {
+            Some((params, approval))
+        }
         _ => None,
     };
     let mut rested_on = None;
@@ -516,6 +535,7 @@ mod tests {
                 .iter()
                 .map(|(u, r)| ((*u).to_owned(), Participant::with_role(*r)))
                 .collect(),
+            agents: Default::default(),
         }
     }
 

@@ -156,19 +156,92 @@ impl Participant {
     }
 }
 
-/// The authorization-relevant state of one room: its participants by user id.
+/// An agent in a room: a participant sponsored by a person, holding at most what it was given
+/// and, at every moment, no more than its sponsor holds then.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Agent {
+    /// The person who brought it in (a participant's user id).
+    pub sponsor: String,
+    /// What it was given.
+    pub capabilities: CapabilitySet,
+    /// Unix milliseconds from which it holds nothing.
+    pub expires_at: i64,
+    /// Each command it runs waits for someone's approval of exactly that command.
+    pub approval_mode: bool,
+}
+
+/// The authorization-relevant state of one room: its participants and agents by user id.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RoomState {
     /// Participants keyed by user id.
     pub participants: BTreeMap<String, Participant>,
+    /// Agents keyed by their user id (never also participants).
+    pub agents: BTreeMap<String, Agent>,
 }
 
 impl RoomState {
-    /// The capabilities `user` holds at `now` (empty for non-participants).
+    /// The capabilities `user` holds at `now` (empty for non-participants). An agent's are
+    /// what it was given that its sponsor holds now: none once the sponsor is gone or the
+    /// agent has expired. `type` counts only with `edit`, for agents as for people.
     pub fn capabilities_of(&self, user: &str, now: i64) -> CapabilitySet {
-        self.participants
-            .get(user)
-            .map_or(CapabilitySet::EMPTY, |p| p.capabilities(now))
+        if let Some(p) = self.participants.get(user) {
+            return p.capabilities(now);
+        }
+        let Some(a) = self.agents.get(user) else {
+            return CapabilitySet::EMPTY;
+        };
+        if now >= a.expires_at {
+            return CapabilitySet::EMPTY;
+        }
+        let sponsor = self
+            .participants
+            .get(&a.sponsor)
+            .map_or(CapabilitySet::EMPTY, |p| p.capabilities(now));
+        let held = a.capabilities.intersection(sponsor);
+        if held.contains(Capability::Edit) {
+            held
+        } else {
+            held.without(Capability::Type)
+        }
+    }
+
+    /// How long `user` holds `cap`, as of `now`: a participant's own; an agent's the shorter of
+    /// its own life and its sponsor's hold (so it changes whenever the sponsor's does).
+    pub fn until(&self, user: &str, cap: Capability, now: i64) -> Until {
+        if let Some(p) = self.participants.get(user) {
+            return p.until(cap, now);
+        }
+        let Some(a) = self.agents.get(user) else {
+            return Until::Never;
+        };
+        let sponsor = self.participants.get(&a.sponsor);
+        let one = |c: Capability| {
+            let given = if a.capabilities.contains(c) {
+                Until::At(a.expires_at)
+            } else {
+                Until::Never
+            };
+            given.min(sponsor.map_or(Until::Never, |p| p.until(c, now)))
+        };
+        let u = match cap {
+            Capability::Type => one(Capability::Type).min(one(Capability::Edit)),
+            c => one(c),
+        };
+        if u.holds_at(now) {
+            u
+        } else {
+            Until::Never
+        }
+    }
+
+    /// Whether `user` is a participant or an agent of the room.
+    pub fn is_member(&self, user: &str) -> bool {
+        self.participants.contains_key(user) || self.agents.contains_key(user)
+    }
+
+    /// Whether `user` is one of the room's agents.
+    pub fn is_agent(&self, user: &str) -> bool {
+        self.agents.contains_key(user)
     }
 
     /// How many participants hold `cap` at `now`.
@@ -191,6 +264,60 @@ impl RoomState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An agent holds what it was given and its sponsor holds now: never more, less as soon
+    /// as the sponsor has less, nothing once the sponsor is gone or it has expired.
+    #[test]
+    fn an_agent_holds_no_more_than_its_sponsor_now() {
+        let mut state = RoomState::default();
+        state
+            .participants
+            .insert("ana".into(), Participant::with_role(Role::Editor));
+        let given = CapabilitySet::of(&[
+            Capability::Observe,
+            Capability::Edit,
+            Capability::Type,
+            Capability::Publish,
+        ]);
+        state.agents.insert(
+            "bot".into(),
+            Agent {
+                sponsor: "ana".into(),
+                capabilities: given,
+                expires_at: 1_000,
+                approval_mode: false,
+            },
+        );
+        let editor = CapabilitySet::of(&[Capability::Observe, Capability::Edit, Capability::Type]);
+        assert_eq!(state.capabilities_of("bot", 0), editor);
+        // Raising the sponsor gives the agent only what it was given.
+        state
+            .participants
+            .insert("ana".into(), Participant::with_role(Role::Owner));
+        assert_eq!(state.capabilities_of("bot", 0), given);
+        // Lowering the sponsor lowers the agent; type goes with edit.
+        state
+            .participants
+            .insert("ana".into(), Participant::with_role(Role::Viewer));
+        assert_eq!(
+            state.capabilities_of("bot", 0),
+            CapabilitySet::of(&[Capability::Observe])
+        );
+        state
+            .participants
+            .insert("ana".into(), Participant::with_role(Role::Owner));
+        assert_eq!(state.capabilities_of("bot", 999), given);
+        assert_eq!(state.capabilities_of("bot", 1_000), CapabilitySet::EMPTY);
+        state.participants.remove("ana");
+        assert_eq!(state.capabilities_of("bot", 0), CapabilitySet::EMPTY);
+        assert!(state.is_agent("bot") && !state.is_agent("ana"));
+        state
+            .participants
+            .insert("ana".into(), Participant::with_role(Role::Editor));
+        assert_eq!(state.until("bot", Capability::Type, 0), Until::At(1_000));
+        assert_eq!(state.until("bot", Capability::Publish, 0), Until::Never);
+        assert_eq!(state.until("bot", Capability::Edit, 1_000), Until::Never);
+    }
 
     #[test]
     fn until_holds_before_its_expiry_only() {

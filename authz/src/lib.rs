@@ -13,7 +13,7 @@ mod grants;
 pub use decide::{
     decide, Action, Approval, ApprovalRequest, Authorized, Decision, DenyReason, Principal,
 };
-pub use grants::{Grant, Participant, RoomState, Until};
+pub use grants::{Agent, Grant, Participant, RoomState, Until};
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -157,6 +157,12 @@ impl CapabilitySet {
         Capability::ALL
             .into_iter()
             .filter(move |c| self.contains(*c))
+    }
+
+    /// The capabilities in both sets.
+    #[must_use]
+    pub const fn intersection(self, other: CapabilitySet) -> Self {
+        CapabilitySet(self.0 & other.0)
     }
 
     /// Every capability in either set.

@@ -80,6 +80,14 @@ impl Locked<'_> {
         details: serde_json::Value,
         change: Change,
     ) -> Result<Record, StoreError> {
+        // An agent's records name its sponsor too: whoever answers for it.
+        let mut details = details;
+        if let (Some(obj), Some(agent)) = (
+            details.as_object_mut(),
+            self.audit.store.agent(actor).await?,
+        ) {
+            obj.insert("sponsor".into(), serde_json::Value::String(agent.sponsor));
+        }
         let fields = Fields {
             at: self.audit.clock.now_ms(),
             actor: actor.to_owned(),

@@ -4,6 +4,7 @@
 //! `docs/design.md` and the `layers` test).
 
 pub(crate) mod access;
+pub(crate) mod agents;
 pub(crate) mod approvals;
 pub(crate) mod checkpoints;
 pub(crate) mod deletion;
@@ -15,6 +16,7 @@ pub(crate) mod files;
 pub(crate) mod guard;
 pub(crate) mod listener;
 pub(crate) mod login;
+pub(crate) mod mcp;
 pub(crate) mod ops;
 pub(crate) mod previews;
 pub(crate) mod repos;
@@ -54,9 +56,12 @@ pub(crate) fn router(state: AppState) -> Router {
         .merge(egress::routes())
         .merge(repos::routes())
         .merge(previews::routes())
+        .merge(agents::routes())
         .layer(DefaultBodyLimit::max(MAX_API_BODY))
         // File contents are bigger than API bodies.
         .merge(files::routes())
+        // The MCP endpoint reads its own bodies (rmcp caps them).
+        .merge(mcp::routes(&state))
         // The client's assets (a megabyte of JavaScript) go out gzipped to browsers that ask.
         .fallback_service(tower_http::compression::Compression::new(
             axum::handler::Handler::with_state(web::fallback, state.clone()),

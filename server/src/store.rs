@@ -15,6 +15,7 @@ use std::time::Duration;
 use crate::clock::system_now_ms as now_ms;
 
 mod accounts;
+mod agents;
 mod approvals;
 mod audit_log;
 mod changes;
@@ -28,6 +29,7 @@ mod sandboxes;
 mod secrets;
 
 pub(crate) use accounts::{LoginCode, UserRow};
+pub(crate) use agents::{AgentRow, AGENT_DOMAIN};
 pub(crate) use changes::Change;
 pub(crate) use checkpoints::{CheckpointPolicy, CheckpointRow};
 pub(crate) use docs::StoredDoc;

@@ -28,6 +28,18 @@ export interface Room {
   secrets_need_approval?: boolean
   /** The room's secrets by rule (never by value). */
   secret_rules?: { name: string, hosts: string[] }[]
+  /** Agents in the room now. */
+  agents?: AgentInfo[]
+}
+/** An agent: sponsored by a person, holding what it was given that its sponsor holds. */
+export interface AgentInfo {
+  agent_id: string
+  name: string
+  sponsor: string
+  sponsor_email: string
+  capabilities: Capability[]
+  approval_mode: boolean
+  expires_at: number
 }
 export interface CheckpointPolicy {
   every_s: number | null
@@ -231,6 +243,9 @@ export const api = {
   setEgress: (id: string, p: { allow: string[], presets: string[] }) => call<Egress>('PUT', `/api/rooms/${id}/egress`, p),
   allowEgress: (id: string, rule: string, approval_id?: string) =>
     call<Egress & Gated>('POST', `/api/rooms/${id}/egress/allow`, approval_id ? { rule, approval_id } : { rule }),
+  createAgent: (id: string, a: { name: string, capabilities: Capability[], ttl_s: number, approval_mode: boolean }) =>
+    call<AgentInfo & { token: string }>('POST', `/api/rooms/${id}/agents`, a),
+  revokeAgent: (id: string, agent: string) => call<void>('DELETE', `/api/rooms/${id}/agents/${agent}`),
   previews: (id: string) => call<Preview[]>('GET', `/api/rooms/${id}/previews`),
   createPreview: (id: string, p: { port: number, visibility: 'room' | 'public', ttl_s: number }) =>
     call<Preview>('POST', `/api/rooms/${id}/previews`, p),

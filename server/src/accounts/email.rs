@@ -47,6 +47,14 @@ pub(crate) fn canonicalize(input: &str) -> Result<String, InvalidEmail> {
             return Err(InvalidEmail);
         }
     }
+    // `.invalid` never receives mail (RFC 2606); agents' own user rows live there, and no one
+    // may log in as one.
+    if labels
+        .last()
+        .is_some_and(|tld| tld.eq_ignore_ascii_case("invalid"))
+    {
+        return Err(InvalidEmail);
+    }
     Ok(addr.to_ascii_lowercase())
 }
 
@@ -64,6 +72,12 @@ mod tests {
             canonicalize("x@sub.example.co").unwrap(),
             "x@sub.example.co"
         );
+    }
+
+    #[test]
+    fn agents_addresses_are_no_ones() {
+        assert!(canonicalize("agent-0123@agents.invalid").is_err());
+        assert!(canonicalize("x@AGENTS.INVALID").is_err());
     }
 
     #[test]

@@ -62,6 +62,13 @@ pub(crate) fn hash_token(token: &str) -> String {
     hex::encode(Sha256::digest(token.as_bytes()))
 }
 
+/// A new session token (256 random bits): shown once, stored only as its hash.
+pub(crate) fn fresh_token() -> String {
+    let mut raw = [0u8; 32];
+    rand::rngs::OsRng.fill_bytes(&mut raw);
+    format!("{TOKEN_PREFIX}{}", hex::encode(raw))
+}
+
 /// Creates a session for the user, valid for `ttl_s` from `now` (Unix ms), and returns the
 /// token (shown once, never stored).
 pub(crate) async fn issue_token(
@@ -70,9 +77,7 @@ pub(crate) async fn issue_token(
     ttl_s: u64,
     now: i64,
 ) -> Result<String, StoreError> {
-    let mut raw = [0u8; 32];
-    rand::rngs::OsRng.fill_bytes(&mut raw);
-    let token = format!("{TOKEN_PREFIX}{}", hex::encode(raw));
+    let token = fresh_token();
     let ttl_ms = i64::try_from(ttl_s.saturating_mul(1000)).unwrap_or(i64::MAX);
     store
         .insert_session(&hash_token(&token), user_id, now.saturating_add(ttl_ms))

@@ -316,6 +316,8 @@ pub(crate) async fn change_participant(
             },
         )
         .await;
+    let agents = crate::http::agents::sponsored_by(&app, &room_id, &target).await;
+    crate::http::agents::rights_changed(&app, &room_id, &agents).await;
     Ok(Json(Rights {
         capabilities: after.capabilities(now).names(),
         user_id: target.to_string(),
@@ -365,6 +367,8 @@ pub(crate) async fn remove_participant(
             },
         )
         .await;
+    let agents = crate::http::agents::sponsored_by(&app, &room_id, &target).await;
+    crate::http::agents::rights_changed(&app, &room_id, &agents).await;
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -204,6 +204,17 @@ pub(crate) async fn ask(
     }
 }
 
+/// The result of recording an action that spent an approval: a conflict means another request
+/// spent it first, which the caller hears as such.
+pub(crate) fn spent<T>(r: Result<T, StoreError>) -> Result<T, ApiError> {
+    r.map_err(|e| match e {
+        StoreError::Conflict => {
+            ApiError::Denied(coderoom_authz::DenyReason::AlreadyDecided.to_string())
+        }
+        e => e.into(),
+    })
+}
+
 /// Records an action [`gate`] allowed, spending in the same transaction the approval it rested
 /// on (`approval`; empty: none). An approval a concurrent request spent first refuses it.
 pub(crate) async fn record_allowed(

@@ -60,6 +60,11 @@ const STEPS: &[(&str, Option<&str>)] = &[
     // credentials are the secrets above).
     ("repositories", None),
     ("previews", Some("DELETE FROM previews WHERE room_id = $1")),
+    // Agents are users of their own, bound to this room: they go, tokens and all.
+    (
+        "agents",
+        Some("DELETE FROM users WHERE id IN (SELECT user_id FROM agents WHERE room_id = $1)"),
+    ),
     ("room", Some("DELETE FROM rooms WHERE id = $1")),
 ];
 

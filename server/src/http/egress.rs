@@ -139,7 +139,7 @@ pub(crate) struct AllowRule {
 /// `POST /api/rooms/{id}/egress/allow` `{"rule"}`: adds one rule. Holders of `approve` add it
 /// at once; holders of `edit` get `202 {"approval_id", "state": "pending_approval"}` and, once
 /// someone else who holds `approve` agrees, add it by asking again with the `approval_id`.
-async fn allow(
+pub(crate) async fn allow(
     State(app): State<AppState>,
     user: AuthUser,
     Ids(room_id): Ids<RoomId>,
@@ -172,26 +172,19 @@ async fn allow(
     let change = stored(&room_id, &after)?;
     // The approval is spent with the change, in one transaction.
     let change = change.spending(approval);
-    match locked
-        .record(
-            &room_id,
-            proof.actor(),
-            "allow_egress",
-            "allow",
-            "",
-            details,
-            change,
-        )
-        .await
-    {
-        Ok(_) => {}
-        Err(crate::store::StoreError::Conflict) => {
-            return Err(ApiError::Denied(
-                coderoom_authz::DenyReason::AlreadyDecided.to_string(),
-            ))
-        }
-        Err(e) => return Err(e.into()),
-    }
+    crate::http::approvals::spent(
+        locked
+            .record(
+                &room_id,
+                proof.actor(),
+                "allow_egress",
+                "allow",
+                "",
+                details,
+                change,
+            )
+            .await,
+    )?;
     drop(locked);
     Ok(Json(view(&app, &room_id).await).into_response())
 }

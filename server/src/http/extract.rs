@@ -71,6 +71,24 @@ impl FromRequestParts<AppState> for AuthUser {
             .live_session_user(&session_hash, state.clock.now_ms(), SESSION_IDLE_MS)
             .await?
             .ok_or(ApiError::Unauthorized)?;
+        // An agent's token opens its room and nothing else (no other room, no new room).
+        if user
+            .email
+            .ends_with(&format!("@{}", crate::store::AGENT_DOMAIN))
+        {
+            let agent = state
+                .store
+                .agent(&user.id)
+                .await?
+                .filter(|a| a.revoked_at.is_none())
+                .ok_or(ApiError::Unauthorized)?;
+            let own = format!("/api/rooms/{}", agent.room_id);
+            let path = parts.uri.path();
+            let inside = path == own || path.starts_with(&format!("{own}/"));
+            if !inside && path != "/api/me" {
+                return Err(ApiError::Forbidden);
+            }
+        }
         Ok(AuthUser {
             id: user.id,
             email: user.email,

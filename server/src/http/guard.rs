@@ -142,9 +142,11 @@ pub(crate) async fn room_rights(
     cap: Capability,
 ) -> Result<(Rights, CapabilitySet), ApiError> {
     let (state, proof) = observed(app, room_id, user).await?;
-    let p = state.participants.get(&user.id).ok_or(ApiError::NotFound)?;
+    if !state.is_member(&user.id) {
+        return Err(ApiError::NotFound);
+    }
     Ok((
-        Rights::of(p, cap, app.clock.now_ms()),
+        Rights::of_state(&state, &user.id, cap, app.clock.now_ms()),
         proof.actor_capabilities(),
     ))
 }

@@ -390,7 +390,7 @@ pub(crate) struct Create {
     ttl_s: i64,
 }
 
-async fn create(
+pub(crate) async fn create(
     State(app): State<AppState>,
     user: AuthUser,
     Ids(room_id): Ids<RoomId>,
@@ -596,7 +596,7 @@ async fn revoke(
 
 /// `POST .../previews/{pid}/open`: the URL to open: for a room preview with a one-time token
 /// (any member who may observe), for a public one the plain URL.
-async fn open(
+pub(crate) async fn open(
     State(app): State<AppState>,
     user: AuthUser,
     Path((room, pid)): Path<(String, String)>,

@@ -99,11 +99,33 @@ pub(crate) async fn get_room(
                 capabilities: caps.names(),
             }
         })
+        .collect::<Vec<ParticipantView>>();
+    // The live agents, each with its sponsor and what it holds now.
+    let agents = app
+        .store
+        .agents(&id)
+        .await?
+        .into_iter()
+        .filter(|a| a.revoked_at.is_none() && a.expires_at > now)
+        .map(|a| AgentView {
+            sponsor_email: participants
+                .iter()
+                .find(|p| p.user_id == a.sponsor)
+                .map(|p| p.email.clone())
+                .unwrap_or_default(),
+            capabilities: state.capabilities_of(&a.agent_id, now).names(),
+            agent_id: a.agent_id,
+            name: a.name,
+            sponsor: a.sponsor,
+            approval_mode: a.approval_mode,
+            expires_at: a.expires_at,
+        })
         .collect();
     Ok(Json(RoomView {
         id: room.id,
         name: room.name,
         participants,
+        agents,
         my_capabilities: mine.names(),
         repos: Vec::new(),
         secret_rules: app
@@ -135,6 +157,19 @@ pub(crate) async fn get_room(
     }))
 }
 
+/// An agent, as the room shows it.
+#[derive(Serialize)]
+pub(crate) struct AgentView {
+    agent_id: String,
+    name: String,
+    sponsor: String,
+    sponsor_email: String,
+    /// What it holds now (what it was given that its sponsor holds).
+    capabilities: Vec<&'static str>,
+    approval_mode: bool,
+    expires_at: i64,
+}
+
 /// `201` from `POST /api/rooms`.
 #[derive(Serialize)]
 pub(crate) struct Created {
@@ -155,6 +190,8 @@ pub(crate) struct RoomView {
     id: String,
     name: String,
     participants: Vec<ParticipantView>,
+    /// Agents in the room now (see `crate::http::agents`).
+    agents: Vec<AgentView>,
     my_capabilities: Vec<&'static str>,
     // The room manifest: only an authorised, audited change alters it; joining never does.
     // Repositories and budgets come with the features that use them; until then a room has

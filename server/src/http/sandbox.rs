@@ -48,14 +48,44 @@ pub(crate) struct ExecRequest {
     #[serde(default)]
     cwd: String,
     timeout_ms: Option<u64>,
+    /// Where the caller (an agent in approval mode) must have this command approved first.
+    #[serde(default)]
+    pub(crate) approval_id: Option<String>,
 }
 
+/// What became of a command: it ran, or it waits for an approval (its id).
+pub(crate) enum Ran {
+    Done(Executed),
+    Pending(String),
+}
+
+/// `POST /api/rooms/{id}/exec` `{"argv", "cwd"?, "timeout_ms"?, "approval_id"?}`: runs it and
+/// answers how it ended; an agent in approval mode gets `202 {"approval_id", "state":
+/// "pending_approval"}` until someone approves exactly this command (argv and cwd).
 pub(crate) async fn exec(
     State(app): State<AppState>,
     user: AuthUser,
     Ids(room_id): Ids<RoomId>,
     Json(req): Json<ExecRequest>,
-) -> Result<Json<Executed>, ApiError> {
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse as _;
+    Ok(match run(&app, &room_id, &user, req).await? {
+        Ran::Done(out) => Json(out).into_response(),
+        Ran::Pending(id) => (
+            axum::http::StatusCode::ACCEPTED,
+            Json(json!({ "approval_id": id, "state": "pending_approval" })),
+        )
+            .into_response(),
+    })
+}
+
+/// Decides, records and runs a command (see [`exec`]).
+pub(crate) async fn run(
+    app: &AppState,
+    room_id: &RoomId,
+    user: &AuthUser,
+    req: ExecRequest,
+) -> Result<Ran, ApiError> {
     if req.argv.is_empty() || req.argv.len() > MAX_ARGS {
         return Err(ApiError::BadRequest("argv must hold 1 to 1024 arguments"));
     }
@@ -78,25 +108,33 @@ pub(crate) async fn exec(
     // The command line is the user's own content and may hold anything; the audit names the
     // program and the shape, not the arguments.
     let details = json!({ "program": req.argv[0], "args": req.argv.len() - 1, "cwd": req.cwd });
-    let proof = authorize(
-        &app,
-        &room_id,
-        &user,
-        Action::Use(Capability::Type),
-        details.clone(),
-    )
-    .await?;
-    app.audit
-        .record(
-            &room_id,
-            proof.actor(),
-            "exec",
-            "allow",
-            "",
-            details,
-            crate::store::Change::None,
-        )
-        .await?;
+    // The exact command, for an approval (it is shown to whoever decides, and only there).
+    let params = json!({ "argv": req.argv, "cwd": req.cwd }).to_string();
+    let approval =
+        crate::http::approvals::presented(app, room_id, req.approval_id.as_deref()).await?;
+    let action = Action::RunCommand { params, approval };
+    let (proof, approval) =
+        match crate::http::approvals::ask(app, room_id, user, action, details.clone()).await? {
+            crate::http::approvals::Asked::Allowed { proof, approval } => (proof, approval),
+            crate::http::approvals::Asked::Pending(id) => return Ok(Ran::Pending(id)),
+        };
+    let mut details = details;
+    if !approval.is_empty() {
+        details["approval_id"] = json!(approval);
+    }
+    crate::http::approvals::spent(
+        app.audit
+            .record(
+                room_id,
+                proof.actor(),
+                "exec",
+                "allow",
+                "",
+                details,
+                crate::store::Change::None.spending(approval),
+            )
+            .await,
+    )?;
     let op = Op::Exec {
         argv: req.argv,
         cwd: req.cwd,
@@ -107,14 +145,14 @@ pub(crate) async fn exec(
     };
     // The agent enforces the timeout; the extra margin covers a start from a snapshot.
     let within = Duration::from_millis(timeout_ms) + Duration::from_secs(30);
-    match app.sandboxes.op(&room_id, op, within).await? {
+    match app.sandboxes.op(room_id, op, within).await? {
         Reply::Exec {
             exit_code,
             stdout,
             stderr,
             truncated,
             timed_out,
-        } => Ok(Json(Executed {
+        } => Ok(Ran::Done(Executed {
             exit_code,
             stdout: String::from_utf8_lossy(&stdout).into_owned(),
             stderr: String::from_utf8_lossy(&stderr).into_owned(),

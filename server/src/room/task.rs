@@ -14,7 +14,7 @@ use crate::room::outbox::{Class, Outbound, Outbox};
 use crate::room::protocol::Inbound;
 use crate::store::{Change, Store, StoreError, StoredDoc};
 use bytes::Bytes;
-use coderoom_authz::{Capability, Participant, Until};
+use coderoom_authz::{Capability, Participant, RoomState, Until};
 use std::collections::{HashMap, HashSet};
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -169,6 +169,15 @@ impl Rights {
         let observe = p.until(Capability::Observe, now);
         Rights {
             act: p.until(cap, now).min(observe),
+            observe,
+        }
+    }
+
+    /// `user`'s rights in `state` (a participant's or an agent's) to use `cap` and to observe.
+    pub(crate) fn of_state(state: &RoomState, user: &str, cap: Capability, now: i64) -> Self {
+        let observe = state.until(user, Capability::Observe, now);
+        Rights {
+            act: state.until(user, cap, now).min(observe),
             observe,
         }
     }

@@ -172,6 +172,58 @@ impl Visit {
 }
 
 impl Visit {
+    /// Makes file `path` read `content` (made if missing; minimal edits otherwise), leaving
+    /// every other file as it is. `false` when nothing needed changing.
+    pub(crate) async fn write_file(
+        &mut self,
+        path: &str,
+        content: &str,
+    ) -> Result<bool, VisitError> {
+        let mut target = texts_of(&self.doc);
+        target.insert(path.to_owned(), content.to_owned());
+        self.rewrite(&target).await
+    }
+
+    /// Shows this visit in the room's presence at the end of file `path` (a cursor there, as
+    /// editors show one), until it leaves. The room stamps who it is.
+    pub(crate) async fn announce_at(&mut self, path: &str) {
+        let files = self.doc.get_or_insert_map("files");
+        let cursor = {
+            let txn = self.doc.transact();
+            match files.get(&txn, path) {
+                Some(Out::YText(text)) => {
+                    let end = text.len(&txn);
+                    yrs::IndexedSequence::sticky_index(&text, &txn, end, yrs::Assoc::Before)
+                        .and_then(|i| serde_json::to_value(i).ok())
+                }
+                _ => None,
+            }
+        };
+        let state = serde_json::json!({
+            "user": {},
+            "agent": true,
+            "file": path,
+            "cursor": cursor.map(|c| serde_json::json!({ "anchor": c, "head": c })),
+        });
+        let mut clients = std::collections::HashMap::new();
+        clients.insert(
+            self.doc.client_id(),
+            yrs::sync::awareness::AwarenessUpdateEntry {
+                clock: 1,
+                json: state.to_string().into(),
+            },
+        );
+        let _ = self
+            .room
+            .send(RoomCmd::Inbound {
+                conn: self.conn,
+                messages: vec![Inbound::Awareness(yrs::sync::awareness::AwarenessUpdate {
+                    clients,
+                })],
+            })
+            .await;
+    }
+
     /// Leaves the room.
     pub(crate) async fn leave(mut self) {
         self.left = true;

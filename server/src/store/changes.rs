@@ -138,6 +138,17 @@ pub(crate) enum Change {
     },
     /// A preview made.
     CreatePreview(super::PreviewRow),
+    /// An agent brought in, with its token's hash.
+    CreateAgent {
+        agent: super::AgentRow,
+        token_hash: String,
+    },
+    /// An agent ended: revoked, its token gone.
+    RevokeAgent {
+        room_id: String,
+        agent_id: String,
+        now: i64,
+    },
     /// A preview's state (and its expiry: an approved public preview's lifetime starts then).
     SetPreviewState {
         id: String,
@@ -206,6 +217,8 @@ pub(super) async fn apply_change(
                 .bind(user_id)
                 .execute(&mut **tx)
                 .await?;
+            // Their agents go with them.
+            super::agents::revoke(tx, room_id, "sponsor", user_id, *now).await?;
             sqlx::query(
                 "INSERT INTO removals (room_id, user_id, at) VALUES ($1, $2, $3) \
                  ON CONFLICT (room_id, user_id) DO UPDATE SET at = excluded.at",
@@ -365,6 +378,14 @@ pub(super) async fn apply_change(
                 .await?;
         }
         Change::CreatePreview(p) => super::previews::insert(tx, p).await?,
+        Change::CreateAgent { agent, token_hash } => {
+            super::agents::insert(tx, agent, token_hash).await?;
+        }
+        Change::RevokeAgent {
+            room_id,
+            agent_id,
+            now,
+        } => super::agents::revoke(tx, room_id, "user_id", agent_id, *now).await?,
         Change::SetPreviewState {
             id,
             state,

@@ -94,6 +94,7 @@ impl Store {
             )?;
             state.participants.insert(user, p);
         }
+        state.agents = self.live_agents(room_id).await?.into_iter().collect();
         Ok(state)
     }
 

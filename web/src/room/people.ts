@@ -1,7 +1,7 @@
 // The people panel: who is in the room, what they may do, who is online and typing; and the
 // controls to invite, change roles, grant, revoke and remove (shown only to those allowed).
 
-import { api, CAPABILITIES, type Capability, type Room } from '../api'
+import { api, CAPABILITIES, type AgentInfo, type Capability, type Room } from '../api'
 import { abilities, canRemove, settableRoles } from '../caps'
 import { action, copy, h, replace, toast } from '../dom'
 
@@ -96,10 +96,82 @@ export function peoplePanel (el: HTMLElement, s: PeopleState, changed: () => Pro
       h('div', { class: 'chips' }, chips),
       roleSelect || grant || remove ? h('div', { class: 'row' }, roleSelect, grant, remove) : null)
   })
-  // An open invite form (and the link it made) survives redraws.
+  const agents = (s.room.agents ?? []).map((a) => agentRow(a, s, changed))
+  // An open invite or agent form (and the link or token it made) survives redraws.
   const keep = can.invite ? el.querySelector('.invite') : null
+  const keepAgent = can.invite ? el.querySelector('.agent-form') : null
   const head = h('div', { class: 'panel-head' }, h('h2', null, 'People'), can.invite ? inviteButton(el, s) : null)
-  replace(el, head, keep, h('ul', { class: 'people' }, rows))
+  replace(el, head, keep, h('ul', { class: 'people' }, rows),
+    h('div', { class: 'panel-head' }, h('h3', null, 'Agents'), can.invite ? agentButton(el, s, changed) : null),
+    keepAgent,
+    agents.length ? h('ul', { class: 'people' }, agents) : h('p', { class: 'hint' }, 'No agents. An agent works here through MCP, with no more rights than whoever brings it in.'))
+}
+
+function agentRow (a: AgentInfo, s: PeopleState, changed: () => Promise<void>): HTMLElement {
+  const online = s.online.has(a.agent_id)
+  const mayEnd = a.sponsor === s.selfId || abilities(s.room.my_capabilities).revoke
+  return h('li', { class: 'person agent', 'data-testid': `agent-${a.name}` },
+    h('div', { class: 'person-head' },
+      h('span', { class: `dot ${online ? 'on' : 'off'}`, title: online ? 'working in the room' : 'idle', 'aria-label': online ? 'working in the room' : 'idle' }),
+      h('strong', null, a.name), h('span', { class: 'role' }, 'agent'),
+      online ? h('span', { class: 'typing' }, 'editing…') : null),
+    h('div', { class: 'hint' }, `brought in by ${a.sponsor_email || 'someone no longer here'}${a.approval_mode ? '; each command it runs waits for an approval' : ''}`),
+    h('div', { class: 'chips' }, a.capabilities.map((c) => h('span', { class: 'chip' }, c))),
+    mayEnd
+      ? h('div', { class: 'row' }, action('End', async () => {
+        await api.revokeAgent(s.room.id, a.agent_id)
+        toast(`${a.name} is gone from the room`)
+        await changed()
+      }, { class: 'danger small', 'data-testid': `agent-end-${a.name}` }))
+      : null)
+}
+
+function agentButton (panel: HTMLElement, s: PeopleState, changed: () => Promise<void>): HTMLElement {
+  return action('Add an agent…', () => {
+    panel.querySelector('.agent-form')?.remove()
+    const form = agentForm(s, changed)
+    const heads = panel.querySelectorAll('.panel-head')
+    heads[heads.length - 1]?.after(form)
+    ;(form.querySelector('input') as HTMLInputElement | null)?.focus()
+  }, { 'data-testid': 'agent-open' })
+}
+
+function agentForm (s: PeopleState, changed: () => Promise<void>): HTMLElement {
+  const mine = s.room.my_capabilities
+  const name = h('input', { 'aria-label': 'Agent name', placeholder: 'e.g. test-writer', maxlength: 64, 'data-testid': 'agent-name' })
+  const boxes = CAPABILITIES.filter((c) => mine.includes(c)).map((c) => {
+    const box = h('input', { type: 'checkbox', value: c, checked: c === 'observe' || c === 'edit', disabled: c === 'observe', 'data-testid': `agent-cap-${c}` })
+    return h('label', { class: 'row' }, box, c)
+  })
+  const ttl = h('select', { 'aria-label': 'For how long' },
+    h('option', { value: 3600 }, '1 hour'), h('option', { value: 8 * 3600, selected: true }, '8 hours'), h('option', { value: 7 * 86400 }, '7 days'))
+  const careful = h('input', { type: 'checkbox', 'data-testid': 'agent-approval-mode' })
+  const out = h('div', { class: 'stack' })
+  const form = h('form', { class: 'agent-form invite stack' },
+    name, h('div', { class: 'chips' }, boxes),
+    h('label', { class: 'row' }, careful, 'Each command it runs waits for an approval'),
+    h('label', null, 'For ', ttl),
+    h('button', { type: 'submit', class: 'primary', 'data-testid': 'agent-create' }, 'Add the agent'),
+    out)
+  form.addEventListener('submit', async (e) => {
+    e.preventDefault()
+    const caps = boxes.map((b) => b.querySelector('input')!).filter((b) => b.checked).map((b) => b.value as Capability)
+    try {
+      const a = await api.createAgent(s.room.id, { name: name.value.trim(), capabilities: caps, ttl_s: Number(ttl.value), approval_mode: careful.checked })
+      const endpoint = `${location.origin}/api/rooms/${s.room.id}/mcp`
+      const token = h('input', { readonly: true, value: a.token, 'aria-label': 'Agent token', 'data-testid': 'agent-token' })
+      replace(out,
+        h('p', { class: 'hint' }, `Give your agent this MCP endpoint and token (shown once). It holds ${a.capabilities.join(', ')}, never more than you.`),
+        h('code', { class: 'url', 'data-testid': 'agent-endpoint' }, endpoint),
+        h('div', { class: 'row' }, token,
+          action('Copy', async () => { toast(await copy(a.token, token) ? 'Token copied' : 'Select the token and copy it') })))
+      token.select()
+      await changed()
+    } catch (err) {
+      toast((err as Error).message, 'error')
+    }
+  })
+  return form
 }
 
 function inviteButton (panel: HTMLElement, s: PeopleState): HTMLElement {

@@ -421,7 +421,7 @@ export function roomPage (app: App, id: string): () => void {
     if (changed) { renderTree(); renderSide() }
   }
   // What the People panel shows: a change in anything else (sandbox timers) must not redraw it.
-  const shown = (r: Room | null): string => r ? JSON.stringify([r.name, r.participants, r.my_capabilities]) : ''
+  const shown = (r: Room | null): string => r ? JSON.stringify([r.name, r.participants, r.agents, r.my_capabilities]) : ''
   const reload = async (): Promise<void> => {
     if (ended || disposed) return
     const epoch = capsEpoch

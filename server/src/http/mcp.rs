@@ -1,0 +1,789 @@
+//! The MCP endpoint, `/api/rooms/{id}/mcp` (streamable HTTP, stateless, JSON answers; the
+//! `rmcp` crate): an agent (or a person, with a bearer token) works in the room through tools.
+//! Every request is authenticated like any API call (the agent's token opens its room only);
+//! every tool call is decided exactly as the same action by a person (reading needs
+//! `observe`, writing `edit`, running `type`), fails with a message the agent can read, and is
+//! audited (`tool_call`, with the agent's sponsor). Writes go through the room's document, as
+//! a participant: people see the edit arrive live, with the agent in presence and its cursor
+//! where it wrote, and concurrent edits merge.
+
+use crate::http::extract::Ids;
+use crate::http::guard::{authorize, room_capabilities};
+use crate::http::{ApiError, AppState, AuthUser};
+use crate::ids::RoomId;
+use crate::room::visit::{texts_of, Visit};
+use axum::extract::{Request, State};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::{Json, Router};
+use coderoom_authz::{Action, Capability};
+use rmcp::model::{
+    object, CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    ListResourcesResult, ListToolsResult, PaginatedRequestParams, ReadResourceRequestParams,
+    ReadResourceResponse, ReadResourceResult, Resource, ResourceContents, ServerCapabilities,
+    ServerConfig, Tool,
+};
+use rmcp::service::RequestContext;
+use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{ErrorData, RoleServer, ServerHandler};
+use serde_json::{json, Map, Value};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How long an agent stays in presence after an edit (its cursor where it wrote).
+const PRESENT_AFTER_EDIT: Duration = Duration::from_secs(5);
+/// Most matches `search` answers.
+const MAX_MATCHES: usize = 200;
+/// Largest request body.
+const MAX_BODY: usize = 4 << 20;
+/// Resource URIs: `room:///path/in/the/workspace`.
+const RESOURCE_PREFIX: &str = "room:///";
+/// How long a call waits for an approval when it does not say (`wait_s`), and at most.
+const WAIT_S: u64 = 60;
+const MAX_WAIT_S: u64 = 300;
+/// How often a waiting call looks at its approval.
+const WAIT_STEP: Duration = Duration::from_millis(250);
+/// Terminal output `terminal_read` answers by default, and at most.
+const READ_BYTES: usize = 8 << 10;
+const MAX_READ_BYTES: usize = 64 << 10;
+/// Longest a terminal line may be, and longest `terminal_send` waits for output.
+const MAX_LINE_BYTES: usize = 4 << 10;
+const MAX_TERMINAL_WAIT_MS: u64 = 10_000;
+
+/// Who is calling, in which room: put in each request by [`authenticate`].
+#[derive(Clone)]
+struct Caller {
+    user: AuthUser,
+    room: RoomId,
+}
+
+pub(crate) fn routes(app: &AppState) -> Router<AppState> {
+    // The endpoint is authenticated (bearer tokens; cookies with the Origin check), so rmcp's
+    // Host allowlist against DNS rebinding is not needed and would refuse real deployments.
+    let config = StreamableHttpServerConfig::default()
+        .with_legacy_session_mode(false)
+        .with_json_response(true)
+        .disable_allowed_hosts()
+        .with_max_request_body_bytes(MAX_BODY)
+        .with_cancellation_token(app.shutdown.child_token());
+    let state = app.clone();
+    let service = StreamableHttpService::new(
+        move || Ok(Mcp { app: state.clone() }),
+        Arc::new(NeverSessionManager::default()),
+        config,
+    );
+    Router::new()
+        .nest_service("/api/rooms/{id}/mcp", service)
+        .route_layer(middleware::from_fn_with_state(app.clone(), authenticate))
+}
+
+/// Authenticates the request like any API call and names the room; 401 / 403 / 404 as usual.
+async fn authenticate(
+    State(app): State<AppState>,
+    user: AuthUser,
+    Ids(room): Ids<RoomId>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    if let Err(e) = room_capabilities(&app, &room, &user).await {
+        return e.into_response();
+    }
+    req.extensions_mut().insert(Caller { user, room });
+    next.run(req).await
+}
+
+#[derive(Clone)]
+struct Mcp {
+    app: AppState,
+}
+
+fn caller(ctx: &RequestContext<RoleServer>) -> Result<Caller, ErrorData> {
+    ctx.extensions
+        .get::<axum::http::request::Parts>()
+        .and_then(|p| p.extensions.get::<Caller>())
+        .cloned()
+        .ok_or_else(|| ErrorData::internal_error("the request was not authenticated", None))
+}
+
+/// Why a tool call failed, in words the agent can read and act on.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct ToolError(String);
+
+impl From<String> for ToolError {
+    fn from(s: String) -> Self {
+        ToolError(s)
+    }
+}
+
+impl From<&str> for ToolError {
+    fn from(s: &str) -> Self {
+        ToolError(s.to_owned())
+    }
+}
+
+impl From<ApiError> for ToolError {
+    fn from(e: ApiError) -> Self {
+        ToolError(match e {
+            ApiError::Forbidden => "refused: you do not hold the capability this needs".into(),
+            ApiError::Denied(why) => format!("refused: {why}"),
+            ApiError::NotFound => "not found (or you are no longer in this room)".into(),
+            ApiError::Unauthorized => "your token no longer works".into(),
+            other => other.to_string(),
+        })
+    }
+}
+
+impl From<crate::room::visit::VisitError> for ToolError {
+    fn from(e: crate::room::visit::VisitError) -> Self {
+        ToolError(e.to_string())
+    }
+}
+
+/// A tool's answer: text for the agent, or why it failed.
+type Answer = Result<String, ToolError>;
+
+fn arg<'a>(args: &'a Map<String, Value>, name: &str) -> Result<&'a str, ToolError> {
+    args.get(name)
+        .and_then(Value::as_str)
+        .ok_or_else(|| ToolError(format!("`{name}` (a string) is required")))
+}
+
+fn tool(name: &'static str, description: &'static str, schema: Value) -> Tool {
+    Tool::new(name, description, object(schema))
+}
+
+fn tools() -> Vec<Tool> {
+    let path =
+        json!({ "type": "string", "description": "Workspace-relative path, e.g. src/main.rs" });
+    vec![
+        tool(
+            "list_files",
+            "List the room's text files (its shared document).",
+            json!({ "type": "object", "properties": {} }),
+        ),
+        tool(
+            "read_file",
+            "Read a text file of the room.",
+            json!({ "type": "object", "properties": { "path": path }, "required": ["path"] }),
+        ),
+        tool(
+            "write_file",
+            "Create or replace a text file; people in the room see the change live (as minimal edits, so their cursors stay put).",
+            json!({ "type": "object", "properties": { "path": path, "content": { "type": "string" } }, "required": ["path", "content"] }),
+        ),
+        tool(
+            "edit_file",
+            "Replace the one occurrence of old_text in a file with new_text (fails when it occurs zero or several times).",
+            json!({ "type": "object", "properties": { "path": path, "old_text": { "type": "string" }, "new_text": { "type": "string" } }, "required": ["path", "old_text", "new_text"] }),
+        ),
+        tool(
+            "search",
+            "Find lines containing a string in the room's text files.",
+            json!({ "type": "object", "properties": { "query": { "type": "string" } }, "required": ["query"] }),
+        ),
+        tool(
+            "exec",
+            "Run a command in the room's sandbox (argv, no shell unless you run one) and return its exit code and output.",
+            json!({ "type": "object", "properties": {
+                "argv": { "type": "array", "items": { "type": "string" } },
+                "cwd": { "type": "string" },
+                "timeout_ms": { "type": "integer", "minimum": 1, "maximum": 600000 },
+                "approval_id": { "type": "string", "description": "An approval of exactly this command, from an earlier call that waited too little" },
+                "wait_s": { "type": "integer", "minimum": 0, "maximum": 300, "description": "How long to wait for an approval when one is needed (default 60)" } }, "required": ["argv"] }),
+        ),
+        tool(
+            "allow_host",
+            "Let the sandbox reach a host (e.g. api.example.com or *.example.org:8443) through the room's egress proxy. Without approve, this asks for an approval and waits (wait_s, default 60) for someone to decide.",
+            json!({ "type": "object", "properties": { "rule": { "type": "string" }, "wait_s": { "type": "integer", "minimum": 0, "maximum": 300 } }, "required": ["rule"] }),
+        ),
+        tool(
+            "request_preview",
+            "Serve a port of the sandbox as a preview: visibility room (members) or public (waits, wait_s, for someone else's approval). Answers its URL once live.",
+            json!({ "type": "object", "properties": {
+                "port": { "type": "integer", "minimum": 1, "maximum": 65535 },
+                "visibility": { "type": "string", "enum": ["room", "public"] },
+                "ttl_s": { "type": "integer", "minimum": 10, "maximum": 604800 },
+                "wait_s": { "type": "integer", "minimum": 0, "maximum": 300 } }, "required": ["port", "visibility", "ttl_s"] }),
+        ),
+        tool(
+            "terminal_read",
+            "The shared terminal's recent output (escape sequences removed), as everyone in the room sees it.",
+            json!({ "type": "object", "properties": { "max_bytes": { "type": "integer", "minimum": 1, "maximum": 65536 } } }),
+        ),
+        tool(
+            "terminal_send",
+            "Type text into the shared terminal (end it with \\n to run a line) and answer the output that follows within wait_ms (default 1000). Everyone sees it, attributed to you.",
+            json!({ "type": "object", "properties": {
+                "text": { "type": "string" },
+                "wait_ms": { "type": "integer", "minimum": 0, "maximum": 10000 },
+                "wait_s": { "type": "integer", "minimum": 0, "maximum": 300, "description": "How long to wait for an approval when one is needed (default 60)" } }, "required": ["text"] }),
+        ),
+        tool(
+            "list_participants",
+            "The room's people and agents with their roles and capabilities.",
+            json!({ "type": "object", "properties": {} }),
+        ),
+        tool(
+            "read_manifest",
+            "The room's manifest: its name, limits, sandbox, readiness and your capabilities.",
+            json!({ "type": "object", "properties": {} }),
+        ),
+    ]
+}
+
+impl Mcp {
+    /// The room's files, read as a participant would see them now.
+    async fn texts(
+        &self,
+        c: &Caller,
+    ) -> Result<std::collections::BTreeMap<String, String>, ToolError> {
+        room_capabilities(&self.app, &c.room, &c.user).await?;
+        let visit = Visit::start(
+            &self.app.rooms,
+            &self.app.limits,
+            &c.room,
+            (&c.user.id, &c.user.email),
+        )
+        .await?;
+        let texts = texts_of(&visit.doc);
+        visit.leave().await;
+        Ok(texts)
+    }
+
+    /// Writes `path` through the room's document as the caller (it needs `edit`).
+    async fn write(&self, c: &Caller, path: &str, content: String) -> Answer {
+        crate::http::files::check_path(path)?;
+        let details = json!({ "path": path, "bytes": content.len() });
+        authorize(
+            &self.app,
+            &c.room,
+            &c.user,
+            Action::Use(Capability::Edit),
+            details,
+        )
+        .await?;
+        let name = match self.app.store.agent(&c.user.id).await {
+            Ok(Some(a)) => format!("{} (agent)", a.name),
+            _ => c.user.email.clone(),
+        };
+        let mut visit = Visit::start(
+            &self.app.rooms,
+            &self.app.limits,
+            &c.room,
+            (&c.user.id, &name),
+        )
+        .await?;
+        let changed = visit.write_file(path, &content).await?;
+        // In presence, its cursor at the end of what it wrote, for a few seconds.
+        visit.announce_at(path).await;
+        self.app.tracker.spawn(async move {
+            tokio::time::sleep(PRESENT_AFTER_EDIT).await;
+            visit.leave().await;
+        });
+        Ok(if changed {
+            format!("wrote {path} ({} bytes)", content.len())
+        } else {
+            format!("{path} already read so: nothing changed")
+        })
+    }
+
+    async fn call(&self, c: &Caller, name: &str, args: &Map<String, Value>) -> Answer {
+        match name {
+            "list_files" => {
+                let texts = self.texts(c).await?;
+                Ok(texts.keys().cloned().collect::<Vec<_>>().join("\n"))
+            }
+            "read_file" => {
+                let path = arg(args, "path")?;
+                let texts = self.texts(c).await?;
+                texts
+                    .get(path)
+                    .cloned()
+                    .ok_or_else(|| ToolError(format!("no text file {path} in the room")))
+            }
+            "write_file" => {
+                let content = arg(args, "content")?.to_owned();
+                self.write(c, arg(args, "path")?, content).await
+            }
+            "edit_file" => {
+                let (path, old, new) = (
+                    arg(args, "path")?,
+                    arg(args, "old_text")?,
+                    arg(args, "new_text")?,
+                );
+                if old.is_empty() {
+                    return Err("old_text must not be empty".into());
+                }
+                let texts = self.texts(c).await?;
+                let text = texts
+                    .get(path)
+                    .ok_or_else(|| ToolError(format!("no text file {path} in the room")))?;
+                match text.matches(old).count() {
+                    1 => self.write(c, path, text.replacen(old, new, 1)).await,
+                    0 => Err(format!("old_text does not occur in {path}").into()),
+                    n => Err(
+                        format!("old_text occurs {n} times in {path}: include more context").into(),
+                    ),
+                }
+            }
+            "search" => {
+                let query = arg(args, "query")?;
+                if query.is_empty() {
+                    return Err("query must not be empty".into());
+                }
+                let texts = self.texts(c).await?;
+                let hits: Vec<String> = texts
+                    .iter()
+                    .flat_map(|(path, text)| {
+                        text.lines()
+                            .enumerate()
+                            .filter(|(_, l)| l.contains(query))
+                            .map(move |(i, l)| format!("{path}:{}: {l}", i + 1))
+                    })
+                    .take(MAX_MATCHES)
+                    .collect();
+                Ok(if hits.is_empty() {
+                    "no matches".into()
+                } else {
+                    hits.join("\n")
+                })
+            }
+            "exec" => {
+                let wait = wait_of(args)?;
+                let mut args = args.clone();
+                args.remove("wait_s");
+                let parse = |approval: Option<String>| {
+                    let mut a = args.clone();
+                    if let Some(id) = approval {
+                        a.insert("approval_id".into(), json!(id));
+                    }
+                    serde_json::from_value::<crate::http::sandbox::ExecRequest>(Value::Object(a))
+                        .map_err(|e| ToolError(format!("bad arguments: {e}")))
+                };
+                use crate::http::sandbox::{run, Ran};
+                let out = match run(&self.app, &c.room, &c.user, parse(None)?).await? {
+                    Ran::Done(out) => out,
+                    Ran::Pending(id) => {
+                        self.decided(c, &id, wait, "the command did not run")
+                            .await?;
+                        match run(&self.app, &c.room, &c.user, parse(Some(id))?).await? {
+                            Ran::Done(out) => out,
+                            Ran::Pending(_) => {
+                                return Err("the command still needs an approval".into())
+                            }
+                        }
+                    }
+                };
+                serde_json::to_string_pretty(&out).map_err(|e| ToolError(e.to_string()))
+            }
+            "allow_host" => {
+                let wait = wait_of(args)?;
+                let rule = arg(args, "rule")?;
+                let ask = |approval: Option<String>| {
+                    serde_json::from_value::<crate::http::egress::AllowRule>(
+                        json!({ "rule": rule, "approval_id": approval }),
+                    )
+                    .map_err(|e| ToolError(format!("bad arguments: {e}")))
+                };
+                let call = |body| {
+                    crate::http::egress::allow(
+                        State(self.app.clone()),
+                        c.user.clone(),
+                        Ids(c.room.clone()),
+                        Json(body),
+                    )
+                };
+                let (status, v) = answer_of(call(ask(None)?).await?).await?;
+                if status == axum::http::StatusCode::ACCEPTED {
+                    let id = v["approval_id"].as_str().unwrap_or_default().to_owned();
+                    self.decided(c, &id, wait, "the host stays closed").await?;
+                    answer_of(call(ask(Some(id))?).await?).await?;
+                }
+                Ok(format!("{rule} is allowed"))
+            }
+            "request_preview" => {
+                let wait = wait_of(args)?;
+                let body = serde_json::from_value(json!({
+                    "port": args.get("port"),
+                    "visibility": args.get("visibility"),
+                    "ttl_s": args.get("ttl_s"),
+                }))
+                .map_err(|e| ToolError(format!("bad arguments: {e}")))?;
+                let (_, Json(p)) = crate::http::previews::create(
+                    State(self.app.clone()),
+                    c.user.clone(),
+                    Ids(c.room.clone()),
+                    Json(body),
+                )
+                .await?;
+                if p["state"] == "pending_approval" {
+                    let id = p["approval_id"].as_str().unwrap_or_default().to_owned();
+                    self.decided(c, &id, wait, "the preview stays closed")
+                        .await?;
+                }
+                let pid = p["id"].as_str().unwrap_or_default().to_owned();
+                let Json(opened) = crate::http::previews::open(
+                    State(self.app.clone()),
+                    c.user.clone(),
+                    axum::extract::Path((c.room.to_string(), pid)),
+                )
+                .await?;
+                Ok(format!(
+                    "preview {} is {}: {}",
+                    p["id"], opened["state"], p["url"]
+                ))
+            }
+            "list_participants" | "read_manifest" => {
+                let Json(room) = crate::http::rooms::get_room(
+                    State(self.app.clone()),
+                    c.user.clone(),
+                    Ids(c.room.clone()),
+                )
+                .await?;
+                let mut v = serde_json::to_value(&room).map_err(|e| ToolError(e.to_string()))?;
+                if name == "list_participants" {
+                    let agents = self
+                        .app
+                        .store
+                        .agents(&c.room)
+                        .await
+                        .map_err(|e| ToolError::from(ApiError::from(e)))?;
+                    v = json!({
+                        "participants": v["participants"],
+                        "agents": agents.into_iter().filter(|a| a.revoked_at.is_none()).collect::<Vec<_>>(),
+                    });
+                }
+                serde_json::to_string_pretty(&v).map_err(|e| ToolError(e.to_string()))
+            }
+            "terminal_read" => {
+                room_capabilities(&self.app, &c.room, &c.user).await?;
+                let max = match args.get("max_bytes") {
+                    None | Some(Value::Null) => READ_BYTES,
+                    Some(v) => v
+                        .as_u64()
+                        .and_then(|n| usize::try_from(n).ok())
+                        .filter(|n| (1..=MAX_READ_BYTES).contains(n))
+                        .ok_or("max_bytes is 1 to 65536")?,
+                };
+                let (hub, joined) = self
+                    .app
+                    .sandboxes
+                    .join(&c.room, 80, 24)
+                    .await
+                    .map_err(|e| ToolError::from(ApiError::from(e)))?;
+                let tail =
+                    joined.scrollback[joined.scrollback.len().saturating_sub(max)..].to_vec();
+                self.app.sandboxes.leave(&c.room, &hub, joined.viewer).await;
+                Ok(plain(&tail))
+            }
+            "terminal_send" => {
+                let text = arg(args, "text")?;
+                if text.is_empty() || text.len() > MAX_LINE_BYTES {
+                    return Err("text is 1 to 4096 bytes".into());
+                }
+                let wait_ms = match args.get("wait_ms") {
+                    None | Some(Value::Null) => 1000,
+                    Some(v) => v
+                        .as_u64()
+                        .filter(|n| *n <= MAX_TERMINAL_WAIT_MS)
+                        .ok_or("wait_ms is 0 to 10000")?,
+                };
+                let approval_wait = wait_of(args)?;
+                // Typing is running commands: decided (and, for an agent in approval mode,
+                // approved) like `exec`, for exactly this text.
+                let params = json!({ "terminal": text }).to_string();
+                let details = json!({ "terminal_bytes": text.len() });
+                let mut presented = None;
+                loop {
+                    let approval =
+                        crate::http::approvals::presented(&self.app, &c.room, presented.as_deref())
+                            .await?;
+                    let action = Action::RunCommand {
+                        params: params.clone(),
+                        approval,
+                    };
+                    match crate::http::approvals::ask(
+                        &self.app,
+                        &c.room,
+                        &c.user,
+                        action,
+                        details.clone(),
+                    )
+                    .await?
+                    {
+                        crate::http::approvals::Asked::Allowed { proof, approval } => {
+                            crate::http::approvals::spent(
+                                self.app
+                                    .audit
+                                    .record(
+                                        &c.room,
+                                        proof.actor(),
+                                        "terminal_input",
+                                        "allow",
+                                        "",
+                                        details.clone(),
+                                        crate::store::Change::None.spending(approval),
+                                    )
+                                    .await,
+                            )?;
+                            break;
+                        }
+                        crate::http::approvals::Asked::Pending(id) if presented.is_none() => {
+                            self.decided(c, &id, approval_wait, "nothing was typed")
+                                .await?;
+                            presented = Some(id);
+                        }
+                        crate::http::approvals::Asked::Pending(_) => {
+                            return Err("the line still needs an approval".into())
+                        }
+                    }
+                }
+                let name = match self.app.store.agent(&c.user.id).await {
+                    Ok(Some(a)) => format!("{} (agent)", a.name),
+                    _ => c.user.email.clone(),
+                };
+                let (hub, mut joined) = self
+                    .app
+                    .sandboxes
+                    .join(&c.room, 80, 24)
+                    .await
+                    .map_err(|e| ToolError::from(ApiError::from(e)))?;
+                let data = text.replace('\n', "\r");
+                hub.input(joined.viewer, (&c.user.id, &name), data.into_bytes().into())
+                    .await;
+                let mut out = Vec::new();
+                let until = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
+                while out.len() < MAX_READ_BYTES {
+                    match tokio::time::timeout_at(until, joined.rx.recv()).await {
+                        Ok(Some(crate::terminal::TermOut::Output(b))) => out.extend_from_slice(&b),
+                        Ok(Some(_)) => {}
+                        Ok(None) | Err(_) => break,
+                    }
+                }
+                self.app.sandboxes.leave(&c.room, &hub, joined.viewer).await;
+                Ok(plain(&out))
+            }
+            other => Err(format!("no tool named {other}").into()),
+        }
+    }
+}
+
+/// Terminal bytes as plain text: escape sequences (CSI, OSC, two-byte escapes) removed, carriage
+/// returns dropped, invalid UTF-8 replaced.
+fn plain(bytes: &[u8]) -> String {
+    let text = String::from_utf8_lossy(bytes);
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars().peekable();
+    while let Some(ch) = chars.next() {
+        match ch {
+            '\u{1b}' => match chars.next() {
+                // CSI: parameters and intermediates up to a final byte in @..~.
+                Some('[') => {
+                    for c in chars.by_ref() {
+                        if ('@'..='~').contains(&c) {
+                            break;
+                        }
+                    }
+                }
+                // OSC: up to BEL or ESC \.
+                Some(']') => {
+                    while let Some(c) = chars.next() {
+                        if c == '\u{7}' || (c == '\u{1b}' && chars.next_if_eq(&'\\').is_some()) {
+                            break;
+                        }
+                    }
+                }
+                _ => {}
+            },
+            '\r' => {}
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// A call's `wait_s` (default [`WAIT_S`], at most [`MAX_WAIT_S`]).
+fn wait_of(args: &Map<String, Value>) -> Result<Duration, ToolError> {
+    match args.get("wait_s") {
+        None | Some(Value::Null) => Ok(Duration::from_secs(WAIT_S)),
+        Some(v) => v
+            .as_u64()
+            .filter(|s| *s <= MAX_WAIT_S)
+            .map(Duration::from_secs)
+            .ok_or_else(|| ToolError(format!("wait_s is 0 to {MAX_WAIT_S}"))),
+    }
+}
+
+/// A handler's status and JSON body.
+async fn answer_of(
+    r: axum::response::Response,
+) -> Result<(axum::http::StatusCode, Value), ToolError> {
+    let status = r.status();
+    let bytes = axum::body::to_bytes(r.into_body(), 1 << 20)
+        .await
+        .map_err(|e| ToolError(e.to_string()))?;
+    Ok((
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    ))
+}
+
+impl Mcp {
+    /// Waits (at most `wait`) until approval `id` is decided: `Ok` once approved; a denial,
+    /// an expiry or the wait running out is an error saying so (`otherwise`: what that means).
+    async fn decided(
+        &self,
+        c: &Caller,
+        id: &str,
+        wait: Duration,
+        otherwise: &str,
+    ) -> Result<(), ToolError> {
+        let until = tokio::time::Instant::now() + wait;
+        loop {
+            let a = self
+                .app
+                .store
+                .approval(&c.room, id)
+                .await
+                .map_err(|e| ToolError::from(ApiError::from(e)))?
+                .ok_or_else(|| ToolError(format!("approval {id} is gone")))?;
+            match a.decided {
+                Some((_, true)) => return Ok(()),
+                Some((by, false)) => {
+                    return Err(ToolError(format!("denied (by {by}): {otherwise}")))
+                }
+                None if a.expires_at <= self.app.clock.now_ms() => {
+                    return Err(ToolError(format!("approval {id} expired: {otherwise}")))
+                }
+                None => {}
+            }
+            if tokio::time::Instant::now() >= until {
+                return Err(ToolError(format!(
+                    "no decision yet: approval {id} waits for someone who holds approve; \
+                     call again with approval_id {id} once it is approved"
+                )));
+            }
+            tokio::time::sleep(WAIT_STEP).await;
+        }
+    }
+}
+
+impl ServerHandler for Mcp {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_resources()
+                .build(),
+        )
+        .with_server_info(Implementation::new("coderoom", env!("CARGO_PKG_VERSION")))
+        .with_instructions(
+            "You are a participant of a Coderoom room: its files are shared live with people. \
+             Each tool is allowed or refused by your capabilities, like a person's action.",
+        )
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(tools()))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let c = caller(&context)?;
+        let args = request.arguments.unwrap_or_default();
+        let name = request.name.to_string();
+        let answer = self.call(&c, &name, &args).await;
+        let mut details = json!({ "tool": name, "ok": answer.is_ok() });
+        if let Some(path) = args.get("path").and_then(Value::as_str) {
+            details["path"] = json!(path);
+        }
+        let decision = if answer.is_ok() { "allow" } else { "deny" };
+        let _ = self
+            .app
+            .audit
+            .record(
+                &c.room,
+                &c.user.id,
+                "tool_call",
+                decision,
+                &answer
+                    .as_ref()
+                    .err()
+                    .map(ToString::to_string)
+                    .unwrap_or_default(),
+                details,
+                crate::store::Change::None,
+            )
+            .await;
+        Ok(match answer {
+            Ok(text) => CallToolResult::success(vec![ContentBlock::text(text)]),
+            Err(e) => CallToolResult::error(vec![ContentBlock::text(e.0)]),
+        }
+        .into())
+    }
+
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListResourcesResult, ErrorData> {
+        let c = caller(&context)?;
+        let texts = self
+            .texts(&c)
+            .await
+            .map_err(|e| ErrorData::invalid_request(e.0, None))?;
+        Ok(ListResourcesResult::with_all_items(
+            texts
+                .keys()
+                .map(|p| {
+                    Resource::new(format!("{RESOURCE_PREFIX}{p}"), p.clone())
+                        .with_mime_type("text/plain")
+                })
+                .collect(),
+        ))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        let c = caller(&context)?;
+        let path = request
+            .uri
+            .strip_prefix(RESOURCE_PREFIX)
+            .ok_or_else(|| ErrorData::resource_not_found("not a room:/// URI", None))?;
+        let texts = self
+            .texts(&c)
+            .await
+            .map_err(|e| ErrorData::invalid_request(e.0, None))?;
+        let text = texts
+            .get(path)
+            .ok_or_else(|| ErrorData::resource_not_found(format!("no file {path}"), None))?;
+        Ok(ReadResourceResult::new(vec![ResourceContents::text(
+            text.clone(),
+            request.uri.clone(),
+        )])
+        .into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::plain;
+
+    #[test]
+    fn terminal_output_reads_as_plain_text() {
+        let raw = b"\x1b[?2004hcoder@coderoom:~$ echo hi\r\n\x1b[1;32mhi\x1b[0m\r\n\x1b]0;title\x07done\xff";
+        assert_eq!(plain(raw), "coder@coderoom:~$ echo hi\nhi\ndone\u{fffd}");
+    }
+}

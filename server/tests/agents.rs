@@ -1,0 +1,193 @@
+//! Agents as participants (issue 17): brought in by someone who holds `invite`, holding what
+//! they were given and never more than their sponsor holds at that moment; bound to their room;
+//! removed with their sponsor, their sockets closed within a second.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use std::time::{Duration, Instant};
+
+on_each_backend!(
+    an_agent_holds_no_more_than_its_sponsor_and_goes_with_them,
+    sponsored
+);
+
+async fn sponsored(backend: &Backend) {
+    {
+        let storage = Storage::new(backend).await;
+        let t = team(&storage).await;
+        let (server, room) = (&t.server, &t.room);
+        let agents = format!("/api/rooms/{room}/agents");
+
+        // Bringing one in needs invite, and nothing beyond what the sponsor holds.
+        let body = r#"{"name":"helper","capabilities":["observe","edit","type"],"ttl_s":3600}"#;
+        assert_eq!(post(server, &t.ben, &agents, body).await.0, 403);
+        let grant = r#"{"grant":["invite"]}"#;
+        assert_eq!(set_role(server, &t.ana, room, &t.ben_id, grant).await, 200);
+        let too_much = r#"{"name":"x","capabilities":["observe","publish"],"ttl_s":3600}"#;
+        assert_eq!(post(server, &t.ben, &agents, too_much).await.0, 403);
+        for bad in [
+            r#"{"name":"","capabilities":["observe"],"ttl_s":3600}"#,
+            r#"{"name":"x","capabilities":["fly"],"ttl_s":3600}"#,
+            r#"{"name":"x","capabilities":["edit"],"ttl_s":3600}"#,
+            r#"{"name":"x","capabilities":["observe"],"ttl_s":1}"#,
+            r#"{"name":"x","capabilities":["observe"],"ttl_s":3600,"budget":[1]}"#,
+        ] {
+            let (status, v) = post(server, &t.ben, &agents, bad).await;
+            assert_eq!(status, 400, "{bad}: {v}");
+        }
+        let (status, a) = post(server, &t.ben, &agents, body).await;
+        assert_eq!(status, 201, "{a}");
+        let token = a["token"].as_str().unwrap().to_owned();
+        let agent_id = a["agent_id"].as_str().unwrap().to_owned();
+        assert_eq!(a["sponsor"], t.ben_id.as_str());
+        // Shown once, stored hashed.
+        let listed = get_json(server, &t.cy, &agents).await;
+        assert_eq!(listed[0]["name"], "helper");
+        assert!(listed[0].get("token").is_none(), "{listed}");
+        assert_eq!(
+            storage
+                .query_i64(
+                    "SELECT COUNT(*) FROM sessions WHERE token_hash = $1",
+                    &[Arg::Text(token.clone())]
+                )
+                .await,
+            0
+        );
+        // An observe-only agent, sponsored by the owner.
+        let watcher = r#"{"name":"watcher","capabilities":["observe"],"ttl_s":3600}"#;
+        let (status, w) = post(server, &t.ana, &agents, watcher).await;
+        assert_eq!(status, 201, "{w}");
+        let watcher = w["token"].as_str().unwrap().to_owned();
+
+        // The agent works in its room like its sponsor's editor would.
+        let v = get_json(server, &token, &format!("/api/rooms/{room}")).await;
+        assert_eq!(
+            v["my_capabilities"],
+            serde_json::json!(["observe", "edit", "type"])
+        );
+        let file = format!("/api/rooms/{room}/files/notes.txt");
+        assert_eq!(send_json(server, &token, "PUT", &file, "hi").await.0, 204);
+        let mut doc = Client::connect(server, room, &token).await;
+        doc.synced().await;
+        // The observe-only one reads but cannot write, run or type; each refusal is audited.
+        assert_eq!(send_json(server, &watcher, "PUT", &file, "no").await.0, 403);
+        let (status, _) = exec(server, &watcher, room, "true").await;
+        assert_eq!(status, 403);
+        let mut term = term(server, room, &watcher).await;
+        term.until("read-only", |t| t.has_event("read_only")).await;
+        term.send(b"echo typed-by-watcher\r").await;
+        let chain = audit(server, &t.ana, room).await;
+        let refused: Vec<&str> = chain
+            .iter()
+            .filter(|r| r["actor"] == w["agent_id"] && r["decision"] == "deny")
+            .map(|r| r["action"].as_str().unwrap())
+            .collect();
+        assert!(refused.len() >= 2, "{refused:?}");
+
+        // Bound to its room: no other room, no new room.
+        let (_, other) = (t.ana.clone(), create_room(server, &t.ana).await);
+        assert_eq!(
+            http(
+                &server.url(&format!("/api/rooms/{other}")),
+                "GET",
+                Some(&token),
+                None
+            )
+            .await
+            .0,
+            403
+        );
+        assert_eq!(
+            http(&server.url("/api/rooms"), "POST", Some(&token), Some("{}"))
+                .await
+                .0,
+            403
+        );
+        // Nobody logs in as an agent.
+        let email = format!("agent-{agent_id}@agents.invalid");
+        let (status, _) = http(
+            &server.url("/api/auth/code"),
+            "POST",
+            None,
+            Some(&serde_json::json!({ "email": email }).to_string()),
+        )
+        .await;
+        assert_eq!(status, 400);
+
+        // Raising the sponsor does not raise the agent; lowering lowers it on its next call.
+        let owner = r#"{"role":"owner"}"#;
+        assert_eq!(set_role(server, &t.ana, room, &t.ben_id, owner).await, 200);
+        let v = get_json(server, &token, &format!("/api/rooms/{room}")).await;
+        assert_eq!(
+            v["my_capabilities"],
+            serde_json::json!(["observe", "edit", "type"])
+        );
+        let viewer = r#"{"role":"viewer"}"#;
+        assert_eq!(set_role(server, &t.ana, room, &t.ben_id, viewer).await, 200);
+        assert_eq!(send_json(server, &token, "PUT", &file, "no").await.0, 403);
+        let v = get_json(server, &token, &format!("/api/rooms/{room}")).await;
+        assert_eq!(v["my_capabilities"], serde_json::json!(["observe"]));
+        let editor = r#"{"role":"editor"}"#;
+        assert_eq!(set_role(server, &t.ana, room, &t.ben_id, editor).await, 200);
+        assert_eq!(send_json(server, &token, "PUT", &file, "yes").await.0, 204);
+
+        // Removing the sponsor removes the agent: its token stops, its socket closes within a
+        // second.
+        let started = Instant::now();
+        let (status, _) = send_json(
+            server,
+            &t.ana,
+            "DELETE",
+            &format!("/api/rooms/{room}/participants/{}", t.ben_id),
+            "",
+        )
+        .await;
+        assert!(status == 200 || status == 204, "{status}");
+        let code = tokio::time::timeout(Duration::from_secs(5), doc.closed())
+            .await
+            .expect("the agent's socket stayed open");
+        assert!(code.is_some());
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        let (status, _) = http(
+            &server.url(&format!("/api/rooms/{room}")),
+            "GET",
+            Some(&token),
+            None,
+        )
+        .await;
+        assert_eq!(status, 401);
+        let listed = get_json(server, &t.ana, &agents).await;
+        assert_eq!(listed[0]["state"], "revoked");
+        assert_eq!(listed[0]["holds"], serde_json::json!([]));
+
+        // Revoked by its sponsor: gone at once.
+        let (status, _) = send_json(
+            server,
+            &t.ana,
+            "DELETE",
+            &format!("{agents}/{}", w["agent_id"].as_str().unwrap()),
+            "",
+        )
+        .await;
+        assert_eq!(status, 204);
+        let (status, _) = http(
+            &server.url(&format!("/api/rooms/{room}")),
+            "GET",
+            Some(&watcher),
+            None,
+        )
+        .await;
+        assert_eq!(status, 401);
+        let chain = audit(server, &t.ana, room).await;
+        for action in ["create_agent", "revoke_agent", "remove_participant"] {
+            assert!(chain.iter().any(|r| r["action"] == action), "no {action}");
+        }
+        drop(term);
+    }
+}
