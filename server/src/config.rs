@@ -320,6 +320,10 @@ pub(crate) struct Limits {
     /// and the room's sandbox panel says how many.
     #[arg(long, env = "CODEROOM_MAX_SYNCED_FILES", default_value_t = 5_000)]
     pub max_synced_files: usize,
+    /// Tool calls one caller (an agent) may make on the MCP endpoint a second, in bursts of
+    /// five times that; more are refused with a tool error saying when to try again.
+    #[arg(long, env = "CODEROOM_AGENT_TOOL_CALLS_PER_S", default_value_t = 10)]
+    pub agent_tool_calls_per_s: u32,
 }
 
 impl Default for Limits {
@@ -337,6 +341,7 @@ impl Default for Limits {
             max_synced_files: 5_000,
             auth_burst: 10,
             auth_replenish_ms: 6_000,
+            agent_tool_calls_per_s: 10,
         }
     }
 }

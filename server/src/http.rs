@@ -6,6 +6,7 @@
 pub(crate) mod access;
 pub(crate) mod agents;
 pub(crate) mod approvals;
+pub(crate) mod bucket;
 pub(crate) mod checkpoints;
 pub(crate) mod deletion;
 pub(crate) mod doc_socket;

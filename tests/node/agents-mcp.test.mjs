@@ -221,3 +221,31 @@ test('an agent\'s commands, hosts and public previews wait for a human\'s decisi
   assert.equal(listed[0].created_by, agent.agent_id)
   assert.deepEqual(await server.stop(), { code: 0, signal: null })
 })
+
+test('an agent\'s tool calls are bounded per second', { skip, timeout: 120_000 }, async (t) => {
+  const defer = cleanups(t)
+  const storage = await createStorage('sqlite')
+  defer(() => storage.cleanup())
+  const server = await startServer(storage, { extraArgs: ['--agent-tool-calls-per-s', '1'] })
+  defer(() => server.kill())
+  const ana = await mintToken(storage, 'ana@example.com')
+  const roomId = await createRoom(server, ana)
+  const agent = (await api(server, ana, 'POST', `/api/rooms/${roomId}/agents`,
+    { name: 'busy', capabilities: ['observe'], ttl_s: 3600 })).body
+  const client = await tsClient(`${server.url}/api/rooms/${roomId}/mcp`, agent.token)
+  defer(() => client.close())
+  // One a second, in bursts of five: a dozen at once meet the bound, with when to try again.
+  const results = []
+  for (let i = 0; i < 12; i++) results.push(await client.callTool({ name: 'read_manifest', arguments: {} }))
+  const refused = results.filter((r) => r.isError)
+  assert.ok(refused.length >= 4, `only ${refused.length} of 12 refused`)
+  assert.match(text(refused[0]), /too many tool calls: try again in \d+ ms/)
+  assert.ok(results.slice(0, 5).every((r) => !r.isError), 'the burst was refused')
+  // Another caller has its own bound.
+  const other = (await api(server, ana, 'POST', `/api/rooms/${roomId}/agents`,
+    { name: 'calm', capabilities: ['observe'], ttl_s: 3600 })).body
+  const calm = await tsClient(`${server.url}/api/rooms/${roomId}/mcp`, other.token)
+  defer(() => calm.close())
+  assert.equal((await calm.callTool({ name: 'read_manifest', arguments: {} })).isError, false)
+  assert.deepEqual(await server.stop(), { code: 0, signal: null })
+})

@@ -7,6 +7,7 @@
 //! a participant: people see the edit arrive live, with the agent in presence and its cursor
 //! where it wrote, and concurrent edits merge.
 
+use crate::http::bucket::Bucket;
 use crate::http::extract::Ids;
 use crate::http::guard::{authorize, room_capabilities};
 use crate::http::{ApiError, AppState, AuthUser};
@@ -28,7 +29,8 @@ use rmcp::transport::streamable_http_server::session::never::NeverSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::{json, Map, Value};
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// How long an agent stays in presence after an edit (its cursor where it wrote).
@@ -68,8 +70,17 @@ pub(crate) fn routes(app: &AppState) -> Router<AppState> {
         .with_max_request_body_bytes(MAX_BODY)
         .with_cancellation_token(app.shutdown.child_token());
     let state = app.clone();
+    let calls = Arc::new(Calls {
+        rate: f64::from(app.limits.agent_tool_calls_per_s.max(1)),
+        buckets: Mutex::default(),
+    });
     let service = StreamableHttpService::new(
-        move || Ok(Mcp { app: state.clone() }),
+        move || {
+            Ok(Mcp {
+                app: state.clone(),
+                calls: calls.clone(),
+            })
+        },
         Arc::new(NeverSessionManager::default()),
         config,
     );
@@ -96,6 +107,32 @@ async fn authenticate(
 #[derive(Clone)]
 struct Mcp {
     app: AppState,
+    calls: Arc<Calls>,
+}
+
+/// Callers' tool-call buckets (`--agent-tool-calls-per-s`).
+struct Calls {
+    rate: f64,
+    buckets: Mutex<HashMap<String, Arc<Bucket>>>,
+}
+
+/// Callers whose buckets are kept; past it the full ones (idle callers) are forgotten.
+const MAX_CALLERS: usize = 10_000;
+
+impl Calls {
+    /// Takes one call of `user`'s; else how long until there is one.
+    fn take(&self, user: &str) -> Result<(), Duration> {
+        let bucket = {
+            let mut all = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+            if all.len() >= MAX_CALLERS {
+                all.clear();
+            }
+            all.entry(user.to_owned())
+                .or_insert_with(|| Arc::new(Bucket::new(self.rate, self.rate * 5.0)))
+                .clone()
+        };
+        bucket.try_take()
+    }
 }
 
 fn caller(ctx: &RequestContext<RoleServer>) -> Result<Caller, ErrorData> {
@@ -699,6 +736,15 @@ impl ServerHandler for Mcp {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let c = caller(&context)?;
+        // Bounded per caller; a refusal here is not audited (it would let a caller fill the
+        // chain), the agent reads when to try again.
+        if let Err(wait) = self.calls.take(&c.user.id) {
+            return Ok(CallToolResult::error(vec![ContentBlock::text(format!(
+                "too many tool calls: try again in {} ms",
+                wait.as_millis().max(1)
+            ))])
+            .into());
+        }
         let args = request.arguments.unwrap_or_default();
         let name = request.name.to_string();
         let answer = self.call(&c, &name, &args).await;

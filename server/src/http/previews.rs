@@ -12,6 +12,7 @@
 //! without it; every request checks the member still may observe, and open WebSockets are
 //! checked every second.
 
+use crate::http::bucket::Bucket;
 use crate::http::extract::Ids;
 use crate::http::guard::{authorize, room_capabilities};
 use crate::http::{ApiError, AppState, AuthUser};
@@ -148,55 +149,6 @@ impl Default for PreviewLimits {
         PreviewLimits {
             rate: 20,
             bandwidth: 5_000_000,
-        }
-    }
-}
-
-/// A token bucket: `rate` tokens a second, holding at most `burst`.
-pub(crate) struct Bucket {
-    rate: f64,
-    burst: f64,
-    /// Tokens (negative: owed by those already let through) and when they were counted.
-    level: Mutex<(f64, tokio::time::Instant)>,
-}
-
-impl Bucket {
-    fn new(rate: f64, burst: f64) -> Bucket {
-        Bucket {
-            rate: rate.max(1.0),
-            burst: burst.max(1.0),
-            level: Mutex::new((burst.max(1.0), tokio::time::Instant::now())),
-        }
-    }
-
-    fn refilled(&self) -> std::sync::MutexGuard<'_, (f64, tokio::time::Instant)> {
-        let mut l = lock(&self.level);
-        let now = tokio::time::Instant::now();
-        l.0 = (l.0 + now.duration_since(l.1).as_secs_f64() * self.rate).min(self.burst);
-        l.1 = now;
-        l
-    }
-
-    /// Takes one token if there is one, else says how long until there is.
-    fn try_take(&self) -> Result<(), Duration> {
-        let mut l = self.refilled();
-        if l.0 >= 1.0 {
-            l.0 -= 1.0;
-            Ok(())
-        } else {
-            Err(Duration::from_secs_f64((1.0 - l.0) / self.rate))
-        }
-    }
-
-    /// Takes `n` tokens, going into debt: how long the taker waits before using them (so
-    /// concurrent takers share the rate in the order they came).
-    fn reserve(&self, n: usize) -> Duration {
-        let mut l = self.refilled();
-        l.0 -= n as f64;
-        if l.0 >= 0.0 {
-            Duration::ZERO
-        } else {
-            Duration::from_secs_f64(-l.0 / self.rate)
         }
     }
 }
