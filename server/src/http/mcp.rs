@@ -271,6 +271,15 @@ fn tools() -> Vec<Tool> {
 }
 
 impl Mcp {
+    /// How the caller shows in presence and the terminal: an agent by its name, marked as one;
+    /// a person by their email.
+    async fn shown_name(&self, c: &Caller) -> String {
+        match self.app.store.agent(&c.user.id).await {
+            Ok(Some(a)) => format!("{} (agent)", a.name),
+            _ => c.user.email.clone(),
+        }
+    }
+
     /// The room's files, read as a participant would see them now.
     async fn texts(
         &self,
@@ -301,10 +310,7 @@ impl Mcp {
             details,
         )
         .await?;
-        let name = match self.app.store.agent(&c.user.id).await {
-            Ok(Some(a)) => format!("{} (agent)", a.name),
-            _ => c.user.email.clone(),
-        };
+        let name = self.shown_name(c).await;
         let mut visit = Visit::start(
             &self.app.rooms,
             &self.app.limits,
@@ -577,10 +583,7 @@ impl Mcp {
                         }
                     }
                 }
-                let name = match self.app.store.agent(&c.user.id).await {
-                    Ok(Some(a)) => format!("{} (agent)", a.name),
-                    _ => c.user.email.clone(),
-                };
+                let name = self.shown_name(c).await;
                 let (hub, mut joined) = self
                     .app
                     .sandboxes
