@@ -1,6 +1,7 @@
 //! The shared terminal of a room: what its viewers receive, and its recording.
 
 pub(crate) mod events;
+pub(crate) mod floor;
 pub(crate) mod hub;
 pub(crate) mod recorder;
 

@@ -1468,3 +1468,95 @@ impl Drop for SubIds {
         }
     }
 }
+
+/// Floor control: with Ana holding the terminal, Ben's keys never reach the PTY (he is told
+/// who has it); he asks, she hands it over, and then only his keys do. A viewer cannot take it.
+#[tokio::test]
+async fn only_the_floor_holders_keys_reach_the_pty() {
+    use futures_util::SinkExt;
+    use tokio_tungstenite::tungstenite::Message;
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let t = team(&storage).await;
+    let (server, room) = (&t.server, &t.room);
+    let mut ana = term(server, room, &t.ana).await;
+    let mut ben = term(server, room, &t.ben).await;
+    let mut cy = term(server, room, &t.cy).await;
+    for t in [&mut ana, &mut ben] {
+        t.until("the shell runs", |t| {
+            t.events
+                .iter()
+                .any(|e| e["type"] == "sandbox" && e["state"] == "running")
+        })
+        .await;
+    }
+    let floor = |action: &str, to: Option<&str>| {
+        let mut v = serde_json::json!({ "type": "floor", "action": action });
+        if let Some(to) = to {
+            v["to"] = to.into();
+        }
+        Message::Text(v.to_string().into())
+    };
+    ana.ws.send(floor("take", None)).await.unwrap();
+    let holder_is = |who: &'static str| {
+        move |t: &Term| {
+            t.events
+                .iter()
+                .rev()
+                .find(|e| e["type"] == "floor")
+                .is_some_and(|e| e["holder"]["email"] == who)
+        }
+    };
+    ben.until(
+        "Ana shown holding the terminal",
+        holder_is("ana@example.com"),
+    )
+    .await;
+    // Ben's line is refused, out loud, and never typed.
+    ben.send(b"echo BEN-$((1+1))\n").await;
+    ben.until("refused: Ana has it", |t| {
+        t.events
+            .iter()
+            .any(|e| e["type"] == "floor_refused" && e["holder"]["email"] == "ana@example.com")
+    })
+    .await;
+    // Ana's keys arrive, including a line end (a taken floor outlasts lines).
+    ana.send(b"echo ANA-$((2+2))\n").await;
+    ana.output_contains("ANA-4").await;
+    ana.send(b"echo ANA-AGAIN-$((3+3))\n").await;
+    ana.output_contains("ANA-AGAIN-6").await;
+    // Cy (viewer) cannot take or ask for it.
+    cy.ws.send(floor("take", None)).await.unwrap();
+    cy.until("refused", |t| t.has_event("floor_refused")).await;
+    // Ben asks; Ana sees it and hands over.
+    ben.ws.send(floor("request", None)).await.unwrap();
+    let ben_id = t.ben_id.clone();
+    ana.until("Ben's request", move |t| {
+        t.events
+            .iter()
+            .rev()
+            .find(|e| e["type"] == "floor")
+            .is_some_and(|e| {
+                e["requests"]
+                    .as_array()
+                    .is_some_and(|r| r.iter().any(|p| p["user_id"] == ben_id.as_str()))
+            })
+    })
+    .await;
+    ana.ws.send(floor("give", Some(&t.ben_id))).await.unwrap();
+    ben.until("Ben holds the terminal", holder_is("ben@example.com"))
+        .await;
+    ana.send(b"echo ANA-LATE-$((4+4))\n").await;
+    ana.until("refused: Ben has it", |t| {
+        t.events
+            .iter()
+            .any(|e| e["type"] == "floor_refused" && e["holder"]["email"] == "ben@example.com")
+    })
+    .await;
+    ben.send(b"echo BEN-NOW-$((5+5))\n").await;
+    ben.output_contains("BEN-NOW-10").await;
+    // What reached the shell, in order: a refused line would have run before the next one.
+    ana.output_contains("BEN-NOW-10").await;
+    ben.output_contains("ANA-AGAIN-6").await;
+    assert!(!ana.output.contains("BEN-2"), "Ben's refused line ran");
+    assert!(!ben.output.contains("ANA-LATE-8"), "Ana's refused line ran");
+}

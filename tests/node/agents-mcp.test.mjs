@@ -10,6 +10,7 @@ import assert from 'node:assert/strict'
 import { execFile, spawnSync } from 'node:child_process'
 import { promisify } from 'node:util'
 import { fileURLToPath } from 'node:url'
+import WebSocket from 'ws'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
 import { cleanups, createStorage, startServer, mintToken, api, createRoom, openProvider, waitSynced, waitFor, skipUnless, freePort, Y } from './lib/server.mjs'
@@ -90,6 +91,24 @@ test('agents work in the room through real MCP clients, seen live and audited', 
   await waitFor(async () => text(await client.callTool({ name: 'terminal_read', arguments: {} })).includes('from-agent-42'),
     20_000, 'the agent\'s line never showed in the terminal')
   assert.doesNotMatch(text(await client.callTool({ name: 'terminal_read', arguments: { max_bytes: 4096 } })), /\x1b/)
+  // One driver at a time: while Ana holds the terminal the agent's line is refused, not typed;
+  // once she lets go it goes through.
+  const anaTerm = new WebSocket(`${server.url.replace(/^http/, 'ws')}/api/rooms/${roomId}/terminal`, { headers: { Authorization: `Bearer ${ana}` } })
+  defer(() => anaTerm.close())
+  const floorEvents = []
+  anaTerm.on('message', (data, binary) => { if (!binary) floorEvents.push(JSON.parse(String(data))) })
+  await new Promise((resolve, reject) => { anaTerm.once('open', resolve); anaTerm.once('error', reject) })
+  anaTerm.send(JSON.stringify({ type: 'floor', action: 'take' }))
+  await waitFor(() => floorEvents.some((e) => e.type === 'floor' && e.holder?.email === 'ana@example.com'), 10_000, 'Ana never held the terminal')
+  const blocked = await client.callTool({ name: 'terminal_send', arguments: { text: 'echo blocked-$((2*3))\n', wait_ms: 2000 } })
+  assert.equal(blocked.isError, true, text(blocked))
+  assert.match(text(blocked), /ana@example\.com has the terminal; .*nothing was typed/)
+  anaTerm.send(JSON.stringify({ type: 'floor', action: 'release' }))
+  await waitFor(() => floorEvents.some((e) => e.type === 'floor' && e.holder === null), 10_000, 'Ana never let go')
+  const after = await client.callTool({ name: 'terminal_send', arguments: { text: 'echo unblocked-$((3*3))\n', wait_ms: 5000 } })
+  assert.equal(after.isError, false, text(after))
+  await waitFor(async () => text(await client.callTool({ name: 'terminal_read', arguments: {} })).includes('unblocked-9'), 20_000, 'the agent\'s line never ran')
+  assert.doesNotMatch(text(await client.callTool({ name: 'terminal_read', arguments: { max_bytes: 65536 } })), /blocked-6/)
   const found = await client.callTool({ name: 'search', arguments: { query: 'hello, room' } })
   assert.match(text(found), /^hello\.py:2: print\("hello, room"\)$/m)
   const resources = await client.listResources()

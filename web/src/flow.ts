@@ -47,6 +47,11 @@ export type TermEvent =
   | { type: 'exit', code?: number | null, reason?: string }
   | { type: 'sandbox', state?: string, reason?: string, [k: string]: unknown }
   | { type: 'error', reason: string }
+  | { type: 'floor', holder: FloorPerson | null, requests: FloorPerson[] }
+  | { type: 'floor_refused', reason: string, holder: FloorPerson | null }
+
+/** A participant in the terminal's floor events. */
+export interface FloorPerson { user_id: string, email: string }
 
 export function parseEvent (text: string): TermEvent | null {
   try {

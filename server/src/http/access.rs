@@ -172,9 +172,18 @@ pub(crate) async fn accept_invite(
         )
         .await
     {
-        Ok(_) => Ok(Json(Joined {
-            room_id: invite.room_id,
-        })),
+        Ok(_) => {
+            drop(locked);
+            // Everyone in the room sees the newcomer at once (their people panels look again).
+            let _ = app.access_changed.send(crate::http::state::AccessChanged {
+                room: invite.room_id.clone(),
+                user: proof.actor().to_owned(),
+                at: std::time::Instant::now(),
+            });
+            Ok(Json(Joined {
+                room_id: invite.room_id,
+            }))
+        }
         // Used up, revoked, or the user was removed after the link was made.
         Err(StoreError::Conflict) => Err(ApiError::Gone),
         Err(e) => Err(e.into()),

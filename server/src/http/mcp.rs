@@ -598,6 +598,17 @@ impl Mcp {
                 while out.len() < MAX_READ_BYTES {
                     match tokio::time::timeout_at(until, joined.rx.recv()).await {
                         Ok(Some(crate::terminal::TermOut::Output(b))) => out.extend_from_slice(&b),
+                        Ok(Some(crate::terminal::TermOut::Event(e))) => {
+                            // Someone else has the terminal: nothing was typed.
+                            let e: Value = serde_json::from_str(&e).unwrap_or_default();
+                            if e["type"] == "floor_refused" {
+                                self.app.sandboxes.leave(&c.room, &hub, joined.viewer).await;
+                                let reason = e["reason"]
+                                    .as_str()
+                                    .unwrap_or("someone else has the terminal");
+                                return Err(format!("refused: {reason}; nothing was typed").into());
+                            }
+                        }
                         Ok(Some(_)) => {}
                         Ok(None) | Err(_) => break,
                     }

@@ -2,7 +2,8 @@
 //!
 //! Server to client: binary frames are output (the scrollback first), text frames are JSON
 //! events (`denied`, `exit`, `sandbox`, `error`). Client to server: binary frames are input,
-//! forwarded only while the sender holds `type`; text frames are `{"type":"resize",...}`.
+//! forwarded only while the sender holds `type` and the terminal's floor is free or theirs;
+//! text frames are `{"type":"resize",...}` and `{"type":"floor","action":...}`.
 //!
 //! Resize policy: the PTY takes the size most recently asked for by a participant who may type
 //! (the people typing decide the layout); resizes from observers are ignored, and every viewer
@@ -16,6 +17,7 @@ use crate::http::AppState;
 use crate::http::AuthUser;
 use crate::ids::RoomId;
 use crate::room::task::Rights;
+use crate::terminal::hub::FloorAction;
 use crate::terminal::recorder::{CAST_FILE, INPUTS_FILE};
 use crate::terminal::TermEvent;
 use crate::terminal::TermOut;
@@ -257,8 +259,28 @@ async fn serve(
                                 hub.resize(c, r).await;
                             }
                         }
+                        Ok(Control::Floor { action, to }) => {
+                            let action = match (action, to) {
+                                _ if !rights.may_act(app.clock.now_ms()) => Err("you do not hold type in this room"),
+                                (FloorControl::Take, None) => Ok(FloorAction::Take),
+                                (FloorControl::Request, None) => Ok(FloorAction::Request),
+                                (FloorControl::Release, None) => Ok(FloorAction::Release),
+                                (FloorControl::Give, Some(to)) if !to.is_empty() && to.len() <= 64 => Ok(FloorAction::Give(to)),
+                                (FloorControl::Give, _) => Err("give needs \"to\": the user id of someone who asked"),
+                                (_, Some(_)) => Err("only give takes \"to\""),
+                            };
+                            match action {
+                                Ok(action) => hub.floor(viewer, (&user.id, &user.email), action).await,
+                                Err(reason) => {
+                                    let msg = TermEvent::FloorRefused { reason: reason.into(), holder: None };
+                                    if !put(&mut sink, Message::Text(msg.text().into()), stall).await {
+                                        break;
+                                    }
+                                }
+                            }
+                        }
                         Err(_) => {
-                            let msg = TermEvent::error("unknown control message; expected {\"type\":\"resize\",\"cols\":N,\"rows\":N}");
+                            let msg = TermEvent::error("unknown control message; expected {\"type\":\"resize\",\"cols\":N,\"rows\":N} or {\"type\":\"floor\",\"action\":\"take\"|\"request\"|\"release\"|\"give\",\"to\"?:USER_ID}");
                             if !put(&mut sink, Message::Text(msg.text().into()), stall).await {
                                 break;
                             }
@@ -295,6 +317,7 @@ async fn serve(
                     let was_typing = rights.may_act(app.clock.now_ms());
                     rights = now.as_ref().map_or(Rights::NONE, |(r, _)| *r);
                     if was_typing && !rights.may_act(app.clock.now_ms()) {
+                        hub.floor(viewer, (&user.id, &user.email), FloorAction::Revoked).await;
                         let msg = TermEvent::ReadOnly { reason: "your right to type was withdrawn".into() };
                         put(&mut sink, Message::Text(msg.text().into()), stall).await;
                     }
@@ -371,7 +394,25 @@ fn capabilities(caps: &[&'static str]) -> Message {
 #[derive(Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 enum Control {
-    Resize { cols: u16, rows: u16 },
+    Resize {
+        cols: u16,
+        rows: u16,
+    },
+    /// The terminal's floor (see `terminal::floor`): `give` names who gets it.
+    Floor {
+        action: FloorControl,
+        #[serde(default)]
+        to: Option<String>,
+    },
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum FloorControl {
+    Take,
+    Request,
+    Release,
+    Give,
 }
 
 /// Refused input of one connection, audited in batches.

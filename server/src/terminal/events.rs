@@ -35,6 +35,14 @@ pub(crate) enum TermEvent {
     },
     /// Something went wrong for this viewer (a refused key, an unknown control message).
     Error { reason: String },
+    /// Who has the terminal (taken with `take`) and who asked for it; sent on join when
+    /// either is set, and to everyone on every change.
+    Floor(crate::terminal::floor::FloorView),
+    /// This viewer's keys (or floor action) were refused: someone else has the terminal.
+    FloorRefused {
+        reason: String,
+        holder: Option<crate::terminal::floor::Person>,
+    },
 }
 
 impl TermEvent {

@@ -13,6 +13,7 @@
 use crate::clock::Clock;
 use crate::close::CloseCode;
 use crate::terminal::events::{Joined, TermEvent, TermOut};
+use crate::terminal::floor::{Floor, Person};
 use crate::terminal::recorder::Recorder;
 use bytes::Bytes;
 use coderoom_sandbox::proto::{Op, MAX_PTY_CHUNK};
@@ -94,6 +95,23 @@ enum Cmd {
     Size {
         reply: oneshot::Sender<(u16, u16)>,
     },
+    Floor {
+        viewer: u64,
+        who: Person,
+        action: FloorAction,
+    },
+}
+
+/// What a participant does with the terminal's floor (see [`crate::terminal::floor`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum FloorAction {
+    Take,
+    Request,
+    Release,
+    /// Hand it to this user, who asked.
+    Give(String),
+    /// The participant lost `type`.
+    Revoked,
 }
 
 /// A room's terminal hub. Cheap to clone; the task ends when every handle is gone.
@@ -136,6 +154,7 @@ impl Hub {
             records,
             clock: config.clock,
             pty_wanted: config.pty_wanted,
+            floor: Floor::default(),
         };
         tokio::spawn(task.run(rx));
         Hub { tx, viewers }
@@ -196,6 +215,28 @@ impl Hub {
         let _ = self.tx.send(Cmd::Event(event.text())).await;
     }
 
+    /// Takes, asks for, releases or hands on the terminal's floor; a refusal is told to
+    /// `viewer` (a `floor_refused` event).
+    pub(crate) async fn floor(
+        &self,
+        viewer: u64,
+        (user_id, email): (&str, &str),
+        action: FloorAction,
+    ) {
+        let who = Person {
+            user_id: user_id.to_owned(),
+            email: email.to_owned(),
+        };
+        let _ = self
+            .tx
+            .send(Cmd::Floor {
+                viewer,
+                who,
+                action,
+            })
+            .await;
+    }
+
     /// Closes every viewer's socket with `code`.
     pub(crate) async fn close_all(&self, code: CloseCode) {
         let _ = self.tx.send(Cmd::CloseAll(code)).await;
@@ -240,11 +281,26 @@ struct Task {
     records: mpsc::Sender<Record>,
     clock: Clock,
     pty_wanted: mpsc::Sender<()>,
+    /// Who may type now.
+    floor: Floor,
 }
 
 impl Task {
     async fn run(mut self, mut rx: mpsc::Receiver<Cmd>) {
-        while let Some(cmd) = rx.recv().await {
+        loop {
+            let deadline = self.floor.deadline();
+            let cmd = tokio::select! {
+                cmd = rx.recv() => match cmd {
+                    Some(cmd) => cmd,
+                    None => break,
+                },
+                () = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => {
+                    if self.floor.tick(tokio::time::Instant::now()) {
+                        self.broadcast_floor();
+                    }
+                    continue;
+                }
+            };
             self.handle(cmd).await;
             self.viewer_count
                 .store(self.viewers.len(), Ordering::Release);
@@ -266,7 +322,7 @@ impl Task {
                     Link::Pending => Some("starting"),
                     Link::Down(_) => None,
                 };
-                let events = state
+                let mut events: Vec<String> = state
                     .map(|state| {
                         TermEvent::Sandbox {
                             state,
@@ -276,6 +332,10 @@ impl Task {
                     })
                     .into_iter()
                     .collect();
+                let floor = self.floor.view();
+                if floor.holder.is_some() || !floor.requests.is_empty() {
+                    events.push(TermEvent::Floor(floor).text());
+                }
                 let joined = Joined {
                     viewer,
                     scrollback: self.scrollback.iter().copied().collect(),
@@ -292,6 +352,9 @@ impl Task {
             }
             Cmd::Leave { viewer, done } => {
                 self.viewers.remove(&viewer);
+                if self.floor.left(viewer, tokio::time::Instant::now()) {
+                    self.broadcast_floor();
+                }
                 self.forget_keys_of_gone_viewers();
                 self.viewer_count
                     .store(self.viewers.len(), Ordering::Release);
@@ -303,8 +366,45 @@ impl Task {
                 email,
                 data,
             } => {
-                self.announce_typing(&user_id, &email);
-                self.input(viewer, user_id, data).await;
+                if data.is_empty() {
+                    return;
+                }
+                let who = Person { user_id, email };
+                match self
+                    .floor
+                    .keys(viewer, &who, &data, tokio::time::Instant::now())
+                {
+                    Ok(changed) => {
+                        if changed {
+                            self.broadcast_floor();
+                        }
+                    }
+                    Err(refused) => {
+                        self.refuse(viewer, &refused);
+                        return;
+                    }
+                }
+                self.announce_typing(&who.user_id, &who.email);
+                self.input(viewer, who.user_id, data).await;
+            }
+            Cmd::Floor {
+                viewer,
+                who,
+                action,
+            } => {
+                let now = tokio::time::Instant::now();
+                let done = match action {
+                    FloorAction::Take => self.floor.take(viewer, &who, now),
+                    FloorAction::Request => self.floor.request(viewer, &who, now),
+                    FloorAction::Release => Ok(self.floor.release(&who.user_id, now)),
+                    FloorAction::Give(to) => self.floor.give(&who.user_id, &to, now),
+                    FloorAction::Revoked => Ok(self.floor.revoked(&who.user_id, now)),
+                };
+                match done {
+                    Ok(true) => self.broadcast_floor(),
+                    Ok(false) => {}
+                    Err(refused) => self.refuse(viewer, &refused),
+                }
             }
             Cmd::Resize { cols, rows } => {
                 self.size = (cols, rows);
@@ -502,6 +602,26 @@ impl Task {
         if let Some(tx) = self.viewers.get(&viewer) {
             let _ = tx.try_send(TermOut::Event(TermEvent::error(reason).text()));
         }
+    }
+
+    /// Tells `viewer` why its keys (or its floor action) were refused.
+    fn refuse(&self, viewer: u64, refused: &crate::terminal::floor::Refused) {
+        if let Some(tx) = self.viewers.get(&viewer) {
+            let holder = match refused {
+                crate::terminal::floor::Refused::Busy(p) => Some(p.clone()),
+                _ => None,
+            };
+            let event = TermEvent::FloorRefused {
+                reason: refused.reason(),
+                holder,
+            };
+            let _ = tx.try_send(TermOut::Event(event.text()));
+        }
+    }
+
+    fn broadcast_floor(&mut self) {
+        let view = TermEvent::Floor(self.floor.view()).text();
+        self.broadcast(view);
     }
 
     fn broadcast(&mut self, text: String) {

@@ -322,6 +322,8 @@ export function roomPage (app: App, id: string): () => void {
   const terminal = new SharedTerminal(termEl, id, {
     ended: (message) => end(message),
     isShortcut: (e) => shortcut(e, true) !== null,
+    selfId: me.id,
+    name: (p) => room?.agents?.find((a) => a.agent_id === p.user_id)?.name ?? room?.participants.find((x) => x.user_id === p.user_id)?.email ?? p.email,
     event: (e) => {
       if (e.type === 'capabilities') {
         capsEpoch++

@@ -4,7 +4,7 @@ import { Terminal } from '@xterm/xterm'
 import { FitAddon } from '@xterm/addon-fit'
 import '@xterm/xterm/css/xterm.css'
 import { h } from '../dom'
-import { Backoff, FlowGate, parseEvent, type TermEvent } from '../flow'
+import { Backoff, FlowGate, parseEvent, type FloorPerson, type TermEvent } from '../flow'
 import { closeMeaning } from '../conn'
 import { wsUrl } from '../api'
 
@@ -14,6 +14,10 @@ export interface TerminalHooks {
   isShortcut: (e: KeyboardEvent) => boolean
   /** The server ended this membership (removed, deleted, logged out). */
   ended: (message: string) => void
+  /** This participant's user id (to tell their own floor from others'). */
+  selfId: string
+  /** How a participant is shown. */
+  name: (p: FloorPerson) => string
 }
 
 export class SharedTerminal {
@@ -28,6 +32,9 @@ export class SharedTerminal {
   private canType = false
   private readonly status: HTMLElement
   private readonly badge: HTMLElement
+  /** Who has the terminal (taken with "Take control") and who asked for it. */
+  private floor: { holder: FloorPerson | null, requests: FloorPerson[] } = { holder: null, requests: [] }
+  private readonly floorEl: HTMLElement
   private readonly observer: ResizeObserver
   private readonly encoder = new TextEncoder()
 
@@ -45,7 +52,8 @@ export class SharedTerminal {
     const screen = h('div', { class: 'term-screen', 'data-testid': 'terminal' })
     this.status = h('span', { class: 'term-status', 'data-testid': 'terminal-status' }, 'Connecting…')
     this.badge = h('span', { class: 'badge view-only', 'data-testid': 'terminal-view-only', hidden: true }, 'View only: you cannot type here')
-    el.append(h('div', { class: 'term-bar' }, h('strong', null, 'Terminal'), this.badge, this.status), screen)
+    this.floorEl = h('span', { class: 'term-floor', 'data-testid': 'terminal-floor' })
+    el.append(h('div', { class: 'term-bar' }, h('strong', null, 'Terminal'), this.badge, this.floorEl, this.status), screen)
     this.term.open(screen)
     this.term.onData((data) => this.input(data))
     // With stdin disabled xterm drops keys silently: say why nothing happens.
@@ -68,6 +76,42 @@ export class SharedTerminal {
     this.badge.hidden = can
     this.el.classList.toggle('read-only', !can)
     if (can) this.sendSize()
+    this.renderFloor()
+  }
+
+  /** Takes, asks for, releases or hands on the terminal (one driver at a time). */
+  private floorAction (action: 'take' | 'request' | 'release' | 'give', to?: string): void {
+    if (this.ws?.readyState !== WebSocket.OPEN) return
+    this.ws.send(JSON.stringify(to ? { type: 'floor', action, to } : { type: 'floor', action }))
+  }
+
+  private renderFloor (): void {
+    const { holder, requests } = this.floor
+    const mine = holder?.user_id === this.hooks.selfId
+    const asked = requests.some((r) => r.user_id === this.hooks.selfId)
+    const button = (label: string, testid: string, onclick: () => void): HTMLElement =>
+      h('button', { type: 'button', class: 'small', 'data-testid': testid, onclick }, label)
+    const parts: Array<HTMLElement | string> = []
+    if (holder === null) {
+      if (this.canType) parts.push(button('Take control', 'floor-take', () => this.floorAction('take')))
+    } else if (mine) {
+      parts.push(h('span', { class: 'floor-holder', 'data-testid': 'floor-holder' }, 'You have control'))
+      parts.push(button('Release', 'floor-release', () => this.floorAction('release')))
+      for (const r of requests) {
+        parts.push(h('span', { class: 'floor-request', 'data-testid': 'floor-request' },
+          `${this.hooks.name(r)} asks for control `,
+          button('Hand over', 'floor-give', () => this.floorAction('give', r.user_id))))
+      }
+    } else {
+      parts.push(h('span', { class: 'floor-holder', 'data-testid': 'floor-holder' }, `${this.hooks.name(holder)} has control`))
+      if (asked) {
+        parts.push(h('span', { class: 'hint', 'data-testid': 'floor-asked' }, 'You asked for control'))
+        parts.push(button('Cancel', 'floor-cancel', () => this.floorAction('release')))
+      } else if (this.canType) {
+        parts.push(button('Request control', 'floor-request-button', () => this.floorAction('request')))
+      }
+    }
+    this.floorEl.replaceChildren(...parts)
   }
 
   focus (): void { this.term.focus() }
@@ -174,6 +218,11 @@ export class SharedTerminal {
   private onEvent (e: TermEvent): void {
     switch (e.type) {
       case 'denied': this.flash(`Refused: ${e.reason}`); break
+      case 'floor':
+        this.floor = { holder: e.holder, requests: e.requests }
+        this.renderFloor()
+        break
+      case 'floor_refused': this.flash(e.reason); break
       case 'error': this.flash(e.reason); break
       case 'sandbox':
         if (e.state === 'starting') this.flash('Starting the sandbox…')
