@@ -125,6 +125,17 @@ pub enum Action {
         /// The approval presented with the request, if any.
         approval: Option<Approval>,
     },
+    /// Set the room's budget or an agent's (`params`: canonical JSON naming whose and the
+    /// limits). Needs `spend`; a raise (a limit lifted or increased) also an approval by another
+    /// holder of `approve`, bound to exactly these parameters.
+    SetBudget {
+        /// Whose budget and its limits, canonical JSON.
+        params: String,
+        /// The approval presented with the request, if any.
+        approval: Option<Approval>,
+        /// The change allows more than the budget in force.
+        raise: bool,
+    },
     /// Approve or deny a pending request.
     DecideApproval {
         /// The request being decided.
@@ -145,6 +156,7 @@ impl Action {
             | Action::ForcePush { approval, .. }
             | Action::AddSecret { approval, .. }
             | Action::PublicPreview { approval, .. }
+            | Action::SetBudget { approval, .. }
             | Action::RunCommand { approval, .. } => approval.as_ref(),
             Action::Use(_)
             | Action::CreateInvite { .. }
@@ -174,6 +186,7 @@ impl Action {
             Action::AddSecret { .. } => "add_secret",
             Action::PublicPreview { .. } => "public_preview",
             Action::RunCommand { .. } => "run_command",
+            Action::SetBudget { .. } => "set_budget",
             Action::DecideApproval { .. } => "decide_approval",
             Action::ConfirmDeletion => "confirm_deletion",
         }
@@ -411,6 +424,7 @@ pub fn decide(principal: &Principal, action: &Action, room: &RoomState, now: i64
         Action::AddSecret { .. } => need(Capability::AddSecret),
         Action::PublicPreview { .. } => need(Capability::Publish),
         Action::RunCommand { .. } => need(Capability::Type),
+        Action::SetBudget { .. } => need(Capability::Spend),
         Action::DecideApproval { approval } => need(Capability::Approve).and_then(|()| {
             if approval.requester == principal.user {
                 Err(DenyReason::SelfApproval)
@@ -452,6 +466,11 @@ pub fn decide(principal: &Principal, action: &Action, room: &RoomState, now: i64
             params,
             approval,
             approval_required: true,
+        }
+        | Action::SetBudget {
+            params,
+            approval,
+            raise: true,
         } => Some((params, approval)),
         Action::RunCommand { params, approval }
             if room
@@ -554,6 +573,48 @@ mod tests {
 
     fn allowed(d: &Decision) -> bool {
         matches!(d, Decision::Allow(_))
+    }
+
+    /// Budgets need `spend`; lowering one is immediate, a raise needs someone else's approval
+    /// of exactly that budget, even an owner's.
+    #[test]
+    fn budget_raises_need_an_approval() {
+        let r = room(&[("ana", Role::Owner), ("ben", Role::Editor)]);
+        let params = r#"{"agent":null,"budget":{"execs":10}}"#.to_owned();
+        let set = |approval, raise| Action::SetBudget {
+            params: params.clone(),
+            approval,
+            raise,
+        };
+        assert!(allowed(&decide(&user("ana"), &set(None, false), &r, 0)));
+        assert_eq!(
+            decide(&user("ben"), &set(None, false), &r, 0),
+            Decision::Deny(DenyReason::Missing(Capability::Spend))
+        );
+        assert!(matches!(
+            decide(&user("ana"), &set(None, true), &r, 0),
+            Decision::NeedsApproval(ApprovalRequest {
+                action: "set_budget",
+                ..
+            })
+        ));
+        let mut by_ben = approved_by_ana("set_budget", &params);
+        by_ben.requester = "ana".into();
+        by_ben.decided = Some(("ben".into(), true));
+        assert!(allowed(&decide(
+            &user("ana"),
+            &set(Some(by_ben.clone()), true),
+            &r,
+            50
+        )));
+        // Bound to exactly those limits.
+        by_ben.params = r#"{"agent":null,"budget":{"execs":1000}}"#.into();
+        assert!(!allowed(&decide(
+            &user("ana"),
+            &set(Some(by_ben), true),
+            &r,
+            50
+        )));
     }
 
     /// A fork needs `observe` and `export`, or an approval by someone else for that checkpoint.

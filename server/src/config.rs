@@ -192,6 +192,12 @@ pub(crate) struct ServeArgs {
     /// (allowed and refused) to the audit chain.
     #[arg(long, env = "CODEROOM_EGRESS_AUDIT_EVERY_MS", default_value_t = 60_000)]
     pub egress_audit_every_ms: u64,
+    /// How often each room's metered use (sandbox seconds, commands, egress bytes, model
+    /// tokens, tool calls) is written to its audit chain as one `metered` record (also before
+    /// `GET /api/rooms/{id}/spend` answers, and at shutdown). Budgets are enforced at once,
+    /// whatever this is.
+    #[arg(long, env = "CODEROOM_SPEND_FLUSH_MS", default_value_t = 30_000)]
+    pub spend_flush_ms: u64,
     /// PEM certificates of authorities the egress proxy trusts for upstreams, besides the
     /// Mozilla roots it ships with (a private registry's authority; tests use it too).
     #[arg(long, env = "CODEROOM_EGRESS_EXTRA_CA")]

@@ -192,6 +192,8 @@ struct Inner {
     store: Store,
     audit: Audit,
     clock: crate::clock::Clock,
+    /// Bytes and tokens are charged to whoever's connection carried them.
+    spend: crate::spend::Spend,
     resolver: Resolver,
     meters: Mutex<HashMap<String, RoomMeter>>,
     /// Opens the secrets the proxy adds.
@@ -253,6 +255,7 @@ pub(crate) struct Egress {
 impl Egress {
     pub(crate) fn new(
         (store, audit, clock): (Store, Audit, crate::clock::Clock),
+        spend: crate::spend::Spend,
         resolver: Resolver,
         vault: Arc<crate::secrets::Vault>,
         upstream_tls: Arc<rustls::ClientConfig>,
@@ -262,6 +265,7 @@ impl Egress {
                 store,
                 audit,
                 clock,
+                spend,
                 resolver,
                 meters: Mutex::default(),
                 vault,
@@ -483,9 +487,40 @@ impl Egress {
         }
     }
 
+    /// Refused when the room's budget (or the connection's agent's) of egress bytes or model
+    /// tokens is used up.
+    pub(crate) async fn within_budget(
+        &self,
+        room_id: &str,
+        who: &str,
+    ) -> Result<(), crate::spend::OverBudget> {
+        use crate::spend::Meter;
+        match self
+            .inner
+            .spend
+            .check(room_id, who, &[Meter::EgressBytes, Meter::ModelTokens])
+            .await
+        {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(crate::spend::OverBudget(e.to_string())),
+            Err(e) => {
+                tracing::error!(room = room_id, error = %e, "cannot read the room's spend; refusing");
+                Err(crate::spend::OverBudget(
+                    "the room's spend cannot be read now".into(),
+                ))
+            }
+        }
+    }
+
     /// Counts one connection.
     pub(crate) fn record(&self, room_id: &str, o: Outcome) {
         let now = self.inner.clock.now_ms();
+        self.inner.spend.charge(
+            room_id,
+            &o.who,
+            crate::spend::Meter::EgressBytes,
+            o.bytes_in.saturating_add(o.bytes_out),
+        );
         let mut meters = self.meters();
         let m = meters.entry(room_id.to_owned()).or_default();
         let tally = Tally {
@@ -535,6 +570,12 @@ impl Egress {
 
     /// Counts tokens a model provider reported for the room.
     pub(crate) fn record_tokens(&self, room_id: &str, who: &str, tokens: usage::Tokens) {
+        self.inner.spend.charge(
+            room_id,
+            who,
+            crate::spend::Meter::ModelTokens,
+            tokens.input.saturating_add(tokens.output),
+        );
         let mut meters = self.meters();
         let m = meters.entry(room_id.to_owned()).or_default();
         m.totals_of(who.to_owned()).model_tokens.add(tokens);

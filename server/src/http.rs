@@ -18,6 +18,7 @@ pub(crate) mod guard;
 pub(crate) mod listener;
 pub(crate) mod login;
 pub(crate) mod mcp;
+pub(crate) mod moderation;
 pub(crate) mod ops;
 pub(crate) mod previews;
 pub(crate) mod repos;
@@ -25,6 +26,7 @@ pub(crate) mod rooms;
 pub(crate) mod sandbox;
 pub(crate) mod secrets;
 pub(crate) mod serve;
+pub(crate) mod spend;
 pub(crate) mod state;
 pub(crate) mod terminal_socket;
 pub(crate) mod upgrade;
@@ -57,6 +59,8 @@ pub(crate) fn router(state: AppState) -> Router {
         .merge(egress::routes())
         .merge(repos::routes())
         .merge(previews::routes())
+        .merge(spend::routes())
+        .merge(moderation::routes())
         .merge(agents::routes())
         .layer(DefaultBodyLimit::max(MAX_API_BODY))
         // File contents are bigger than API bodies.

@@ -1,7 +1,7 @@
 //! Coderoom room server: HTTP API, y-websocket document sync, durable storage.
 //!
 //! Layers (see `docs/design.md`): `http` is the edge; `room`, `terminal`, `sandbox` and
-//! `accounts` are the domain; `audit`, `store`, `config`, `metrics` and `registry` are below.
+//! `accounts` (and `spend`, `egress`, ...) are the domain; `audit`, `store`, `config`, `metrics` and `registry` are below.
 //! Imports run downward only.
 #![forbid(unsafe_code)]
 
@@ -21,5 +21,6 @@ pub(crate) mod repos;
 pub mod room;
 pub(crate) mod sandbox;
 pub(crate) mod secrets;
+pub(crate) mod spend;
 pub(crate) mod store;
 pub(crate) mod terminal;

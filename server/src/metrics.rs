@@ -2,6 +2,7 @@
 
 use prometheus_client::encoding::text::encode;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
@@ -34,6 +35,10 @@ pub(crate) struct Inner {
     pub access_close_seconds: Histogram,
     pub descriptors_exhausted: Counter,
     pub outbound_queued_bytes: Gauge,
+    /// Metered use (`crate::spend`), by meter.
+    pub spend: Family<Vec<(String, String)>, Counter>,
+    /// Metered work refused at a budget, by meter.
+    pub budget_refusals: Family<Vec<(String, String)>, Counter>,
 }
 
 impl Metrics {
@@ -155,8 +160,23 @@ impl Metrics {
             "Connections closed for malformed or refused frames",
             protocol_errors.clone(),
         );
+        let spend = Family::default();
+        registry.register(
+            "spend",
+            "Metered use by meter (sandbox_seconds, execs, egress_bytes, model_tokens, tool_calls), \
+             all rooms; GET /api/rooms/{id}/spend has each room's, per participant",
+            spend.clone(),
+        );
+        let budget_refusals = Family::default();
+        registry.register(
+            "budget_refusals",
+            "Metered work refused because a budget of that meter was used up",
+            budget_refusals.clone(),
+        );
         Metrics {
             inner: Arc::new(Inner {
+                spend,
+                budget_refusals,
                 registry,
                 rooms_loaded,
                 sandbox_pool_ready,

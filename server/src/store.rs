@@ -27,6 +27,7 @@ mod repos;
 mod rooms;
 mod sandboxes;
 mod secrets;
+mod spend;
 
 pub(crate) use accounts::{LoginCode, UserRow};
 pub(crate) use agents::{AgentRow, AGENT_DOMAIN};

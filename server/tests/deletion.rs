@@ -161,6 +161,7 @@ async fn deletion_survives_a_crash_and_leaves_nothing_on(backend: &Backend) {
         "secrets",
         "repositories",
         "previews",
+        "spend",
         "agents",
         "sandbox",
         "room",

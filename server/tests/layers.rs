@@ -24,7 +24,7 @@ enum Layer {
 fn layer_of(module: &str) -> Option<Layer> {
     Some(match module {
         "http" => Layer::Edge,
-        "room" | "terminal" | "sandbox" | "accounts" | "secrets" | "egress" | "repos" => {
+        "room" | "terminal" | "sandbox" | "accounts" | "secrets" | "egress" | "repos" | "spend" => {
             Layer::Domain
         }
         "audit" | "store" | "config" | "metrics" | "registry" | "clock" | "close" | "ids"

@@ -268,3 +268,85 @@ test('an agent\'s tool calls are bounded per second', { skip, timeout: 120_000 }
   assert.equal((await calm.callTool({ name: 'read_manifest', arguments: {} })).isError, false)
   assert.deepEqual(await server.stop(), { code: 0, signal: null })
 })
+
+test('an agent\'s budget stops its calls with an error it can read; a raise needs an approval', { skip, timeout: 120_000 }, async (t) => {
+  const defer = cleanups(t)
+  const storage = await createStorage('sqlite')
+  defer(() => storage.cleanup())
+  const server = await startServer(storage)
+  defer(() => server.kill())
+  const ana = await mintToken(storage, 'ana@example.com')
+  const roomId = await createRoom(server, ana)
+  const created = await api(server, ana, 'POST', `/api/rooms/${roomId}/agents`,
+    { name: 'frugal', capabilities: ['observe', 'edit', 'type', 'spend'], ttl_s: 3600, budget: { tool_calls: 3, execs: 1 } })
+  assert.equal(created.status, 201, JSON.stringify(created.body))
+  const agent = created.body
+  const client = await tsClient(`${server.url}/api/rooms/${roomId}/mcp`, agent.token)
+  defer(() => client.close())
+  const ran = await client.callTool({ name: 'exec', arguments: { argv: ['sh', '-c', 'echo once'] } })
+  assert.equal(ran.isError, false, text(ran))
+  // Its one command is spent: the next is refused, naming the budget (a tool call is spent too).
+  const again = await client.callTool({ name: 'exec', arguments: { argv: ['sh', '-c', 'echo twice'] } })
+  assert.equal(again.isError, true)
+  assert.match(text(again), /refused: this agent's budget of commands is spent \(1 used of 1\)/)
+  assert.equal((await client.callTool({ name: 'list_files', arguments: {} })).isError, false)
+  // Three tool calls made: the fourth is refused.
+  const fourth = await client.callTool({ name: 'list_files', arguments: {} })
+  assert.equal(fourth.isError, true)
+  assert.match(text(fourth), /refused: this agent's budget of tool calls is spent \(3 used of 3\)/)
+  // Raising it needs someone else's approval: Ana alone cannot.
+  const raise = await api(server, ana, 'PUT', `/api/rooms/${roomId}/budget`, { agent_id: agent.agent_id, budget: { tool_calls: 10, execs: 1 } })
+  assert.equal(raise.status, 202, JSON.stringify(raise.body))
+  assert.equal((await api(server, ana, 'POST', `/api/rooms/${roomId}/approvals/${raise.body.approval_id}/decision`, { approve: true })).status, 403)
+  const spend = await api(server, ana, 'GET', `/api/rooms/${roomId}/spend`)
+  const mine = spend.body.participants.find((p) => p.who === agent.agent_id)
+  assert.deepEqual([mine.kind, mine.used.tool_calls, mine.used.execs, mine.budget], ['agent', 3, 1, { tool_calls: 3, execs: 1 }])
+  assert.deepEqual(await server.stop(), { code: 0, signal: null })
+})
+
+test('in a moderated room an agent types only while someone who can approve is here', { skip, timeout: 120_000 }, async (t) => {
+  const defer = cleanups(t)
+  const storage = await createStorage('sqlite')
+  defer(() => storage.cleanup())
+  const server = await startServer(storage)
+  defer(() => server.kill())
+  const ana = await mintToken(storage, 'ana@example.com')
+  const ben = await mintToken(storage, 'ben@example.com')
+  const roomId = await createRoom(server, ana)
+  const invite = await api(server, ana, 'POST', `/api/rooms/${roomId}/invites`, { role: 'editor', ttl_s: 3600, max_uses: 1 })
+  assert.equal((await api(server, ben, 'POST', `/api/invites/${invite.body.token}/accept`, {})).status, 200)
+  // Only someone who holds approve may moderate the room.
+  assert.equal((await api(server, ben, 'PUT', `/api/rooms/${roomId}/moderation`, { moderated: true })).status, 403)
+  assert.equal((await api(server, ana, 'PUT', `/api/rooms/${roomId}/moderation`, { moderated: true })).status, 200)
+  assert.equal((await api(server, ana, 'GET', `/api/rooms/${roomId}`)).body.moderated, true)
+  const agent = (await api(server, ana, 'POST', `/api/rooms/${roomId}/agents`,
+    { name: 'typist', capabilities: ['observe', 'edit', 'type'], ttl_s: 3600 })).body
+  const client = await tsClient(`${server.url}/api/rooms/${roomId}/mcp`, agent.token)
+  defer(() => client.close())
+  const send = (line) => client.callTool({ name: 'terminal_send', arguments: { text: `${line}\n`, wait_ms: 3000 } })
+  const open = async (token) => {
+    const ws = new WebSocket(`${server.url.replace(/^http/, 'ws')}/api/rooms/${roomId}/terminal`, { headers: { Authorization: `Bearer ${token}` } })
+    // In the room once the server has said something (it joins the terminal first).
+    await new Promise((resolve, reject) => { ws.once('message', resolve); ws.once('error', reject) })
+    return ws
+  }
+  // Nobody here: refused, nothing typed.
+  const alone = await send('echo alone-$((1+1))')
+  assert.equal(alone.isError, true)
+  assert.match(text(alone), /moderated: an agent types in the terminal only while someone who can approve is in the room/)
+  // Ben (an editor, no approve) is here: still refused.
+  const benTerm = await open(ben)
+  defer(() => benTerm.close())
+  assert.equal((await send('echo with-ben-$((2+2))')).isError, true)
+  // Ana (owner) is here: it types.
+  const anaTerm = await open(ana)
+  const watched = await send('echo watched-$((3+3))')
+  assert.equal(watched.isError, false, text(watched))
+  await waitFor(async () => text(await client.callTool({ name: 'terminal_read', arguments: {} })).includes('watched-6'), 20_000, 'the watched line never ran')
+  // Ana leaves: refused again.
+  anaTerm.close()
+  await waitFor(async () => (await send('echo left-$((4+4))')).isError, 10_000, 'the agent still typed after Ana left')
+  const out = text(await client.callTool({ name: 'terminal_read', arguments: { max_bytes: 65536 } }))
+  assert.doesNotMatch(out, /alone-2|with-ben-4|left-8/)
+  assert.deepEqual(await server.stop(), { code: 0, signal: null })
+})

@@ -26,6 +26,8 @@ export interface Room {
   checkpoint_policy?: CheckpointPolicy
   /** Whether adding a secret needs someone else's approval. */
   secrets_need_approval?: boolean
+  /** Agents type in the terminal only while someone who holds approve is in the room. */
+  moderated?: boolean
   /** The room's secrets by rule (never by value). */
   secret_rules?: { name: string, hosts: string[] }[]
   /** Agents in the room now. */
@@ -90,6 +92,16 @@ export interface Repo {
 }
 /** An answer that may instead be a request for someone else's approval. */
 export interface Gated { state?: string, approval_id?: string }
+export const METERS = ['sandbox_seconds', 'execs', 'egress_bytes', 'model_tokens', 'tool_calls'] as const
+export type Meter = typeof METERS[number]
+export type Limits = Partial<Record<Meter, number>>
+export interface SpendView {
+  budget: Limits | null
+  used: Record<Meter, number>
+  remaining: Limits
+  by_tier: Record<string, number>
+  participants: Array<{ who: string, kind: 'person' | 'agent' | 'sandbox' | 'code', name: string, used: Record<Meter, number>, budget: Limits | null }>
+}
 export interface Checkpoint { id: string, name: string, author: string, at: number, bytes: number, scheduled?: boolean }
 export interface SandboxStatus {
   tier: string
@@ -236,10 +248,14 @@ export const api = {
   secrets: (id: string) => call<SecretRule[]>('GET', `/api/rooms/${id}/secrets`),
   addSecret: (id: string, s: { name: string, value: string, hosts: string[], header: string, format: string, approval_id?: string }) =>
     call<SecretRule & Gated>('POST', `/api/rooms/${id}/secrets`, s),
+  setModerated: (id: string, moderated: boolean) => call<unknown>('PUT', `/api/rooms/${id}/moderation`, { moderated }),
   setSecretsPolicy: (id: string, add_needs_approval: boolean) =>
     call<{ add_needs_approval: boolean }>('PUT', `/api/rooms/${id}/secrets-policy`, { add_needs_approval }),
   removeSecret: (id: string, name: string) => call<void>('DELETE', `/api/rooms/${id}/secrets/${encodeURIComponent(name)}`),
   egress: (id: string) => call<Egress>('GET', `/api/rooms/${id}/egress`),
+  spend: (id: string) => call<SpendView>('GET', `/api/rooms/${id}/spend`),
+  setBudget: (id: string, b: { budget: Limits | null, agent_id?: string, approval_id?: string }) =>
+    call<SpendView & Gated>('PUT', `/api/rooms/${id}/budget`, b),
   setEgress: (id: string, p: { allow: string[], presets: string[] }) => call<Egress>('PUT', `/api/rooms/${id}/egress`, p),
   allowEgress: (id: string, rule: string, approval_id?: string) =>
     call<Egress & Gated>('POST', `/api/rooms/${id}/egress/allow`, approval_id ? { rule, approval_id } : { rule }),

@@ -22,6 +22,8 @@ export interface Abilities {
   addSecret: boolean
   /** Serve a port of the sandbox as a preview (public ones also need someone's approval). */
   publish: boolean
+  /** Set budgets (a raise also needs someone's approval) and, in a budgeted room, run metered work. */
+  spend: boolean
   /** Capabilities this person could grant to another (only what they hold themselves). */
   grantable: Capability[]
   /** Roles this person could invite with (never more than they hold). */
@@ -41,6 +43,7 @@ export function abilities (mine: readonly Capability[]): Abilities {
     export: has('export'),
     addSecret: has('add_secret'),
     publish: has('publish'),
+    spend: has('spend'),
     grantable: mine.filter((c) => c !== 'observe'),
     inviteRoles: has('invite') ? Object.keys(ROLES).filter((r) => ROLES[r].every(has)) : [],
   }

@@ -49,6 +49,8 @@ export type TermEvent =
   | { type: 'error', reason: string }
   | { type: 'floor', holder: FloorPerson | null, requests: FloorPerson[] }
   | { type: 'floor_refused', reason: string, holder: FloorPerson | null }
+  | { type: 'spent', reason: string, agent: string | null, meter: string, used: number, budget: number, scope: string }
+  | { type: 'budget', agent: string | null, budget: Record<string, number> }
 
 /** A participant in the terminal's floor events. */
 export interface FloorPerson { user_id: string, email: string }

@@ -104,6 +104,13 @@ where
     // Whatever code inside sent, the counters keep a bounded name.
     outcome.host = host_raw.chars().take(253).collect();
     outcome.port = port;
+    // Past the budget nothing more goes out (what is open finishes).
+    if let Err(why) = egress.within_budget(room_id, who).await {
+        let _ = answer(&mut conn, "402 Payment Required", &why.0).await;
+        outcome.reason = why.0;
+        egress.record(room_id, outcome);
+        return;
+    }
     let (host, upstream) = match judge_and_connect(egress, room_id, &host_raw, port).await {
         Ok(judged) => judged,
         Err(r) => {

@@ -65,10 +65,10 @@ async fn create(
     if !given.contains(Capability::Observe) {
         return Err(ApiError::BadRequest("an agent needs observe"));
     }
-    let budget = body.budget.unwrap_or_else(|| json!({}));
-    if !budget.is_object() || budget.to_string().len() > 4096 {
-        return Err(ApiError::BadRequest("budget is an object (at most 4 KiB)"));
-    }
+    // Limits per meter (`crate::spend`): what the agent may use, whatever the room has left.
+    let budget = crate::spend::Budget::parse(&body.budget.unwrap_or(Value::Null))
+        .map_err(|e| ApiError::Invalid(e.0))?
+        .to_json();
     let details = json!({
         "name": name,
         "capabilities": given.names(),

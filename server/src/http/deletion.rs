@@ -60,6 +60,8 @@ const STEPS: &[(&str, Option<&str>)] = &[
     // credentials are the secrets above).
     ("repositories", None),
     ("previews", Some("DELETE FROM previews WHERE room_id = $1")),
+    // Its meters (the sums of its `metered` records; the records are in the chain, which stays).
+    ("spend", Some("DELETE FROM spend WHERE room_id = $1")),
     // Agents are users of their own, bound to this room: they go, tokens and all.
     (
         "agents",
@@ -319,6 +321,7 @@ pub(crate) async fn run(app: &AppState, id: &str, room_id: &str) -> Result<(), S
                 let was_running = app.sandboxes.destroy(room_id).await;
                 // No sandbox, no connections: the room's counters go with it.
                 app.egress.forget(room_id);
+                app.spend.forget(room_id);
                 let status = if was_running { "destroyed" } else { "none" };
                 app.store
                     .deletion_step_done(id, artifact, status, i64::from(was_running))

@@ -83,6 +83,8 @@ async fn serve(app: AppState, room_id: RoomId, user: AuthUser, access: Rights, s
             return;
         }
     };
+    // In the room while this connection lasts (moderated rooms ask who is).
+    let _here = app.present.enter(&room_id, &user.id);
 
     // Rights may have changed between the check before the upgrade and the join; the room only
     // hears about changes made after it knew this connection, so look once more.

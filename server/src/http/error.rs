@@ -43,6 +43,9 @@ pub(crate) enum ApiError {
     /// The request collides with the state of things (a merge conflict); the message says how.
     #[error("{0}")]
     Conflict(String),
+    /// Metered work past a budget: 402 with the meter, its use and the budget.
+    #[error("{0}")]
+    Spent(crate::spend::Exhausted),
 }
 
 /// The body of every error response.
@@ -87,6 +90,7 @@ fn sandbox_status(e: &SandboxError) -> StatusCode {
         | SandboxError::ShuttingDown
         | SandboxError::Stopped => StatusCode::SERVICE_UNAVAILABLE,
         SandboxError::Failed(_) => StatusCode::CONFLICT,
+        SandboxError::Budget(_) => StatusCode::PAYMENT_REQUIRED,
         SandboxError::Store(_) => StatusCode::SERVICE_UNAVAILABLE,
         SandboxError::Document(crate::room::visit::VisitError::Refused) => {
             StatusCode::PAYLOAD_TOO_LARGE
@@ -124,6 +128,7 @@ impl IntoResponse for ApiError {
                 sandbox_status(e)
             }
             ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::Spent(_) => StatusCode::PAYMENT_REQUIRED,
             ApiError::Repo(e) => {
                 use crate::repos::RepoError as R;
                 match e {
@@ -154,6 +159,17 @@ impl IntoResponse for ApiError {
         };
         if let Some(id) = &body.error_id {
             tracing::warn!(error_id = %id, error = ?self, "request failed");
+        }
+        if let ApiError::Spent(e) | ApiError::Sandbox(SandboxError::Budget(e)) = &self {
+            // Which meter, how much of it was used, and the budget: enough to ask for a raise.
+            let body = serde_json::json!({
+                "error": body.error,
+                "meter": e.meter,
+                "used": e.used,
+                "budget": e.budget,
+                "scope": e.scope,
+            });
+            return (status, Json(body)).into_response();
         }
         let mut resp = (status, Json(body)).into_response();
         if status == StatusCode::UNAUTHORIZED {

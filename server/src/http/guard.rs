@@ -85,6 +85,26 @@ pub(crate) async fn authorize(
     authorize_locked(app, &locked, room_id, user, action, details).await
 }
 
+/// Decides `Use(cap)` for `user` and, allowed, records `name` with `details` and `change` in
+/// the room's chain under the same lock (a refusal is recorded by the decision). For room
+/// settings a holder of one capability changes directly.
+pub(crate) async fn use_and_record(
+    app: &AppState,
+    room_id: &RoomId,
+    user: &AuthUser,
+    (cap, name): (Capability, &str),
+    details: Value,
+    change: crate::store::Change,
+) -> Result<(), ApiError> {
+    let locked = app.audit.lock().await;
+    let action = Action::Use(cap);
+    let proof = authorize_locked(app, &locked, room_id, user, action, details.clone()).await?;
+    locked
+        .record(room_id, proof.actor(), name, "allow", "", details, change)
+        .await?;
+    Ok(())
+}
+
 /// The room's state and the caller's proof of `observe`, decided like every other action.
 /// Rooms the caller cannot observe are reported as missing, so their existence does not leak.
 async fn observed(

@@ -165,6 +165,7 @@ impl From<ApiError> for ToolError {
         ToolError(match e {
             ApiError::Forbidden => "refused: you do not hold the capability this needs".into(),
             ApiError::Denied(why) => format!("refused: {why}"),
+            ApiError::Spent(e) => format!("refused: {e}"),
             ApiError::NotFound => "not found (or you are no longer in this room)".into(),
             ApiError::Unauthorized => "your token no longer works".into(),
             other => other.to_string(),
@@ -534,6 +535,17 @@ impl Mcp {
                         .ok_or("wait_ms is 0 to 10000")?,
                 };
                 let approval_wait = wait_of(args)?;
+                // A line typed is a command: metered and bounded like `exec`.
+                crate::http::spend::may_start(
+                    &self.app,
+                    &c.room,
+                    &c.user,
+                    &[
+                        crate::spend::Meter::Execs,
+                        crate::spend::Meter::SandboxSeconds,
+                    ],
+                )
+                .await?;
                 // Typing is running commands: decided (and, for an agent in approval mode,
                 // approved) like `exec`, for exactly this text.
                 let params = json!({ "terminal": text }).to_string();
@@ -583,6 +595,15 @@ impl Mcp {
                         }
                     }
                 }
+                // A moderated room: only while a person who can approve is here.
+                if let Err(why) =
+                    crate::http::moderation::may_type(&self.app, &c.room, &c.user.id).await?
+                {
+                    return Err(format!("refused: {why}; nothing was typed").into());
+                }
+                self.app
+                    .spend
+                    .charge(&c.room, &c.user.id, crate::spend::Meter::Execs, 1);
                 let name = self.shown_name(c).await;
                 let (hub, mut joined) = self
                     .app
@@ -759,6 +780,31 @@ impl ServerHandler for Mcp {
             ))])
             .into());
         }
+        // Each call is metered; past the room's (or this agent's) budget of tool calls it is
+        // refused, saying which budget (told to the room once, when it was reached).
+        match self
+            .app
+            .spend
+            .check(&c.room, &c.user.id, &[crate::spend::Meter::ToolCalls])
+            .await
+        {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                return Ok(
+                    CallToolResult::error(vec![ContentBlock::text(format!("refused: {e}"))]).into(),
+                )
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot read the room's spend");
+                return Ok(CallToolResult::error(vec![ContentBlock::text(
+                    "the room's spend cannot be read now; try again",
+                )])
+                .into());
+            }
+        }
+        self.app
+            .spend
+            .charge(&c.room, &c.user.id, crate::spend::Meter::ToolCalls, 1);
         let args = request.arguments.unwrap_or_default();
         let name = request.name.to_string();
         let answer = self.call(&c, &name, &args).await;

@@ -136,7 +136,10 @@ pub(crate) async fn get_room(
             .map(|r| serde_json::json!({ "name": r.name, "hosts": r.hosts, "header": r.header, "format": r.format }))
             .collect(),
         egress_allowlist: app.egress.policy(&id).await.in_force(),
-        budget: None,
+        budget: {
+            let b = app.spend.budget(&id).await?;
+            (!b.is_empty()).then(|| b.to_json())
+        },
         // The readiness command and its output are for those who may run commands.
         sandbox: if mine.contains(coderoom_authz::Capability::Type) {
             app.sandboxes.status(&id).await?
@@ -154,6 +157,7 @@ pub(crate) async fn get_room(
             &app.store.checkpoint_policy(&id).await?,
         ),
         secrets_need_approval: app.store.secrets_need_approval(&id).await?,
+        moderated: app.store.room_moderated(&id).await?,
     }))
 }
 
@@ -194,8 +198,8 @@ pub(crate) struct RoomView {
     agents: Vec<AgentView>,
     my_capabilities: Vec<&'static str>,
     // The room manifest: only an authorised, audited change alters it; joining never does.
-    // Repositories and budgets come with the features that use them; until then a room has
-    // none. `egress_allowlist` is every rule in force (the room's own and its presets' hosts).
+    // Repositories come with the feature that uses them; until then a room has none. `budget`
+    // is the room's (`PUT .../budget`), `null` when it has none. `egress_allowlist` is every rule in force (the room's own and its presets' hosts).
     repos: Vec<Value>,
     secret_rules: Vec<Value>,
     egress_allowlist: Vec<String>,
@@ -212,6 +216,9 @@ pub(crate) struct RoomView {
     checkpoint_policy: Value,
     /// Whether adding a secret needs someone else's approval (`PUT .../secrets-policy`).
     secrets_need_approval: bool,
+    /// Agents type in the terminal only while a person who holds `approve` is in the room
+    /// (`PUT .../moderation`).
+    moderated: bool,
 }
 
 #[derive(Serialize)]

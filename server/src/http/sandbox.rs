@@ -105,6 +105,18 @@ pub(crate) async fn run(
             "timeout_ms must be between 1 and 600000",
         ));
     }
+    // Metered: in a room with a budget it needs `spend`, and none of the budgets it draws on
+    // may be used up.
+    crate::http::spend::may_start(
+        app,
+        room_id,
+        user,
+        &[
+            crate::spend::Meter::Execs,
+            crate::spend::Meter::SandboxSeconds,
+        ],
+    )
+    .await?;
     // The command line is the user's own content and may hold anything; the audit names the
     // program and the shape, not the arguments.
     let details = json!({ "program": req.argv[0], "args": req.argv.len() - 1, "cwd": req.cwd });
@@ -135,6 +147,8 @@ pub(crate) async fn run(
             )
             .await,
     )?;
+    app.spend
+        .charge(room_id, proof.actor(), crate::spend::Meter::Execs, 1);
     let op = Op::Exec {
         argv: req.argv,
         cwd: req.cwd,
@@ -251,6 +265,8 @@ async fn lifecycle(
     let details = json!({ "sandbox": which });
     let proof = authorize(app, room_id, user, Action::Use(Capability::Type), details).await?;
     let status = if start {
+        crate::http::spend::may_start(app, room_id, user, &[crate::spend::Meter::SandboxSeconds])
+            .await?;
         app.sandboxes.start(room_id, proof.actor()).await?
     } else {
         app.sandboxes.stop(room_id, proof.actor()).await?

@@ -226,27 +226,12 @@ async fn set_policy(
     Json(body): Json<SecretsPolicy>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let details = json!({ "add_needs_approval": body.add_needs_approval });
-    let proof = authorize(
-        &app,
-        &room_id,
-        &user,
-        Action::Use(Capability::Approve),
-        details.clone(),
-    )
-    .await?;
-    app.audit
-        .record(
-            &room_id,
-            proof.actor(),
-            "set_secrets_policy",
-            "allow",
-            "",
-            details.clone(),
-            Change::SetSecretsPolicy {
-                room_id: room_id.to_string(),
-                needs_approval: body.add_needs_approval,
-            },
-        )
+    let change = Change::SetSecretsPolicy {
+        room_id: room_id.to_string(),
+        needs_approval: body.add_needs_approval,
+    };
+    let what = (Capability::Approve, "set_secrets_policy");
+    crate::http::guard::use_and_record(&app, &room_id, &user, what, details.clone(), change)
         .await?;
     Ok(Json(details))
 }

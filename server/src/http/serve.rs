@@ -96,8 +96,13 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         })?),
         None => None,
     };
+    // Meters and budgets: charged as work happens, written to the audit chains every
+    // `--spend-flush-ms`; a budget reached is told to the room (and stops its sandbox when it
+    // is the room's sandbox time).
+    let (spend, reached) = crate::spend::Spend::new(store.clone(), audit.clone(), metrics.clone());
     let egress = crate::egress::Egress::new(
         (store.clone(), audit.clone(), clock.clone()),
+        spend.clone(),
         crate::egress::Resolver::with_overrides(&args.egress_test_resolve)?,
         vault.clone(),
         crate::egress::tls::client_config(extra_ca.as_deref())?,
@@ -108,7 +113,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         &audit,
         &rooms,
         (&shutdown, &clock),
-        (&pool_ready, &egress),
+        (&pool_ready, &egress, &spend),
     )?;
     let admin_emails = args
         .admin_emails
@@ -143,6 +148,8 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         vault,
         checkpoint_locks: Arc::default(),
         egress: egress.clone(),
+        spend: spend.clone(),
+        present: crate::http::moderation::Present::default(),
         previews: Arc::new(crate::http::previews::Previews::new(
             preview_origin,
             crate::http::previews::PreviewLimits {
@@ -163,6 +170,11 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     let egress_window = std::time::Duration::from_millis(args.egress_audit_every_ms.max(100));
     egress.start_auditor(egress_window, shutdown.clone());
+    spend.start(
+        std::time::Duration::from_millis(args.spend_flush_ms.max(100)),
+        shutdown.clone(),
+    );
+    crate::http::spend::announce(state.clone(), reached);
     // The handlers are in place before anyone can know where to send a signal: a SIGTERM right
     // after the line below still shuts down gracefully.
     let signals = install_signal_handlers();
@@ -189,6 +201,8 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     .await?;
     // Every running sandbox is snapshotted (its idle timer survives in the database).
     sandboxes.suspend_all().await;
+    // After the sandboxes: their last seconds are charged, then every charge is written.
+    spend.stop().await;
     egress
         .flush(u64::try_from(egress_window.as_millis()).unwrap_or(u64::MAX))
         .await;
@@ -250,9 +264,10 @@ fn sandboxes(
     audit: &crate::audit::Audit,
     rooms: &Rooms,
     (shutdown, clock): (&CancellationToken, &crate::clock::Clock),
-    (pool_ready, egress): (
+    (pool_ready, egress, spend): (
         &prometheus_client::metrics::gauge::Gauge,
         &crate::egress::Egress,
+        &crate::spend::Spend,
     ),
 ) -> anyhow::Result<crate::sandbox::Sandboxes> {
     use coderoom_sandbox::{AgentCommand, Backend, Tier};
@@ -281,6 +296,7 @@ fn sandboxes(
             clock: clock.clone(),
             pool_ready: pool_ready.clone(),
             egress: egress.clone(),
+            spend: spend.clone(),
         },
     ))
 }

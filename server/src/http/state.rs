@@ -58,6 +58,12 @@ pub(crate) struct AppState {
     /// The egress proxy (policy views, counters).
     #[from_ref(skip)]
     pub egress: crate::egress::Egress,
+    /// Who has each room open (moderated rooms ask).
+    #[from_ref(skip)]
+    pub present: crate::http::moderation::Present,
+    /// Meters and budgets.
+    #[from_ref(skip)]
+    pub spend: crate::spend::Spend,
     /// The preview origin's tokens, sessions and cancellations.
     #[from_ref(skip)]
     pub previews: Arc<crate::http::previews::Previews>,

@@ -196,6 +196,10 @@ async fn serve(
     };
     let viewer = joined.viewer;
     let mut rx = joined.rx;
+    // In the room while this connection lasts (moderated rooms ask who is).
+    let _here = app.present.enter(&room_id, &user.id);
+    // An agent's keys in a moderated room wait for a person who can approve (asked per input).
+    let is_agent = matches!(app.store.agent(&user.id).await, Ok(Some(_)));
     // Rights as they are now, after the join (a removal meanwhile closes with 4003 below);
     // when storage cannot say, those checked at upgrade stand.
     let caps = match rights_now(&app, &room_id, &user).await {
@@ -240,7 +244,21 @@ async fn serve(
             frame = stream.next() => match frame {
                 None | Some(Ok(Message::Close(_))) | Some(Err(_)) => break,
                 Some(Ok(Message::Binary(data))) => {
-                    if rights.may_act(app.clock.now_ms()) {
+                    let moderated = if is_agent && rights.may_act(app.clock.now_ms()) {
+                        match crate::http::moderation::may_type(&app, &room_id, &user.id).await {
+                            Ok(Ok(())) => None,
+                            Ok(Err(why)) => Some(why.0.to_owned()),
+                            Err(_) => Some("the room's moderation cannot be read now".to_owned()),
+                        }
+                    } else {
+                        None
+                    };
+                    if let Some(reason) = moderated {
+                        let msg = TermEvent::FloorRefused { reason, holder: None };
+                        if !put(&mut sink, Message::Text(msg.text().into()), stall).await {
+                            break;
+                        }
+                    } else if rights.may_act(app.clock.now_ms()) {
                         hub.input(viewer, (&user.id, &user.email), data).await;
                     } else {
                         // Recorded before the client hears of it.

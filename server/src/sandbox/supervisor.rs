@@ -191,6 +191,9 @@ pub(crate) enum SandboxError {
     /// The room's document could not be read or rewritten (a checkpoint, a rollback).
     #[error("the room's document: {0}")]
     Document(#[from] crate::room::visit::VisitError),
+    /// The room's budget of sandbox seconds is used up.
+    #[error("{0}")]
+    Budget(crate::spend::Exhausted),
 }
 
 enum Cmd {
@@ -207,7 +210,14 @@ enum Cmd {
     },
     Stop {
         actor: String,
+        /// Why, for the room (`None`: "stop requested by ACTOR").
+        why: Option<String>,
         reply: oneshot::Sender<Result<SandboxStatus, SandboxError>>,
+    },
+    /// An event for everyone watching the room's terminal.
+    Notice {
+        event: TermEvent,
+        done: oneshot::Sender<()>,
     },
     Start {
         actor: String,
@@ -290,6 +300,8 @@ pub(crate) struct Deps {
     pub pool_ready: prometheus_client::metrics::gauge::Gauge,
     /// Takes the connections code inside opens to the outside.
     pub egress: crate::egress::Egress,
+    /// Sandbox time is metered; a room out of it does not start.
+    pub spend: crate::spend::Spend,
 }
 
 struct Inner {
@@ -544,9 +556,36 @@ impl Sandboxes {
     ) -> Result<SandboxStatus, SandboxError> {
         self.ask(room_id, |reply| Cmd::Stop {
             actor: actor.to_owned(),
+            why: None,
             reply,
         })
         .await?
+    }
+
+    /// Snapshots and stops the room's sandbox for `why` (the room's budget is spent), where it
+    /// runs.
+    pub(crate) async fn stop_because(
+        &self,
+        room_id: &str,
+        actor: &str,
+        why: String,
+    ) -> Result<SandboxStatus, SandboxError> {
+        self.ask(room_id, |reply| Cmd::Stop {
+            actor: actor.to_owned(),
+            why: Some(why.clone()),
+            reply,
+        })
+        .await?
+    }
+
+    /// Tells everyone watching the room's terminal.
+    pub(crate) async fn notice(&self, room_id: &str, event: TermEvent) {
+        let _ = self
+            .ask(room_id, |done| Cmd::Notice {
+                event: event.clone(),
+                done,
+            })
+            .await;
     }
 
     /// Starts (resumes, or restarts after a failure) the room's sandbox.
@@ -884,14 +923,14 @@ impl Actor {
             Cmd::Status { reply } => {
                 let _ = reply.send(self.status());
             }
-            Cmd::Stop { actor, reply } => {
+            Cmd::Notice { event, done } => {
+                self.hub.event(event).await;
+                let _ = done.send(());
+            }
+            Cmd::Stop { actor, why, reply } => {
+                let why = why.unwrap_or_else(|| format!("stop requested by {actor}"));
                 let r = self
-                    .stop(
-                        &actor,
-                        &format!("stop requested by {actor}"),
-                        SandboxState::Stopped,
-                        false,
-                    )
+                    .stop(&actor, &why, SandboxState::Stopped, false)
                     .await
                     .map(|()| self.status());
                 let _ = reply.send(r);
@@ -1044,6 +1083,17 @@ impl Actor {
         if let Backend::None(why) = &self.owner.inner.backend {
             return Err(SandboxError::Unavailable(why.clone()));
         }
+        // A room whose sandbox time is used up does not start (a raise lets it).
+        let within = self
+            .deps()
+            .spend
+            .check(&self.room_id, "", &[crate::spend::Meter::SandboxSeconds])
+            .await?;
+        if let Err(e) = within {
+            let e = SandboxError::Budget(e);
+            self.hub.link(Link::Down(e.to_string())).await;
+            return Err(e);
+        }
         self.hub.link(Link::Pending).await;
         match self.start(reason).await {
             Ok(sandbox) => {
@@ -1164,13 +1214,19 @@ impl Actor {
         self.last_armed = stop_at;
         let rate = self.deps().cfg.terminal_output_bytes_per_s.max(1024);
         tokio::spawn(pump(events, generation, rate, self.hub.clone()));
-        if let Some(me) = self.me.upgrade() {
-            let watched = sandbox.clone();
-            tokio::spawn(async move {
-                let how = watched.ended().await;
+        let spend = self.deps().spend.clone();
+        spend.sandbox_running(&self.room_id, self.owner.tier(), generation);
+        let watched = sandbox.clone();
+        let me = self.me.clone();
+        let room_id = self.room_id.clone();
+        tokio::spawn(async move {
+            let how = watched.ended().await;
+            // Its time is charged up to here, however it ended.
+            spend.sandbox_ended(&room_id, generation);
+            if let Some(me) = me.upgrade() {
                 let _ = me.send(Cmd::Ended { generation, how }).await;
-            });
-        }
+            }
+        });
         tracing::info!(room = %self.room_id, tier = %receipt.tier, "sandbox running");
         let restored = match &snapshot {
             Some(name) => self.snapshots.meta(name).await,

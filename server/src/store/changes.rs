@@ -8,6 +8,26 @@ use super::*;
 pub(crate) enum Change {
     /// Only the audit record (a denial, or an action with no stored effect).
     None,
+    /// Add a `metered` record's charges (who, meter, amount) to the room's sums.
+    Spend {
+        room_id: String,
+        charges: Vec<(String, String, i64)>,
+    },
+    /// Set the room's budget (JSON; `None`: no budget).
+    SetBudget {
+        room_id: String,
+        budget: Option<String>,
+    },
+    /// Set an agent's budget (JSON).
+    SetAgentBudget {
+        user_id: String,
+        budget: String,
+    },
+    /// Whether agents type only while a person who holds `approve` is in the room.
+    SetModerated {
+        room_id: String,
+        moderated: bool,
+    },
     /// Store a participant's rights (insert or replace).
     SetParticipant {
         room_id: String,
@@ -185,6 +205,28 @@ pub(super) async fn apply_change(
 ) -> Result<(), StoreError> {
     match change {
         Change::None => {}
+        Change::Spend { room_id, charges } => super::spend::add(tx, room_id, charges).await?,
+        Change::SetBudget { room_id, budget } => {
+            sqlx::query("UPDATE rooms SET budget = $1 WHERE id = $2")
+                .bind(budget.as_deref())
+                .bind(room_id)
+                .execute(&mut **tx)
+                .await?;
+        }
+        Change::SetModerated { room_id, moderated } => {
+            sqlx::query("UPDATE rooms SET moderated = $1 WHERE id = $2")
+                .bind(i64::from(*moderated))
+                .bind(room_id)
+                .execute(&mut **tx)
+                .await?;
+        }
+        Change::SetAgentBudget { user_id, budget } => {
+            sqlx::query("UPDATE agents SET budget = $1 WHERE user_id = $2")
+                .bind(budget)
+                .bind(user_id)
+                .execute(&mut **tx)
+                .await?;
+        }
         Change::SetParticipant {
             room_id,
             user_id,

@@ -38,6 +38,18 @@ pub(crate) enum TermEvent {
     /// Who has the terminal (taken with `take`) and who asked for it; sent on join when
     /// either is set, and to everyone on every change.
     Floor(crate::terminal::floor::FloorView),
+    /// A budget was reached (the room's, or `agent`'s): that metered work stops.
+    Spent {
+        agent: Option<String>,
+        #[serde(flatten)]
+        exhausted: crate::spend::Exhausted,
+        reason: String,
+    },
+    /// A budget was set (the room's, or `agent`'s): the spend panel looks again.
+    Budget {
+        agent: Option<String>,
+        budget: serde_json::Value,
+    },
     /// This viewer's keys (or floor action) were refused: someone else has the terminal.
     FloorRefused {
         reason: String,

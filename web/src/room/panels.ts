@@ -120,9 +120,9 @@ export async function sandboxPanel (el: HTMLElement, room: Room, refresh: () => 
     controls,
     h('h3', null, 'Readiness'), readinessView(s.readiness, room.readiness),
     h('h3', null, 'Limits'), table(s.limits) ?? h('p', { class: 'hint' }, '—'),
-    h('h3', null, 'Spend so far'),
-    s.usage ? table(s.usage) : null,
-    h('p', { class: 'hint' }, 'This room has no budget: sandbox time, egress and model tokens are not metered yet.'),
+    h('h3', null, 'Pressure'),
+    s.usage ? table(s.usage) : h('p', { class: 'hint' }, '—'),
+    h('p', { class: 'hint' }, 'Sandbox time, commands, network traffic and model tokens are in the Spend panel.'),
     h('h3', null, 'Receipt (what the sandbox was started with)'),
     s.receipt ? h('pre', { class: 'params' }, JSON.stringify(s.receipt, null, 2)) : h('p', { class: 'hint' }, 'Not started yet.'))
 }

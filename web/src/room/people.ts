@@ -104,7 +104,28 @@ export function peoplePanel (el: HTMLElement, s: PeopleState, changed: () => Pro
   replace(el, head, keep, h('ul', { class: 'people' }, rows),
     h('div', { class: 'panel-head' }, h('h3', null, 'Agents'), can.invite ? agentButton(el, s, changed) : null),
     keepAgent,
-    agents.length ? h('ul', { class: 'people' }, agents) : h('p', { class: 'hint' }, 'No agents. An agent works here through MCP, with no more rights than whoever brings it in.'))
+    agents.length ? h('ul', { class: 'people' }, agents) : h('p', { class: 'hint' }, 'No agents. An agent works here through MCP, with no more rights than whoever brings it in.'),
+    moderation(s, changed))
+}
+
+/** The room's moderation: agents type in the terminal only while an approver is here. */
+function moderation (s: PeopleState, changed: () => Promise<void>): HTMLElement {
+  const on = s.room.moderated ?? false
+  if (!abilities(s.room.my_capabilities).approve) {
+    return h('p', { class: 'hint', 'data-testid': 'moderated' }, on
+      ? 'Moderated: agents type in the terminal only while someone who can approve is here.'
+      : 'Agents with type may use the terminal whoever is here.')
+  }
+  const box = h('input', { type: 'checkbox', checked: on, 'data-testid': 'moderated' })
+  box.addEventListener('change', () => {
+    api.setModerated(s.room.id, box.checked)
+      .then(async () => {
+        toast(box.checked ? 'Agents now type in the terminal only while someone who can approve is here.' : 'Agents no longer need an approver present to type.')
+        await changed()
+      })
+      .catch((e: unknown) => { box.checked = !box.checked; toast(String(e), 'error') })
+  })
+  return h('label', { class: 'row' }, box, 'Moderated: agents type in the terminal only while someone who can approve is here')
 }
 
 function agentRow (a: AgentInfo, s: PeopleState, changed: () => Promise<void>): HTMLElement {

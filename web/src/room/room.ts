@@ -19,6 +19,7 @@ import { secretsPanel } from './secrets'
 import { networkPanel } from './network'
 import { reposPanel } from './repos'
 import { PortWatch, PreviewPane, previewsPanel } from './previews'
+import { spendPanel } from './spend'
 
 /**
  * What this page had when the server said it did not keep our latest changes (a full room, or
@@ -36,7 +37,7 @@ let notKept: {
   at: number
 } | null = null
 
-const PANELS = ['People', 'Approvals', 'Sandbox', 'Checkpoints', 'Secrets', 'Network', 'Repos', 'Audit', 'Room', 'Previews'] as const
+const PANELS = ['People', 'Approvals', 'Sandbox', 'Checkpoints', 'Secrets', 'Network', 'Repos', 'Audit', 'Room', 'Previews', 'Spend'] as const
 type Panel = typeof PANELS[number]
 const POLL_MS = 5000
 /** How often the room looks for newly listening ports. */
@@ -342,6 +343,12 @@ export function roomPage (app: App, id: string): () => void {
       else if (e.type === 'sandbox' && ['preparing', 'ready', 'not_ready'].includes(e.state ?? '')) {
         // The readiness step moved on: the panels that show it say so at once.
         void reload().then(() => { if (panel === 'Sandbox' || panel === 'Checkpoints') renderSide() })
+      } else if (e.type === 'spent') {
+        // A budget was reached: whoever is here is told what stopped, once.
+        toast(e.reason, 'error')
+        if (panel === 'Spend') renderSide()
+      } else if (e.type === 'budget') {
+        void reload().then(() => { if (panel === 'Spend') renderSide() })
       } else if (e.type === 'people_changed' || e.type === 'sandbox') void reload()
       else if (e.type === 'read_only') setCaps(caps.filter((c) => c !== 'type'))
     },
@@ -368,7 +375,7 @@ export function roomPage (app: App, id: string): () => void {
   const renderNav = (): void => {
     replace(sideNav, PANELS.map((p, i) => h('button', {
       type: 'button', role: 'tab', class: p === panel ? 'active' : '', 'aria-selected': p === panel ? 'true' : 'false',
-      title: `${p} (Alt+${(i + 1) % 10})`, onclick: () => { panel = p; renderNav(); renderSide() },
+      title: i < 10 ? `${p} (Alt+${(i + 1) % 10})` : p, onclick: () => { panel = p; renderNav(); renderSide() },
     }, p)))
   }
   let sideSeq = 0
@@ -395,6 +402,7 @@ export function roomPage (app: App, id: string): () => void {
       case 'Audit': later((box) => auditPanel(box, r, refresh)); break
       case 'Room': roomPanel(sideBody, r, () => Array.from(files.keys()).sort()); break
       case 'Previews': later((box) => previewsPanel(box, r, me.id, pane, refresh)); break
+      case 'Spend': later((box) => spendPanel(box, r, me.id, refresh)); break
     }
   }
 

@@ -1,0 +1,124 @@
+//! Moderated rooms: an agent types in the shared terminal only while a person who holds
+//! `approve` is in the room (has the room's document or terminal open).
+//! `PUT /api/rooms/{id}/moderation` `{"moderated": true | false}` needs `approve`; audited.
+
+use crate::http::extract::Ids;
+use crate::http::guard::use_and_record;
+use crate::http::{ApiError, AppState, AuthUser};
+use crate::ids::RoomId;
+use crate::store::Change;
+use axum::extract::State;
+use axum::routing::put;
+use axum::{Json, Router};
+use coderoom_authz::Capability;
+use serde::Deserialize;
+use serde_json::json;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+pub(crate) fn routes() -> Router<AppState> {
+    Router::new().route("/api/rooms/{id}/moderation", put(set))
+}
+
+/// Who has a room open now: connections per (room, user).
+#[derive(Clone, Default)]
+pub(crate) struct Present {
+    inner: Arc<Mutex<HashMap<(String, String), usize>>>,
+}
+
+/// One open connection; gone when dropped.
+pub(crate) struct Here {
+    present: Present,
+    key: (String, String),
+}
+
+impl Present {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), usize>> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `user_id` has the room open until the guard is dropped.
+    pub(crate) fn enter(&self, room_id: &str, user_id: &str) -> Here {
+        let key = (room_id.to_owned(), user_id.to_owned());
+        *self.map().entry(key.clone()).or_default() += 1;
+        Here {
+            present: self.clone(),
+            key,
+        }
+    }
+
+    /// Who has the room open now.
+    fn in_room(&self, room_id: &str) -> Vec<String> {
+        self.map()
+            .keys()
+            .filter(|(r, _)| r == room_id)
+            .map(|(_, u)| u.clone())
+            .collect()
+    }
+}
+
+impl Drop for Here {
+    fn drop(&mut self) {
+        let mut map = self.present.map();
+        if let Some(n) = map.get_mut(&self.key) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// Why an agent may not type now.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct Unmoderated(pub &'static str);
+
+/// Whether `user_id` may type in the room's terminal now: anyone may, except an agent in a
+/// moderated room while no person who holds `approve` has the room open.
+pub(crate) async fn may_type(
+    app: &AppState,
+    room_id: &RoomId,
+    user_id: &str,
+) -> Result<Result<(), Unmoderated>, ApiError> {
+    if !app.store.room_moderated(room_id).await? {
+        return Ok(Ok(()));
+    }
+    let state = app.store.room_state(room_id).await?;
+    if !state.agents.contains_key(user_id) {
+        return Ok(Ok(()));
+    }
+    let now = app.clock.now_ms();
+    let watched = app.present.in_room(room_id).iter().any(|u| {
+        !state.agents.contains_key(u) && state.capabilities_of(u, now).contains(Capability::Approve)
+    });
+    Ok(if watched {
+        Ok(())
+    } else {
+        Err(Unmoderated(
+            "this room is moderated: an agent types in the terminal only while someone who can approve is in the room",
+        ))
+    })
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Moderation {
+    moderated: bool,
+}
+
+async fn set(
+    State(app): State<AppState>,
+    user: AuthUser,
+    Ids(room_id): Ids<RoomId>,
+    Json(body): Json<Moderation>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let details = json!({ "moderated": body.moderated });
+    let change = Change::SetModerated {
+        room_id: room_id.to_string(),
+        moderated: body.moderated,
+    };
+    let what = (Capability::Approve, "set_moderation");
+    use_and_record(&app, &room_id, &user, what, details.clone(), change).await?;
+    Ok(Json(details))
+}
