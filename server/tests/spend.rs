@@ -196,6 +196,20 @@ async fn budgets_stop_metered_work_and_spend_sums_match_the_audit(backend: &Back
         (&v["scope"], &v["meter"]),
         (&json!("agent"), &json!("execs"))
     );
+    // Nor can it type a command in the terminal instead.
+    let mut keys = term(server, room, &agent).await;
+    keys.until("joined", |t| t.has_event("sandbox")).await;
+    keys.send(b"echo typed-$((20+22))\n").await;
+    keys.until("refused: its budget", |t| {
+        t.events.iter().any(|e| {
+            e["type"] == "floor_refused"
+                && e["reason"]
+                    .as_str()
+                    .is_some_and(|r| r.contains("this agent's budget of commands is spent"))
+        })
+    })
+    .await;
+    drop(keys);
     // Ana still may (the room has one left), then the room is at its limit.
     let (status, v) = exec(server, &t.ana, room, "true").await;
     assert_eq!(status, 200, "{v}");

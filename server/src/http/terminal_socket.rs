@@ -244,12 +244,10 @@ async fn serve(
             frame = stream.next() => match frame {
                 None | Some(Ok(Message::Close(_))) | Some(Err(_)) => break,
                 Some(Ok(Message::Binary(data))) => {
+                    // An agent's keys: only in a moderated room with an approver here, and
+                    // each line it types is a command, bounded by the budgets.
                     let moderated = if is_agent && rights.may_act(app.clock.now_ms()) {
-                        match crate::http::moderation::may_type(&app, &room_id, &user.id).await {
-                            Ok(Ok(())) => None,
-                            Ok(Err(why)) => Some(why.0.to_owned()),
-                            Err(_) => Some("the room's moderation cannot be read now".to_owned()),
-                        }
+                        agent_may_type(&app, &room_id, &user.id, &data).await
                     } else {
                         None
                     };
@@ -379,6 +377,31 @@ async fn serve(
     }
     app.sandboxes.leave(&room_id, &hub, viewer).await;
     denied.flush(&app, &room_id, &user.id).await;
+}
+
+/// Why an agent's keys may not reach the terminal now (`None`: they may; a line it ends is
+/// charged as a command).
+async fn agent_may_type(
+    app: &AppState,
+    room_id: &RoomId,
+    agent: &str,
+    data: &[u8],
+) -> Option<String> {
+    use crate::spend::Meter;
+    match crate::http::moderation::may_type(app, room_id, agent).await {
+        Ok(Ok(())) => {}
+        Ok(Err(why)) => return Some(why.0.to_owned()),
+        Err(_) => return Some("the room's moderation cannot be read now".to_owned()),
+    }
+    match app.spend.check(room_id, agent, &[Meter::Execs]).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => return Some(e.to_string()),
+        Err(_) => return Some("the room's spend cannot be read now".to_owned()),
+    }
+    if data.iter().any(|b| matches!(b, b'\r' | b'\n')) {
+        app.spend.charge(room_id, agent, Meter::Execs, 1);
+    }
+    None
 }
 
 /// The viewer's rights now, from one look at the room: until when it may type and observe,
