@@ -63,7 +63,7 @@ test('agents work in the room through real MCP clients, seen live and audited', 
 
   // The Python SDK: tools listed, a file written.
   const py = await python(url, token, [['write_file', { path: 'hello.py', content: 'print("hi from the agent")\n' }]])
-  for (const name of ['list_files', 'read_file', 'write_file', 'edit_file', 'search', 'exec', 'terminal_send', 'terminal_read', 'allow_host', 'request_preview', 'list_participants', 'read_manifest']) {
+  for (const name of ['list_files', 'read_file', 'write_file', 'edit_file', 'search', 'exec', 'terminal_send', 'terminal_read', 'allow_host', 'request_preview', 'list_participants', 'read_manifest', 'read_spend']) {
     assert.ok(py.tools.includes(name), `no ${name} in ${py.tools}`)
   }
   assert.deepEqual(py.results.map((r) => r.error), [false], JSON.stringify(py.results))
@@ -85,6 +85,10 @@ test('agents work in the room through real MCP clients, seen live and audited', 
   const ran = await client.callTool({ name: 'exec', arguments: { argv: ['sh', '-c', 'echo ran-$((6*7))'] } })
   assert.equal(ran.isError, false, text(ran))
   assert.match(text(ran), /ran-42/)
+  // Its own spend, as the room counts it.
+  const spent = JSON.parse(text(await client.callTool({ name: 'read_spend', arguments: {} })))
+  const own = spent.participants.find((p) => p.kind === 'agent' && p.name === 'helper (agent)')
+  assert.ok(own.used.execs >= 1 && own.used.tool_calls >= 3, JSON.stringify(spent))
   // The shared terminal: a line typed by the agent, its output answered and readable later.
   const typed = await client.callTool({ name: 'terminal_send', arguments: { text: 'echo from-agent-$((6*7))\n', wait_ms: 5000 } })
   assert.equal(typed.isError, false, text(typed))

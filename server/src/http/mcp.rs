@@ -268,6 +268,11 @@ fn tools() -> Vec<Tool> {
             "The room's manifest: its name, limits, sandbox, readiness and your capabilities.",
             json!({ "type": "object", "properties": {} }),
         ),
+        tool(
+            "read_spend",
+            "What the room used of each meter (sandbox seconds, commands, egress bytes, model tokens, tool calls), who used it, the room's budget and your own.",
+            json!({ "type": "object", "properties": {} }),
+        ),
     ]
 }
 
@@ -499,6 +504,11 @@ impl Mcp {
                         "agents": agents.into_iter().filter(|a| a.revoked_at.is_none()).collect::<Vec<_>>(),
                     });
                 }
+                serde_json::to_string_pretty(&v).map_err(|e| ToolError(e.to_string()))
+            }
+            "read_spend" => {
+                room_capabilities(&self.app, &c.room, &c.user).await?;
+                let v = crate::http::spend::view(&self.app, &c.room).await?;
                 serde_json::to_string_pretty(&v).map_err(|e| ToolError(e.to_string()))
             }
             "terminal_read" => {
