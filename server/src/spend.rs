@@ -257,6 +257,8 @@ struct Inner {
     running: Mutex<HashMap<String, Running>>,
     /// Deleted rooms: charges that arrive late (a sandbox's last second) are dropped.
     gone: Mutex<HashSet<String>>,
+    /// One flush at a time, so what is read as written is written.
+    flushing: tokio::sync::Mutex<()>,
     reached: mpsc::UnboundedSender<Reached>,
     metrics: crate::metrics::Metrics,
 }
@@ -282,6 +284,7 @@ impl Spend {
                 rooms: Mutex::default(),
                 running: Mutex::default(),
                 gone: Mutex::default(),
+                flushing: tokio::sync::Mutex::default(),
                 reached,
                 metrics,
             }),
@@ -494,6 +497,12 @@ impl Spend {
     /// Writes the room's charges since the last flush: one `metered` audit record and the sums,
     /// in one transaction. On failure they stay pending for the next flush.
     pub(crate) async fn flush(&self, room_id: &str) -> Result<(), StoreError> {
+        let _one = self.inner.flushing.lock().await;
+        self.flush_locked(room_id).await
+    }
+
+    /// [`Spend::flush`], holding the flush lock.
+    async fn flush_locked(&self, room_id: &str) -> Result<(), StoreError> {
         self.load(room_id).await?;
         let pending = match self.rooms().get_mut(room_id) {
             Some(r) if !r.pending.is_empty() => std::mem::take(&mut r.pending),
@@ -610,17 +619,27 @@ impl Spend {
             .unwrap_or_default())
     }
 
-    /// What the room used, per (who, meter), as written (flush first for everything).
-    pub(crate) async fn used(
+    /// What the room used, per (who, meter), as written: everything charged so far is written
+    /// first, and what is charged meanwhile is left out, so the figures are exactly the sums of
+    /// the room's `metered` audit records.
+    pub(crate) async fn written(
         &self,
         room_id: &str,
     ) -> Result<BTreeMap<(String, Meter), u64>, StoreError> {
-        self.load(room_id).await?;
-        Ok(self
-            .rooms()
-            .get(room_id)
-            .map(|r| r.used.clone())
-            .unwrap_or_default())
+        let _one = self.inner.flushing.lock().await;
+        self.flush_locked(room_id).await?;
+        let rooms = self.rooms();
+        let Some(r) = rooms.get(room_id) else {
+            return Ok(BTreeMap::new());
+        };
+        Ok(r.used
+            .iter()
+            .map(|(k, n)| {
+                let pending = r.pending.get(k).copied().unwrap_or(0);
+                (k.clone(), n.saturating_sub(pending))
+            })
+            .filter(|(_, n)| *n > 0)
+            .collect())
     }
 
     /// Forgets a deleted room (and drops whatever is charged to it later).

@@ -71,8 +71,7 @@ async fn show(
 /// `{"budget", "used", "remaining", "by_tier", "participants": [...]}`: everything charged so
 /// far is written first, so the figures are the sums of the room's `metered` audit records.
 pub(crate) async fn view(app: &AppState, room_id: &RoomId) -> Result<Value, ApiError> {
-    app.spend.flush(room_id).await?;
-    let used = app.spend.used(room_id).await?;
+    let used = app.spend.written(room_id).await?;
     let budget = app.spend.budget(room_id).await?;
     let people: BTreeMap<String, String> = app
         .store
