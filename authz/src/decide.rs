@@ -210,6 +210,8 @@ pub enum DenyReason {
     AdminOnly,
     /// A requester cannot approve its own request.
     SelfApproval,
+    /// Agents never decide approvals.
+    AgentApproval,
     /// The approval has expired.
     ApprovalExpired,
     /// The approval was already decided (or used).
@@ -264,6 +266,7 @@ impl fmt::Display for DenyReason {
             }
             DenyReason::AdminOnly => f.write_str("system admins only"),
             DenyReason::SelfApproval => f.write_str("a requester cannot approve its own request"),
+            DenyReason::AgentApproval => f.write_str("an agent cannot decide approvals"),
             DenyReason::ApprovalExpired => f.write_str("the request has expired"),
             DenyReason::AlreadyDecided => f.write_str("the request was already decided or used"),
             DenyReason::ApprovalMismatch => {
@@ -428,6 +431,10 @@ pub fn decide(principal: &Principal, action: &Action, room: &RoomState, now: i64
         Action::DecideApproval { approval } => need(Capability::Approve).and_then(|()| {
             if approval.requester == principal.user {
                 Err(DenyReason::SelfApproval)
+            } else if room.agents.contains_key(&principal.user) {
+                // An approval is a person's judgement: an agent holding `approve` through its
+                // sponsor would otherwise approve its sponsor's requests, or its own budget.
+                Err(DenyReason::AgentApproval)
             } else if approval.expires_at <= now {
                 Err(DenyReason::ApprovalExpired)
             } else if approval.decided.is_some() || approval.used {
@@ -573,6 +580,31 @@ mod tests {
 
     fn allowed(d: &Decision) -> bool {
         matches!(d, Decision::Allow(_))
+    }
+
+    /// An agent never decides an approval, whatever its sponsor holds: not its sponsor's
+    /// requests, not its own budget.
+    #[test]
+    fn agents_never_decide_approvals() {
+        let mut r = room(&[("ana", Role::Owner), ("ben", Role::Owner)]);
+        r.agents.insert(
+            "bot".into(),
+            crate::Agent {
+                sponsor: "ana".into(),
+                capabilities: CapabilitySet::of(&Capability::ALL),
+                expires_at: 1_000,
+                approval_mode: false,
+            },
+        );
+        let mut pending = approved_by_ana("set_budget", "{}");
+        pending.requester = "ana".into();
+        pending.decided = None;
+        let decide_it = Action::DecideApproval { approval: pending };
+        assert_eq!(
+            decide(&user("bot"), &decide_it, &r, 0),
+            Decision::Deny(DenyReason::AgentApproval)
+        );
+        assert!(allowed(&decide(&user("ben"), &decide_it, &r, 0)));
     }
 
     /// Budgets need `spend`; lowering one is immediate, a raise needs someone else's approval

@@ -24,6 +24,11 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
+type Family = prometheus_client::metrics::family::Family<
+    Vec<(String, String)>,
+    prometheus_client::metrics::counter::Counter,
+>;
+
 /// How often running sandboxes are charged their time.
 const TICK: Duration = Duration::from_secs(1);
 /// Largest limit a budget may set for one meter (beyond it, set none).
@@ -145,6 +150,20 @@ impl Budget {
             .iter()
             .any(|(m, n)| after.limit(*m).is_none_or(|a| a > *n))
     }
+}
+
+/// Lines a chunk of terminal input ends (Enter: `\r`, `\n`, `\r\n` counting once): each is a
+/// command.
+pub(crate) fn lines(data: &[u8]) -> u64 {
+    let mut n = 0;
+    let mut prev = 0u8;
+    for &b in data {
+        if b == b'\r' || (b == b'\n' && prev != b'\r') {
+            n += 1;
+        }
+        prev = b;
+    }
+    n
 }
 
 /// Whose budget a refusal is about.
@@ -302,7 +321,7 @@ impl Spend {
 
     /// Reads the room's stored use and budget, once.
     async fn load(&self, room_id: &str) -> Result<(), StoreError> {
-        if self.rooms().get(room_id).is_some_and(|r| r.loaded) {
+        if self.gone(room_id) || self.rooms().get(room_id).is_some_and(|r| r.loaded) {
             return Ok(());
         }
         let (rows, budget) = self.inner.store.spend_of(room_id).await?;
@@ -344,11 +363,13 @@ impl Spend {
             }
             _ => None,
         };
+        // A budget set meanwhile wins over what was read before it.
         self.rooms()
             .entry(room_id.to_owned())
             .or_default()
             .agents
-            .insert(who.to_owned(), budget);
+            .entry(who.to_owned())
+            .or_insert(budget);
         Ok(())
     }
 
@@ -368,11 +389,7 @@ impl Spend {
         };
         for m in meters {
             if let Some((_, e)) = r.exhausted(who, *m) {
-                self.inner
-                    .metrics
-                    .budget_refusals
-                    .get_or_create(&vec![("meter".to_owned(), m.as_str().to_owned())])
-                    .inc();
+                self.counted(&self.inner.metrics.budget_refusals, *m, 1);
                 return Ok(Err(e));
             }
         }
@@ -388,25 +405,89 @@ impl Spend {
             .is_some_and(|r| !r.budget.is_empty()))
     }
 
-    /// Charges `amount` of `meter` to `who` in the room. Announces a budget it reaches.
-    pub(crate) fn charge(&self, room_id: &str, who: &str, meter: Meter, amount: u64) {
-        if amount == 0
-            || self
-                .inner
-                .gone
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .contains(room_id)
-        {
-            return;
-        }
+    fn gone(&self, room_id: &str) -> bool {
         self.inner
-            .metrics
-            .spend
+            .gone
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(room_id)
+    }
+
+    fn counted(&self, metric: &Family, meter: Meter, amount: u64) {
+        metric
             .get_or_create(&vec![("meter".to_owned(), meter.as_str().to_owned())])
             .inc_by(amount);
+    }
+
+    /// Charges `amount` of `meter` to `who` in the room. Announces a budget it reaches.
+    pub(crate) fn charge(&self, room_id: &str, who: &str, meter: Meter, amount: u64) {
+        if amount == 0 || self.gone(room_id) {
+            return;
+        }
+        self.counted(&self.inner.metrics.spend, meter, amount);
         let mut rooms = self.rooms();
         let r = rooms.entry(room_id.to_owned()).or_default();
+        self.add(r, room_id, (who, meter), amount);
+    }
+
+    /// Checks and charges in one step, so callers at once cannot all pass a check the first
+    /// of them used up: refused (nothing charged) when a budget of `meter` for `who` is used
+    /// up, else charged.
+    pub(crate) async fn try_charge(
+        &self,
+        room_id: &str,
+        who: &str,
+        meter: Meter,
+        amount: u64,
+    ) -> Result<Result<(), Exhausted>, StoreError> {
+        self.load(room_id).await?;
+        self.load_agent(room_id, who).await?;
+        if amount == 0 || self.gone(room_id) {
+            return Ok(Ok(()));
+        }
+        let refused = {
+            let mut rooms = self.rooms();
+            let r = rooms.entry(room_id.to_owned()).or_default();
+            match r.exhausted(who, meter) {
+                Some((_, e)) => Some(e),
+                None => {
+                    self.add(r, room_id, (who, meter), amount);
+                    None
+                }
+            }
+        };
+        Ok(match refused {
+            Some(e) => {
+                self.counted(&self.inner.metrics.budget_refusals, meter, 1);
+                Err(e)
+            }
+            None => {
+                self.counted(&self.inner.metrics.spend, meter, amount);
+                Ok(())
+            }
+        })
+    }
+
+    /// Takes back a charge for work that did not happen after all (when it is still unwritten;
+    /// a written one stands, so the figures stay the sums of the records).
+    pub(crate) fn refund(&self, room_id: &str, who: &str, meter: Meter, amount: u64) {
+        let mut rooms = self.rooms();
+        let Some(r) = rooms.get_mut(room_id) else {
+            return;
+        };
+        let key = (who.to_owned(), meter);
+        if r.pending.get(&key).is_some_and(|p| *p >= amount) {
+            if let Some(p) = r.pending.get_mut(&key) {
+                *p -= amount;
+            }
+            if let Some(u) = r.used.get_mut(&key) {
+                *u = u.saturating_sub(amount);
+            }
+        }
+    }
+
+    /// Adds a charge to the room's figures; announces a budget it reaches.
+    fn add(&self, r: &mut RoomSpend, room_id: &str, (who, meter): (&str, Meter), amount: u64) {
         let key = (who.to_owned(), meter);
         let p = r.pending.entry(key.clone()).or_default();
         *p = p.saturating_add(amount);
@@ -424,6 +505,14 @@ impl Spend {
                     exhausted,
                 });
             }
+        }
+    }
+
+    /// Announces the room's reached budget of `meter` again at its next charge (its stop
+    /// failed).
+    pub(crate) fn untell(&self, room_id: &str, agent: Option<String>, meter: Meter) {
+        if let Some(r) = self.rooms().get_mut(room_id) {
+            r.told.remove(&(agent, meter));
         }
     }
 
@@ -455,6 +544,9 @@ impl Spend {
 
     /// Charges sandbox time in whole seconds; `last`: the remainder too, rounded up.
     fn charge_time(&self, room_id: &str, tier: &'static str, elapsed: Duration, last: bool) {
+        if self.gone(room_id) {
+            return;
+        }
         let ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
         let secs = {
             let mut rooms = self.rooms();
@@ -503,6 +595,9 @@ impl Spend {
 
     /// [`Spend::flush`], holding the flush lock.
     async fn flush_locked(&self, room_id: &str) -> Result<(), StoreError> {
+        if self.gone(room_id) {
+            return Ok(());
+        }
         self.load(room_id).await?;
         let pending = match self.rooms().get_mut(room_id) {
             Some(r) if !r.pending.is_empty() => std::mem::take(&mut r.pending),
@@ -677,6 +772,15 @@ mod tests {
         assert!(!b.raised_by(&less));
         assert!(!b.raised_by(&b));
         assert!(!Budget::default().raised_by(&less));
+    }
+
+    #[test]
+    fn each_line_typed_counts_once() {
+        assert_eq!(lines(b"ls"), 0);
+        assert_eq!(lines(b"ls\r"), 1);
+        assert_eq!(lines(b"a\nb\nc\n"), 3);
+        assert_eq!(lines(b"a\r\nb\r\n"), 2);
+        assert_eq!(lines(b"\r\r"), 2);
     }
 
     #[test]

@@ -312,3 +312,54 @@ async fn budgets_stop_metered_work_and_spend_sums_match_the_audit(backend: &Back
 async fn t_ana(storage: &Storage) -> String {
     storage.token("ana@example.com").await
 }
+
+/// Commands sent at once cannot all pass the last one the budget has left: exactly as many run
+/// as were left, the others get 402.
+#[tokio::test]
+async fn commands_at_once_never_pass_the_last_one_left() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let t = team(&storage).await;
+    let (server, room) = (&t.server, &t.room);
+    let (status, v) = put(
+        server,
+        &t.ana,
+        &format!("/api/rooms/{room}/budget"),
+        &budget_body(json!({ "execs": 3 }), None),
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    let runs = (0..8).map(|i| {
+        exec(
+            server,
+            &t.ana,
+            room,
+            if i % 2 == 0 { "true" } else { "echo x" },
+        )
+    });
+    let statuses: Vec<u16> = futures_util::future::join_all(runs)
+        .await
+        .into_iter()
+        .map(|(s, _)| s)
+        .collect();
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 200).count(),
+        3,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 402).count(),
+        5,
+        "{statuses:?}"
+    );
+    let s = get_json(server, &t.ana, &format!("/api/rooms/{room}/spend")).await;
+    assert_eq!(s["used"]["execs"], 3, "{s}");
+    // An agent's budget cannot cap sandbox time (the room's).
+    let (status, v) = post(
+        server,
+        &t.ana,
+        &format!("/api/rooms/{room}/agents"),
+        r#"{"name":"x","capabilities":["observe"],"ttl_s":3600,"budget":{"sandbox_seconds":5}}"#,
+    )
+    .await;
+    assert_eq!(status, 400, "{v}");
+}

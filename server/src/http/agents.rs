@@ -67,8 +67,9 @@ async fn create(
     }
     // Limits per meter (`crate::spend`): what the agent may use, whatever the room has left.
     let budget = crate::spend::Budget::parse(&body.budget.unwrap_or(Value::Null))
-        .map_err(|e| ApiError::Invalid(e.0))?
-        .to_json();
+        .map_err(|e| ApiError::Invalid(e.0))?;
+    crate::http::spend::agent_budget(&budget)?;
+    let budget = budget.to_json();
     let details = json!({
         "name": name,
         "capabilities": given.names(),

@@ -611,9 +611,16 @@ impl Mcp {
                 {
                     return Err(format!("refused: {why}; nothing was typed").into());
                 }
+                // Each line is a command: checked and charged in one step.
+                let data = text.replace('\n', "\r");
+                let commands = crate::spend::lines(data.as_bytes());
+                let execs = crate::spend::Meter::Execs;
                 self.app
                     .spend
-                    .charge(&c.room, &c.user.id, crate::spend::Meter::Execs, 1);
+                    .try_charge(&c.room, &c.user.id, execs, commands)
+                    .await
+                    .map_err(ApiError::from)?
+                    .map_err(ApiError::Spent)?;
                 let name = self.shown_name(c).await;
                 let (hub, mut joined) = self
                     .app
@@ -621,7 +628,6 @@ impl Mcp {
                     .join(&c.room, 80, 24)
                     .await
                     .map_err(|e| ToolError::from(ApiError::from(e)))?;
-                let data = text.replace('\n', "\r");
                 hub.input(joined.viewer, (&c.user.id, &name), data.into_bytes().into())
                     .await;
                 let mut out = Vec::new();
@@ -634,6 +640,7 @@ impl Mcp {
                             let e: Value = serde_json::from_str(&e).unwrap_or_default();
                             if e["type"] == "floor_refused" {
                                 self.app.sandboxes.leave(&c.room, &hub, joined.viewer).await;
+                                self.app.spend.refund(&c.room, &c.user.id, execs, commands);
                                 let reason = e["reason"]
                                     .as_str()
                                     .unwrap_or("someone else has the terminal");
@@ -795,7 +802,7 @@ impl ServerHandler for Mcp {
         match self
             .app
             .spend
-            .check(&c.room, &c.user.id, &[crate::spend::Meter::ToolCalls])
+            .try_charge(&c.room, &c.user.id, crate::spend::Meter::ToolCalls, 1)
             .await
         {
             Ok(Ok(())) => {}
@@ -812,9 +819,6 @@ impl ServerHandler for Mcp {
                 .into());
             }
         }
-        self.app
-            .spend
-            .charge(&c.room, &c.user.id, crate::spend::Meter::ToolCalls, 1);
         let args = request.arguments.unwrap_or_default();
         let name = request.name.to_string();
         let answer = self.call(&c, &name, &args).await;

@@ -134,21 +134,28 @@ pub(crate) async fn run(
     if !approval.is_empty() {
         details["approval_id"] = json!(approval);
     }
-    crate::http::approvals::spent(
-        app.audit
-            .record(
-                room_id,
-                proof.actor(),
-                "exec",
-                "allow",
-                "",
-                details,
-                crate::store::Change::None.spending(approval),
-            )
-            .await,
-    )?;
+    // Checked and charged in one step: commands at once cannot all pass the last one left.
+    let execs = crate::spend::Meter::Execs;
     app.spend
-        .charge(room_id, proof.actor(), crate::spend::Meter::Execs, 1);
+        .try_charge(room_id, proof.actor(), execs, 1)
+        .await?
+        .map_err(ApiError::Spent)?;
+    let recorded = app
+        .audit
+        .record(
+            room_id,
+            proof.actor(),
+            "exec",
+            "allow",
+            "",
+            details,
+            crate::store::Change::None.spending(approval),
+        )
+        .await;
+    if recorded.is_err() {
+        app.spend.refund(room_id, proof.actor(), execs, 1);
+    }
+    crate::http::approvals::spent(recorded)?;
     let op = Op::Exec {
         argv: req.argv,
         cwd: req.cwd,

@@ -50,6 +50,17 @@ pub(crate) async fn may_start(
         .map_err(ApiError::Spent)
 }
 
+/// An agent's budget cannot cap sandbox time: that is the room's (charged to its sandbox, not
+/// to whoever started it).
+pub(crate) fn agent_budget(b: &Budget) -> Result<(), ApiError> {
+    if b.limit(Meter::SandboxSeconds).is_some() {
+        return Err(ApiError::BadRequest(
+            "an agent's budget cannot hold sandbox_seconds: sandbox time is the room's budget",
+        ));
+    }
+    Ok(())
+}
+
 fn meters_json(used: impl Fn(Meter) -> u64) -> Value {
     Value::Object(
         Meter::ALL
@@ -156,6 +167,9 @@ async fn set_budget(
     Json(body): Json<SetBudget>,
 ) -> Result<Response, ApiError> {
     let after = Budget::parse(&body.budget).map_err(|e| ApiError::Invalid(e.0))?;
+    if body.agent_id.is_some() {
+        agent_budget(&after)?;
+    }
     let before = match &body.agent_id {
         None => app.spend.budget(&room_id).await?,
         Some(id) => match app.store.agent(id).await? {
@@ -222,56 +236,62 @@ async fn set_budget(
     Ok(Json(view(&app, &room_id).await?).into_response())
 }
 
-/// Tells each room of a budget it reached (a `spend` terminal event and an audit record), and
+/// Tells each room of a budget it reached (a `spent` terminal event and an audit record), and
 /// stops the sandbox of a room out of sandbox seconds (snapshotted first: nothing is lost).
 pub(crate) fn announce(app: AppState, mut reached: tokio::sync::mpsc::UnboundedReceiver<Reached>) {
     tokio::spawn(async move {
         while let Some(r) = reached.recv().await {
-            let Some(room_id) = RoomId::parse(&r.room_id) else {
-                continue;
-            };
-            let message = r.exhausted.to_string();
-            let details = json!({
-                "agent": r.agent,
-                "meter": r.exhausted.meter,
-                "used": r.exhausted.used,
-                "budget": r.exhausted.budget,
-                "scope": r.exhausted.scope,
-            });
-            if let Err(e) = app
-                .audit
-                .record(
-                    &room_id,
-                    "system",
-                    "budget_reached",
-                    "allow",
-                    "",
-                    details,
-                    Change::None,
-                )
-                .await
-            {
-                tracing::error!(room = %room_id, error = %e, "cannot audit a budget reached");
-            }
-            app.sandboxes
-                .notice(
-                    &room_id,
-                    TermEvent::Spent {
-                        agent: r.agent.clone(),
-                        exhausted: r.exhausted.clone(),
-                        reason: message.clone(),
-                    },
-                )
-                .await;
-            if r.agent.is_none() && r.exhausted.meter == Meter::SandboxSeconds {
-                if let Err(e) = app
-                    .sandboxes
-                    .stop_because(&room_id, "system", message)
-                    .await
-                {
-                    tracing::warn!(room = %room_id, error = %e, "cannot stop a sandbox out of budget");
-                }
-            }
+            // Each on its own: one room's stop (a snapshot) holds up no other room's notice.
+            tokio::spawn(reached_one(app.clone(), r));
         }
     });
+}
+
+/// One budget reached: recorded, told to the room, and a room out of sandbox time stopped
+/// (announced again a while later when its stop failed, so it is tried again).
+async fn reached_one(app: AppState, r: Reached) {
+    let Some(room_id) = RoomId::parse(&r.room_id) else {
+        return;
+    };
+    let message = r.exhausted.to_string();
+    let details = json!({
+        "agent": r.agent,
+        "meter": r.exhausted.meter,
+        "used": r.exhausted.used,
+        "budget": r.exhausted.budget,
+        "scope": r.exhausted.scope,
+    });
+    if let Err(e) = app
+        .audit
+        .record(
+            &room_id,
+            "system",
+            "budget_reached",
+            "allow",
+            "",
+            details,
+            Change::None,
+        )
+        .await
+    {
+        tracing::error!(room = %room_id, error = %e, "cannot audit a budget reached");
+    }
+    let event = TermEvent::Spent {
+        agent: r.agent.clone(),
+        exhausted: r.exhausted.clone(),
+        reason: message.clone(),
+    };
+    app.sandboxes.notice(&room_id, event).await;
+    if r.agent.is_none() && r.exhausted.meter == Meter::SandboxSeconds {
+        if let Err(e) = app
+            .sandboxes
+            .stop_because(&room_id, "system", message)
+            .await
+        {
+            // Its snapshot failed: it keeps running (nothing is lost) and is asked again.
+            tracing::warn!(room = %room_id, error = %e, "cannot stop a sandbox out of budget; again in 30 s");
+            tokio::time::sleep(std::time::Duration::from_secs(30)).await;
+            app.spend.untell(&room_id, None, Meter::SandboxSeconds);
+        }
+    }
 }

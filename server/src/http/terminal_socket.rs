@@ -199,7 +199,15 @@ async fn serve(
     // In the room while this connection lasts (moderated rooms ask who is).
     let _here = app.present.enter(&room_id, &user.id);
     // An agent's keys in a moderated room wait for a person who can approve (asked per input).
-    let is_agent = matches!(app.store.agent(&user.id).await, Ok(Some(_)));
+    let is_agent = match app.store.agent(&user.id).await {
+        Ok(a) => a.is_some(),
+        // Unknown: an agent would slip past moderation and its budget; closed, it reconnects.
+        Err(_) => {
+            close(&mut sink, CloseCode::Internal).await;
+            app.sandboxes.leave(&room_id, &hub, viewer).await;
+            return;
+        }
+    };
     // Rights as they are now, after the join (a removal meanwhile closes with 4003 below);
     // when storage cannot say, those checked at upgrade stand.
     let caps = match rights_now(&app, &room_id, &user).await {
@@ -393,15 +401,20 @@ async fn agent_may_type(
         Ok(Err(why)) => return Some(why.0.to_owned()),
         Err(_) => return Some("the room's moderation cannot be read now".to_owned()),
     }
-    match app.spend.check(room_id, agent, &[Meter::Execs]).await {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => return Some(e.to_string()),
-        Err(_) => return Some("the room's spend cannot be read now".to_owned()),
+    // Checked (and each line charged) in one step; keys within a line are checked only.
+    let commands = crate::spend::lines(data);
+    let within = if commands == 0 {
+        app.spend.check(room_id, agent, &[Meter::Execs]).await
+    } else {
+        app.spend
+            .try_charge(room_id, agent, Meter::Execs, commands)
+            .await
+    };
+    match within {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(e.to_string()),
+        Err(_) => Some("the room's spend cannot be read now".to_owned()),
     }
-    if data.iter().any(|b| matches!(b, b'\r' | b'\n')) {
-        app.spend.charge(room_id, agent, Meter::Execs, 1);
-    }
-    None
 }
 
 /// The viewer's rights now, from one look at the room: until when it may type and observe,

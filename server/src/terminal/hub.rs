@@ -393,6 +393,7 @@ impl Task {
                 action,
             } => {
                 let now = tokio::time::Instant::now();
+                let before = self.floor.view();
                 let done = match action {
                     FloorAction::Take => self.floor.take(viewer, &who, now),
                     FloorAction::Request => self.floor.request(viewer, &who, now),
@@ -400,10 +401,12 @@ impl Task {
                     FloorAction::Give(to) => self.floor.give(&who.user_id, &to, now),
                     FloorAction::Revoked => Ok(self.floor.revoked(&who.user_id, now)),
                 };
-                match done {
-                    Ok(true) => self.broadcast_floor(),
-                    Ok(false) => {}
-                    Err(refused) => self.refuse(viewer, &refused),
+                if let Err(refused) = &done {
+                    self.refuse(viewer, refused);
+                }
+                // Whatever the outcome, a change (a lapse found on the way) is told.
+                if done.unwrap_or(false) || self.floor.view() != before {
+                    self.broadcast_floor();
                 }
             }
             Cmd::Resize { cols, rows } => {
