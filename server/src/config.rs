@@ -116,6 +116,28 @@ pub(crate) struct StorageArgs {
     /// `sqlite://PATH` or `postgres://...`; defaults to SQLite inside the data directory.
     #[arg(long, env = "CODEROOM_DATABASE_URL")]
     pub database_url: Option<String>,
+    /// What an acknowledged edit survives on SQLite: `full` (default), a power cut too;
+    /// `normal`, the server process dying (kill -9) but not the machine losing power, for
+    /// operators who accept losing the last moments on a power cut in exchange for fewer
+    /// fsyncs (see docs/benchmarks.md).
+    #[arg(long, env = "CODEROOM_SQLITE_SYNCHRONOUS", value_enum, default_value_t = SqliteSynchronous::Full)]
+    pub sqlite_synchronous: SqliteSynchronous,
+}
+
+/// `--sqlite-synchronous`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum SqliteSynchronous {
+    Full,
+    Normal,
+}
+
+impl SqliteSynchronous {
+    pub(crate) fn durability(self) -> crate::store::Durability {
+        match self {
+            SqliteSynchronous::Full => crate::store::Durability::PowerLoss,
+            SqliteSynchronous::Normal => crate::store::Durability::Crash,
+        }
+    }
 }
 
 impl StorageArgs {

@@ -47,6 +47,15 @@ static POSTGRES_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/postgres");
 /// How long a pool waits for a free connection before the request fails (and `/healthz` says so).
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// What an SQLite commit survives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Durability {
+    /// Power loss (`synchronous=FULL`): the default.
+    PowerLoss,
+    /// The process dying, not the machine (`synchronous=NORMAL`).
+    Crash,
+}
+
 /// Which database a URL points at.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Backend {
@@ -105,7 +114,17 @@ pub(crate) struct Store {
 
 impl Store {
     /// Connects (creating the SQLite file and its directory when needed). Does not migrate.
+    /// Every commit survives power loss.
     pub(crate) async fn connect(url: &str) -> Result<Self, StoreError> {
+        Store::connect_with(url, Durability::PowerLoss).await
+    }
+
+    /// [`Store::connect`], with the SQLite durability asked for (PostgreSQL keeps its own
+    /// `synchronous_commit`).
+    pub(crate) async fn connect_with(
+        url: &str,
+        durability: Durability,
+    ) -> Result<Self, StoreError> {
         sqlx::any::install_default_drivers();
         let backend = if url.starts_with("sqlite:") {
             Backend::Sqlite
@@ -143,9 +162,18 @@ impl Store {
                     if backend == Backend::Sqlite {
                         // WAL: readers never block the writer. synchronous=FULL: a committed
                         // batch survives power loss too, and batching keeps the fsync count low.
+                        // NORMAL (asked for): a commit survives the process dying (kill -9),
+                        // not the machine losing power; the WAL is synced at checkpoints.
+                        let sync = match durability {
+                            Durability::PowerLoss => "FULL",
+                            Durability::Crash => "NORMAL",
+                        };
                         conn.execute(
-                            "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; \
-                             PRAGMA foreign_keys=ON; PRAGMA busy_timeout=5000;",
+                            format!(
+                                "PRAGMA journal_mode=WAL; PRAGMA synchronous={sync}; \
+                                 PRAGMA foreign_keys=ON; PRAGMA busy_timeout=5000;"
+                            )
+                            .as_str(),
                         )
                         .await?;
                     }
@@ -214,5 +242,28 @@ mod tests {
             Some(Path::new("/tmp/x.db"))
         );
         assert_eq!(sqlite_path("sqlite::memory:"), None);
+    }
+
+    /// Power-loss durable by default; `synchronous=NORMAL` only when asked for.
+    #[tokio::test]
+    async fn sqlite_durability_is_what_was_asked_for() {
+        let dir = tempfile::tempdir().unwrap();
+        for (durability, expected) in [(Durability::PowerLoss, 2i64), (Durability::Crash, 1)] {
+            let url = format!("sqlite://{}/d{expected}.db", dir.path().display());
+            let store = Store::connect_with(&url, durability).await.unwrap();
+            let sync: i64 = sqlx::query_scalar("PRAGMA synchronous")
+                .fetch_one(&store.pool)
+                .await
+                .unwrap();
+            assert_eq!(sync, expected, "{durability:?}");
+            store.close().await;
+        }
+        let url = format!("sqlite://{}/default.db", dir.path().display());
+        let store = Store::connect(&url).await.unwrap();
+        let sync: i64 = sqlx::query_scalar("PRAGMA synchronous")
+            .fetch_one(&store.pool)
+            .await
+            .unwrap();
+        assert_eq!(sync, 2, "FULL by default");
     }
 }

@@ -18,7 +18,11 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     warn_unbuilt(&args);
     crate::http::listener::raise_open_file_limit();
     crate::fault::announce();
-    let store = Store::connect(&args.storage.database_url()).await?;
+    let store = Store::connect_with(
+        &args.storage.database_url(),
+        args.storage.sqlite_synchronous.durability(),
+    )
+    .await?;
     store.migrate().await?;
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();

@@ -31,6 +31,8 @@ pub enum Need {
     WebDist,
     /// shadow's `newuidmap` and `newgidmap` (Debian's `uidmap`).
     Uidmap,
+    /// The benchmark peers (`tests/bench/peers`: the reference server and Hocuspocus).
+    BenchPeers,
 }
 
 impl Need {
@@ -40,6 +42,7 @@ impl Need {
             Need::Smtp => "SMTP",
             Need::WebDist => "WEB_DIST",
             Need::Uidmap => "UIDMAP",
+            Need::BenchPeers => "BENCH_PEERS",
         }
     }
 }

@@ -1,0 +1,657 @@
+//! Edit-to-peer latency and burst throughput: Coderoom (every update durable before any peer
+//! sees it) against the y-websocket reference server and Hocuspocus (both in memory), driven by
+//! the same Rust load generator of yrs clients in the same run, alternated.
+//!
+//! Each writer appends numbered tokens (`00000042|`) to a text; a reader finds the newest
+//! token in each update it receives (in the update's bytes, without reading the text back) and
+//! records, for every number it had not seen, the time since its writer sent it. Readers apply
+//! every update to a document of their own; at the end every reader's text must equal its
+//! writer's (convergence) and every update must have reached every reader (no loss).
+//!
+//! The generator speaks the y-websocket protocol (Coderoom, the reference server) and
+//! Hocuspocus's (each message prefixed by the document's name, an authentication message
+//! first, its `SyncReply` read as sync). The peers come from `tests/bench/peers` (`npm ci`
+//! there).
+//!
+//! `cargo test --release -p coderoom-server --test bench_peers -- --ignored --nocapture`
+//! (`BENCH_SECS` per run, default 5; `BENCH_REPEAT`, default 3; `BENCH_SHAPES`, a comma list
+//! of `fanout`, `fast`, `rooms`, `burst`; `BENCH_PEERS`, a comma list of `coderoom`,
+//! `coderoom-pg` (with `CODEROOM_TEST_POSTGRES_URL`), `coderoom-normal`
+//! (`--sqlite-synchronous normal`), `reference`, `hocuspocus`; default all but
+//! `coderoom-normal`). Figures: `docs/benchmarks.md`.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use futures_util::{SinkExt, StreamExt};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+use tokio_tungstenite::tungstenite::Message;
+use yrs::encoding::read::Cursor;
+use yrs::sync::protocol::{Message as YMessage, SyncMessage};
+use yrs::updates::decoder::{Decode, DecoderV1};
+use yrs::updates::encoder::Encode;
+use yrs::{GetString, ReadTxn, Text, Transact, Update};
+
+type Ws =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// How a peer frames the y-protocol.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Proto {
+    /// y-websocket: one message per frame, the room in the URL.
+    YWebsocket,
+    /// Hocuspocus: each message prefixed by the document's name.
+    Hocuspocus,
+}
+
+/// One room's endpoint.
+#[derive(Clone)]
+struct Endpoint {
+    url: String,
+    bearer: Option<String>,
+    proto: Proto,
+    doc: String,
+}
+
+fn write_var_uint(out: &mut Vec<u8>, mut n: u64) {
+    loop {
+        let b = (n & 0x7f) as u8;
+        n >>= 7;
+        if n == 0 {
+            out.push(b);
+            return;
+        }
+        out.push(b | 0x80);
+    }
+}
+
+fn read_var_uint(b: &[u8], at: &mut usize) -> Option<u64> {
+    let mut n = 0u64;
+    let mut shift = 0;
+    loop {
+        let byte = *b.get(*at)?;
+        *at += 1;
+        n |= u64::from(byte & 0x7f) << shift;
+        if byte & 0x80 == 0 {
+            return Some(n);
+        }
+        shift += 7;
+    }
+}
+
+impl Endpoint {
+    /// A y-protocol message as this peer takes it.
+    fn frame(&self, y: &[u8]) -> Vec<u8> {
+        match self.proto {
+            Proto::YWebsocket => y.to_vec(),
+            Proto::Hocuspocus => {
+                let mut out = Vec::with_capacity(y.len() + self.doc.len() + 2);
+                write_var_uint(&mut out, self.doc.len() as u64);
+                out.extend_from_slice(self.doc.as_bytes());
+                out.extend_from_slice(y);
+                out
+            }
+        }
+    }
+
+    /// The y-protocol sync message in a frame from this peer, if it is one.
+    fn sync_of(&self, b: &[u8]) -> Option<SyncMessage> {
+        let mut at = 0;
+        if self.proto == Proto::Hocuspocus {
+            let len = read_var_uint(b, &mut at)? as usize;
+            at += len;
+        }
+        let kind = read_var_uint(b, &mut at)?;
+        // Hocuspocus answers a sync step 1 as `SyncReply` (4); the rest is the same.
+        if kind != 0 && !(kind == 4 && self.proto == Proto::Hocuspocus) {
+            return None;
+        }
+        let mut decoder = DecoderV1::new(Cursor::new(&b[at..]));
+        SyncMessage::decode(&mut decoder).ok()
+    }
+
+    async fn connect(&self) -> Ws {
+        let mut req = self.url.as_str().into_client_request().unwrap();
+        if let Some(t) = &self.bearer {
+            req.headers_mut()
+                .insert("authorization", format!("Bearer {t}").parse().unwrap());
+        }
+        let cfg = WebSocketConfig::default()
+            .max_message_size(Some(64 << 20))
+            .max_frame_size(Some(64 << 20));
+        let (mut ws, _) = tokio_tungstenite::connect_async_with_config(req, Some(cfg), true)
+            .await
+            .unwrap_or_else(|e| panic!("connect {}: {e}", self.url));
+        if self.proto == Proto::Hocuspocus {
+            // Authentication first (an empty token: the server has no auth hook).
+            let mut auth = Vec::new();
+            write_var_uint(&mut auth, self.doc.len() as u64);
+            auth.extend_from_slice(self.doc.as_bytes());
+            auth.extend_from_slice(&[2, 0, 0]);
+            ws.send(Message::Binary(auth.into())).await.unwrap();
+        }
+        ws
+    }
+}
+
+/// A connection that has synced: sends its step 1, waits for the peer's step 2.
+async fn joined(ep: &Endpoint) -> Ws {
+    let mut ws = ep.connect().await;
+    let step1 = YMessage::Sync(SyncMessage::SyncStep1(yrs::StateVector::default())).encode_v1();
+    ws.send(Message::Binary(ep.frame(&step1).into()))
+        .await
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = until.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, ws.next()).await {
+            Ok(Some(Ok(Message::Binary(b)))) => {
+                if let Some(SyncMessage::SyncStep2(_)) = ep.sync_of(&b) {
+                    return ws;
+                }
+            }
+            Ok(Some(Ok(_))) => {}
+            other => panic!("{} did not sync: {other:?}", ep.url),
+        }
+    }
+}
+
+/// The newest token number in an update's bytes (`NNNNNNNN|`).
+fn newest_token(b: &[u8]) -> Option<usize> {
+    let mut best = None;
+    let mut i = b.len();
+    while i > 8 {
+        i -= 1;
+        if b[i] == b'|' && b[i - 8..i].iter().all(u8::is_ascii_digit) {
+            let n: usize = std::str::from_utf8(&b[i - 8..i]).ok()?.parse().ok()?;
+            best = Some(best.map_or(n, |m: usize| m.max(n)));
+            i -= 8;
+        }
+    }
+    best
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+/// A load: `rooms` rooms, each with one writer and `readers` readers; the writer sends `total`
+/// updates, paced at `rate` a second (`None`: as fast as it can).
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    name: &'static str,
+    rooms: usize,
+    readers: usize,
+    rate: Option<usize>,
+    total: usize,
+}
+
+/// What one run of a shape measured.
+#[derive(Debug)]
+struct Outcome {
+    p50: f64,
+    p99: f64,
+    max: f64,
+    delivered: usize,
+    expected: usize,
+    /// Updates sent per second over the sending (burst: until the last reader had them all).
+    updates_per_s: f64,
+    converged: bool,
+}
+
+/// Runs `shape` on the rooms at `eps` (one endpoint per room).
+async fn drive(eps: Vec<Endpoint>, shape: Shape) -> Outcome {
+    let total = shape.total;
+    let mut rooms = Vec::new();
+    for ep in &eps {
+        let writer = joined(ep).await;
+        let mut readers = Vec::new();
+        for _ in 0..shape.readers {
+            readers.push(joined(ep).await);
+        }
+        rooms.push((ep.clone(), writer, readers));
+    }
+    let base = Instant::now();
+    let start = base + Duration::from_millis(300);
+    let latencies: Arc<Mutex<Vec<f64>>> = Arc::default();
+    let got = Arc::new(AtomicUsize::new(0));
+    let expected = total * shape.readers * eps.len();
+    let last_at = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    let mut finals = Vec::new();
+    for (ep, writer, readers) in rooms {
+        let sent: Arc<Vec<AtomicU64>> = Arc::new((0..total).map(|_| AtomicU64::new(0)).collect());
+        let texts: Arc<Mutex<Vec<String>>> = Arc::default();
+        for mut r in readers {
+            let (ep, sent, texts) = (ep.clone(), sent.clone(), texts.clone());
+            let (latencies, got, last_at) = (latencies.clone(), got.clone(), last_at.clone());
+            tasks.push(tokio::spawn(async move {
+                let doc = yrs::Doc::new();
+                let mut seen = 0usize;
+                let mut mine = Vec::with_capacity(total);
+                while seen < total {
+                    let Some(Ok(msg)) = r.next().await else { break };
+                    let Message::Binary(b) = msg else { continue };
+                    let now = Instant::now();
+                    let Some(SyncMessage::SyncStep2(u) | SyncMessage::Update(u)) = ep.sync_of(&b)
+                    else {
+                        continue;
+                    };
+                    doc.transact_mut()
+                        .apply_update(Update::decode_v1(&u).unwrap())
+                        .unwrap();
+                    let Some(n) = newest_token(&u).filter(|n| *n >= seen && *n < total) else {
+                        continue;
+                    };
+                    let now_ns = now.duration_since(base).as_nanos() as u64;
+                    for s in seen..=n {
+                        let at = sent[s].load(Ordering::Acquire);
+                        mine.push(now_ns.saturating_sub(at) as f64 / 1e6);
+                    }
+                    got.fetch_add(n + 1 - seen, Ordering::AcqRel);
+                    last_at.fetch_max(now_ns, Ordering::AcqRel);
+                    seen = n + 1;
+                }
+                latencies.lock().unwrap().extend(mine);
+                let text = doc.get_or_insert_text("t");
+                let s = text.get_string(&doc.transact());
+                texts.lock().unwrap().push(s);
+            }));
+        }
+        let (mut sink, mut stream) = writer.split();
+        // The writer reads (and drops) what it is sent, so its socket keeps flowing.
+        tasks.push(tokio::spawn(async move {
+            while stream.next().await.is_some() {}
+        }));
+        let written: Arc<Mutex<Option<String>>> = Arc::default();
+        let out = written.clone();
+        tasks.push(tokio::spawn(async move {
+            let doc = yrs::Doc::new();
+            let text = doc.get_or_insert_text("t");
+            for n in 0..total {
+                if let Some(rate) = shape.rate {
+                    let at = start + Duration::from_secs_f64(n as f64 / rate as f64);
+                    tokio::time::sleep_until(at.into()).await;
+                }
+                let update = {
+                    let sv = doc.transact().state_vector();
+                    let mut txn = doc.transact_mut();
+                    let end = text.len(&txn);
+                    text.insert(&mut txn, end, &format!("{n:08}|"));
+                    drop(txn);
+                    doc.transact().encode_diff_v1(&sv)
+                };
+                let y = YMessage::Sync(SyncMessage::Update(update)).encode_v1();
+                sent[n].store(base.elapsed().as_nanos() as u64, Ordering::Release);
+                if sink
+                    .send(Message::Binary(ep.frame(&y).into()))
+                    .await
+                    .is_err()
+                {
+                    break;
+                }
+            }
+            *out.lock().unwrap() = Some(text.get_string(&doc.transact()));
+            // Open until the readers are done.
+            tokio::time::sleep(Duration::from_secs(600)).await;
+            drop(sink);
+        }));
+        finals.push((written, texts));
+    }
+    let send_secs = shape.rate.map_or(0.0, |r| total as f64 / r as f64);
+    let deadline = Instant::now() + Duration::from_secs_f64(send_secs + 60.0);
+    while got.load(Ordering::Acquire) < expected && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Readers record their figures as they finish.
+    let until = Instant::now() + Duration::from_secs(10);
+    while finals
+        .iter()
+        .any(|(_, t)| t.lock().unwrap().len() < shape.readers)
+        && Instant::now() < until
+    {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for t in &tasks {
+        t.abort();
+    }
+    let converged = finals.iter().all(|(w, t)| {
+        let w = w.lock().unwrap();
+        let t = t.lock().unwrap();
+        t.len() == shape.readers && t.iter().all(|s| Some(s) == w.as_ref())
+    });
+    let mut l = latencies.lock().unwrap().clone();
+    l.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let last = last_at.load(Ordering::Acquire) as f64 / 1e9 - 0.3;
+    Outcome {
+        p50: percentile(&l, 0.5),
+        p99: percentile(&l, 0.99),
+        max: l.last().copied().unwrap_or(f64::NAN),
+        delivered: got.load(Ordering::Acquire),
+        expected,
+        updates_per_s: (total * eps.len()) as f64
+            / if shape.rate.is_some() {
+                send_secs
+            } else {
+                last.max(1e-3)
+            },
+        converged,
+    }
+}
+
+/// The peers this run compares: Coderoom and, where `tests/bench/peers` is installed, the
+/// reference server and Hocuspocus.
+enum Peer {
+    Coderoom {
+        storage: Storage,
+        server: Server,
+        token: String,
+        /// `postgres`, `sqlite` or `sqlite-normal` (`--sqlite-synchronous normal`).
+        kind: &'static str,
+    },
+    Node {
+        name: &'static str,
+        child: tokio::process::Child,
+        port: u16,
+        proto: Proto,
+    },
+}
+
+const PEERS_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/bench/peers");
+
+async fn free_port() -> u16 {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// Starts a peer from `tests/bench/peers`; `None` when it is not installed.
+async fn node_peer(name: &'static str) -> Option<Peer> {
+    let (script, proto) = match name {
+        "reference" => (
+            format!("{PEERS_DIR}/node_modules/@y/websocket-server/src/server.js"),
+            Proto::YWebsocket,
+        ),
+        _ => (format!("{PEERS_DIR}/hocuspocus.mjs"), Proto::Hocuspocus),
+    };
+    if !std::path::Path::new(&format!("{PEERS_DIR}/node_modules")).exists() {
+        return None;
+    }
+    let port = free_port().await;
+    let child = tokio::process::Command::new("node")
+        .arg(&script)
+        .arg(port.to_string())
+        .env("HOST", "127.0.0.1")
+        .env("PORT", port.to_string())
+        .current_dir(PEERS_DIR)
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .ok()?;
+    let until = Instant::now() + Duration::from_secs(20);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(Instant::now() < until, "{name} did not start");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Some(Peer::Node {
+        name,
+        child,
+        port,
+        proto,
+    })
+}
+
+impl Peer {
+    fn name(&self) -> &'static str {
+        match self {
+            Peer::Coderoom { kind: "sqlite", .. } => "coderoom (SQLite)",
+            Peer::Coderoom {
+                kind: "sqlite-normal",
+                ..
+            } => "coderoom (SQLite, synchronous=NORMAL)",
+            Peer::Coderoom { .. } => "coderoom (PostgreSQL)",
+            Peer::Node {
+                name: "reference", ..
+            } => "reference @y/websocket-server (memory)",
+            Peer::Node { .. } => "Hocuspocus 4.7 (memory)",
+        }
+    }
+
+    /// `n` fresh rooms.
+    async fn rooms(&self, n: usize) -> Vec<Endpoint> {
+        let mut out = Vec::new();
+        for _ in 0..n {
+            out.push(match self {
+                Peer::Coderoom { server, token, .. } => {
+                    let room = create_room(server, token).await;
+                    Endpoint {
+                        url: format!("ws://{}/api/rooms/{room}/doc", server.addr),
+                        bearer: Some(token.clone()),
+                        proto: Proto::YWebsocket,
+                        doc: room,
+                    }
+                }
+                Peer::Node { port, proto, .. } => {
+                    let doc = format!("bench-{:016x}", rand_u64());
+                    let url = match proto {
+                        Proto::YWebsocket => format!("ws://127.0.0.1:{port}/{doc}"),
+                        Proto::Hocuspocus => format!("ws://127.0.0.1:{port}"),
+                    };
+                    Endpoint {
+                        url,
+                        bearer: None,
+                        proto: *proto,
+                        doc,
+                    }
+                }
+            });
+        }
+        out
+    }
+
+    async fn stop(self) {
+        match self {
+            Peer::Coderoom {
+                server, storage, ..
+            } => {
+                server.terminate().await;
+                storage.drop_db().await;
+            }
+            Peer::Node { mut child, .. } => {
+                let _ = child.kill().await;
+            }
+        }
+    }
+}
+
+fn rand_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(Instant::now().elapsed().as_nanos());
+    h.finish()
+}
+
+async fn start(which: &str) -> Option<Peer> {
+    match which {
+        "coderoom" | "coderoom-pg" | "coderoom-normal" => {
+            let (backend, kind, extra): (_, _, &[&str]) = match which {
+                "coderoom-pg" => (
+                    Backend::Postgres(std::env::var("CODEROOM_TEST_POSTGRES_URL").ok()?),
+                    "postgres",
+                    &[],
+                ),
+                "coderoom-normal" => (
+                    Backend::Sqlite,
+                    "sqlite-normal",
+                    &["--sqlite-synchronous", "normal"],
+                ),
+                _ => (Backend::Sqlite, "sqlite", &[]),
+            };
+            let storage = Storage::new(&backend).await;
+            let server = Server::start(&storage, extra).await;
+            let token = storage.token("bench@example.com").await;
+            Some(Peer::Coderoom {
+                storage,
+                server,
+                token,
+                kind,
+            })
+        }
+        other => {
+            node_peer(if other == "reference" {
+                "reference"
+            } else {
+                "hocuspocus"
+            })
+            .await
+        }
+    }
+}
+
+fn shapes(secs: usize) -> Vec<Shape> {
+    vec![
+        Shape {
+            name: "fanout",
+            rooms: 1,
+            readers: 100,
+            rate: Some(500),
+            total: 500 * secs,
+        },
+        Shape {
+            name: "fast",
+            rooms: 1,
+            readers: 10,
+            rate: Some(2000),
+            total: 2000 * secs,
+        },
+        Shape {
+            name: "rooms",
+            rooms: 40,
+            readers: 4,
+            rate: Some(50),
+            total: 50 * secs,
+        },
+        Shape {
+            name: "burst",
+            rooms: 1,
+            readers: 10,
+            rate: None,
+            total: 20_000,
+        },
+    ]
+}
+
+/// The comparison: every shape, each peer in turn, `BENCH_REPEAT` rounds; a JSON line per run
+/// and a markdown table at the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: run with --release --ignored --nocapture"]
+async fn peers_side_by_side() {
+    let secs = knob("BENCH_SECS", 5);
+    let repeat = knob("BENCH_REPEAT", 3);
+    let wanted = std::env::var("BENCH_SHAPES").unwrap_or_default();
+    let peers = std::env::var("BENCH_PEERS")
+        .unwrap_or_else(|_| "coderoom,coderoom-pg,reference,hocuspocus".into());
+    let mut rows = Vec::new();
+    for shape in shapes(secs) {
+        if !wanted.is_empty() && !wanted.split(',').any(|w| w == shape.name) {
+            continue;
+        }
+        for round in 0..repeat {
+            for which in peers.split(',') {
+                let Some(peer) = start(which).await else {
+                    println!("SKIPPED {which}: not installed (tests/bench/peers: npm ci) or no CODEROOM_TEST_POSTGRES_URL");
+                    continue;
+                };
+                let eps = peer.rooms(shape.rooms).await;
+                let o = drive(eps, shape).await;
+                let name = peer.name();
+                peer.stop().await;
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "shape": shape.name, "round": round, "peer": name,
+                        "p50_ms": o.p50, "p99_ms": o.p99, "max_ms": o.max,
+                        "delivered": o.delivered, "expected": o.expected,
+                        "updates_per_s": o.updates_per_s, "converged": o.converged,
+                    })
+                );
+                rows.push((shape, round, name, o));
+            }
+        }
+    }
+    println!(
+        "| shape | round | server | updates/s | p50 ms | p99 ms | max ms | delivered | converged |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for (shape, round, name, o) in &rows {
+        let what = match shape.rate {
+            Some(r) => format!(
+                "{} room(s) x {} readers x {r}/s",
+                shape.rooms, shape.readers
+            ),
+            None => format!("burst, 1 writer, {} readers", shape.readers),
+        };
+        println!(
+            "| {what} | {} | {name} | {:.0} | {:.2} | {:.2} | {:.1} | {} of {} | {} |",
+            round + 1,
+            o.updates_per_s,
+            o.p50,
+            o.p99,
+            o.max,
+            o.delivered,
+            o.expected,
+            if o.converged { "yes" } else { "NO" }
+        );
+    }
+}
+
+/// The generator's smoke mode, in every test run (and so in `.ci/run`): a second of a small
+/// shape against each peer that is installed, asserting that every update reached every reader
+/// and every reader converged. Not speed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn smoke_every_peer_gets_every_update() {
+    let shape = Shape {
+        name: "smoke",
+        rooms: 2,
+        readers: 3,
+        rate: Some(100),
+        total: 100,
+    };
+    for which in ["coderoom", "reference", "hocuspocus"] {
+        let Some(peer) = start(which).await else {
+            skip(
+                Need::BenchPeers,
+                &format!("{which}: tests/bench/peers is not installed (npm ci there)"),
+            );
+            continue;
+        };
+        let eps = peer.rooms(shape.rooms).await;
+        let o = drive(eps, shape).await;
+        let name = peer.name();
+        peer.stop().await;
+        assert_eq!(o.delivered, o.expected, "{name}: {o:?}");
+        assert!(o.converged, "{name}: {o:?}");
+    }
+}
+
+#[test]
+fn tokens_are_found_in_update_bytes() {
+    assert_eq!(newest_token(b"\x01\x02abc00000007|00000012|\x00"), Some(12));
+    assert_eq!(newest_token(b"0000001|"), None);
+    assert_eq!(newest_token(b""), None);
+    let mut v = Vec::new();
+    write_var_uint(&mut v, 300);
+    let mut at = 0;
+    assert_eq!(read_var_uint(&v, &mut at), Some(300));
+}
