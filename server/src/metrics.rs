@@ -35,6 +35,13 @@ pub(crate) struct Inner {
     pub access_close_seconds: Histogram,
     pub descriptors_exhausted: Counter,
     pub outbound_queued_bytes: Gauge,
+    /// Where a document update's time goes, stage by stage (see `doc_stage_seconds`).
+    pub stage_decode: Histogram,
+    pub stage_apply: Histogram,
+    pub stage_commit: Histogram,
+    pub stage_broadcast: Histogram,
+    pub stage_queue: Histogram,
+    pub stage_write: Histogram,
     /// Metered use (`crate::spend`), by meter.
     pub spend: Family<Vec<(String, String)>, Counter>,
     /// Metered work refused at a budget, by meter.
@@ -160,6 +167,28 @@ impl Metrics {
             "Connections closed for malformed or refused frames",
             protocol_errors.clone(),
         );
+        // 5 µs .. ~10 s: a frame's decode is microseconds, a commit milliseconds.
+        let stages: Family<Vec<(String, String)>, Histogram> = Family::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.000_005, 2.5, 17))
+        });
+        registry.register(
+            "doc_stage_seconds",
+            "Where document updates spend their time, by stage: decode (a client's frame parsed \
+             on its socket), apply (the room applying a connection's messages), commit (the \
+             update log append a batch waits for), broadcast (framing a committed batch and \
+             queueing it for every peer), queue (a frame waiting in a connection's queue), write \
+             (handing a frame to the socket)",
+            stages.clone(),
+        );
+        let stage = |name: &str| {
+            stages
+                .get_or_create(&vec![("stage".to_owned(), name.to_owned())])
+                .clone()
+        };
+        let (stage_decode, stage_apply, stage_commit) =
+            (stage("decode"), stage("apply"), stage("commit"));
+        let (stage_broadcast, stage_queue, stage_write) =
+            (stage("broadcast"), stage("queue"), stage("write"));
         let spend = Family::default();
         registry.register(
             "spend",
@@ -175,6 +204,12 @@ impl Metrics {
         );
         Metrics {
             inner: Arc::new(Inner {
+                stage_decode,
+                stage_apply,
+                stage_commit,
+                stage_broadcast,
+                stage_queue,
+                stage_write,
                 spend,
                 budget_refusals,
                 registry,

@@ -150,6 +150,9 @@ impl Store {
             Backend::Postgres => url.to_owned(),
         };
         let options = AnyConnectOptions::from_str(&url)?;
+        // For comparisons only (docs/benchmarks.md): SQLite's own checkpoints, inside commits.
+        let inline_checkpoints =
+            std::env::var("CODEROOM_SQLITE_INLINE_CHECKPOINT").as_deref() == Ok("1");
         let pool = AnyPoolOptions::new()
             .max_connections(match backend {
                 // SQLite serialises writers anyway; a few readers beside the writer suffice.
@@ -168,10 +171,16 @@ impl Store {
                             Durability::PowerLoss => "FULL",
                             Durability::Crash => "NORMAL",
                         };
+                        // No checkpoint inside a commit (SQLite's default runs one in
+                        // whichever commit crosses 1,000 WAL pages, holding up that room's
+                        // broadcast): the checkpointer below runs them beside the commits.
+                        let auto = if inline_checkpoints { 1000 } else { 0 };
                         conn.execute(
                             format!(
                                 "PRAGMA journal_mode=WAL; PRAGMA synchronous={sync}; \
-                                 PRAGMA foreign_keys=ON; PRAGMA busy_timeout=5000;"
+                                 PRAGMA foreign_keys=ON; PRAGMA busy_timeout=5000; \
+                                 PRAGMA wal_autocheckpoint={auto}; \
+                                 PRAGMA journal_size_limit=67108864;"
                             )
                             .as_str(),
                         )
@@ -182,6 +191,9 @@ impl Store {
             })
             .connect_with(options)
             .await?;
+        if backend == Backend::Sqlite && !inline_checkpoints {
+            checkpointer(pool.clone());
+        }
         Ok(Store {
             pool,
             backend,
@@ -218,6 +230,37 @@ impl Store {
     }
 }
 
+/// How often the WAL is checkpointed into the database file.
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(500);
+
+/// Checkpoints SQLite's WAL beside the commits, never inside one: a passive checkpoint copies
+/// what no reader still needs into the database (and syncs it) while writers go on appending;
+/// the WAL starts over once a checkpoint has copied all of it. Ends with the pool.
+fn checkpointer(pool: AnyPool) {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    rt.spawn(async move {
+        let mut tick = tokio::time::interval(CHECKPOINT_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if pool.is_closed() {
+                return;
+            }
+            if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
+                .execute(&pool)
+                .await
+            {
+                if pool.is_closed() {
+                    return;
+                }
+                tracing::warn!(error = %e, "WAL checkpoint failed; trying again");
+            }
+        }
+    });
+}
+
 /// The file path of a `sqlite://` URL, when it names one.
 fn sqlite_path(url: &str) -> Option<&Path> {
     let rest = url
@@ -242,6 +285,46 @@ mod tests {
             Some(Path::new("/tmp/x.db"))
         );
         assert_eq!(sqlite_path("sqlite::memory:"), None);
+    }
+
+    /// Commits never checkpoint; the checkpointer does, beside them: what was committed
+    /// reaches the database file within a moment.
+    #[tokio::test]
+    async fn the_wal_is_checkpointed_beside_the_commits() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.db");
+        let store = Store::connect(&format!("sqlite://{}", path.display()))
+            .await
+            .unwrap();
+        let auto: i64 = sqlx::query_scalar("PRAGMA wal_autocheckpoint")
+            .fetch_one(&store.pool)
+            .await
+            .unwrap();
+        assert_eq!(auto, 0, "no checkpoint inside a commit");
+        sqlx::query("CREATE TABLE t (b BLOB)")
+            .execute(&store.pool)
+            .await
+            .unwrap();
+        for _ in 0..200 {
+            sqlx::query("INSERT INTO t (b) VALUES (zeroblob(32768))")
+                .execute(&store.pool)
+                .await
+                .unwrap();
+        }
+        // 6.4 MB committed: in the WAL first, in the database file after a checkpoint.
+        let until = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            let size = std::fs::metadata(&path).unwrap().len();
+            if size > 6 << 20 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < until,
+                "never checkpointed: {size} bytes"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        store.close().await;
     }
 
     /// Power-loss durable by default; `synchronous=NORMAL` only when asked for.

@@ -17,8 +17,8 @@
 //! (`BENCH_SECS` per run, default 5; `BENCH_REPEAT`, default 3; `BENCH_SHAPES`, a comma list
 //! of `fanout`, `fast`, `rooms`, `burst`; `BENCH_PEERS`, a comma list of `coderoom`,
 //! `coderoom-pg` (with `CODEROOM_TEST_POSTGRES_URL`), `coderoom-normal`
-//! (`--sqlite-synchronous normal`), `reference`, `hocuspocus`; default all but
-//! `coderoom-normal`). Figures: `docs/benchmarks.md`.
+//! (`--sqlite-synchronous normal`), `coderoom-inline` (SQLite's own WAL checkpoints, inside
+//! commits), `reference`, `hocuspocus`; default all but the last two Coderoom variants). Figures: `docs/benchmarks.md`.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -420,6 +420,10 @@ impl Peer {
                 kind: "sqlite-normal",
                 ..
             } => "coderoom (SQLite, synchronous=NORMAL)",
+            Peer::Coderoom {
+                kind: "sqlite-inline",
+                ..
+            } => "coderoom (SQLite, checkpoints inside commits)",
             Peer::Coderoom { .. } => "coderoom (PostgreSQL)",
             Peer::Node {
                 name: "reference", ..
@@ -484,7 +488,7 @@ fn rand_u64() -> u64 {
 
 async fn start(which: &str) -> Option<Peer> {
     match which {
-        "coderoom" | "coderoom-pg" | "coderoom-normal" => {
+        "coderoom" | "coderoom-pg" | "coderoom-normal" | "coderoom-inline" => {
             let (backend, kind, extra): (_, _, &[&str]) = match which {
                 "coderoom-pg" => (
                     Backend::Postgres(std::env::var("CODEROOM_TEST_POSTGRES_URL").ok()?),
@@ -496,10 +500,14 @@ async fn start(which: &str) -> Option<Peer> {
                     "sqlite-normal",
                     &["--sqlite-synchronous", "normal"],
                 ),
+                "coderoom-inline" => (Backend::Sqlite, "sqlite-inline", &[]),
                 _ => (Backend::Sqlite, "sqlite", &[]),
             };
             let storage = Storage::new(&backend).await;
-            let server = Server::start(&storage, extra).await;
+            // `coderoom-inline`: SQLite's own checkpoints, inside commits (the comparison).
+            let inline = if kind == "sqlite-inline" { "1" } else { "0" };
+            let env = [("CODEROOM_SQLITE_INLINE_CHECKPOINT", inline)];
+            let server = Server::start_with_env(&storage, extra, &env).await;
             let token = storage.token("bench@example.com").await;
             Some(Peer::Coderoom {
                 storage,
@@ -576,11 +584,15 @@ async fn peers_side_by_side() {
                 let eps = peer.rooms(shape.rooms).await;
                 let o = drive(eps, shape).await;
                 let name = peer.name();
+                let stages = match &peer {
+                    Peer::Coderoom { server, .. } => stage_times(server).await,
+                    Peer::Node { .. } => serde_json::Value::Null,
+                };
                 peer.stop().await;
                 println!(
                     "{}",
                     serde_json::json!({
-                        "shape": shape.name, "round": round, "peer": name,
+                        "shape": shape.name, "round": round, "peer": name, "stages": stages,
                         "p50_ms": o.p50, "p99_ms": o.p99, "max_ms": o.max,
                         "delivered": o.delivered, "expected": o.expected,
                         "updates_per_s": o.updates_per_s, "converged": o.converged,
@@ -614,6 +626,51 @@ async fn peers_side_by_side() {
             if o.converged { "yes" } else { "NO" }
         );
     }
+}
+
+/// Coderoom's `doc_stage_seconds` histograms as `{stage: {"count", "mean_ms", "p50_ms",
+/// "p99_ms"}}` (quantiles are the upper edges of the buckets they fall in).
+async fn stage_times(server: &Server) -> serde_json::Value {
+    let (_, body) = http(&server.url("/metrics"), "GET", None, None).await;
+    let mut out = serde_json::Map::new();
+    for stage in ["decode", "apply", "commit", "broadcast", "queue", "write"] {
+        let tag = format!("stage=\"{stage}\"");
+        let value = |metric: &str| -> f64 {
+            body.lines()
+                .find(|l| l.starts_with(metric) && l.contains(&tag))
+                .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+                .unwrap_or(0.0)
+        };
+        let count = value("coderoom_doc_stage_seconds_count");
+        let sum = value("coderoom_doc_stage_seconds_sum");
+        let buckets: Vec<(f64, f64)> = body
+            .lines()
+            .filter(|l| l.starts_with("coderoom_doc_stage_seconds_bucket") && l.contains(&tag))
+            .filter_map(|l| {
+                let le = l.split("le=\"").nth(1)?.split('"').next()?;
+                let le = if le == "+Inf" {
+                    f64::INFINITY
+                } else {
+                    le.parse().ok()?
+                };
+                Some((le, l.rsplit(' ').next()?.parse().ok()?))
+            })
+            .collect();
+        let q = |p: f64| {
+            buckets
+                .iter()
+                .find(|(_, n)| *n >= p * count)
+                .map_or(f64::NAN, |(le, _)| le * 1000.0)
+        };
+        out.insert(
+            stage.into(),
+            serde_json::json!({
+                "count": count, "mean_ms": if count > 0.0 { sum / count * 1000.0 } else { 0.0 },
+                "p50_ms": q(0.5), "p99_ms": q(0.99),
+            }),
+        );
+    }
+    serde_json::Value::Object(out)
 }
 
 /// The generator's smoke mode, in every test run (and so in `.ci/run`): a second of a small

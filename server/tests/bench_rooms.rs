@@ -87,6 +87,12 @@ async fn smoke_every_update_reaches_every_reader() {
     };
     let report = load(&storage, &server, shape).await;
     assert_eq!(report["delivered"], report["expected"], "{report}");
+    // Where the time went is in /metrics, stage by stage, for every update that went through.
+    for stage in ["decode", "apply", "commit", "broadcast", "queue", "write"] {
+        let name = format!("coderoom_doc_stage_seconds_count{{stage=\"{stage}\"}}");
+        let count = server.metric(&name).await;
+        assert!(count >= 40.0, "{name} = {count}");
+    }
 }
 
 /// Runs `shape` against `server`: returns the latency report; panics unless every update

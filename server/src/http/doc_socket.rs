@@ -124,7 +124,7 @@ async fn serve(app: AppState, room_id: RoomId, user: AuthUser, access: Rights, s
         };
         match frame {
             None | Some(Ok(Message::Close(_))) => break,
-            Some(Ok(Message::Binary(data))) => match parse_frame(&data, max_awareness) {
+            Some(Ok(Message::Binary(data))) => match decode(&app, &data, max_awareness) {
                 Ok(messages) => {
                     if room
                         .send(RoomCmd::Inbound { conn, messages })
@@ -191,6 +191,20 @@ async fn finish_writer(mut writer: tokio::task::JoinHandle<()>) {
     }
 }
 
+/// Parses a client's frame, timed (`doc_stage_seconds{stage="decode"}`).
+fn decode(
+    app: &AppState,
+    data: &[u8],
+    max_awareness: usize,
+) -> Result<Vec<crate::room::protocol::Inbound>, crate::room::protocol::ProtocolError> {
+    let started = std::time::Instant::now();
+    let parsed = parse_frame(data, max_awareness);
+    app.metrics
+        .stage_decode
+        .observe(started.elapsed().as_secs_f64());
+    parsed
+}
+
 async fn write_loop(
     mut sink: SplitSink<Socket, Message>,
     mut rx: OutboxRx,
@@ -199,7 +213,7 @@ async fn write_loop(
 ) {
     let kill = rx.kill_token();
     loop {
-        let Some(msg) = rx.recv().await else {
+        let Some((msg, waited)) = rx.recv_timed().await else {
             if !rx.is_killed() {
                 // Every sender is gone: the room unloaded or failed under us.
                 let _ =
@@ -209,9 +223,14 @@ async fn write_loop(
         };
         let sent = match msg {
             Outbound::Frame(_, bytes) => {
+                metrics.stage_queue.observe(waited.as_secs_f64());
+                let started = std::time::Instant::now();
                 tokio::select! {
                     r = tokio::time::timeout(stall, send_binary(&mut sink, bytes)) => match r {
-                        Ok(Ok(())) => true,
+                        Ok(Ok(())) => {
+                            metrics.stage_write.observe(started.elapsed().as_secs_f64());
+                            true
+                        }
                         Ok(Err(_)) => false,
                         Err(_) => {
                             // The client accepts nothing: it is gone or stuck.

@@ -87,7 +87,8 @@ pub(crate) struct Stuck;
 
 #[derive(Clone)]
 pub(crate) struct Outbox {
-    tx: mpsc::Sender<Outbound>,
+    /// Each message with when it was queued (the writer measures the wait).
+    tx: mpsc::Sender<(Outbound, std::time::Instant)>,
     budgets: Arc<Budgets>,
     kill: CancellationToken,
     /// Cancelled once a close was requested: the connection's reader stops taking input.
@@ -95,7 +96,7 @@ pub(crate) struct Outbox {
 }
 
 pub(crate) struct OutboxRx {
-    rx: mpsc::Receiver<Outbound>,
+    rx: mpsc::Receiver<(Outbound, std::time::Instant)>,
     budgets: Arc<Budgets>,
     kill: CancellationToken,
 }
@@ -145,13 +146,15 @@ impl Outbox {
             }
             self.budgets.queued.inc_by(len as i64);
         }
-        self.tx.try_send(msg).map_err(|_| {
-            if let Some((class, len)) = charge {
-                self.budgets.of(class).give(len);
-                self.budgets.queued.dec_by(len as i64);
-            }
-            Stuck
-        })
+        self.tx
+            .try_send((msg, std::time::Instant::now()))
+            .map_err(|_| {
+                if let Some((class, len)) = charge {
+                    self.budgets.of(class).give(len);
+                    self.budgets.queued.dec_by(len as i64);
+                }
+                Stuck
+            })
     }
 
     /// Asks the writer to send a close frame after what is queued; kills the connection when
@@ -167,7 +170,8 @@ impl Outbox {
 
     fn close_with(&self, code: CloseCode, reason: &'static str) {
         self.closing.cancel();
-        if self.tx.try_send(Outbound::Close(code, reason)).is_err() {
+        let close = (Outbound::Close(code, reason), std::time::Instant::now());
+        if self.tx.try_send(close).is_err() {
             self.kill();
         }
     }
@@ -193,15 +197,21 @@ impl OutboxRx {
     /// The next message to write; `None` once the connection was killed or every sender is gone
     /// (the room unloaded or failed).
     pub(crate) async fn recv(&mut self) -> Option<Outbound> {
+        self.recv_timed().await.map(|(msg, _)| msg)
+    }
+
+    /// [`Self::recv`], with how long the message waited in the queue.
+    pub(crate) async fn recv_timed(&mut self) -> Option<(Outbound, std::time::Duration)> {
         tokio::select! {
             biased;
             () = self.kill.cancelled() => None,
             msg = self.rx.recv() => {
-                if let Some(Outbound::Frame(class, b)) = &msg {
+                let (msg, queued_at) = msg?;
+                if let Outbound::Frame(class, b) = &msg {
                     self.budgets.of(*class).give(b.len());
                     self.budgets.queued.dec_by(b.len() as i64);
                 }
-                msg
+                Some((msg, queued_at.elapsed()))
             }
         }
     }

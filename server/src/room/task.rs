@@ -547,12 +547,15 @@ impl Room {
                 self.presence_queries.insert(conn);
             }
             RoomCmd::Inbound { conn, messages } => {
+                let started = Instant::now();
                 for message in messages {
                     if !self.conns.contains_key(&conn) || self.refused.contains(&conn) {
                         break;
                     }
                     self.inbound(conn, message);
                 }
+                let took = started.elapsed().as_secs_f64();
+                self.deps.metrics.stage_apply.observe(took);
             }
             RoomCmd::Leave { conn } => self.leave(conn),
             RoomCmd::Access {
@@ -990,6 +993,7 @@ impl Room {
             }
             let m = &self.deps.metrics;
             m.persist_seconds.observe(started.elapsed().as_secs_f64());
+            m.stage_commit.observe(started.elapsed().as_secs_f64());
             m.updates_applied.inc_by(self.batch.len() as u64);
             m.bytes_persisted
                 .inc_by(self.batch.iter().map(|(_, b, _)| b.len() as u64).sum());
@@ -1036,13 +1040,20 @@ impl Room {
                 }
             }
         }
-        for (_, update, origin) in std::mem::take(&mut self.batch) {
+        let started = Instant::now();
+        let batch = std::mem::take(&mut self.batch);
+        let broadcast = !batch.is_empty();
+        for (_, update, origin) in batch {
             let frame =
                 Bytes::from(Message::Sync(SyncMessage::Update(update.to_vec())).encode_v1());
             match origin {
                 Some(origin) => self.send(&Target::AllBut(origin), &frame),
                 None => self.send(&Target::All, &frame),
             }
+        }
+        if broadcast {
+            let took = started.elapsed().as_secs_f64();
+            self.deps.metrics.stage_broadcast.observe(took);
         }
         self.flush_presence();
         self.audit_denials();
