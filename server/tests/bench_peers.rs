@@ -18,7 +18,8 @@
 //! of `fanout`, `fast`, `rooms`, `burst`; `BENCH_PEERS`, a comma list of `coderoom`,
 //! `coderoom-pg` (with `CODEROOM_TEST_POSTGRES_URL`), `coderoom-normal`
 //! (`--sqlite-synchronous normal`), `coderoom-inline` (SQLite's own WAL checkpoints, inside
-//! commits), `reference`, `hocuspocus`; default all but the last two Coderoom variants). Figures: `docs/benchmarks.md`.
+//! commits), `coderoom-each` (a socket flush per frame), `reference`, `hocuspocus`; default
+//! `coderoom,coderoom-pg,reference,hocuspocus`). Figures: `docs/benchmarks.md`.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -424,6 +425,10 @@ impl Peer {
                 kind: "sqlite-inline",
                 ..
             } => "coderoom (SQLite, checkpoints inside commits)",
+            Peer::Coderoom {
+                kind: "sqlite-each",
+                ..
+            } => "coderoom (SQLite, a flush per frame)",
             Peer::Coderoom { .. } => "coderoom (PostgreSQL)",
             Peer::Node {
                 name: "reference", ..
@@ -488,7 +493,7 @@ fn rand_u64() -> u64 {
 
 async fn start(which: &str) -> Option<Peer> {
     match which {
-        "coderoom" | "coderoom-pg" | "coderoom-normal" | "coderoom-inline" => {
+        "coderoom" | "coderoom-pg" | "coderoom-normal" | "coderoom-inline" | "coderoom-each" => {
             let (backend, kind, extra): (_, _, &[&str]) = match which {
                 "coderoom-pg" => (
                     Backend::Postgres(std::env::var("CODEROOM_TEST_POSTGRES_URL").ok()?),
@@ -501,12 +506,18 @@ async fn start(which: &str) -> Option<Peer> {
                     &["--sqlite-synchronous", "normal"],
                 ),
                 "coderoom-inline" => (Backend::Sqlite, "sqlite-inline", &[]),
+                "coderoom-each" => (Backend::Sqlite, "sqlite-each", &[]),
                 _ => (Backend::Sqlite, "sqlite", &[]),
             };
             let storage = Storage::new(&backend).await;
             // `coderoom-inline`: SQLite's own checkpoints, inside commits (the comparison).
             let inline = if kind == "sqlite-inline" { "1" } else { "0" };
-            let env = [("CODEROOM_SQLITE_INLINE_CHECKPOINT", inline)];
+            // `coderoom-each`: a flush per frame, no coalescing of queued frames.
+            let each = if kind == "sqlite-each" { "1" } else { "0" };
+            let env = [
+                ("CODEROOM_SQLITE_INLINE_CHECKPOINT", inline),
+                ("CODEROOM_WRITE_EACH_FRAME", each),
+            ];
             let server = Server::start_with_env(&storage, extra, &env).await;
             let token = storage.token("bench@example.com").await;
             Some(Peer::Coderoom {

@@ -4,7 +4,7 @@
 use crate::close::CloseCode;
 use crate::http::extract::Ids;
 use crate::http::guard::room_access;
-use crate::http::upgrade::{send_binary, Socket, Upgrade};
+use crate::http::upgrade::{feed_binary, Socket, Upgrade};
 use crate::http::AppState;
 use crate::http::AuthUser;
 use crate::ids::RoomId;
@@ -205,6 +205,22 @@ fn decode(
     parsed
 }
 
+/// Most bytes of queued frames written together before a flush.
+const COALESCE_BYTES: usize = 64 << 10;
+
+/// [`COALESCE_BYTES`], or 0 (a flush per frame) with `CODEROOM_WRITE_EACH_FRAME=1`, for the
+/// comparison in docs/benchmarks.md only.
+fn coalesce_bytes() -> usize {
+    static LIMIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *LIMIT.get_or_init(|| {
+        if std::env::var("CODEROOM_WRITE_EACH_FRAME").as_deref() == Ok("1") {
+            0
+        } else {
+            COALESCE_BYTES
+        }
+    })
+}
+
 async fn write_loop(
     mut sink: SplitSink<Socket, Message>,
     mut rx: OutboxRx,
@@ -224,9 +240,34 @@ async fn write_loop(
         let sent = match msg {
             Outbound::Frame(_, bytes) => {
                 metrics.stage_queue.observe(waited.as_secs_f64());
+                // Frames already queued go out with it, in one flush (fewer system calls per
+                // reader: sending is most of a busy room's CPU, see docs/benchmarks.md).
+                let mut frames = vec![bytes];
+                let mut size = frames[0].len();
+                let mut then_close = None;
+                while size < coalesce_bytes() {
+                    match rx.try_recv_timed() {
+                        Some((Outbound::Frame(_, more), waited)) => {
+                            metrics.stage_queue.observe(waited.as_secs_f64());
+                            size += more.len();
+                            frames.push(more);
+                        }
+                        Some((Outbound::Close(code, reason), _)) => {
+                            then_close = Some((code, reason));
+                            break;
+                        }
+                        None => break,
+                    }
+                }
                 let started = std::time::Instant::now();
-                tokio::select! {
-                    r = tokio::time::timeout(stall, send_binary(&mut sink, bytes)) => match r {
+                let write = async {
+                    for frame in frames {
+                        feed_binary(&mut sink, frame).await?;
+                    }
+                    sink.flush().await
+                };
+                let sent = tokio::select! {
+                    r = tokio::time::timeout(stall, write) => match r {
                         Ok(Ok(())) => {
                             metrics.stage_write.observe(started.elapsed().as_secs_f64());
                             true
@@ -240,6 +281,13 @@ async fn write_loop(
                         }
                     },
                     () = kill.cancelled() => false,
+                };
+                if let (true, Some((code, reason))) = (sent, then_close) {
+                    let _ = tokio::time::timeout(WRITER_GRACE, send_close(&mut sink, code, reason))
+                        .await;
+                    false
+                } else {
+                    sent
                 }
             }
             Outbound::Close(code, reason) => {

@@ -213,8 +213,21 @@ pub(crate) async fn send_binary<S>(
 where
     S: futures_util::Sink<Message, Error = tungstenite::Error> + Unpin,
 {
+    feed_binary(sink, bytes).await?;
+    sink.flush().await
+}
+
+/// [`send_binary`] without the flush: messages fed one after another go out together at the
+/// next flush (or as the write buffer fills), in fewer system calls.
+pub(crate) async fn feed_binary<S>(
+    sink: &mut S,
+    bytes: bytes::Bytes,
+) -> Result<(), tungstenite::Error>
+where
+    S: futures_util::Sink<Message, Error = tungstenite::Error> + Unpin,
+{
     if bytes.len() <= FRAGMENT_BYTES {
-        return sink.send(Message::Binary(bytes)).await;
+        return sink.feed(Message::Binary(bytes)).await;
     }
     let mut rest = bytes;
     let mut opcode = OpCode::Data(Data::Binary);
@@ -225,5 +238,5 @@ where
             .await?;
         opcode = OpCode::Data(Data::Continue);
     }
-    sink.flush().await
+    Ok(())
 }

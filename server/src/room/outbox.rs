@@ -216,6 +216,19 @@ impl OutboxRx {
         }
     }
 
+    /// The next message if one is already queued (with how long it waited), without waiting.
+    pub(crate) fn try_recv_timed(&mut self) -> Option<(Outbound, std::time::Duration)> {
+        if self.kill.is_cancelled() {
+            return None;
+        }
+        let (msg, queued_at) = self.rx.try_recv().ok()?;
+        if let Outbound::Frame(class, b) = &msg {
+            self.budgets.of(*class).give(b.len());
+            self.budgets.queued.dec_by(b.len() as i64);
+        }
+        Some((msg, queued_at.elapsed()))
+    }
+
     pub(crate) fn is_killed(&self) -> bool {
         self.kill.is_cancelled()
     }
