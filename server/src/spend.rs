@@ -214,9 +214,9 @@ struct RoomSpend {
     /// Whether `used` includes what storage holds (read on first need).
     loaded: bool,
     /// Use per (who, meter): stored plus pending.
-    used: BTreeMap<(String, Meter), u64>,
+    used: Used,
     /// Charged since the last flush.
-    pending: BTreeMap<(String, Meter), u64>,
+    pending: Used,
     budget: Budget,
     /// Agents' budgets, read on first need (`None`: not an agent).
     agents: HashMap<String, Option<Budget>>,
@@ -226,13 +226,20 @@ struct RoomSpend {
     sandbox_ms: BTreeMap<&'static str, u64>,
 }
 
+/// Use per (who, meter), as the room's figures hold it.
+pub(crate) type Used = BTreeMap<(String, Meter), u64>;
+
+/// Everyone's use of `m`, summed.
+pub(crate) fn total(used: &Used, m: Meter) -> u64 {
+    used.iter()
+        .filter(|((_, meter), _)| *meter == m)
+        .map(|(_, n)| *n)
+        .fold(0u64, u64::saturating_add)
+}
+
 impl RoomSpend {
     fn room_used(&self, m: Meter) -> u64 {
-        self.used
-            .iter()
-            .filter(|((_, meter), _)| *meter == m)
-            .map(|(_, n)| *n)
-            .fold(0u64, u64::saturating_add)
+        total(&self.used, m)
     }
 
     fn used_by(&self, who: &str, m: Meter) -> u64 {
@@ -717,10 +724,7 @@ impl Spend {
     /// What the room used, per (who, meter), as written: everything charged so far is written
     /// first, and what is charged meanwhile is left out, so the figures are exactly the sums of
     /// the room's `metered` audit records.
-    pub(crate) async fn written(
-        &self,
-        room_id: &str,
-    ) -> Result<BTreeMap<(String, Meter), u64>, StoreError> {
+    pub(crate) async fn written(&self, room_id: &str) -> Result<Used, StoreError> {
         let _one = self.inner.flushing.lock().await;
         self.flush_locked(room_id).await?;
         let rooms = self.rooms();

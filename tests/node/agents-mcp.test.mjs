@@ -37,14 +37,28 @@ async function tsClient (url, token) {
 
 const text = (r) => r.content.map((c) => c.text ?? '').join('')
 
-test('agents work in the room through real MCP clients, seen live and audited', { skip, timeout: 180_000 }, async (t) => {
+/** A server on fresh storage and a room Ana owns, all torn down with the test. */
+async function anasRoom (t, serverOpts = {}) {
   const defer = cleanups(t)
   const storage = await createStorage('sqlite')
   defer(() => storage.cleanup())
-  const server = await startServer(storage)
+  const server = await startServer(storage, serverOpts)
   defer(() => server.kill())
   const ana = await mintToken(storage, 'ana@example.com')
   const roomId = await createRoom(server, ana)
+  return { defer, storage, server, ana, roomId }
+}
+
+/** The room's terminal socket as `token`, once the server has said something on it (it joins
+ *  the terminal first, so the connection is in the room by then). */
+async function terminal (server, roomId, token) {
+  const ws = new WebSocket(`${server.url.replace(/^http/, 'ws')}/api/rooms/${roomId}/terminal`, { headers: { Authorization: `Bearer ${token}` } })
+  await new Promise((resolve, reject) => { ws.once('message', resolve); ws.once('error', reject) })
+  return ws
+}
+
+test('agents work in the room through real MCP clients, seen live and audited', { skip, timeout: 180_000 }, async (t) => {
+  const { defer, server, ana, roomId } = await anasRoom(t)
   const made = await api(server, ana, 'POST', `/api/rooms/${roomId}/agents`,
     { name: 'helper', capabilities: ['observe', 'edit', 'type'], ttl_s: 3600 })
   assert.equal(made.status, 201, JSON.stringify(made.body))
@@ -97,11 +111,10 @@ test('agents work in the room through real MCP clients, seen live and audited', 
   assert.doesNotMatch(text(await client.callTool({ name: 'terminal_read', arguments: { max_bytes: 4096 } })), /\x1b/)
   // One driver at a time: while Ana holds the terminal the agent's line is refused, not typed;
   // once she lets go it goes through.
-  const anaTerm = new WebSocket(`${server.url.replace(/^http/, 'ws')}/api/rooms/${roomId}/terminal`, { headers: { Authorization: `Bearer ${ana}` } })
+  const anaTerm = await terminal(server, roomId, ana)
   defer(() => anaTerm.close())
   const floorEvents = []
   anaTerm.on('message', (data, binary) => { if (!binary) floorEvents.push(JSON.parse(String(data))) })
-  await new Promise((resolve, reject) => { anaTerm.once('open', resolve); anaTerm.once('error', reject) })
   anaTerm.send(JSON.stringify({ type: 'floor', action: 'take' }))
   await waitFor(() => floorEvents.some((e) => e.type === 'floor' && e.holder?.email === 'ana@example.com'), 10_000, 'Ana never held the terminal')
   const blocked = await client.callTool({ name: 'terminal_send', arguments: { text: 'echo blocked-$((2*3))\n', wait_ms: 2000 } })
@@ -170,16 +183,10 @@ async function pendingApproval (server, token, roomId, action, match = () => tru
 }
 
 test('an agent\'s commands, hosts and public previews wait for a human\'s decision', { skip, timeout: 180_000 }, async (t) => {
-  const defer = cleanups(t)
-  const storage = await createStorage('sqlite')
-  defer(() => storage.cleanup())
   const previewPort = await freePort()
-  const server = await startServer(storage, {
+  const { defer, server, ana, roomId } = await anasRoom(t, {
     extraArgs: ['--preview-url', `http://{id}.preview.localhost:${previewPort}`, '--preview-listen', `127.0.0.1:${previewPort}`]
   })
-  defer(() => server.kill())
-  const ana = await mintToken(storage, 'ana@example.com')
-  const roomId = await createRoom(server, ana)
   const made = await api(server, ana, 'POST', `/api/rooms/${roomId}/agents`,
     { name: 'careful', capabilities: ['observe', 'edit', 'type', 'publish'], ttl_s: 3600, approval_mode: true })
   assert.equal(made.status, 201, JSON.stringify(made.body))
@@ -246,13 +253,7 @@ test('an agent\'s commands, hosts and public previews wait for a human\'s decisi
 })
 
 test('an agent\'s tool calls are bounded per second', { skip, timeout: 120_000 }, async (t) => {
-  const defer = cleanups(t)
-  const storage = await createStorage('sqlite')
-  defer(() => storage.cleanup())
-  const server = await startServer(storage, { extraArgs: ['--agent-tool-calls-per-s', '1'] })
-  defer(() => server.kill())
-  const ana = await mintToken(storage, 'ana@example.com')
-  const roomId = await createRoom(server, ana)
+  const { defer, server, ana, roomId } = await anasRoom(t, { extraArgs: ['--agent-tool-calls-per-s', '1'] })
   const agent = (await api(server, ana, 'POST', `/api/rooms/${roomId}/agents`,
     { name: 'busy', capabilities: ['observe'], ttl_s: 3600 })).body
   const client = await tsClient(`${server.url}/api/rooms/${roomId}/mcp`, agent.token)
@@ -274,13 +275,7 @@ test('an agent\'s tool calls are bounded per second', { skip, timeout: 120_000 }
 })
 
 test('an agent\'s budget stops its calls with an error it can read; a raise needs an approval', { skip, timeout: 120_000 }, async (t) => {
-  const defer = cleanups(t)
-  const storage = await createStorage('sqlite')
-  defer(() => storage.cleanup())
-  const server = await startServer(storage)
-  defer(() => server.kill())
-  const ana = await mintToken(storage, 'ana@example.com')
-  const roomId = await createRoom(server, ana)
+  const { defer, server, ana, roomId } = await anasRoom(t)
   const created = await api(server, ana, 'POST', `/api/rooms/${roomId}/agents`,
     { name: 'frugal', capabilities: ['observe', 'edit', 'type', 'spend'], ttl_s: 3600, budget: { tool_calls: 3, execs: 1 } })
   assert.equal(created.status, 201, JSON.stringify(created.body))
@@ -309,14 +304,8 @@ test('an agent\'s budget stops its calls with an error it can read; a raise need
 })
 
 test('in a moderated room an agent types only while someone who can approve is here', { skip, timeout: 120_000 }, async (t) => {
-  const defer = cleanups(t)
-  const storage = await createStorage('sqlite')
-  defer(() => storage.cleanup())
-  const server = await startServer(storage)
-  defer(() => server.kill())
-  const ana = await mintToken(storage, 'ana@example.com')
+  const { defer, storage, server, ana, roomId } = await anasRoom(t)
   const ben = await mintToken(storage, 'ben@example.com')
-  const roomId = await createRoom(server, ana)
   const invite = await api(server, ana, 'POST', `/api/rooms/${roomId}/invites`, { role: 'editor', ttl_s: 3600, max_uses: 1 })
   assert.equal((await api(server, ben, 'POST', `/api/invites/${invite.body.token}/accept`, {})).status, 200)
   // Only someone who holds approve may moderate the room.
@@ -328,22 +317,16 @@ test('in a moderated room an agent types only while someone who can approve is h
   const client = await tsClient(`${server.url}/api/rooms/${roomId}/mcp`, agent.token)
   defer(() => client.close())
   const send = (line) => client.callTool({ name: 'terminal_send', arguments: { text: `${line}\n`, wait_ms: 3000 } })
-  const open = async (token) => {
-    const ws = new WebSocket(`${server.url.replace(/^http/, 'ws')}/api/rooms/${roomId}/terminal`, { headers: { Authorization: `Bearer ${token}` } })
-    // In the room once the server has said something (it joins the terminal first).
-    await new Promise((resolve, reject) => { ws.once('message', resolve); ws.once('error', reject) })
-    return ws
-  }
   // Nobody here: refused, nothing typed.
   const alone = await send('echo alone-$((1+1))')
   assert.equal(alone.isError, true)
   assert.match(text(alone), /moderated: an agent types in the terminal only while someone who can approve is in the room/)
   // Ben (an editor, no approve) is here: still refused.
-  const benTerm = await open(ben)
+  const benTerm = await terminal(server, roomId, ben)
   defer(() => benTerm.close())
   assert.equal((await send('echo with-ben-$((2+2))')).isError, true)
   // Ana (owner) is here: it types.
-  const anaTerm = await open(ana)
+  const anaTerm = await terminal(server, roomId, ana)
   const watched = await send('echo watched-$((3+3))')
   assert.equal(watched.isError, false, text(watched))
   await waitFor(async () => text(await client.callTool({ name: 'terminal_read', arguments: {} })).includes('watched-6'), 20_000, 'the watched line never ran')

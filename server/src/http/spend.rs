@@ -92,12 +92,7 @@ pub(crate) async fn view(app: &AppState, room_id: &RoomId) -> Result<Value, ApiE
         .map(|p| (p.user_id, p.email))
         .collect();
     let agents = app.store.agents(room_id).await?;
-    let total = |m: Meter| -> u64 {
-        used.iter()
-            .filter(|((_, meter), _)| *meter == m)
-            .map(|(_, n)| *n)
-            .fold(0u64, u64::saturating_add)
-    };
+    let total = |m: Meter| crate::spend::total(&used, m);
     let mut whos: Vec<&String> = used.keys().map(|(w, _)| w).collect();
     whos.dedup();
     let mut by_tier = Map::new();
