@@ -439,7 +439,7 @@ impl Spend {
 
     /// Checks and charges in one step, so callers at once cannot all pass a check the first
     /// of them used up: refused (nothing charged) when a budget of `meter` for `who` is used
-    /// up, else charged.
+    /// up, else charged (`amount` 0: checked only).
     pub(crate) async fn try_charge(
         &self,
         room_id: &str,
@@ -449,7 +449,7 @@ impl Spend {
     ) -> Result<Result<(), Exhausted>, StoreError> {
         self.load(room_id).await?;
         self.load_agent(room_id, who).await?;
-        if amount == 0 || self.gone(room_id) {
+        if self.gone(room_id) {
             return Ok(Ok(()));
         }
         let refused = {
@@ -457,6 +457,7 @@ impl Spend {
             let r = rooms.entry(room_id.to_owned()).or_default();
             match r.exhausted(who, meter) {
                 Some((_, e)) => Some(e),
+                None if amount == 0 => None,
                 None => {
                     self.add(r, room_id, (who, meter), amount);
                     None

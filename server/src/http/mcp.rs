@@ -605,22 +605,21 @@ impl Mcp {
                         }
                     }
                 }
-                // A moderated room: only while a person who can approve is here.
-                if let Err(why) =
-                    crate::http::moderation::may_type(&self.app, &c.room, &c.user.id).await?
-                {
-                    return Err(format!("refused: {why}; nothing was typed").into());
-                }
-                // Each line is a command: checked and charged in one step.
+                // A moderated room only while a person who can approve is here; each line a
+                // command, checked and charged (refunded below when the floor refuses it).
                 let data = text.replace('\n', "\r");
                 let commands = crate::spend::lines(data.as_bytes());
                 let execs = crate::spend::Meter::Execs;
-                self.app
-                    .spend
-                    .try_charge(&c.room, &c.user.id, execs, commands)
-                    .await
-                    .map_err(ApiError::from)?
-                    .map_err(ApiError::Spent)?;
+                if let Some(why) = crate::http::moderation::may_type_lines(
+                    &self.app,
+                    &c.room,
+                    &c.user.id,
+                    data.as_bytes(),
+                )
+                .await
+                {
+                    return Err(format!("refused: {why}; nothing was typed").into());
+                }
                 let name = self.shown_name(c).await;
                 let (hub, mut joined) = self
                     .app

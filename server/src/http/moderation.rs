@@ -101,6 +101,34 @@ pub(crate) async fn may_type(
     })
 }
 
+/// Why keys typed by `who` may not reach the terminal now (`None`: they may): the room's
+/// moderation, then the budgets, each line the keys end checked and charged as a command in one
+/// step (keys within a line are checked only). For agents, on their terminal socket and through
+/// MCP `terminal_send`.
+pub(crate) async fn may_type_lines(
+    app: &AppState,
+    room_id: &RoomId,
+    who: &str,
+    data: &[u8],
+) -> Option<String> {
+    use crate::spend::Meter;
+    match may_type(app, room_id, who).await {
+        Ok(Ok(())) => {}
+        Ok(Err(why)) => return Some(why.0.to_owned()),
+        Err(_) => return Some("the room's moderation cannot be read now".to_owned()),
+    }
+    let commands = crate::spend::lines(data);
+    match app
+        .spend
+        .try_charge(room_id, who, Meter::Execs, commands)
+        .await
+    {
+        Ok(Ok(())) => None,
+        Ok(Err(e)) => Some(e.to_string()),
+        Err(_) => Some("the room's spend cannot be read now".to_owned()),
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct Moderation {

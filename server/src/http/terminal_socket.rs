@@ -255,7 +255,7 @@ async fn serve(
                     // An agent's keys: only in a moderated room with an approver here, and
                     // each line it types is a command, bounded by the budgets.
                     let moderated = if is_agent && rights.may_act(app.clock.now_ms()) {
-                        agent_may_type(&app, &room_id, &user.id, &data).await
+                        crate::http::moderation::may_type_lines(&app, &room_id, &user.id, &data).await
                     } else {
                         None
                     };
@@ -385,36 +385,6 @@ async fn serve(
     }
     app.sandboxes.leave(&room_id, &hub, viewer).await;
     denied.flush(&app, &room_id, &user.id).await;
-}
-
-/// Why an agent's keys may not reach the terminal now (`None`: they may; a line it ends is
-/// charged as a command).
-async fn agent_may_type(
-    app: &AppState,
-    room_id: &RoomId,
-    agent: &str,
-    data: &[u8],
-) -> Option<String> {
-    use crate::spend::Meter;
-    match crate::http::moderation::may_type(app, room_id, agent).await {
-        Ok(Ok(())) => {}
-        Ok(Err(why)) => return Some(why.0.to_owned()),
-        Err(_) => return Some("the room's moderation cannot be read now".to_owned()),
-    }
-    // Checked (and each line charged) in one step; keys within a line are checked only.
-    let commands = crate::spend::lines(data);
-    let within = if commands == 0 {
-        app.spend.check(room_id, agent, &[Meter::Execs]).await
-    } else {
-        app.spend
-            .try_charge(room_id, agent, Meter::Execs, commands)
-            .await
-    };
-    match within {
-        Ok(Ok(())) => None,
-        Ok(Err(e)) => Some(e.to_string()),
-        Err(_) => Some("the room's spend cannot be read now".to_owned()),
-    }
 }
 
 /// The viewer's rights now, from one look at the room: until when it may type and observe,
