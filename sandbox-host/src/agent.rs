@@ -211,16 +211,131 @@ pub fn exec_as(uid: u32, argv: &[String]) -> i32 {
     }
 }
 
-/// Entry point of `coderoom agent --fd N`: becomes the reaper if PID 1, then serves the stream
-/// on `fd` until it closes. Returns the process exit code.
-pub fn main(fd: RawFd) -> i32 {
+/// Where the agent's control stream comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Channel {
+    /// A socket descriptor the spawner passed (the namespace tier's socket pair).
+    Fd(RawFd),
+    /// The virtio-serial port of this name (a QEMU guest), opened once it appears.
+    Port(String),
+    /// The first connection to this vsock port (a cloud-hypervisor guest's hybrid vsock).
+    Vsock(u32),
+}
+
+/// The control stream once open: a socket (either tier's), or a virtio port's character
+/// device, which is read and written with `read`/`write` rather than `recv`/`send`.
+enum Opened {
+    Socket(OwnedFd),
+    Device(OwnedFd),
+}
+
+/// How long a VM guest waits for its channel's device to appear (modules load first).
+const DEVICE_WITHIN: Duration = Duration::from_secs(30);
+
+impl Channel {
+    /// Opens the channel (in the serving agent, so the reaper never holds it).
+    fn open(&self) -> std::io::Result<Opened> {
+        match self {
+            // SAFETY: the spawner passed this descriptor to us and nothing else in this process
+            // owns it.
+            Channel::Fd(fd) => Ok(Opened::Socket(unsafe { OwnedFd::from_raw_fd(*fd) })),
+            Channel::Port(name) => {
+                let deadline = std::time::Instant::now() + DEVICE_WITHIN;
+                loop {
+                    if let Some(dev) = find_port(name) {
+                        use std::os::unix::fs::OpenOptionsExt as _;
+                        let file = std::fs::OpenOptions::new()
+                            .read(true)
+                            .write(true)
+                            .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+                            .open(dev)?;
+                        return Ok(Opened::Device(file.into()));
+                    }
+                    if std::time::Instant::now() > deadline {
+                        return Err(std::io::Error::new(
+                            std::io::ErrorKind::NotFound,
+                            format!("no virtio port named {name}"),
+                        ));
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+            Channel::Vsock(port) => accept_vsock(*port).map(Opened::Socket),
+        }
+    }
+}
+
+/// `/dev/vportNpM` of the virtio-serial port named `name`, if it is there yet.
+fn find_port(name: &str) -> Option<PathBuf> {
+    std::fs::read_dir("/sys/class/virtio-ports")
+        .ok()?
+        .flatten()
+        .find(|e| std::fs::read_to_string(e.path().join("name")).is_ok_and(|n| n.trim() == name))
+        .map(|e| Path::new("/dev").join(e.file_name()))
+        .filter(|dev| dev.exists())
+}
+
+/// Listens on vsock `port` (any CID: only the host reaches a guest's vsock) and accepts the
+/// control plane's one connection. Stream sockets read and write the same whatever their
+/// family, so the accepted socket is served like the namespace tier's.
+fn accept_vsock(port: u32) -> std::io::Result<OwnedFd> {
+    let deadline = std::time::Instant::now() + DEVICE_WITHIN;
+    // The transport's module may still be loading: socket() fails until it has.
+    let listener = loop {
+        // SAFETY: plain socket call; the result is checked and owned at once.
+        let fd = unsafe { libc::socket(libc::AF_VSOCK, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+        if fd >= 0 {
+            // SAFETY: `fd` was just created and is owned by nothing else.
+            break unsafe { OwnedFd::from_raw_fd(fd) };
+        }
+        if std::time::Instant::now() > deadline {
+            return Err(std::io::Error::last_os_error());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    // SAFETY: an all-zero sockaddr_vm is a valid value, then filled in.
+    let mut addr: libc::sockaddr_vm = unsafe { std::mem::zeroed() };
+    addr.svm_family = libc::AF_VSOCK as libc::sa_family_t;
+    addr.svm_port = port;
+    addr.svm_cid = libc::VMADDR_CID_ANY;
+    let len = std::mem::size_of::<libc::sockaddr_vm>() as libc::socklen_t;
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: `addr` is a valid sockaddr_vm of `len` bytes; the descriptor is ours.
+    if unsafe { libc::bind(listener.as_raw_fd(), std::ptr::addr_of!(addr).cast(), len) } != 0
+        // SAFETY: listening on our own socket.
+        || unsafe { libc::listen(listener.as_raw_fd(), 1) } != 0
+    {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: accepting on our listening socket without asking for the peer's address.
+    let fd = unsafe {
+        libc::accept4(
+            listener.as_raw_fd(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            libc::SOCK_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just accepted and is owned by nothing else.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Entry point of `coderoom agent --fd N` (and of the VM guest's `coderoom-agent --port NAME`
+/// or `--vsock PORT`): becomes the reaper if PID 1, then serves the stream until it closes.
+/// Returns the process exit code.
+pub fn main(channel: Channel) -> i32 {
     if let Ok(exe) = std::env::current_exe() {
         let args: Vec<String> = std::env::args()
             .skip(1)
-            .take_while(|a| a != "--fd")
+            .take_while(|a| !matches!(a.as_str(), "--fd" | "--port" | "--vsock"))
             .collect();
         let _ = SELF_COMMAND.set((exe, args));
     }
+    // In a VM guest the agent is the whole system: when it ends, the machine powers off.
+    let guest = !matches!(channel, Channel::Fd(_));
     if std::process::id() == 1 {
         // SAFETY: nothing else runs yet (no threads, no runtime), so the child may continue
         // with any code; the parent only reaps.
@@ -235,18 +350,36 @@ pub fn main(fd: RawFd) -> i32 {
                 // SAFETY: closing a descriptor this process owns and will not use again, and
                 // a prctl with constant arguments.
                 unsafe {
-                    libc::close(fd);
+                    if let Channel::Fd(fd) = channel {
+                        libc::close(fd);
+                    }
                     libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
                 }
-                return reap_until(child);
+                let code = reap_until(child);
+                if guest {
+                    // SAFETY: sync and reboot with constant arguments; PID 1 ends here.
+                    unsafe {
+                        libc::sync();
+                        libc::reboot(libc::RB_POWER_OFF);
+                    }
+                }
+                return code;
             }
         }
     }
-    // SAFETY: the spawner passed this descriptor to us and nothing else in this process owns it.
-    let owned = unsafe { OwnedFd::from_raw_fd(fd) };
+    let owned = match channel.open() {
+        Ok(opened) => opened,
+        Err(e) => {
+            eprintln!("coderoom-agent: cannot open its channel: {e}");
+            return 74;
+        }
+    };
+    let owned_fd = match &owned {
+        Opened::Socket(fd) | Opened::Device(fd) => fd,
+    };
     // Commands the agent runs must not inherit the control stream (they could speak the
     // protocol in the agent's name), and its memory is not for them to read.
-    if rustix::io::fcntl_setfd(&owned, rustix::io::FdFlags::CLOEXEC).is_err() {
+    if rustix::io::fcntl_setfd(owned_fd, rustix::io::FdFlags::CLOEXEC).is_err() {
         return 72;
     }
     // Nor any other descriptor the agent was started with: what it runs gets 0-2 and what the
@@ -333,11 +466,33 @@ struct Restore {
     done: tokio::sync::oneshot::Receiver<Result<(), AgentError>>,
 }
 
-async fn serve(fd: OwnedFd) -> std::io::Result<()> {
-    let std_stream = std::os::unix::net::UnixStream::from(fd);
-    std_stream.set_nonblocking(true)?;
-    let stream = tokio::net::UnixStream::from_std(std_stream)?;
-    let (mut rd, mut wr) = stream.into_split();
+/// The two halves of the control stream.
+type Halves = (
+    Box<dyn tokio::io::AsyncRead + Unpin + Send>,
+    Box<dyn tokio::io::AsyncWrite + Unpin + Send>,
+);
+
+fn halves(opened: Opened) -> std::io::Result<Halves> {
+    match opened {
+        Opened::Socket(fd) => {
+            let std_stream = std::os::unix::net::UnixStream::from(fd);
+            std_stream.set_nonblocking(true)?;
+            let (rd, wr) = tokio::net::UnixStream::from_std(std_stream)?.into_split();
+            Ok((Box::new(rd), Box::new(wr)))
+        }
+        Opened::Device(fd) => {
+            // A virtio port is a pollable character device: tokio's pipe halves drive it
+            // with read and write (opened non-blocking above).
+            let wr = fd.try_clone()?;
+            let rd = tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(fd)?;
+            let wr = tokio::net::unix::pipe::Sender::from_owned_fd_unchecked(wr)?;
+            Ok((Box::new(rd), Box::new(wr)))
+        }
+    }
+}
+
+async fn serve(opened: Opened) -> std::io::Result<()> {
+    let (mut rd, mut wr) = halves(opened)?;
     let (out, mut out_rx) = mpsc::channel::<Vec<u8>>(OUT_QUEUE);
     let (bulk, mut bulk_rx) = mpsc::channel::<Vec<u8>>(BULK_QUEUE);
     let writer = tokio::spawn(async move {
@@ -697,6 +852,11 @@ fn open_pty(
     let Some((prog, args)) = argv.split_first() else {
         return Err(AgentError::Invalid("empty argv".into()));
     };
+    // A program that is not there is said so now (the control plane then asks for another
+    // shell), not as the terminal's exit once the re-exec through `--exec-as` fails.
+    if prog.starts_with('/') && !Path::new(prog).exists() {
+        return Err(AgentError::NotFound);
+    }
     let pair = portable_pty::native_pty_system()
         .openpty(size(cols, rows))
         .map_err(failed)?;

@@ -25,6 +25,7 @@ pub mod path;
 pub mod proto;
 pub mod seccomp;
 mod userns;
+pub mod vm;
 
 pub use handle::{CallError, Ended, Event, OutboundFn, Sandbox};
 pub use namespace::{AgentCommand, Namespace};
@@ -104,6 +105,9 @@ pub struct Receipt {
     pub cgroups: String,
     /// Host uid the sandbox's processes run as.
     pub host_uid: u32,
+    /// The microVM tier: the VMM, the guest kernel and the image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vm: Option<vm::VmReceipt>,
 }
 
 /// Why a sandbox could not start.
@@ -128,6 +132,8 @@ pub enum StartError {
 pub enum Backend {
     /// Linux namespaces through bubblewrap.
     Namespace(Box<Namespace>),
+    /// A microVM per sandbox.
+    Microvm(Box<vm::Microvm>),
     /// No sandbox; the reason is shown to clients.
     None(String),
 }
@@ -137,40 +143,70 @@ pub type Started = (Sandbox, mpsc::Receiver<Event>, Receipt);
 
 impl Backend {
     /// Chooses the backend for `tier`; returns it with a sentence saying what was chosen and
-    /// why. `auto` prefers a microVM on hardware KVM, then namespaces, then none.
-    pub fn select(tier: Tier, agent: AgentCommand, rootfs: Option<PathBuf>) -> (Backend, String) {
+    /// why. `auto` prefers a microVM that boots a real guest to its agent here (see
+    /// [`vm::choose`]), then namespaces, then none.
+    pub async fn select(
+        tier: Tier,
+        agent: AgentCommand,
+        rootfs: Option<PathBuf>,
+        vms: &vm::VmConfig,
+    ) -> (Backend, String) {
         match tier {
             Tier::None => (
                 Backend::None("sandboxes are disabled (--sandbox-tier none)".into()),
                 "sandbox tier none: chosen by configuration".into(),
             ),
-            Tier::Microvm => {
-                let why = "the microVM tier is not built yet".to_owned();
-                (
-                    Backend::None(why.clone()),
-                    format!("sandbox tier none: {why}"),
-                )
-            }
+            Tier::Microvm => match vm::choose(vms, false).await {
+                Ok((m, why)) => (
+                    Backend::Microvm(Box::new(m)),
+                    format!("sandbox tier microvm: {why}"),
+                ),
+                Err(why) => (
+                    Backend::None(format!("the microVM tier is unavailable: {why}")),
+                    format!("sandbox tier none: the microVM tier is unavailable: {why}"),
+                ),
+            },
             Tier::Namespace | Tier::Auto => {
                 let why = if tier == Tier::Auto {
-                    kvm_note()
+                    match vm::choose(vms, true).await {
+                        Ok((m, why)) => {
+                            return (
+                                Backend::Microvm(Box::new(m)),
+                                format!("sandbox tier microvm: {why}"),
+                            )
+                        }
+                        Err(why) => format!("no microVM ({why})"),
+                    }
                 } else {
                     "chosen by configuration".to_owned()
                 };
-                match Namespace::new(agent, rootfs) {
-                    Ok(ns) => {
-                        let limits = limits_note(&ns);
-                        (
-                            Backend::Namespace(Box::new(ns)),
-                            format!("sandbox tier namespace: {why}; {limits}"),
-                        )
-                    }
-                    Err(e) => (
-                        Backend::None(e.to_string()),
-                        format!("sandbox tier none: {why}; namespace tier: {e}"),
-                    ),
-                }
+                Self::namespace_because(&why, agent, rootfs)
             }
+        }
+    }
+
+    /// The namespace tier, chosen by configuration (what `--sandbox-tier namespace` gets).
+    pub fn namespace(agent: AgentCommand, rootfs: Option<PathBuf>) -> (Backend, String) {
+        Self::namespace_because("chosen by configuration", agent, rootfs)
+    }
+
+    fn namespace_because(
+        why: &str,
+        agent: AgentCommand,
+        rootfs: Option<PathBuf>,
+    ) -> (Backend, String) {
+        match Namespace::new(agent, rootfs) {
+            Ok(ns) => {
+                let limits = limits_note(&ns);
+                (
+                    Backend::Namespace(Box::new(ns)),
+                    format!("sandbox tier namespace: {why}; {limits}"),
+                )
+            }
+            Err(e) => (
+                Backend::None(e.to_string()),
+                format!("sandbox tier none: {why}; namespace tier: {e}"),
+            ),
         }
     }
 
@@ -178,6 +214,7 @@ impl Backend {
     pub fn tier(&self) -> Tier {
         match self {
             Backend::Namespace(_) => Tier::Namespace,
+            Backend::Microvm(_) => Tier::Microvm,
             Backend::None(_) => Tier::None,
         }
     }
@@ -186,6 +223,7 @@ impl Backend {
     pub async fn start(&self, name: &str, limits: &Limits) -> Result<Started, StartError> {
         match self {
             Backend::Namespace(ns) => ns.start(name, limits).await,
+            Backend::Microvm(vm) => vm.start(name, limits).await,
             Backend::None(why) => Err(StartError::Unavailable(why.clone())),
         }
     }
@@ -196,14 +234,4 @@ fn limits_note(ns: &Namespace) -> String {
         Ok(l) => format!("limits through {}", l.name()),
         Err(why) => format!("cgroup limits unavailable ({why}); rlimits only"),
     }
-}
-
-/// Why the microVM tier is not picked on this host.
-fn kvm_note() -> String {
-    if !std::path::Path::new("/dev/kvm").exists() {
-        return "no /dev/kvm, so no microVM".into();
-    }
-    // A nested, software-emulated KVM (this project's CI hosts) cannot boot a standard guest
-    // kernel; the microVM tier would need cloud-hypervisor or QEMU, which is not built yet.
-    "the microVM tier is not built yet".into()
 }

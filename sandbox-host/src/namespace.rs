@@ -19,7 +19,7 @@ use tokio::sync::mpsc;
 
 /// Host uid/gid sandboxes run as when the server runs as root (`nobody`): root outside must
 /// never be what a sandbox's user maps to.
-const UNPRIVILEGED: u32 = 65534;
+pub(crate) const UNPRIVILEGED: u32 = 65534;
 /// The sandbox user's uid and gid inside.
 pub(crate) const INSIDE_ID: u32 = 1000;
 /// Host uids of room code when the server runs as root: one per running sandbox, from this
@@ -133,13 +133,13 @@ impl SubIds {
 }
 
 /// A slot for a sandbox's room uid, held for as long as the sandbox lives.
-struct RoomUid {
-    slot: u32,
+pub(crate) struct RoomUid {
+    pub(crate) slot: u32,
     taken: Arc<std::sync::Mutex<std::collections::BTreeSet<u32>>>,
 }
 
 impl RoomUid {
-    fn take(
+    pub(crate) fn take(
         taken: &Arc<std::sync::Mutex<std::collections::BTreeSet<u32>>>,
         slots: u32,
     ) -> Option<RoomUid> {
@@ -315,6 +315,7 @@ impl Namespace {
             run_as: self.run_as,
             fsize: limits.workspace_bytes,
             nproc: cgroup.is_none().then_some(limits.pids),
+            groups: Vec::new(),
         };
         // SAFETY: `ChildHooks::run` only makes async-signal-safe system calls (write, fcntl,
         // setrlimit, setgroups, setresgid, setresuid) on values prepared before the fork.
@@ -444,6 +445,7 @@ impl Namespace {
             host_uid: host_uid
                 .or(self.run_as)
                 .unwrap_or_else(|| rustix::process::geteuid().as_raw()),
+            vm: None,
         };
         Ok((sandbox, events, receipt))
     }
@@ -702,7 +704,7 @@ fn reachable_copy(exe: &Path) -> std::io::Result<PathBuf> {
     Ok(target)
 }
 
-fn describe(s: std::process::ExitStatus) -> String {
+pub(crate) fn describe(s: std::process::ExitStatus) -> String {
     use std::os::unix::process::ExitStatusExt;
     match (s.code(), s.signal()) {
         (Some(c), _) if c > 128 => format!("killed by signal {}", c - 128),
@@ -724,16 +726,18 @@ fn memfd(name: &str, data: &[u8]) -> Result<OwnedFd, StartError> {
 }
 
 /// What the forked child does before exec'ing bwrap. Holds only plain values.
-struct ChildHooks {
-    procs: Vec<RawFd>,
-    inherit: Vec<RawFd>,
-    run_as: Option<u32>,
-    fsize: u64,
-    nproc: Option<u64>,
+pub(crate) struct ChildHooks {
+    pub(crate) procs: Vec<RawFd>,
+    pub(crate) inherit: Vec<RawFd>,
+    pub(crate) run_as: Option<u32>,
+    pub(crate) fsize: u64,
+    pub(crate) nproc: Option<u64>,
+    /// Supplementary groups kept with `run_as` (a VMM's: the group that opens `/dev/kvm`).
+    pub(crate) groups: Vec<libc::gid_t>,
 }
 
 impl ChildHooks {
-    fn run(&self) -> std::io::Result<()> {
+    pub(crate) fn run(&self) -> std::io::Result<()> {
         let check = |r: libc::c_int| {
             if r < 0 {
                 Err(std::io::Error::last_os_error())
@@ -771,7 +775,7 @@ impl ChildHooks {
         if let Some(id) = self.run_as {
             // SAFETY: plain credential calls with constant arguments; order: groups, gid, uid.
             unsafe {
-                check(libc::setgroups(0, std::ptr::null()))?;
+                check(libc::setgroups(self.groups.len(), self.groups.as_ptr()))?;
                 check(libc::setresgid(id, id, id))?;
                 check(libc::setresuid(id, id, id))?;
             }

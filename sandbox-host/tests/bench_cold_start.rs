@@ -3,7 +3,7 @@
 //! `cargo test --release -p coderoom-sandbox --test bench_cold_start -- --ignored --nocapture`.
 #![allow(clippy::unwrap_used)]
 
-use coderoom_sandbox::{AgentCommand, Backend, Limits, Tier};
+use coderoom_sandbox::{AgentCommand, Backend, Limits};
 use std::os::unix::process::CommandExt;
 use std::time::{Duration, Instant};
 
@@ -39,7 +39,7 @@ async fn cold_start() {
         exe: env!("CARGO_BIN_EXE_coderoom-agent").into(),
         args: vec![],
     };
-    let (Backend::Namespace(ns), _) = Backend::select(Tier::Namespace, agent, None) else {
+    let (Backend::Namespace(ns), _) = Backend::namespace(agent, None) else {
         panic!("the namespace tier is needed");
     };
     let mut ours = Vec::new();

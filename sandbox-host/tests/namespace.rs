@@ -2,7 +2,7 @@
 #![allow(clippy::unwrap_used)]
 
 use coderoom_sandbox::proto::{Op, Reply};
-use coderoom_sandbox::{AgentCommand, Backend, Event, Limits, Namespace, Sandbox, Tier};
+use coderoom_sandbox::{AgentCommand, Backend, Event, Limits, Namespace, Sandbox};
 use serde_bytes::ByteBuf;
 use std::time::Duration;
 
@@ -13,7 +13,7 @@ fn backend() -> Namespace {
         exe: env!("CARGO_BIN_EXE_coderoom-agent").into(),
         args: vec![],
     };
-    match Backend::select(Tier::Namespace, agent, None) {
+    match Backend::namespace(agent, None) {
         (Backend::Namespace(ns), _) => *ns,
         (_, why) => panic!("the namespace tier must work on this host: {why}"),
     }
@@ -784,8 +784,7 @@ async fn a_rootfs_replaces_the_host_base() {
         exe: env!("CARGO_BIN_EXE_coderoom-agent").into(),
         args: vec![],
     };
-    let (Backend::Namespace(ns), why) = Backend::select(Tier::Namespace, agent, Some(r.to_owned()))
-    else {
+    let (Backend::Namespace(ns), why) = Backend::namespace(agent, Some(r.to_owned())) else {
         panic!("the namespace tier must work on this host");
     };
     assert!(why.contains("namespace"), "{why}");
@@ -828,7 +827,7 @@ async fn an_agent_in_a_private_directory_still_starts() {
     let exe = private.path().join("coderoom-agent");
     std::fs::copy(env!("CARGO_BIN_EXE_coderoom-agent"), &exe).unwrap();
     let agent = AgentCommand { exe, args: vec![] };
-    let (Backend::Namespace(ns), _) = Backend::select(Tier::Namespace, agent, None) else {
+    let (Backend::Namespace(ns), _) = Backend::namespace(agent, None) else {
         panic!("the namespace tier must work on this host");
     };
     let (sb, _events, _) = ns.start(&name("v"), &Limits::default()).await.unwrap();

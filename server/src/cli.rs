@@ -1,7 +1,7 @@
 //! The `coderoom` command line: `serve`, `agent`, `audit verify`, `migrate`, `admin token`.
 
 use crate::accounts::sessions as auth;
-use crate::config::{AdminCommand, AuditCommand, Cli, Command, SecretsCommand};
+use crate::config::{AdminCommand, AuditCommand, Cli, Command, ImageCommand, SecretsCommand};
 use crate::store::Store;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
@@ -28,7 +28,9 @@ pub fn main() -> anyhow::Result<()> {
     if let Command::Agent { fd, exec_as, argv } = cli.command {
         std::process::exit(match (exec_as, fd) {
             (Some(uid), _) => coderoom_sandbox::agent::exec_as(uid, &argv),
-            (None, Some(fd)) => coderoom_sandbox::agent::main(fd),
+            (None, Some(fd)) => {
+                coderoom_sandbox::agent::main(coderoom_sandbox::agent::Channel::Fd(fd))
+            }
             (None, None) => 64,
         });
     }
@@ -130,6 +132,36 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Command::Image {
+            command:
+                ImageCommand::Build {
+                    data_dir,
+                    image_dir,
+                    kernel_deb,
+                    busybox,
+                    agent,
+                },
+        } => {
+            let dir = image_dir.unwrap_or_else(|| data_dir.join("images"));
+            let inputs = coderoom_sandbox::vm::Inputs {
+                kernel_deb,
+                busybox,
+                agent,
+            };
+            let image = tokio::task::spawn_blocking(move || {
+                coderoom_sandbox::vm::image::build(&dir, &inputs, &mut |line| {
+                    eprintln!("image: {line}");
+                })
+            })
+            .await??;
+            println!("{}", image.manifest.hash);
+            Ok(())
+        }
+        Command::Doctor { vm, data_dir } => {
+            init_logging(false);
+            doctor(&vm, &data_dir).await;
+            Ok(())
+        }
         Command::Migrate(storage) => {
             init_logging(false);
             let store = Store::connect(&storage.database_url()).await?;
@@ -158,4 +190,95 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `coderoom doctor`: what this host supports for sandboxes, and the tier `auto` picks.
+async fn doctor(vm: &crate::config::VmArgs, data_dir: &std::path::Path) {
+    use coderoom_sandbox::vm::{ch, find_program, kvm_usable, GuestImage};
+    use coderoom_sandbox::{AgentCommand, Backend, Namespace, Tier};
+    let agent = || AgentCommand {
+        exe: std::env::current_exe().unwrap_or_else(|_| "coderoom".into()),
+        args: vec!["agent".into()],
+    };
+    let yes_no = |r: anyhow::Result<String>| match r {
+        Ok(s) => format!("yes: {s}"),
+        Err(e) => format!("no: {e}"),
+    };
+    println!("coderoom doctor");
+    println!(
+        "  namespace tier (namespaces, seccomp, bubblewrap): {}",
+        yes_no(
+            Namespace::new(agent(), None)
+                .map(|ns| match ns.cgroups() {
+                    Ok(l) => format!("cgroup limits through {}", l.name()),
+                    Err(why) => format!("no cgroup limits ({why})"),
+                })
+                .map_err(anyhow::Error::new)
+        )
+    );
+    println!(
+        "  KVM: {}",
+        yes_no(
+            kvm_usable()
+                .map(|()| "/dev/kvm opens".to_owned())
+                .map_err(anyhow::Error::msg)
+        )
+    );
+    let cfg = vm.config(data_dir);
+    println!(
+        "  cloud-hypervisor: {}",
+        yes_no(
+            find_program(cfg.cloud_hypervisor_bin.as_deref(), "cloud-hypervisor")
+                .ok_or_else(|| anyhow::anyhow!("not found (--cloud-hypervisor-bin)"))
+                .and_then(|b| {
+                    ch::version(&b)
+                        .map(|v| format!("{v} at {}", b.display()))
+                        .map_err(anyhow::Error::msg)
+                })
+        )
+    );
+    println!(
+        "  QEMU: {}",
+        yes_no(
+            find_program(cfg.qemu_bin.as_deref(), "qemu-system-x86_64")
+                .ok_or_else(|| anyhow::anyhow!("not found (--qemu-bin)"))
+                .and_then(|b| {
+                    std::process::Command::new(&b)
+                        .arg("--version")
+                        .output()
+                        .map_err(anyhow::Error::new)
+                        .map(|o| {
+                            let v = String::from_utf8_lossy(&o.stdout);
+                            format!(
+                                "{} at {}",
+                                v.lines().next().unwrap_or("").trim(),
+                                b.display()
+                            )
+                        })
+                })
+        )
+    );
+    println!(
+        "  guest image: {}",
+        yes_no(
+            GuestImage::current(&cfg.image_dir)
+                .map(|i| {
+                    format!(
+                        "{} (kernel {}) in {}",
+                        i.manifest.hash,
+                        i.manifest.kernel_release,
+                        cfg.image_dir.display()
+                    )
+                })
+                .ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "none in {} (`coderoom image build`)",
+                        cfg.image_dir.display()
+                    )
+                })
+        )
+    );
+    let (backend, why) = Backend::select(Tier::Auto, agent(), None, &cfg).await;
+    println!("  auto picks: {}", backend.tier().name());
+    println!("  because: {why}");
 }

@@ -36,6 +36,20 @@ pub(crate) enum Command {
         #[command(subcommand)]
         command: AdminCommand,
     },
+    /// Print what this host supports for sandboxes and the tier `auto` would pick, with
+    /// reasons (boots a probe guest where a VMM and KVM are present).
+    Doctor {
+        #[command(flatten)]
+        vm: VmArgs,
+        /// Directory for local state (the guest image is looked for under it).
+        #[arg(long, env = "CODEROOM_DATA_DIR", default_value = "./data")]
+        data_dir: PathBuf,
+    },
+    /// The VM guest image.
+    Image {
+        #[command(subcommand)]
+        command: ImageCommand,
+    },
     /// The guest agent (runs inside a sandbox; started by the server, not by hand).
     #[command(hide = true)]
     Agent {
@@ -49,6 +63,88 @@ pub(crate) enum Command {
         #[arg(last = true)]
         argv: Vec<String>,
     },
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum ImageCommand {
+    /// Build (or reuse) the VM guest image and print its content hash.
+    Build {
+        /// Directory for local state (the image goes to DATA_DIR/images unless --image-dir).
+        #[arg(long, env = "CODEROOM_DATA_DIR", default_value = "./data")]
+        data_dir: PathBuf,
+        /// Where guest images are kept (default DATA_DIR/images).
+        #[arg(long, env = "CODEROOM_IMAGE_DIR")]
+        image_dir: Option<PathBuf>,
+        /// A `linux-image-*-cloud-amd64` package file (default: the newest in
+        /// IMAGE_DIR/cache, else downloaded there with `apt-get download`).
+        #[arg(long, env = "CODEROOM_KERNEL_DEB")]
+        kernel_deb: Option<PathBuf>,
+        /// A statically linked busybox (default /bin/busybox, Debian's busybox-static).
+        #[arg(long, env = "CODEROOM_BUSYBOX")]
+        busybox: Option<PathBuf>,
+        /// The statically linked guest agent (default: `coderoom-agent` beside this binary;
+        /// built by deploy/guest/build-agent.sh).
+        #[arg(long, env = "CODEROOM_GUEST_AGENT")]
+        agent: Option<PathBuf>,
+    },
+}
+
+/// The microVM tier's settings (`serve` and `doctor`).
+#[derive(Debug, Clone, Args)]
+pub(crate) struct VmArgs {
+    /// VMM for the microvm tier.
+    #[arg(long, env = "CODEROOM_VMM", value_enum, default_value_t = Vmm::Auto)]
+    pub vmm: Vmm,
+    /// The cloud-hypervisor binary (default: `cloud-hypervisor` on PATH).
+    #[arg(long, env = "CODEROOM_CLOUD_HYPERVISOR_BIN")]
+    pub cloud_hypervisor_bin: Option<PathBuf>,
+    /// The QEMU binary (default: `qemu-system-x86_64` on PATH).
+    #[arg(long, env = "CODEROOM_QEMU_BIN")]
+    pub qemu_bin: Option<PathBuf>,
+    /// QEMU's accelerator: `auto` uses KVM when a probe guest boots under it, else software
+    /// emulation (only with `--vmm qemu`).
+    #[arg(long, env = "CODEROOM_VM_ACCEL", value_enum, default_value_t = VmAccel::Auto)]
+    pub vm_accel: VmAccel,
+    /// Where guest images are kept (default DATA_DIR/images); `serve` builds one on first
+    /// need when the microvm tier is asked for by name.
+    #[arg(long, env = "CODEROOM_IMAGE_DIR")]
+    pub image_dir: Option<PathBuf>,
+}
+
+impl VmArgs {
+    /// The tier's settings for a server whose data directory is `data_dir`.
+    pub(crate) fn config(&self, data_dir: &std::path::Path) -> coderoom_sandbox::vm::VmConfig {
+        use coderoom_sandbox::vm::{Accel, VmmKind};
+        coderoom_sandbox::vm::VmConfig {
+            vmm: match self.vmm {
+                Vmm::Auto => None,
+                Vmm::CloudHypervisor => Some(VmmKind::CloudHypervisor),
+                Vmm::Qemu => Some(VmmKind::Qemu),
+            },
+            accel: match self.vm_accel {
+                VmAccel::Auto => None,
+                VmAccel::Kvm => Some(Accel::Kvm),
+                VmAccel::Tcg => Some(Accel::Tcg),
+            },
+            cloud_hypervisor_bin: self.cloud_hypervisor_bin.clone(),
+            qemu_bin: self.qemu_bin.clone(),
+            image_dir: self
+                .image_dir
+                .clone()
+                .unwrap_or_else(|| data_dir.join("images")),
+            state_dir: data_dir.join("vms"),
+            inputs: coderoom_sandbox::vm::Inputs::default(),
+            build_on_need: true,
+        }
+    }
+}
+
+/// `--vm-accel`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum VmAccel {
+    Auto,
+    Kvm,
+    Tcg,
 }
 
 #[derive(Debug, Subcommand)]
@@ -176,11 +272,8 @@ pub(crate) struct ServeArgs {
     /// Sandbox tier (`auto` picks the best the host supports and logs why).
     #[arg(long, env = "CODEROOM_SANDBOX_TIER", value_enum, default_value_t = SandboxTier::Auto)]
     pub sandbox_tier: SandboxTier,
-    /// VMM for the microvm tier.
-    #[arg(long, env = "CODEROOM_VMM", value_enum, default_value_t = Vmm::Auto)]
-    pub vmm: Vmm,
-    #[arg(long, env = "CODEROOM_CLOUD_HYPERVISOR_BIN")]
-    pub cloud_hypervisor_bin: Option<PathBuf>,
+    #[command(flatten)]
+    pub vm: VmArgs,
     #[arg(long, env = "CODEROOM_SANDBOX_ROOTFS")]
     pub sandbox_rootfs: Option<PathBuf>,
     /// A file outside the data directory (append-only storage, another disk) where every
@@ -413,7 +506,7 @@ pub(crate) enum SandboxTier {
     Auto,
     /// Linux namespaces, seccomp and cgroups (bubblewrap).
     Namespace,
-    /// A microVM per room (not built yet: refuses to start).
+    /// A microVM per room (cloud-hypervisor, or QEMU).
     Microvm,
     /// No sandbox: terminal and exec answer 503.
     None,

@@ -5,6 +5,7 @@ import { buildTree, checkPath, languageOf, folderMoves, movedTo } from './files'
 import { DocConnection, closeMeaning } from './conn'
 import { FlowGate, Backoff, parseEvent } from './flow'
 import type { Participant } from './api'
+import { vmSentence } from './sandbox'
 
 describe('routes', () => {
   it('maps paths to pages', () => {
@@ -156,5 +157,21 @@ describe('folder renames', () => {
     expect(movedTo('src/x.rs', ['lib/y.rs', 'lib/x.rs'])).toBe('lib/x.rs')
     expect(movedTo('a.txt', ['b.txt', 'c.txt'])).toBeNull()
     expect(movedTo('a.txt', [])).toBeNull()
+  })
+})
+
+describe('the sandbox panel', () => {
+  it('says a microVM receipt in plain words', () => {
+    expect(vmSentence({ tier: 'namespace' })).toBeNull()
+    expect(vmSentence(null)).toBeNull()
+    const s = vmSentence({
+      tier: 'microvm',
+      vm: { vmm: 'qemu', vmm_version: '7.2.22', accel: 'tcg', guest_kernel: '6.1.0-57-cloud-amd64', image: '1b64cd1fc1fe999c298a', disk_bytes: 134217728 }
+    })
+    expect(s).toContain('QEMU 7.2.22 with software emulation')
+    expect(s).toContain('guest kernel 6.1.0-57-cloud-amd64')
+    expect(s).toContain('guest image 1b64cd1fc1fe,')
+    expect(s).toContain('a 128 MiB workspace disk')
+    expect(vmSentence({ vm: { vmm: 'cloud-hypervisor', accel: 'kvm' } })).toContain('cloud-hypervisor  with hardware virtualisation (KVM)')
   })
 })

@@ -15,7 +15,6 @@ use tokio_util::task::TaskTracker;
 /// Runs `coderoom serve` until SIGTERM or SIGINT; then stops accepting, flushes every room and
 /// returns.
 pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
-    warn_unbuilt(&args);
     crate::http::listener::raise_open_file_limit();
     crate::fault::announce();
     let store = Store::connect_with(
@@ -118,7 +117,8 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         &rooms,
         (&shutdown, &clock),
         (&pool_ready, &egress, &spend),
-    )?;
+    )
+    .await?;
     let admin_emails = args
         .admin_emails
         .iter()
@@ -247,22 +247,7 @@ async fn wait_for_signal(signals: Signals) {
     }
 }
 
-/// Flags of the public contract whose features later work fills in: accepted now so scripts
-/// written against the contract start, and said out loud so nobody believes they act.
-fn warn_unbuilt(args: &ServeArgs) {
-    let set: [(&str, bool); 1] = [(
-        "--cloud-hypervisor-bin",
-        args.cloud_hypervisor_bin.is_some(),
-    )];
-    for (flag, given) in set {
-        if given {
-            tracing::warn!(flag, "flag accepted but its feature is not built yet");
-        }
-    }
-}
-
-/// Picks the sandbox backend and says what it chose and why.
-fn sandboxes(
+async fn sandboxes(
     args: &ServeArgs,
     store: &Store,
     audit: &crate::audit::Audit,
@@ -281,11 +266,12 @@ fn sandboxes(
         exe: std::env::current_exe()?,
         args: vec!["agent".into()],
     };
-    let (backend, why) = Backend::select(tier, agent, args.sandbox_rootfs.clone());
+    let vms = args.vm.config(&args.storage.data_dir);
+    let (backend, why) = Backend::select(tier, agent, args.sandbox_rootfs.clone(), &vms).await;
     if tier != Tier::Auto && backend.tier() != tier {
         anyhow::bail!("{why}");
     }
-    tracing::info!(requested = tier.name(), vmm = ?args.vmm, "{why}");
+    tracing::info!(requested = tier.name(), vmm = ?args.vm.vmm, "{why}");
     Ok(crate::sandbox::Sandboxes::new(
         backend,
         why,

@@ -33,6 +33,13 @@ pub enum Need {
     Uidmap,
     /// The benchmark peers (`tests/bench/peers`: the reference server and Hocuspocus).
     BenchPeers,
+    /// QEMU and a built VM guest image (`CODEROOM_TEST_IMAGE_DIR`, made by `tests/run`).
+    Qemu,
+    /// cloud-hypervisor's binary (built by `.ci/run` from `../shared/vendor`).
+    CloudHypervisor,
+    /// A KVM that boots a stock guest kernel (hardware virtualisation; `CODEROOM_KVM_TESTS=1`
+    /// forces the tests that need it).
+    Kvm,
 }
 
 impl Need {
@@ -43,6 +50,9 @@ impl Need {
             Need::WebDist => "WEB_DIST",
             Need::Uidmap => "UIDMAP",
             Need::BenchPeers => "BENCH_PEERS",
+            Need::Qemu => "QEMU",
+            Need::CloudHypervisor => "CLOUD_HYPERVISOR",
+            Need::Kvm => "KVM",
         }
     }
 }

@@ -4,6 +4,7 @@ import { api, exportRepo, list, type Approval, type Room, type SandboxStatus } f
 import { abilities } from '../caps'
 import { action, h, replace, toast, when } from '../dom'
 import { verifyChain } from '../audit'
+import { vmSentence } from '../sandbox'
 import { parentView, readinessView } from './checkpoints'
 
 function emailOf (room: Room, id: string | null): string {
@@ -111,6 +112,7 @@ export async function sandboxPanel (el: HTMLElement, room: Room, refresh: () => 
       h('strong', null, s.tier), ' tier — ', h('span', { class: `state ${s.state}` }, s.state),
       s.reason ? h('span', { class: 'hint' }, ` (${s.reason})`) : null),
     s.tier_reason ? h('p', { class: 'hint', 'data-testid': 'tier-reason' }, 'Why this tier: ', s.tier_reason) : null,
+    vmView(s.receipt),
     s.resumed_from ? h('p', { 'data-testid': 'resumed' }, `Resumed: the workspace was restored from its snapshot of ${when(s.resumed_from)}.`) : null,
     h('p', { class: 'hint' }, `Last snapshot: ${when(s.snapshot_at)}. Stops when idle at: ${when(s.idle_stop_at)}.`),
     s.file_sync && s.file_sync.not_mirrored > 0
@@ -125,6 +127,11 @@ export async function sandboxPanel (el: HTMLElement, room: Room, refresh: () => 
     h('p', { class: 'hint' }, 'Sandbox time, commands, network traffic and model tokens are in the Spend panel.'),
     h('h3', null, 'Receipt (what the sandbox was started with)'),
     s.receipt ? h('pre', { class: 'params' }, JSON.stringify(s.receipt, null, 2)) : h('p', { class: 'hint' }, 'Not started yet.'))
+}
+
+function vmView (receipt: Record<string, unknown> | null | undefined): HTMLElement | null {
+  const text = vmSentence(receipt)
+  return text == null ? null : h('p', { 'data-testid': 'sandbox-vm' }, text)
 }
 
 export async function auditPanel (el: HTMLElement, room: Room, refresh: () => void): Promise<void> {

@@ -1,0 +1,567 @@
+//! The cloud-hypervisor driver: its REST API over a unix socket (request bodies typed after
+//! the OpenAPI schemas in `cloud-hypervisor-openapi.yaml`), the guest's console on the VMM's
+//! standard output, the agent's channel over hybrid vsock (the host connects to a unix socket
+//! and says `CONNECT <port>`; the guest's agent listens on that vsock port).
+//!
+//! cloud-hypervisor may exit 0 after a vCPU error ("Cloud Hypervisor exited successfully"):
+//! whether a guest runs is read from `vm.info` and the agent's answer, never from the exit code.
+
+use super::{Booted, Instance};
+use crate::namespace::ChildHooks;
+use crate::StartError;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use serde::{Deserialize, Serialize};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio::io::AsyncWriteExt;
+
+/// The API version this driver speaks (the path prefix).
+const API: &str = "/api/v1";
+/// Longest API answer read.
+const MAX_ANSWER: usize = 1 << 20;
+/// Time for one API call.
+const CALL_WITHIN: Duration = Duration::from_secs(10);
+/// The guest's vsock context id (any value from 3; each VM has its own device).
+const GUEST_CID: u64 = 3;
+
+/// `GET /vmm.ping`.
+#[derive(Debug, Clone, Deserialize, Serialize, PartialEq, Eq)]
+pub struct VmmPingResponse {
+    /// The VMM's version (`v54.0.0` or similar).
+    pub version: String,
+    /// Its build.
+    #[serde(default)]
+    pub build_version: Option<String>,
+    /// Its process id.
+    #[serde(default)]
+    pub pid: Option<i64>,
+    /// Compiled-in features.
+    #[serde(default)]
+    pub features: Vec<String>,
+}
+
+/// `CpusConfig`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct CpusConfig {
+    /// vCPUs at boot.
+    pub boot_vcpus: u32,
+    /// vCPUs at most.
+    pub max_vcpus: u32,
+}
+
+/// `MemoryConfig`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MemoryConfig {
+    /// Guest RAM in bytes.
+    pub size: u64,
+}
+
+/// `PayloadConfig`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PayloadConfig {
+    /// The kernel (bzImage or vmlinux).
+    pub kernel: String,
+    /// The initramfs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub initramfs: Option<String>,
+    /// The kernel's command line.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cmdline: Option<String>,
+}
+
+/// `DiskConfig`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DiskConfig {
+    /// The image file.
+    pub path: String,
+    /// Read only.
+    #[serde(default)]
+    pub readonly: bool,
+}
+
+/// `VsockConfig`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct VsockConfig {
+    /// The guest's context id.
+    pub cid: u64,
+    /// The host's unix socket that proxies connections.
+    pub socket: String,
+}
+
+/// `ConsoleConfig` (also used for `serial`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ConsoleConfig {
+    /// `Off`, `Pty`, `Tty`, `File`, `Socket` or `Null`.
+    pub mode: String,
+    /// The file, for `File`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub file: Option<String>,
+}
+
+/// `VmConfig`: what this driver sets (no network device: `net` stays absent).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct VmConfig {
+    /// CPUs.
+    pub cpus: CpusConfig,
+    /// RAM.
+    pub memory: MemoryConfig,
+    /// Kernel, initramfs and command line.
+    pub payload: PayloadConfig,
+    /// Disks.
+    #[serde(default)]
+    pub disks: Vec<DiskConfig>,
+    /// The agent's channel.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub vsock: Option<VsockConfig>,
+    /// The serial port (the guest's console).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub serial: Option<ConsoleConfig>,
+    /// The virtio console.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub console: Option<ConsoleConfig>,
+}
+
+/// `GET /vm.info` (the parts read).
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+pub struct VmInfo {
+    /// `Created`, `Running`, `Shutdown`, `Paused` or `BreakPoint`.
+    pub state: String,
+    /// The configuration as the VMM holds it.
+    pub config: serde_json::Value,
+}
+
+/// Why an API call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// The socket could not be reached.
+    #[error("cloud-hypervisor's API socket: {0}")]
+    Connect(#[source] std::io::Error),
+    /// HTTP failed.
+    #[error("cloud-hypervisor's API: {0}")]
+    Http(String),
+    /// The VMM refused the request.
+    #[error("cloud-hypervisor refused {path}: HTTP {status}: {body}")]
+    Refused {
+        /// The endpoint.
+        path: String,
+        /// The status.
+        status: u16,
+        /// What it said.
+        body: String,
+    },
+    /// The answer did not parse.
+    #[error("cloud-hypervisor answered {path} out of schema: {detail}")]
+    Schema {
+        /// The endpoint.
+        path: String,
+        /// The parse error.
+        detail: String,
+    },
+    /// No answer in time.
+    #[error("cloud-hypervisor's API did not answer in time")]
+    Timeout,
+}
+
+/// A client of one VMM's API socket.
+#[derive(Debug, Clone)]
+pub struct Api {
+    socket: PathBuf,
+}
+
+impl Api {
+    /// A client of the API at `socket`.
+    pub fn new(socket: &Path) -> Api {
+        Api {
+            socket: socket.to_path_buf(),
+        }
+    }
+
+    async fn call(
+        &self,
+        method: hyper::Method,
+        endpoint: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(u16, Bytes), ApiError> {
+        tokio::time::timeout(CALL_WITHIN, self.call_now(method, endpoint, body))
+            .await
+            .map_err(|_| ApiError::Timeout)?
+    }
+
+    async fn call_now(
+        &self,
+        method: hyper::Method,
+        endpoint: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(u16, Bytes), ApiError> {
+        let stream = tokio::net::UnixStream::connect(&self.socket)
+            .await
+            .map_err(ApiError::Connect)?;
+        let (mut sender, conn) =
+            hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                .await
+                .map_err(|e| ApiError::Http(e.to_string()))?;
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+        let mut req = hyper::Request::builder()
+            .method(method)
+            .uri(format!("{API}/{endpoint}"))
+            .header(hyper::header::HOST, "localhost");
+        if body.is_some() {
+            req = req.header(hyper::header::CONTENT_TYPE, "application/json");
+        }
+        let req = req
+            .body(Full::new(Bytes::from(body.unwrap_or_default())))
+            .map_err(|e| ApiError::Http(e.to_string()))?;
+        let resp = sender
+            .send_request(req)
+            .await
+            .map_err(|e| ApiError::Http(e.to_string()))?;
+        let status = resp.status().as_u16();
+        let limited = http_body_util::Limited::new(resp.into_body(), MAX_ANSWER);
+        let bytes = limited
+            .collect()
+            .await
+            .map_err(|e| ApiError::Http(e.to_string()))?
+            .to_bytes();
+        if !(200..300).contains(&status) {
+            return Err(ApiError::Refused {
+                path: endpoint.to_owned(),
+                status,
+                body: String::from_utf8_lossy(&bytes).trim().to_owned(),
+            });
+        }
+        Ok((status, bytes))
+    }
+
+    async fn put(&self, endpoint: &str, body: Option<Vec<u8>>) -> Result<(), ApiError> {
+        self.call(hyper::Method::PUT, endpoint, body)
+            .await
+            .map(|_| ())
+    }
+
+    fn parse<T: for<'de> Deserialize<'de>>(endpoint: &str, bytes: &[u8]) -> Result<T, ApiError> {
+        serde_json::from_slice(bytes).map_err(|e| ApiError::Schema {
+            path: endpoint.to_owned(),
+            detail: e.to_string(),
+        })
+    }
+
+    /// `GET vmm.ping`.
+    pub async fn ping(&self) -> Result<VmmPingResponse, ApiError> {
+        let (_, b) = self.call(hyper::Method::GET, "vmm.ping", None).await?;
+        Self::parse("vmm.ping", &b)
+    }
+
+    /// `PUT vm.create`.
+    pub async fn create(&self, config: &VmConfig) -> Result<(), ApiError> {
+        let body = serde_json::to_vec(config).map_err(|e| ApiError::Http(e.to_string()))?;
+        self.put("vm.create", Some(body)).await
+    }
+
+    /// `PUT vm.boot`.
+    pub async fn boot(&self) -> Result<(), ApiError> {
+        self.put("vm.boot", None).await
+    }
+
+    /// `GET vm.info`.
+    pub async fn info(&self) -> Result<VmInfo, ApiError> {
+        let (_, b) = self.call(hyper::Method::GET, "vm.info", None).await?;
+        Self::parse("vm.info", &b)
+    }
+
+    /// `PUT vm.shutdown`.
+    pub async fn shutdown(&self) -> Result<(), ApiError> {
+        self.put("vm.shutdown", None).await
+    }
+
+    /// `PUT vm.delete`.
+    pub async fn delete(&self) -> Result<(), ApiError> {
+        self.put("vm.delete", None).await
+    }
+
+    /// `PUT vmm.shutdown` within `within`.
+    pub async fn shutdown_vmm(&self, within: Duration) -> Result<(), ApiError> {
+        tokio::time::timeout(within, self.put("vmm.shutdown", None))
+            .await
+            .map_err(|_| ApiError::Timeout)?
+    }
+}
+
+/// The version `cloud-hypervisor --version` prints (`v54.0.0`), or why it cannot be run.
+pub fn version(bin: &Path) -> Result<String, String> {
+    super::version_after(bin, "cloud-hypervisor ")
+}
+
+/// The configuration of `vm`: guest image, workspace disk, vsock, console on standard output.
+pub fn vm_config(
+    kernel: &str,
+    initramfs: &str,
+    disk: &str,
+    vsock: &str,
+    memory_bytes: u64,
+    cpus: u32,
+) -> VmConfig {
+    VmConfig {
+        cpus: CpusConfig {
+            boot_vcpus: cpus,
+            max_vcpus: cpus,
+        },
+        memory: MemoryConfig {
+            size: memory_bytes.max(128 << 20),
+        },
+        payload: PayloadConfig {
+            kernel: kernel.to_owned(),
+            initramfs: Some(initramfs.to_owned()),
+            cmdline: Some(format!(
+                "console=ttyS0 quiet panic=-1 coderoom.channel=vsock:{}",
+                super::image::AGENT_VSOCK_PORT
+            )),
+        },
+        disks: vec![DiskConfig {
+            path: disk.to_owned(),
+            readonly: false,
+        }],
+        vsock: Some(VsockConfig {
+            cid: GUEST_CID,
+            socket: vsock.to_owned(),
+        }),
+        serial: Some(ConsoleConfig {
+            mode: "Tty".into(),
+            file: None,
+        }),
+        console: Some(ConsoleConfig {
+            mode: "Off".into(),
+            file: None,
+        }),
+    }
+}
+
+/// Starts cloud-hypervisor for `vm`, creates and boots the guest through the API, and connects
+/// to the agent's vsock port (retrying while the guest boots).
+pub(super) async fn spawn(
+    bin: &Path,
+    image: &super::GuestImage,
+    vm: &Instance,
+    hooks: impl Fn(Vec<i32>) -> ChildHooks,
+) -> Result<Booted, StartError> {
+    // The sockets live where the VMM's uid can create them: a directory of its own under the
+    // system's temporary directory.
+    let run = std::env::temp_dir().join(format!(
+        "coderoom-vm-{}-{}",
+        vm.name,
+        vm.dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    ));
+    let _ = std::fs::remove_dir_all(&run);
+    std::fs::create_dir(&run).map_err(StartError::Host)?;
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o700))
+            .map_err(StartError::Host)?;
+    }
+    if let Some(uid) = vm.uid {
+        std::os::unix::fs::chown(&run, Some(uid), Some(uid)).map_err(StartError::Host)?;
+    }
+    let api_path = run.join("api.sock");
+    let vsock_path = run.join("vsock.sock");
+    let listener = std::os::unix::net::UnixListener::bind(&api_path).map_err(StartError::Host)?;
+    let open = |p: &Path| -> Result<OwnedFd, StartError> {
+        Ok(std::fs::File::open(p).map_err(StartError::Host)?.into())
+    };
+    let kernel = open(&image.kernel())?;
+    let initramfs = open(&image.initramfs())?;
+    let api_fd: OwnedFd = listener.into();
+    let inherit = vec![
+        kernel.as_raw_fd(),
+        initramfs.as_raw_fd(),
+        api_fd.as_raw_fd(),
+    ];
+    let hooks = hooks(inherit);
+    let mut cmd = std::process::Command::new(bin);
+    cmd.arg("--api-socket")
+        .arg(format!("fd={}", api_fd.as_raw_fd()))
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .env_clear();
+    use std::os::unix::process::CommandExt as _;
+    // SAFETY: `ChildHooks::run` only makes async-signal-safe system calls on values prepared
+    // before the fork.
+    unsafe {
+        cmd.pre_exec(move || hooks.run());
+    }
+    let child = tokio::process::Command::from(cmd)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(StartError::Host)?;
+    // Only the VMM holds the listening socket now: if it dies, calls fail at once.
+    drop(api_fd);
+    let api = Api::new(&api_path);
+    let mut child = child;
+    let mut console = super::merge(child.stdout.take(), child.stderr.take());
+    let booted = async {
+        let ping = api.ping().await?;
+        tracing::debug!(version = %ping.version, "cloud-hypervisor answered");
+        let config = vm_config(
+            &format!("/proc/self/fd/{}", kernel.as_raw_fd()),
+            &format!("/proc/self/fd/{}", initramfs.as_raw_fd()),
+            &vm.disk.to_string_lossy(),
+            &vsock_path.to_string_lossy(),
+            vm.limits.memory_bytes,
+            u32::try_from(vm.limits.cpu_millis.div_ceil(1000).clamp(1, 8)).unwrap_or(1),
+        );
+        api.create(&config).await?;
+        api.boot().await?;
+        Ok::<_, ApiError>(())
+    }
+    .await;
+    drop((kernel, initramfs));
+    if let Err(e) = booted {
+        let _ = child.start_kill();
+        let _ = std::fs::remove_dir_all(&run);
+        let log = log_errors(&mut console).await;
+        return Err(StartError::NotReady(if log.is_empty() {
+            e.to_string()
+        } else {
+            format!("{e}; the VMM's log: {log}")
+        }));
+    }
+    // The guest's agent listens once it has booted; until then the VMM refuses the CONNECT.
+    let agent = connect_agent(&vsock_path, &mut child).await;
+    let _ = std::fs::remove_dir_all(&run);
+    match agent {
+        Ok(stream) => Ok(Booted {
+            child,
+            agent: Box::new(stream),
+            console,
+            qmp: None,
+            ch_api: Some(api),
+        }),
+        Err(why) => {
+            let _ = child.start_kill();
+            let log = log_errors(&mut console).await;
+            Err(StartError::NotReady(if log.is_empty() {
+                why
+            } else {
+                format!("{why}; the VMM's log: {log}")
+            }))
+        }
+    }
+}
+
+/// The error lines of a VMM's output once it has ended (a second at most).
+async fn log_errors(console: &mut tokio::sync::mpsc::Receiver<Vec<u8>>) -> String {
+    let mut all = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        while let Some(chunk) = console.recv().await {
+            all.extend_from_slice(&chunk);
+            if all.len() > 64 << 10 {
+                break;
+            }
+        }
+    })
+    .await;
+    let text = String::from_utf8_lossy(&all);
+    let errors: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.contains("rror") || l.contains("failed") || l.contains("panic"))
+        .collect();
+    let picked = if errors.is_empty() {
+        text.lines().rev().take(3).collect::<Vec<_>>()
+    } else {
+        errors.into_iter().rev().take(3).collect()
+    };
+    picked.into_iter().rev().collect::<Vec<_>>().join(" | ")
+}
+
+/// Connects to the guest's agent through the hybrid vsock socket, retrying until the guest
+/// listens, the VMM exits, or the boot deadline passes.
+async fn connect_agent(
+    vsock: &Path,
+    child: &mut tokio::process::Child,
+) -> Result<tokio::net::UnixStream, String> {
+    let deadline = tokio::time::Instant::now() + super::READY_KVM;
+    let mut last = String::from("the guest never listened");
+    while tokio::time::Instant::now() < deadline {
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(format!(
+                "cloud-hypervisor exited ({status}) before the agent answered"
+            ));
+        }
+        match try_connect(vsock).await {
+            Ok(s) => return Ok(s),
+            Err(e) => last = e,
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(format!(
+        "the agent did not answer within {} s ({last})",
+        super::READY_KVM.as_secs()
+    ))
+}
+
+async fn try_connect(vsock: &Path) -> Result<tokio::net::UnixStream, String> {
+    let mut s = tokio::net::UnixStream::connect(vsock)
+        .await
+        .map_err(|e| e.to_string())?;
+    s.write_all(format!("CONNECT {}\n", super::image::AGENT_VSOCK_PORT).as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    // The answer is one line, `OK <host port>`; read it byte by byte so nothing of the agent's
+    // stream is taken with it.
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    loop {
+        use tokio::io::AsyncReadExt as _;
+        let n = tokio::time::timeout(Duration::from_secs(2), s.read(&mut byte))
+            .await
+            .map_err(|_| "no answer to CONNECT".to_owned())?
+            .map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err("the VMM closed the connection (nothing listens yet)".into());
+        }
+        if byte[0] == b'\n' {
+            break;
+        }
+        line.push(byte[0]);
+        if line.len() > 64 {
+            return Err("an overlong answer to CONNECT".into());
+        }
+    }
+    if line.starts_with(b"OK ") {
+        Ok(s)
+    } else {
+        Err(format!(
+            "CONNECT answered {}",
+            String::from_utf8_lossy(&line)
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_config_matches_the_openapi_names() {
+        let c = vm_config("/k", "/i", "/d", "/v", 256 << 20, 1);
+        let v = serde_json::to_value(&c).expect("json");
+        assert_eq!(v["cpus"]["boot_vcpus"], 1);
+        assert_eq!(v["memory"]["size"], 256u64 << 20);
+        assert_eq!(v["payload"]["kernel"], "/k");
+        assert_eq!(v["payload"]["initramfs"], "/i");
+        assert!(v["payload"]["cmdline"]
+            .as_str()
+            .is_some_and(|c| c.contains("coderoom.channel=vsock:1024")));
+        assert_eq!(v["disks"][0]["path"], "/d");
+        assert_eq!(v["vsock"]["socket"], "/v");
+        assert_eq!(v["serial"]["mode"], "Tty");
+        assert!(v.get("net").is_none(), "no network device");
+    }
+}

@@ -1,0 +1,928 @@
+//! The microVM tier: one VM per room sandbox, with its own kernel, the guest image's userland,
+//! a workspace disk of its own and no network device. The control plane reaches the guest only
+//! through the agent's channel (a virtio-serial port under QEMU, hybrid vsock under
+//! cloud-hypervisor), with the same typed operations as the namespace tier.
+//!
+//! Each VM runs as a VMM process (QEMU or cloud-hypervisor) under an unprivileged host uid of
+//! its own (when the server is root), in a cgroup that bounds its memory (the guest's plus the
+//! VMM's overhead), CPU and threads. Its workspace disk is a sparse ext4 image sized from the
+//! room's limits, made for the VM at start and removed when it ends: the workspace's durable
+//! form is the agent's snapshot the control plane keeps for every tier, restored into the new
+//! disk at resume.
+
+pub mod ch;
+pub mod image;
+mod qemu;
+
+use crate::cgroup::{Cgroup, Layout};
+use crate::handle::{Ended, Sandbox};
+use crate::namespace::{describe, ChildHooks, RoomUid, ROOM_UIDS};
+use crate::{Limits, Receipt, StartError, Started};
+pub use image::{GuestImage, ImageError, Inputs, Manifest};
+use serde::{Deserialize, Serialize};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::AsyncReadExt;
+
+/// Memory a VMM process may use beyond its guest's RAM (device emulation, the translation
+/// cache under TCG, page tables).
+const VMM_OVERHEAD: u64 = 320 << 20;
+/// Threads of one VMM process.
+const VMM_PIDS: u64 = 128;
+/// Console output kept for failure reasons.
+const CONSOLE_KEEP: usize = 16 << 10;
+/// Time to reach the agent when the guest runs at hardware speed.
+const READY_KVM: Duration = Duration::from_secs(20);
+/// Time to reach the agent under software emulation (a few seconds idle, much more on a busy
+/// two-core machine).
+const READY_TCG: Duration = Duration::from_secs(90);
+/// Smallest workspace disk (ext4 needs room for its journal and tables).
+const MIN_DISK: u64 = 64 << 20;
+
+/// Which VMM runs the guests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum VmmKind {
+    /// cloud-hypervisor (needs hardware KVM).
+    CloudHypervisor,
+    /// QEMU (KVM, or software emulation where KVM cannot run the guest).
+    Qemu,
+}
+
+impl VmmKind {
+    /// The name the configuration uses.
+    pub fn name(self) -> &'static str {
+        match self {
+            VmmKind::CloudHypervisor => "cloud-hypervisor",
+            VmmKind::Qemu => "qemu",
+        }
+    }
+}
+
+/// How QEMU runs the guest's CPU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Accel {
+    /// Hardware virtualisation.
+    Kvm,
+    /// Software emulation (about 16 times slower than the host for shell work).
+    Tcg,
+}
+
+/// Settings of the tier, from the server's flags.
+#[derive(Debug, Clone)]
+pub struct VmConfig {
+    /// `--vmm`: `None` picks (see [`crate::Backend::select`]).
+    pub vmm: Option<VmmKind>,
+    /// QEMU's accelerator; `None` uses KVM when a probe boot reaches the agent under it, else
+    /// software emulation.
+    pub accel: Option<Accel>,
+    /// `--cloud-hypervisor-bin` (else `cloud-hypervisor` on `PATH`).
+    pub cloud_hypervisor_bin: Option<PathBuf>,
+    /// `--qemu-bin` (else `qemu-system-x86_64` on `PATH`).
+    pub qemu_bin: Option<PathBuf>,
+    /// Where guest images are built and kept.
+    pub image_dir: PathBuf,
+    /// Where the VMs' disks live while they run.
+    pub state_dir: PathBuf,
+    /// Inputs for building the image on first need.
+    pub inputs: Inputs,
+    /// Build the image when none is there (else the tier is unavailable).
+    pub build_on_need: bool,
+}
+
+/// What a VM's receipt says beyond the common fields.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VmReceipt {
+    /// `qemu` or `cloud-hypervisor`.
+    pub vmm: String,
+    /// The VMM's version.
+    pub vmm_version: String,
+    /// `kvm` or `tcg`.
+    pub accel: String,
+    /// The guest kernel's release.
+    pub guest_kernel: String,
+    /// The guest image's content hash.
+    pub image: String,
+    /// The workspace disk's size in bytes.
+    pub disk_bytes: u64,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) enum Driver {
+    Qemu {
+        bin: PathBuf,
+        version: String,
+        accel: Accel,
+    },
+    CloudHypervisor {
+        bin: PathBuf,
+        version: String,
+    },
+}
+
+impl Driver {
+    fn kind(&self) -> VmmKind {
+        match self {
+            Driver::Qemu { .. } => VmmKind::Qemu,
+            Driver::CloudHypervisor { .. } => VmmKind::CloudHypervisor,
+        }
+    }
+
+    fn version(&self) -> &str {
+        match self {
+            Driver::Qemu { version, .. } | Driver::CloudHypervisor { version, .. } => version,
+        }
+    }
+
+    fn accel(&self) -> Accel {
+        match self {
+            Driver::Qemu { accel, .. } => *accel,
+            Driver::CloudHypervisor { .. } => Accel::Kvm,
+        }
+    }
+}
+
+/// The microVM backend.
+#[derive(Debug)]
+pub struct Microvm {
+    driver: Driver,
+    image: GuestImage,
+    state_dir: PathBuf,
+    cgroups: Result<Layout, String>,
+    /// Root: each VMM runs under a host uid of its own from [`ROOM_UIDS`].
+    root: bool,
+    uids: Arc<Mutex<std::collections::BTreeSet<u32>>>,
+    next: AtomicU64,
+}
+
+/// One VM being started: what the drivers need.
+pub(crate) struct Instance {
+    pub(crate) name: String,
+    pub(crate) limits: Limits,
+    /// Its directory (the disk, and under cloud-hypervisor its sockets).
+    pub(crate) dir: PathBuf,
+    pub(crate) disk: PathBuf,
+    /// The VMM's host uid, when the server is root.
+    pub(crate) uid: Option<u32>,
+}
+
+/// Finds a program: the configured path, else `name` on `PATH`.
+pub fn find_program(configured: Option<&Path>, name: &str) -> Option<PathBuf> {
+    if let Some(p) = configured {
+        return p.is_file().then(|| p.to_path_buf());
+    }
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+/// The group owning `/dev/kvm`, when it is not root's.
+fn kvm_group() -> Option<u32> {
+    use std::os::unix::fs::MetadataExt as _;
+    std::fs::metadata("/dev/kvm")
+        .ok()
+        .map(|m| m.gid())
+        .filter(|g| *g != 0)
+}
+
+/// Whether `/dev/kvm` can be opened for use.
+pub fn kvm_usable() -> Result<(), String> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+        .map(|_| ())
+        .map_err(|e| format!("/dev/kvm: {e}"))
+}
+
+impl Microvm {
+    /// The backend for `driver` with `image`.
+    pub(crate) fn new(
+        driver: Driver,
+        image: GuestImage,
+        state_dir: &Path,
+    ) -> Result<Microvm, String> {
+        std::fs::create_dir_all(state_dir)
+            .map_err(|e| format!("cannot create {}: {e}", state_dir.display()))?;
+        let root = rustix::process::geteuid().is_root();
+        Ok(Microvm {
+            driver,
+            image,
+            state_dir: state_dir.to_path_buf(),
+            cgroups: if root {
+                Layout::detect()
+            } else {
+                Err("not root: cgroup limits need the server to run as root".into())
+            },
+            root,
+            uids: Arc::default(),
+            next: AtomicU64::new(1),
+        })
+    }
+
+    /// A sentence naming the VMM, its version and the guest.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} {} ({}), guest kernel {}, image {}",
+            self.driver.kind().name(),
+            self.driver.version(),
+            match self.driver.accel() {
+                Accel::Kvm => "hardware KVM",
+                Accel::Tcg => "software emulation",
+            },
+            self.image.manifest.kernel_release,
+            &self.image.manifest.hash[..12],
+        )
+    }
+
+    /// The VMM in use.
+    pub fn vmm(&self) -> VmmKind {
+        self.driver.kind()
+    }
+
+    /// The guest image in use.
+    pub fn image(&self) -> &GuestImage {
+        &self.image
+    }
+
+    /// Starts a VM named `name` (a room id: letters and digits) and waits until its agent
+    /// answers.
+    pub async fn start(&self, name: &str, limits: &Limits) -> Result<Started, StartError> {
+        if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric()) {
+            return Err(StartError::Invalid(
+                "sandbox names are 1 to 64 letters or digits",
+            ));
+        }
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        let dir = self
+            .state_dir
+            .join(format!("{name}-{}-{n}", std::process::id()));
+        let slot = if self.root {
+            Some(
+                RoomUid::take(&self.uids, ROOM_UIDS.end - ROOM_UIDS.start)
+                    .ok_or_else(|| StartError::Unavailable("every VMM uid is in use".into()))?,
+            )
+        } else {
+            None
+        };
+        let uid = slot.as_ref().map(|s| ROOM_UIDS.start + s.slot);
+        let vm = Instance {
+            name: name.to_owned(),
+            limits: limits.clone(),
+            disk: dir.join("workspace.img"),
+            dir,
+            uid,
+        };
+        let made = {
+            let vm_dir = vm.dir.clone();
+            let disk = vm.disk.clone();
+            let bytes = limits.workspace_bytes.max(MIN_DISK);
+            tokio::task::spawn_blocking(move || make_disk(&vm_dir, &disk, bytes, uid)).await
+        };
+        match made {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                let _ = std::fs::remove_dir_all(&vm.dir);
+                return Err(e);
+            }
+            Err(_) => return Err(StartError::Host(std::io::Error::other("disk task failed"))),
+        }
+        let result = self.boot(&vm, slot).await;
+        if result.is_err() {
+            let _ = std::fs::remove_dir_all(&vm.dir);
+        }
+        result
+    }
+
+    async fn boot(&self, vm: &Instance, slot: Option<RoomUid>) -> Result<Started, StartError> {
+        let vmm_limits = Limits {
+            memory_bytes: vm.limits.memory_bytes.saturating_add(VMM_OVERHEAD),
+            pids: VMM_PIDS,
+            cpu_millis: vm.limits.cpu_millis,
+            workspace_bytes: vm.limits.workspace_bytes,
+        };
+        let cgroup = match &self.cgroups {
+            Ok(layout) => Some(Arc::new(
+                Cgroup::create(layout, &format!("vm{}", vm.name), &vmm_limits)
+                    .map_err(StartError::Host)?,
+            )),
+            Err(_) => None,
+        };
+        let procs: Vec<std::fs::File> = match &cgroup {
+            Some(cg) => cg
+                .procs_files()
+                .iter()
+                .map(|p| std::fs::OpenOptions::new().write(true).open(p))
+                .collect::<Result<_, _>>()
+                .map_err(StartError::Host)?,
+            None => Vec::new(),
+        };
+        let hooks = |inherit: Vec<i32>| ChildHooks {
+            procs: procs.iter().map(|f| f.as_raw_fd()).collect(),
+            inherit,
+            run_as: vm.uid,
+            // The disk is written in place: no write beyond its size is the VMM's business.
+            fsize: vm
+                .limits
+                .workspace_bytes
+                .max(MIN_DISK)
+                .saturating_add(1 << 20),
+            nproc: None,
+            // KVM is opened by group (Debian: `kvm`), which the VMM's own uid is not in.
+            groups: kvm_group().into_iter().collect(),
+        };
+        let booted = match &self.driver {
+            Driver::Qemu { bin, accel, .. } => self.spawn_qemu(bin, *accel, vm, hooks).await?,
+            Driver::CloudHypervisor { bin, .. } => ch::spawn(bin, &self.image, vm, hooks).await?,
+        };
+        drop(procs);
+        let Booted {
+            mut child,
+            agent,
+            console,
+            mut qmp,
+            ch_api,
+        } = booted;
+        let (sandbox, events, control) = Sandbox::wire(agent);
+        if let Some(cg) = &cgroup {
+            let cg = cg.clone();
+            sandbox.set_pressure(Box::new(move || cg.pressure()));
+        }
+        let console = Console::watch(console);
+        let mut killed = control.killed;
+        let ended = control.ended;
+        let dir = vm.dir.clone();
+        let reaper_cgroup = cgroup.clone();
+        let console_w = console.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            let mut stopped = false;
+            let status = tokio::select! {
+                s = child.wait() => s.ok(),
+                _ = async { let _ = killed.wait_for(|k| *k).await; } => {
+                    stopped = true;
+                    None
+                }
+            };
+            let status = if stopped {
+                // Asked to stop: QMP `quit` (QEMU exits at once), else the process is killed.
+                let quit = match qmp.as_mut() {
+                    Some(q) => q.quit(Duration::from_secs(2)).await.is_ok(),
+                    None => false,
+                };
+                if let Some(api) = &ch_api {
+                    let _ = api.shutdown_vmm(Duration::from_secs(2)).await;
+                }
+                let waited = if quit || ch_api.is_some() {
+                    tokio::time::timeout(Duration::from_secs(3), child.wait())
+                        .await
+                        .ok()
+                        .and_then(Result::ok)
+                } else {
+                    None
+                };
+                match waited {
+                    Some(s) => Some(s),
+                    None => {
+                        let _ = child.start_kill();
+                        child.wait().await.ok()
+                    }
+                }
+            } else {
+                status
+            };
+            let pressure = reaper_cgroup
+                .as_ref()
+                .map(|c| c.pressure())
+                .unwrap_or_default();
+            if let Some(cg) = reaper_cgroup {
+                let _ = tokio::task::spawn_blocking(move || cg.remove()).await;
+            }
+            let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await;
+            let outcome = if stopped {
+                Ended::Stopped
+            } else {
+                // Let the console reader take the last lines first.
+                console_w.settled().await;
+                let mut reason = console_w.reason(status);
+                if pressure.oom_kills > 0 {
+                    reason.push_str("; the VMM process reached its memory limit");
+                }
+                Ended::Died { reason }
+            };
+            let _ = ended.send(Some(outcome));
+        });
+
+        let within = match self.driver.accel() {
+            Accel::Kvm => READY_KVM,
+            Accel::Tcg => READY_TCG,
+        };
+        if let Err(e) = sandbox.ready(within).await {
+            sandbox.kill();
+            let how = sandbox.ended().await;
+            let why = match how {
+                Ended::Died { reason } => reason,
+                _ => console.tail_line().unwrap_or_default(),
+            };
+            return Err(StartError::NotReady(if why.is_empty() {
+                format!("{e} (within {} s)", within.as_secs())
+            } else {
+                format!("{e} (within {} s): {why}", within.as_secs())
+            }));
+        }
+        let receipt = self.receipt(vm);
+        Ok((sandbox, events, receipt))
+    }
+
+    async fn spawn_qemu(
+        &self,
+        bin: &Path,
+        accel: Accel,
+        vm: &Instance,
+        hooks: impl Fn(Vec<i32>) -> ChildHooks,
+    ) -> Result<Booted, StartError> {
+        let open = |p: &Path| -> Result<OwnedFd, StartError> {
+            Ok(std::fs::File::open(p).map_err(StartError::Host)?.into())
+        };
+        let (ours_agent, theirs_agent) =
+            std::os::unix::net::UnixStream::pair().map_err(StartError::Host)?;
+        let (ours_qmp, theirs_qmp) =
+            std::os::unix::net::UnixStream::pair().map_err(StartError::Host)?;
+        let fds = qemu::Fds {
+            kernel: open(&self.image.kernel())?,
+            initramfs: open(&self.image.initramfs())?,
+            disk: std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&vm.disk)
+                .map_err(StartError::Host)?
+                .into(),
+            disk_ro: open(&vm.disk)?,
+            agent: theirs_agent.into(),
+            qmp: theirs_qmp.into(),
+        };
+        let args = qemu::args(vm, accel, &fds);
+        let hooks = hooks(fds.raw());
+        let mut cmd = std::process::Command::new(bin);
+        cmd.args(&args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .env_clear();
+        use std::os::unix::process::CommandExt as _;
+        // SAFETY: `ChildHooks::run` only makes async-signal-safe system calls on values
+        // prepared before the fork.
+        unsafe {
+            cmd.pre_exec(move || hooks.run());
+        }
+        let mut child = tokio::process::Command::from(cmd)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(StartError::Host)?;
+        drop(fds);
+        let console = merge(child.stdout.take(), child.stderr.take());
+        ours_qmp.set_nonblocking(true).map_err(StartError::Host)?;
+        let qmp_stream = tokio::net::UnixStream::from_std(ours_qmp).map_err(StartError::Host)?;
+        let qmp = match tokio::time::timeout(
+            Duration::from_secs(30),
+            qemu::Qmp::connect(qmp_stream),
+        )
+        .await
+        {
+            Ok(Ok(mut q)) => {
+                match q.status(Duration::from_secs(5)).await {
+                    Ok(state) if state == "running" => {}
+                    Ok(state) => tracing::warn!(%state, "QEMU's machine is not running"),
+                    Err(e) => tracing::warn!(error = %e, "QEMU's status did not answer"),
+                }
+                Some(q)
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "QEMU's QMP did not answer; the VM is stopped by signal");
+                None
+            }
+            Err(_) => None,
+        };
+        ours_agent.set_nonblocking(true).map_err(StartError::Host)?;
+        let agent = tokio::net::UnixStream::from_std(ours_agent).map_err(StartError::Host)?;
+        Ok(Booted {
+            child,
+            agent: Box::new(agent),
+            console,
+            qmp,
+            ch_api: None,
+        })
+    }
+
+    fn receipt(&self, vm: &Instance) -> Receipt {
+        let m = &self.image.manifest;
+        let disk = vm.limits.workspace_bytes.max(MIN_DISK);
+        Receipt {
+            tier: "microvm".into(),
+            implementation: format!(
+                "{} {} ({}); guest kernel {} from {}; image {}; agent {}",
+                self.driver.kind().name(),
+                self.driver.version(),
+                match self.driver.accel() {
+                    Accel::Kvm => "kvm",
+                    Accel::Tcg => "tcg",
+                },
+                m.kernel_release,
+                m.kernel_package,
+                m.hash,
+                m.agent_version,
+            ),
+            mounts: vec![
+                format!("/ (rw, initramfs of image {}: {})", &m.hash[..12], m.userland),
+                format!(
+                    "/workspace (rw, ext4 on virtio-blk: a {} MiB sparse disk made for this VM)",
+                    disk >> 20
+                ),
+                "/tmp (rw, tmpfs in guest memory)".into(),
+            ],
+            limits: vm.limits.clone(),
+            network: "no network device: the guest has loopback only; egress and previews pass through the agent's channel".into(),
+            seccomp: match self.driver.kind() {
+                VmmKind::Qemu => "the VMM runs with QEMU's -sandbox on (no obsolete calls, no privilege raising, no spawning, no resource control); room code runs under the guest's own kernel".into(),
+                VmmKind::CloudHypervisor => "the VMM runs with cloud-hypervisor's own seccomp filters (the default); room code runs under the guest's own kernel".into(),
+            },
+            cgroups: match &self.cgroups {
+                Ok(l) => format!(
+                    "the VMM process: memory {} MiB (guest {} MiB + {} MiB VMM), {} threads, {} ms CPU per s, through {}",
+                    (vm.limits.memory_bytes + VMM_OVERHEAD) >> 20,
+                    vm.limits.memory_bytes >> 20,
+                    VMM_OVERHEAD >> 20,
+                    VMM_PIDS,
+                    vm.limits.cpu_millis,
+                    l.name()
+                ),
+                Err(why) => format!("none on the VMM process ({why}); the guest's RAM bounds room code"),
+            },
+            host_uid: vm.uid.unwrap_or_else(|| rustix::process::getuid().as_raw()),
+            vm: Some(VmReceipt {
+                vmm: self.driver.kind().name().into(),
+                vmm_version: self.driver.version().into(),
+                accel: match self.driver.accel() {
+                    Accel::Kvm => "kvm".into(),
+                    Accel::Tcg => "tcg".into(),
+                },
+                guest_kernel: m.kernel_release.clone(),
+                image: m.hash.clone(),
+                disk_bytes: disk,
+            }),
+        }
+    }
+}
+
+/// What a driver hands back once its VMM process runs.
+pub(crate) struct Booted {
+    pub(crate) child: tokio::process::Child,
+    pub(crate) agent: Box<dyn AgentStream>,
+    pub(crate) console: tokio::sync::mpsc::Receiver<Vec<u8>>,
+    qmp: Option<qemu::Qmp>,
+    pub(crate) ch_api: Option<ch::Api>,
+}
+
+/// The agent's stream, whichever channel carries it.
+pub(crate) trait AgentStream:
+    tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin
+{
+}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> AgentStream for T {}
+
+/// Reads a VMM's standard output and error (the guest console under QEMU, the VMM's log under
+/// cloud-hypervisor) into one channel of chunks.
+pub(crate) fn merge(
+    out: Option<tokio::process::ChildStdout>,
+    err: Option<tokio::process::ChildStderr>,
+) -> tokio::sync::mpsc::Receiver<Vec<u8>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    fn pump<R: tokio::io::AsyncRead + Unpin + Send + 'static>(
+        mut r: R,
+        tx: tokio::sync::mpsc::Sender<Vec<u8>>,
+    ) {
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 4096];
+            while let Ok(n) = r.read(&mut buf).await {
+                if n == 0 || tx.send(buf[..n].to_vec()).await.is_err() {
+                    break;
+                }
+            }
+        });
+    }
+    if let Some(o) = out {
+        pump(o, tx.clone());
+    }
+    if let Some(e) = err {
+        pump(e, tx);
+    }
+    rx
+}
+
+/// The last of a VM's console, for saying why it ended.
+#[derive(Clone)]
+struct Console {
+    kept: Arc<Mutex<Vec<u8>>>,
+    done: Arc<tokio::sync::Notify>,
+    finished: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Console {
+    fn watch(mut rx: tokio::sync::mpsc::Receiver<Vec<u8>>) -> Console {
+        let c = Console {
+            kept: Arc::default(),
+            done: Arc::default(),
+            finished: Arc::default(),
+        };
+        let w = c.clone();
+        tokio::spawn(async move {
+            while let Some(chunk) = rx.recv().await {
+                let mut k = w.kept.lock().unwrap_or_else(|e| e.into_inner());
+                k.extend_from_slice(&chunk);
+                if k.len() > CONSOLE_KEEP {
+                    let cut = k.len() - CONSOLE_KEEP;
+                    k.drain(..cut);
+                }
+            }
+            w.finished.store(true, Ordering::SeqCst);
+            w.done.notify_waiters();
+        });
+        c
+    }
+
+    /// Waits (briefly) until the VMM's output has been read to its end.
+    async fn settled(&self) {
+        let wait = self.done.notified();
+        if self.finished.load(Ordering::SeqCst) {
+            return;
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(2), wait).await;
+    }
+
+    fn text(&self) -> String {
+        let k = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        String::from_utf8_lossy(&k).replace('\r', "")
+    }
+
+    fn tail_line(&self) -> Option<String> {
+        self.text()
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .map(|l| l.trim().to_owned())
+    }
+
+    /// Why the VM ended, in words: the guest's own account first (a kernel panic, the agent
+    /// ending, the guest's out-of-memory killer), then how the VMM process ended.
+    fn reason(&self, status: Option<std::process::ExitStatus>) -> String {
+        use std::os::unix::process::ExitStatusExt as _;
+        let text = self.text();
+        let lines: Vec<&str> = text.lines().map(str::trim).collect();
+        let find = |needle: &str| lines.iter().rev().find(|l| l.contains(needle)).copied();
+        let how = status.map_or_else(|| "unknown status".to_owned(), describe);
+        if let Some(panic) = find("Kernel panic") {
+            return format!("the guest kernel panicked ({panic}); the VMM exited: {how}");
+        }
+        if status.and_then(|s| s.signal()).is_some() {
+            let mut r = format!("the VMM process was {how}");
+            if let Some(l) = find("Out of memory") {
+                r.push_str(&format!("; the guest had reported: {l}"));
+            }
+            return r;
+        }
+        let last = lines
+            .iter()
+            .rev()
+            .find(|l| !l.is_empty())
+            .copied()
+            .unwrap_or("");
+        // The VMM itself refused (a bad option, a device it could not open): its own words.
+        if let Some(err) = lines.iter().rev().find(|l| {
+            l.starts_with("qemu-system") || (l.contains("cloud-hypervisor") && l.contains("rror"))
+        }) {
+            return format!("the VMM failed ({how}): {err}");
+        }
+        let mut r = format!("the guest powered off ({how})");
+        if let Some(l) = find("Out of memory") {
+            r.push_str(&format!("; the guest reported: {l}"));
+        }
+        if !last.is_empty() {
+            r.push_str(&format!("; its console's last line: {last}"));
+        }
+        r
+    }
+}
+
+/// Makes `dir` and in it a sparse ext4 image of `bytes`, owned by `uid` (the VMM's).
+fn make_disk(dir: &Path, disk: &Path, bytes: u64, uid: Option<u32>) -> Result<(), StartError> {
+    std::fs::create_dir_all(dir).map_err(StartError::Host)?;
+    let f = std::fs::File::create(disk).map_err(StartError::Host)?;
+    f.set_len(bytes).map_err(StartError::Host)?;
+    drop(f);
+    let out = std::process::Command::new("mkfs.ext4")
+        .args([
+            "-q",
+            "-F",
+            "-m",
+            "0",
+            "-E",
+            "root_owner=1000:1000",
+            "-L",
+            "workspace",
+        ])
+        .arg(disk)
+        .env_clear()
+        .env("PATH", "/usr/sbin:/sbin:/usr/bin:/bin")
+        .output()
+        .map_err(|e| StartError::Unavailable(format!("mkfs.ext4 (e2fsprogs) is needed: {e}")))?;
+    if !out.status.success() {
+        return Err(StartError::Host(std::io::Error::other(format!(
+            "mkfs.ext4: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))));
+    }
+    if let Some(uid) = uid {
+        for p in [dir, disk] {
+            std::os::unix::fs::chown(p, Some(uid), Some(uid)).map_err(StartError::Host)?;
+        }
+    }
+    Ok(())
+}
+
+/// Limits of a probe boot.
+fn probe_limits() -> Limits {
+    Limits {
+        memory_bytes: 256 << 20,
+        pids: 64,
+        cpu_millis: 1000,
+        workspace_bytes: MIN_DISK,
+    }
+}
+
+impl Microvm {
+    /// Boots a throwaway guest and waits for its agent; the error says why it did not answer.
+    pub async fn probe(&self) -> Result<std::time::Duration, String> {
+        let t0 = std::time::Instant::now();
+        match self.start("probe", &probe_limits()).await {
+            Ok((sandbox, _events, _receipt)) => {
+                let took = t0.elapsed();
+                sandbox.kill();
+                let _ = sandbox.ended().await;
+                Ok(took)
+            }
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
+
+/// The guest image: the current one, else (when allowed) built now.
+pub async fn image_for(cfg: &VmConfig) -> Result<GuestImage, String> {
+    if let Some(image) = GuestImage::current(&cfg.image_dir) {
+        return Ok(image);
+    }
+    if !cfg.build_on_need {
+        return Err(format!(
+            "no guest image in {} (run `coderoom image build`)",
+            cfg.image_dir.display()
+        ));
+    }
+    let dir = cfg.image_dir.clone();
+    let inputs = cfg.inputs.clone();
+    tracing::info!(dir = %dir.display(), "building the VM guest image (first use)");
+    tokio::task::spawn_blocking(move || {
+        image::build(&dir, &inputs, &mut |line| tracing::info!("image: {line}"))
+    })
+    .await
+    .map_err(|e| format!("the image build failed: {e}"))?
+    .map_err(|e| format!("cannot build the guest image: {e}"))
+}
+
+/// Picks the VMM for the microVM tier. `auto` (the tier was not asked for by name) never
+/// builds an image and never picks software emulation; each candidate must boot a real guest
+/// to its agent within the deadline. `Err` carries every candidate's reason.
+pub async fn choose(cfg: &VmConfig, auto: bool) -> Result<(Microvm, String), String> {
+    let image = if auto {
+        GuestImage::current(&cfg.image_dir).ok_or_else(|| {
+            format!(
+                "no guest image in {} (run `coderoom image build`)",
+                cfg.image_dir.display()
+            )
+        })?
+    } else {
+        image_for(cfg).await?
+    };
+    let mut reasons = Vec::new();
+    let want_ch = matches!(cfg.vmm, None | Some(VmmKind::CloudHypervisor));
+    let want_qemu = matches!(cfg.vmm, None | Some(VmmKind::Qemu));
+    if want_ch {
+        match find_program(cfg.cloud_hypervisor_bin.as_deref(), "cloud-hypervisor") {
+            None => reasons.push(
+                "cloud-hypervisor: no binary (install it or pass --cloud-hypervisor-bin)"
+                    .to_owned(),
+            ),
+            Some(bin) => match (kvm_usable(), ch::version(&bin)) {
+                (Err(e), _) => reasons.push(format!("cloud-hypervisor: needs KVM: {e}")),
+                (_, Err(e)) => reasons.push(format!("cloud-hypervisor: {e}")),
+                (Ok(()), Ok(version)) => {
+                    let driver = Driver::CloudHypervisor { bin, version };
+                    match probed(driver, &image, cfg).await? {
+                        Ok(chosen) => return Ok(chosen),
+                        Err(e) => reasons.push(format!("cloud-hypervisor: {e}")),
+                    }
+                }
+            },
+        }
+    }
+    if want_qemu {
+        match find_program(cfg.qemu_bin.as_deref(), "qemu-system-x86_64") {
+            None => reasons.push(
+                "qemu: no qemu-system-x86_64 (install Debian's qemu-system-x86 or pass --qemu-bin)"
+                    .to_owned(),
+            ),
+            Some(bin) => match qemu::version(&bin) {
+                Err(e) => reasons.push(format!("qemu: {e}")),
+                Ok(version) => {
+                    let kvm_asked = cfg.accel != Some(Accel::Tcg);
+                    if kvm_asked {
+                        match kvm_usable() {
+                            Err(e) => reasons.push(format!("qemu with KVM: {e}")),
+                            Ok(()) => {
+                                let driver = Driver::Qemu {
+                                    bin: bin.clone(),
+                                    version: version.clone(),
+                                    accel: Accel::Kvm,
+                                };
+                                match probed(driver, &image, cfg).await? {
+                                    Ok(chosen) => return Ok(chosen),
+                                    Err(e) => reasons.push(format!("qemu with KVM: {e}")),
+                                }
+                            }
+                        }
+                    }
+                    // Software emulation only when asked for by name.
+                    if !auto && cfg.vmm == Some(VmmKind::Qemu) && cfg.accel != Some(Accel::Kvm) {
+                        let vm = Microvm::new(
+                            Driver::Qemu {
+                                bin,
+                                version,
+                                accel: Accel::Tcg,
+                            },
+                            image,
+                            &cfg.state_dir,
+                        )?;
+                        let mut why = format!("{}; chosen by configuration", vm.describe());
+                        if !reasons.is_empty() {
+                            why.push_str(&format!(" ({})", reasons.join("; ")));
+                        }
+                        return Ok((vm, why));
+                    }
+                }
+            },
+        }
+    }
+    Err(reasons.join("; "))
+}
+
+/// A backend for `driver` once a probe guest has reached its agent under it: `Ok(Ok(..))` with
+/// the sentence that says so, `Ok(Err(why))` when the probe failed, `Err` when the backend
+/// cannot even be set up.
+async fn probed(
+    driver: Driver,
+    image: &GuestImage,
+    cfg: &VmConfig,
+) -> Result<Result<(Microvm, String), String>, String> {
+    let vm = Microvm::new(driver, image.clone(), &cfg.state_dir)?;
+    Ok(match vm.probe().await {
+        Ok(took) => {
+            let why = format!(
+                "{}; a probe guest reached its agent in {} ms",
+                vm.describe(),
+                took.as_millis()
+            );
+            Ok((vm, why))
+        }
+        Err(e) => Err(format!("a probe guest did not reach its agent: {e}")),
+    })
+}
+
+/// What `bin --version` prints on its first line after `prefix`, up to the first space.
+pub(crate) fn version_after(bin: &Path, prefix: &str) -> Result<String, String> {
+    let out = std::process::Command::new(bin)
+        .arg("--version")
+        .output()
+        .map_err(|e| format!("{}: {e}", bin.display()))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .next()
+        .filter(|_| out.status.success())
+        .and_then(|l| l.trim().strip_prefix(prefix))
+        .and_then(|v| v.split_whitespace().next())
+        .map(str::to_owned)
+        .ok_or_else(|| format!("{} does not answer --version as expected", bin.display()))
+}

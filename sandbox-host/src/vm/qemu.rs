@@ -1,0 +1,215 @@
+//! The QEMU driver: a q35 machine with no network device and no default devices, the guest
+//! image as kernel and initramfs, the workspace disk on virtio-blk, the agent's channel on a
+//! virtio-serial port, QMP on a second socket. Everything QEMU touches is handed to it as an
+//! open descriptor, so the unprivileged user it runs as needs no path on the host.
+
+use super::{Accel, Instance};
+use serde_json::{json, Value};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::Path;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+/// The translation cache under TCG, in MiB (QEMU's default is 1 GiB, which would count
+/// against the VMM's memory limit).
+const TCG_TB_MIB: u64 = 64;
+/// Longest QMP line accepted.
+const MAX_QMP_LINE: usize = 64 << 10;
+
+/// The version `qemu-system-x86_64 --version` prints (`7.2.22`), or why it cannot be run.
+pub(super) fn version(bin: &Path) -> Result<String, String> {
+    super::version_after(bin, "QEMU emulator version ")
+}
+
+/// The descriptors QEMU gets, open in the server until the child has them.
+pub(super) struct Fds {
+    pub(super) kernel: OwnedFd,
+    pub(super) initramfs: OwnedFd,
+    pub(super) disk: OwnedFd,
+    /// The disk again, read-only: QEMU's block layer asks for both modes from the fd set.
+    pub(super) disk_ro: OwnedFd,
+    pub(super) agent: OwnedFd,
+    pub(super) qmp: OwnedFd,
+}
+
+impl Fds {
+    pub(super) fn raw(&self) -> Vec<i32> {
+        [
+            &self.kernel,
+            &self.initramfs,
+            &self.disk,
+            &self.disk_ro,
+            &self.agent,
+            &self.qmp,
+        ]
+        .iter()
+        .map(|f| f.as_raw_fd())
+        .collect()
+    }
+}
+
+/// The command line for `vm` (the child inherits `fds` under the same numbers).
+pub(super) fn args(vm: &Instance, accel: Accel, fds: &Fds) -> Vec<String> {
+    let mem_mib = (vm.limits.memory_bytes >> 20).max(128);
+    let cpus = vm.limits.cpu_millis.div_ceil(1000).clamp(1, 8);
+    let (accel_arg, cpu) = match accel {
+        Accel::Tcg => (format!("tcg,tb-size={TCG_TB_MIB}"), "max"),
+        Accel::Kvm => ("kvm".to_owned(), "host"),
+    };
+    let append = format!(
+        "console=ttyS0 quiet panic=-1 coderoom.channel=port:{}",
+        super::image::AGENT_PORT_NAME
+    );
+    let mut a: Vec<String> = vec![
+        "-name".into(),
+        format!("coderoom-{},process=coderoom-vm", vm.name),
+        "-M".into(),
+        "q35".into(),
+        "-accel".into(),
+        accel_arg,
+        "-cpu".into(),
+        cpu.into(),
+        "-m".into(),
+        format!("{mem_mib}M"),
+        "-smp".into(),
+        cpus.to_string(),
+        "-nodefaults".into(),
+        "-no-user-config".into(),
+        "-no-reboot".into(),
+        "-display".into(),
+        "none".into(),
+        "-nic".into(),
+        "none".into(),
+        // The VMM process may not run programs, raise privileges or use obsolete calls.
+        "-sandbox".into(),
+        "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny".into(),
+        "-kernel".into(),
+        format!("/proc/self/fd/{}", fds.kernel.as_raw_fd()),
+        "-initrd".into(),
+        format!("/proc/self/fd/{}", fds.initramfs.as_raw_fd()),
+        "-append".into(),
+        append,
+        // The guest's console is QEMU's standard output, which the server reads.
+        "-serial".into(),
+        "stdio".into(),
+        "-add-fd".into(),
+        format!("fd={},set=1", fds.disk.as_raw_fd()),
+        "-add-fd".into(),
+        format!("fd={},set=1", fds.disk_ro.as_raw_fd()),
+        "-drive".into(),
+        "file=/dev/fdset/1,if=none,id=workspace,format=raw,discard=unmap".into(),
+        "-device".into(),
+        "virtio-blk-pci,drive=workspace".into(),
+        "-device".into(),
+        "virtio-serial-pci".into(),
+        "-chardev".into(),
+        format!("socket,id=agent,fd={}", fds.agent.as_raw_fd()),
+        "-device".into(),
+        format!(
+            "virtserialport,chardev=agent,name={}",
+            super::image::AGENT_PORT_NAME
+        ),
+        "-chardev".into(),
+        format!("socket,id=qmp,fd={}", fds.qmp.as_raw_fd()),
+        "-mon".into(),
+        "chardev=qmp,mode=control".into(),
+    ];
+    a.shrink_to_fit();
+    a
+}
+
+/// A QMP session (QEMU's machine protocol: one JSON object per line).
+pub(super) struct Qmp {
+    rd: BufReader<tokio::net::unix::OwnedReadHalf>,
+    wr: tokio::net::unix::OwnedWriteHalf,
+    /// The version QEMU greeted with (`7.2.22`).
+    pub(super) version: String,
+}
+
+/// Why a QMP exchange failed.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum QmpError {
+    #[error("QMP stream: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("QMP answered out of protocol: {0}")]
+    Protocol(String),
+    #[error("QMP refused {command}: {desc}")]
+    Refused { command: String, desc: String },
+}
+
+impl Qmp {
+    /// Reads the greeting and leaves capabilities negotiation.
+    pub(super) async fn connect(stream: tokio::net::UnixStream) -> Result<Qmp, QmpError> {
+        let (rd, wr) = stream.into_split();
+        let mut q = Qmp {
+            rd: BufReader::new(rd),
+            wr,
+            version: String::new(),
+        };
+        let greeting = q.line().await?;
+        let v = &greeting["QMP"]["version"]["qemu"];
+        if v.is_null() {
+            return Err(QmpError::Protocol(format!("no greeting: {greeting}")));
+        }
+        q.version = format!("{}.{}.{}", v["major"], v["minor"], v["micro"]);
+        q.execute("qmp_capabilities", Value::Null).await?;
+        Ok(q)
+    }
+
+    async fn line(&mut self) -> Result<Value, QmpError> {
+        let mut buf = Vec::new();
+        let n = (&mut self.rd)
+            .take(MAX_QMP_LINE as u64)
+            .read_until(b'\n', &mut buf)
+            .await?;
+        if n == 0 {
+            return Err(QmpError::Io(std::io::ErrorKind::UnexpectedEof.into()));
+        }
+        serde_json::from_slice(&buf).map_err(|e| QmpError::Protocol(e.to_string()))
+    }
+
+    /// Runs `command` and returns its `return` value (events in between are skipped).
+    pub(super) async fn execute(&mut self, command: &str, args: Value) -> Result<Value, QmpError> {
+        let mut msg = json!({ "execute": command });
+        if !args.is_null() {
+            msg["arguments"] = args;
+        }
+        let mut line = serde_json::to_vec(&msg).map_err(|e| QmpError::Protocol(e.to_string()))?;
+        line.push(b'\n');
+        self.wr.write_all(&line).await?;
+        loop {
+            let v = self.line().await?;
+            if v.get("event").is_some() {
+                continue;
+            }
+            if let Some(r) = v.get("return") {
+                return Ok(r.clone());
+            }
+            if let Some(e) = v.get("error") {
+                return Err(QmpError::Refused {
+                    command: command.to_owned(),
+                    desc: e["desc"].as_str().unwrap_or("no description").to_owned(),
+                });
+            }
+            return Err(QmpError::Protocol(v.to_string()));
+        }
+    }
+
+    /// The machine's run state (`running`, `paused`, `shutdown`, ...).
+    pub(super) async fn status(&mut self, within: Duration) -> Result<String, QmpError> {
+        let r = tokio::time::timeout(within, self.execute("query-status", Value::Null))
+            .await
+            .map_err(|_| QmpError::Io(std::io::ErrorKind::TimedOut.into()))??;
+        Ok(r["status"].as_str().unwrap_or("unknown").to_owned())
+    }
+
+    /// Asks QEMU to exit now (the guest's disk is written through; nothing else is kept).
+    pub(super) async fn quit(&mut self, within: Duration) -> Result<(), QmpError> {
+        tokio::time::timeout(within, self.execute("quit", Value::Null))
+            .await
+            .map_err(|_| QmpError::Io(std::io::ErrorKind::TimedOut.into()))?
+            .map(|_| ())
+    }
+}
+
+use tokio::io::AsyncReadExt as _;

@@ -1,0 +1,792 @@
+//! The microVM tier against the real VMMs: a room's sandbox as a QEMU guest (software
+//! emulation, which runs everywhere), and the cloud-hypervisor driver against its real binary.
+//!
+//! The guest image comes from `CODEROOM_TEST_IMAGE_DIR` (`tests/run` builds it with
+//! `coderoom image build`); without it, or without QEMU, the tests say SKIPPED.
+
+mod common;
+
+use common::*;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// The built image's directory and its kernel release, or `None` after reporting the skip.
+fn guest_image() -> Option<(PathBuf, String)> {
+    let Some(dir) = std::env::var_os("CODEROOM_TEST_IMAGE_DIR").map(PathBuf::from) else {
+        skip(
+            Need::Qemu,
+            "CODEROOM_TEST_IMAGE_DIR is not set (no guest image)",
+        );
+        return None;
+    };
+    let Ok(hash) = std::fs::read_to_string(dir.join("current")) else {
+        skip(Need::Qemu, "no image built in CODEROOM_TEST_IMAGE_DIR");
+        return None;
+    };
+    if which("qemu-system-x86_64").is_none() {
+        skip(Need::Qemu, "qemu-system-x86_64 is not installed");
+        return None;
+    }
+    let manifest: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(dir.join(hash.trim()).join("manifest.json")).expect("manifest"),
+    )
+    .expect("manifest json");
+    let release = manifest["kernel_release"]
+        .as_str()
+        .expect("release")
+        .to_owned();
+    Some((dir, release))
+}
+
+fn which(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join(name))
+            .find(|p| p.is_file())
+    })
+}
+
+/// Server flags for a QEMU room (software emulation: no probe, works on any host).
+fn qemu_flags(image: &Path) -> Vec<String> {
+    [
+        "--sandbox-tier",
+        "microvm",
+        "--vmm",
+        "qemu",
+        "--vm-accel",
+        "tcg",
+        "--sandbox-memory-mb",
+        "256",
+        "--sandbox-workspace-mb",
+        "128",
+        "--admin-emails",
+        "root@example.com",
+        "--image-dir",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .chain([image.display().to_string()])
+    .collect()
+}
+
+async fn lifecycle(server: &Server, token: &str, room: &str, action: &str) -> (u16, String) {
+    http(
+        &server.url(&format!("/api/rooms/{room}/sandbox/{action}")),
+        "POST",
+        Some(token),
+        None,
+    )
+    .await
+}
+
+/// Runs `script` in the room's VM until it succeeds (the first call boots the guest, which
+/// under software emulation on a busy machine takes a while); its answer.
+async fn vm_exec(server: &Server, token: &str, room: &str, script: &str) -> serde_json::Value {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(240);
+    loop {
+        let (status, out) = exec(server, token, room, script).await;
+        if status == 200 {
+            return out;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "exec {script:?} kept failing: {status} {out}"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The pid of the QEMU process running `room`'s VM (its `-name` says whose it is).
+fn vmm_pid(room: &str) -> Option<i32> {
+    let wanted = format!("coderoom-{room},process=coderoom-vm");
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        args.contains(&wanted.as_bytes()).then_some(pid)
+    })
+}
+
+/// The memory cgroup directory of `pid` (v1 or v2) and the files of its limit and peak.
+fn memory_cgroup(pid: i32) -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    for line in text.lines() {
+        let mut f = line.splitn(3, ':');
+        let (_, controllers, path) = (f.next()?, f.next()?, f.next()?);
+        let read =
+            |p: PathBuf| -> Option<u64> { std::fs::read_to_string(p).ok()?.trim().parse().ok() };
+        if controllers.split(',').any(|c| c == "memory") {
+            let dir = Path::new("/sys/fs/cgroup/memory").join(path.trim_start_matches('/'));
+            return Some((
+                read(dir.join("memory.limit_in_bytes"))?,
+                read(dir.join("memory.max_usage_in_bytes"))?,
+            ));
+        }
+        if controllers.is_empty() {
+            let dir = Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'));
+            if let (Some(max), Some(peak)) =
+                (read(dir.join("memory.max")), read(dir.join("memory.peak")))
+            {
+                return Some((max, peak));
+            }
+        }
+    }
+    None
+}
+
+/// One room on the QEMU tier, end to end: the terminal reaches a shell inside the guest (its
+/// kernel, not the host's), exec and files work, the editor and the VM's disk stay in step,
+/// the guest sees no host file and no network but loopback, a memory hog dies inside the guest
+/// while the VMM stays under its cgroup limit, the workspace survives a stop and a server
+/// restart, `kill -9` of the VMM is told and restarts from the last snapshot, and deleting the
+/// room leaves no disk, no snapshot.
+#[tokio::test]
+async fn a_room_runs_in_a_qemu_microvm() {
+    let Some((image, release)) = guest_image() else {
+        return;
+    };
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let root = storage.token("root@example.com").await;
+    let flags = qemu_flags(&image);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let t = team_with(&storage, &flags).await;
+    let (server, room) = (&t.server, &t.room);
+
+    // Exec reaches the guest: its kernel, its disk.
+    let out = vm_exec(
+        server,
+        &t.ben,
+        room,
+        "uname -r; grep ' /workspace ' /proc/mounts",
+    )
+    .await;
+    let stdout = out["stdout"].as_str().unwrap();
+    assert!(stdout.starts_with(&format!("{release}\n")), "{out}");
+    let host = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    assert!(
+        host.trim() != release || !stdout.contains("vda"),
+        "the guest runs its own kernel"
+    );
+    assert!(stdout.contains("/dev/vda /workspace ext4"), "{out}");
+    let status = get_json(server, &t.ana, &format!("/api/rooms/{room}/sandbox")).await;
+    assert_eq!(status["tier"], "microvm", "{status}");
+    assert_eq!(status["receipt"]["vm"]["vmm"], "qemu", "{status}");
+    assert_eq!(status["receipt"]["vm"]["accel"], "tcg", "{status}");
+    assert_eq!(
+        status["receipt"]["vm"]["guest_kernel"],
+        release.as_str(),
+        "{status}"
+    );
+    let hash = std::fs::read_to_string(image.join("current")).unwrap();
+    assert_eq!(status["receipt"]["vm"]["image"], hash.trim(), "{status}");
+
+    // Isolation: no host file, no network interface but loopback.
+    let marker = format!("coderoom-host-marker-{}", std::process::id());
+    std::fs::write(std::env::temp_dir().join(&marker), "host").unwrap();
+    let out = vm_exec(
+        server,
+        &t.ben,
+        room,
+        &format!(
+            "ls /sys/class/net; ls /tmp; test -e /etc/debian_version && echo HOST-ETC; \
+             test -e /tmp/{marker} && echo HOST-TMP; ls / | tr '\\n' ' '"
+        ),
+    )
+    .await;
+    let stdout = out["stdout"].as_str().unwrap().to_owned();
+    assert_eq!(stdout.lines().next(), Some("lo"), "{out}");
+    assert!(!stdout.contains("HOST-"), "{out}");
+    assert!(!stdout.contains(&marker), "{out}");
+    assert!(
+        !stdout.contains("home "),
+        "the host's root is not there: {out}"
+    );
+
+    // The shared terminal is a shell inside the VM.
+    let mut typer = term(server, room, &t.ben).await;
+    typer.send(b"uname -r; echo typed-$((6*7))\n").await;
+    typer.output_contains("typed-42").await;
+    assert!(typer.output.contains(&release), "{}", typer.output);
+
+    // The editor's file lands on the VM's disk; a file written in the VM reaches the editor.
+    let mut editor = Client::connect(server, room, &t.ben).await;
+    editor.synced().await;
+    editor
+        .put_file("notes.txt", "written in the editor\n")
+        .await;
+    let seen = stdout_until(
+        server,
+        &t.ben,
+        room,
+        "cat /workspace/notes.txt",
+        "written in the editor",
+    )
+    .await;
+    assert_eq!(seen, "written in the editor\n");
+    let out = vm_exec(
+        server,
+        &t.ben,
+        room,
+        "echo made-in-the-vm > /workspace/vm.txt; sync",
+    )
+    .await;
+    assert_eq!(out["exit_code"], 0, "{out}");
+    editor.wait_for_file("vm.txt", "made-in-the-vm\n").await;
+
+    // A memory hog is stopped inside the guest; the VMM stays alive under its limit.
+    let pid = vmm_pid(room).expect("the VMM process");
+    let out = vm_exec(
+        server,
+        &t.ben,
+        room,
+        "awk 'BEGIN { s = \"0123456789abcdef\"; while (1) s = s s }'; echo hog-exit=$?",
+    )
+    .await;
+    let stdout = out["stdout"].as_str().unwrap();
+    assert!(
+        stdout.contains("hog-exit=137"),
+        "killed by the guest's OOM killer: {out}"
+    );
+    assert_eq!(vmm_pid(room), Some(pid), "the same VMM process runs on");
+    let out = vm_exec(server, &t.ben, room, "echo still-here").await;
+    assert_eq!(out["stdout"], "still-here\n");
+    if let Some((limit, peak)) = memory_cgroup(pid) {
+        assert!(
+            limit <= (256 + 512) << 20,
+            "the VMM's limit is the guest's RAM plus overhead: {limit}"
+        );
+        assert!(peak <= limit, "peak {peak} within limit {limit}");
+    }
+
+    // Stop (snapshot), restart the server, resume: the workspace is there.
+    assert_eq!(lifecycle(server, &t.ben, room, "stop").await.0, 200);
+    assert!(vmm_pid(room).is_none(), "stopping ends the VMM");
+    drop(editor);
+    drop(typer);
+    let Room {
+        server,
+        room,
+        ana,
+        ben,
+        ..
+    } = t;
+    assert!(server.terminate().await.success());
+    let vms = storage.dir.path().join("vms");
+    let left = std::fs::read_dir(&vms).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(left, 0, "no VM disk outlives its VM");
+    let server = Server::start(&storage, &flags).await;
+    let out = vm_exec(
+        &server,
+        &ben,
+        &room,
+        "cat /workspace/vm.txt /workspace/notes.txt",
+    )
+    .await;
+    assert_eq!(
+        out["stdout"], "made-in-the-vm\nwritten in the editor\n",
+        "{out}"
+    );
+
+    // kill -9 of the VMM: participants are told; a restart resumes from the last snapshot.
+    let mut watcher = term(&server, &room, &ana).await;
+    watcher.output_contains("$").await;
+    let pid = vmm_pid(&room).expect("the VMM process");
+    std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap();
+    watcher
+        .until("told the sandbox failed", |t| {
+            t.events.iter().any(|e| {
+                e["type"] == "exit"
+                    && e["reason"]
+                        .as_str()
+                        .is_some_and(|r| r.contains("VMM process was killed by signal 9"))
+            })
+        })
+        .await;
+    assert_eq!(lifecycle(&server, &ana, &room, "start").await.0, 200);
+    let out = vm_exec(&server, &ben, &room, "cat /workspace/vm.txt").await;
+    assert_eq!(out["stdout"], "made-in-the-vm\n", "{out}");
+
+    // Deleting the room: the VM, its disk and the snapshots are gone, and the receipt says so.
+    let receipt = delete_room(&server, &ana, &root, &room).await;
+    let artifacts = receipt["receipt"]["artifacts"].as_array().unwrap().clone();
+    let artifact = |name: &str| {
+        artifacts
+            .iter()
+            .find(|a| a["artifact"] == name)
+            .cloned()
+            .unwrap()
+    };
+    assert_eq!(artifact("sandbox")["status"], "destroyed", "{receipt}");
+    assert_eq!(artifact("workspace")["status"], "destroyed", "{receipt}");
+    assert!(
+        artifact("workspace")["count"].as_i64() >= Some(1),
+        "{receipt}"
+    );
+    assert!(vmm_pid(&room).is_none());
+    let left: Vec<_> = std::fs::read_dir(&vms)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "no VM disk is left: {left:?}");
+    assert!(!storage.dir.path().join("rooms").join(&room).exists());
+}
+
+/// cloud-hypervisor's binary, or `None` after reporting the skip.
+fn cloud_hypervisor() -> Option<PathBuf> {
+    let bin = std::env::var_os("CODEROOM_CLOUD_HYPERVISOR_BIN")
+        .map(PathBuf::from)
+        .or_else(|| which("cloud-hypervisor"));
+    if bin.is_none() {
+        skip(
+            Need::CloudHypervisor,
+            "cloud-hypervisor is not installed (../shared/vendor/cloud-hypervisor/build.sh)",
+        );
+    }
+    bin
+}
+
+/// The driver's REST client against the real cloud-hypervisor: ping, create, info, boot,
+/// shutdown, delete, with the guest image and a workspace disk; and a refusal read as one.
+#[tokio::test]
+async fn the_cloud_hypervisor_api_against_the_real_binary() {
+    use coderoom_sandbox::vm::ch::{vm_config, Api, ApiError};
+    let Some(bin) = cloud_hypervisor() else {
+        return;
+    };
+    let Some((image, _)) = guest_image() else {
+        return;
+    };
+    let hash = std::fs::read_to_string(image.join("current")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let api_path = dir.path().join("api.sock");
+    let mut vmm = tokio::process::Command::new(&bin)
+        .arg("--api-socket")
+        .arg(format!("path={}", api_path.display()))
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let api = Api::new(&api_path);
+    let ping = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            match api.ping().await {
+                Ok(p) => return p,
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    })
+    .await
+    .expect("cloud-hypervisor answers vmm.ping");
+    assert!(ping.version.contains("54."), "{ping:?}");
+
+    // Before a VM exists, vm.info is a refusal with the VMM's status, not a transport error.
+    match api.info().await {
+        Err(ApiError::Refused { status, .. }) => assert!(status >= 400, "{status}"),
+        other => panic!("vm.info before vm.create: {other:?}"),
+    }
+    let disk = dir.path().join("workspace.img");
+    std::fs::File::create(&disk)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let img = image.join(hash.trim());
+    let config = vm_config(
+        &img.join("vmlinuz").display().to_string(),
+        &img.join("initramfs.cpio").display().to_string(),
+        &disk.display().to_string(),
+        &dir.path().join("vsock.sock").display().to_string(),
+        256 << 20,
+        1,
+    );
+    api.create(&config).await.expect("vm.create");
+    let info = api.info().await.expect("vm.info");
+    assert_eq!(info.state, "Created");
+    assert_eq!(info.config["memory"]["size"], 256u64 << 20);
+    assert!(info.config["net"].is_null() || info.config["net"] == serde_json::json!([]));
+    // Deleting a created VM and creating it again works.
+    api.delete().await.expect("vm.delete of a created VM");
+    api.create(&config).await.expect("vm.create again");
+
+    let kvm = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/kvm")
+        .is_ok();
+    if kvm {
+        api.boot().await.expect("vm.boot");
+        // The guest may fail on a nested, software KVM: whether it runs is read from vm.info
+        // (never from the VMM's exit code), and a VMM that ended must say why in its log.
+        match api.info().await {
+            Ok(info) => {
+                assert!(
+                    ["Running", "Shutdown"].contains(&info.state.as_str()),
+                    "{}",
+                    info.state
+                );
+                let _ = api.shutdown().await;
+                api.delete().await.expect("vm.delete");
+                api.shutdown_vmm(Duration::from_secs(5))
+                    .await
+                    .expect("vmm.shutdown");
+            }
+            Err(e) => {
+                let _ = vmm.start_kill();
+                let out = vmm.wait_with_output().await.unwrap();
+                let log = String::from_utf8_lossy(&out.stderr);
+                assert!(!log.trim().is_empty(), "the VMM ended ({e}) without a word");
+                eprintln!("SKIPPED-PART: the guest did not run under this KVM: {e}; log: {log}");
+                return;
+            }
+        }
+    } else {
+        match api.boot().await {
+            Err(ApiError::Refused { .. }) => {}
+            other => panic!("vm.boot without KVM: {other:?}"),
+        }
+        api.delete().await.expect("vm.delete");
+        api.shutdown_vmm(Duration::from_secs(5))
+            .await
+            .expect("vmm.shutdown");
+    }
+    let status = tokio::time::timeout(Duration::from_secs(10), vmm.wait())
+        .await
+        .expect("the VMM exits after vmm.shutdown")
+        .unwrap();
+    assert!(status.success(), "{status}");
+}
+
+/// `auto` boots a real probe guest under cloud-hypervisor before picking it. Where the guest
+/// cannot reach its agent (a nested, software KVM such as this project's CI hosts), the probe
+/// is stopped at its deadline, the VMM's own log is in the reason, nothing is left running,
+/// and `auto` falls back to the namespace tier. Where it boots (hardware KVM, or
+/// `CODEROOM_KVM_TESTS=1`), a room runs in a cloud-hypervisor guest end to end.
+#[tokio::test]
+async fn auto_picks_cloud_hypervisor_only_when_a_guest_reaches_its_agent() {
+    let Some(bin) = cloud_hypervisor() else {
+        return;
+    };
+    let Some((image, release)) = guest_image() else {
+        return;
+    };
+    let data = tempfile::tempdir().unwrap();
+    let started = std::time::Instant::now();
+    let out = tokio::time::timeout(
+        Duration::from_secs(180),
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_coderoom"))
+            .arg("doctor")
+            .arg("--data-dir")
+            .arg(data.path())
+            .arg("--image-dir")
+            .arg(&image)
+            .arg("--cloud-hypervisor-bin")
+            .arg(&bin)
+            .env("CODEROOM_LOG", "error")
+            .output(),
+    )
+    .await
+    .expect("doctor finishes: every probe has a deadline")
+    .unwrap();
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(text.contains("cloud-hypervisor: yes: v54"), "{text}");
+    let because = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("because: "))
+        .unwrap_or_else(|| panic!("{text}"))
+        .to_owned();
+    let forced = std::env::var("CODEROOM_KVM_TESTS").as_deref() == Ok("1");
+    if text.contains("auto picks: microvm") {
+        assert!(
+            because.contains("cloud-hypervisor") || because.contains("qemu"),
+            "{because}"
+        );
+        assert!(because.contains("reached its agent"), "{because}");
+    } else {
+        assert!(
+            !forced,
+            "CODEROOM_KVM_TESTS=1, but no guest booted: {because}"
+        );
+        assert!(text.contains("auto picks: namespace"), "{text}");
+        assert!(
+            because.contains("cloud-hypervisor: a probe guest did not reach its agent"),
+            "{because}"
+        );
+        // The VMM's own account is part of the reason.
+        assert!(
+            because.contains("the VMM's log: cloud-hypervisor") || because.contains("exited"),
+            "{because}"
+        );
+        // Two probes (cloud-hypervisor, then QEMU with KVM), each stopped at its deadline.
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "{:?}",
+            started.elapsed()
+        );
+        let left = std::fs::read_dir(data.path().join("vms"))
+            .map(|d| d.count())
+            .unwrap_or(0);
+        assert_eq!(left, 0, "a failed probe leaves no disk");
+        assert!(vmm_pid("probe").is_none(), "no probe VMM is left running");
+        skip(
+            Need::Kvm,
+            &format!("no guest reaches its agent under KVM on this host: {because}"),
+        );
+        return;
+    }
+
+    // A room on cloud-hypervisor: the guest's kernel answers.
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let t = team_with(
+        &storage,
+        &[
+            "--sandbox-tier",
+            "microvm",
+            "--vmm",
+            "cloud-hypervisor",
+            "--cloud-hypervisor-bin",
+            bin.to_str().unwrap(),
+            "--sandbox-memory-mb",
+            "256",
+            "--image-dir",
+            image.to_str().unwrap(),
+        ],
+    )
+    .await;
+    let out = vm_exec(&t.server, &t.ben, &t.room, "uname -r; ls /sys/class/net").await;
+    assert_eq!(out["stdout"], format!("{release}\nlo\n"), "{out}");
+    let status = get_json(&t.server, &t.ana, &format!("/api/rooms/{}/sandbox", t.room)).await;
+    assert_eq!(
+        status["receipt"]["vm"]["vmm"], "cloud-hypervisor",
+        "{status}"
+    );
+}
+
+/// The VM tier's figures for `docs/benchmarks.md`, measured in one run on this machine (QEMU
+/// with software emulation; cloud-hypervisor where a guest boots under KVM):
+/// create-to-agent-ready beside the bare kernel + initramfs boot floor (the same kernel and an
+/// `/init` that powers off at once), stop (snapshot) and resume (boot + restore) with a 16 MiB
+/// workspace, memory of an idle VM, and a shell loop in the guest beside the same busybox on the
+/// host. `cargo test --release -p coderoom-server --test microvm -- --ignored --nocapture`.
+#[tokio::test]
+#[ignore = "benchmark: run with --ignored --nocapture"]
+async fn bench_vm() {
+    use coderoom_sandbox::proto::{Op, Reply};
+    use coderoom_sandbox::vm::{choose, Accel, Inputs, VmConfig, VmmKind};
+    use coderoom_sandbox::Limits;
+    let Some((image, _)) = guest_image() else {
+        return;
+    };
+    let runs = knob("BENCH_RUNS", 5);
+    let state = tempfile::tempdir().unwrap();
+    let cfg = VmConfig {
+        vmm: Some(VmmKind::Qemu),
+        accel: Some(Accel::Tcg),
+        cloud_hypervisor_bin: None,
+        qemu_bin: None,
+        image_dir: image.clone(),
+        state_dir: state.path().join("vms"),
+        inputs: Inputs::default(),
+        build_on_need: false,
+    };
+    let (vm, why) = choose(&cfg, false).await.expect("the QEMU tier");
+    eprintln!("{why}");
+    let limits = Limits {
+        memory_bytes: 512 << 20,
+        pids: 512,
+        cpu_millis: 1000,
+        workspace_bytes: 256 << 20,
+    };
+    let hash = std::fs::read_to_string(image.join("current")).unwrap();
+    let img = image.join(hash.trim());
+
+    // The floor: the same kernel, an initramfs whose /init powers off at once.
+    let floor_dir = tempfile::tempdir().unwrap();
+    let floor_initrd = floor_dir.path().join("floor.cpio");
+    {
+        let root = floor_dir.path().join("root");
+        std::fs::create_dir_all(root.join("bin")).unwrap();
+        std::fs::copy("/bin/busybox", root.join("bin/busybox")).unwrap();
+        std::fs::write(
+            root.join("init"),
+            "#!/bin/busybox sh\n/bin/busybox poweroff -f\n",
+        )
+        .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(root.join("init"), std::fs::Permissions::from_mode(0o755))
+            .unwrap();
+        let status = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "cd {} && find . | busybox cpio -o -H newc > {}",
+                root.display(),
+                floor_initrd.display()
+            ))
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+    let floor = || {
+        let t0 = std::time::Instant::now();
+        let status = std::process::Command::new("qemu-system-x86_64")
+            .args([
+                "-M",
+                "q35",
+                "-accel",
+                "tcg,tb-size=64",
+                "-cpu",
+                "max",
+                "-m",
+                "512M",
+            ])
+            .args([
+                "-nodefaults",
+                "-no-user-config",
+                "-no-reboot",
+                "-display",
+                "none",
+                "-nic",
+                "none",
+            ])
+            .arg("-kernel")
+            .arg(img.join("vmlinuz"))
+            .arg("-initrd")
+            .arg(&floor_initrd)
+            .args(["-append", "console=ttyS0 quiet panic=-1"])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .unwrap();
+        assert!(status.success());
+        t0.elapsed()
+    };
+
+    let exec = |sb: coderoom_sandbox::Sandbox, script: &'static str| async move {
+        let r = sb
+            .call(
+                Op::Exec {
+                    argv: vec!["sh".into(), "-c".into(), script.into()],
+                    cwd: String::new(),
+                    timeout_ms: 600_000,
+                    max_output: 1 << 16,
+                    actor: String::new(),
+                },
+                Duration::from_secs(600),
+            )
+            .await
+            .expect("exec");
+        let Reply::Exec {
+            exit_code, stdout, ..
+        } = r
+        else {
+            panic!("{r:?}")
+        };
+        assert_eq!(exit_code, Some(0));
+        String::from_utf8_lossy(&stdout).into_owned()
+    };
+
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let median = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (mut ready, mut floors, mut stops, mut resumes, mut rss) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut snapshot_bytes = 0;
+    for i in 0..runs {
+        floors.push(ms(floor()));
+        let t0 = std::time::Instant::now();
+        let (sb, _ev, _r) = vm
+            .start(&format!("bench{i}"), &limits)
+            .await
+            .expect("start");
+        ready.push(ms(t0.elapsed()));
+        exec(
+            sb.clone(),
+            "head -c 16777216 /dev/urandom > /workspace/blob && mkdir -p /workspace/src && \
+             for f in 1 2 3 4 5 6 7 8 9 10; do echo file $f > /workspace/src/f$f.txt; done",
+        )
+        .await;
+        // Idle memory: the VMM's resident set once the guest settles.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        if let Some(pid) = vmm_pid(&format!("bench{i}")) {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+            let kb: f64 = status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+                .unwrap_or(0.0);
+            rss.push(kb / 1024.0);
+        }
+        // Stop: the snapshot, then the VM ends.
+        let snap = state.path().join(format!("snap{i}.tar"));
+        let t0 = std::time::Instant::now();
+        let mut f = tokio::fs::File::create(&snap).await.unwrap();
+        snapshot_bytes = sb
+            .snapshot(&mut f, 1 << 30, Duration::from_secs(600))
+            .await
+            .unwrap();
+        sb.kill();
+        let _ = sb.ended().await;
+        stops.push(ms(t0.elapsed()));
+        // Resume: a new VM, the snapshot restored into its disk.
+        let t0 = std::time::Instant::now();
+        let (sb, _ev, _r) = vm
+            .start(&format!("resume{i}"), &limits)
+            .await
+            .expect("start");
+        let mut f = tokio::fs::File::open(&snap).await.unwrap();
+        sb.restore(&mut f, Duration::from_secs(600)).await.unwrap();
+        resumes.push(ms(t0.elapsed()));
+        let back = exec(
+            sb.clone(),
+            "cat /workspace/src/f7.txt; wc -c < /workspace/blob",
+        )
+        .await;
+        assert_eq!(back, "file 7\n16777216\n");
+        sb.kill();
+        let _ = sb.ended().await;
+    }
+
+    // The same shell loop in the guest and on the host (the same busybox).
+    const LOOP: &str = "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; echo $i";
+    let (sb, _ev, _r) = vm.start("loop", &limits).await.expect("start");
+    let t0 = std::time::Instant::now();
+    assert_eq!(exec(sb.clone(), LOOP).await, "200000\n");
+    let guest_loop = ms(t0.elapsed());
+    sb.kill();
+    let _ = sb.ended().await;
+    let t0 = std::time::Instant::now();
+    let out = std::process::Command::new("/bin/busybox")
+        .args(["sh", "-c", LOOP])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "200000\n");
+    let host_loop = ms(t0.elapsed());
+
+    println!("| figure (QEMU 7.2, software emulation, {runs} runs, median) | value |");
+    println!("|---|---|");
+    println!(
+        "| bare kernel + initramfs boot floor (spawn to poweroff) | {:.0} ms |",
+        median(floors)
+    );
+    println!(
+        "| VM create to agent ready (disk made, boot, modules, mount, agent hello) | {:.0} ms |",
+        median(ready)
+    );
+    println!(
+        "| stop: snapshot ({} KiB) then the VM ends | {:.0} ms |",
+        snapshot_bytes / 1024,
+        median(stops)
+    );
+    println!(
+        "| resume: new VM to agent ready + restore | {:.0} ms |",
+        median(resumes)
+    );
+    println!(
+        "| VMM resident memory of an idle VM (512 MiB guest) | {:.0} MiB |",
+        median(rss)
+    );
+    println!("| shell loop, 200,000 iterations: guest / host | {guest_loop:.0} ms / {host_loop:.0} ms ({:.1}x) |", guest_loop / host_loop);
+}
