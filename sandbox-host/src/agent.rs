@@ -481,13 +481,70 @@ fn halves(opened: Opened) -> std::io::Result<Halves> {
             Ok((Box::new(rd), Box::new(wr)))
         }
         Opened::Device(fd) => {
-            // A virtio port is a pollable character device: tokio's pipe halves drive it
-            // with read and write (opened non-blocking above).
-            let wr = fd.try_clone()?;
-            let rd = tokio::net::unix::pipe::Receiver::from_owned_fd_unchecked(fd)?;
-            let wr = tokio::net::unix::pipe::Sender::from_owned_fd_unchecked(wr)?;
+            // SAFETY: the `File` owns its descriptor for as long as the `AsyncFd` holds it, and
+            // its `as_raw_fd` is always that descriptor.
+            let registered = unsafe { tokio::io::unix::AsyncFd::register(std::fs::File::from(fd)) }
+                .map_err(std::io::Error::from)?;
+            let (rd, wr) = tokio::io::split(Device(registered));
             Ok((Box::new(rd), Box::new(wr)))
         }
+    }
+}
+
+/// A virtio port's character device (opened non-blocking), read and written until the kernel
+/// says it would block. tokio's own pipe and socket types take a short read as "drained" and
+/// wait for the next wake-up, but a port hands over one buffer per read while more wait, and no
+/// wake-up comes for data already there: a multi-chunk restore stalled that way.
+struct Device(tokio::io::unix::AsyncFd<std::fs::File>);
+
+impl tokio::io::AsyncRead for Device {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        loop {
+            let mut guard = std::task::ready!(self.0.poll_read_ready(cx))?;
+            let unfilled = buf.initialize_unfilled();
+            match guard.try_io(|f| (&*f.get_ref()).read(unfilled)) {
+                Ok(Ok(n)) => {
+                    buf.advance(n);
+                    return std::task::Poll::Ready(Ok(()));
+                }
+                Ok(Err(e)) => return std::task::Poll::Ready(Err(e)),
+                Err(_would_block) => continue,
+            }
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for Device {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        data: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        loop {
+            let mut guard = std::task::ready!(self.0.poll_write_ready(cx))?;
+            match guard.try_io(|f| (&*f.get_ref()).write(data)) {
+                Ok(r) => return std::task::Poll::Ready(r),
+                Err(_would_block) => continue,
+            }
+        }
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
     }
 }
 

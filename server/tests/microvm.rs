@@ -223,14 +223,18 @@ async fn a_room_runs_in_a_qemu_microvm() {
     )
     .await;
     assert_eq!(seen, "written in the editor\n");
+    // A binary file of several snapshot chunks: restoring it crosses the virtio port in many
+    // frames (a short read on the port must not stall the agent).
     let out = vm_exec(
         server,
         &t.ben,
         room,
-        "echo made-in-the-vm > /workspace/vm.txt; sync",
+        "echo made-in-the-vm > /workspace/vm.txt; head -c 3000000 /dev/urandom > /workspace/big.bin; \
+         md5sum < /workspace/big.bin; sync",
     )
     .await;
     assert_eq!(out["exit_code"], 0, "{out}");
+    let big_sum = out["stdout"].as_str().unwrap().to_owned();
     editor.wait_for_file("vm.txt", "made-in-the-vm\n").await;
 
     // A memory hog is stopped inside the guest; the VMM stays alive under its limit.
@@ -285,6 +289,12 @@ async fn a_room_runs_in_a_qemu_microvm() {
     assert_eq!(
         out["stdout"], "made-in-the-vm\nwritten in the editor\n",
         "{out}"
+    );
+    let out = vm_exec(&server, &ben, &room, "md5sum < /workspace/big.bin").await;
+    assert_eq!(
+        out["stdout"].as_str().unwrap(),
+        big_sum,
+        "the big file came back whole"
     );
 
     // kill -9 of the VMM: participants are told; a restart resumes from the last snapshot.
@@ -696,12 +706,14 @@ async fn bench_vm() {
     let mut snapshot_bytes = 0;
     for i in 0..runs {
         floors.push(ms(floor()));
+        eprintln!("run {i}: floor");
         let t0 = std::time::Instant::now();
         let (sb, _ev, _r) = vm
             .start(&format!("bench{i}"), &limits)
             .await
             .expect("start");
         ready.push(ms(t0.elapsed()));
+        eprintln!("run {i}: ready");
         exec(
             sb.clone(),
             "head -c 16777216 /dev/urandom > /workspace/blob && mkdir -p /workspace/src && \
@@ -730,6 +742,7 @@ async fn bench_vm() {
         sb.kill();
         let _ = sb.ended().await;
         stops.push(ms(t0.elapsed()));
+        eprintln!("run {i}: stopped");
         // Resume: a new VM, the snapshot restored into its disk.
         let t0 = std::time::Instant::now();
         let (sb, _ev, _r) = vm
@@ -739,6 +752,7 @@ async fn bench_vm() {
         let mut f = tokio::fs::File::open(&snap).await.unwrap();
         sb.restore(&mut f, Duration::from_secs(600)).await.unwrap();
         resumes.push(ms(t0.elapsed()));
+        eprintln!("run {i}: resumed");
         let back = exec(
             sb.clone(),
             "cat /workspace/src/f7.txt; wc -c < /workspace/blob",
