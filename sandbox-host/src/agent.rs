@@ -506,7 +506,7 @@ impl tokio::io::AsyncRead for Device {
         loop {
             let mut guard = std::task::ready!(self.0.poll_read_ready(cx))?;
             let unfilled = buf.initialize_unfilled();
-            match guard.try_io(|f| (&*f.get_ref()).read(unfilled)) {
+            match guard.try_io(|f| f.get_ref().read(unfilled)) {
                 Ok(Ok(n)) => {
                     buf.advance(n);
                     return std::task::Poll::Ready(Ok(()));
@@ -526,7 +526,7 @@ impl tokio::io::AsyncWrite for Device {
     ) -> std::task::Poll<std::io::Result<usize>> {
         loop {
             let mut guard = std::task::ready!(self.0.poll_write_ready(cx))?;
-            match guard.try_io(|f| (&*f.get_ref()).write(data)) {
+            match guard.try_io(|f| f.get_ref().write(data)) {
                 Ok(r) => return std::task::Poll::Ready(r),
                 Err(_would_block) => continue,
             }
