@@ -202,6 +202,17 @@ async fn a_room_runs_in_a_qemu_microvm() {
         "the host's root is not there: {out}"
     );
 
+    // The image's userland: Python 3 and git, read-only at /usr.
+    let out = vm_exec(
+        server,
+        &t.ben,
+        room,
+        "python3 -c 'print(6 * 7)'; git init -q /tmp/repo && git -C /tmp/repo status --porcelain && echo git-ok; \
+         touch /usr/bin/x 2>/dev/null || echo usr-read-only",
+    )
+    .await;
+    assert_eq!(out["stdout"], "42\ngit-ok\nusr-read-only\n", "{out}");
+
     // The shared terminal is a shell inside the VM.
     let mut typer = term(server, room, &t.ben).await;
     typer.send(b"uname -r; echo typed-$((6*7))\n").await;
@@ -254,7 +265,16 @@ async fn a_room_runs_in_a_qemu_microvm() {
     assert_eq!(vmm_pid(room), Some(pid), "the same VMM process runs on");
     let out = vm_exec(server, &t.ben, room, "echo still-here").await;
     assert_eq!(out["stdout"], "still-here\n");
-    if let Some((limit, peak)) = memory_cgroup(pid) {
+    let as_root = std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"));
+    let cgroup = memory_cgroup(pid);
+    assert!(
+        cgroup.is_some() || !as_root,
+        "a server running as root puts each VMM in a memory cgroup"
+    );
+    if let Some((limit, peak)) = cgroup {
         assert!(
             limit <= (256 + 512) << 20,
             "the VMM's limit is the guest's RAM plus overhead: {limit}"

@@ -375,12 +375,14 @@ pub(super) async fn spawn(
     };
     let kernel = open(&image.kernel())?;
     let initramfs = open(&image.initramfs())?;
+    let userland = image.userland().as_deref().map(open).transpose()?;
     let api_fd: OwnedFd = listener.into();
-    let inherit = vec![
+    let mut inherit = vec![
         kernel.as_raw_fd(),
         initramfs.as_raw_fd(),
         api_fd.as_raw_fd(),
     ];
+    inherit.extend(userland.as_ref().map(|u| u.as_raw_fd()));
     let hooks = hooks(inherit);
     let mut cmd = std::process::Command::new(bin);
     cmd.arg("--api-socket")
@@ -406,6 +408,7 @@ pub(super) async fn spawn(
     let mut console = super::merge(child.stdout.take(), child.stderr.take());
     let booted = async {
         let ping = api.ping().await?;
+        check_version(&ping.version)?;
         tracing::debug!(version = %ping.version, "cloud-hypervisor answered");
         let config = vm_config(
             &format!("/proc/self/fd/{}", kernel.as_raw_fd()),
@@ -415,12 +418,19 @@ pub(super) async fn spawn(
             vm.limits.memory_bytes,
             u32::try_from(vm.limits.cpu_millis.div_ceil(1000).clamp(1, 8)).unwrap_or(1),
         );
+        let mut config = config;
+        if let Some(u) = &userland {
+            config.disks.push(DiskConfig {
+                path: format!("/proc/self/fd/{}", u.as_raw_fd()),
+                readonly: true,
+            });
+        }
         api.create(&config).await?;
         api.boot().await?;
         Ok::<_, ApiError>(())
     }
     .await;
-    drop((kernel, initramfs));
+    drop((kernel, initramfs, userland));
     if let Err(e) = booted {
         let _ = child.start_kill();
         let _ = std::fs::remove_dir_all(&run);
@@ -478,6 +488,28 @@ async fn log_errors(console: &mut tokio::sync::mpsc::Receiver<Vec<u8>>) -> Strin
         errors.into_iter().rev().take(3).collect()
     };
     picked.into_iter().rev().collect::<Vec<_>>().join(" | ")
+}
+
+/// The oldest cloud-hypervisor whose API this driver's bodies match (the payload, vsock and
+/// console schemas as in `cloud-hypervisor-openapi.yaml`).
+const OLDEST_MAJOR: u32 = 40;
+
+/// Refuses a VMM older than the API this driver speaks, by what `vmm.ping` says.
+fn check_version(version: &str) -> Result<(), ApiError> {
+    let major = version
+        .trim_start_matches('v')
+        .split('.')
+        .next()
+        .and_then(|m| m.parse::<u32>().ok());
+    match major {
+        Some(m) if m >= OLDEST_MAJOR => Ok(()),
+        _ => Err(ApiError::Schema {
+            path: "vmm.ping".into(),
+            detail: format!(
+                "version {version:?}: this driver needs cloud-hypervisor v{OLDEST_MAJOR} or newer"
+            ),
+        }),
+    }
 }
 
 /// Connects to the guest's agent through the hybrid vsock socket, retrying until the guest
@@ -547,6 +579,14 @@ async fn try_connect(vsock: &Path) -> Result<tokio::net::UnixStream, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn old_or_odd_versions_are_refused() {
+        assert!(check_version("v54.0.0").is_ok());
+        assert!(check_version("v40.0").is_ok());
+        assert!(check_version("v39.1.0").is_err());
+        assert!(check_version("garbage").is_err());
+    }
 
     #[test]
     fn the_config_matches_the_openapi_names() {

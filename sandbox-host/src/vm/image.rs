@@ -28,7 +28,7 @@ pub const AGENT_PORT_NAME: &str = "coderoom.agent";
 /// The vsock port the agent listens on (cloud-hypervisor).
 pub const AGENT_VSOCK_PORT: u32 = 1024;
 /// Version of the init and layout below; part of every image's manifest.
-const LAYOUT_VERSION: u32 = 2;
+const LAYOUT_VERSION: u32 = 3;
 
 /// The guest's `/init`: mounts, modules, loopback, the workspace disk, then the agent as PID 1
 /// on the channel the kernel command line names (`coderoom.channel=port:NAME|vsock:PORT`).
@@ -46,8 +46,11 @@ while read -r m; do insmod "/lib/modules/$m.ko" || echo "coderoom-init: cannot l
 ip link set lo up
 hostname coderoom
 i=0
-while [ ! -b /dev/vda ] && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done
-if ! mount -t ext4 -o nosuid,nodev /dev/vda /workspace; then
+while ! ws=$(findfs LABEL=workspace 2>/dev/null) && [ $i -lt 300 ]; do sleep 0.1; i=$((i+1)); done
+if ul=$(findfs LABEL=userland 2>/dev/null); then
+  mount -t ext4 -o ro,nodev "$ul" /usr || echo "coderoom-init: cannot mount the userland disk"
+fi
+if ! mount -t ext4 -o nosuid,nodev "$ws" /workspace; then
   echo "coderoom-init: cannot mount the workspace disk"
   poweroff -f
 fi
@@ -67,6 +70,34 @@ exec /sbin/coderoom-agent $channel
 const PASSWD: &str = "root:x:0:0:root:/root:/bin/sh\ncoder:x:1000:1000:coder:/workspace:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n";
 const GROUP: &str = "root:x:0:\ntty:x:5:\ncoder:x:1000:\nnogroup:x:65534:\n";
 const HOSTS: &str = "127.0.0.1 localhost coderoom\n::1 localhost\n";
+
+/// Debian packages whose files under `/usr` (with the libraries their programs load) make the
+/// guest's userland disk, mounted read-only at `/usr`: Python 3 and git. Those not installed on
+/// the building host are left out, and the manifest says what the guest has.
+const USERLAND_PACKAGES: [&str; 7] = [
+    "python3.11-minimal",
+    "libpython3.11-minimal",
+    "libpython3.11-stdlib",
+    "python3.11",
+    "python3-minimal",
+    "python3",
+    "git",
+];
+/// Parts of those packages the guest does without.
+const USERLAND_SKIP: [&str; 12] = [
+    "/usr/share/doc",
+    "/usr/share/man",
+    "/usr/share/locale",
+    "/usr/share/lintian",
+    "/usr/share/bug",
+    "/usr/share/info",
+    "/usr/share/bash-completion",
+    "/usr/share/gitweb",
+    "/usr/share/gitk",
+    "/usr/share/perl5",
+    "/usr/lib/python3.11/test",
+    "/usr/lib/python3.11/idlelib",
+];
 
 /// What an image was built from, written beside it as `manifest.json`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -105,6 +136,11 @@ impl GuestImage {
     /// The initramfs (uncompressed newc cpio).
     pub fn initramfs(&self) -> PathBuf {
         self.dir.join("initramfs.cpio")
+    }
+
+    /// The read-only userland disk (`/usr` in the guest), when the image has one.
+    pub fn userland(&self) -> Option<PathBuf> {
+        Some(self.dir.join("userland.img")).filter(|p| p.is_file())
     }
 
     /// The image named by `IMAGE_DIR/current`, if one was built.
@@ -274,6 +310,11 @@ fn assemble(
     ] {
         cpio.dir(dir, 0o755);
     }
+    // The dynamic loader's path (`/lib64/ld-linux-x86-64.so.2`) leads to the userland disk.
+    cpio.symlink("lib64", "usr/lib64");
+    // Debian's links into merged /usr name /lib/x86_64-linux-gnu (the loader's among them);
+    // /lib itself stays the initramfs's, for the modules.
+    cpio.symlink("lib/x86_64-linux-gnu", "../usr/lib/x86_64-linux-gnu");
     cpio.file("init", 0o755, INIT.as_bytes().to_vec());
     cpio.file("bin/busybox", 0o755, read(busybox)?);
     cpio.file("sbin/coderoom-agent", 0o755, read(agent)?);
@@ -297,9 +338,13 @@ fn assemble(
     }
     let initramfs = cpio.finish();
     let kernel_bytes = read(&kernel)?;
+    let userland = userland(work, progress)?;
     let mut h = Sha256::new();
     h.update(&kernel_bytes);
     h.update(&initramfs);
+    if let Some(u) = &userland {
+        h.update(&u.listing);
+    }
     let hash = hex::encode(h.finalize());
     let manifest = Manifest {
         hash: hash.clone(),
@@ -307,7 +352,13 @@ fn assemble(
         kernel_package: package,
         modules: order,
         agent_version: crate::VERSION.to_owned(),
-        userland: "busybox (sh and the core utilities); no python3, git or compilers yet".into(),
+        userland: match &userland {
+            Some(u) => format!(
+                "busybox (sh and the core utilities); from the host's Debian packages, read-only at /usr: {}; no compilers yet",
+                u.packages.join(", ")
+            ),
+            None => "busybox (sh and the core utilities) only: the host has none of the userland packages".into(),
+        },
         layout: LAYOUT_VERSION,
     };
     let dir = image_dir.join(&hash);
@@ -323,6 +374,10 @@ fn assemble(
     std::fs::create_dir(&staged).map_err(io("create the image directory"))?;
     std::fs::write(staged.join("vmlinuz"), &kernel_bytes).map_err(io("write the kernel"))?;
     std::fs::write(staged.join("initramfs.cpio"), &initramfs).map_err(io("write the initramfs"))?;
+    if let Some(u) = &userland {
+        std::fs::rename(&u.image, staged.join("userland.img"))
+            .map_err(io("move the userland disk"))?;
+    }
     let json = serde_json::to_vec_pretty(&manifest).unwrap_or_default();
     std::fs::write(staged.join("manifest.json"), json).map_err(io("write the manifest"))?;
     std::fs::rename(&staged, &dir).map_err(io(format!("move the image to {}", dir.display())))?;
@@ -332,6 +387,141 @@ fn assemble(
         initramfs.len() / 1024
     ));
     Ok(GuestImage { dir, manifest })
+}
+
+/// The userland disk made: its file, what went in (paths, sizes, link targets: part of the
+/// image's hash, as the disk's own bytes carry random ext4 ids), and from which packages.
+struct Userland {
+    image: PathBuf,
+    listing: Vec<u8>,
+    packages: Vec<String>,
+}
+
+/// Copies the userland packages' files under `/usr` and the libraries their programs load into
+/// a tree, and makes it a read-only ext4 disk (`mkfs.ext4 -d`). `None` when no package is there.
+fn userland(work: &Path, progress: &mut dyn FnMut(&str)) -> Result<Option<Userland>, ImageError> {
+    let mut wanted = std::collections::BTreeSet::new();
+    let mut packages = Vec::new();
+    for pkg in USERLAND_PACKAGES {
+        let Ok(list) = run("dpkg", std::process::Command::new("dpkg").args(["-L", pkg])) else {
+            continue;
+        };
+        packages.push(pkg.to_owned());
+        for line in list.lines() {
+            let path = line.trim();
+            if path.starts_with("/usr/") && !USERLAND_SKIP.iter().any(|s| path.starts_with(s)) {
+                wanted.insert(PathBuf::from(path));
+            }
+        }
+    }
+    if packages.is_empty() {
+        return Ok(None);
+    }
+    // The libraries every program and module loads, found the way the host's loader finds them.
+    let programs: Vec<PathBuf> = wanted
+        .iter()
+        .filter(|p| {
+            std::fs::symlink_metadata(p).is_ok_and(|m| m.is_file())
+                && std::fs::File::open(p)
+                    .and_then(|mut f| {
+                        let mut magic = [0u8; 4];
+                        std::io::Read::read_exact(&mut f, &mut magic).map(|()| magic)
+                    })
+                    .is_ok_and(|m| &m == b"\x7fELF")
+        })
+        .cloned()
+        .collect();
+    for prog in &programs {
+        let Ok(out) = run("ldd", std::process::Command::new("ldd").arg(prog)) else {
+            continue;
+        };
+        for line in out.lines() {
+            let lib = line
+                .split("=> ")
+                .nth(1)
+                .unwrap_or(line)
+                .trim()
+                .split(' ')
+                .next()
+                .unwrap_or("");
+            if lib.starts_with('/') {
+                // Merged /usr: /lib and /lib64 are links into it.
+                let lib = if lib.starts_with("/usr/") {
+                    PathBuf::from(lib)
+                } else {
+                    Path::new("/usr").join(lib.trim_start_matches('/'))
+                };
+                wanted.insert(lib);
+            }
+        }
+    }
+    // Each link's target too (libfoo.so.1 -> libfoo.so.1.2.3).
+    let links: Vec<PathBuf> = wanted.iter().cloned().collect();
+    for p in links {
+        if let Ok(real) = std::fs::canonicalize(&p) {
+            if real.starts_with("/usr") {
+                wanted.insert(real);
+            }
+        }
+    }
+    let tree = work.join("userland");
+    let mut listing = Vec::new();
+    let mut bytes = 0u64;
+    for p in &wanted {
+        let Ok(meta) = std::fs::symlink_metadata(p) else {
+            continue;
+        };
+        let Ok(rel) = p.strip_prefix("/usr") else {
+            continue;
+        };
+        let dest = tree.join(rel);
+        if let Some(parent) = dest.parent() {
+            std::fs::create_dir_all(parent).map_err(io(format!("create {}", parent.display())))?;
+        }
+        if meta.file_type().is_symlink() {
+            let target = std::fs::read_link(p).map_err(io(format!("read {}", p.display())))?;
+            let _ = std::os::unix::fs::symlink(&target, &dest);
+            listing
+                .extend_from_slice(format!("{} -> {}\n", p.display(), target.display()).as_bytes());
+        } else if meta.is_file() {
+            std::fs::copy(p, &dest).map_err(io(format!("copy {}", p.display())))?;
+            bytes += meta.len();
+            listing.extend_from_slice(format!("{} {}\n", p.display(), meta.len()).as_bytes());
+        }
+    }
+    let image = work.join("userland.img");
+    let size = (bytes + bytes / 4 + (32 << 20)).div_ceil(1 << 20) << 20;
+    std::fs::File::create(&image)
+        .and_then(|f| f.set_len(size))
+        .map_err(io("create the userland disk"))?;
+    run(
+        "mkfs.ext4",
+        std::process::Command::new("mkfs.ext4")
+            .args([
+                "-q",
+                "-F",
+                "-m",
+                "0",
+                "-O",
+                "^has_journal",
+                "-L",
+                "userland",
+                "-d",
+            ])
+            .arg(&tree)
+            .arg(&image),
+    )?;
+    progress(&format!(
+        "userland disk: {} files, {} MiB, from {}",
+        wanted.len(),
+        size >> 20,
+        packages.join(", ")
+    ));
+    Ok(Some(Userland {
+        image,
+        listing,
+        packages,
+    }))
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, ImageError> {
@@ -548,6 +738,10 @@ impl Cpio {
 
     fn file(&mut self, name: &str, perm: u32, data: Vec<u8>) {
         self.entry(name, 0o100_000 | perm, &data);
+    }
+
+    fn symlink(&mut self, name: &str, target: &str) {
+        self.entry(name, 0o120_777, target.as_bytes());
     }
 
     fn entry(&mut self, name: &str, mode: u32, data: &[u8]) {

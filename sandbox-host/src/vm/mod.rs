@@ -210,6 +210,7 @@ impl Microvm {
     ) -> Result<Microvm, String> {
         std::fs::create_dir_all(state_dir)
             .map_err(|e| format!("cannot create {}: {e}", state_dir.display()))?;
+        remove_orphans(state_dir);
         let root = rustix::process::geteuid().is_root();
         Ok(Microvm {
             driver,
@@ -464,6 +465,7 @@ impl Microvm {
                 .map_err(StartError::Host)?
                 .into(),
             disk_ro: open(&vm.disk)?,
+            userland: self.image.userland().as_deref().map(open).transpose()?,
             agent: theirs_agent.into(),
             qmp: theirs_qmp.into(),
         };
@@ -925,4 +927,88 @@ pub(crate) fn version_after(bin: &Path, prefix: &str) -> Result<String, String> 
         .and_then(|v| v.split_whitespace().next())
         .map(str::to_owned)
         .ok_or_else(|| format!("{} does not answer --version as expected", bin.display()))
+}
+
+/// Removes the disks of VMs whose server process is gone (`NAME-PID-N`: a server killed
+/// before its VMs ended). A VM's disk holds nothing the snapshots do not.
+fn remove_orphans(state_dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(state_dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let pid = name.rsplit('-').nth(1).and_then(|p| p.parse::<u32>().ok());
+        let alive = pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists());
+        if !alive {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::ExitStatusExt as _;
+
+    fn console(text: &str) -> Console {
+        let c = Console {
+            kept: Arc::default(),
+            done: Arc::default(),
+            finished: Arc::default(),
+        };
+        c.kept
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend_from_slice(text.as_bytes());
+        c
+    }
+
+    #[test]
+    fn the_reason_a_vm_ended_comes_from_what_it_said() {
+        let exit = |code: i32| Some(std::process::ExitStatus::from_raw(code << 8));
+        let signal = |sig: i32| Some(std::process::ExitStatus::from_raw(sig));
+        let r = console("[ 1.0] Kernel panic - not syncing: Attempted to kill init!\r\n")
+            .reason(exit(0));
+        assert!(
+            r.starts_with("the guest kernel panicked ([ 1.0] Kernel panic - not syncing"),
+            "{r}"
+        );
+        let r = console("booting\n").reason(signal(9));
+        assert_eq!(r, "the VMM process was killed by signal 9");
+        let r = console("[ 9.1] Out of memory: Killed process 212 (awk)\n").reason(signal(9));
+        assert!(
+            r.ends_with("the guest had reported: [ 9.1] Out of memory: Killed process 212 (awk)"),
+            "{r}"
+        );
+        let r = console("qemu-system-x86_64: -drive file=x: Could not open 'x'\n").reason(exit(1));
+        assert_eq!(
+            r,
+            "the VMM failed (exit status 1): qemu-system-x86_64: -drive file=x: Could not open 'x'"
+        );
+        let r = console("coderoom-init: cannot mount the workspace disk\nreboot: Power down\n")
+            .reason(exit(0));
+        assert_eq!(
+            r,
+            "the guest powered off (exit status 0); its console's last line: reboot: Power down"
+        );
+        assert_eq!(
+            console("").reason(None),
+            "the guest powered off (unknown status)"
+        );
+    }
+
+    #[test]
+    fn disks_of_vms_whose_server_is_gone_are_removed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ours = dir.path().join(format!("room1-{}-1", std::process::id()));
+        let orphan = dir.path().join("room2-4294967-3");
+        let odd = dir.path().join("not-a-vm");
+        for d in [&ours, &orphan, &odd] {
+            std::fs::create_dir_all(d).expect("mkdir");
+        }
+        remove_orphans(dir.path());
+        assert!(ours.exists(), "a live server's VM keeps its disk");
+        assert!(!orphan.exists());
+        assert!(!odd.exists());
+    }
 }

@@ -28,6 +28,8 @@ pub(super) struct Fds {
     pub(super) disk: OwnedFd,
     /// The disk again, read-only: QEMU's block layer asks for both modes from the fd set.
     pub(super) disk_ro: OwnedFd,
+    /// The image's read-only userland disk, when it has one.
+    pub(super) userland: Option<OwnedFd>,
     pub(super) agent: OwnedFd,
     pub(super) qmp: OwnedFd,
 }
@@ -42,7 +44,8 @@ impl Fds {
             &self.agent,
             &self.qmp,
         ]
-        .iter()
+        .into_iter()
+        .chain(self.userland.as_ref())
         .map(|f| f.as_raw_fd())
         .collect()
     }
@@ -100,6 +103,18 @@ pub(super) fn args(vm: &Instance, accel: Accel, fds: &Fds) -> Vec<String> {
         "file=/dev/fdset/1,if=none,id=workspace,format=raw,discard=unmap".into(),
         "-device".into(),
         "virtio-blk-pci,drive=workspace".into(),
+    ];
+    if let Some(u) = &fds.userland {
+        a.extend([
+            "-add-fd".into(),
+            format!("fd={},set=2", u.as_raw_fd()),
+            "-drive".into(),
+            "file=/dev/fdset/2,if=none,id=userland,format=raw,readonly=on".into(),
+            "-device".into(),
+            "virtio-blk-pci,drive=userland".into(),
+        ]);
+    }
+    a.extend([
         "-device".into(),
         "virtio-serial-pci".into(),
         "-chardev".into(),
@@ -113,8 +128,7 @@ pub(super) fn args(vm: &Instance, accel: Accel, fds: &Fds) -> Vec<String> {
         format!("socket,id=qmp,fd={}", fds.qmp.as_raw_fd()),
         "-mon".into(),
         "chardev=qmp,mode=control".into(),
-    ];
-    a.shrink_to_fit();
+    ]);
     a
 }
 
