@@ -109,6 +109,14 @@ pub(crate) struct VmArgs {
     /// need when the microvm tier is asked for by name.
     #[arg(long, env = "CODEROOM_IMAGE_DIR")]
     pub image_dir: Option<PathBuf>,
+    /// For an image built on first need: the static guest agent (default: `coderoom-agent`
+    /// beside this binary; built by deploy/guest/build-agent.sh).
+    #[arg(long, env = "CODEROOM_GUEST_AGENT")]
+    pub guest_agent: Option<PathBuf>,
+    /// For an image built on first need: a `linux-image-*-cloud-amd64` package file (default:
+    /// fetched with `apt-get download`).
+    #[arg(long, env = "CODEROOM_KERNEL_DEB")]
+    pub kernel_deb: Option<PathBuf>,
 }
 
 impl VmArgs {
@@ -133,7 +141,11 @@ impl VmArgs {
                 .clone()
                 .unwrap_or_else(|| data_dir.join("images")),
             state_dir: data_dir.join("vms"),
-            inputs: coderoom_sandbox::vm::Inputs::default(),
+            inputs: coderoom_sandbox::vm::Inputs {
+                kernel_deb: self.kernel_deb.clone(),
+                busybox: None,
+                agent: self.guest_agent.clone(),
+            },
             build_on_need: true,
         }
     }
