@@ -116,6 +116,9 @@ impl std::fmt::Debug for Sandbox {
 pub(crate) struct Control {
     pub(crate) ended: watch::Sender<Option<Ended>>,
     pub(crate) killed: watch::Receiver<bool>,
+    /// Becomes true when the agent's stream has ended (a VM's guest may end without its VMM
+    /// process ending: cloud-hypervisor reboots a guest that panics).
+    pub(crate) stream_closed: watch::Receiver<bool>,
 }
 
 impl Sandbox {
@@ -151,8 +154,10 @@ impl Sandbox {
             let _ = wr.shutdown().await;
         });
         let weak = Arc::downgrade(&inner);
+        let (closed_tx, stream_closed) = watch::channel(false);
         tokio::spawn(async move {
             let err = read_loop(rd, &weak, events_tx).await;
+            let _ = closed_tx.send(true);
             if let Some(inner) = weak.upgrade() {
                 inner.closed.store(true, Ordering::SeqCst);
                 locked(&inner.pending).clear();
@@ -168,6 +173,7 @@ impl Sandbox {
             Control {
                 ended: ended_tx,
                 killed,
+                stream_closed,
             },
         )
     }

@@ -347,26 +347,9 @@ pub(super) async fn spawn(
     vm: &Instance,
     hooks: impl Fn(Vec<i32>) -> ChildHooks,
 ) -> Result<Booted, StartError> {
-    // The sockets live where the VMM's uid can create them: a directory of its own under the
-    // system's temporary directory.
-    let run = std::env::temp_dir().join(format!(
-        "coderoom-vm-{}-{}",
-        vm.name,
-        vm.dir
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default()
-    ));
-    let _ = std::fs::remove_dir_all(&run);
-    std::fs::create_dir(&run).map_err(StartError::Host)?;
-    {
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o700))
-            .map_err(StartError::Host)?;
-    }
-    if let Some(uid) = vm.uid {
-        std::os::unix::fs::chown(&run, Some(uid), Some(uid)).map_err(StartError::Host)?;
-    }
+    // The sockets live where the VMM's uid can create them: a fresh directory of its own
+    // (0700, short enough for a socket's path) under the system's temporary directory.
+    let run = private_dir(vm.uid)?;
     let api_path = run.join("api.sock");
     let vsock_path = run.join("vsock.sock");
     let listener = std::os::unix::net::UnixListener::bind(&api_path).map_err(StartError::Host)?;
@@ -376,12 +359,20 @@ pub(super) async fn spawn(
     let kernel = open(&image.kernel())?;
     let initramfs = open(&image.initramfs())?;
     let userland = image.userland().as_deref().map(open).transpose()?;
+    // The disk by descriptor too (the VMM reopens it through /proc/self/fd: it is the VMM's).
+    let disk: OwnedFd = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&vm.disk)
+        .map_err(StartError::Host)?
+        .into();
     let api_fd: OwnedFd = listener.into();
     let mut inherit = vec![
         kernel.as_raw_fd(),
         initramfs.as_raw_fd(),
         api_fd.as_raw_fd(),
     ];
+    inherit.push(disk.as_raw_fd());
     inherit.extend(userland.as_ref().map(|u| u.as_raw_fd()));
     let hooks = hooks(inherit);
     let mut cmd = std::process::Command::new(bin);
@@ -413,7 +404,7 @@ pub(super) async fn spawn(
         let config = vm_config(
             &format!("/proc/self/fd/{}", kernel.as_raw_fd()),
             &format!("/proc/self/fd/{}", initramfs.as_raw_fd()),
-            &vm.disk.to_string_lossy(),
+            &format!("/proc/self/fd/{}", disk.as_raw_fd()),
             &vsock_path.to_string_lossy(),
             vm.limits.memory_bytes,
             u32::try_from(vm.limits.cpu_millis.div_ceil(1000).clamp(1, 8)).unwrap_or(1),
@@ -430,9 +421,9 @@ pub(super) async fn spawn(
         Ok::<_, ApiError>(())
     }
     .await;
-    drop((kernel, initramfs, userland));
+    drop((kernel, initramfs, userland, disk));
     if let Err(e) = booted {
-        let _ = child.start_kill();
+        let _ = child.kill().await;
         let _ = std::fs::remove_dir_all(&run);
         let log = log_errors(&mut console).await;
         return Err(StartError::NotReady(if log.is_empty() {
@@ -443,7 +434,6 @@ pub(super) async fn spawn(
     }
     // The guest's agent listens once it has booted; until then the VMM refuses the CONNECT.
     let agent = connect_agent(&vsock_path, &mut child).await;
-    let _ = std::fs::remove_dir_all(&run);
     match agent {
         Ok(stream) => Ok(Booted {
             child,
@@ -451,9 +441,12 @@ pub(super) async fn spawn(
             console,
             qmp: None,
             ch_api: Some(api),
+            // The API socket stays for the stop (vmm.shutdown); the directory goes after.
+            run_dir: Some(run),
         }),
         Err(why) => {
-            let _ = child.start_kill();
+            let _ = child.kill().await;
+            let _ = std::fs::remove_dir_all(&run);
             let log = log_errors(&mut console).await;
             Err(StartError::NotReady(if log.is_empty() {
                 why
@@ -462,6 +455,31 @@ pub(super) async fn spawn(
             }))
         }
     }
+}
+
+/// A new 0700 directory `coderoom-vm-<random>` under the temporary directory, the VMM's.
+fn private_dir(uid: Option<u32>) -> Result<PathBuf, StartError> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    let mut last = None;
+    for _ in 0..8 {
+        let mut bytes = [0u8; 6];
+        rustix::rand::getrandom(&mut bytes, rustix::rand::GetRandomFlags::empty())
+            .map_err(|e| StartError::Host(e.into()))?;
+        let dir = std::env::temp_dir().join(format!("coderoom-vm-{}", hex::encode(bytes)));
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => {
+                if let Some(uid) = uid {
+                    std::os::unix::fs::chown(&dir, Some(uid), Some(uid))
+                        .map_err(StartError::Host)?;
+                }
+                return Ok(dir);
+            }
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(StartError::Host(last.unwrap_or_else(|| {
+        std::io::Error::other("no private directory for the VMM")
+    })))
 }
 
 /// The error lines of a VMM's output once it has ended (a second at most).
@@ -526,7 +544,7 @@ async fn connect_agent(
                 "cloud-hypervisor exited ({status}) before the agent answered"
             ));
         }
-        match try_connect(vsock).await {
+        match try_connect(vsock, deadline).await {
             Ok(s) => return Ok(s),
             Err(e) => last = e,
         }
@@ -538,7 +556,10 @@ async fn connect_agent(
     ))
 }
 
-async fn try_connect(vsock: &Path) -> Result<tokio::net::UnixStream, String> {
+async fn try_connect(
+    vsock: &Path,
+    deadline: tokio::time::Instant,
+) -> Result<tokio::net::UnixStream, String> {
     let mut s = tokio::net::UnixStream::connect(vsock)
         .await
         .map_err(|e| e.to_string())?;
@@ -551,7 +572,9 @@ async fn try_connect(vsock: &Path) -> Result<tokio::net::UnixStream, String> {
     let mut byte = [0u8; 1];
     loop {
         use tokio::io::AsyncReadExt as _;
-        let n = tokio::time::timeout(Duration::from_secs(2), s.read(&mut byte))
+        // Once the guest has accepted, dropping the connection would leave its agent serving
+        // a dead stream: the answer is awaited as long as the boot may take.
+        let n = tokio::time::timeout_at(deadline, s.read(&mut byte))
             .await
             .map_err(|_| "no answer to CONNECT".to_owned())?
             .map_err(|e| e.to_string())?;

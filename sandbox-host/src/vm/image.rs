@@ -3,8 +3,9 @@
 //! starts the agent on its channel.
 //!
 //! Built by `coderoom image build` (or on first need), into `IMAGE_DIR/<hash>/`, where `<hash>`
-//! is the SHA-256 of the kernel and the initramfs: the same inputs give the same bytes (the
-//! archive is written in a fixed order with fixed times), so a rebuild reuses the directory.
+//! is the SHA-256 of the kernel, the initramfs and the userland disk's file list: the same
+//! inputs give the same hash (the archive is written in a fixed order with fixed times), so a
+//! rebuild reuses the directory.
 //! `IMAGE_DIR/current` names the image in use; every receipt carries its hash.
 
 use serde::{Deserialize, Serialize};
@@ -153,6 +154,9 @@ impl GuestImage {
         let dir = image_dir.join(hash);
         let manifest: Manifest =
             serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).ok()?).ok()?;
+        if manifest.hash != hash {
+            return None;
+        }
         let image = GuestImage { dir, manifest };
         (image.kernel().is_file() && image.initramfs().is_file()).then_some(image)
     }
@@ -389,8 +393,9 @@ fn assemble(
     Ok(GuestImage { dir, manifest })
 }
 
-/// The userland disk made: its file, what went in (paths, sizes, link targets: part of the
-/// image's hash, as the disk's own bytes carry random ext4 ids), and from which packages.
+/// The userland disk made: its file, what went in (paths, sizes, modification times, link
+/// targets: part of the image's hash, as the disk's own bytes carry random ext4 ids), and from
+/// which packages.
 struct Userland {
     image: PathBuf,
     listing: Vec<u8>,
@@ -486,7 +491,13 @@ fn userland(work: &Path, progress: &mut dyn FnMut(&str)) -> Result<Option<Userla
         } else if meta.is_file() {
             std::fs::copy(p, &dest).map_err(io(format!("copy {}", p.display())))?;
             bytes += meta.len();
-            listing.extend_from_slice(format!("{} {}\n", p.display(), meta.len()).as_bytes());
+            let mtime = meta
+                .modified()
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map_or(0, |d| d.as_secs());
+            listing
+                .extend_from_slice(format!("{} {} {mtime}\n", p.display(), meta.len()).as_bytes());
         }
     }
     let image = work.join("userland.img");
@@ -588,7 +599,8 @@ fn newest_kernel_deb(cache: &Path) -> Option<PathBuf> {
             })
         })
         .collect();
-    debs.sort();
+    // The one fetched last (file names do not sort by version: 6.1.0-9 after 6.1.0-10).
+    debs.sort_by_key(|p| std::fs::metadata(p).and_then(|m| m.modified()).ok());
     debs.pop()
 }
 

@@ -32,6 +32,8 @@ use tokio::io::AsyncReadExt;
 const VMM_OVERHEAD: u64 = 320 << 20;
 /// Threads of one VMM process.
 const VMM_PIDS: u64 = 128;
+/// Longest line of a VM's output quoted in a reason.
+const REASON_LINE: usize = 240;
 /// Console output kept for failure reasons.
 const CONSOLE_KEEP: usize = 16 << 10;
 /// Time to reach the agent when the guest runs at hardware speed.
@@ -168,6 +170,8 @@ pub(crate) struct Instance {
     pub(crate) disk: PathBuf,
     /// The VMM's host uid, when the server is root.
     pub(crate) uid: Option<u32>,
+    /// `dir/lock`, locked for as long as the VM lives.
+    pub(crate) lock: std::fs::File,
 }
 
 /// Finds a program: the configured path, else `name` on `PATH`.
@@ -273,27 +277,27 @@ impl Microvm {
             None
         };
         let uid = slot.as_ref().map(|s| ROOM_UIDS.start + s.slot);
+        let made = {
+            let vm_dir = dir.clone();
+            let bytes = limits.workspace_bytes.max(MIN_DISK);
+            tokio::task::spawn_blocking(move || make_disk(&vm_dir, bytes, uid)).await
+        };
+        let lock = match made {
+            Ok(Ok(lock)) => lock,
+            Ok(Err(e)) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                return Err(e);
+            }
+            Err(_) => return Err(StartError::Host(std::io::Error::other("disk task failed"))),
+        };
         let vm = Instance {
             name: name.to_owned(),
             limits: limits.clone(),
             disk: dir.join("workspace.img"),
             dir,
             uid,
+            lock,
         };
-        let made = {
-            let vm_dir = vm.dir.clone();
-            let disk = vm.disk.clone();
-            let bytes = limits.workspace_bytes.max(MIN_DISK);
-            tokio::task::spawn_blocking(move || make_disk(&vm_dir, &disk, bytes, uid)).await
-        };
-        match made {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => {
-                let _ = std::fs::remove_dir_all(&vm.dir);
-                return Err(e);
-            }
-            Err(_) => return Err(StartError::Host(std::io::Error::other("disk task failed"))),
-        }
         let result = self.boot(&vm, slot).await;
         if result.is_err() {
             let _ = std::fs::remove_dir_all(&vm.dir);
@@ -339,16 +343,27 @@ impl Microvm {
             groups: kvm_group().into_iter().collect(),
         };
         let booted = match &self.driver {
-            Driver::Qemu { bin, accel, .. } => self.spawn_qemu(bin, *accel, vm, hooks).await?,
-            Driver::CloudHypervisor { bin, .. } => ch::spawn(bin, &self.image, vm, hooks).await?,
+            Driver::Qemu { bin, accel, .. } => self.spawn_qemu(bin, *accel, vm, hooks).await,
+            Driver::CloudHypervisor { bin, .. } => ch::spawn(bin, &self.image, vm, hooks).await,
         };
         drop(procs);
+        let booted = match booted {
+            Ok(b) => b,
+            Err(e) => {
+                // The drivers have waited for their VMM to end; its group goes now.
+                if let Some(cg) = cgroup {
+                    let _ = tokio::task::spawn_blocking(move || cg.remove()).await;
+                }
+                return Err(e);
+            }
+        };
         let Booted {
             mut child,
             agent,
             console,
             mut qmp,
             ch_api,
+            run_dir,
         } = booted;
         let (sandbox, events, control) = Sandbox::wire(agent);
         if let Some(cg) = &cgroup {
@@ -357,11 +372,15 @@ impl Microvm {
         }
         let console = Console::watch(console);
         let mut killed = control.killed;
+        let mut stream_closed = control.stream_closed;
         let ended = control.ended;
         let dir = vm.dir.clone();
         let reaper_cgroup = cgroup.clone();
         let console_w = console.clone();
+        let lock = vm.lock.try_clone().ok();
         tokio::spawn(async move {
+            // The disk's lock is held until the directory is gone (see `remove_orphans`).
+            let _lock = lock;
             let _slot = slot;
             let mut stopped = false;
             let status = tokio::select! {
@@ -369,6 +388,17 @@ impl Microvm {
                 _ = async { let _ = killed.wait_for(|k| *k).await; } => {
                     stopped = true;
                     None
+                }
+                // The guest ended without its VMM (cloud-hypervisor reboots a guest that
+                // panics): the VMM gets a moment to exit on its own, then is killed.
+                _ = async { let _ = stream_closed.wait_for(|c| *c).await; } => {
+                    match tokio::time::timeout(Duration::from_secs(2), child.wait()).await {
+                        Ok(s) => s.ok(),
+                        Err(_) => {
+                            let _ = child.start_kill();
+                            child.wait().await.ok()
+                        }
+                    }
                 }
             };
             let status = if stopped {
@@ -405,7 +435,13 @@ impl Microvm {
             if let Some(cg) = reaper_cgroup {
                 let _ = tokio::task::spawn_blocking(move || cg.remove()).await;
             }
-            let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(dir)).await;
+            let _ = tokio::task::spawn_blocking(move || {
+                let _ = std::fs::remove_dir_all(dir);
+                if let Some(run) = run_dir {
+                    let _ = std::fs::remove_dir_all(run);
+                }
+            })
+            .await;
             let outcome = if stopped {
                 Ended::Stopped
             } else {
@@ -519,6 +555,7 @@ impl Microvm {
             console,
             qmp,
             ch_api: None,
+            run_dir: None,
         })
     }
 
@@ -589,6 +626,8 @@ pub(crate) struct Booted {
     pub(crate) console: tokio::sync::mpsc::Receiver<Vec<u8>>,
     qmp: Option<qemu::Qmp>,
     pub(crate) ch_api: Option<ch::Api>,
+    /// cloud-hypervisor's socket directory, removed once the VMM has ended.
+    pub(crate) run_dir: Option<PathBuf>,
 }
 
 /// The agent's stream, whichever channel carries it.
@@ -667,9 +706,20 @@ impl Console {
         let _ = tokio::time::timeout(Duration::from_secs(2), wait).await;
     }
 
+    /// What was kept, one line per line, each without control characters and at most
+    /// [`REASON_LINE`] characters (the text reaches the audit chain and the participants).
     fn text(&self) -> String {
         let k = self.kept.lock().unwrap_or_else(|e| e.into_inner());
-        String::from_utf8_lossy(&k).replace('\r', "")
+        String::from_utf8_lossy(&k)
+            .lines()
+            .map(|l| {
+                l.chars()
+                    .filter(|c| !c.is_control())
+                    .take(REASON_LINE)
+                    .collect::<String>()
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 
     fn tail_line(&self) -> Option<String> {
@@ -721,10 +771,31 @@ impl Console {
     }
 }
 
-/// Makes `dir` and in it a sparse ext4 image of `bytes`, owned by `uid` (the VMM's).
-fn make_disk(dir: &Path, disk: &Path, bytes: u64, uid: Option<u32>) -> Result<(), StartError> {
-    std::fs::create_dir_all(dir).map_err(StartError::Host)?;
-    let f = std::fs::File::create(disk).map_err(StartError::Host)?;
+/// Makes `dir` (0700) and in it a lock file, locked and returned, and a sparse ext4 image
+/// `workspace.img` (0600) of `bytes`; the directory and the disk belong to `uid` (the VMM's),
+/// which gets the disk as a descriptor or through `/proc/self/fd`, never by a path it walks.
+fn make_disk(dir: &Path, bytes: u64, uid: Option<u32>) -> Result<std::fs::File, StartError> {
+    use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(dir)
+        .map_err(StartError::Host)?;
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(dir.join("lock"))
+        .map_err(StartError::Host)?;
+    rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+        .map_err(|e| StartError::Host(e.into()))?;
+    let disk = dir.join("workspace.img");
+    let f = std::fs::OpenOptions::new()
+        .create_new(true)
+        .write(true)
+        .mode(0o600)
+        .open(&disk)
+        .map_err(StartError::Host)?;
     f.set_len(bytes).map_err(StartError::Host)?;
     drop(f);
     let out = std::process::Command::new("mkfs.ext4")
@@ -738,7 +809,7 @@ fn make_disk(dir: &Path, disk: &Path, bytes: u64, uid: Option<u32>) -> Result<()
             "-L",
             "workspace",
         ])
-        .arg(disk)
+        .arg(&disk)
         .env_clear()
         .env("PATH", "/usr/sbin:/sbin:/usr/bin:/bin")
         .output()
@@ -750,11 +821,11 @@ fn make_disk(dir: &Path, disk: &Path, bytes: u64, uid: Option<u32>) -> Result<()
         ))));
     }
     if let Some(uid) = uid {
-        for p in [dir, disk] {
+        for p in [dir, &disk] {
             std::os::unix::fs::chown(p, Some(uid), Some(uid)).map_err(StartError::Host)?;
         }
     }
-    Ok(())
+    Ok(lock)
 }
 
 /// Limits of a probe boot.
@@ -819,6 +890,11 @@ pub async fn choose(cfg: &VmConfig, auto: bool) -> Result<(Microvm, String), Str
     } else {
         image_for(cfg).await?
     };
+    if auto && !rustix::process::geteuid().is_root() {
+        // Without root the VMM would run as the server's own uid, with no cgroup: a guest
+        // that escaped into it would hold the server's keys. Only by name, then.
+        return Err("not root: a VMM of its own uid and cgroup needs the server to run as root (--sandbox-tier microvm runs it anyway)".into());
+    }
     let mut reasons = Vec::new();
     let want_ch = matches!(cfg.vmm, None | Some(VmmKind::CloudHypervisor));
     let want_qemu = matches!(cfg.vmm, None | Some(VmmKind::Qemu));
@@ -929,17 +1005,31 @@ pub(crate) fn version_after(bin: &Path, prefix: &str) -> Result<String, String> 
         .ok_or_else(|| format!("{} does not answer --version as expected", bin.display()))
 }
 
-/// Removes the disks of VMs whose server process is gone (`NAME-PID-N`: a server killed
-/// before its VMs ended). A VM's disk holds nothing the snapshots do not.
+/// Removes the directories of VMs nobody runs any more (a server killed before its VMs
+/// ended): a VM's directory is `NAME-PID-N` with a `lock` file its server holds locked for the
+/// VM's life, so a lock taken here means no server has it. A VM's disk holds nothing the
+/// snapshots do not.
 fn remove_orphans(state_dir: &Path) {
     let Ok(entries) = std::fs::read_dir(state_dir) else {
         return;
     };
     for e in entries.flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
-        let pid = name.rsplit('-').nth(1).and_then(|p| p.parse::<u32>().ok());
-        let alive = pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists());
-        if !alive {
+        let parts: Vec<&str> = name.split('-').collect();
+        let ours = matches!(parts.as_slice(), [n, p, c]
+            if !n.is_empty() && n.bytes().all(|b| b.is_ascii_alphanumeric())
+                && p.parse::<u32>().is_ok() && c.parse::<u64>().is_ok());
+        if !ours {
+            continue;
+        }
+        let held = std::fs::OpenOptions::new()
+            .write(true)
+            .open(e.path().join("lock"))
+            .ok()
+            .is_some_and(|f| {
+                rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err()
+            });
+        if !held {
             let _ = std::fs::remove_dir_all(e.path());
         }
     }
@@ -1000,15 +1090,22 @@ mod tests {
     #[test]
     fn disks_of_vms_whose_server_is_gone_are_removed() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let ours = dir.path().join(format!("room1-{}-1", std::process::id()));
-        let orphan = dir.path().join("room2-4294967-3");
+        let live = dir.path().join("room1-4242-1");
+        let _held = make_disk(&live, MIN_DISK, None).expect("a VM's directory");
+        let orphan = dir.path().join("room2-4242-3");
+        drop(make_disk(&orphan, MIN_DISK, None).expect("a VM's directory"));
+        let unlocked = dir.path().join("room3-1-1");
         let odd = dir.path().join("not-a-vm");
-        for d in [&ours, &orphan, &odd] {
+        for d in [&unlocked, &odd] {
             std::fs::create_dir_all(d).expect("mkdir");
         }
         remove_orphans(dir.path());
-        assert!(ours.exists(), "a live server's VM keeps its disk");
-        assert!(!orphan.exists());
-        assert!(!odd.exists());
+        assert!(
+            live.join("workspace.img").exists(),
+            "a VM that runs keeps its disk"
+        );
+        assert!(!orphan.exists(), "a VM nobody holds loses its disk");
+        assert!(!unlocked.exists());
+        assert!(odd.exists(), "what is not a VM's directory is left alone");
     }
 }

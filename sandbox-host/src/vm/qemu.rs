@@ -100,7 +100,8 @@ pub(super) fn args(vm: &Instance, accel: Accel, fds: &Fds) -> Vec<String> {
         "-add-fd".into(),
         format!("fd={},set=1", fds.disk_ro.as_raw_fd()),
         "-drive".into(),
-        "file=/dev/fdset/1,if=none,id=workspace,format=raw,discard=unmap".into(),
+        // A failed write is the guest's to see (werror=report), never a silently paused VM.
+        "file=/dev/fdset/1,if=none,id=workspace,format=raw,discard=unmap,werror=report,rerror=report".into(),
         "-device".into(),
         "virtio-blk-pci,drive=workspace".into(),
     ];
