@@ -163,11 +163,7 @@ impl Drop for RoomUid {
 }
 
 fn find_in_path(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|p| p.join(name))
-            .find(|p| p.is_file())
-    })
+    crate::vm::find_program(None, name)
 }
 
 impl Namespace {

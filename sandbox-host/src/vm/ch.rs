@@ -375,23 +375,14 @@ pub(super) async fn spawn(
     inherit.push(disk.as_raw_fd());
     inherit.extend(userland.as_ref().map(|u| u.as_raw_fd()));
     let hooks = hooks(inherit);
-    let mut cmd = std::process::Command::new(bin);
-    cmd.arg("--api-socket")
-        .arg(format!("fd={}", api_fd.as_raw_fd()))
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .env_clear();
-    use std::os::unix::process::CommandExt as _;
-    // SAFETY: `ChildHooks::run` only makes async-signal-safe system calls on values prepared
-    // before the fork.
-    unsafe {
-        cmd.pre_exec(move || hooks.run());
-    }
-    let child = tokio::process::Command::from(cmd)
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(StartError::Host)?;
+    let child = super::spawn_vmm(
+        bin,
+        &[
+            "--api-socket".to_owned(),
+            format!("fd={}", api_fd.as_raw_fd()),
+        ],
+        hooks,
+    )?;
     // Only the VMM holds the listening socket now: if it dies, calls fail at once.
     drop(api_fd);
     let api = Api::new(&api_path);

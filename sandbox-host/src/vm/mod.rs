@@ -506,23 +506,7 @@ impl Microvm {
             qmp: theirs_qmp.into(),
         };
         let args = qemu::args(vm, accel, &fds);
-        let hooks = hooks(fds.raw());
-        let mut cmd = std::process::Command::new(bin);
-        cmd.args(&args)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .env_clear();
-        use std::os::unix::process::CommandExt as _;
-        // SAFETY: `ChildHooks::run` only makes async-signal-safe system calls on values
-        // prepared before the fork.
-        unsafe {
-            cmd.pre_exec(move || hooks.run());
-        }
-        let mut child = tokio::process::Command::from(cmd)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(StartError::Host)?;
+        let mut child = spawn_vmm(bin, &args, hooks(fds.raw()))?;
         drop(fds);
         let console = merge(child.stdout.take(), child.stderr.take());
         ours_qmp.set_nonblocking(true).map_err(StartError::Host)?;
@@ -617,6 +601,31 @@ impl Microvm {
             }),
         }
     }
+}
+
+/// Starts a VMM process: no environment, no standard input, its output piped to the server,
+/// and `hooks` between fork and exec (cgroup, rlimits, uid, inherited descriptors).
+pub(crate) fn spawn_vmm(
+    bin: &Path,
+    args: &[String],
+    hooks: ChildHooks,
+) -> Result<tokio::process::Child, StartError> {
+    use std::os::unix::process::CommandExt as _;
+    let mut cmd = std::process::Command::new(bin);
+    cmd.args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .env_clear();
+    // SAFETY: `ChildHooks::run` only makes async-signal-safe system calls on values prepared
+    // before the fork.
+    unsafe {
+        cmd.pre_exec(move || hooks.run());
+    }
+    tokio::process::Command::from(cmd)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(StartError::Host)
 }
 
 /// What a driver hands back once its VMM process runs.
