@@ -350,6 +350,8 @@ async fn a_room_runs_in_a_qemu_microvm() {
             .unwrap()
     };
     assert_eq!(artifact("sandbox")["status"], "destroyed", "{receipt}");
+    assert_eq!(artifact("vm_disks")["status"], "destroyed", "{receipt}");
+    assert_eq!(artifact("vm_disks")["count"], 1, "{receipt}");
     assert_eq!(artifact("workspace")["status"], "destroyed", "{receipt}");
     assert!(
         artifact("workspace")["count"].as_i64() >= Some(1),

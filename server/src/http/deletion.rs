@@ -51,6 +51,8 @@ const STEPS: &[(&str, Option<&str>)] = &[
     // The running sandbox goes before its workspace snapshots and recordings, so nothing writes
     // a new one behind the deletion.
     ("sandbox", None),
+    // A VM's workspace disk (the microVM tier), and any a crashed server left behind.
+    ("vm_disks", None),
     ("workspace", None),
     ("recordings", None),
     // Checkpoints' files; their rows go with the room row.
@@ -277,6 +279,8 @@ pub(crate) struct Artifact {
 /// Carries out (or resumes) a confirmed deletion.
 pub(crate) async fn run(app: &AppState, id: &str, room_id: &str) -> Result<(), StoreError> {
     let mut executed = 0usize;
+    // VM disks the sandbox step removed with their VM (this run; a resumed run finds any left).
+    let mut vm_disks = 0i64;
     let done: Vec<String> = app
         .store
         .deletion_steps(id)
@@ -318,13 +322,38 @@ pub(crate) async fn run(app: &AppState, id: &str, room_id: &str) -> Result<(), S
                     .await?;
             }
             "sandbox" => {
-                let was_running = app.sandboxes.destroy(room_id).await;
+                let destroyed = app.sandboxes.destroy(room_id).await;
+                let was_running = destroyed.running;
+                vm_disks += i64::from(destroyed.vm_disk);
                 // No sandbox, no connections: the room's counters go with it.
                 app.egress.forget(room_id);
                 app.spend.forget(room_id);
                 let status = if was_running { "destroyed" } else { "none" };
                 app.store
                     .deletion_step_done(id, artifact, status, i64::from(was_running))
+                    .await?;
+            }
+            "vm_disks" => {
+                // `DATA_DIR/vms/<room>-<pid>-<n>`: what the sandbox step's VM left, if anything.
+                let vms = app.data_dir.join("vms");
+                let prefix = format!("{room_id}-");
+                let left = tokio::task::spawn_blocking(move || {
+                    let mut n = 0i64;
+                    for e in std::fs::read_dir(&vms).into_iter().flatten().flatten() {
+                        if e.file_name().to_string_lossy().starts_with(&prefix)
+                            && std::fs::remove_dir_all(e.path()).is_ok()
+                        {
+                            n += 1;
+                        }
+                    }
+                    n
+                })
+                .await
+                .unwrap_or(0);
+                let count = vm_disks + left;
+                let status = if count > 0 { "destroyed" } else { "none" };
+                app.store
+                    .deletion_step_done(id, artifact, status, count)
                     .await?;
             }
             "workspace" | "recordings" | "checkpoints" | "repositories" => {

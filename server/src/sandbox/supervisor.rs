@@ -239,7 +239,7 @@ enum Cmd {
         reply: oneshot::Sender<()>,
     },
     Destroy {
-        reply: oneshot::Sender<bool>,
+        reply: oneshot::Sender<Destroyed>,
     },
     /// Writes the workspace as it is to `dest` (a checkpoint's archive).
     Archive {
@@ -675,15 +675,26 @@ impl Sandboxes {
 
     /// Room deletion: kills the sandbox without a snapshot and closes its terminals. Returns
     /// whether a sandbox was running.
-    pub(crate) async fn destroy(&self, room_id: &str) -> bool {
+    pub(crate) async fn destroy(&self, room_id: &str) -> Destroyed {
         let tx = self.inner.supervisors.get(room_id);
-        let Some(tx) = tx else { return false };
+        let Some(tx) = tx else {
+            return Destroyed::default();
+        };
         let (reply, rx) = oneshot::channel();
         if tx.send(Cmd::Destroy { reply }).await.is_err() {
-            return false;
+            return Destroyed::default();
         }
-        rx.await.unwrap_or(false)
+        rx.await.unwrap_or_default()
     }
+}
+
+/// What destroying a room's sandbox destroyed.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Destroyed {
+    /// A sandbox was running (and was killed).
+    pub(crate) running: bool,
+    /// It was a VM, whose workspace disk was removed with it.
+    pub(crate) vm_disk: bool,
 }
 
 enum Life {
@@ -984,7 +995,11 @@ impl Actor {
                 let _ = reply.send(self.install_latest(&archive, &meta).await);
             }
             Cmd::Destroy { reply } => {
-                let was = matches!(self.life, Life::Running { .. });
+                let was = Destroyed {
+                    running: matches!(self.life, Life::Running { .. }),
+                    // A VM's disk goes with it (its watcher removes it before `ended`).
+                    vm_disk: matches!(&self.life, Life::Running { receipt, .. } if receipt.vm.is_some()),
+                };
                 if let Life::Running { sandbox, sync, .. } = &self.life {
                     if let Some((cancel, _)) = sync {
                         cancel.cancel();
