@@ -296,6 +296,36 @@ impl Cgroup {
     }
 }
 
+/// A new sandbox's group `name` with `limits`, when the host has cgroups (`layout`), with its
+/// `cgroup.procs` files opened: the sandbox's first process writes itself into them between
+/// fork and exec.
+pub(crate) fn prepare(
+    layout: &Result<Layout, String>,
+    name: &str,
+    limits: &Limits,
+) -> std::io::Result<(Option<std::sync::Arc<Cgroup>>, Vec<std::fs::File>)> {
+    let Ok(layout) = layout else {
+        return Ok((None, Vec::new()));
+    };
+    let group = std::sync::Arc::new(Cgroup::create(layout, name, limits)?);
+    let procs = group
+        .procs_files()
+        .iter()
+        .map(|p| std::fs::OpenOptions::new().write(true).open(p))
+        .collect::<Result<_, _>>()?;
+    Ok((Some(group), procs))
+}
+
+/// Once a sandbox has ended: what its group saw, then the group removed.
+pub(crate) async fn finish(group: Option<std::sync::Arc<Cgroup>>) -> Pressure {
+    let Some(group) = group else {
+        return Pressure::default();
+    };
+    let pressure = group.pressure();
+    let _ = tokio::task::spawn_blocking(move || group.remove()).await;
+    pressure
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

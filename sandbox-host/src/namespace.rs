@@ -6,7 +6,7 @@
 //! Flatpak for exactly this job; hand-written namespace code would re-derive its ordering rules
 //! (mount propagation, `/proc` after the pid namespace, no_new_privs before seccomp).
 
-use crate::cgroup::{Cgroup, Layout};
+use crate::cgroup::Layout;
 use crate::handle::{Ended, Event, Sandbox};
 use crate::{Limits, Receipt, StartError};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -230,21 +230,8 @@ impl Namespace {
                 "sandbox names are 1 to 64 letters or digits",
             ));
         }
-        let cgroup = match &self.cgroups {
-            Ok(layout) => Some(Arc::new(
-                Cgroup::create(layout, name, limits).map_err(StartError::Host)?,
-            )),
-            Err(_) => None,
-        };
-        let procs: Vec<std::fs::File> = match &cgroup {
-            Some(cg) => cg
-                .procs_files()
-                .iter()
-                .map(|p| std::fs::OpenOptions::new().write(true).open(p))
-                .collect::<Result<_, _>>()
-                .map_err(StartError::Host)?,
-            None => Vec::new(),
-        };
+        let (cgroup, procs) =
+            crate::cgroup::prepare(&self.cgroups, name, limits).map_err(StartError::Host)?;
         let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(StartError::Host)?;
         let seccomp = memfd("coderoom-seccomp", &self.filter)?;
         let passwd = memfd(
@@ -375,13 +362,7 @@ impl Namespace {
             } else {
                 status
             };
-            let pressure = reaper_cgroup
-                .as_ref()
-                .map(|c| c.pressure())
-                .unwrap_or_default();
-            if let Some(cg) = reaper_cgroup {
-                let _ = tokio::task::spawn_blocking(move || cg.remove()).await;
-            }
+            let pressure = crate::cgroup::finish(reaper_cgroup).await;
             let outcome = if stopped {
                 Ended::Stopped
             } else {

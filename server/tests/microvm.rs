@@ -39,11 +39,7 @@ fn guest_image() -> Option<(PathBuf, String)> {
 }
 
 fn which(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|p| p.join(name))
-            .find(|p| p.is_file())
-    })
+    coderoom_sandbox::vm::find_program(None, name)
 }
 
 /// Server flags for a QEMU room (software emulation: no probe, works on any host).

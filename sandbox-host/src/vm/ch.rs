@@ -392,15 +392,14 @@ pub(super) async fn spawn(
         let ping = api.ping().await?;
         check_version(&ping.version)?;
         tracing::debug!(version = %ping.version, "cloud-hypervisor answered");
-        let config = vm_config(
+        let mut config = vm_config(
             &format!("/proc/self/fd/{}", kernel.as_raw_fd()),
             &format!("/proc/self/fd/{}", initramfs.as_raw_fd()),
             &format!("/proc/self/fd/{}", disk.as_raw_fd()),
             &vsock_path.to_string_lossy(),
             vm.limits.memory_bytes,
-            u32::try_from(vm.limits.cpu_millis.div_ceil(1000).clamp(1, 8)).unwrap_or(1),
+            vm.vcpus(),
         );
-        let mut config = config;
         if let Some(u) = &userland {
             config.disks.push(DiskConfig {
                 path: format!("/proc/self/fd/{}", u.as_raw_fd()),

@@ -366,10 +366,6 @@ fn assemble(
         layout: LAYOUT_VERSION,
     };
     let dir = image_dir.join(&hash);
-    if let Some(existing) = GuestImage::current(image_dir).filter(|i| i.manifest.hash == hash) {
-        progress(&format!("image {hash} is already built"));
-        return Ok(existing);
-    }
     if dir.join("manifest.json").is_file() {
         progress(&format!("image {hash} is already built"));
         return Ok(GuestImage { dir, manifest });

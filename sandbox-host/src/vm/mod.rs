@@ -14,7 +14,7 @@ pub mod ch;
 pub mod image;
 mod qemu;
 
-use crate::cgroup::{Cgroup, Layout};
+use crate::cgroup::Layout;
 use crate::handle::{Ended, Sandbox};
 use crate::namespace::{describe, ChildHooks, RoomUid, ROOM_UIDS};
 use crate::{Limits, Receipt, StartError, Started};
@@ -72,6 +72,16 @@ pub enum Accel {
     Kvm,
     /// Software emulation (about 16 times slower than the host for shell work).
     Tcg,
+}
+
+impl Accel {
+    /// `kvm` or `tcg`, as receipts say it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Accel::Kvm => "kvm",
+            Accel::Tcg => "tcg",
+        }
+    }
 }
 
 /// Settings of the tier, from the server's flags.
@@ -174,6 +184,13 @@ pub(crate) struct Instance {
     pub(crate) lock: std::fs::File,
 }
 
+impl Instance {
+    /// vCPUs: the room's CPU share rounded up to whole cores, 1 to 8.
+    pub(crate) fn vcpus(&self) -> u32 {
+        u32::try_from(self.limits.cpu_millis.div_ceil(1000).clamp(1, 8)).unwrap_or(1)
+    }
+}
+
 /// Finds a program: the configured path, else `name` on `PATH`.
 pub fn find_program(configured: Option<&Path>, name: &str) -> Option<PathBuf> {
     if let Some(p) = configured {
@@ -246,16 +263,6 @@ impl Microvm {
         )
     }
 
-    /// The VMM in use.
-    pub fn vmm(&self) -> VmmKind {
-        self.driver.kind()
-    }
-
-    /// The guest image in use.
-    pub fn image(&self) -> &GuestImage {
-        &self.image
-    }
-
     /// Starts a VM named `name` (a room id: letters and digits) and waits until its agent
     /// answers.
     pub async fn start(&self, name: &str, limits: &Limits) -> Result<Started, StartError> {
@@ -312,22 +319,9 @@ impl Microvm {
             cpu_millis: vm.limits.cpu_millis,
             workspace_bytes: vm.limits.workspace_bytes,
         };
-        let cgroup = match &self.cgroups {
-            Ok(layout) => Some(Arc::new(
-                Cgroup::create(layout, &format!("vm{}", vm.name), &vmm_limits)
-                    .map_err(StartError::Host)?,
-            )),
-            Err(_) => None,
-        };
-        let procs: Vec<std::fs::File> = match &cgroup {
-            Some(cg) => cg
-                .procs_files()
-                .iter()
-                .map(|p| std::fs::OpenOptions::new().write(true).open(p))
-                .collect::<Result<_, _>>()
-                .map_err(StartError::Host)?,
-            None => Vec::new(),
-        };
+        let (cgroup, procs) =
+            crate::cgroup::prepare(&self.cgroups, &format!("vm{}", vm.name), &vmm_limits)
+                .map_err(StartError::Host)?;
         let hooks = |inherit: Vec<i32>| ChildHooks {
             procs: procs.iter().map(|f| f.as_raw_fd()).collect(),
             inherit,
@@ -351,9 +345,7 @@ impl Microvm {
             Ok(b) => b,
             Err(e) => {
                 // The drivers have waited for their VMM to end; its group goes now.
-                if let Some(cg) = cgroup {
-                    let _ = tokio::task::spawn_blocking(move || cg.remove()).await;
-                }
+                crate::cgroup::finish(cgroup).await;
                 return Err(e);
             }
         };
@@ -428,13 +420,7 @@ impl Microvm {
             } else {
                 status
             };
-            let pressure = reaper_cgroup
-                .as_ref()
-                .map(|c| c.pressure())
-                .unwrap_or_default();
-            if let Some(cg) = reaper_cgroup {
-                let _ = tokio::task::spawn_blocking(move || cg.remove()).await;
-            }
+            let pressure = crate::cgroup::finish(reaper_cgroup).await;
             let _ = tokio::task::spawn_blocking(move || {
                 let _ = std::fs::remove_dir_all(dir);
                 if let Some(run) = run_dir {
@@ -552,10 +538,7 @@ impl Microvm {
                 "{} {} ({}); guest kernel {} from {}; image {}; agent {}",
                 self.driver.kind().name(),
                 self.driver.version(),
-                match self.driver.accel() {
-                    Accel::Kvm => "kvm",
-                    Accel::Tcg => "tcg",
-                },
+                self.driver.accel().name(),
                 m.kernel_release,
                 m.kernel_package,
                 m.hash,
@@ -591,10 +574,7 @@ impl Microvm {
             vm: Some(VmReceipt {
                 vmm: self.driver.kind().name().into(),
                 vmm_version: self.driver.version().into(),
-                accel: match self.driver.accel() {
-                    Accel::Kvm => "kvm".into(),
-                    Accel::Tcg => "tcg".into(),
-                },
+                accel: self.driver.accel().name().into(),
                 guest_kernel: m.kernel_release.clone(),
                 image: m.hash.clone(),
                 disk_bytes: disk,
@@ -863,12 +843,13 @@ impl Microvm {
     }
 }
 
-/// The guest image: the current one, else (when allowed) built now.
-pub async fn image_for(cfg: &VmConfig) -> Result<GuestImage, String> {
+/// The guest image: the current one, else (when `build` and the configuration allow it)
+/// built now.
+pub async fn image_for(cfg: &VmConfig, build: bool) -> Result<GuestImage, String> {
     if let Some(image) = GuestImage::current(&cfg.image_dir) {
         return Ok(image);
     }
-    if !cfg.build_on_need {
+    if !(build && cfg.build_on_need) {
         return Err(format!(
             "no guest image in {} (run `coderoom image build`)",
             cfg.image_dir.display()
@@ -889,16 +870,7 @@ pub async fn image_for(cfg: &VmConfig) -> Result<GuestImage, String> {
 /// builds an image and never picks software emulation; each candidate must boot a real guest
 /// to its agent within the deadline. `Err` carries every candidate's reason.
 pub async fn choose(cfg: &VmConfig, auto: bool) -> Result<(Microvm, String), String> {
-    let image = if auto {
-        GuestImage::current(&cfg.image_dir).ok_or_else(|| {
-            format!(
-                "no guest image in {} (run `coderoom image build`)",
-                cfg.image_dir.display()
-            )
-        })?
-    } else {
-        image_for(cfg).await?
-    };
+    let image = image_for(cfg, !auto).await?;
     if auto && !rustix::process::geteuid().is_root() {
         // Without root the VMM would run as the server's own uid, with no cgroup: a guest
         // that escaped into it would hold the server's keys. Only by name, then.

@@ -54,7 +54,7 @@ impl Fds {
 /// The command line for `vm` (the child inherits `fds` under the same numbers).
 pub(super) fn args(vm: &Instance, accel: Accel, fds: &Fds) -> Vec<String> {
     let mem_mib = (vm.limits.memory_bytes >> 20).max(128);
-    let cpus = vm.limits.cpu_millis.div_ceil(1000).clamp(1, 8);
+    let cpus = vm.vcpus();
     let (accel_arg, cpu) = match accel {
         Accel::Tcg => (format!("tcg,tb-size={TCG_TB_MIB}"), "max"),
         Accel::Kvm => ("kvm".to_owned(), "host"),
