@@ -129,6 +129,30 @@ pub(crate) enum LoadError {
 /// One transaction per entry: applied in one transaction, a long log grew worse than
 /// quadratically (yrs squashes runs of text only when a transaction commits): 40,000 entries
 /// took 11.8 s, now 62 ms (`load_tests`, docs/benchmarks.md).
+/// Collects what each transaction on `doc` changed, encoded as a v1 update, into `sink`.
+///
+/// Encoded when the transaction's body is done, before yrs merges the new blocks into their
+/// neighbours, not from `observe_update_v1` (which encodes after that merge): a typist's
+/// insert at the end of a text is by then part of one long merged block, and encoding a slice
+/// of it walks the block's string from its start, so each update cost time in proportion to the
+/// text's length (85% of the server's CPU in a one-writer burst, `yrs::block::split_str`). The
+/// two encodings hold the same change (`produced_updates_match_yrs_own` checks it).
+pub(crate) fn observe_produced(
+    doc: &Doc,
+    sink: Arc<Mutex<Vec<Vec<u8>>>>,
+) -> Result<(), yrs::TransactionAcqError> {
+    doc.observe_after_transaction("log", move |txn| {
+        if txn.delete_set().is_empty() && txn.after_state() == txn.before_state() {
+            return;
+        }
+        let update = txn.encode_update_v1();
+        match sink.lock() {
+            Ok(mut v) => v.push(update),
+            Err(poisoned) => poisoned.into_inner().push(update),
+        }
+    })
+}
+
 pub(crate) fn doc_from_stored(stored: &StoredDoc) -> Result<(Doc, usize), DocError> {
     let doc = Doc::new();
     let mut bytes = 0;
@@ -374,12 +398,7 @@ impl Room {
             + 1;
         let produced: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
         let sink = produced.clone();
-        doc.observe_update_v1("log", move |_, event| {
-            if let Ok(mut v) = sink.lock() {
-                v.push(event.update.clone());
-            }
-        })
-        .map_err(|_| LoadError::Observe)?;
+        observe_produced(&doc, sink).map_err(|_| LoadError::Observe)?;
         Ok(Room {
             id,
             deps,
@@ -1315,6 +1334,129 @@ mod load_tests {
             snapshot_seq: 0,
             updates,
         }
+    }
+
+    /// What `observe_produced` records for each transaction holds the same change as yrs's own
+    /// `observe_update_v1`: replaying either list into a fresh document gives the same
+    /// document, transaction after transaction, for typing at the end, in the middle, deletions
+    /// (also of text typed in the same transaction, which yrs collects), map entries, and
+    /// updates applied from another document.
+    #[test]
+    fn produced_updates_match_yrs_own() {
+        use yrs::types::ToJson;
+        use yrs::{Map, ReadTxn, Transact, Update};
+        let doc = Doc::new();
+        let ours: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
+        observe_produced(&doc, ours.clone()).unwrap();
+        let theirs: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
+        let sink = theirs.clone();
+        doc.observe_update_v1("yrs", move |_, e| {
+            sink.lock().unwrap().push(e.update.clone())
+        })
+        .unwrap();
+        let text = doc.get_or_insert_text("files/a.txt");
+        let map = doc.get_or_insert_map("files");
+        let remote = Doc::new();
+        let rtext = remote.get_or_insert_text("files/a.txt");
+        let mut edits: Vec<Box<dyn Fn()>> = Vec::new();
+        for i in 0..200u32 {
+            let (doc, text, map) = (doc.clone(), text.clone(), map.clone());
+            let (remote, rtext) = (remote.clone(), rtext.clone());
+            edits.push(Box::new(move || {
+                let len = text.len(&doc.transact());
+                match i % 7 {
+                    0..=2 => {
+                        let mut t = doc.transact_mut();
+                        text.insert(&mut t, len, &format!("{i:04}é|"));
+                    }
+                    3 if len > 6 => {
+                        let mut t = doc.transact_mut();
+                        // At the start (ASCII there, so byte offsets never split a character).
+                        text.insert(&mut t, 0, "mid");
+                        text.remove_range(&mut t, 3, 1);
+                    }
+                    4 => {
+                        let mut t = doc.transact_mut();
+                        text.insert(&mut t, len, "gone");
+                        text.remove_range(&mut t, len, 4);
+                        map.insert(&mut t, format!("k{i}"), i64::from(i));
+                    }
+                    5 => {
+                        let sv = remote.transact().state_vector();
+                        {
+                            let mut t = remote.transact_mut();
+                            let end = rtext.len(&t);
+                            rtext.insert(&mut t, end, "remoté");
+                        }
+                        let u = remote.transact().encode_diff_v1(&sv);
+                        doc.transact_mut()
+                            .apply_update(Update::decode_v1(&u).unwrap())
+                            .unwrap();
+                        let back = doc
+                            .transact()
+                            .encode_diff_v1(&remote.transact().state_vector());
+                        remote
+                            .transact_mut()
+                            .apply_update(Update::decode_v1(&back).unwrap())
+                            .unwrap();
+                    }
+                    _ => {
+                        // A transaction that changes nothing produces nothing.
+                        drop(doc.transact_mut());
+                    }
+                }
+            }));
+        }
+        for edit in &edits {
+            edit();
+        }
+        let ours = ours.lock().unwrap().clone();
+        let theirs = theirs.lock().unwrap().clone();
+        assert_eq!(
+            ours.len(),
+            theirs.len(),
+            "one update per changing transaction"
+        );
+        assert!(ours.len() > 100);
+        let (a, b) = (Doc::new(), Doc::new());
+        for (x, y) in ours.iter().zip(&theirs) {
+            a.transact_mut()
+                .apply_update(Update::decode_v1(x).unwrap())
+                .unwrap();
+            b.transact_mut()
+                .apply_update(Update::decode_v1(y).unwrap())
+                .unwrap();
+            assert_eq!(a.transact().state_vector(), b.transact().state_vector());
+            let (ta, tb) = (
+                a.get_or_insert_text("files/a.txt"),
+                b.get_or_insert_text("files/a.txt"),
+            );
+            assert_eq!(ta.get_string(&a.transact()), tb.get_string(&b.transact()));
+        }
+        let full = |d: &Doc| {
+            d.transact()
+                .encode_state_as_update_v1(&yrs::StateVector::default())
+        };
+        let (ra, rb) = (Doc::new(), Doc::new());
+        ra.transact_mut()
+            .apply_update(Update::decode_v1(&full(&a)).unwrap())
+            .unwrap();
+        rb.transact_mut()
+            .apply_update(Update::decode_v1(&full(&b)).unwrap())
+            .unwrap();
+        assert_eq!(
+            ra.get_or_insert_text("files/a.txt")
+                .get_string(&ra.transact()),
+            text.get_string(&doc.transact())
+        );
+        assert_eq!(
+            a.get_or_insert_map("files").to_json(&a.transact()),
+            map.to_json(&doc.transact())
+        );
+        assert_eq!(
+            a.transact().snapshot().delete_set,
+            b.transact().snapshot().delete_set
+        );
     }
 
     /// Loading a long log takes time in proportion to it (run with --release --ignored
