@@ -62,6 +62,7 @@ impl Store {
             let writer = Writer {
                 pool: self.pool.clone(),
                 backend: self.backend,
+                multi_row: multi_row(),
             };
             tokio::spawn(writer.run(rx));
             tx
@@ -131,6 +132,8 @@ pub(crate) struct Append {
 struct Writer {
     pool: AnyPool,
     backend: Backend,
+    /// Multi-row `INSERT`s (false only for the benchmark's comparison).
+    multi_row: bool,
 }
 
 impl Writer {
@@ -164,19 +167,132 @@ impl Writer {
         }
     }
 
+    /// Appends a group's rows: one multi-row `INSERT` where they fit in one (a single statement
+    /// commits on its own: one round trip to the database, not a `BEGIN`, a statement per row
+    /// and a `COMMIT`), else several in one transaction.
     async fn write(&self, group: &[Append]) -> Result<(), StoreError> {
+        let rows: Vec<(&str, i64, &[u8])> = group
+            .iter()
+            .flat_map(|a| {
+                a.rows
+                    .iter()
+                    .map(|(seq, data)| (a.room.as_str(), *seq, data.as_slice()))
+            })
+            .collect();
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let per_statement = if self.multi_row {
+            ROWS_PER_STATEMENT
+        } else {
+            1
+        };
+        if self.multi_row && rows.len() <= per_statement {
+            insert_rows(&self.pool, &rows).await?;
+            return Ok(());
+        }
         let mut tx = super::begin_write(&self.pool, self.backend).await?;
-        for a in group {
-            for (seq, data) in &a.rows {
-                sqlx::query("INSERT INTO doc_updates (room_id, seq, data) VALUES ($1, $2, $3)")
-                    .bind(&a.room)
-                    .bind(*seq)
-                    .bind(data.as_slice())
-                    .execute(&mut *tx)
-                    .await?;
-            }
+        for chunk in rows.chunks(per_statement) {
+            insert_rows(&mut *tx, chunk).await?;
         }
         tx.commit().await?;
         Ok(())
+    }
+}
+
+/// Rows one `INSERT` takes (three parameters each: far below SQLite's 32,766 and PostgreSQL's
+/// 65,535).
+const ROWS_PER_STATEMENT: usize = 500;
+
+/// False under `CODEROOM_LOG_ROW_EACH=1`: a statement per row inside a transaction, as before
+/// multi-row inserts, for the benchmark's comparison only (docs/benchmarks.md).
+fn multi_row() -> bool {
+    std::env::var_os("CODEROOM_LOG_ROW_EACH").is_none_or(|v| v != "1")
+}
+
+async fn insert_rows<'e, E>(db: E, rows: &[(&str, i64, &[u8])]) -> Result<(), sqlx::Error>
+where
+    E: sqlx::Executor<'e, Database = sqlx::Any>,
+{
+    use std::fmt::Write;
+    let mut sql = String::from("INSERT INTO doc_updates (room_id, seq, data) VALUES ");
+    for i in 0..rows.len() {
+        let n = i * 3;
+        let sep = if i > 0 { ", " } else { "" };
+        let _ = write!(sql, "{sep}(${}, ${}, ${})", n + 1, n + 2, n + 3);
+    }
+    let mut q = sqlx::query(&sql);
+    for (room, seq, data) in rows {
+        q = q.bind(*room).bind(*seq).bind(*data);
+    }
+    q.execute(db).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Batches of many rooms appended at once all land, in order: groups that fit one
+    /// multi-row `INSERT`, a batch larger than one statement takes (a transaction of several),
+    /// and a batch that collides with a stored row fails alone while the others of its group
+    /// land.
+    #[tokio::test]
+    async fn grouped_appends_land_whole_and_a_bad_batch_fails_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::connect(&format!("sqlite://{}/g.db", dir.path().display()))
+            .await
+            .unwrap();
+        store.migrate().await.unwrap();
+        sqlx::query("INSERT INTO users (id, email, created_at) VALUES ('u', 'u@example.com', 0)")
+            .execute(&store.pool)
+            .await
+            .unwrap();
+        let rooms: Vec<String> = (0..30).map(|i| format!("r{i}")).collect();
+        for r in &rooms {
+            sqlx::query(
+                "INSERT INTO rooms (id, name, created_by, created_at) VALUES ($1, $1, 'u', 0)",
+            )
+            .bind(r)
+            .execute(&store.pool)
+            .await
+            .unwrap();
+        }
+        let data = |room: &str, seq: i64| format!("{room}:{seq}").into_bytes();
+        // r0 holds seq 1 already: its batch below (seq 1-3) collides.
+        store
+            .append_updates("r0", &[(1, b"first".as_slice())])
+            .await
+            .unwrap();
+        let big = ROWS_PER_STATEMENT * 2 + 7;
+        let appends = rooms.iter().map(|r| {
+            let store = store.clone();
+            let r = r.clone();
+            async move {
+                let n = if r == "r1" { big } else { 3 };
+                let rows: Vec<(i64, Vec<u8>)> = (1..=n as i64).map(|s| (s, data(&r, s))).collect();
+                let refs: Vec<(i64, &[u8])> =
+                    rows.iter().map(|(s, d)| (*s, d.as_slice())).collect();
+                (r.clone(), store.append_updates(&r, &refs).await)
+            }
+        });
+        let results = futures_util::future::join_all(appends).await;
+        for (room, result) in results {
+            let stored = store.load_doc(&room).await.unwrap();
+            if room == "r0" {
+                assert!(result.is_err(), "r0's batch collides with its stored row");
+                assert_eq!(
+                    stored.updates,
+                    vec![(1, b"first".to_vec())],
+                    "nothing of it landed"
+                );
+                continue;
+            }
+            result.unwrap();
+            let n = if room == "r1" { big } else { 3 };
+            let want: Vec<(i64, Vec<u8>)> = (1..=n as i64).map(|s| (s, data(&room, s))).collect();
+            assert_eq!(stored.updates, want, "{room}");
+        }
+        store.close().await;
     }
 }
