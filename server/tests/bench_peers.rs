@@ -15,11 +15,12 @@
 //!
 //! `cargo test --release -p coderoom-server --test bench_peers -- --ignored --nocapture`
 //! (`BENCH_SECS` per run, default 5; `BENCH_REPEAT`, default 3; `BENCH_SHAPES`, a comma list
-//! of `fanout`, `fast`, `rooms`, `burst`; `BENCH_PEERS`, a comma list of `coderoom`,
-//! `coderoom-pg` (with `CODEROOM_TEST_POSTGRES_URL`), `coderoom-normal`
-//! (`--sqlite-synchronous normal`), `coderoom-inline` (SQLite's own WAL checkpoints, inside
-//! commits), `coderoom-each` (a socket flush per frame), `reference`, `hocuspocus`; default
-//! `coderoom,coderoom-pg,reference,hocuspocus`). Figures: `docs/benchmarks.md`.
+//! of `fanout`, `fast`, `rooms`, `burst1`, `burst`, `burst100`; `BENCH_PEERS`, a comma list of
+//! `coderoom`, `coderoom-pg` (with `CODEROOM_TEST_POSTGRES_URL`), either followed by a lever
+//! switched off (`-normal`, `-inline`, `-each`, `-nogroup`, `-aftermerge`, `-rows`: see
+//! `LEVERS`), `reference`, `hocuspocus`; default `coderoom,coderoom-pg,reference,hocuspocus`;
+//! `BENCH_OUT`, a directory for the markdown, `BENCH_TITLE` its name). `tests/bench/regenerate`
+//! runs it for `docs/benchmarks.md`.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -209,6 +210,26 @@ struct Outcome {
     converged: bool,
 }
 
+/// A writer's `total` updates as y-protocol messages (each appends its numbered token to the
+/// text `t`), and the text they make.
+fn writer_script(total: usize) -> (Vec<Vec<u8>>, String) {
+    let doc = yrs::Doc::new();
+    let text = doc.get_or_insert_text("t");
+    let mut script = Vec::with_capacity(total);
+    for n in 0..total {
+        let sv = doc.transact().state_vector();
+        {
+            let mut txn = doc.transact_mut();
+            let end = text.len(&txn);
+            text.insert(&mut txn, end, &format!("{n:08}|"));
+        }
+        let update = doc.transact().encode_diff_v1(&sv);
+        script.push(YMessage::Sync(SyncMessage::Update(update)).encode_v1());
+    }
+    let written = text.get_string(&doc.transact());
+    (script, written)
+}
+
 /// Runs `shape` on the rooms at `eps` (one endpoint per room).
 async fn drive(eps: Vec<Endpoint>, shape: Shape) -> Outcome {
     let total = shape.total;
@@ -221,6 +242,10 @@ async fn drive(eps: Vec<Endpoint>, shape: Shape) -> Outcome {
         }
         rooms.push((ep.clone(), writer, readers));
     }
+    // What every writer sends, made before the clock starts: a yrs text encodes an update at
+    // its end in time that grows with the text, so a writer making them as it goes is what
+    // limits a burst (about 6,000 a second here), not the server.
+    let (script, written) = writer_script(total);
     let base = Instant::now();
     let start = base + Duration::from_millis(300);
     let latencies: Arc<Mutex<Vec<f64>>> = Arc::default();
@@ -231,14 +256,16 @@ async fn drive(eps: Vec<Endpoint>, shape: Shape) -> Outcome {
     let mut finals = Vec::new();
     for (ep, writer, readers) in rooms {
         let sent: Arc<Vec<AtomicU64>> = Arc::new((0..total).map(|_| AtomicU64::new(0)).collect());
-        let texts: Arc<Mutex<Vec<String>>> = Arc::default();
+        // What each reader received, in order; applied after the run (so a reader's cost while
+        // measuring is finding the token, and the generator is not what limits a burst).
+        let received: Arc<Mutex<Vec<Vec<Vec<u8>>>>> = Arc::default();
         for mut r in readers {
-            let (ep, sent, texts) = (ep.clone(), sent.clone(), texts.clone());
+            let (ep, sent, received) = (ep.clone(), sent.clone(), received.clone());
             let (latencies, got, last_at) = (latencies.clone(), got.clone(), last_at.clone());
             tasks.push(tokio::spawn(async move {
-                let doc = yrs::Doc::new();
                 let mut seen = 0usize;
                 let mut mine = Vec::with_capacity(total);
+                let mut updates = Vec::with_capacity(total);
                 while seen < total {
                     let Some(Ok(msg)) = r.next().await else { break };
                     let Message::Binary(b) = msg else { continue };
@@ -247,12 +274,9 @@ async fn drive(eps: Vec<Endpoint>, shape: Shape) -> Outcome {
                     else {
                         continue;
                     };
-                    doc.transact_mut()
-                        .apply_update(Update::decode_v1(&u).unwrap())
-                        .unwrap();
-                    let Some(n) = newest_token(&u).filter(|n| *n >= seen && *n < total) else {
-                        continue;
-                    };
+                    let newest = newest_token(&u).filter(|n| *n >= seen && *n < total);
+                    updates.push(u);
+                    let Some(n) = newest else { continue };
                     let now_ns = now.duration_since(base).as_nanos() as u64;
                     for s in seen..=n {
                         let at = sent[s].load(Ordering::Acquire);
@@ -263,9 +287,7 @@ async fn drive(eps: Vec<Endpoint>, shape: Shape) -> Outcome {
                     seen = n + 1;
                 }
                 latencies.lock().unwrap().extend(mine);
-                let text = doc.get_or_insert_text("t");
-                let s = text.get_string(&doc.transact());
-                texts.lock().unwrap().push(s);
+                received.lock().unwrap().push(updates);
             }));
         }
         let (mut sink, mut stream) = writer.split();
@@ -273,40 +295,23 @@ async fn drive(eps: Vec<Endpoint>, shape: Shape) -> Outcome {
         tasks.push(tokio::spawn(async move {
             while stream.next().await.is_some() {}
         }));
-        let written: Arc<Mutex<Option<String>>> = Arc::default();
-        let out = written.clone();
+        let frames: Vec<Vec<u8>> = script.iter().map(|y| ep.frame(y)).collect();
         tasks.push(tokio::spawn(async move {
-            let doc = yrs::Doc::new();
-            let text = doc.get_or_insert_text("t");
-            for n in 0..total {
+            for (n, frame) in frames.into_iter().enumerate() {
                 if let Some(rate) = shape.rate {
                     let at = start + Duration::from_secs_f64(n as f64 / rate as f64);
                     tokio::time::sleep_until(at.into()).await;
                 }
-                let update = {
-                    let sv = doc.transact().state_vector();
-                    let mut txn = doc.transact_mut();
-                    let end = text.len(&txn);
-                    text.insert(&mut txn, end, &format!("{n:08}|"));
-                    drop(txn);
-                    doc.transact().encode_diff_v1(&sv)
-                };
-                let y = YMessage::Sync(SyncMessage::Update(update)).encode_v1();
                 sent[n].store(base.elapsed().as_nanos() as u64, Ordering::Release);
-                if sink
-                    .send(Message::Binary(ep.frame(&y).into()))
-                    .await
-                    .is_err()
-                {
+                if sink.send(Message::Binary(frame.into())).await.is_err() {
                     break;
                 }
             }
-            *out.lock().unwrap() = Some(text.get_string(&doc.transact()));
             // Open until the readers are done.
             tokio::time::sleep(Duration::from_secs(600)).await;
             drop(sink);
         }));
-        finals.push((written, texts));
+        finals.push(received);
     }
     let send_secs = shape.rate.map_or(0.0, |r| total as f64 / r as f64);
     let deadline = Instant::now() + Duration::from_secs_f64(send_secs + 60.0);
@@ -317,7 +322,7 @@ async fn drive(eps: Vec<Endpoint>, shape: Shape) -> Outcome {
     let until = Instant::now() + Duration::from_secs(10);
     while finals
         .iter()
-        .any(|(_, t)| t.lock().unwrap().len() < shape.readers)
+        .any(|r| r.lock().unwrap().len() < shape.readers)
         && Instant::now() < until
     {
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -325,10 +330,25 @@ async fn drive(eps: Vec<Endpoint>, shape: Shape) -> Outcome {
     for t in &tasks {
         t.abort();
     }
-    let converged = finals.iter().all(|(w, t)| {
-        let w = w.lock().unwrap();
-        let t = t.lock().unwrap();
-        t.len() == shape.readers && t.iter().all(|s| Some(s) == w.as_ref())
+    // Convergence: every reader's updates, applied in the order received, give its writer's
+    // text.
+    let converged = finals.iter().all(|r| {
+        let r = r.lock().unwrap();
+        r.len() == shape.readers
+            && r.iter().all(|updates| {
+                let doc = yrs::Doc::new();
+                let text = doc.get_or_insert_text("t");
+                for u in updates {
+                    let Ok(u) = Update::decode_v1(u) else {
+                        return false;
+                    };
+                    if doc.transact_mut().apply_update(u).is_err() {
+                        return false;
+                    }
+                }
+                let got = text.get_string(&doc.transact());
+                got == written
+            })
     });
     let mut l = latencies.lock().unwrap().clone();
     l.sort_by(|a, b| a.partial_cmp(b).unwrap());
@@ -356,8 +376,8 @@ enum Peer {
         storage: Storage,
         server: Server,
         token: String,
-        /// `postgres`, `sqlite` or `sqlite-normal` (`--sqlite-synchronous normal`).
-        kind: &'static str,
+        /// `coderoom (SQLite)`, `coderoom (PostgreSQL, an INSERT per row)`, ...
+        name: String,
     },
     Node {
         name: &'static str,
@@ -414,26 +434,13 @@ async fn node_peer(name: &'static str) -> Option<Peer> {
 }
 
 impl Peer {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> String {
         match self {
-            Peer::Coderoom { kind: "sqlite", .. } => "coderoom (SQLite)",
-            Peer::Coderoom {
-                kind: "sqlite-normal",
-                ..
-            } => "coderoom (SQLite, synchronous=NORMAL)",
-            Peer::Coderoom {
-                kind: "sqlite-inline",
-                ..
-            } => "coderoom (SQLite, checkpoints inside commits)",
-            Peer::Coderoom {
-                kind: "sqlite-each",
-                ..
-            } => "coderoom (SQLite, a flush per frame)",
-            Peer::Coderoom { .. } => "coderoom (PostgreSQL)",
+            Peer::Coderoom { name, .. } => name.clone(),
             Peer::Node {
                 name: "reference", ..
-            } => "reference @y/websocket-server (memory)",
-            Peer::Node { .. } => "Hocuspocus 4.7 (memory)",
+            } => "reference @y/websocket-server (memory)".into(),
+            Peer::Node { .. } => "Hocuspocus 4.7 (memory)".into(),
         }
     }
 
@@ -491,51 +498,95 @@ fn rand_u64() -> u64 {
     h.finish()
 }
 
+/// A lever a Coderoom variant switches off, for this comparison only.
+struct Lever {
+    /// Its name after `coderoom-` or `coderoom-pg-`.
+    name: &'static str,
+    label: &'static str,
+    args: &'static [&'static str],
+    env: &'static [(&'static str, &'static str)],
+}
+
+const LEVERS: &[Lever] = &[
+    Lever {
+        name: "",
+        label: "",
+        args: &[],
+        env: &[],
+    },
+    Lever {
+        name: "normal",
+        label: ", synchronous=NORMAL",
+        args: &["--sqlite-synchronous", "normal"],
+        env: &[],
+    },
+    Lever {
+        name: "inline",
+        label: ", checkpoints inside commits",
+        args: &[],
+        env: &[("CODEROOM_SQLITE_INLINE_CHECKPOINT", "1")],
+    },
+    Lever {
+        name: "each",
+        label: ", a flush per frame",
+        args: &[],
+        env: &[("CODEROOM_WRITE_EACH_FRAME", "1")],
+    },
+    Lever {
+        name: "nogroup",
+        label: ", a transaction per room's batch",
+        args: &[],
+        env: &[("CODEROOM_MAX_COMMIT_GROUP", "1")],
+    },
+    Lever {
+        name: "aftermerge",
+        label: ", updates encoded after yrs merges blocks",
+        args: &[],
+        env: &[("CODEROOM_ENCODE_AFTER_MERGE", "1")],
+    },
+    Lever {
+        name: "rows",
+        label: ", an INSERT per row",
+        args: &[],
+        env: &[("CODEROOM_LOG_ROW_EACH", "1")],
+    },
+];
+
 async fn start(which: &str) -> Option<Peer> {
-    match which {
-        "coderoom" | "coderoom-pg" | "coderoom-normal" | "coderoom-inline" | "coderoom-each" => {
-            let (backend, kind, extra): (_, _, &[&str]) = match which {
-                "coderoom-pg" => (
-                    Backend::Postgres(std::env::var("CODEROOM_TEST_POSTGRES_URL").ok()?),
-                    "postgres",
-                    &[],
-                ),
-                "coderoom-normal" => (
-                    Backend::Sqlite,
-                    "sqlite-normal",
-                    &["--sqlite-synchronous", "normal"],
-                ),
-                "coderoom-inline" => (Backend::Sqlite, "sqlite-inline", &[]),
-                "coderoom-each" => (Backend::Sqlite, "sqlite-each", &[]),
-                _ => (Backend::Sqlite, "sqlite", &[]),
-            };
-            let storage = Storage::new(&backend).await;
-            // `coderoom-inline`: SQLite's own checkpoints, inside commits (the comparison).
-            let inline = if kind == "sqlite-inline" { "1" } else { "0" };
-            // `coderoom-each`: a flush per frame, no coalescing of queued frames.
-            let each = if kind == "sqlite-each" { "1" } else { "0" };
-            let env = [
-                ("CODEROOM_SQLITE_INLINE_CHECKPOINT", inline),
-                ("CODEROOM_WRITE_EACH_FRAME", each),
-            ];
-            let server = Server::start_with_env(&storage, extra, &env).await;
-            let token = storage.token("bench@example.com").await;
-            Some(Peer::Coderoom {
-                storage,
-                server,
-                token,
-                kind,
-            })
-        }
-        other => {
-            node_peer(if other == "reference" {
-                "reference"
-            } else {
-                "hocuspocus"
-            })
-            .await
-        }
-    }
+    let Some(rest) = which.strip_prefix("coderoom") else {
+        return node_peer(if which == "reference" {
+            "reference"
+        } else {
+            "hocuspocus"
+        })
+        .await;
+    };
+    let (pg, lever) = match rest.strip_prefix("-pg") {
+        Some(l) => (true, l),
+        None => (false, rest),
+    };
+    let lever = lever.strip_prefix('-').unwrap_or(lever);
+    let Some(Lever {
+        label, args, env, ..
+    }) = LEVERS.iter().find(|l| l.name == lever)
+    else {
+        panic!("no such peer: {which}");
+    };
+    let backend = if pg {
+        Backend::Postgres(std::env::var("CODEROOM_TEST_POSTGRES_URL").ok()?)
+    } else {
+        Backend::Sqlite
+    };
+    let storage = Storage::new(&backend).await;
+    let server = Server::start_with_env(&storage, args, env).await;
+    let token = storage.token("bench@example.com").await;
+    let db = if pg { "PostgreSQL" } else { "SQLite" };
+    Some(Peer::Coderoom {
+        storage,
+        server,
+        token,
+        name: format!("coderoom ({db}{label})"),
+    })
 }
 
 fn shapes(secs: usize) -> Vec<Shape> {
@@ -562,9 +613,23 @@ fn shapes(secs: usize) -> Vec<Shape> {
             total: 50 * secs,
         },
         Shape {
+            name: "burst1",
+            rooms: 1,
+            readers: 1,
+            rate: None,
+            total: 20_000,
+        },
+        Shape {
             name: "burst",
             rooms: 1,
             readers: 10,
+            rate: None,
+            total: 20_000,
+        },
+        Shape {
+            name: "burst100",
+            rooms: 1,
+            readers: 100,
             rate: None,
             total: 20_000,
         },
@@ -609,34 +674,293 @@ async fn peers_side_by_side() {
                         "updates_per_s": o.updates_per_s, "converged": o.converged,
                     })
                 );
-                rows.push((shape, round, name, o));
+                rows.push(Row {
+                    shape,
+                    which: which.to_owned(),
+                    name,
+                    o,
+                    stages,
+                });
             }
         }
     }
-    println!(
-        "| shape | round | server | updates/s | p50 ms | p99 ms | max ms | delivered | converged |"
+    let title = std::env::var("BENCH_TITLE").unwrap_or_else(|_| "peers".into());
+    report(&title, &summary(&rows, repeat));
+    if rows.iter().any(|r| r.which == "coderoom") {
+        report(&format!("{title}-stages"), &stage_table(&rows));
+    }
+}
+
+/// One run's figures.
+struct Row {
+    shape: Shape,
+    which: String,
+    name: String,
+    o: Outcome,
+    /// Coderoom's per-stage histograms after the run (`stage_times`); null for the peers.
+    stages: serde_json::Value,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// The run as markdown: per shape and server the median of the rounds (each round in
+/// brackets), and ratios to the reference server and Hocuspocus where they ran, or else to
+/// the first server of the run. Paced shapes compare p99 (lower is better: a ratio below 1 is
+/// faster than the peer), bursts compare updates/s (higher is better).
+fn summary(rows: &[Row], repeat: usize) -> String {
+    use std::fmt::Write;
+    let mut order: Vec<&str> = Vec::new();
+    for r in rows {
+        if !order.contains(&r.which.as_str()) {
+            order.push(&r.which);
+        }
+    }
+    let mut bases: Vec<&str> = order
+        .iter()
+        .copied()
+        .filter(|w| *w == "reference" || *w == "hocuspocus")
+        .collect();
+    if bases.is_empty() {
+        bases.extend(order.first());
+    }
+    let label = |w: &str| match w {
+        "reference" => "the reference".to_owned(),
+        "hocuspocus" => "Hocuspocus".to_owned(),
+        other => format!("`{other}`"),
+    };
+    let mut shapes: Vec<Shape> = Vec::new();
+    for r in rows {
+        if !shapes.iter().any(|s| s.name == r.shape.name) {
+            shapes.push(r.shape);
+        }
+    }
+    let mut out = String::new();
+    let fig = |shape: &Shape, o: &Outcome| match shape.rate {
+        Some(_) => o.p99,
+        None => o.updates_per_s,
+    };
+    let of = |shape: &Shape, w: &str| -> Vec<&Outcome> {
+        rows.iter()
+            .filter(|r| r.shape.name == shape.name && r.which == w)
+            .map(|r| &r.o)
+            .collect()
+    };
+    for paced in [true, false] {
+        let ours: Vec<&Shape> = shapes
+            .iter()
+            .filter(|s| s.rate.is_some() == paced)
+            .collect();
+        if ours.is_empty() {
+            continue;
+        }
+        let ratio_heads: String = bases
+            .iter()
+            .map(|b| format!(" vs {} |", label(b)))
+            .collect();
+        if paced {
+            let _ = writeln!(
+                out,
+                "| shape | server | p50 ms | p99 ms, median (each round) | max ms |{ratio_heads} delivered, converged |"
+            );
+        } else {
+            let _ = writeln!(
+                out,
+                "| shape | server | updates/s to every reader, median (each round) |{ratio_heads} delivered, converged |"
+            );
+        }
+        let _ = writeln!(
+            out,
+            "|---|---|---|{}---|",
+            "---|".repeat(bases.len() + usize::from(paced) * 2)
+        );
+        for shape in ours {
+            let what = match shape.rate {
+                Some(r) => format!(
+                    "{} room{} x (1 writer + {} readers), {r} updates/s each",
+                    shape.rooms,
+                    if shape.rooms == 1 { "" } else { "s" },
+                    shape.readers
+                ),
+                None => format!(
+                    "burst: 1 writer, {} reader{}, {} updates",
+                    shape.readers,
+                    if shape.readers == 1 { "" } else { "s" },
+                    shape.total
+                ),
+            };
+            let mut first = true;
+            for w in &order {
+                let os = of(shape, w);
+                if os.is_empty() {
+                    continue;
+                }
+                let name = rows
+                    .iter()
+                    .find(|r| r.which == *w)
+                    .map_or("", |r| r.name.as_str());
+                let figs: Vec<f64> = os.iter().map(|o| fig(shape, o)).collect();
+                let mid = median(figs.clone());
+                let rounds = figs
+                    .iter()
+                    .map(|f| {
+                        if paced {
+                            format!("{f:.2}")
+                        } else {
+                            format!("{f:.0}")
+                        }
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let mut ratios = String::new();
+                for b in &bases {
+                    let base = median(of(shape, b).iter().map(|o| fig(shape, o)).collect());
+                    if b == w || !base.is_finite() {
+                        ratios.push_str(" |");
+                    } else {
+                        let _ = write!(ratios, " {:.2}x |", mid / base);
+                    }
+                }
+                let all = os.iter().all(|o| o.delivered == o.expected);
+                let conv = os.iter().all(|o| o.converged);
+                let health = format!(
+                    "{}, {}",
+                    if all { "all" } else { "LOST SOME" },
+                    if conv { "yes" } else { "NO" }
+                );
+                let shape_cell = if first { what.as_str() } else { "" };
+                first = false;
+                if paced {
+                    let p50 = median(os.iter().map(|o| o.p50).collect());
+                    let max = median(os.iter().map(|o| o.max).collect());
+                    let _ = writeln!(
+                        out,
+                        "| {shape_cell} | {name} | {p50:.2} | **{mid:.2}** ({rounds}) | {max:.1} |{ratios} {health} |"
+                    );
+                } else {
+                    let _ = writeln!(
+                        out,
+                        "| {shape_cell} | {name} | **{mid:.0}** ({rounds}) |{ratios} {health} |"
+                    );
+                }
+            }
+        }
+        out.push('\n');
+    }
+    // The issue's goals, judged on this run's medians: paced p99 at or below Hocuspocus's (and
+    // under 5 ms with 100 readers), bursts at least 2x both peers.
+    if bases.len() == 2 {
+        let _ = writeln!(out, "Goals, judged on this run's medians:\n");
+        for w in order.iter().filter(|w| w.starts_with("coderoom")) {
+            let name = rows
+                .iter()
+                .find(|r| r.which == *w)
+                .map_or("", |r| r.name.as_str());
+            let mut parts = Vec::new();
+            for shape in &shapes {
+                let mine = median(of(shape, w).iter().map(|o| fig(shape, o)).collect());
+                let peer = |b: &str| median(of(shape, b).iter().map(|o| fig(shape, o)).collect());
+                if !mine.is_finite() {
+                    continue;
+                }
+                let part = match shape.rate {
+                    Some(rate) => {
+                        let h = peer("hocuspocus");
+                        let mut verdict = if mine <= h { "met" } else { "NOT met" }.to_owned();
+                        if shape.readers >= 100 && mine >= 5.0 {
+                            verdict = format!("{verdict}; not under 5 ms");
+                        }
+                        format!(
+                            "{}x{}x{rate}/s p99 {mine:.2} ms vs Hocuspocus {h:.2}: {verdict}",
+                            shape.rooms, shape.readers
+                        )
+                    }
+                    None => {
+                        let (r, h) = (mine / peer("reference"), mine / peer("hocuspocus"));
+                        let verdict = if r >= 2.0 && h >= 2.0 {
+                            "met"
+                        } else {
+                            "NOT met"
+                        };
+                        format!(
+                            "burst with {} reader(s) {r:.2}x the reference, {h:.2}x Hocuspocus: {verdict}",
+                            shape.readers
+                        )
+                    }
+                };
+                parts.push(part);
+            }
+            let _ = writeln!(out, "- {name}: {}", parts.join("; "));
+        }
+        out.push('\n');
+    }
+    let _ = writeln!(
+        out,
+        "{repeat} round(s); each round runs every server in turn; paced runs send for the time \
+         set by `BENCH_SECS`. Ratios: paced, this p99 over the peer's (below 1: lower latency \
+         than the peer); burst, this rate over the peer's (above 1: faster)."
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
-    for (shape, round, name, o) in &rows {
-        let what = match shape.rate {
-            Some(r) => format!(
-                "{} room(s) x {} readers x {r}/s",
-                shape.rooms, shape.readers
-            ),
-            None => format!("burst, 1 writer, {} readers", shape.readers),
-        };
-        println!(
-            "| {what} | {} | {name} | {:.0} | {:.2} | {:.2} | {:.1} | {} of {} | {} |",
-            round + 1,
-            o.updates_per_s,
-            o.p50,
-            o.p99,
-            o.max,
-            o.delivered,
-            o.expected,
-            if o.converged { "yes" } else { "NO" }
+    out
+}
+
+/// Where Coderoom's time went (SQLite, default settings): each stage's mean and p99 in the
+/// last round of each paced shape, beside the edit-to-peer latency the generator saw.
+fn stage_table(rows: &[Row]) -> String {
+    use std::fmt::Write;
+    let runs: Vec<&Row> = {
+        let mut last: Vec<&Row> = Vec::new();
+        for r in rows
+            .iter()
+            .filter(|r| r.which == "coderoom" && r.shape.rate.is_some())
+        {
+            match last.iter_mut().find(|l| l.shape.name == r.shape.name) {
+                Some(l) => *l = r,
+                None => last.push(r),
+            }
+        }
+        last
+    };
+    let mut out = String::from("| stage |");
+    for r in &runs {
+        let _ = write!(
+            out,
+            " {} room(s) x {} readers x {}/s: mean / p99 ms |",
+            r.shape.rooms,
+            r.shape.readers,
+            r.shape.rate.unwrap_or(0)
         );
     }
+    let _ = writeln!(out, "\n|---|{}", "---|".repeat(runs.len()));
+    for (stage, what) in [
+        ("decode", "a client's frame parsed"),
+        ("apply", "the room applying it"),
+        ("commit", "the log append a batch waits for"),
+        ("broadcast", "framing and queueing for every peer"),
+        ("queue", "a frame waiting for its connection's writer"),
+        ("write", "handing it to the socket"),
+    ] {
+        let _ = write!(out, "| {stage} ({what}) |");
+        for r in &runs {
+            let st = &r.stages[stage];
+            let _ = write!(
+                out,
+                " {:.3} / {:.2} |",
+                st["mean_ms"].as_f64().unwrap_or(f64::NAN),
+                st["p99_ms"].as_f64().unwrap_or(f64::NAN)
+            );
+        }
+        out.push('\n');
+    }
+    out.push_str("| edit-to-peer, as the generator saw it |");
+    for r in &runs {
+        let _ = write!(out, " p50 {:.2}, p99 {:.2} |", r.o.p50, r.o.p99);
+    }
+    out.push_str(
+        "\n\nQuantiles of the stages are the upper edges of the histogram buckets they fall in.\n",
+    );
+    out
 }
 
 /// Coderoom's `doc_stage_seconds` histograms as `{stage: {"count", "mean_ms", "p50_ms",

@@ -317,8 +317,13 @@ async fn reference_server() -> (tokio::process::Child, u16) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark: run with --release --ignored --nocapture"]
 async fn density_benchmark() {
-    println!("| server | connections | rooms | KiB per idle connection | RSS after (MiB) |");
-    println!("|---|---|---|---|---|");
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "| server | connections | rooms | KiB per idle connection | RSS after (MiB) |"
+    );
+    let _ = writeln!(out, "|---|---|---|---|---|");
     for n in [1000usize, 5000, 10000] {
         // 100 connections a room (a room takes 256 by default). Coderoom fresh each time.
         let room_count = n / 100;
@@ -334,7 +339,8 @@ async fn density_benchmark() {
         let (kib, after, idle) = per_connection_kib(pid, &target, &rooms, n).await;
         // Closed before the next server's turn: the benchmark holds one end of each.
         drop(idle);
-        println!(
+        let _ = writeln!(
+            out,
             "| coderoom | {n} | {room_count} | {kib:.1} | {:.1} |",
             after as f64 / 1024.0
         );
@@ -349,16 +355,18 @@ async fn density_benchmark() {
         };
         let (kib, after, idle) = per_connection_kib(pid, &target, &rooms, n).await;
         drop(idle);
-        println!(
+        let _ = writeln!(
+            out,
             "| reference @y/websocket-server | {n} | {room_count} | {kib:.1} | {:.1} |",
             after as f64 / 1024.0
         );
         drop(child);
     }
-    // Per idle room: 1,000 rooms of one connection each, against the same connections in 10.
-    println!();
-    println!("| server | KiB per idle loaded room (1,000 rooms, one connection each) |");
-    println!("|---|---|");
+    // Per idle room: 1,000 rooms of two connections each (a pair in each room).
+    out.push('\n');
+    let _ = writeln!(
+        out,"| server | KiB per idle loaded room (1,000 rooms x 2 connections: the room and its pair) | RSS after (MiB) |");
+    let _ = writeln!(out, "|---|---|---|");
     let storage = Storage::new(&Backend::Sqlite).await;
     let token = storage.token("ana@example.com").await;
     let server = Server::start(&storage, &[]).await;
@@ -369,9 +377,10 @@ async fn density_benchmark() {
     };
     let rooms = coderoom_rooms(&server, &token, 1000).await;
     let before = settled_rss(pid).await;
-    let conns = open_idle(&target, &rooms, 1000).await;
+    let conns = open_idle(&target, &rooms, 2000).await;
     let after = settled_rss(pid).await;
     let coderoom_room = (after.saturating_sub(before)) as f64 / 1000.0;
+    let coderoom_after = after as f64 / 1024.0;
     drop(conns);
     server.kill9().await;
     let (child, port) = reference_server().await;
@@ -382,14 +391,19 @@ async fn density_benchmark() {
     };
     let rooms: Vec<String> = (0..1000).map(|i| format!("room{i}")).collect();
     let before = settled_rss(pid).await;
-    let conns = open_idle(&target, &rooms, 1000).await;
+    let conns = open_idle(&target, &rooms, 2000).await;
     let after = settled_rss(pid).await;
     let reference_room = (after.saturating_sub(before)) as f64 / 1000.0;
+    let reference_after = after as f64 / 1024.0;
     drop(conns);
     drop(child);
-    println!("| coderoom | {coderoom_room:.1} (room and its one connection) |");
-    println!(
-        "| reference @y/websocket-server | {reference_room:.1} (room and its one connection) |"
+    let _ = writeln!(
+        out,
+        "| coderoom | {coderoom_room:.1} | {coderoom_after:.1} |"
+    );
+    let _ = writeln!(
+        out,
+        "| reference @y/websocket-server | {reference_room:.1} | {reference_after:.1} |"
     );
 
     // Rejoining an idle room: an unloaded room (its memory given back; compacted into one
@@ -430,15 +444,17 @@ async fn density_benchmark() {
         v.sort();
         v[v.len() / 2].as_secs_f64() * 1000.0
     };
-    println!();
-    println!("| rejoin, 1 MB document (median of 5) | ms |");
-    println!("|---|---|");
-    println!(
+    out.push('\n');
+    let _ = writeln!(out, "| rejoin, 1 MB document (median of 5) | ms |");
+    let _ = writeln!(out, "|---|---|");
+    let _ = writeln!(
+        out,
         "| room unloaded (loaded from its snapshot) | {:.1} |",
         median(&mut cold)
     );
-    println!("| room loaded | {:.1} |", median(&mut warm));
+    let _ = writeln!(out, "| room loaded | {:.1} |", median(&mut warm));
     server.kill9().await;
+    report("density", &out);
 }
 
 /// Cold load of a room whose update log holds 100,000 updates (a 1 MB document typed ten
@@ -513,23 +529,30 @@ async fn log_replay_and_bytes_per_keystroke() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let disk_after = disk(storage.dir.path());
     let logged = server.metric("coderoom_bytes_persisted_total").await - logged_before;
-    println!("| measure | value |");
-    println!("|---|---|");
-    println!(
+    use std::fmt::Write;
+    let mut out = String::new();
+    let _ = writeln!(out, "| measure | value |");
+    let _ = writeln!(out, "|---|---|");
+    let _ = writeln!(
+        out,
         "| cold load, 1 MB document in a {updates}-update log (replayed) | {:.0} ms |",
         replayed.as_secs_f64() * 1000.0
     );
-    println!(
+    let _ = writeln!(
+        out,
         "| cold load, the same document compacted into its snapshot | {:.1} ms |",
         compacted.as_secs_f64() * 1000.0
     );
-    println!(
+    let _ = writeln!(
+        out,
         "| update bytes logged per keystroke | {:.1} |",
         logged / f64::from(keys)
     );
-    println!(
+    let _ = writeln!(
+        out,
         "| database growth per keystroke (file and WAL, SQLite pages) | {:.0} bytes |",
         disk_after.saturating_sub(disk_before) as f64 / f64::from(keys)
     );
+    report("density-log", &out);
     server.terminate().await;
 }

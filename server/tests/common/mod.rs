@@ -1120,6 +1120,19 @@ pub fn holds(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
 
+/// A benchmark's figures as markdown: printed, and written to `$BENCH_OUT/NAME.md` when
+/// `BENCH_OUT` is set (`tests/bench/regenerate` splices those files into
+/// `docs/benchmarks.md`).
+pub fn report(name: &str, markdown: &str) {
+    println!("{markdown}");
+    if let Ok(dir) = std::env::var("BENCH_OUT") {
+        std::fs::create_dir_all(&dir).expect("BENCH_OUT is a directory");
+        let path = std::path::Path::new(&dir).join(format!("{name}.md"));
+        std::fs::write(&path, markdown)
+            .unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+    }
+}
+
 /// A benchmark's knob: the environment variable `name` as a number, else `default`.
 pub fn knob(name: &str, default: usize) -> usize {
     std::env::var(name)
