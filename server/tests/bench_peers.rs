@@ -2,11 +2,13 @@
 //! sees it) against the y-websocket reference server and Hocuspocus (both in memory), driven by
 //! the same Rust load generator of yrs clients in the same run, alternated.
 //!
-//! Each writer appends numbered tokens (`00000042|`) to a text; a reader finds the newest
-//! token in each update it receives (in the update's bytes, without reading the text back) and
-//! records, for every number it had not seen, the time since its writer sent it. Readers apply
-//! every update to a document of their own; at the end every reader's text must equal its
-//! writer's (convergence) and every update must have reached every reader (no loss).
+//! Each room has writers and readers. Each writer appends tokens (`WWNNNNNN|`: writer `WW`,
+//! its update `NNNNNN`) to a text, from updates it encoded before the clock started; a reader
+//! finds the newest token of each writer in each update it receives (in the update's bytes,
+//! without reading the text back) and records, for every number it had not seen, the time since
+//! that writer sent it. Readers keep what they receive and apply it after the run: every
+//! reader's text must equal all writers' updates merged (convergence), and every update must
+//! have reached every reader (no loss).
 //!
 //! The generator speaks the y-websocket protocol (Coderoom, the reference server) and
 //! Hocuspocus's (each message prefixed by the document's name, an authentication message
@@ -15,7 +17,8 @@
 //!
 //! `cargo test --release -p coderoom-server --test bench_peers -- --ignored --nocapture`
 //! (`BENCH_SECS` per run, default 5; `BENCH_REPEAT`, default 3; `BENCH_SHAPES`, a comma list
-//! of `fanout`, `fast`, `rooms`, `burst1`, `burst`, `burst100`; `BENCH_PEERS`, a comma list of
+//! of `fanout`, `fast`, `rooms`, `burst1`, `burst`, `burst100` (the default), `team` (4
+//! writers); `BENCH_PEERS`, a comma list of
 //! `coderoom`, `coderoom-pg` (with `CODEROOM_TEST_POSTGRES_URL`), either followed by a lever
 //! switched off (`-normal`, `-inline`, `-each`, `-nogroup`, `-aftermerge`, `-rows`: see
 //! `LEVERS`), `reference`, `hocuspocus`; default `coderoom,coderoom-pg,reference,hocuspocus`;
@@ -163,15 +166,24 @@ async fn joined(ep: &Endpoint) -> Ws {
     }
 }
 
-/// The newest token number in an update's bytes (`NNNNNNNN|`).
-fn newest_token(b: &[u8]) -> Option<usize> {
-    let mut best = None;
+/// Tokens are `WWNNNNNN|`: the writer `WW`, its update number `NNNNNN`.
+const PER_WRITER: usize = 1_000_000;
+
+/// The newest token of each writer in an update's bytes, as (writer, number) pairs.
+fn newest_tokens(b: &[u8]) -> Vec<(usize, usize)> {
+    let mut best: Vec<(usize, usize)> = Vec::new();
     let mut i = b.len();
     while i > 8 {
         i -= 1;
         if b[i] == b'|' && b[i - 8..i].iter().all(u8::is_ascii_digit) {
-            let n: usize = std::str::from_utf8(&b[i - 8..i]).ok()?.parse().ok()?;
-            best = Some(best.map_or(n, |m: usize| m.max(n)));
+            let t = b[i - 8..i]
+                .iter()
+                .fold(0usize, |t, d| t * 10 + usize::from(d - b'0'));
+            let (w, n) = (t / PER_WRITER, t % PER_WRITER);
+            match best.iter_mut().find(|(bw, _)| *bw == w) {
+                Some((_, bn)) => *bn = (*bn).max(n),
+                None => best.push((w, n)),
+            }
             i -= 8;
         }
     }
@@ -192,6 +204,8 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 struct Shape {
     name: &'static str,
     rooms: usize,
+    /// Writers per room, each sending `total` updates at `rate`.
+    writers: usize,
     readers: usize,
     rate: Option<usize>,
     total: usize,
@@ -210,9 +224,9 @@ struct Outcome {
     converged: bool,
 }
 
-/// A writer's `total` updates as y-protocol messages (each appends its numbered token to the
-/// text `t`), and the text they make.
-fn writer_script(total: usize) -> (Vec<Vec<u8>>, String) {
+/// Writer `w`'s `total` updates as y-protocol messages, each appending its token
+/// (`WWNNNNNN|`) to the text `t` of a document of its own.
+fn writer_script(w: usize, total: usize) -> Vec<Vec<u8>> {
     let doc = yrs::Doc::new();
     let text = doc.get_or_insert_text("t");
     let mut script = Vec::with_capacity(total);
@@ -221,52 +235,80 @@ fn writer_script(total: usize) -> (Vec<Vec<u8>>, String) {
         {
             let mut txn = doc.transact_mut();
             let end = text.len(&txn);
-            text.insert(&mut txn, end, &format!("{n:08}|"));
+            text.insert(&mut txn, end, &format!("{:08}|", w * PER_WRITER + n));
         }
         let update = doc.transact().encode_diff_v1(&sv);
         script.push(YMessage::Sync(SyncMessage::Update(update)).encode_v1());
     }
-    let written = text.get_string(&doc.transact());
-    (script, written)
+    script
+}
+
+/// The text every reader must end with: all writers' updates merged.
+fn merged_text(scripts: &[Vec<Vec<u8>>]) -> String {
+    let doc = yrs::Doc::new();
+    let text = doc.get_or_insert_text("t");
+    for y in scripts.iter().flatten() {
+        let mut decoder = DecoderV1::new(Cursor::new(y));
+        let Ok(YMessage::Sync(SyncMessage::Update(u))) = YMessage::decode(&mut decoder) else {
+            panic!("a writer's script holds sync updates only");
+        };
+        doc.transact_mut()
+            .apply_update(Update::decode_v1(&u).unwrap())
+            .unwrap();
+    }
+    let merged = text.get_string(&doc.transact());
+    merged
 }
 
 /// Runs `shape` on the rooms at `eps` (one endpoint per room).
 async fn drive(eps: Vec<Endpoint>, shape: Shape) -> Outcome {
     let total = shape.total;
+    let writers = shape.writers;
+    assert!(total < PER_WRITER && writers < 100, "tokens are WWNNNNNN");
     let mut rooms = Vec::new();
     for ep in &eps {
-        let writer = joined(ep).await;
+        let mut ws = Vec::new();
+        for _ in 0..writers {
+            ws.push(joined(ep).await);
+        }
         let mut readers = Vec::new();
         for _ in 0..shape.readers {
             readers.push(joined(ep).await);
         }
-        rooms.push((ep.clone(), writer, readers));
+        rooms.push((ep.clone(), ws, readers));
     }
     // What every writer sends, made before the clock starts: a yrs text encodes an update at
     // its end in time that grows with the text, so a writer making them as it goes is what
     // limits a burst (about 6,000 a second here), not the server.
-    let (script, written) = writer_script(total);
+    let scripts: Vec<Vec<Vec<u8>>> = (0..writers).map(|w| writer_script(w, total)).collect();
+    let written = merged_text(&scripts);
     let base = Instant::now();
     let start = base + Duration::from_millis(300);
     let latencies: Arc<Mutex<Vec<f64>>> = Arc::default();
     let got = Arc::new(AtomicUsize::new(0));
-    let expected = total * shape.readers * eps.len();
+    let expected = total * writers * shape.readers * eps.len();
     let last_at = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
     let mut finals = Vec::new();
-    for (ep, writer, readers) in rooms {
-        let sent: Arc<Vec<AtomicU64>> = Arc::new((0..total).map(|_| AtomicU64::new(0)).collect());
+    for (ep, ws, readers) in rooms {
+        // When each writer sent each of its updates.
+        let sent: Arc<Vec<Vec<AtomicU64>>> = Arc::new(
+            (0..writers)
+                .map(|_| (0..total).map(|_| AtomicU64::new(0)).collect())
+                .collect(),
+        );
         // What each reader received, in order; applied after the run (so a reader's cost while
-        // measuring is finding the token, and the generator is not what limits a burst).
+        // measuring is finding the tokens, and the generator is not what limits a burst).
         let received: Arc<Mutex<Vec<Vec<Vec<u8>>>>> = Arc::default();
         for mut r in readers {
             let (ep, sent, received) = (ep.clone(), sent.clone(), received.clone());
             let (latencies, got, last_at) = (latencies.clone(), got.clone(), last_at.clone());
             tasks.push(tokio::spawn(async move {
-                let mut seen = 0usize;
-                let mut mine = Vec::with_capacity(total);
-                let mut updates = Vec::with_capacity(total);
-                while seen < total {
+                let mut seen = vec![0usize; writers];
+                let mut left = total * writers;
+                let mut mine = Vec::with_capacity(left);
+                let mut updates = Vec::with_capacity(left);
+                while left > 0 {
                     let Some(Ok(msg)) = r.next().await else { break };
                     let Message::Binary(b) = msg else { continue };
                     let now = Instant::now();
@@ -274,43 +316,56 @@ async fn drive(eps: Vec<Endpoint>, shape: Shape) -> Outcome {
                     else {
                         continue;
                     };
-                    let newest = newest_token(&u).filter(|n| *n >= seen && *n < total);
+                    let newest = newest_tokens(&u);
                     updates.push(u);
-                    let Some(n) = newest else { continue };
                     let now_ns = now.duration_since(base).as_nanos() as u64;
-                    for s in seen..=n {
-                        let at = sent[s].load(Ordering::Acquire);
-                        mine.push(now_ns.saturating_sub(at) as f64 / 1e6);
+                    for (w, n) in newest {
+                        if w >= writers || n >= total || n < seen[w] {
+                            continue;
+                        }
+                        for s in seen[w]..=n {
+                            let at = sent[w][s].load(Ordering::Acquire);
+                            mine.push(now_ns.saturating_sub(at) as f64 / 1e6);
+                        }
+                        let fresh = n + 1 - seen[w];
+                        got.fetch_add(fresh, Ordering::AcqRel);
+                        left -= fresh;
+                        seen[w] = n + 1;
                     }
-                    got.fetch_add(n + 1 - seen, Ordering::AcqRel);
                     last_at.fetch_max(now_ns, Ordering::AcqRel);
-                    seen = n + 1;
                 }
                 latencies.lock().unwrap().extend(mine);
                 received.lock().unwrap().push(updates);
             }));
         }
-        let (mut sink, mut stream) = writer.split();
-        // The writer reads (and drops) what it is sent, so its socket keeps flowing.
-        tasks.push(tokio::spawn(async move {
-            while stream.next().await.is_some() {}
-        }));
-        let frames: Vec<Vec<u8>> = script.iter().map(|y| ep.frame(y)).collect();
-        tasks.push(tokio::spawn(async move {
-            for (n, frame) in frames.into_iter().enumerate() {
-                if let Some(rate) = shape.rate {
-                    let at = start + Duration::from_secs_f64(n as f64 / rate as f64);
-                    tokio::time::sleep_until(at.into()).await;
+        for (w, writer) in ws.into_iter().enumerate() {
+            let (mut sink, mut stream) = writer.split();
+            // A writer reads (and drops) what it is sent, so its socket keeps flowing.
+            tasks.push(tokio::spawn(async move {
+                while stream.next().await.is_some() {}
+            }));
+            let frames: Vec<Vec<u8>> = scripts[w].iter().map(|y| ep.frame(y)).collect();
+            let sent = sent.clone();
+            tasks.push(tokio::spawn(async move {
+                // Every shape starts on the clock (a burst's rate counts from `start`).
+                tokio::time::sleep_until(start.into()).await;
+                for (n, frame) in frames.into_iter().enumerate() {
+                    if let Some(rate) = shape.rate {
+                        // Writers of a room take turns within each period.
+                        let at = (n as f64 + w as f64 / writers as f64) / rate as f64;
+                        tokio::time::sleep_until((start + Duration::from_secs_f64(at)).into())
+                            .await;
+                    }
+                    sent[w][n].store(base.elapsed().as_nanos() as u64, Ordering::Release);
+                    if sink.send(Message::Binary(frame.into())).await.is_err() {
+                        break;
+                    }
                 }
-                sent[n].store(base.elapsed().as_nanos() as u64, Ordering::Release);
-                if sink.send(Message::Binary(frame.into())).await.is_err() {
-                    break;
-                }
-            }
-            // Open until the readers are done.
-            tokio::time::sleep(Duration::from_secs(600)).await;
-            drop(sink);
-        }));
+                // Open until the readers are done.
+                tokio::time::sleep(Duration::from_secs(600)).await;
+                drop(sink);
+            }));
+        }
         finals.push(received);
     }
     let send_secs = shape.rate.map_or(0.0, |r| total as f64 / r as f64);
@@ -352,14 +407,16 @@ async fn drive(eps: Vec<Endpoint>, shape: Shape) -> Outcome {
     });
     let mut l = latencies.lock().unwrap().clone();
     l.sort_by(|a, b| a.partial_cmp(b).unwrap());
-    let last = last_at.load(Ordering::Acquire) as f64 / 1e9 - 0.3;
+    // From the clock's start (every writer's first send) to the last reader's last update.
+    let last =
+        last_at.load(Ordering::Acquire) as f64 / 1e9 - start.duration_since(base).as_secs_f64();
     Outcome {
         p50: percentile(&l, 0.5),
         p99: percentile(&l, 0.99),
         max: l.last().copied().unwrap_or(f64::NAN),
         delivered: got.load(Ordering::Acquire),
         expected,
-        updates_per_s: (total * eps.len()) as f64
+        updates_per_s: (total * writers * eps.len()) as f64
             / if shape.rate.is_some() {
                 send_secs
             } else {
@@ -591,7 +648,17 @@ async fn start(which: &str) -> Option<Peer> {
 
 fn shapes(secs: usize) -> Vec<Shape> {
     vec![
+        // Not in the default run (`BENCH_SHAPES=team`): a team typing at once.
         Shape {
+            writers: 4,
+            name: "team",
+            rooms: 1,
+            readers: 8,
+            rate: Some(100),
+            total: 100 * secs,
+        },
+        Shape {
+            writers: 1,
             name: "fanout",
             rooms: 1,
             readers: 100,
@@ -599,6 +666,7 @@ fn shapes(secs: usize) -> Vec<Shape> {
             total: 500 * secs,
         },
         Shape {
+            writers: 1,
             name: "fast",
             rooms: 1,
             readers: 10,
@@ -606,6 +674,7 @@ fn shapes(secs: usize) -> Vec<Shape> {
             total: 2000 * secs,
         },
         Shape {
+            writers: 1,
             name: "rooms",
             rooms: 40,
             readers: 4,
@@ -613,6 +682,7 @@ fn shapes(secs: usize) -> Vec<Shape> {
             total: 50 * secs,
         },
         Shape {
+            writers: 1,
             name: "burst1",
             rooms: 1,
             readers: 1,
@@ -620,6 +690,7 @@ fn shapes(secs: usize) -> Vec<Shape> {
             total: 20_000,
         },
         Shape {
+            writers: 1,
             name: "burst",
             rooms: 1,
             readers: 10,
@@ -627,6 +698,7 @@ fn shapes(secs: usize) -> Vec<Shape> {
             total: 20_000,
         },
         Shape {
+            writers: 1,
             name: "burst100",
             rooms: 1,
             readers: 100,
@@ -648,7 +720,11 @@ async fn peers_side_by_side() {
         .unwrap_or_else(|_| "coderoom,coderoom-pg,reference,hocuspocus".into());
     let mut rows = Vec::new();
     for shape in shapes(secs) {
-        if !wanted.is_empty() && !wanted.split(',').any(|w| w == shape.name) {
+        let picked = match wanted.as_str() {
+            "" => shape.name != "team",
+            w => w.split(',').any(|w| w == shape.name),
+        };
+        if !picked {
             continue;
         }
         for round in 0..repeat {
@@ -779,13 +855,17 @@ fn summary(rows: &[Row], repeat: usize) -> String {
         for shape in ours {
             let what = match shape.rate {
                 Some(r) => format!(
-                    "{} room{} x (1 writer + {} readers), {r} updates/s each",
+                    "{} room{} x ({} writer{} + {} readers), {r} updates/s each",
                     shape.rooms,
                     if shape.rooms == 1 { "" } else { "s" },
+                    shape.writers,
+                    if shape.writers == 1 { "" } else { "s" },
                     shape.readers
                 ),
                 None => format!(
-                    "burst: 1 writer, {} reader{}, {} updates",
+                    "burst: {} writer{}, {} reader{}, {} updates each",
+                    shape.writers,
+                    if shape.writers == 1 { "" } else { "s" },
                     shape.readers,
                     if shape.readers == 1 { "" } else { "s" },
                     shape.total
@@ -926,8 +1006,9 @@ fn stage_table(rows: &[Row]) -> String {
     for r in &runs {
         let _ = write!(
             out,
-            " {} room(s) x {} readers x {}/s: mean / p99 ms |",
+            " {} room(s) x ({} writer(s) + {} readers) x {}/s: mean / p99 ms |",
             r.shape.rooms,
+            r.shape.writers,
             r.shape.readers,
             r.shape.rate.unwrap_or(0)
         );
@@ -1014,6 +1095,7 @@ async fn stage_times(server: &Server) -> serde_json::Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn smoke_every_peer_gets_every_update() {
     let shape = Shape {
+        writers: 2,
         name: "smoke",
         rooms: 2,
         readers: 3,
@@ -1039,9 +1121,12 @@ async fn smoke_every_peer_gets_every_update() {
 
 #[test]
 fn tokens_are_found_in_update_bytes() {
-    assert_eq!(newest_token(b"\x01\x02abc00000007|00000012|\x00"), Some(12));
-    assert_eq!(newest_token(b"0000001|"), None);
-    assert_eq!(newest_token(b""), None);
+    assert_eq!(
+        newest_tokens(b"\x01\x02abc00000007|00000012|01000003|\x00"),
+        vec![(1, 3), (0, 12)]
+    );
+    assert_eq!(newest_tokens(b"0000001|"), vec![]);
+    assert_eq!(newest_tokens(b""), vec![]);
     let mut v = Vec::new();
     write_var_uint(&mut v, 300);
     let mut at = 0;
