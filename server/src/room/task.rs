@@ -123,12 +123,6 @@ pub(crate) enum LoadError {
     Observe,
 }
 
-/// Rebuilds a room's document from its snapshot and log, failing on any entry that does not
-/// decode or apply. Returns the document and the stored bytes it came from.
-///
-/// One transaction per entry: applied in one transaction, a long log grew worse than
-/// quadratically (yrs squashes runs of text only when a transaction commits): 40,000 entries
-/// took 11.8 s, now 62 ms (`load_tests`, docs/benchmarks.md).
 /// Collects what each transaction on `doc` changed, encoded as a v1 update, into `sink`.
 ///
 /// Encoded when the transaction's body is done, before yrs merges the new blocks into their
@@ -160,6 +154,12 @@ pub(crate) fn observe_produced(
     })
 }
 
+/// Rebuilds a room's document from its snapshot and log, failing on any entry that does not
+/// decode or apply. Returns the document and the stored bytes it came from.
+///
+/// One transaction per entry: applied in one transaction, a long log grew worse than
+/// quadratically (yrs squashes runs of text only when a transaction commits): 40,000 entries
+/// took 11.8 s, now 62 ms (`load_tests`, docs/benchmarks.md).
 pub(crate) fn doc_from_stored(stored: &StoredDoc) -> Result<(Doc, usize), DocError> {
     let doc = Doc::new();
     let mut bytes = 0;
@@ -1345,13 +1345,15 @@ mod load_tests {
 
     /// What `observe_produced` records for each transaction holds the same change as yrs's own
     /// `observe_update_v1`: replaying either list into a fresh document gives the same
-    /// document, transaction after transaction, for typing at the end, in the middle, deletions
-    /// (also of text typed in the same transaction, which yrs collects), map entries, and
-    /// updates applied from another document.
+    /// document after every transaction. The edits are the room's: texts inside the `files`
+    /// map typed at the end and at the start, ranges deleted, a file (a map entry holding a
+    /// text) removed, which yrs collects; remote updates inserting, deleting, and typing into a
+    /// file the room has removed (integrated as deleted); and a remote update whose parts
+    /// depend on content the room lacks, pruned from the pending store as the room does.
     #[test]
     fn produced_updates_match_yrs_own() {
         use yrs::types::ToJson;
-        use yrs::{Map, ReadTxn, Transact, Update};
+        use yrs::{Map, MapRef, ReadTxn, TextPrelim, TextRef, Transact, Update};
         let doc = Doc::new();
         let ours: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
         observe_produced(&doc, ours.clone()).unwrap();
@@ -1361,109 +1363,134 @@ mod load_tests {
             sink.lock().unwrap().push(e.update.clone())
         })
         .unwrap();
-        let text = doc.get_or_insert_text("files/a.txt");
-        let map = doc.get_or_insert_map("files");
+        let files = doc.get_or_insert_map("files");
+        let file = |d: &Doc, m: &MapRef, name: &str| -> Option<TextRef> {
+            m.get(&d.transact(), name)
+                .and_then(|v| v.cast::<TextRef>().ok())
+        };
+        // A remote peer that syncs with the room both ways.
         let remote = Doc::new();
-        let rtext = remote.get_or_insert_text("files/a.txt");
-        let mut edits: Vec<Box<dyn Fn()>> = Vec::new();
-        for i in 0..200u32 {
-            let (doc, text, map) = (doc.clone(), text.clone(), map.clone());
-            let (remote, rtext) = (remote.clone(), rtext.clone());
-            edits.push(Box::new(move || {
-                let len = text.len(&doc.transact());
-                match i % 7 {
-                    0..=2 => {
-                        let mut t = doc.transact_mut();
-                        text.insert(&mut t, len, &format!("{i:04}é|"));
-                    }
-                    3 if len > 6 => {
-                        let mut t = doc.transact_mut();
-                        // At the start (ASCII there, so byte offsets never split a character).
-                        text.insert(&mut t, 0, "mid");
-                        text.remove_range(&mut t, 3, 1);
-                    }
-                    4 => {
-                        let mut t = doc.transact_mut();
-                        text.insert(&mut t, len, "gone");
-                        text.remove_range(&mut t, len, 4);
-                        map.insert(&mut t, format!("k{i}"), i64::from(i));
-                    }
-                    5 => {
-                        let sv = remote.transact().state_vector();
-                        {
-                            let mut t = remote.transact_mut();
-                            let end = rtext.len(&t);
-                            rtext.insert(&mut t, end, "remoté");
+        let rfiles = remote.get_or_insert_map("files");
+        let sync = |from: &Doc, to: &Doc| {
+            let u = from
+                .transact()
+                .encode_diff_v1(&to.transact().state_vector());
+            to.transact_mut()
+                .apply_update(Update::decode_v1(&u).unwrap())
+                .unwrap();
+        };
+        let (a, b) = (Doc::new(), Doc::new());
+        let mut replayed = 0;
+        let mut check = |step: u32| {
+            let ours = ours.lock().unwrap().clone();
+            let theirs = theirs.lock().unwrap().clone();
+            assert_eq!(
+                ours.len(),
+                theirs.len(),
+                "step {step}: one update per change"
+            );
+            for (x, y) in ours[replayed..].iter().zip(&theirs[replayed..]) {
+                a.transact_mut()
+                    .apply_update(Update::decode_v1(x).unwrap())
+                    .unwrap();
+                b.transact_mut()
+                    .apply_update(Update::decode_v1(y).unwrap())
+                    .unwrap();
+            }
+            replayed = ours.len();
+            let json = |d: &Doc| d.get_or_insert_map("files").to_json(&d.transact());
+            assert_eq!(json(&a), json(&b), "step {step}");
+            assert_eq!(json(&a), json(&doc), "step {step}");
+            assert_eq!(a.transact().state_vector(), b.transact().state_vector());
+            assert_eq!(
+                a.transact().snapshot().delete_set,
+                b.transact().snapshot().delete_set,
+                "step {step}"
+            );
+        };
+        for i in 0..120u32 {
+            let name = format!("f{}", i % 5);
+            match i % 8 {
+                0 => {
+                    // A new file, or typing at the end of one.
+                    let mut t = doc.transact_mut();
+                    match files.get(&t, &name).and_then(|v| v.cast::<TextRef>().ok()) {
+                        Some(text) => {
+                            let end = text.len(&t);
+                            text.insert(&mut t, end, &format!("{i:04}é|"));
                         }
-                        let u = remote.transact().encode_diff_v1(&sv);
-                        doc.transact_mut()
-                            .apply_update(Update::decode_v1(&u).unwrap())
-                            .unwrap();
-                        let back = doc
-                            .transact()
-                            .encode_diff_v1(&remote.transact().state_vector());
-                        remote
-                            .transact_mut()
-                            .apply_update(Update::decode_v1(&back).unwrap())
-                            .unwrap();
-                    }
-                    _ => {
-                        // A transaction that changes nothing produces nothing.
-                        drop(doc.transact_mut());
+                        None => {
+                            files.insert(&mut t, name.clone(), TextPrelim::new("start|"));
+                        }
                     }
                 }
-            }));
+                1 | 2 => {
+                    if let Some(text) = file(&doc, &files, &name) {
+                        let mut t = doc.transact_mut();
+                        let end = text.len(&t);
+                        text.insert(&mut t, end, &format!("{i:04}|"));
+                        // Typed at the start (ASCII there: byte offsets split no character),
+                        // and a range deleted.
+                        text.insert(&mut t, 0, "ab");
+                        text.remove_range(&mut t, 1, 2);
+                    }
+                }
+                3 => {
+                    // Typed and deleted in one transaction, which yrs collects.
+                    if let Some(text) = file(&doc, &files, &name) {
+                        let mut t = doc.transact_mut();
+                        let end = text.len(&t);
+                        text.insert(&mut t, end, "gone");
+                        text.remove_range(&mut t, end, 4);
+                    }
+                }
+                4 => {
+                    // The remote peer types and deletes; the room applies it.
+                    sync(&doc, &remote);
+                    if let Some(text) = file(&remote, &rfiles, &name) {
+                        let mut t = remote.transact_mut();
+                        let end = text.len(&t);
+                        text.insert(&mut t, end, "remote|");
+                        if end > 3 {
+                            text.remove_range(&mut t, 0, 1);
+                        }
+                    }
+                    sync(&remote, &doc);
+                }
+                5 => {
+                    // The remote peer types into a file the room removes meanwhile.
+                    sync(&doc, &remote);
+                    if let Some(text) = file(&remote, &rfiles, &name) {
+                        {
+                            let mut t = remote.transact_mut();
+                            let end = text.len(&t);
+                            text.insert(&mut t, end, "late|");
+                        }
+                        files.remove(&mut doc.transact_mut(), &name);
+                        sync(&remote, &doc);
+                    }
+                }
+                6 => {
+                    // An update that depends on one the room never got: its parts go pending
+                    // and are pruned, as the room does.
+                    let third = Doc::new();
+                    let tt = third.get_or_insert_text("orphan");
+                    tt.insert(&mut third.transact_mut(), 0, "first");
+                    let sv = third.transact().state_vector();
+                    tt.insert(&mut third.transact_mut(), 5, "second");
+                    let u = third.transact().encode_diff_v1(&sv);
+                    let mut t = doc.transact_mut();
+                    t.apply_update(Update::decode_v1(&u).unwrap()).unwrap();
+                    assert!(t.prune_pending().is_some());
+                }
+                _ => {
+                    // A transaction that changes nothing produces nothing.
+                    drop(doc.transact_mut());
+                }
+            }
+            check(i);
         }
-        for edit in &edits {
-            edit();
-        }
-        let ours = ours.lock().unwrap().clone();
-        let theirs = theirs.lock().unwrap().clone();
-        assert_eq!(
-            ours.len(),
-            theirs.len(),
-            "one update per changing transaction"
-        );
-        assert!(ours.len() > 100);
-        let (a, b) = (Doc::new(), Doc::new());
-        for (x, y) in ours.iter().zip(&theirs) {
-            a.transact_mut()
-                .apply_update(Update::decode_v1(x).unwrap())
-                .unwrap();
-            b.transact_mut()
-                .apply_update(Update::decode_v1(y).unwrap())
-                .unwrap();
-            assert_eq!(a.transact().state_vector(), b.transact().state_vector());
-            let (ta, tb) = (
-                a.get_or_insert_text("files/a.txt"),
-                b.get_or_insert_text("files/a.txt"),
-            );
-            assert_eq!(ta.get_string(&a.transact()), tb.get_string(&b.transact()));
-        }
-        let full = |d: &Doc| {
-            d.transact()
-                .encode_state_as_update_v1(&yrs::StateVector::default())
-        };
-        let (ra, rb) = (Doc::new(), Doc::new());
-        ra.transact_mut()
-            .apply_update(Update::decode_v1(&full(&a)).unwrap())
-            .unwrap();
-        rb.transact_mut()
-            .apply_update(Update::decode_v1(&full(&b)).unwrap())
-            .unwrap();
-        assert_eq!(
-            ra.get_or_insert_text("files/a.txt")
-                .get_string(&ra.transact()),
-            text.get_string(&doc.transact())
-        );
-        assert_eq!(
-            a.get_or_insert_map("files").to_json(&a.transact()),
-            map.to_json(&doc.transact())
-        );
-        assert_eq!(
-            a.transact().snapshot().delete_set,
-            b.transact().snapshot().delete_set
-        );
+        assert!(replayed >= 40, "{replayed} updates");
     }
 
     /// Loading a long log takes time in proportion to it (run with --release --ignored

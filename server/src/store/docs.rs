@@ -204,6 +204,9 @@ impl Writer {
 /// 65,535).
 const ROWS_PER_STATEMENT: usize = 500;
 
+/// Row counts whose `INSERT` stays prepared on the connection.
+const PREPARED_UP_TO: usize = 32;
+
 /// False under `CODEROOM_LOG_ROW_EACH=1`: a statement per row inside a transaction, as before
 /// multi-row inserts, for the benchmark's comparison only (docs/benchmarks.md).
 fn multi_row() -> bool {
@@ -221,7 +224,9 @@ where
         let sep = if i > 0 { ", " } else { "" };
         let _ = write!(sql, "{sep}(${}, ${}, ${})", n + 1, n + 2, n + 3);
     }
-    let mut q = sqlx::query(&sql);
+    // Each row count is a statement of its own: only the common small ones are kept prepared,
+    // so bursts of every size up to 500 never churn the connection's statement cache (100).
+    let mut q = sqlx::query(&sql).persistent(rows.len() <= PREPARED_UP_TO);
     for (room, seq, data) in rows {
         q = q.bind(*room).bind(*seq).bind(*data);
     }
@@ -240,9 +245,27 @@ mod tests {
     #[tokio::test]
     async fn grouped_appends_land_whole_and_a_bad_batch_fails_alone() {
         let dir = tempfile::tempdir().unwrap();
-        let store = Store::connect(&format!("sqlite://{}/g.db", dir.path().display()))
-            .await
-            .unwrap();
+        grouped_appends(&format!("sqlite://{}/g.db", dir.path().display())).await;
+        // PostgreSQL too where the test run has one (a database of its own, dropped after).
+        if let Ok(admin) = std::env::var("CODEROOM_TEST_POSTGRES_URL") {
+            let name = format!("coderoom_u_{}", uuid::Uuid::new_v4().simple());
+            let root = Store::connect(&admin).await.unwrap();
+            sqlx::query(&format!("CREATE DATABASE {name}"))
+                .execute(&root.pool)
+                .await
+                .unwrap();
+            let base = admin.rsplit_once('/').unwrap().0;
+            grouped_appends(&format!("{base}/{name}")).await;
+            sqlx::query(&format!("DROP DATABASE {name} WITH (FORCE)"))
+                .execute(&root.pool)
+                .await
+                .unwrap();
+            root.close().await;
+        }
+    }
+
+    async fn grouped_appends(url: &str) {
+        let store = Store::connect(url).await.unwrap();
         store.migrate().await.unwrap();
         sqlx::query("INSERT INTO users (id, email, created_at) VALUES ('u', 'u@example.com', 0)")
             .execute(&store.pool)
