@@ -980,7 +980,8 @@ fn summary(rows: &[Row], repeat: usize) -> String {
         out,
         "{repeat} round(s); each round runs every server in turn; paced runs send for the time \
          set by `BENCH_SECS`. Ratios: paced, this p99 over the peer's (below 1: lower latency \
-         than the peer); burst, this rate over the peer's (above 1: faster)."
+         than the peer); burst, this rate over the peer's (above 1: faster). With an even \
+         number of rounds the median is the higher of the middle two."
     );
     out
 }
