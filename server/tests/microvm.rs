@@ -198,16 +198,18 @@ async fn a_room_runs_in_a_qemu_microvm() {
         "the host's root is not there: {out}"
     );
 
-    // The image's userland: Python 3 and git, read-only at /usr.
+    // The image's userland: Python 3, git and a C compiler, read-only at /usr.
     let out = vm_exec(
         server,
         &t.ben,
         room,
         "python3 -c 'print(6 * 7)'; git init -q /tmp/repo && git -C /tmp/repo status --porcelain && echo git-ok; \
-         touch /usr/bin/x 2>/dev/null || echo usr-read-only",
+         touch /usr/bin/x 2>/dev/null || echo usr-read-only; \
+         printf '#include <stdio.h>\\nint main(void) { printf(\"cc-%%d\\\\n\", 6 * 7); return 0; }\\n' > /tmp/c.c && \
+         gcc -O1 -o /tmp/c /tmp/c.c && /tmp/c",
     )
     .await;
-    assert_eq!(out["stdout"], "42\ngit-ok\nusr-read-only\n", "{out}");
+    assert_eq!(out["stdout"], "42\ngit-ok\nusr-read-only\ncc-42\n", "{out}");
 
     // The shared terminal is a shell inside the VM.
     let mut typer = term(server, room, &t.ben).await;

@@ -73,9 +73,10 @@ const GROUP: &str = "root:x:0:\ntty:x:5:\ncoder:x:1000:\nnogroup:x:65534:\n";
 const HOSTS: &str = "127.0.0.1 localhost coderoom\n::1 localhost\n";
 
 /// Debian packages whose files under `/usr` (with the libraries their programs load) make the
-/// guest's userland disk, mounted read-only at `/usr`: Python 3 and git. Those not installed on
-/// the building host are left out, and the manifest says what the guest has.
-const USERLAND_PACKAGES: [&str; 7] = [
+/// guest's userland disk, mounted read-only at `/usr`: Python 3, git, and a C compiler (GCC 12
+/// with binutils and the C library's headers and startup files; no C++, no LTO). Those not
+/// installed on the building host are left out, and the manifest says what the guest has.
+const USERLAND_PACKAGES: [&str; 16] = [
     "python3.11-minimal",
     "libpython3.11-minimal",
     "libpython3.11-stdlib",
@@ -83,9 +84,19 @@ const USERLAND_PACKAGES: [&str; 7] = [
     "python3-minimal",
     "python3",
     "git",
+    "cpp-12",
+    "gcc-12",
+    "cpp",
+    "gcc",
+    "binutils",
+    "binutils-x86-64-linux-gnu",
+    "libc6-dev",
+    "libgcc-12-dev",
+    "linux-libc-dev",
 ];
-/// Parts of those packages the guest does without.
-const USERLAND_SKIP: [&str; 12] = [
+/// Parts of those packages the guest does without (documentation, test suites, link-time
+/// optimisation: 64 MiB of GCC's 70, sanitizer runtimes).
+const USERLAND_SKIP: [&str; 19] = [
     "/usr/share/doc",
     "/usr/share/man",
     "/usr/share/locale",
@@ -98,6 +109,13 @@ const USERLAND_SKIP: [&str; 12] = [
     "/usr/share/perl5",
     "/usr/lib/python3.11/test",
     "/usr/lib/python3.11/idlelib",
+    "/usr/lib/gcc/x86_64-linux-gnu/12/lto1",
+    "/usr/bin/x86_64-linux-gnu-lto-dump-12",
+    "/usr/lib/gcc/x86_64-linux-gnu/12/libasan",
+    "/usr/lib/gcc/x86_64-linux-gnu/12/libtsan",
+    "/usr/lib/gcc/x86_64-linux-gnu/12/liblsan",
+    "/usr/lib/gcc/x86_64-linux-gnu/12/libubsan",
+    "/usr/lib/gcc/x86_64-linux-gnu/12/libhwasan",
 ];
 
 /// What an image was built from, written beside it as `manifest.json`.
@@ -358,7 +376,7 @@ fn assemble(
         agent_version: crate::VERSION.to_owned(),
         userland: match &userland {
             Some(u) => format!(
-                "busybox (sh and the core utilities); from the host's Debian packages, read-only at /usr: {}; no compilers yet",
+                "busybox (sh and the core utilities); from the host's Debian packages, read-only at /usr: {}",
                 u.packages.join(", ")
             ),
             None => "busybox (sh and the core utilities) only: the host has none of the userland packages".into(),
