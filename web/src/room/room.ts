@@ -20,6 +20,7 @@ import { networkPanel } from './network'
 import { reposPanel } from './repos'
 import { PortWatch, PreviewPane, previewsPanel } from './previews'
 import { spendPanel } from './spend'
+import { MANIFEST, checkCommand, runCommand, withManifestCommand, type RunCommand } from '../run'
 
 /**
  * What this page had when the server said it did not keep our latest changes (a full room, or
@@ -43,6 +44,9 @@ const POLL_MS = 5000
 /** How often the room looks for newly listening ports. */
 const PORTS_MS = 3000
 const MAC = /Mac|iPhone|iPad/.test(navigator.userAgent)
+/** How long the document must be quiet before Run types the command (the sandbox's file sync
+ *  writes an edit 150 ms after the last one; a margin over that). */
+const RUN_QUIET_MS = 400
 
 export function roomPage (app: App, id: string): () => void {
   const me = app.me!
@@ -319,8 +323,85 @@ export function roomPage (app: App, id: string): () => void {
   renderTabs()
   renderTree()
 
+  // Run: the room's run command (coderoom.toml's, or guessed from the files) typed into the
+  // shared terminal by Run or Ctrl/Cmd+Enter; Stop sends Ctrl-C. Both need `type`, like typing
+  // (the server checks them as keys); setting the command writes coderoom.toml (`edit`).
+  const runButton = h('button', { type: 'button', class: 'small primary', 'data-testid': 'run', onclick: () => runNow() }, 'Run')
+  const stopButton = h('button', { type: 'button', class: 'small', 'data-testid': 'run-stop', title: 'Stop what runs (Ctrl-C)', onclick: () => { terminal.interrupt() } }, 'Stop')
+  const runLabel = h('code', { class: 'run-command', 'data-testid': 'run-command' })
+  const runEdit = h('button', { type: 'button', class: 'small', 'data-testid': 'run-edit', title: `Set the run command (saved in ${MANIFEST})`, onclick: () => editRun() }, 'Edit')
+  const runBar = h('span', { class: 'run-bar row' }, runButton, stopButton, runLabel, runEdit)
+  const currentRun = (): RunCommand | null => runCommand([...files.keys()], (p) => {
+    const t = files.get(p)
+    return t instanceof Y.Text ? t.toString() : undefined
+  })
+  const renderRun = (): void => {
+    const can = abilities(caps)
+    const cmd = currentRun()
+    const typeable = can.type && !ended
+    runButton.disabled = !typeable || cmd === null
+    stopButton.disabled = !typeable
+    runButton.title = !typeable ? 'Running needs the right to type' : cmd ? `Run ${cmd.command} (${MAC ? 'Cmd' : 'Ctrl'}+Enter)` : 'No run command yet: set one with Edit'
+    runLabel.textContent = cmd ? cmd.command : 'no run command'
+    runLabel.title = cmd ? (cmd.from === MANIFEST ? `from ${MANIFEST}` : cmd.from) : ''
+    runEdit.hidden = !can.edit || ended
+  }
+  let runPending = false
+  /** Files change with every keystroke: the bar is redrawn once per burst of them. */
+  const renderRunSoon = (): void => {
+    if (runPending) return
+    runPending = true
+    queueMicrotask(() => { runPending = false; if (!disposed) renderRun() })
+  }
+  files.observeDeep(renderRunSoon)
+  /** When the document last changed (anyone's edit). */
+  let lastDocChange = 0
+  doc.on('update', () => { lastDocChange = Date.now() })
+  let runWaiting = false
+  const runNow = (): void => {
+    if (!abilities(caps).type || ended) { toast('Running needs the right to type in this room.'); return }
+    if (!currentRun()) { toast('No run command yet: set one with Edit, next to Run.'); return }
+    if (conn.pending > 0) { toast('Your latest edits are not saved yet: Run once they are.', 'error'); return }
+    if (runWaiting) return
+    // The sandbox writes document edits to its disk 150 ms after the last one: a program run
+    // at once after an edit would run the file as it was. Run waits until the document has been
+    // quiet a little longer than that.
+    runWaiting = true
+    const wait = (): void => {
+      const left = lastDocChange + RUN_QUIET_MS - Date.now()
+      if (left > 0) { setTimeout(wait, left); return }
+      runWaiting = false
+      const cmd = currentRun()
+      if (disposed || ended || !cmd) return
+      terminal.runLine(cmd.command)
+    }
+    wait()
+  }
+  const editRun = (): void => {
+    runBar.parentElement?.querySelector('.run-form')?.remove()
+    const input = h('input', { value: currentRun()?.command ?? '', 'aria-label': 'Run command', placeholder: 'python3 main.py', 'data-testid': 'run-input', size: 40 })
+    const err = h('span', { class: 'error', role: 'alert' })
+    const form = h('form', { class: 'run-form row' }, input, h('button', { type: 'submit', class: 'small' }, 'Save'), err)
+    form.addEventListener('submit', (e) => {
+      e.preventDefault()
+      if (!caps.includes('edit') || ended) { form.remove(); return }
+      const why = checkCommand(input.value)
+      if (why) { err.textContent = why; return }
+      const t = files.get(MANIFEST)
+      const after = withManifestCommand(t instanceof Y.Text ? t.toString() : '', input.value.trim())
+      doc.transact(() => {
+        if (t instanceof Y.Text) { t.delete(0, t.length); t.insert(0, after) } else files.set(MANIFEST, new Y.Text(after))
+      })
+      form.remove()
+    })
+    input.addEventListener('keydown', (e) => { if (e.key === 'Escape') form.remove() })
+    runBar.after(form)
+    input.focus()
+  }
+
   // Terminal.
   const terminal = new SharedTerminal(termEl, id, {
+    toolbar: runBar,
     ended: (message) => end(message),
     isShortcut: (e) => shortcut(e, true) !== null,
     selfId: me.id,
@@ -426,6 +507,7 @@ export function roomPage (app: App, id: string): () => void {
     const can = abilities(caps)
     editor.setEditable(can.edit && !ended)
     terminal.setCanType(can.type && !ended)
+    renderRun()
     layout.classList.toggle('viewer', !can.edit)
     if (room) room.my_capabilities = caps
     if (changed) { renderTree(); renderSide() }
@@ -478,6 +560,7 @@ export function roomPage (app: App, id: string): () => void {
     banner.hidden = false
     layout.classList.add('is-ended')
     renderTree()
+    renderRun()
   }
 
   // Keyboard.
@@ -501,6 +584,8 @@ export function roomPage (app: App, id: string): () => void {
       if (k === 'n') return newFile
       if (k === 't') return () => terminal.focus()
     }
+    // Run, from anywhere (the editor's own Mod+Enter and the shell's Enter give way).
+    if ((MAC ? e.metaKey : e.ctrlKey) && !e.altKey && !e.shiftKey && e.key === 'Enter') return runNow
     if (inTerminal) return null
     if ((e.ctrlKey || e.metaKey) && !e.altKey && e.code === 'KeyS') {
       return () => {
@@ -514,6 +599,15 @@ export function roomPage (app: App, id: string): () => void {
   }
   window.addEventListener('keydown', keys)
   disposers.push(() => window.removeEventListener('keydown', keys))
+  // Ctrl/Cmd+Enter is taken before the editor sees it (its own Mod+Enter inserts a line).
+  const runKey = (e: KeyboardEvent): void => {
+    if (!(MAC ? e.metaKey : e.ctrlKey) || e.altKey || e.shiftKey || e.key !== 'Enter') return
+    e.preventDefault()
+    e.stopPropagation()
+    runNow()
+  }
+  window.addEventListener('keydown', runKey, true)
+  disposers.push(() => window.removeEventListener('keydown', runKey, true))
 
   // Something started listening in the sandbox: offer its preview.
   const ports = new PortWatch(id, (port, live) => {

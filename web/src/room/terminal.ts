@@ -18,6 +18,8 @@ export interface TerminalHooks {
   selfId: string
   /** How a participant is shown. */
   name: (p: FloorPerson) => string
+  /** Controls the page puts in the terminal's bar (Run and Stop). */
+  toolbar?: HTMLElement
 }
 
 export class SharedTerminal {
@@ -53,7 +55,7 @@ export class SharedTerminal {
     this.status = h('span', { class: 'term-status', 'data-testid': 'terminal-status' }, 'Connecting…')
     this.badge = h('span', { class: 'badge view-only', 'data-testid': 'terminal-view-only', hidden: true }, 'View only: you cannot type here')
     this.floorEl = h('span', { class: 'term-floor', 'data-testid': 'terminal-floor' })
-    el.append(h('div', { class: 'term-bar' }, h('strong', null, 'Terminal'), this.badge, this.floorEl, this.status), screen)
+    el.append(h('div', { class: 'term-bar' }, h('strong', null, 'Terminal'), hooks.toolbar ?? null, this.badge, this.floorEl, this.status), screen)
     this.term.open(screen)
     this.term.onData((data) => this.input(data))
     // With stdin disabled xterm drops keys silently: say why nothing happens.
@@ -115,6 +117,26 @@ export class SharedTerminal {
   }
 
   focus (): void { this.term.focus() }
+
+  /** Types `command` and Enter into the shared shell, as this person's keys (the server checks
+   *  `type` and the floor as for any key). False when nothing could be sent. */
+  runLine (command: string): boolean {
+    return this.send(`${command}\r`)
+  }
+
+  /** Ctrl-C to the shell: stops what runs in the foreground. */
+  interrupt (): boolean {
+    return this.send('\x03')
+  }
+
+  private send (data: string): boolean {
+    if (!this.canType || this.ws?.readyState !== WebSocket.OPEN) {
+      this.flash(this.canType ? 'Not connected yet: try again in a moment' : 'View only: your keys are not sent')
+      return false
+    }
+    this.ws.send(this.encoder.encode(data))
+    return true
+  }
 
   private input (data: string): void {
     if (!this.canType) {
