@@ -18,6 +18,9 @@ test('Run types the room\'s command into the shared terminal, Stop interrupts it
   const page = ana.page
   await page.getByTestId('terminal-status').filter({ hasText: 'Connected' }).waitFor({ timeout: 30_000 })
 
+  // Alone in the room, Ana is shown online (issue 19, item 10).
+  await page.getByTestId('person-ana@example.com').locator('.dot.on').waitFor({ timeout: 10_000 })
+
   // Nothing to run yet.
   await page.getByTestId('run-command').filter({ hasText: 'no run command' }).waitFor()
   assert.equal(await page.getByTestId('run').isDisabled(), true)

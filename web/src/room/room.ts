@@ -439,8 +439,10 @@ export function roomPage (app: App, id: string): () => void {
 
   // Presence: who is online (the server stamps each state with its connection's user).
   const updateOnline = (): void => {
-    const now = new Set([me.id])
-    for (const state of provider.awareness.getStates().values()) {
+    // This person is here while the document's socket is: alone or not.
+    const now = new Set<string>(provider.wsconnected ? [me.id] : [])
+    for (const [client, state] of provider.awareness.getStates()) {
+      if (client === provider.awareness.clientID) continue
       const uid = (state as { user?: { id?: unknown } }).user?.id
       if (typeof uid === 'string') now.add(uid)
     }
@@ -451,6 +453,8 @@ export function roomPage (app: App, id: string): () => void {
     if (panel === 'People') renderSide()
   }
   provider.awareness.on('change', updateOnline)
+  provider.on('status', updateOnline)
+  updateOnline()
 
   // Side panels.
   const renderNav = (): void => {
