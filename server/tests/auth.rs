@@ -314,8 +314,16 @@ async fn brute_force_on(backend: &Backend) {
     );
     assert_eq!(auth_events(&storage, "code_locked").await, 2);
 
-    // A new code is refused within the per-email minute, with 429.
-    assert_eq!(ask_code(&server, "cleo@example.com").await.status, 429);
+    // A new code is refused within the per-email minute, with 429 and when to ask again.
+    let again = ask_code(&server, "cleo@example.com").await;
+    assert_eq!(again.status, 429);
+    let retry: u64 = again
+        .headers
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case("retry-after"))
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or_else(|| panic!("no Retry-After: {:?}", again.headers));
+    assert!((1..=60).contains(&retry), "{retry}");
     // Malformed codes are refused the same way as wrong ones.
     assert_eq!(
         verify(&server, "ben@example.com", "12ab56").await.body,

@@ -166,7 +166,8 @@ export interface Preview {
 }
 
 export class ApiError extends Error {
-  constructor (readonly status: number, message: string) {
+  /** `retryAfterS`: the server's Retry-After (seconds), when it said one. */
+  constructor (readonly status: number, message: string, readonly retryAfterS: number | null = null) {
     super(message)
   }
 }
@@ -179,7 +180,8 @@ async function failure (res: Response): Promise<ApiError> {
     message = body.error ?? body.message ?? body.reason ?? message
   } catch { /* not JSON: keep the status line */ }
   if (res.status === 429) message = `Too many attempts; wait a moment and try again (${message})`
-  return new ApiError(res.status, message)
+  const after = Number(res.headers.get('retry-after') ?? '')
+  return new ApiError(res.status, message, Number.isFinite(after) && after > 0 ? after : null)
 }
 
 export async function call<T> (method: string, path: string, body?: unknown): Promise<T> {

@@ -113,13 +113,30 @@ pub(crate) fn gate(code: Option<&LoginCode>, now: i64) -> Gate {
     }
 }
 
-/// Sans-IO: may another code be issued for this email, given the issuance times on record?
-pub(crate) fn may_issue(recent: &[i64], now: i64) -> bool {
-    ISSUE_CAPS.iter().all(|(window, allowed)| {
-        let n = recent.iter().filter(|&&at| at > now - window).count() as i64;
-        n < *allowed
-    })
+/// Sans-IO: how many milliseconds until another code may be issued for this email, given the
+/// issuance times on record (0: now).
+pub(crate) fn issue_wait_ms(recent: &[i64], now: i64) -> i64 {
+    ISSUE_CAPS
+        .iter()
+        .map(|(window, allowed)| {
+            let mut inside: Vec<i64> = recent
+                .iter()
+                .copied()
+                .filter(|&at| at > now - window)
+                .collect();
+            let over = inside.len() as i64 - allowed;
+            if over < 0 {
+                return 0;
+            }
+            // The oldest must leave the window until fewer than `allowed` remain in it.
+            inside.sort_unstable();
+            inside[over as usize] + window - now
+        })
+        .max()
+        .unwrap_or(0)
+        .max(0)
 }
+
 
 /// A well-formed argon2id hash of nothing, verified when there is no code to check, so a
 /// refusal costs the same as a real check.
@@ -167,6 +184,10 @@ mod tests {
         assert_eq!(gate(None, now), Gate::Refuse);
     }
 
+    fn may_issue(recent: &[i64], now: i64) -> bool {
+        issue_wait_ms(recent, now) == 0
+    }
+
     #[test]
     fn issuance_caps() {
         let now = 10 * 3_600_000;
@@ -177,6 +198,16 @@ mod tests {
         assert!(!may_issue(&five, now), "five per hour");
         let old: Vec<i64> = (1..=5).map(|i| now - 3_600_000 - i).collect();
         assert!(may_issue(&old, now));
+        // How long to wait: the minute since the last code, or the hour since the oldest of five.
+        assert_eq!(issue_wait_ms(&[now - 30_000], now), 30_000);
+        assert_eq!(issue_wait_ms(&[now - 60_000], now), 0);
+        // The oldest of the five (50 minutes ago, less 1 ms) leaves the hour in 10 minutes and 1 ms.
+        assert_eq!(issue_wait_ms(&five, now), 600_001);
+        assert_eq!(issue_wait_ms(&old, now), 0);
+        for (recent, at) in [(vec![now - 30_000], now), (five.clone(), now)] {
+            let wait = issue_wait_ms(&recent, at);
+            assert!(!may_issue(&recent, at + wait - 1) && may_issue(&recent, at + wait));
+        }
     }
 
     #[test]

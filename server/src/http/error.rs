@@ -22,6 +22,9 @@ pub(crate) enum ApiError {
     BadRequest(&'static str),
     #[error("too many requests")]
     TooMany,
+    /// Too many requests, and when the next one will be taken (seconds; `Retry-After`).
+    #[error("too many requests: try again in {0} s")]
+    TooManyFor(u64),
     #[error("{0}")]
     Denied(String),
     #[error("this link no longer works")]
@@ -115,7 +118,7 @@ impl IntoResponse for ApiError {
             ApiError::Forbidden => StatusCode::FORBIDDEN,
             ApiError::NotFound => StatusCode::NOT_FOUND,
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
-            ApiError::TooMany => StatusCode::TOO_MANY_REQUESTS,
+            ApiError::TooMany | ApiError::TooManyFor(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Denied(_) => StatusCode::FORBIDDEN,
             ApiError::Gone => StatusCode::GONE,
             ApiError::Invalid(_) => StatusCode::BAD_REQUEST,
@@ -172,6 +175,10 @@ impl IntoResponse for ApiError {
             return (status, Json(body)).into_response();
         }
         let mut resp = (status, Json(body)).into_response();
+        if let ApiError::TooManyFor(secs) = self {
+            resp.headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, secs.into());
+        }
         if status == StatusCode::UNAUTHORIZED {
             resp.headers_mut().insert(
                 axum::http::header::WWW_AUTHENTICATE,

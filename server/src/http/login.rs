@@ -2,7 +2,8 @@
 //! codes themselves are `accounts::codes`; `/api/auth/*` is rate limited per client address.
 
 use crate::accounts::codes::{
-    dummy_hash, gate, may_issue, new_code, Gate, HashError, CODE_TTL_MS, ISSUE_CAPS, MAX_ATTEMPTS,
+    dummy_hash, gate, issue_wait_ms, new_code, Gate, HashError, CODE_TTL_MS, ISSUE_CAPS,
+    MAX_ATTEMPTS,
 };
 use crate::accounts::email::canonicalize;
 use crate::accounts::mail::Mail;
@@ -93,11 +94,13 @@ pub(crate) async fn request_code(
             .store
             .recent_issuance(&email, now - ISSUE_CAPS[1].0)
             .await?;
-        if !may_issue(&recent, now) {
+        let wait = issue_wait_ms(&recent, now);
+        if wait > 0 {
             app.store
                 .auth_event("code_rate_limited", Some(&email), None, &ip.to_string())
                 .await?;
-            return Err(ApiError::TooMany);
+            // Whole seconds, rounded up: asking again after them is taken.
+            return Err(ApiError::TooManyFor((wait as u64).div_ceil(1000)));
         }
         app.store.record_issuance(&email, now).await?;
     }

@@ -42,10 +42,41 @@ export function loginPage (app: App, next: string): () => void {
     email.focus()
   }
 
+  let tick: ReturnType<typeof setInterval> | null = null
+  const stopTick = (): void => { if (tick) clearInterval(tick); tick = null }
+
   const askCode = (address: string): void => {
+    // No maxlength or pattern: a pasted "123 456" or "123-456" must arrive whole.
     const code = h('input', {
-      name: 'code', inputmode: 'numeric', pattern: '[0-9]{6}', maxlength: 6, required: true,
+      name: 'code', inputmode: 'numeric', required: true,
       autocomplete: 'one-time-code', placeholder: '123456', 'aria-label': 'Code',
+    })
+    const sent = h('p', { class: 'hint', role: 'status', 'data-testid': 'code-sent' })
+    const resend = h('button', { type: 'button', class: 'link', 'data-testid': 'resend-code' }, 'Send a new code')
+    // A new code may be asked for RESEND_WAIT_S after the last one (or when the server's
+    // Retry-After says); the button counts down until then.
+    let readyAt = Date.now() + RESEND_WAIT_S * 1000
+    const showResend = (): void => {
+      const left = Math.ceil((readyAt - Date.now()) / 1000)
+      resend.disabled = left > 0
+      resend.textContent = left > 0 ? `Send a new code (in ${left} s)` : 'Send a new code'
+    }
+    stopTick()
+    tick = setInterval(showResend, 1000)
+    showResend()
+    resend.addEventListener('click', async () => {
+      if (resend.disabled) return
+      resend.disabled = true
+      error.textContent = ''
+      try {
+        await api.requestCode(address)
+        readyAt = Date.now() + RESEND_WAIT_S * 1000
+        sent.textContent = `A new code is on its way to ${address}. Use the newest one.`
+      } catch (err) {
+        if (err instanceof ApiError && err.retryAfterS !== null) readyAt = Date.now() + err.retryAfterS * 1000
+        error.textContent = errorText(err)
+      }
+      showResend()
     })
     const form = h('form', { class: 'stack' },
       h('h1', null, 'Check your email'),
@@ -53,10 +84,14 @@ export function loginPage (app: App, next: string): () => void {
       h('p', { class: 'hint' }, 'Running locally without SMTP? The mail is in the server\'s outbox (DATA_DIR/outbox), and a log line says where.'),
       h('label', null, 'Code', code),
       h('button', { type: 'submit', class: 'primary' }, 'Log in'),
-      h('button', { type: 'button', class: 'link', onclick: askEmail }, 'Use another email'),
+      h('div', { class: 'row' }, resend, h('button', { type: 'button', class: 'link', onclick: () => { stopTick(); askEmail() } }, 'Use another email')),
+      sent,
       error)
     onSubmit(form, error, async () => {
-      await api.verify(address, code.value.trim())
+      const digits = normalizeCode(code.value)
+      if (digits === null) throw new ApiError(0, 'The code is the 6 digits in the mail.')
+      await api.verify(address, digits)
+      stopTick()
       app.me = await api.me()
       app.go(next)
     }, (err) => {
@@ -70,5 +105,15 @@ export function loginPage (app: App, next: string): () => void {
   }
 
   askEmail()
-  return () => {}
+  return stopTick
+}
+
+/** Seconds before a new code may be asked for: the server issues one code per address a
+ *  minute (and says how long to wait, in Retry-After, when asked sooner). */
+const RESEND_WAIT_S = 60
+
+/** The 6 digits of a typed or pasted code ("123 456", "123-456", " 123456 "), or null. */
+export function normalizeCode (raw: string): string | null {
+  const digits = raw.replace(/[\s-]/g, '')
+  return /^[0-9]{6}$/.test(digits) ? digits : null
 }
