@@ -233,6 +233,11 @@ test('approvals, sandbox, audit chain and an admin-confirmed deletion, in real b
     const sandbox = (await api(server, anaToken, 'GET', `/api/rooms/${roomId}/sandbox`)).body
     assert.match(await summary.innerText(), new RegExp(`^${sandbox.tier} tier`))
     assert.equal(await ana.page.getByTestId('tier-reason').innerText(), `Why this tier: ${sandbox.tier_reason}`)
+    // Limits in human units, and no raw JSON anywhere in the panel (issue 19, item 4).
+    const limits = await ana.page.getByTestId('sandbox-limits').innerText()
+    assert.match(limits, /Memory[^\n]*\d+(\.\d)? (MiB|GiB)/, limits)
+    assert.ok(!limits.includes(String(sandbox.limits.memory_bytes)), limits)
+    assert.doesNotMatch(await ana.page.locator('.side-body, [data-testid=sandbox-summary]').first().innerText(), /[{}]/)
     await shot(ana.page, '09-sandbox-panel')
     await ana.page.getByRole('button', { name: 'Stop (snapshot the workspace)' }).click()
     await summary.filter({ hasText: 'stopped' }).waitFor({ timeout: 20_000 })

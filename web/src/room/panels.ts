@@ -4,7 +4,7 @@ import { api, exportRepo, list, type Approval, type Room, type SandboxStatus } f
 import { abilities } from '../caps'
 import { action, h, replace, toast, when } from '../dom'
 import { verifyChain } from '../audit'
-import { vmSentence } from '../sandbox'
+import { limitRows, receiptRows, usageRows, vmSentence } from '../sandbox'
 import { parentView, readinessView } from './checkpoints'
 
 function emailOf (room: Room, id: string | null): string {
@@ -85,11 +85,13 @@ export async function approvalsPanel (el: HTMLElement, room: Room, selfId: strin
     decided.length ? h('details', null, h('summary', null, `Decided (${decided.length})`), h('ul', { class: 'approvals' }, decided.map(row))) : null)
 }
 
-function table (obj: Record<string, unknown> | null | undefined): HTMLElement | null {
-  if (!obj || typeof obj !== 'object') return null
-  return h('table', { class: 'kv' }, h('tbody', null, Object.entries(obj).map(([k, v]) =>
-    h('tr', null, h('th', null, k), h('td', null, typeof v === 'object' ? JSON.stringify(v) : String(v))))))
+/** Rows of [what, value] as a two-column table (a value's lines kept), or null for none. */
+function rows (r: Array<[string, string]>, testid: string): HTMLElement | null {
+  if (r.length === 0) return null
+  return h('table', { class: 'kv', 'data-testid': testid }, h('tbody', null, r.map(([k, v]) =>
+    h('tr', null, h('th', null, k), h('td', { class: 'pre-line' }, v)))))
 }
+
 
 export async function sandboxPanel (el: HTMLElement, room: Room, refresh: () => void): Promise<void> {
   let s: SandboxStatus
@@ -121,12 +123,13 @@ export async function sandboxPanel (el: HTMLElement, room: Room, refresh: () => 
       : null,
     controls,
     h('h3', null, 'Readiness'), readinessView(s.readiness, room.readiness),
-    h('h3', null, 'Limits'), table(s.limits) ?? h('p', { class: 'hint' }, '—'),
-    h('h3', null, 'Pressure'),
-    s.usage ? table(s.usage) : h('p', { class: 'hint' }, '—'),
+    h('h3', null, 'Limits'), rows(limitRows(s.limits), 'sandbox-limits') ?? h('p', { class: 'hint' }, '—'),
+    h('h3', null, 'What it ran into'),
+    rows(usageRows(s.usage), 'sandbox-usage') ?? h('p', { class: 'hint' }, '—'),
     h('p', { class: 'hint' }, 'Sandbox time, commands, network traffic and model tokens are in the Spend panel.'),
-    h('h3', null, 'Receipt (what the sandbox was started with)'),
-    s.receipt ? h('pre', { class: 'params' }, JSON.stringify(s.receipt, null, 2)) : h('p', { class: 'hint' }, 'Not started yet.'))
+    s.receipt
+      ? h('details', { 'data-testid': 'sandbox-receipt' }, h('summary', null, 'How it was started (details)'), rows(receiptRows(s.receipt), 'receipt-rows'))
+      : h('p', { class: 'hint' }, 'Not started yet.'))
 }
 
 function vmView (receipt: Record<string, unknown> | null | undefined): HTMLElement | null {
