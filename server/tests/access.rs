@@ -43,6 +43,35 @@ async fn invites_never_exceed_their_issuer_on(backend: &Backend) {
     assert_eq!(del.0, 204);
     let dan = storage.token("dan@example.com").await;
     assert_eq!(accept(&t.server, &dan, &ana_invite).await, 410);
+    // Shown before it is accepted: the room, who invited, the role; gone links say why.
+    let shown = |token: &str| {
+        let url = t.server.url(&format!("/api/invites/{token}"));
+        let dan = dan.clone();
+        async move { http(&url, "GET", Some(&dan), None).await }
+    };
+    let (status, body) = shown(&ben_invite).await;
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["room_id"], t.room.as_str());
+    assert_eq!(v["invited_by"], "ben@example.com");
+    assert_eq!(
+        (v["role"].as_str(), v["uses_left"].as_i64()),
+        (Some("editor"), Some(5))
+    );
+    assert!(v["room_name"].is_string());
+    let (status, body) = shown(&ana_invite).await;
+    assert_eq!(status, 410);
+    assert!(body.contains("revoked"), "{body}");
+    let unknown = format!("inv_{}", "0".repeat(64));
+    assert_eq!(shown(&unknown).await.0, 404);
+    let anonymous = http(
+        &t.server.url(&format!("/api/invites/{ben_invite}")),
+        "GET",
+        None,
+        None,
+    )
+    .await;
+    assert_eq!(anonymous.0, 401);
     assert_eq!(
         set_role(
             &t.server,

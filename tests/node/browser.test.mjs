@@ -40,12 +40,20 @@ test('two people share a room in real browsers: editor, cursors, terminal, downg
     assert.match(inviteUrl, new RegExp(`^${server.url}/invite/\\S+$`))
     await shot(ana.page, '02-invite-dialog')
 
-    // Ben opens the link, logs in the same way, joins.
+    // Ben opens the link, logs in the same way, sees what it offers, joins.
     const invitePath = new URL(inviteUrl).pathname
     await login(ben, storage.dataDir, invitePath)
+    await ben.page.getByTestId('invite-offer')
+      .filter({ hasText: 'ana@example.com invited you to parser-fix as an editor: can edit files and run commands.' }).waitFor()
     await ben.page.getByRole('button', { name: 'Join the room' }).click()
     await ben.page.waitForURL(`**/rooms/${roomId}`)
     await ben.page.getByTestId('conn-status').filter({ hasText: 'Synced' }).waitFor()
+    // The link was for one use: opened again, it says at once that it is used up.
+    const again = await ben.context.newPage()
+    await again.goto(invitePath)
+    await again.getByTestId('invite-error').filter({ hasText: 'This invite link is used up' }).waitFor()
+    assert.equal(await again.getByRole('button', { name: 'Join the room' }).isVisible(), false)
+    await again.close()
 
     const anaToken = await mintToken(storage, 'ana@example.com')
     const room = (await api(server, anaToken, 'GET', `/api/rooms/${roomId}`)).body

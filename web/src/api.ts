@@ -165,6 +165,16 @@ export interface Preview {
   url: string | null
 }
 
+/** What an invite link offers (`GET /api/invites/{token}`). */
+export interface InviteShown {
+  room_id: string
+  room_name: string
+  invited_by: string | null
+  role: string
+  expires_at: number
+  uses_left: number
+}
+
 export class ApiError extends Error {
   /** `retryAfterS`: the server's Retry-After (seconds), when it said one. */
   constructor (readonly status: number, message: string, readonly retryAfterS: number | null = null) {
@@ -224,6 +234,7 @@ export const api = {
   room: (id: string) => call<Room>('GET', `/api/rooms/${id}`),
   invite: (id: string, role: string, ttl_s: number, max_uses: number) =>
     call<{ token: string, url: string }>('POST', `/api/rooms/${id}/invites`, { role, ttl_s, max_uses }),
+  showInvite: (token: string) => call<InviteShown>('GET', `/api/invites/${encodeURIComponent(token)}`),
   acceptInvite: (token: string) => call<{ room_id: string }>('POST', `/api/invites/${encodeURIComponent(token)}/accept`),
   revokeInvite: (token: string) => call<void>('DELETE', `/api/invites/${encodeURIComponent(token)}`),
   changeParticipant: (id: string, user: string, change: { role?: string, grant?: Capability[], revoke?: Capability[] }) =>

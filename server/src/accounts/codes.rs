@@ -137,7 +137,6 @@ pub(crate) fn issue_wait_ms(recent: &[i64], now: i64) -> i64 {
         .max(0)
 }
 
-
 /// A well-formed argon2id hash of nothing, verified when there is no code to check, so a
 /// refusal costs the same as a real check.
 static DUMMY_HASH: std::sync::OnceLock<String> = std::sync::OnceLock::new();

@@ -14,7 +14,7 @@ use crate::room::RoomCmd;
 use crate::store::{Change, InviteRow, StoreError};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use axum::routing::{delete, get, patch, post};
+use axum::routing::{get, patch, post};
 use axum::Json;
 use axum::Router;
 use coderoom_authz::{decide, Action, Capability, CapabilitySet, Decision, Participant, Role};
@@ -30,7 +30,10 @@ pub(crate) fn routes() -> Router<AppState> {
     Router::new()
         .route("/api/rooms/{id}/invites", post(create_invite))
         .route("/api/invites/{token}/accept", post(accept_invite))
-        .route("/api/invites/{token}", delete(revoke_invite))
+        .route(
+            "/api/invites/{token}",
+            get(show_invite).delete(revoke_invite),
+        )
         .route(
             "/api/rooms/{id}/participants/{user_id}",
             patch(change_participant).delete(remove_participant),
@@ -93,6 +96,55 @@ pub(crate) async fn create_invite(
         .await?;
     let url = format!("{}/invite/{token}", app.public_origin);
     Ok((StatusCode::CREATED, Json(InviteCreated { token, url })))
+}
+
+/// What an invite link offers, shown before it is accepted.
+#[derive(Serialize)]
+pub(crate) struct InviteShown {
+    room_id: String,
+    room_name: String,
+    /// The inviter's email (null if that account is gone).
+    invited_by: Option<String>,
+    role: String,
+    expires_at: i64,
+    uses_left: i64,
+}
+
+/// `GET /api/invites/{token}`: the room, who invited, the role; 410 saying why when the link
+/// no longer works (used up, expired, revoked). Needs a login, like accepting; shows nothing
+/// the link's holder could not learn by accepting it.
+pub(crate) async fn show_invite(
+    State(app): State<AppState>,
+    _user: AuthUser,
+    Path(token): Path<String>,
+) -> Result<Json<InviteShown>, ApiError> {
+    let (_, invite) = invite_by_token(&app, &token).await?;
+    let now = app.clock.now_ms();
+    if invite.revoked_at.is_some() {
+        return Err(ApiError::GoneBecause("This invite link was revoked."));
+    }
+    if invite.uses >= invite.max_uses {
+        return Err(ApiError::GoneBecause(
+            "This invite link is used up: it was already used as many times as it allows.",
+        ));
+    }
+    if invite.expires_at <= now {
+        return Err(ApiError::GoneBecause("This invite link has expired."));
+    }
+    let room = app
+        .store
+        .room(&invite.room_id)
+        .await?
+        .ok_or(ApiError::Gone)?;
+    let invited_by = app.store.user_email(&invite.created_by).await?;
+    Ok(Json(InviteShown {
+        room_id: invite.room_id,
+        room_name: room.name,
+        invited_by,
+        role: invite.role,
+        expires_at: invite.expires_at,
+        uses_left: invite.max_uses - invite.uses,
+    }))
 }
 
 /// The invite a link's token names (looked up by the token's hash).

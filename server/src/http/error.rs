@@ -29,6 +29,9 @@ pub(crate) enum ApiError {
     Denied(String),
     #[error("this link no longer works")]
     Gone,
+    /// Gone, and why (a sentence for the person holding the link).
+    #[error("{0}")]
+    GoneBecause(&'static str),
     #[error("storage unavailable")]
     Store(#[from] StoreError),
     /// Bad input with a message built by the server (never from internal errors).
@@ -120,7 +123,7 @@ impl IntoResponse for ApiError {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::TooMany | ApiError::TooManyFor(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Denied(_) => StatusCode::FORBIDDEN,
-            ApiError::Gone => StatusCode::GONE,
+            ApiError::Gone | ApiError::GoneBecause(_) => StatusCode::GONE,
             ApiError::Invalid(_) => StatusCode::BAD_REQUEST,
             ApiError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::Busy => StatusCode::SERVICE_UNAVAILABLE,

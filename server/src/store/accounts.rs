@@ -35,6 +35,16 @@ impl Store {
         )
     }
 
+    /// The email of the user with `id`, if there is one.
+    pub(crate) async fn user_email(&self, id: &str) -> Result<Option<String>, StoreError> {
+        Ok(
+            sqlx::query_scalar::<_, String>("SELECT email FROM users WHERE id = $1")
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await?,
+        )
+    }
+
     pub(crate) async fn insert_session(
         &self,
         token_hash: &str,

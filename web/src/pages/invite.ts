@@ -1,12 +1,31 @@
-// An invite link: accept it and enter the room.
+// An invite link: what it offers (the room, who invited, the role), then accept it and enter.
 
-import { api, ApiError } from '../api'
+import { api, ApiError, type InviteShown } from '../api'
 import type { App } from '../main'
 import { errorText, h, replace } from '../dom'
 
+/** A role in one line, as the person invited reads it. */
+export function roleMeaning (role: string): string {
+  switch (role) {
+    case 'owner': return 'an owner: can do everything, inviting and deleting included'
+    case 'editor': return 'an editor: can edit files and run commands'
+    case 'viewer': return 'a viewer: can watch the files and the terminal, not change them'
+    default: return `a ${role}`
+  }
+}
+
+const GONE = 'This invite link is no longer valid: it expired, was used up, or was revoked. Ask for a new one.'
+
 export function invitePage (app: App, token: string): () => void {
-  const error = h('p', { class: 'error', role: 'alert' })
-  const accept = h('button', { type: 'button', class: 'primary' }, 'Join the room')
+  const error = h('p', { class: 'error', role: 'alert', 'data-testid': 'invite-error' })
+  const offer = h('p', { 'data-testid': 'invite-offer' }, 'Reading the invite…')
+  const accept = h('button', { type: 'button', class: 'primary', disabled: true }, 'Join the room')
+  let left = false
+  const gone = (message: string): void => {
+    offer.hidden = true
+    accept.hidden = true
+    error.textContent = `${message} Ask whoever sent it for a new one.`
+  }
   accept.addEventListener('click', async () => {
     accept.disabled = true
     error.textContent = ''
@@ -14,16 +33,26 @@ export function invitePage (app: App, token: string): () => void {
       const { room_id: roomId } = await api.acceptInvite(token)
       app.go(`/rooms/${roomId}`)
     } catch (e) {
-      error.textContent = e instanceof ApiError && (e.status === 404 || e.status === 410)
-        ? 'This invite link is no longer valid: it expired, was used up, or was revoked. Ask for a new one.'
-        : errorText(e)
+      error.textContent = e instanceof ApiError && (e.status === 404 || e.status === 410) ? GONE : errorText(e)
       accept.disabled = false
     }
   })
   replace(app.main, h('section', { class: 'card narrow stack' },
     h('h1', null, 'You were invited to a room'),
-    h('p', null, 'You are logged in as ', h('strong', null, app.me?.email ?? ''), '. Joining adds you with the role the invite carries.'),
+    offer,
+    h('p', { class: 'hint' }, 'You are logged in as ', h('strong', null, app.me?.email ?? ''), '.'),
     accept, error))
-  accept.focus()
-  return () => {}
+  void api.showInvite(token).then((inv: InviteShown) => {
+    if (left) return
+    replace(offer, inv.invited_by ? h('strong', null, inv.invited_by) : 'Someone', ' invited you to ',
+      h('strong', { 'data-testid': 'invite-room' }, inv.room_name), ` as ${roleMeaning(inv.role)}.`)
+    accept.disabled = false
+    accept.focus()
+  }, (e: unknown) => {
+    if (left) return
+    if (e instanceof ApiError && e.status === 410) gone(e.message)
+    else if (e instanceof ApiError && e.status === 404) gone('This invite link does not exist.')
+    else { offer.textContent = 'The invite could not be read; you can still try to join.'; accept.disabled = false }
+  })
+  return () => { left = true }
 }
