@@ -140,7 +140,7 @@ impl VmArgs {
                 .image_dir
                 .clone()
                 .unwrap_or_else(|| data_dir.join("images")),
-            state_dir: data_dir.join("vms"),
+            state_dir: vm_state_dir(data_dir),
             inputs: coderoom_sandbox::vm::Inputs {
                 kernel_deb: self.kernel_deb.clone(),
                 busybox: None,
@@ -149,6 +149,18 @@ impl VmArgs {
             build_on_need: true,
         }
     }
+}
+
+/// A switch that turns one of the server's measured levers off, for the side-by-side
+/// comparisons in docs/benchmarks.md only: set when the environment variable `name` is `1`.
+pub(crate) fn comparison_switch(name: &str) -> bool {
+    std::env::var_os(name).is_some_and(|v| v == "1")
+}
+
+/// Where the microVM tier keeps its VMs' directories (`NAME-PID-N`, each with its workspace
+/// disk).
+pub(crate) fn vm_state_dir(data_dir: &std::path::Path) -> std::path::PathBuf {
+    data_dir.join("vms")
 }
 
 /// `--vm-accel`.

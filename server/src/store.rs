@@ -152,7 +152,7 @@ impl Store {
         let options = AnyConnectOptions::from_str(&url)?;
         // For comparisons only (docs/benchmarks.md): SQLite's own checkpoints, inside commits.
         let inline_checkpoints =
-            std::env::var("CODEROOM_SQLITE_INLINE_CHECKPOINT").as_deref() == Ok("1");
+            crate::config::comparison_switch("CODEROOM_SQLITE_INLINE_CHECKPOINT");
         let pool = AnyPoolOptions::new()
             .max_connections(match backend {
                 // SQLite serialises writers anyway; a few readers beside the writer suffice.

@@ -991,16 +991,37 @@ pub(crate) fn version_after(bin: &Path, prefix: &str) -> Result<String, String> 
 /// VM's life, so a lock taken here means no server has it. A VM's disk holds nothing the
 /// snapshots do not.
 fn remove_orphans(state_dir: &Path) {
+    remove_unheld(state_dir, |_| true);
+}
+
+/// Room deletion: removes the directories (and so the workspace disks) of sandbox `name`'s VMs
+/// that no server runs (the running one is destroyed first). Returns how many went.
+pub fn remove_disks(state_dir: &Path, name: &str) -> u64 {
+    remove_unheld(state_dir, |vm| vm == name)
+}
+
+/// Removes the `NAME-PID-N` directories in `state_dir` whose NAME `pick` takes and whose lock
+/// nobody holds; returns how many it removed.
+fn remove_unheld(state_dir: &Path, pick: impl Fn(&str) -> bool) -> u64 {
     let Ok(entries) = std::fs::read_dir(state_dir) else {
-        return;
+        return 0;
     };
+    let mut removed = 0;
     for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        let parts: Vec<&str> = name.split('-').collect();
-        let ours = matches!(parts.as_slice(), [n, p, c]
-            if !n.is_empty() && n.bytes().all(|b| b.is_ascii_alphanumeric())
-                && p.parse::<u32>().is_ok() && c.parse::<u64>().is_ok());
-        if !ours {
+        let dir_name = e.file_name().to_string_lossy().into_owned();
+        let parts: Vec<&str> = dir_name.split('-').collect();
+        let vm = match parts.as_slice() {
+            [n, p, c]
+                if !n.is_empty()
+                    && n.bytes().all(|b| b.is_ascii_alphanumeric())
+                    && p.parse::<u32>().is_ok()
+                    && c.parse::<u64>().is_ok() =>
+            {
+                *n
+            }
+            _ => continue,
+        };
+        if !pick(vm) {
             continue;
         }
         let held = std::fs::OpenOptions::new()
@@ -1010,10 +1031,11 @@ fn remove_orphans(state_dir: &Path) {
             .is_some_and(|f| {
                 rustix::fs::flock(&f, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err()
             });
-        if !held {
-            let _ = std::fs::remove_dir_all(e.path());
+        if !held && std::fs::remove_dir_all(e.path()).is_ok() {
+            removed += 1;
         }
     }
+    removed
 }
 
 #[cfg(test)]
@@ -1088,5 +1110,26 @@ mod tests {
         assert!(!orphan.exists(), "a VM nobody holds loses its disk");
         assert!(!unlocked.exists());
         assert!(odd.exists(), "what is not a VM's directory is left alone");
+    }
+
+    #[test]
+    fn a_deleted_rooms_disks_go_and_no_others() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let left = [
+            dir.path().join("room1-4242-1"),
+            dir.path().join("room1-77-2"),
+        ];
+        for d in &left {
+            drop(make_disk(d, MIN_DISK, None).expect("a VM's directory"));
+        }
+        let other = dir.path().join("room12-4242-1");
+        let live = dir.path().join("room1-4242-3");
+        drop(make_disk(&other, MIN_DISK, None).expect("a VM's directory"));
+        let _held = make_disk(&live, MIN_DISK, None).expect("a VM's directory");
+        assert_eq!(remove_disks(dir.path(), "room1"), 2);
+        assert!(left.iter().all(|d| !d.exists()));
+        assert!(other.exists(), "another room's disk stays");
+        assert!(live.exists(), "a VM a server still runs keeps its disk");
+        assert_eq!(remove_disks(&dir.path().join("missing"), "room1"), 0);
     }
 }

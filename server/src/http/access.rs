@@ -119,17 +119,8 @@ pub(crate) async fn show_invite(
     Path(token): Path<String>,
 ) -> Result<Json<InviteShown>, ApiError> {
     let (_, invite) = invite_by_token(&app, &token).await?;
-    let now = app.clock.now_ms();
-    if invite.revoked_at.is_some() {
-        return Err(ApiError::GoneBecause("This invite link was revoked."));
-    }
-    if invite.uses >= invite.max_uses {
-        return Err(ApiError::GoneBecause(
-            "This invite link is used up: it was already used as many times as it allows.",
-        ));
-    }
-    if invite.expires_at <= now {
-        return Err(ApiError::GoneBecause("This invite link has expired."));
+    if let Some(why) = unusable(&invite, app.clock.now_ms()) {
+        return Err(ApiError::GoneBecause(why));
     }
     let room = app
         .store
@@ -145,6 +136,20 @@ pub(crate) async fn show_invite(
         expires_at: invite.expires_at,
         uses_left: invite.max_uses - invite.uses,
     }))
+}
+
+/// Why an invite can no longer be used at `now` (revoked, used up, expired), as a sentence for
+/// the person holding the link; `None` while it can.
+fn unusable(invite: &InviteRow, now: i64) -> Option<&'static str> {
+    if invite.revoked_at.is_some() {
+        Some("This invite link was revoked.")
+    } else if invite.uses >= invite.max_uses {
+        Some("This invite link is used up: it was already used as many times as it allows.")
+    } else if invite.expires_at <= now {
+        Some("This invite link has expired.")
+    } else {
+        None
+    }
 }
 
 /// The invite a link's token names (looked up by the token's hash).
@@ -175,7 +180,7 @@ pub(crate) async fn accept_invite(
     let locked = app.audit.lock().await;
     let (token_hash, invite) = invite_by_token(&app, &token).await?;
     let now = app.clock.now_ms();
-    if invite.revoked_at.is_some() || invite.expires_at <= now || invite.uses >= invite.max_uses {
+    if unusable(&invite, now).is_some() {
         return Err(ApiError::Gone);
     }
     let role: Role = invite

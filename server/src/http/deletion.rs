@@ -334,22 +334,14 @@ pub(crate) async fn run(app: &AppState, id: &str, room_id: &str) -> Result<(), S
                     .await?;
             }
             "vm_disks" => {
-                // `DATA_DIR/vms/<room>-<pid>-<n>`: what the sandbox step's VM left, if anything.
-                let vms = app.data_dir.join("vms");
-                let prefix = format!("{room_id}-");
+                // What the sandbox step's VM left, if anything (or a crashed server's).
+                let vms = crate::config::vm_state_dir(&app.data_dir);
+                let room = room_id.to_owned();
                 let left = tokio::task::spawn_blocking(move || {
-                    let mut n = 0i64;
-                    for e in std::fs::read_dir(&vms).into_iter().flatten().flatten() {
-                        if e.file_name().to_string_lossy().starts_with(&prefix)
-                            && std::fs::remove_dir_all(e.path()).is_ok()
-                        {
-                            n += 1;
-                        }
-                    }
-                    n
+                    coderoom_sandbox::vm::remove_disks(&vms, &room)
                 })
                 .await
-                .unwrap_or(0);
+                .map_or(0, |n| i64::try_from(n).unwrap_or(i64::MAX));
                 let count = vm_disks + left;
                 let status = if count > 0 { "destroyed" } else { "none" };
                 app.store

@@ -213,7 +213,7 @@ const COALESCE_BYTES: usize = 64 << 10;
 fn coalesce_bytes() -> usize {
     static LIMIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
     *LIMIT.get_or_init(|| {
-        if std::env::var("CODEROOM_WRITE_EACH_FRAME").as_deref() == Ok("1") {
+        if crate::config::comparison_switch("CODEROOM_WRITE_EACH_FRAME") {
             0
         } else {
             COALESCE_BYTES

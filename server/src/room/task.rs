@@ -136,20 +136,16 @@ pub(crate) fn observe_produced(
     sink: Arc<Mutex<Vec<Vec<u8>>>>,
 ) -> Result<(), yrs::TransactionAcqError> {
     // The encoding after the merge, for the benchmark's comparison only (docs/benchmarks.md).
-    if std::env::var_os("CODEROOM_ENCODE_AFTER_MERGE").is_some_and(|v| v == "1") {
-        return doc.observe_update_v1("log", move |_, event| match sink.lock() {
-            Ok(mut v) => v.push(event.update.clone()),
-            Err(poisoned) => poisoned.into_inner().push(event.update.clone()),
-        });
+    let keep = move |update: Vec<u8>| match sink.lock() {
+        Ok(mut v) => v.push(update),
+        Err(poisoned) => poisoned.into_inner().push(update),
+    };
+    if crate::config::comparison_switch("CODEROOM_ENCODE_AFTER_MERGE") {
+        return doc.observe_update_v1("log", move |_, event| keep(event.update.clone()));
     }
     doc.observe_after_transaction("log", move |txn| {
-        if txn.delete_set().is_empty() && txn.after_state() == txn.before_state() {
-            return;
-        }
-        let update = txn.encode_update_v1();
-        match sink.lock() {
-            Ok(mut v) => v.push(update),
-            Err(poisoned) => poisoned.into_inner().push(update),
+        if !txn.delete_set().is_empty() || txn.after_state() != txn.before_state() {
+            keep(txn.encode_update_v1());
         }
     })
 }

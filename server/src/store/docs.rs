@@ -210,7 +210,7 @@ const PREPARED_UP_TO: usize = 32;
 /// False under `CODEROOM_LOG_ROW_EACH=1`: a statement per row inside a transaction, as before
 /// multi-row inserts, for the benchmark's comparison only (docs/benchmarks.md).
 fn multi_row() -> bool {
-    std::env::var_os("CODEROOM_LOG_ROW_EACH").is_none_or(|v| v != "1")
+    !crate::config::comparison_switch("CODEROOM_LOG_ROW_EACH")
 }
 
 async fn insert_rows<'e, E>(db: E, rows: &[(&str, i64, &[u8])]) -> Result<(), sqlx::Error>
