@@ -92,7 +92,6 @@ function rows (r: Array<[string, string]>, testid: string): HTMLElement | null {
     h('tr', null, h('th', null, k), h('td', { class: 'pre-line' }, v)))))
 }
 
-
 export async function sandboxPanel (el: HTMLElement, room: Room, refresh: () => void): Promise<void> {
   let s: SandboxStatus
   try {

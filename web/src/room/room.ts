@@ -187,23 +187,34 @@ export function roomPage (app: App, id: string): () => void {
   }
 
   // File tree, with create / rename / delete for editors.
-  /** A path field; `done` gets a valid path, or returns why it cannot be used. */
-  const fileForm = (label: string, initial: string, done: (path: string) => string | undefined): HTMLFormElement => {
-    const input = h('input', { value: initial, 'aria-label': label, placeholder: 'src/main.rs', 'data-testid': 'file-path' })
+  /** A one-line form for editors: `parse` reads the text (a value, or why it cannot be one),
+   *  `done` uses the value (or says why it cannot). Escape closes it; so does losing `edit`. */
+  const lineForm = <T>(o: {
+    label: string, initial: string, placeholder: string, testid: string, class: string, submit?: string,
+    parse: (raw: string) => { ok: true, value: T } | { ok: false, reason: string },
+    done: (value: T) => string | undefined,
+  }): HTMLFormElement => {
+    const input = h('input', { value: o.initial, 'aria-label': o.label, placeholder: o.placeholder, 'data-testid': o.testid })
     const err = h('p', { class: 'error', role: 'alert' })
-    const form = h('form', { class: 'file-form stack' }, input, err)
+    const form = h('form', { class: o.class }, input, o.submit ? h('button', { type: 'submit', class: 'small' }, o.submit) : null, err)
     form.addEventListener('submit', (e) => {
       e.preventDefault()
       if (!caps.includes('edit') || ended) { form.remove(); return }
-      const r = checkPath(input.value)
+      const r = o.parse(input.value)
       if (!r.ok) { err.textContent = r.reason; return }
-      const refused = done(r.path)
+      const refused = o.done(r.value)
       if (refused) { err.textContent = refused; return }
       form.remove()
     })
     input.addEventListener('keydown', (e) => { if (e.key === 'Escape') form.remove() })
     return form
   }
+  /** A path field; `done` gets a valid path, or returns why it cannot be used. */
+  const fileForm = (label: string, initial: string, done: (path: string) => string | undefined): HTMLFormElement =>
+    lineForm({
+      label, initial, placeholder: 'src/main.rs', testid: 'file-path', class: 'file-form stack', done,
+      parse: (raw) => { const r = checkPath(raw); return r.ok ? { ok: true, value: r.path } : r },
+    })
   const newFile = (): void => {
     if (!caps.includes('edit') || ended) return
     tree.parentElement?.querySelector('.file-form')?.remove()
@@ -379,24 +390,21 @@ export function roomPage (app: App, id: string): () => void {
   }
   const editRun = (): void => {
     runBar.parentElement?.querySelector('.run-form')?.remove()
-    const input = h('input', { value: currentRun()?.command ?? '', 'aria-label': 'Run command', placeholder: 'python3 main.py', 'data-testid': 'run-input', size: 40 })
-    const err = h('span', { class: 'error', role: 'alert' })
-    const form = h('form', { class: 'run-form row' }, input, h('button', { type: 'submit', class: 'small' }, 'Save'), err)
-    form.addEventListener('submit', (e) => {
-      e.preventDefault()
-      if (!caps.includes('edit') || ended) { form.remove(); return }
-      const why = checkCommand(input.value)
-      if (why) { err.textContent = why; return }
-      const t = files.get(MANIFEST)
-      const after = withManifestCommand(t instanceof Y.Text ? t.toString() : '', input.value.trim())
-      doc.transact(() => {
-        if (t instanceof Y.Text) { t.delete(0, t.length); t.insert(0, after) } else files.set(MANIFEST, new Y.Text(after))
-      })
-      form.remove()
+    const form = lineForm({
+      label: 'Run command', initial: currentRun()?.command ?? '', placeholder: 'python3 main.py', testid: 'run-input',
+      class: 'run-form row', submit: 'Save',
+      parse: (raw) => { const why = checkCommand(raw); return why ? { ok: false, reason: why } : { ok: true, value: raw.trim() } },
+      done: (command) => {
+        const t = files.get(MANIFEST)
+        const after = withManifestCommand(t instanceof Y.Text ? t.toString() : '', command)
+        doc.transact(() => {
+          if (t instanceof Y.Text) { t.delete(0, t.length); t.insert(0, after) } else files.set(MANIFEST, new Y.Text(after))
+        })
+        return undefined
+      },
     })
-    input.addEventListener('keydown', (e) => { if (e.key === 'Escape') form.remove() })
     runBar.after(form)
-    input.focus()
+    form.querySelector('input')?.focus()
   }
 
   // Terminal.
@@ -588,8 +596,6 @@ export function roomPage (app: App, id: string): () => void {
       if (k === 'n') return newFile
       if (k === 't') return () => terminal.focus()
     }
-    // Run, from anywhere (the editor's own Mod+Enter and the shell's Enter give way).
-    if ((MAC ? e.metaKey : e.ctrlKey) && !e.altKey && !e.shiftKey && e.key === 'Enter') return runNow
     if (inTerminal) return null
     if ((e.ctrlKey || e.metaKey) && !e.altKey && e.code === 'KeyS') {
       return () => {
@@ -603,7 +609,8 @@ export function roomPage (app: App, id: string): () => void {
   }
   window.addEventListener('keydown', keys)
   disposers.push(() => window.removeEventListener('keydown', keys))
-  // Ctrl/Cmd+Enter is taken before the editor sees it (its own Mod+Enter inserts a line).
+  // Run: Ctrl/Cmd+Enter from anywhere, taken before the editor or the terminal sees it (the
+  // editor's own Mod+Enter would insert a line, the shell would get an Enter).
   const runKey = (e: KeyboardEvent): void => {
     if (!(MAC ? e.metaKey : e.ctrlKey) || e.altKey || e.shiftKey || e.key !== 'Enter') return
     e.preventDefault()

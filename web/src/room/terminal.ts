@@ -57,7 +57,7 @@ export class SharedTerminal {
     this.floorEl = h('span', { class: 'term-floor', 'data-testid': 'terminal-floor' })
     el.append(h('div', { class: 'term-bar' }, h('strong', null, 'Terminal'), hooks.toolbar ?? null, this.badge, this.floorEl, this.status), screen)
     this.term.open(screen)
-    this.term.onData((data) => this.input(data))
+    this.term.onData((data) => this.send(data, false))
     // With stdin disabled xterm drops keys silently: say why nothing happens.
     this.term.attachCustomKeyEventHandler((e) => {
       // The page's shortcuts (and Ctrl+S, which would send XOFF and freeze the shared shell
@@ -66,7 +66,7 @@ export class SharedTerminal {
       if (!this.canType && e.type === 'keydown') this.flash('View only: your keys are not sent')
       return true
     })
-    this.term.onBinary((data) => this.input(data))
+    this.term.onBinary((data) => this.send(data, false))
     this.observer = new ResizeObserver(() => this.resize())
     this.observer.observe(screen)
     this.connect()
@@ -129,21 +129,19 @@ export class SharedTerminal {
     return this.send('\x03')
   }
 
-  private send (data: string): boolean {
-    if (!this.canType || this.ws?.readyState !== WebSocket.OPEN) {
-      this.flash(this.canType ? 'Not connected yet: try again in a moment' : 'View only: your keys are not sent')
+  /** Sends this person's keys. `sayOffline`: say so when not connected (a typed key is dropped
+   *  quietly: the status line already says the terminal is reconnecting). */
+  private send (data: string, sayOffline = true): boolean {
+    if (!this.canType) {
+      this.flash('View only: your keys are not sent')
+      return false
+    }
+    if (this.ws?.readyState !== WebSocket.OPEN) {
+      if (sayOffline) this.flash('Not connected yet: try again in a moment')
       return false
     }
     this.ws.send(this.encoder.encode(data))
     return true
-  }
-
-  private input (data: string): void {
-    if (!this.canType) {
-      this.flash('View only: your keys are not sent')
-      return
-    }
-    if (this.ws?.readyState === WebSocket.OPEN) this.ws.send(this.encoder.encode(data))
   }
 
   private flash (text: string): void {
