@@ -448,6 +448,10 @@ struct State {
     restore: Option<Restore>,
     /// Open port and outbound connections: their write queues.
     streams: Streams,
+    /// The writer's last frame before a save ([`Op::Quiesce`]).
+    quiet: Out,
+    /// Lets the writer go on after [`Op::Resumed`].
+    resumed: Arc<tokio::sync::Notify>,
 }
 
 /// Open connections' write queues by stream id, shared with the egress forwarder.
@@ -552,11 +556,23 @@ async fn serve(opened: Opened) -> std::io::Result<()> {
     let (mut rd, mut wr) = halves(opened)?;
     let (out, mut out_rx) = mpsc::channel::<Vec<u8>>(OUT_QUEUE);
     let (bulk, mut bulk_rx) = mpsc::channel::<Vec<u8>>(BULK_QUEUE);
+    let (quiet, mut quiet_rx) = mpsc::channel::<Vec<u8>>(1);
+    let resumed = Arc::new(tokio::sync::Notify::new());
+    let go_on = resumed.clone();
     let writer = tokio::spawn(async move {
         use tokio::io::AsyncWriteExt;
         let (mut out_open, mut bulk_open) = (true, true);
         let mut since_bulk = 0usize;
         while out_open || bulk_open {
+            // The answer to `Quiesce` is the last frame until `Resumed`: the VM may be saved
+            // right after it, and a frame begun then would reach the next host cut.
+            if let Ok(last) = quiet_rx.try_recv() {
+                if wr.write_all(&last).await.is_err() {
+                    break;
+                }
+                go_on.notified().await;
+                continue;
+            }
             // A bulk frame that waited while a share of other frames went out goes next.
             let owed = if since_bulk >= BULK_SHARE {
                 bulk_rx.try_recv().ok()
@@ -567,6 +583,15 @@ async fn serve(opened: Opened) -> std::io::Result<()> {
                 Some(f) => (f, true),
                 None => tokio::select! {
                     biased;
+                    f = quiet_rx.recv() => {
+                        if let Some(last) = f {
+                            if wr.write_all(&last).await.is_err() {
+                                break;
+                            }
+                            go_on.notified().await;
+                        }
+                        continue;
+                    },
                     f = out_rx.recv(), if out_open => match f {
                         Some(f) => (f, false),
                         None => { out_open = false; continue; }
@@ -589,6 +614,8 @@ async fn serve(opened: Opened) -> std::io::Result<()> {
         pty: Arc::default(),
         restore: None,
         streams: Arc::default(),
+        quiet,
+        resumed,
     };
     // The system's roots until the control plane names the room's authority (a sandbox of
     // the warm pool has no room yet). Without the directory (a test harness), none.
@@ -742,6 +769,30 @@ async fn handle(state: &mut State, req: Request) {
             crate::bridge::received_all(&mut streams_of(&state.streams), stream);
         }
         Op::Egress { ca_pem, env } => spawn_reply(&state.out, id, move || set_egress(ca_pem, env)),
+        Op::Quiesce => {
+            // Connections end here: their host ends do not survive the save.
+            for (_, c) in streams_of(&state.streams).drain() {
+                c.credit.close();
+            }
+            let _ = blocking(|| {
+                rustix::fs::sync();
+                Ok(Reply::Done)
+            })
+            .await;
+            if let Ok(frame) = proto::encode(&reply(id, Ok(Reply::Done))) {
+                let _ = state.quiet.send(frame).await;
+            }
+        }
+        Op::Resumed { now_ms } => {
+            set_clock(now_ms);
+            state.resumed.notify_one();
+            let pty_open = state
+                .pty
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_some();
+            send(&state.out, &reply(id, Ok(Reply::Resumed { pty_open }))).await;
+        }
         Op::Restore { data, last } => {
             let r = restore_chunk(state, id, data.into_vec(), last).await;
             if let Some(r) = r {
@@ -749,6 +800,23 @@ async fn handle(state: &mut State, req: Request) {
             }
         }
     }
+}
+
+/// Sets the system clock to `now_ms` when it is more than a second off (a guest restored
+/// from a memory snapshot wakes at the time it was saved). Only a VM guest's agent may; any
+/// other is refused by its kernel, and the clock stays as it is.
+fn set_clock(now_ms: u64) {
+    let Ok(now) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) else {
+        return;
+    };
+    if now.as_millis().abs_diff(u128::from(now_ms)) <= 1000 {
+        return;
+    }
+    let ts = rustix::time::Timespec {
+        tv_sec: i64::try_from(now_ms / 1000).unwrap_or(i64::MAX),
+        tv_nsec: i64::try_from((now_ms % 1000) * 1_000_000).unwrap_or(0),
+    };
+    let _ = rustix::time::clock_settime(rustix::time::ClockId::Realtime, ts);
 }
 
 /// Runs `f` on the blocking pool and sends its reply, without waiting for it here.

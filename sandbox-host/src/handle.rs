@@ -92,6 +92,74 @@ struct Inner {
     /// Who takes the connections code inside opens to the egress forwarder; until set, they
     /// are closed at once.
     outbound: Mutex<Option<OutboundFn>>,
+    /// The last frame the agent gets ([`Op::Quiesce`]): the writer sends it and nothing after.
+    seal: Mutex<Option<oneshot::Sender<Vec<u8>>>>,
+    /// The backend's side of [`Sandbox::park`], when it can keep a stopped sandbox.
+    parker: Mutex<Option<mpsc::Sender<ParkRequest>>>,
+    /// How this sandbox came back, when the backend resumed it from what it kept.
+    resumed: Mutex<Option<Resumed>>,
+}
+
+/// What a backend keeps of a sandbox it stops with [`Sandbox::park`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Keep {
+    /// The workspace disk: the next start boots from it instead of restoring a snapshot.
+    Disk,
+    /// The disk and the guest's memory: the next start carries on where it stopped, with every
+    /// process still running.
+    Memory,
+}
+
+impl Keep {
+    /// `disk` or `memory`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Keep::Disk => "disk",
+            Keep::Memory => "memory",
+        }
+    }
+}
+
+/// What [`Sandbox::park`] kept.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Parked {
+    /// What was kept (memory may have fallen back to the disk alone).
+    pub kept: Keep,
+    /// Bytes kept on the host (the disk's allocated blocks, and the memory image).
+    pub bytes: u64,
+    /// Why memory was asked for and only the disk was kept.
+    pub note: Option<String>,
+}
+
+/// How a sandbox was resumed from what its backend kept (see [`Sandbox::resumed`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Resumed {
+    /// What it was resumed from.
+    pub from: Keep,
+    /// The tag the sandbox was parked with (the control plane's snapshot name).
+    pub tag: String,
+    /// A terminal opened before the park is still open.
+    pub pty_open: bool,
+}
+
+/// Why [`Sandbox::park`] did not keep the sandbox. The sandbox may still run: the caller
+/// kills it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParkError {
+    /// The backend keeps nothing (the namespace tier).
+    #[error("this sandbox tier keeps nothing between runs")]
+    Unsupported,
+    /// A step failed.
+    #[error("the sandbox could not be kept: {0}")]
+    Failed(String),
+}
+
+/// A park asked of the backend, once the agent is quiet.
+pub(crate) struct ParkRequest {
+    pub(crate) keep: Keep,
+    pub(crate) tag: String,
+    pub(crate) reply: oneshot::Sender<Result<Parked, String>>,
 }
 
 type PressureFn = Box<dyn Fn() -> Pressure + Send + Sync>;
@@ -121,6 +189,15 @@ pub(crate) struct Control {
     pub(crate) stream_closed: watch::Receiver<bool>,
 }
 
+impl Control {
+    /// Lets `sandbox` be parked: its requests arrive on the returned receiver.
+    pub(crate) fn parking(sandbox: &Sandbox) -> mpsc::Receiver<ParkRequest> {
+        let (tx, rx) = mpsc::channel(1);
+        *locked(&sandbox.inner.parker) = Some(tx);
+        rx
+    }
+}
+
 impl Sandbox {
     /// Wires a handle to an agent stream. Returns the handle, its events, and the backend's
     /// control half.
@@ -133,6 +210,7 @@ impl Sandbox {
         let (events_tx, events) = mpsc::channel(EVENT_QUEUE);
         let (ended_tx, ended) = watch::channel(None);
         let (kill, killed) = watch::channel(false);
+        let (seal, mut sealed) = oneshot::channel::<Vec<u8>>();
         let inner = Arc::new(Inner {
             requests,
             pending: Mutex::default(),
@@ -144,11 +222,32 @@ impl Sandbox {
             streams: Mutex::default(),
             next_stream: std::sync::atomic::AtomicU32::new(1),
             outbound: Mutex::default(),
+            seal: Mutex::new(Some(seal)),
+            parker: Mutex::default(),
+            resumed: Mutex::default(),
         });
         tokio::spawn(async move {
-            while let Some(frame) = req_rx.recv().await {
-                if wr.write_all(&frame).await.is_err() {
-                    break;
+            let mut sealing = true;
+            loop {
+                tokio::select! {
+                    biased;
+                    last = &mut sealed, if sealing => {
+                        sealing = false;
+                        let Ok(last) = last else { continue };
+                        // The agent's stream stays open (a closed stream would end it) but
+                        // carries nothing more: a frame cut off by the save would reach the
+                        // restored agent as garbage.
+                        let _ = wr.write_all(&last).await;
+                        let _ = wr.flush().await;
+                        while req_rx.recv().await.is_some() {}
+                        break;
+                    }
+                    frame = req_rx.recv() => {
+                        let Some(frame) = frame else { break };
+                        if wr.write_all(&frame).await.is_err() {
+                            break;
+                        }
+                    }
                 }
             }
             let _ = wr.shutdown().await;
@@ -387,6 +486,61 @@ impl Sandbox {
     /// earlier taker; before the first, such connections are closed at once.
     pub fn on_outbound(&self, f: OutboundFn) {
         *locked(&self.inner.outbound) = Some(f);
+    }
+
+    /// Stops the sandbox keeping what the backend can (`keep`), under `tag`: a later start of
+    /// the same name given the same tag resumes from it (see [`Sandbox::resumed`]). The agent
+    /// is quiesced first, so its stream is cut on a frame's boundary. On `Err` the sandbox may
+    /// still run, quiesced: kill it.
+    pub async fn park(&self, keep: Keep, tag: &str, within: Duration) -> Result<Parked, ParkError> {
+        let parker = locked(&self.inner.parker)
+            .clone()
+            .ok_or(ParkError::Unsupported)?;
+        let seal = locked(&self.inner.seal)
+            .take()
+            .ok_or_else(|| ParkError::Failed("already parked".into()))?;
+        let fail = |e: CallError| ParkError::Failed(format!("quiescing the agent: {e}"));
+        let (id, rx) = self.register(None).map_err(fail)?;
+        let frame = proto::encode(&Request {
+            id,
+            op: Op::Quiesce,
+        })
+        .map_err(|_| fail(CallError::Protocol))?;
+        let _ = seal.send(frame);
+        let quiet = tokio::time::timeout(within, rx).await;
+        self.forget(id);
+        match quiet {
+            Ok(Ok(Ok(Reply::Done))) => {}
+            Ok(Ok(Ok(_))) => return Err(fail(CallError::Protocol)),
+            Ok(Ok(Err(e))) => return Err(fail(CallError::Agent(e))),
+            Ok(Err(_)) => return Err(fail(CallError::Gone)),
+            Err(_) => return Err(fail(CallError::Timeout)),
+        }
+        let (reply, answer) = oneshot::channel();
+        let asked = ParkRequest {
+            keep,
+            tag: tag.to_owned(),
+            reply,
+        };
+        if parker.send(asked).await.is_err() {
+            return Err(ParkError::Failed("the sandbox has ended".into()));
+        }
+        match tokio::time::timeout(within, answer).await {
+            Ok(Ok(Ok(parked))) => Ok(parked),
+            Ok(Ok(Err(e))) => Err(ParkError::Failed(e)),
+            Ok(Err(_)) => Err(ParkError::Failed("the sandbox has ended".into())),
+            Err(_) => Err(ParkError::Failed("no answer in time".into())),
+        }
+    }
+
+    /// How this sandbox came back, when its backend resumed it from what [`Sandbox::park`]
+    /// kept (the control plane then restores nothing).
+    pub fn resumed(&self) -> Option<Resumed> {
+        locked(&self.inner.resumed).clone()
+    }
+
+    pub(crate) fn set_resumed(&self, r: Resumed) {
+        *locked(&self.inner.resumed) = Some(r);
     }
 
     /// Asks the backend to kill the sandbox now.

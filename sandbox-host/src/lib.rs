@@ -27,7 +27,7 @@ pub mod seccomp;
 mod userns;
 pub mod vm;
 
-pub use handle::{CallError, Ended, Event, OutboundFn, Sandbox};
+pub use handle::{CallError, Ended, Event, Keep, OutboundFn, ParkError, Parked, Resumed, Sandbox};
 pub use namespace::{AgentCommand, Namespace};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
@@ -221,10 +221,30 @@ impl Backend {
 
     /// Starts a sandbox named `name` with `limits`.
     pub async fn start(&self, name: &str, limits: &Limits) -> Result<Started, StartError> {
+        self.resume(name, limits, None).await
+    }
+
+    /// Starts a sandbox named `name` from what [`Sandbox::park`] kept under `tag`, where the
+    /// backend keeps anything (the microVM tier) and it still fits; else as [`Backend::start`].
+    /// [`Sandbox::resumed`] says which.
+    pub async fn resume(
+        &self,
+        name: &str,
+        limits: &Limits,
+        tag: Option<&str>,
+    ) -> Result<Started, StartError> {
         match self {
             Backend::Namespace(ns) => ns.start(name, limits).await,
-            Backend::Microvm(vm) => vm.start(name, limits).await,
+            Backend::Microvm(vm) => vm.resume(name, limits, tag).await,
             Backend::None(why) => Err(StartError::Unavailable(why.clone())),
+        }
+    }
+
+    /// Whether a stopped sandbox `name` left something to resume from.
+    pub fn has_kept(&self, name: &str) -> bool {
+        match self {
+            Backend::Microvm(vm) => vm.has_kept(name),
+            _ => false,
         }
     }
 }

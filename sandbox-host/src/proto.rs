@@ -10,7 +10,7 @@ use serde_bytes::ByteBuf;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Protocol version the agent announces in [`Reply::Hello`]; the server refuses any other.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// Largest frame body either side accepts: a reply carrying a whole file (the API reads up to
 /// 16 MiB) or two captured output streams. Streamed data (terminal output, snapshots, port
@@ -158,6 +158,18 @@ pub enum Op {
     /// The TCP ports something inside listens on (IPv4 and IPv6, any address), the agent's
     /// own forwarder ([`EGRESS_PORT`]) aside: the room offers to preview them.
     Listening,
+    /// The VM is about to be saved (its disk, and perhaps its memory): the agent closes every
+    /// port connection (their host ends will be gone), flushes the guest's file systems,
+    /// answers [`Reply::Done`], and from then on sends nothing until [`Op::Resumed`], so the
+    /// saved stream ends on a frame's boundary.
+    Quiesce,
+    /// The VM was restored from a memory snapshot and a new control plane holds the channel:
+    /// the agent sets the guest's clock to `now_ms` (milliseconds since the Unix epoch; the
+    /// guest's stood still while it was saved), sends again, and answers [`Reply::Resumed`].
+    Resumed {
+        /// The host's time.
+        now_ms: u64,
+    },
 }
 
 /// The trust bundle room code's TLS clients are pointed at (`SSL_CERT_FILE` and friends): the
@@ -263,6 +275,11 @@ pub enum Reply {
     },
     /// Answer to [`Op::Listening`]: ascending, at most [`MAX_LISTENING`].
     Listening(Vec<u16>),
+    /// Answer to [`Op::Resumed`].
+    Resumed {
+        /// The terminal opened before the save is still open (its program kept running).
+        pty_open: bool,
+    },
 }
 
 /// Most ports [`Reply::Listening`] names.

@@ -914,3 +914,43 @@ async fn room_code_runs_apart_from_the_machinery() {
         "{seen}"
     );
 }
+
+/// The agent's side of a VM save, driven through the namespace tier's agent (the same
+/// program): after `Quiesce` it answers nothing, so the saved stream ends on a frame's
+/// boundary, and `Resumed` lets everything held go out, in order. The namespace tier itself
+/// keeps nothing: parking it is refused before the agent is touched.
+#[tokio::test]
+async fn a_quiesced_agent_holds_its_replies_until_resumed() {
+    let ns = backend();
+    let (sb, _events, _) = ns.start(&name("q"), &Limits::default()).await.unwrap();
+    assert_eq!(
+        sb.park(coderoom_sandbox::Keep::Disk, "t", T).await,
+        Err(coderoom_sandbox::ParkError::Unsupported)
+    );
+    assert!(matches!(sb.call(Op::Quiesce, T).await, Ok(Reply::Done)));
+    let held = {
+        let sb = sb.clone();
+        tokio::spawn(async move { sh(&sb, "echo held-then-sent").await })
+    };
+    // Nothing comes while quiesced (the exec runs, its answer waits).
+    assert!(matches!(
+        sb.call(Op::Hello, Duration::from_millis(800)).await,
+        Err(coderoom_sandbox::CallError::Timeout)
+    ));
+    assert!(!held.is_finished());
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    // The clock is the host's already: the agent leaves it.
+    match sb.call(Op::Resumed { now_ms }, T).await.unwrap() {
+        Reply::Resumed { pty_open } => assert!(!pty_open),
+        other => panic!("unexpected {other:?}"),
+    }
+    let (code, out, _) = held.await.unwrap();
+    assert_eq!((code, out.as_str()), (Some(0), "held-then-sent\n"));
+    let (_, out, _) = sh(&sb, "echo after").await;
+    assert_eq!(out, "after\n");
+    sb.kill();
+    sb.ended().await;
+}

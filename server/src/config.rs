@@ -389,6 +389,31 @@ pub(crate) struct SandboxArgs {
     /// restore, not a boot (each is used once, by one room; at most 16).
     #[arg(long, env = "CODEROOM_SANDBOX_WARM_POOL", default_value_t = 0)]
     pub sandbox_warm_pool: usize,
+    /// What a stopped microVM sandbox keeps for its next start, beside its snapshot: `disk`
+    /// (the next start boots from it, nothing restored), `memory` (the disk and the guest's
+    /// memory: the next start carries on with every process running; QEMU only, the disk
+    /// alone elsewhere), or `none` (the snapshot is restored into a new disk).
+    #[arg(long, env = "CODEROOM_SANDBOX_KEEP", value_enum, default_value_t = SandboxKeep::Disk)]
+    pub sandbox_keep: SandboxKeep,
+}
+
+/// `--sandbox-keep`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum SandboxKeep {
+    None,
+    Disk,
+    Memory,
+}
+
+impl SandboxKeep {
+    /// What to ask a stopping sandbox to keep.
+    pub(crate) fn keep(self) -> Option<coderoom_sandbox::Keep> {
+        match self {
+            SandboxKeep::None => None,
+            SandboxKeep::Disk => Some(coderoom_sandbox::Keep::Disk),
+            SandboxKeep::Memory => Some(coderoom_sandbox::Keep::Memory),
+        }
+    }
 }
 
 impl Default for SandboxArgs {
@@ -404,6 +429,7 @@ impl Default for SandboxArgs {
             terminal_output_bytes_per_s: 8 << 20,
             recording_max_bytes: 64 << 20,
             sandbox_warm_pool: 0,
+            sandbox_keep: SandboxKeep::Disk,
         }
     }
 }

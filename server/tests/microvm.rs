@@ -7,6 +7,7 @@
 mod common;
 
 use common::*;
+use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -280,7 +281,12 @@ async fn a_room_runs_in_a_qemu_microvm() {
         assert!(peak <= limit, "peak {peak} within limit {limit}");
     }
 
-    // Stop (snapshot), restart the server, resume: the workspace is there.
+    // Stop (snapshot, then the disk is kept), restart the server, resume: the VM boots from
+    // its own disk (the same file, not a restored copy: same inode) and the workspace is there.
+    let inode = vm_exec(server, &t.ben, room, "stat -c %i /workspace/vm.txt").await["stdout"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     assert_eq!(lifecycle(server, &t.ben, room, "stop").await.0, 200);
     assert!(vmm_pid(room).is_none(), "stopping ends the VMM");
     drop(editor);
@@ -294,20 +300,38 @@ async fn a_room_runs_in_a_qemu_microvm() {
     } = t;
     assert!(server.terminate().await.success());
     let vms = storage.dir.path().join("vms");
-    let left = std::fs::read_dir(&vms).map(|d| d.count()).unwrap_or(0);
-    assert_eq!(left, 0, "no VM disk outlives its VM");
+    let left: Vec<_> = std::fs::read_dir(&vms)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert_eq!(left, ["kept"], "no VM's own directory outlives it");
+    let kept = vms.join("kept").join(&room);
+    assert!(kept.join("workspace.img").is_file() && kept.join("kept.json").is_file());
     let server = Server::start(&storage, &flags).await;
     let out = vm_exec(
         &server,
         &ben,
         &room,
-        "cat /workspace/vm.txt /workspace/notes.txt",
+        "cat /workspace/vm.txt /workspace/notes.txt; stat -c %i /workspace/vm.txt",
     )
     .await;
+    assert!(!kept.exists(), "what was kept is now the running VM's");
+    let starts: Vec<Value> = audit(&server, &ana, &room)
+        .await
+        .into_iter()
+        .filter(|r| r["action"] == "sandbox_start" || r["action"] == "sandbox_stop")
+        .map(|r| details(&r))
+        .collect();
+    let stop = starts.iter().rev().find(|d| d["kept"].is_string()).unwrap();
+    assert_eq!(stop["kept"], "disk", "{starts:?}");
+    assert!(stop["kept_bytes"].as_u64() > Some(3_000_000), "{stop}");
+    let last = starts.last().unwrap();
+    assert_eq!(last["resumed_from_kept"], "disk", "{starts:?}");
     assert_eq!(
-        out["stdout"], "made-in-the-vm\nwritten in the editor\n",
+        out["stdout"],
+        format!("made-in-the-vm\nwritten in the editor\n{inode}"),
         "{out}"
     );
+
     let out = vm_exec(&server, &ben, &room, "md5sum < /workspace/big.bin").await;
     assert_eq!(
         out["stdout"].as_str().unwrap(),
@@ -315,7 +339,8 @@ async fn a_room_runs_in_a_qemu_microvm() {
         "the big file came back whole"
     );
 
-    // kill -9 of the VMM: participants are told; a restart resumes from the last snapshot.
+    // kill -9 of the VMM: participants are told; a restart resumes from the last snapshot
+    // (nothing was kept: a crash leaves no disk to trust).
     let mut watcher = term(&server, &room, &ana).await;
     watcher.output_contains("$").await;
     let pid = vmm_pid(&room).expect("the VMM process");
@@ -336,6 +361,19 @@ async fn a_room_runs_in_a_qemu_microvm() {
     assert_eq!(lifecycle(&server, &ana, &room, "start").await.0, 200);
     let out = vm_exec(&server, &ben, &room, "cat /workspace/vm.txt").await;
     assert_eq!(out["stdout"], "made-in-the-vm\n", "{out}");
+    let restarted = audit(&server, &ana, &room).await;
+    let last = restarted
+        .iter()
+        .rev()
+        .find(|r| r["action"] == "sandbox_start")
+        .map(details)
+        .unwrap();
+    assert!(last["resumed_from_kept"].is_null(), "{last}");
+    assert!(last["resumed_from"].is_string(), "{last}");
+
+    // Stopped again, so the room has a kept disk when it is deleted.
+    assert_eq!(lifecycle(&server, &ana, &room, "stop").await.0, 200);
+    assert!(kept.join("workspace.img").is_file());
 
     // Deleting the room: the VM, its disk and the snapshots are gone, and the receipt says so.
     let receipt = delete_room(&server, &ana, &root, &room).await;
@@ -347,9 +385,13 @@ async fn a_room_runs_in_a_qemu_microvm() {
             .cloned()
             .unwrap()
     };
-    assert_eq!(artifact("sandbox")["status"], "destroyed", "{receipt}");
+    assert_eq!(
+        artifact("sandbox")["status"],
+        "none",
+        "stopped before: {receipt}"
+    );
     assert_eq!(artifact("vm_disks")["status"], "destroyed", "{receipt}");
-    assert_eq!(artifact("vm_disks")["count"], 1, "{receipt}");
+    assert_eq!(artifact("vm_disks")["count"], 1, "the kept disk: {receipt}");
     assert_eq!(artifact("workspace")["status"], "destroyed", "{receipt}");
     assert!(
         artifact("workspace")["count"].as_i64() >= Some(1),
@@ -359,8 +401,107 @@ async fn a_room_runs_in_a_qemu_microvm() {
     let left: Vec<_> = std::fs::read_dir(&vms)
         .map(|d| d.flatten().map(|e| e.file_name()).collect())
         .unwrap_or_default();
-    assert!(left.is_empty(), "no VM disk is left: {left:?}");
+    assert_eq!(left, ["kept"], "no VM disk is left: {left:?}");
+    let kept_left = std::fs::read_dir(vms.join("kept")).unwrap().count();
+    assert_eq!(kept_left, 0, "nothing is kept for the deleted room");
     assert!(!storage.dir.path().join("rooms").join(&room).exists());
+}
+
+/// An audit record's details as JSON.
+fn details(r: &Value) -> Value {
+    match &r["details"] {
+        Value::String(s) => serde_json::from_str(s).expect("details are JSON"),
+        d => d.clone(),
+    }
+}
+
+/// `--sandbox-keep memory`: a stop saves the guest's memory beside its disk, and the next start
+/// carries on from it instead of booting: the terminal's shell keeps its variables, a process
+/// started before the stop still runs, and the guest's clock is the host's again.
+#[tokio::test]
+async fn a_vm_stopped_with_its_memory_carries_on() {
+    let Some((image, _)) = guest_image() else {
+        return;
+    };
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let mut flags = qemu_flags(&image);
+    flags.extend(["--sandbox-keep".to_owned(), "memory".to_owned()]);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let t = team_with(&storage, &flags).await;
+    let (server, room) = (&t.server, &t.room);
+    vm_exec(server, &t.ben, room, "echo > /workspace/before.txt").await;
+
+    let mut typer = term(server, room, &t.ben).await;
+    typer
+        .send(b"X=forty$((6*7)); sleep 100000 & echo started-pid=$!; echo shell-$X\n")
+        .await;
+    typer.output_contains("shell-forty42").await;
+    // The first `started-pid=` is the typed command's echo (`started-pid=$!`).
+    let pid: u32 = typer
+        .output
+        .split("started-pid=")
+        .filter_map(|r| r.split_whitespace().next()?.parse().ok())
+        .next()
+        .expect("the background process's pid");
+    drop(typer);
+
+    assert_eq!(lifecycle(server, &t.ben, room, "stop").await.0, 200);
+    assert!(vmm_pid(room).is_none(), "stopping ends the VMM");
+    let kept = storage.dir.path().join("vms").join("kept").join(room);
+    assert!(kept.join("memory.bin").is_file() && kept.join("workspace.img").is_file());
+
+    assert_eq!(lifecycle(server, &t.ana, room, "start").await.0, 200);
+    let mut typer = term(server, room, &t.ben).await;
+    typer
+        .send(
+            format!("echo again-$X; kill -0 {pid} && echo alive-{pid}; echo now=$(date +%s)=\n")
+                .as_bytes(),
+        )
+        .await;
+    typer.output_contains(&format!("alive-{pid}")).await;
+    // `now=DIGITS=` is the command's output (its echo reads `now=$(date +%s)=`).
+    let printed = |t: &Term| -> Option<u64> {
+        t.output
+            .split("now=")
+            .filter_map(|r| r.split('=').next()?.parse().ok())
+            .next()
+    };
+    typer
+        .until("the guest's time", |t| printed(t).is_some())
+        .await;
+    assert!(typer.output.contains("again-forty42"), "{}", typer.output);
+    let guest_now = printed(&typer).unwrap();
+    let host_now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    assert!(
+        host_now.abs_diff(guest_now) <= 30,
+        "the guest's clock was set: guest {guest_now}, host {host_now}"
+    );
+    let out = vm_exec(server, &t.ben, room, "ls /workspace").await;
+    assert!(
+        out["stdout"].as_str().unwrap().contains("before.txt"),
+        "{out}"
+    );
+
+    let records = audit(server, &t.ana, room).await;
+    let lifecycle_details: Vec<Value> = records
+        .iter()
+        .filter(|r| r["action"] == "sandbox_start" || r["action"] == "sandbox_stop")
+        .map(details)
+        .collect();
+    let stop = lifecycle_details
+        .iter()
+        .rev()
+        .find(|d| d["kept"].is_string())
+        .unwrap();
+    assert_eq!(stop["kept"], "memory", "{lifecycle_details:?}");
+    assert_eq!(
+        lifecycle_details.last().unwrap()["resumed_from_kept"],
+        "memory",
+        "{lifecycle_details:?}"
+    );
 }
 
 /// cloud-hypervisor's binary, or `None` after reporting the skip.
@@ -605,7 +746,7 @@ async fn auto_picks_cloud_hypervisor_only_when_a_guest_reaches_its_agent() {
 async fn bench_vm() {
     use coderoom_sandbox::proto::{Op, Reply};
     use coderoom_sandbox::vm::{choose, Accel, Inputs, VmConfig, VmmKind};
-    use coderoom_sandbox::Limits;
+    use coderoom_sandbox::{Keep, Limits};
     let Some((image, _)) = guest_image() else {
         return;
     };
@@ -723,6 +864,9 @@ async fn bench_vm() {
     };
     let (mut ready, mut floors, mut stops, mut resumes, mut rss) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut park_disk, mut resume_disk, mut park_memory, mut resume_memory) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut kept_disk_bytes, mut kept_memory_bytes) = (0, 0);
     let mut snapshot_bytes = 0;
     for i in 0..runs {
         floors.push(ms(floor()));
@@ -779,6 +923,45 @@ async fn bench_vm() {
         )
         .await;
         assert_eq!(back, "file 7\n16777216\n");
+        // Stop keeping the disk, then resume booting from it (nothing restored); then stop
+        // keeping its memory too, and carry on from it (no boot).
+        let name = format!("resume{i}");
+        let mut sb = sb;
+        for (keep, parks, resumes, kept_bytes, check) in [
+            (
+                Keep::Disk,
+                &mut park_disk,
+                &mut resume_disk,
+                &mut kept_disk_bytes,
+                ("cat /workspace/src/f7.txt", "file 7\n"),
+            ),
+            (
+                Keep::Memory,
+                &mut park_memory,
+                &mut resume_memory,
+                &mut kept_memory_bytes,
+                ("wc -c < /workspace/blob", "16777216\n"),
+            ),
+        ] {
+            let t0 = std::time::Instant::now();
+            let parked = sb
+                .park(keep, keep.name(), Duration::from_secs(600))
+                .await
+                .expect("park");
+            parks.push(ms(t0.elapsed()));
+            assert_eq!(parked.kept, keep, "{parked:?}");
+            *kept_bytes = parked.bytes;
+            let t0 = std::time::Instant::now();
+            let (resumed, _ev, _r) = vm
+                .resume(&name, &limits, Some(keep.name()))
+                .await
+                .expect("resume");
+            resumes.push(ms(t0.elapsed()));
+            sb = resumed;
+            assert_eq!(sb.resumed().map(|r| r.from), Some(keep));
+            assert_eq!(exec(sb.clone(), check.0).await, check.1);
+            eprintln!("run {i}: resumed from its {}", keep.name());
+        }
         sb.kill();
         let _ = sb.ended().await;
     }
@@ -817,6 +1000,24 @@ async fn bench_vm() {
     println!(
         "| resume: new VM to agent ready + restore | {:.0} ms |",
         median(resumes)
+    );
+    println!(
+        "| stop keeping the disk: agent quiesced (sync), VMM ends, disk moved aside ({} MiB on the host) | {:.0} ms |",
+        kept_disk_bytes >> 20,
+        median(park_disk)
+    );
+    println!(
+        "| resume from the kept disk: boot to agent ready, nothing restored | {:.0} ms |",
+        median(resume_disk)
+    );
+    println!(
+        "| stop keeping memory too: guest paused, RAM and devices saved, synced (disk + memory {} MiB) | {:.0} ms |",
+        kept_memory_bytes >> 20,
+        median(park_memory)
+    );
+    println!(
+        "| resume from memory: saved machine loaded, agent answers, every process still running | {:.0} ms |",
+        median(resume_memory)
     );
     println!(
         "| VMM resident memory of an idle VM (512 MiB guest) | {:.0} MiB |",

@@ -43,6 +43,14 @@ const READY_KVM: Duration = Duration::from_secs(20);
 const READY_TCG: Duration = Duration::from_secs(90);
 /// Smallest workspace disk (ext4 needs room for its journal and tables).
 const MIN_DISK: u64 = 64 << 20;
+/// A saved machine's memory and devices, in a VM's directory and in what a park keeps.
+const MEMORY_FILE: &str = "memory.bin";
+/// The record of what a park kept; written last, so a directory without it holds nothing.
+const KEPT_RECORD: &str = "kept.json";
+/// Time to save a guest's memory (one pass over its RAM, written to the host's disk).
+const SAVE_WITHIN: Duration = Duration::from_secs(120);
+/// Time to load a saved machine.
+const LOAD_WITHIN: Duration = Duration::from_secs(120);
 
 /// Which VMM runs the guests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -182,13 +190,21 @@ pub(crate) struct Instance {
     pub(crate) uid: Option<u32>,
     /// `dir/lock`, locked for as long as the VM lives.
     pub(crate) lock: std::fs::File,
+    /// A saved machine to load instead of booting (QEMU only).
+    pub(crate) memory: Option<PathBuf>,
+    /// What a park records, so a later start can tell whether the saved machine fits.
+    fingerprint: Fingerprint,
 }
 
 impl Instance {
     /// vCPUs: the room's CPU share rounded up to whole cores, 1 to 8.
     pub(crate) fn vcpus(&self) -> u32 {
-        u32::try_from(self.limits.cpu_millis.div_ceil(1000).clamp(1, 8)).unwrap_or(1)
+        vcpus_for(&self.limits)
     }
+}
+
+fn vcpus_for(limits: &Limits) -> u32 {
+    u32::try_from(limits.cpu_millis.div_ceil(1000).clamp(1, 8)).unwrap_or(1)
 }
 
 /// Finds a program: the configured path, else `name` on `PATH`.
@@ -263,14 +279,81 @@ impl Microvm {
         )
     }
 
-    /// Starts a VM named `name` (a room id: letters and digits) and waits until its agent
-    /// answers.
+    /// Starts a VM named `name` (a room id: letters and digits) with a new workspace disk and
+    /// waits until its agent answers. Anything kept for `name` is dropped.
     pub async fn start(&self, name: &str, limits: &Limits) -> Result<Started, StartError> {
+        self.resume(name, limits, None).await
+    }
+
+    /// Starts a VM named `name` from what [`Sandbox::park`] kept under `tag`: its memory (the
+    /// guest carries on, every process running) or its disk (a boot from it), whichever was
+    /// kept and still fits this VMM, image and `limits`; else, and whenever resuming from it
+    /// fails, with a new disk, as [`Microvm::start`]. [`Sandbox::resumed`] says which.
+    pub async fn resume(
+        &self,
+        name: &str,
+        limits: &Limits,
+        tag: Option<&str>,
+    ) -> Result<Started, StartError> {
         if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric()) {
             return Err(StartError::Invalid(
                 "sandbox names are 1 to 64 letters or digits",
             ));
         }
+        let fits = self.fingerprint(limits);
+        let kept = {
+            let (state_dir, name, tag) = (
+                self.state_dir.clone(),
+                name.to_owned(),
+                tag.map(str::to_owned),
+            );
+            tokio::task::spawn_blocking(move || take_kept(&state_dir, &name, tag.as_deref(), &fits))
+                .await
+                .unwrap_or(None)
+        };
+        if let Some(kept) = kept {
+            let from = kept.keep();
+            match self.launch(name, limits, Some(&kept)).await {
+                Ok(started) => {
+                    started.0.set_resumed(crate::Resumed {
+                        from,
+                        tag: kept.record.tag.clone(),
+                        pty_open: started.0.resumed().is_some_and(|r| r.pty_open),
+                    });
+                    return Ok(started);
+                }
+                Err(e) => {
+                    tracing::warn!(vm = %name, kept = from.name(), error = %e, "cannot resume from what was kept; starting afresh");
+                }
+            }
+        }
+        self.launch(name, limits, None).await
+    }
+
+    /// Whether something is kept for `name` (a start from it needs no warm-pool VM).
+    pub fn has_kept(&self, name: &str) -> bool {
+        kept_dir(&self.state_dir, name).join(KEPT_RECORD).is_file()
+    }
+
+    /// What a saved machine must match to be loaded into a new VMM.
+    fn fingerprint(&self, limits: &Limits) -> Fingerprint {
+        Fingerprint {
+            image: self.image.manifest.hash.clone(),
+            vmm: self.driver.kind().name().to_owned(),
+            vmm_version: self.driver.version().to_owned(),
+            accel: self.driver.accel().name().to_owned(),
+            memory_bytes: limits.memory_bytes,
+            vcpus: vcpus_for(limits),
+            disk_bytes: limits.workspace_bytes.max(MIN_DISK),
+        }
+    }
+
+    async fn launch(
+        &self,
+        name: &str,
+        limits: &Limits,
+        kept: Option<&Kept>,
+    ) -> Result<Started, StartError> {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         let dir = self
             .state_dir
@@ -287,7 +370,12 @@ impl Microvm {
         let made = {
             let vm_dir = dir.clone();
             let bytes = limits.workspace_bytes.max(MIN_DISK);
-            tokio::task::spawn_blocking(move || make_disk(&vm_dir, bytes, uid)).await
+            let kept = kept.cloned();
+            tokio::task::spawn_blocking(move || match kept {
+                Some(k) => adopt_kept(&vm_dir, &k, uid),
+                None => make_disk(&vm_dir, bytes, uid),
+            })
+            .await
         };
         let lock = match made {
             Ok(Ok(lock)) => lock,
@@ -297,6 +385,9 @@ impl Microvm {
             }
             Err(_) => return Err(StartError::Host(std::io::Error::other("disk task failed"))),
         };
+        let memory = kept
+            .filter(|k| k.record.memory)
+            .map(|_| dir.join(MEMORY_FILE));
         let vm = Instance {
             name: name.to_owned(),
             limits: limits.clone(),
@@ -304,6 +395,8 @@ impl Microvm {
             dir,
             uid,
             lock,
+            memory,
+            fingerprint: self.fingerprint(limits),
         };
         let result = self.boot(&vm, slot).await;
         if result.is_err() {
@@ -362,11 +455,14 @@ impl Microvm {
             let cg = cg.clone();
             sandbox.set_pressure(Box::new(move || cg.pressure()));
         }
+        let mut parks = crate::handle::Control::parking(&sandbox);
         let console = Console::watch(console);
         let mut killed = control.killed;
         let mut stream_closed = control.stream_closed;
         let ended = control.ended;
         let dir = vm.dir.clone();
+        let keep_to = kept_dir(&self.state_dir, &vm.name);
+        let fingerprint = vm.fingerprint.clone();
         let reaper_cgroup = cgroup.clone();
         let console_w = console.clone();
         let lock = vm.lock.try_clone().ok();
@@ -375,9 +471,15 @@ impl Microvm {
             let _lock = lock;
             let _slot = slot;
             let mut stopped = false;
+            let mut parking: Option<crate::handle::ParkRequest> = None;
             let status = tokio::select! {
                 s = child.wait() => s.ok(),
                 _ = async { let _ = killed.wait_for(|k| *k).await; } => {
+                    stopped = true;
+                    None
+                }
+                Some(p) = parks.recv() => {
+                    parking = Some(p);
                     stopped = true;
                     None
                 }
@@ -393,6 +495,17 @@ impl Microvm {
                     }
                 }
             };
+            // A park saves the guest's memory first, where asked and the VMM can.
+            let mut saved: Result<u64, String> = Err(String::new());
+            if let Some(p) = parking.as_ref().filter(|p| p.keep == crate::Keep::Memory) {
+                saved = match qmp.as_mut() {
+                    Some(q) => save_memory(q, &dir.join(MEMORY_FILE)).await,
+                    None => Err("memory snapshots are built for QEMU only".into()),
+                };
+                if let Err(e) = &saved {
+                    tracing::warn!(tag = %p.tag, error = %e, "cannot save the VM's memory; keeping its disk");
+                }
+            }
             let status = if stopped {
                 // Asked to stop: QMP `quit` (QEMU exits at once), else the process is killed.
                 let quit = match qmp.as_mut() {
@@ -421,13 +534,31 @@ impl Microvm {
                 status
             };
             let pressure = crate::cgroup::finish(reaper_cgroup).await;
-            let _ = tokio::task::spawn_blocking(move || {
+            let parked = tokio::task::spawn_blocking(move || {
+                let parked = parking.map(|p| {
+                    let memory = saved.as_ref().ok().copied();
+                    let r = keep_files(&dir, &keep_to, &p.tag, memory, &fingerprint);
+                    let note = match (&saved, p.keep) {
+                        (Err(e), crate::Keep::Memory) => Some(e.clone()),
+                        _ => None,
+                    };
+                    (
+                        p.reply,
+                        r.map(|(kept, bytes)| crate::Parked { kept, bytes, note }),
+                    )
+                });
                 let _ = std::fs::remove_dir_all(dir);
                 if let Some(run) = run_dir {
                     let _ = std::fs::remove_dir_all(run);
                 }
+                parked
             })
-            .await;
+            .await
+            .ok()
+            .flatten();
+            if let Some((reply, r)) = parked {
+                let _ = reply.send(r);
+            }
             let outcome = if stopped {
                 Ended::Stopped
             } else {
@@ -446,6 +577,32 @@ impl Microvm {
             Accel::Kvm => READY_KVM,
             Accel::Tcg => READY_TCG,
         };
+        if vm.memory.is_some() {
+            // The restored agent holds its replies until told a new host is there.
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+                .unwrap_or(0);
+            match sandbox
+                .call(crate::proto::Op::Resumed { now_ms }, within)
+                .await
+            {
+                Ok(crate::proto::Reply::Resumed { pty_open }) => {
+                    sandbox.set_resumed(crate::Resumed {
+                        from: crate::Keep::Memory,
+                        tag: String::new(),
+                        pty_open,
+                    })
+                }
+                other => {
+                    sandbox.kill();
+                    let _ = sandbox.ended().await;
+                    return Err(StartError::NotReady(format!(
+                        "the restored guest's agent did not answer: {other:?}"
+                    )));
+                }
+            }
+        }
         if let Err(e) = sandbox.ready(within).await {
             sandbox.kill();
             let how = sandbox.ended().await;
@@ -490,6 +647,7 @@ impl Microvm {
             userland: self.image.userland().as_deref().map(open).transpose()?,
             agent: theirs_agent.into(),
             qmp: theirs_qmp.into(),
+            incoming: vm.memory.as_deref().map(open).transpose()?,
         };
         let args = qemu::args(vm, accel, &fds);
         let mut child = spawn_vmm(bin, &args, hooks(fds.raw()))?;
@@ -503,6 +661,17 @@ impl Microvm {
         )
         .await
         {
+            Ok(Ok(mut q)) if vm.memory.is_some() => {
+                // A saved machine: it loads, then runs on from where it was saved.
+                if let Err(e) = q.resume_incoming(LOAD_WITHIN).await {
+                    let _ = child.start_kill();
+                    let _ = child.wait().await;
+                    return Err(StartError::NotReady(format!(
+                        "the saved machine did not load: {e}"
+                    )));
+                }
+                Some(q)
+            }
             Ok(Ok(mut q)) => {
                 match q.status(Duration::from_secs(5)).await {
                     Ok(state) if state == "running" => {}
@@ -547,7 +716,7 @@ impl Microvm {
             mounts: vec![
                 format!("/ (rw, initramfs of image {}: {})", &m.hash[..12], m.userland),
                 format!(
-                    "/workspace (rw, ext4 on virtio-blk: a {} MiB sparse disk made for this VM)",
+                    "/workspace (rw, ext4 on virtio-blk: the room's {} MiB sparse disk, kept between stops with --sandbox-keep)",
                     disk >> 20
                 ),
                 "/tmp (rw, tmpfs in guest memory)".into(),
@@ -764,20 +933,8 @@ impl Console {
 /// `workspace.img` (0600) of `bytes`; the directory and the disk belong to `uid` (the VMM's),
 /// which gets the disk as a descriptor or through `/proc/self/fd`, never by a path it walks.
 fn make_disk(dir: &Path, bytes: u64, uid: Option<u32>) -> Result<std::fs::File, StartError> {
-    use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
-    std::fs::DirBuilder::new()
-        .mode(0o700)
-        .create(dir)
-        .map_err(StartError::Host)?;
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .mode(0o600)
-        .open(dir.join("lock"))
-        .map_err(StartError::Host)?;
-    rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive)
-        .map_err(|e| StartError::Host(e.into()))?;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let lock = vm_dir(dir)?;
     let disk = dir.join("workspace.img");
     let f = std::fs::OpenOptions::new()
         .create_new(true)
@@ -814,6 +971,203 @@ fn make_disk(dir: &Path, bytes: u64, uid: Option<u32>) -> Result<std::fs::File, 
             std::os::unix::fs::chown(p, Some(uid), Some(uid)).map_err(StartError::Host)?;
         }
     }
+    Ok(lock)
+}
+
+/// What a saved machine was made with: a new VMM loads it only when all of it is the same
+/// (the disk's size too, for the disk alone).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Fingerprint {
+    image: String,
+    vmm: String,
+    vmm_version: String,
+    accel: String,
+    memory_bytes: u64,
+    vcpus: u32,
+    disk_bytes: u64,
+}
+
+/// `kept.json`: what a park left in `STATE_DIR/kept/NAME/`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct KeptRecord {
+    /// The control plane's name for the workspace this disk holds (its snapshot).
+    tag: String,
+    /// `memory.bin` is there too.
+    memory: bool,
+    fingerprint: Fingerprint,
+}
+
+/// What a start takes over from a park.
+#[derive(Debug, Clone)]
+pub(crate) struct Kept {
+    dir: PathBuf,
+    record: KeptRecord,
+}
+
+impl Kept {
+    fn keep(&self) -> crate::Keep {
+        if self.record.memory {
+            crate::Keep::Memory
+        } else {
+            crate::Keep::Disk
+        }
+    }
+}
+
+/// Where a park keeps `name`'s disk and memory.
+fn kept_dir(state_dir: &Path, name: &str) -> PathBuf {
+    state_dir.join("kept").join(name)
+}
+
+/// Takes what is kept for `name` when it was kept under `tag` and its disk fits `fits` (its
+/// memory only when everything fits); anything else kept for `name` is removed. The record is
+/// removed first: what a start takes is never taken twice, and a crash of the VM leaves
+/// nothing that could be mistaken for a clean park.
+fn take_kept(state_dir: &Path, name: &str, tag: Option<&str>, fits: &Fingerprint) -> Option<Kept> {
+    let dir = kept_dir(state_dir, name);
+    let record = std::fs::read(dir.join(KEPT_RECORD))
+        .ok()
+        .and_then(|b| serde_json::from_slice::<KeptRecord>(&b).ok());
+    let _ = std::fs::remove_file(dir.join(KEPT_RECORD));
+    let usable = record.filter(|r| {
+        Some(r.tag.as_str()) == tag
+            && r.fingerprint.disk_bytes == fits.disk_bytes
+            && dir.join("workspace.img").is_file()
+    });
+    let Some(mut record) = usable else {
+        let _ = std::fs::remove_dir_all(&dir);
+        return None;
+    };
+    if record.memory && (record.fingerprint != *fits || !dir.join(MEMORY_FILE).is_file()) {
+        record.memory = false;
+    }
+    if !record.memory {
+        let _ = std::fs::remove_file(dir.join(MEMORY_FILE));
+    }
+    Some(Kept { dir, record })
+}
+
+/// A VM's directory made from what was kept: the kept disk (and memory) moved in and given
+/// to the VMM's uid. Returns the directory's lock, as [`make_disk`].
+fn adopt_kept(dir: &Path, kept: &Kept, uid: Option<u32>) -> Result<std::fs::File, StartError> {
+    let lock = vm_dir(dir)?;
+    let disk = dir.join("workspace.img");
+    std::fs::rename(kept.dir.join("workspace.img"), &disk).map_err(StartError::Host)?;
+    if kept.record.memory {
+        std::fs::rename(kept.dir.join(MEMORY_FILE), dir.join(MEMORY_FILE))
+            .map_err(StartError::Host)?;
+    }
+    let _ = std::fs::remove_dir_all(&kept.dir);
+    if let Some(uid) = uid {
+        for p in [dir, &disk] {
+            std::os::unix::fs::chown(p, Some(uid), Some(uid)).map_err(StartError::Host)?;
+        }
+    }
+    Ok(lock)
+}
+
+/// Moves a parked VM's disk (and `memory`, the saved machine's size, when it was saved) from
+/// its directory `dir` to `to`, and writes the record last. Returns what was kept and the
+/// bytes it takes on the host.
+fn keep_files(
+    dir: &Path,
+    to: &Path,
+    tag: &str,
+    memory: Option<u64>,
+    fingerprint: &Fingerprint,
+) -> Result<(crate::Keep, u64), String> {
+    use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
+    let fail = |what: &str, e: std::io::Error| format!("{what}: {e}");
+    let _ = std::fs::remove_dir_all(to);
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(to)
+        .map_err(|e| fail("cannot make the kept directory", e))?;
+    let disk = to.join("workspace.img");
+    std::fs::rename(dir.join("workspace.img"), &disk)
+        .map_err(|e| fail("cannot keep the disk", e))?;
+    std::fs::File::open(&disk)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| fail("cannot sync the disk", e))?;
+    let mut bytes = std::fs::metadata(&disk)
+        .map(|m| m.blocks() * 512)
+        .unwrap_or(0);
+    let memory =
+        memory.is_some() && std::fs::rename(dir.join(MEMORY_FILE), to.join(MEMORY_FILE)).is_ok();
+    if memory {
+        bytes += std::fs::metadata(to.join(MEMORY_FILE))
+            .map(|m| m.len())
+            .unwrap_or(0);
+    }
+    let record = KeptRecord {
+        tag: tag.to_owned(),
+        memory,
+        fingerprint: fingerprint.clone(),
+    };
+    let json = serde_json::to_vec(&record).map_err(|e| e.to_string())?;
+    write_durably(to, KEPT_RECORD, &json).map_err(|e| fail("cannot record what was kept", e))?;
+    Ok((
+        if memory {
+            crate::Keep::Memory
+        } else {
+            crate::Keep::Disk
+        },
+        bytes,
+    ))
+}
+
+/// Writes `dir/name` whole or not at all, and durably: a temporary file, synced, renamed,
+/// then the directory synced. The kept disk and memory were synced before.
+fn write_durably(dir: &Path, name: &str, data: &[u8]) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let tmp = dir.join(format!(".{name}.tmp"));
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(data)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, dir.join(name))?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// Saves a paused guest's memory to `path` (made here, 0600, synced to the host's disk).
+async fn save_memory(q: &mut qemu::Qmp, path: &Path) -> Result<u64, String> {
+    let file = {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(|e| format!("cannot make {}: {e}", path.display()))?
+    };
+    let bytes = q
+        .save(&file, SAVE_WITHIN)
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::task::spawn_blocking(move || file.sync_all())
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("cannot sync the memory image: {e}"))?;
+    Ok(bytes)
+}
+
+/// Makes a VM's directory (0700) and returns its lock, taken.
+fn vm_dir(dir: &Path) -> Result<std::fs::File, StartError> {
+    use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(dir)
+        .map_err(StartError::Host)?;
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .open(dir.join("lock"))
+        .map_err(StartError::Host)?;
+    rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+        .map_err(|e| StartError::Host(e.into()))?;
     Ok(lock)
 }
 
@@ -997,7 +1351,9 @@ fn remove_orphans(state_dir: &Path) {
 /// Room deletion: removes the directories (and so the workspace disks) of sandbox `name`'s VMs
 /// that no server runs (the running one is destroyed first). Returns how many went.
 pub fn remove_disks(state_dir: &Path, name: &str) -> u64 {
-    remove_unheld(state_dir, |vm| vm == name)
+    let kept = kept_dir(state_dir, name);
+    let kept = u64::from(kept.exists() && std::fs::remove_dir_all(&kept).is_ok());
+    remove_unheld(state_dir, |vm| vm == name) + kept
 }
 
 /// Removes the `NAME-PID-N` directories in `state_dir` whose NAME `pick` takes and whose lock
@@ -1131,5 +1487,93 @@ mod tests {
         assert!(other.exists(), "another room's disk stays");
         assert!(live.exists(), "a VM a server still runs keeps its disk");
         assert_eq!(remove_disks(&dir.path().join("missing"), "room1"), 0);
+    }
+
+    fn fingerprint() -> Fingerprint {
+        Fingerprint {
+            image: "abc".into(),
+            vmm: "qemu".into(),
+            vmm_version: "7.2.22".into(),
+            accel: "tcg".into(),
+            memory_bytes: 256 << 20,
+            vcpus: 1,
+            disk_bytes: MIN_DISK,
+        }
+    }
+
+    /// A parked VM's directory, with a memory image when `memory`.
+    fn park(state: &Path, name: &str, tag: &str, memory: bool) -> PathBuf {
+        let vm = state.join(format!("{name}-1-1"));
+        drop(make_disk(&vm, MIN_DISK, None).expect("a VM's directory"));
+        let saved = memory.then(|| {
+            std::fs::write(vm.join(MEMORY_FILE), b"saved machine").expect("memory");
+            13
+        });
+        let to = kept_dir(state, name);
+        let (kept, bytes) = keep_files(&vm, &to, tag, saved, &fingerprint()).expect("kept");
+        // As the VM's watcher does once the VMM has ended.
+        std::fs::remove_dir_all(&vm).expect("the VM's directory goes");
+        assert_eq!(kept == crate::Keep::Memory, memory);
+        assert!(bytes > 0);
+        to
+    }
+
+    #[test]
+    fn what_a_park_kept_is_resumed_only_under_its_own_tag_and_only_once() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state = dir.path();
+        let to = park(state, "room1", "snapshot-1.tar", true);
+        let kept = take_kept(state, "room1", Some("snapshot-1.tar"), &fingerprint())
+            .expect("kept under its tag");
+        assert!(kept.record.memory);
+        assert_eq!(kept.keep(), crate::Keep::Memory);
+        assert!(!to.join(KEPT_RECORD).exists(), "taken once");
+        assert!(
+            take_kept(state, "room1", Some("snapshot-1.tar"), &fingerprint()).is_none(),
+            "never taken twice"
+        );
+
+        // A newer snapshot (a rollback, a restored checkpoint) makes the kept disk stale.
+        let to = park(state, "room2", "snapshot-1.tar", false);
+        assert!(take_kept(state, "room2", Some("snapshot-2.tar"), &fingerprint()).is_none());
+        assert!(!to.exists(), "a stale disk is removed");
+        let to = park(state, "room3", "snapshot-1.tar", false);
+        assert!(take_kept(state, "room3", None, &fingerprint()).is_none());
+        assert!(!to.exists());
+
+        // Another image or memory size: the disk still fits, the saved machine does not.
+        park(state, "room4", "t", true);
+        let other = Fingerprint {
+            image: "def".into(),
+            ..fingerprint()
+        };
+        let kept = take_kept(state, "room4", Some("t"), &other).expect("the disk fits");
+        assert!(!kept.record.memory);
+        assert!(!kept.dir.join(MEMORY_FILE).exists());
+        // Another disk size: nothing fits.
+        park(state, "room5", "t", false);
+        let bigger = Fingerprint {
+            disk_bytes: MIN_DISK * 2,
+            ..fingerprint()
+        };
+        assert!(take_kept(state, "room5", Some("t"), &bigger).is_none());
+
+        // Adopted into a new VM's directory; deletion removes a kept disk too.
+        let kept = take_kept(state, "room4", Some("t"), &fingerprint());
+        assert!(kept.is_none(), "room4's record was taken above");
+        park(state, "room6", "t", true);
+        let kept = take_kept(state, "room6", Some("t"), &fingerprint()).expect("kept");
+        let vm = state.join("room6-2-1");
+        drop(adopt_kept(&vm, &kept, None).expect("adopted"));
+        assert!(vm.join("workspace.img").is_file() && vm.join(MEMORY_FILE).is_file());
+        assert!(!kept_dir(state, "room6").exists());
+        park(state, "room7", "t", false);
+        assert_eq!(remove_disks(state, "room7"), 1);
+        assert!(!kept_dir(state, "room7").exists());
+        remove_orphans(state);
+        assert!(
+            state.join("kept").is_dir(),
+            "the orphan sweep leaves what is kept"
+        );
     }
 }

@@ -32,6 +32,8 @@ pub(super) struct Fds {
     pub(super) userland: Option<OwnedFd>,
     pub(super) agent: OwnedFd,
     pub(super) qmp: OwnedFd,
+    /// A saved machine to load instead of booting (`-incoming`).
+    pub(super) incoming: Option<OwnedFd>,
 }
 
 impl Fds {
@@ -46,6 +48,7 @@ impl Fds {
         ]
         .into_iter()
         .chain(self.userland.as_ref())
+        .chain(self.incoming.as_ref())
         .map(|f| f.as_raw_fd())
         .collect()
     }
@@ -110,7 +113,9 @@ pub(super) fn args(vm: &Instance, accel: Accel, fds: &Fds) -> Vec<String> {
             "-add-fd".into(),
             format!("fd={},set=2", u.as_raw_fd()),
             "-drive".into(),
-            "file=/dev/fdset/2,if=none,id=userland,format=raw,readonly=on".into(),
+            // Every VM reads the same image file, which nothing writes (it is the image's,
+            // content-addressed): QEMU's image locks would only have VMs refuse each other.
+            "file=/dev/fdset/2,if=none,id=userland,format=raw,readonly=on,file.locking=off".into(),
             "-device".into(),
             "virtio-blk-pci,drive=userland".into(),
         ]);
@@ -130,6 +135,9 @@ pub(super) fn args(vm: &Instance, accel: Accel, fds: &Fds) -> Vec<String> {
         "-mon".into(),
         "chardev=qmp,mode=control".into(),
     ]);
+    if let Some(m) = &fds.incoming {
+        a.extend(["-incoming".into(), format!("fd:{}", m.as_raw_fd())]);
+    }
     a
 }
 
@@ -185,13 +193,50 @@ impl Qmp {
 
     /// Runs `command` and returns its `return` value (events in between are skipped).
     pub(super) async fn execute(&mut self, command: &str, args: Value) -> Result<Value, QmpError> {
-        let mut msg = json!({ "execute": command });
-        if !args.is_null() {
-            msg["arguments"] = args;
-        }
-        let mut line = serde_json::to_vec(&msg).map_err(|e| QmpError::Protocol(e.to_string()))?;
-        line.push(b'\n');
+        let line = command_line(command, args)?;
         self.wr.write_all(&line).await?;
+        self.answer(command).await
+    }
+
+    /// Runs `command` with `fd` passed beside it (`getfd`): QEMU takes a descriptor with the
+    /// bytes it arrives with, so the whole command goes in one message.
+    async fn execute_with_fd(
+        &mut self,
+        command: &str,
+        args: Value,
+        fd: std::os::fd::BorrowedFd<'_>,
+    ) -> Result<Value, QmpError> {
+        use rustix::net::{SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
+        let line = command_line(command, args)?;
+        let stream: &tokio::net::UnixStream = self.wr.as_ref();
+        let sent = loop {
+            stream.writable().await?;
+            let once = stream.try_io(tokio::io::Interest::WRITABLE, || {
+                let mut space =
+                    [std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+                let mut ancillary = SendAncillaryBuffer::new(&mut space);
+                let fds = [fd];
+                ancillary.push(SendAncillaryMessage::ScmRights(&fds));
+                rustix::net::sendmsg(
+                    stream,
+                    &[std::io::IoSlice::new(&line)],
+                    &mut ancillary,
+                    SendFlags::NOSIGNAL,
+                )
+                .map_err(std::io::Error::from)
+            });
+            match once {
+                Ok(n) => break n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(e.into()),
+            }
+        };
+        self.wr.write_all(&line[sent..]).await?;
+        self.answer(command).await
+    }
+
+    /// The answer to `command`, just sent.
+    async fn answer(&mut self, command: &str) -> Result<Value, QmpError> {
         loop {
             let v = self.line().await?;
             if v.get("event").is_some() {
@@ -218,6 +263,66 @@ impl Qmp {
         Ok(r["status"].as_str().unwrap_or("unknown").to_owned())
     }
 
+    /// Saves the paused guest's memory and devices into `file` (a migration to a file): the
+    /// guest is stopped first, so the image is one pass over its RAM and, with the disk that
+    /// QEMU flushes as the migration completes, a consistent whole. Returns the bytes written.
+    pub(super) async fn save(
+        &mut self,
+        file: &std::fs::File,
+        within: Duration,
+    ) -> Result<u64, QmpError> {
+        use std::os::fd::AsFd as _;
+        let work = async {
+            self.execute("stop", Value::Null).await?;
+            self.execute_with_fd("getfd", json!({ "fdname": "memory" }), file.as_fd())
+                .await?;
+            self.execute("migrate", json!({ "uri": "fd:memory" }))
+                .await?;
+            loop {
+                let r = self.execute("query-migrate", Value::Null).await?;
+                match r["status"].as_str() {
+                    Some("completed") => return Ok(r["ram"]["transferred"].as_u64().unwrap_or(0)),
+                    Some("failed" | "cancelled") => {
+                        return Err(QmpError::Refused {
+                            command: "migrate".into(),
+                            desc: r["error-desc"].as_str().unwrap_or("failed").to_owned(),
+                        })
+                    }
+                    _ => tokio::time::sleep(Duration::from_millis(20)).await,
+                }
+            }
+        };
+        tokio::time::timeout(within, work)
+            .await
+            .map_err(|_| QmpError::Io(std::io::ErrorKind::TimedOut.into()))?
+    }
+
+    /// Waits for an incoming migration (`-incoming`) to finish loading, then lets the guest
+    /// run (it was saved paused, and stays paused until told).
+    pub(super) async fn resume_incoming(&mut self, within: Duration) -> Result<(), QmpError> {
+        let work = async {
+            loop {
+                let state = self.status(within).await?;
+                match state.as_str() {
+                    "inmigrate" => tokio::time::sleep(Duration::from_millis(10)).await,
+                    "paused" | "prelaunch" => {
+                        self.execute("cont", Value::Null).await?;
+                        return Ok(());
+                    }
+                    "running" => return Ok(()),
+                    other => {
+                        return Err(QmpError::Protocol(format!(
+                            "the saved machine did not load (state {other})"
+                        )))
+                    }
+                }
+            }
+        };
+        tokio::time::timeout(within, work)
+            .await
+            .map_err(|_| QmpError::Io(std::io::ErrorKind::TimedOut.into()))?
+    }
+
     /// Asks QEMU to exit now (the guest's disk is written through; nothing else is kept).
     pub(super) async fn quit(&mut self, within: Duration) -> Result<(), QmpError> {
         tokio::time::timeout(within, self.execute("quit", Value::Null))
@@ -225,6 +330,17 @@ impl Qmp {
             .map_err(|_| QmpError::Io(std::io::ErrorKind::TimedOut.into()))?
             .map(|_| ())
     }
+}
+
+/// One QMP command as the line sent.
+fn command_line(command: &str, args: Value) -> Result<Vec<u8>, QmpError> {
+    let mut msg = json!({ "execute": command });
+    if !args.is_null() {
+        msg["arguments"] = args;
+    }
+    let mut line = serde_json::to_vec(&msg).map_err(|e| QmpError::Protocol(e.to_string()))?;
+    line.push(b'\n');
+    Ok(line)
 }
 
 use tokio::io::AsyncReadExt as _;

@@ -34,6 +34,9 @@ use tokio_util::sync::CancellationToken;
 const ACTOR_QUEUE: usize = 256;
 /// Time the sandbox gets to end after being killed.
 const KILL_WITHIN: Duration = Duration::from_secs(10);
+/// Time a stopping sandbox gets to be kept (a VM's memory is written out under software
+/// emulation too), per step.
+const PARK_WITHIN: Duration = Duration::from_secs(150);
 /// Time a connection to a port inside may take.
 const CONNECT_WITHIN: Duration = Duration::from_secs(10);
 /// Time the agent has to take the room's egress settings.
@@ -393,11 +396,22 @@ impl Sandboxes {
 
     /// A sandbox for `room_id`: one from the warm pool if one is waiting (and still alive),
     /// else a new one. Says which.
+    /// A sandbox for `room_id`: resumed from what its last stop kept under `tag` (the
+    /// snapshot it would restore) when the backend has it, else a warm one from the pool, else
+    /// a new one. The flag says it came from the pool.
     async fn take_sandbox(
         &self,
         room_id: &str,
+        tag: Option<&str>,
     ) -> Result<(coderoom_sandbox::Started, bool), coderoom_sandbox::StartError> {
         let inner = &self.inner;
+        if tag.is_some() && inner.backend.has_kept(room_id) {
+            let started = inner
+                .backend
+                .resume(room_id, &inner.deps.cfg.limits(), tag)
+                .await?;
+            return Ok((started, false));
+        }
         loop {
             let pooled = {
                 let mut pool = inner.pool.lock().unwrap_or_else(|e| e.into_inner());
@@ -1149,9 +1163,17 @@ impl Actor {
         candidates.push(None);
         let mut failures = Vec::new();
         let mut started = None;
+        let mut kept = None;
         for candidate in candidates {
-            let ((sandbox, events, receipt), pooled) =
-                self.owner.take_sandbox(&self.room_id).await.map_err(|e| {
+            // Only the latest snapshot can have been kept (a stop keeps what it snapshotted).
+            let tag = candidate
+                .as_deref()
+                .filter(|c| latest.as_deref() == Some(*c));
+            let ((sandbox, events, receipt), pooled) = self
+                .owner
+                .take_sandbox(&self.room_id, tag)
+                .await
+                .map_err(|e| {
                     tracing::error!(room = %self.room_id, error = %e, "sandbox start failed");
                     SandboxError::Start
                 })?;
@@ -1160,6 +1182,12 @@ impl Actor {
                 started = Some((sandbox, events, receipt, candidate));
                 break;
             };
+            // Resumed from its own disk (or memory): the workspace is there already.
+            if let Some(r) = sandbox.resumed().filter(|r| &r.tag == name) {
+                kept = Some(r.from.name());
+                started = Some((sandbox, events, receipt, candidate));
+                break;
+            }
             let path = self.snapshots.path(name);
             let restored = match tokio::fs::File::open(&path).await {
                 Ok(mut f) => sandbox
@@ -1217,6 +1245,7 @@ impl Actor {
             "resumed_from": snapshot,
             "restore_failures": failures,
             "from_warm_pool": self.from_pool,
+            "resumed_from_kept": kept,
             "receipt": receipt,
         });
         if let Err(e) = self
@@ -1532,7 +1561,10 @@ impl Actor {
                 return Err(e);
             }
         };
-        sandbox.kill();
+        let kept = self.park(&sandbox, snapshot.as_deref()).await;
+        if kept.is_none() {
+            sandbox.kill();
+        }
         let _ = tokio::time::timeout(KILL_WITHIN, sandbox.ended()).await;
         self.life = Life::Dormant;
         self.pty_open = false;
@@ -1556,6 +1588,9 @@ impl Actor {
             "reason": reason,
             "snapshot": snapshot,
             "snapshot_bytes": bytes,
+            "kept": kept.as_ref().map(|k| k.kept.name()),
+            "kept_bytes": kept.as_ref().map(|k| k.bytes),
+            "kept_note": kept.as_ref().and_then(|k| k.note.clone()),
             "receipt": receipt,
         });
         self.transition("sandbox_stop", actor, details, row).await?;
@@ -1570,6 +1605,25 @@ impl Actor {
             })
             .await;
         Ok(())
+    }
+
+    /// Stops `sandbox` keeping what `--sandbox-keep` asks for, under the name of the snapshot
+    /// just taken (`tag`), so the next start resumes from it instead of restoring that
+    /// snapshot. `None` when nothing was kept: the caller kills the sandbox.
+    async fn park(&self, sandbox: &Sandbox, tag: Option<&str>) -> Option<coderoom_sandbox::Parked> {
+        let keep = self.deps().cfg.sandbox_keep.keep()?;
+        let tag = tag?;
+        match sandbox.park(keep, tag, PARK_WITHIN).await {
+            Ok(parked) => {
+                tracing::info!(room = %self.room_id, kept = parked.kept.name(), bytes = parked.bytes, "sandbox parked");
+                Some(parked)
+            }
+            Err(coderoom_sandbox::ParkError::Unsupported) => None,
+            Err(e) => {
+                tracing::warn!(room = %self.room_id, error = %e, "cannot keep the sandbox; its snapshot stands");
+                None
+            }
+        }
     }
 
     /// The workspace as it is now, written to `dest`: archived from the running sandbox, else
