@@ -1560,3 +1560,34 @@ async fn only_the_floor_holders_keys_reach_the_pty() {
     assert!(!ana.output.contains("BEN-2"), "Ben's refused line ran");
     assert!(!ben.output.contains("ANA-LATE-8"), "Ana's refused line ran");
 }
+
+/// A change to a viewer's rights reaches its terminal at once, naming who made it (the browser
+/// says "ana@example.com made you an editor"); the push on join names nobody.
+#[tokio::test]
+async fn a_rights_change_is_pushed_with_who_made_it() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let t = team(&storage).await;
+    let cy_id = me(&t.server, &t.cy).await;
+    let mut cy = term(&t.server, &t.room, &t.cy).await;
+    let pushes = |t: &Term| -> Vec<Value> {
+        t.events
+            .iter()
+            .filter(|e| e["type"] == "capabilities")
+            .cloned()
+            .collect()
+    };
+    cy.until("capabilities on join", |t| !pushes(t).is_empty())
+        .await;
+    assert!(pushes(&cy)[0].get("by").is_none(), "{:?}", pushes(&cy));
+    assert_eq!(
+        set_role(&t.server, &t.ana, &t.room, &cy_id, r#"{"role":"editor"}"#).await,
+        200
+    );
+    cy.until("the change", |t| pushes(t).len() >= 2).await;
+    let change = &pushes(&cy)[1];
+    assert_eq!(change["by"], "ana@example.com", "{change}");
+    assert_eq!(
+        change["capabilities"],
+        serde_json::json!(["observe", "edit", "type"])
+    );
+}

@@ -4,7 +4,7 @@
 
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { skipUnless, waitFor, mintToken, api } from './lib/server.mjs'
+import { skipUnless, waitFor, mintToken, api, joinByInvite } from './lib/server.mjs'
 import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login, shot, terminalText } from './lib/browser.mjs'
 
 const skip = skipUnless(HAVE_CHROMIUM, 'CHROMIUM', `no Chromium at ${CHROMIUM} (apt-get install chromium, or set CODEROOM_CHROMIUM)`)
@@ -14,10 +14,7 @@ test('one driver at a time: only the holder types, and control is handed over on
   await login(ana, storage.dataDir)
   const roomId = await createRoomFromPage(ana, 'one driver')
   const anaToken = await mintToken(storage, 'ana@example.com')
-  const benToken = await mintToken(storage, 'ben@example.com')
-  const invite = await api(server, anaToken, 'POST', `/api/rooms/${roomId}/invites`, { role: 'editor', ttl_s: 3600, max_uses: 1 })
-  assert.equal(invite.status, 201, JSON.stringify(invite.body))
-  assert.equal((await api(server, benToken, 'POST', `/api/invites/${invite.body.token}/accept`, {})).status, 200)
+  await joinByInvite(server, storage, roomId, anaToken, 'ben@example.com')
   await login(ben, storage.dataDir, `/rooms/${roomId}`)
   // Ana's People panel shows him without a reload.
   await ana.page.getByTestId('person-ben@example.com').waitFor({ timeout: 10_000 })

@@ -4,7 +4,7 @@
 
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
-import { skipUnless, waitFor, mintToken, api } from './lib/server.mjs'
+import { skipUnless, waitFor, mintToken, api, joinByInvite } from './lib/server.mjs'
 import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login, shot } from './lib/browser.mjs'
 
 const skip = skipUnless(HAVE_CHROMIUM, 'CHROMIUM', `no Chromium at ${CHROMIUM} (apt-get install chromium, or set CODEROOM_CHROMIUM)`)
@@ -15,11 +15,7 @@ test('a budget set from the Spend panel stops commands, and a raise waits for an
   const roomId = await createRoomFromPage(ana, 'on a budget')
   const page = ana.page
   const anaToken = await mintToken(storage, 'ana@example.com')
-  const benToken = await mintToken(storage, 'ben@example.com')
-  const invite = await api(server, anaToken, 'POST', `/api/rooms/${roomId}/invites`, { role: 'editor', ttl_s: 3600, max_uses: 1 })
-  assert.equal((await api(server, benToken, 'POST', `/api/invites/${invite.body.token}/accept`, {})).status, 200)
-  const room = (await api(server, anaToken, 'GET', `/api/rooms/${roomId}`)).body
-  const benId = room.participants.find((p) => p.email === 'ben@example.com').user_id
+  const { token: benToken, id: benId } = await joinByInvite(server, storage, roomId, anaToken, 'ben@example.com')
   // Ben may approve (he is the someone else a raise needs).
   assert.equal((await api(server, anaToken, 'PATCH', `/api/rooms/${roomId}/participants/${benId}`, { grant: ['approve'] })).status, 200)
 

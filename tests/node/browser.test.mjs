@@ -210,6 +210,8 @@ test('approvals, sandbox, audit chain and an admin-confirmed deletion, in real b
     await ben.page.waitForURL(`**/rooms/${roomId}`)
     await ana.page.getByTestId('person-ben@example.com').waitFor()
     await ana.page.getByLabel('Grant a capability to ben@example.com').selectOption('approve')
+    await ana.page.getByTestId('meaning-ben@example.com').filter({ hasText: 'Can edit files and run commands. Also can approve requests.' }).waitFor()
+    await ana.page.getByTestId('person-ben@example.com').getByText('Rights in detail').click()
     await ana.page.getByTestId('person-ben@example.com').locator('.chip', { hasText: 'approve' }).waitFor()
 
     // Ana asks to export; she cannot approve her own request; Ben sees the exact parameters

@@ -38,14 +38,31 @@ export function replace (el: Element, ...children: (Child | Child[])[]): void {
 
 /** A short-lived message at the bottom of the screen (also read out by screen readers). */
 export function toast (message: string, kind: 'info' | 'error' = 'info'): void {
+  const t = h('div', { class: `toast ${kind}` }, message)
+  toastBox().append(t)
+  setTimeout(() => t.remove(), kind === 'error' ? 8000 : 4000)
+}
+
+/** A toast that stays until dismissed (or 20 s), replacing an earlier one of the same kind:
+ *  for what someone must not miss, such as their own rights changing. */
+export function notice (message: string, testid: string): void {
+  const box = toastBox()
+  box.querySelector(`[data-testid="${testid}"]`)?.remove()
+  const close = h('button', { type: 'button', class: 'icon', 'aria-label': 'Dismiss' }, '×')
+  const t = h('div', { class: 'toast notice', 'data-testid': testid }, h('span', null, message), close)
+  close.addEventListener('click', () => t.remove())
+  box.append(t)
+  setTimeout(() => t.remove(), 20_000)
+}
+
+/** Where toasts go (a polite live region, made on first use). */
+function toastBox (): HTMLElement {
   let box = document.getElementById('toasts')
   if (!box) {
     box = h('div', { id: 'toasts', role: 'status', 'aria-live': 'polite' })
     document.body.append(box)
   }
-  const t = h('div', { class: `toast ${kind}` }, message)
-  box.append(t)
-  setTimeout(() => t.remove(), kind === 'error' ? 8000 : 4000)
+  return box
 }
 
 export function errorText (e: unknown): string {

@@ -41,7 +41,7 @@ export class Backoff {
 export type TermEvent =
   | { type: 'denied', reason: string }
   | { type: 'read_only', reason: string }
-  | { type: 'capabilities', capabilities: string[] }
+  | { type: 'capabilities', capabilities: string[], by?: string }
   | { type: 'typing', user_id: string, email: string }
   | { type: 'people_changed' }
   | { type: 'exit', code?: number | null, reason?: string }

@@ -235,6 +235,7 @@ pub(crate) async fn accept_invite(
             let _ = app.access_changed.send(crate::http::state::AccessChanged {
                 room: invite.room_id.clone(),
                 user: proof.actor().to_owned(),
+                by: None,
                 at: std::time::Instant::now(),
             });
             Ok(Json(Joined {
@@ -370,6 +371,7 @@ pub(crate) async fn change_participant(
     let _ = app.access_changed.send(crate::http::state::AccessChanged {
         room: room_id.to_string(),
         user: target.to_string(),
+        by: Some(user.email.clone()),
         at: std::time::Instant::now(),
     });
     app.rooms
@@ -421,6 +423,7 @@ pub(crate) async fn remove_participant(
     let _ = app.access_changed.send(crate::http::state::AccessChanged {
         room: room_id.to_string(),
         user: target.to_string(),
+        by: Some(user.email.clone()),
         at: std::time::Instant::now(),
     });
     app.rooms

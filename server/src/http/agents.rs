@@ -215,6 +215,7 @@ pub(crate) async fn rights_changed(app: &AppState, room_id: &RoomId, agents: &[S
         let _ = app.access_changed.send(crate::http::state::AccessChanged {
             room: room_id.to_string(),
             user: agent.clone(),
+            by: None,
             at: std::time::Instant::now(),
         });
         app.rooms

@@ -84,6 +84,8 @@ pub(crate) struct SessionEnded {
 pub(crate) struct AccessChanged {
     pub room: String,
     pub user: String,
+    /// Who changed them (their email), when someone did: the viewer is told.
+    pub by: Option<String>,
     /// When the server decided (a terminal it closes is measured from here).
     pub at: std::time::Instant,
 }

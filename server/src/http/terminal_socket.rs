@@ -238,7 +238,7 @@ async fn serve(
         put(&mut sink, Message::Text(msg.text().into()), stall).await;
     }
     if let Some(caps) = caps {
-        put(&mut sink, capabilities(&caps), stall).await;
+        put(&mut sink, capabilities(&caps, None), stall).await;
     }
     let mut denied = Denials::default();
     loop {
@@ -356,7 +356,8 @@ async fn serve(
                         break;
                     }
                     if let Some((_, caps)) = now {
-                        put(&mut sink, capabilities(&caps), stall).await;
+                        let by = changed.as_ref().ok().and_then(|c| c.by.clone());
+                        put(&mut sink, capabilities(&caps, by), stall).await;
                     }
                 }
             }
@@ -405,12 +406,14 @@ async fn rights_now(
     }
 }
 
-/// `{"type":"capabilities","capabilities":[...]}`: what the viewer may do now, sent on join and
-/// after every change to its rights, so a client can follow (an editor turning read-only)
-/// without asking. Empty when it lost the room.
-fn capabilities(caps: &[&'static str]) -> Message {
+/// `{"type":"capabilities","capabilities":[...],"by"?:EMAIL}`: what the viewer may do now, sent
+/// on join and after every change to its rights (with who made it, when someone did), so a
+/// client can follow (an editor turning read-only) and say so without asking. Empty when it
+/// lost the room.
+fn capabilities(caps: &[&'static str], by: Option<String>) -> Message {
     let event = TermEvent::Capabilities {
         capabilities: caps.to_vec(),
+        by,
     };
     Message::Text(event.text().into())
 }

@@ -1240,14 +1240,16 @@ impl Actor {
             snapshot: snapshot.clone(),
             stop_at,
         };
-        let details = json!({
+        let mut details = json!({
             "reason": reason,
             "resumed_from": snapshot,
             "restore_failures": failures,
             "from_warm_pool": self.from_pool,
-            "resumed_from_kept": kept,
             "receipt": receipt,
         });
+        if let Some(kept) = kept {
+            details["resumed_from_kept"] = json!(kept);
+        }
         if let Err(e) = self
             .transition("sandbox_start", "system", details, row)
             .await
@@ -1584,15 +1586,19 @@ impl Actor {
                 None
             },
         };
-        let details = json!({
+        let mut details = json!({
             "reason": reason,
             "snapshot": snapshot,
             "snapshot_bytes": bytes,
-            "kept": kept.as_ref().map(|k| k.kept.name()),
-            "kept_bytes": kept.as_ref().map(|k| k.bytes),
-            "kept_note": kept.as_ref().and_then(|k| k.note.clone()),
             "receipt": receipt,
         });
+        if let Some(k) = &kept {
+            details["kept"] = json!(k.kept.name());
+            details["kept_bytes"] = json!(k.bytes);
+            if let Some(note) = &k.note {
+                details["kept_note"] = json!(note);
+            }
+        }
         self.transition("sandbox_stop", actor, details, row).await?;
         self.last_armed = self.row.as_ref().and_then(|r| r.stop_at);
         self.snapshots

@@ -14,8 +14,13 @@ pub(crate) enum TermEvent {
     Denied { reason: String },
     /// The viewer may watch but not type (on join, or when `type` is withdrawn).
     ReadOnly { reason: String },
-    /// What the viewer may do now (on join and after every change to its rights).
-    Capabilities { capabilities: Vec<&'static str> },
+    /// What the viewer may do now (on join and after every change to its rights); `by` names
+    /// who changed them (their email), when someone did.
+    Capabilities {
+        capabilities: Vec<&'static str>,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        by: Option<String>,
+    },
     /// Someone is typing (at most once a second per typist).
     Typing { user_id: String, email: String },
     /// Someone else's rights changed: the people panel looks again.

@@ -511,6 +511,18 @@ pub async fn request(
     headers: &[(&str, &str)],
     body: Option<&str>,
 ) -> Resp {
+    request_within(url, method, headers, body, TIMEOUT).await
+}
+
+/// [`request`], waiting up to `within` for the answer (a command run by the server may take
+/// its own timeout).
+pub async fn request_within(
+    url: &str,
+    method: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+    within: Duration,
+) -> Resp {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let rest = url.strip_prefix("http://").unwrap();
     let (host, path) = rest.split_at(rest.find('/').unwrap());
@@ -538,7 +550,7 @@ pub async fn request(
     s.write_all(req.as_bytes()).await.unwrap();
     let mut buf = Vec::new();
     // An upgraded (101) connection stays open: stop once its head is in.
-    let _ = tokio::time::timeout(TIMEOUT, async {
+    let _ = tokio::time::timeout(within, async {
         let mut chunk = [0u8; 8192];
         loop {
             match s.read(&mut chunk).await {
@@ -990,13 +1002,17 @@ pub async fn exec(
     script: &str,
 ) -> (u16, serde_json::Value) {
     let body = serde_json::json!({ "argv": ["sh", "-c", script], "timeout_ms": 30000 }).to_string();
-    let (status, body) = http(
+    let auth = format!("Bearer {token}");
+    // The command may take its 30 s, after a sandbox start: the answer is waited for longer.
+    let r = request_within(
         &server.url(&format!("/api/rooms/{room}/exec")),
         "POST",
-        Some(token),
+        &[("Authorization", auth.as_str())],
         Some(&body),
+        Duration::from_secs(90),
     )
     .await;
+    let (status, body) = (r.status, r.body);
     (
         status,
         serde_json::from_str(&body)

@@ -206,6 +206,18 @@ export async function mintToken (storage, email = 'ana@example.com') {
  * printed its listening line. The returned object has `url`, `wsUrl(roomId)`, `stop()` (graceful,
  * asserts exit 0), `kill()` and `logs()` (stderr tail).
  */
+/** `email` joins `roomId` as `role` through an invite made with `ownerToken` (the API's way, as
+ *  the invite page does); returns their token and user id. */
+export async function joinByInvite (server, storage, roomId, ownerToken, email, role = 'editor') {
+  const token = await mintToken(storage, email)
+  const invite = await api(server, ownerToken, 'POST', `/api/rooms/${roomId}/invites`, { role, ttl_s: 3600, max_uses: 1 })
+  if (invite.status !== 201) throw new Error(`invite: ${invite.status} ${JSON.stringify(invite.body)}`)
+  const accepted = await api(server, token, 'POST', `/api/invites/${invite.body.token}/accept`, {})
+  if (accepted.status !== 200) throw new Error(`accept: ${accepted.status} ${JSON.stringify(accepted.body)}`)
+  const id = (await api(server, token, 'GET', '/api/me')).body.id
+  return { token, id }
+}
+
 export async function startServer (storage, { extraArgs = [], env = {}, listen = '127.0.0.1:0' } = {}) {
   await waitForBinary()
   const args = ['serve', '--listen', listen, ...storage.args(), ...extraArgs]

@@ -3,6 +3,7 @@
 
 import { api, CAPABILITIES, type AgentInfo, type Capability, type Room } from '../api'
 import { abilities, canRemove, settableRoles } from '../caps'
+import { roleLine } from '../notices'
 import { action, copy, h, replace, toast } from '../dom'
 
 export interface PeopleState {
@@ -14,6 +15,8 @@ export interface PeopleState {
   /** user id -> until when its Remove button asks for confirmation (ms). Kept outside the
    *  panel, so a redraw (someone comes online, types, a poll) does not disarm it. */
   armed: Map<string, number>
+  /** user ids whose rights are shown in detail (kept across redraws, like `armed`). */
+  detailed: Set<string>
 }
 
 const CONFIRM_MS = 5000
@@ -93,7 +96,8 @@ export function peoplePanel (el: HTMLElement, s: PeopleState, changed: () => Pro
         h('strong', null, p.email), p.user_id === s.selfId ? h('span', { class: 'hint' }, ' (you)') : null,
         h('span', { class: 'role', 'data-testid': `role-label-${p.email}` }, p.role),
         typing ? h('span', { class: 'typing' }, 'typing in the terminal…') : null),
-      h('div', { class: 'chips' }, chips),
+      h('p', { class: 'meaning', 'data-testid': `meaning-${p.email}` }, roleLine(p.role, p.capabilities)),
+      rightsDetails(s.detailed, p.user_id, chips),
       roleSelect || grant || remove ? h('div', { class: 'row' }, roleSelect, grant, remove) : null)
   })
   const agents = (s.room.agents ?? []).map((a) => agentRow(a, s, changed))
@@ -106,6 +110,14 @@ export function peoplePanel (el: HTMLElement, s: PeopleState, changed: () => Pro
     keepAgent,
     agents.length ? h('ul', { class: 'people' }, agents) : h('p', { class: 'hint' }, 'No agents. An agent works here through MCP, with no more rights than whoever brings it in.'),
     moderation(s, changed))
+}
+
+/** A participant's capabilities, on demand; open stays open across redraws. */
+function rightsDetails (detailed: Set<string>, userId: string, chips: HTMLElement[]): HTMLElement {
+  const d = h('details', { class: 'rights', open: detailed.has(userId) },
+    h('summary', null, 'Rights in detail'), h('div', { class: 'chips' }, chips))
+  d.addEventListener('toggle', () => { if (d.open) detailed.add(userId); else detailed.delete(userId) })
+  return d
 }
 
 /** The room's moderation: agents type in the terminal only while an approver is here. */
@@ -236,3 +248,4 @@ function inviteForm (s: PeopleState): HTMLElement {
   })
   return form
 }
+

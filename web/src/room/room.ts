@@ -9,7 +9,7 @@ import type { App } from '../main'
 import { abilities } from '../caps'
 import { DocConnection, closeMeaning } from '../conn'
 import { buildTree, checkPath, folderMoves, movedTo, type TreeNode } from '../files'
-import { action, errorText, h, replace, toast } from '../dom'
+import { action, errorText, h, notice, replace, toast } from '../dom'
 import { Editor } from './editor'
 import { SharedTerminal } from './terminal'
 import { peoplePanel } from './people'
@@ -21,6 +21,7 @@ import { reposPanel } from './repos'
 import { PortWatch, PreviewPane, previewsPanel } from './previews'
 import { spendPanel } from './spend'
 import { MANIFEST, checkCommand, runCommand, withManifestCommand, type RunCommand } from '../run'
+import { rightsNotice } from '../notices'
 
 /**
  * What this page had when the server said it did not keep our latest changes (a full room, or
@@ -63,6 +64,7 @@ export function roomPage (app: App, id: string): () => void {
   const typing = new Map<string, number>()
   const typingTimers = new Map<string, ReturnType<typeof setTimeout>>()
   const armedRemovals = new Map<string, number>()
+  const detailedRights = new Set<string>()
 
   const title = document.getElementById('room-title')
   const connStatus = h('span', { class: 'conn', 'data-testid': 'conn-status', role: 'status' }, 'Connecting…')
@@ -417,7 +419,7 @@ export function roomPage (app: App, id: string): () => void {
     event: (e) => {
       if (e.type === 'capabilities') {
         capsEpoch++
-        setCaps(e.capabilities as Capability[])
+        setCaps(e.capabilities as Capability[], { by: e.by ?? null })
         // The people panel shows this person's role too.
         void reload()
       }
@@ -439,7 +441,7 @@ export function roomPage (app: App, id: string): () => void {
       } else if (e.type === 'budget') {
         void reload().then(() => { if (panel === 'Spend') renderSide() })
       } else if (e.type === 'people_changed' || e.type === 'sandbox') void reload()
-      else if (e.type === 'read_only') setCaps(caps.filter((c) => c !== 'type'))
+      else if (e.type === 'read_only') setCaps(caps.filter((c) => c !== 'type'), undefined, true)
     },
   })
   disposers.push(() => terminal.destroy())
@@ -485,7 +487,7 @@ export function roomPage (app: App, id: string): () => void {
         .catch((e: unknown) => { if (seq === sideSeq && !disposed) replace(sideBody, h('p', { class: 'error' }, errorText(e))) })
     }
     switch (panel) {
-      case 'People': peoplePanel(sideBody, { room: r, selfId: me.id, online, typing, armed: armedRemovals }, reload); break
+      case 'People': peoplePanel(sideBody, { room: r, selfId: me.id, online, typing, armed: armedRemovals, detailed: detailedRights }, reload); break
       case 'Approvals': later((box) => approvalsPanel(box, r, me.id, refresh)); break
       case 'Sandbox': later((box) => sandboxPanel(box, r, refresh)); break
       case 'Checkpoints': later((box) => checkpointsPanel(box, r, me.id, app.go, refresh)); break
@@ -500,8 +502,25 @@ export function roomPage (app: App, id: string): () => void {
   }
 
   // Rights: from the terminal's `capabilities` events, and from polling the room.
-  const setCaps = (next: Capability[]): void => {
+  // The rights last told by the server (the read-only hint that comes before a push is not).
+  let toldCaps: Capability[] = []
+  // A change a poll found waits a moment for the terminal's push, which names who made it.
+  let deferred: { from: Capability[], timer: ReturnType<typeof setTimeout> } | null = null
+  disposers.push(() => { if (deferred) clearTimeout(deferred.timer) })
+  const tell = (before: Capability[], next: Capability[], told: { by: string | null, poll?: boolean }): void => {
+    const from = deferred?.from ?? before
+    if (deferred) clearTimeout(deferred.timer)
+    deferred = null
+    const said = rightsNotice(from, next, told.by)
+    if (!said || ended) return
+    if (told.poll) deferred = { from, timer: setTimeout(() => { deferred = null; notice(said, 'rights-notice') }, 1500) }
+    else notice(said, 'rights-notice')
+  }
+  const setCaps = (next: Capability[], told?: { by: string | null, poll?: boolean }, hint = false): void => {
     const changed = next.join() !== caps.join()
+    // A change told by a push or a poll (not the first rights this page learns): say so.
+    if (told && (next.join() !== toldCaps.join() || deferred)) tell(toldCaps, next, told)
+    if (!hint) toldCaps = next
     const lostEdit = caps.includes('edit') && !next.includes('edit')
     const regained = !caps.includes('edit') && next.includes('edit')
     caps = next
@@ -539,7 +558,7 @@ export function roomPage (app: App, id: string): () => void {
       const first = room === null
       room = next
       if (title && !title.querySelector('.name')) title.prepend(h('span', { class: 'name' }, room.name))
-      setCaps(room.my_capabilities)
+      setCaps(room.my_capabilities, first ? undefined : { by: null, poll: true })
       // Panels with their own Refresh are left alone (a poll must not wipe what someone reads).
       if (first || (changed && panel === 'People')) renderSide()
     } catch (e) {

@@ -1,0 +1,47 @@
+import { describe, expect, it } from 'vitest'
+import { rightsNotice, roleLine, roleOf } from './notices'
+import { ROLES } from './caps'
+import type { Capability } from './api'
+
+const editor = ROLES.editor
+const viewer = ROLES.viewer
+const owner = ROLES.owner
+
+describe('rights notices', () => {
+  it('names the role and who made the change', () => {
+    expect(rightsNotice(editor, viewer, 'ana@example.com'))
+      .toBe('ana@example.com made you a viewer: you can watch, but not edit or type.')
+    expect(rightsNotice(viewer, editor, 'ana@example.com'))
+      .toBe('ana@example.com made you an editor: you can edit files and run commands.')
+    expect(rightsNotice(editor, owner, null)).toMatch(/^You are now an owner: you can do everything/)
+  })
+
+  it('says what matters when the rights are not a preset', () => {
+    const noType: Capability[] = ['observe', 'edit']
+    expect(rightsNotice(editor, noType, 'ana@example.com')).toBe('You can no longer type in the terminal (ana@example.com).')
+    expect(rightsNotice(noType, editor, 'ana@example.com')).toBe('You can type again (ana@example.com).')
+    expect(rightsNotice([...editor, 'invite'], editor)).toBe('You are now an editor: you can edit files and run commands.')
+    expect(rightsNotice([...noType, 'invite'], [...editor, 'invite'])).toBe('You can type again.')
+    expect(rightsNotice([...editor, 'invite'], [...editor, 'invite', 'approve'])).toBe('Your rights changed: you can now approve requests.')
+  })
+
+  it('says nothing for no change, the first rights, or a lost room', () => {
+    expect(rightsNotice(editor, [...editor].reverse())).toBeNull()
+    expect(rightsNotice([], editor)).toBeNull()
+    expect(rightsNotice(editor, [])).toBeNull()
+  })
+
+  it('knows the presets', () => {
+    expect(roleOf(viewer)).toBe('viewer')
+    expect(roleOf(['observe', 'edit'])).toBeNull()
+  })
+})
+
+describe('role lines', () => {
+  it('give the role\'s meaning, and what differs from it', () => {
+    expect(roleLine('editor', editor)).toBe('Can edit files and run commands.')
+    expect(roleLine('editor', [...editor, 'approve'])).toBe('Can edit files and run commands. Also can approve requests.')
+    expect(roleLine('editor', ['observe', 'edit'])).toBe('Can edit files and run commands. Cannot type in the terminal.')
+    expect(roleLine('custom', ['observe'])).toBe('Custom rights. Also can watch the room.')
+  })
+})

@@ -1,0 +1,87 @@
+// What a person is told when their own rights in a room change: in plain words, naming who
+// changed them when the server says so.
+
+import type { Capability } from './api'
+import { ROLES } from './caps'
+
+/** A role's meaning, in one line. */
+export const ROLE_MEANING: Record<string, string> = {
+  owner: 'can do everything here, including inviting, approving and deleting the room',
+  editor: 'can edit files and run commands',
+  viewer: 'can watch, but not edit or type',
+}
+
+/** The preset `caps` is exactly, if any. */
+export function roleOf (caps: readonly Capability[]): string | null {
+  const mine = new Set(caps)
+  for (const [role, preset] of Object.entries(ROLES)) {
+    if (preset.length === mine.size && preset.every((c) => mine.has(c))) return role
+  }
+  return null
+}
+
+function article (role: string): string {
+  return /^[aeiou]/.test(role) ? `an ${role}` : `a ${role}`
+}
+
+/** The notice for a change from `before` to `after` (made by `by`, an email, when known), or
+ *  `null` when there is nothing to say: no change, the first rights this page learns, or the
+ *  room lost (the page says that itself). */
+export function rightsNotice (before: readonly Capability[], after: readonly Capability[], by?: string | null): string | null {
+  if (before.length === 0 || after.length === 0) return null
+  const had = new Set(before)
+  const has = new Set(after)
+  if (had.size === has.size && [...had].every((c) => has.has(c))) return null
+  const role = roleOf(after)
+  const made = (role: string): string =>
+    `${by ? `${by} made you ${article(role)}` : `You are now ${article(role)}`}: you ${ROLE_MEANING[role]}.`
+  // From one role to another: the new role and what it means.
+  if (role !== null && roleOf(before) !== null) return made(role)
+  // Otherwise (a grant, or one that lapsed): what changed that matters most.
+  const typing = had.has('type') && had.has('edit')
+  const types = has.has('type') && has.has('edit')
+  const who = by ? ` (${by})` : ''
+  if (!had.has('edit') && has.has('edit')) return `You can edit again${who}.`
+  if (had.has('edit') && !has.has('edit')) return `You can no longer edit files${who}.`
+  if (!typing && types) return `You can type again${who}.`
+  if (typing && !types) return `You can no longer type in the terminal${who}.`
+  if (role !== null) return made(role)
+  const gained = after.filter((c) => !had.has(c))
+  const lost = before.filter((c) => !has.has(c))
+  const parts = [
+    gained.length ? `you can now ${gained.map(words).join(', ')}` : '',
+    lost.length ? `you can no longer ${lost.map(words).join(', ')}` : '',
+  ].filter(Boolean)
+  return `Your rights changed${who}: ${parts.join('; ')}.`
+}
+
+/** A capability as what it lets someone do. */
+export function words (c: Capability): string {
+  const w: Record<string, string> = {
+    observe: 'watch the room',
+    edit: 'edit files',
+    type: 'type in the terminal',
+    approve: 'approve requests',
+    invite: 'invite people',
+    connect_repo: 'connect repositories',
+    add_secret: 'add secrets',
+    spend: 'set and spend budgets',
+    export: 'fork and export',
+    publish: 'publish previews',
+    revoke: 'remove people and lower rights',
+    delete: 'delete the room',
+  }
+  return w[c] ?? c
+}
+
+/** A participant's role in one line: what it means, and what they hold beyond it or lack. */
+export function roleLine (role: string, caps: readonly Capability[]): string {
+  const preset = ROLES[role] ?? []
+  const meaning = ROLE_MEANING[role]
+  const extra = caps.filter((c) => !preset.includes(c))
+  const lacking = preset.filter((c) => !caps.includes(c))
+  const parts = [meaning ? `${meaning[0].toUpperCase()}${meaning.slice(1)}.` : `Custom rights.`]
+  if (extra.length) parts.push(`Also can ${extra.map(words).join(', ')}.`)
+  if (lacking.length) parts.push(`Cannot ${lacking.map(words).join(', ')}.`)
+  return parts.join(' ')
+}
