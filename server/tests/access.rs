@@ -194,6 +194,15 @@ async fn viewers_cannot_edit_and_downgrades_bite_on_the_next_frame_on(backend: &
     )
     .await;
     assert_eq!(del.0, 204);
+    // The log names him by email though he is no longer in the room (not part of the hash).
+    let log = audit(&t.server, &t.ana, &t.room).await;
+    let removal = log
+        .iter()
+        .rev()
+        .find(|r| r["action"] == "remove_participant")
+        .expect("the removal is logged");
+    assert_eq!(removal["target_email"], "ben@example.com", "{removal}");
+    assert_eq!(removal["actor_email"], "ana@example.com", "{removal}");
     assert_eq!(ben.closed().await, Some(4003));
     closed_within_a_second(&t.server, 1.0).await;
     let doc = format!("/api/rooms/{}/doc", t.room);

@@ -260,6 +260,11 @@ test('approvals, sandbox, audit chain and an admin-confirmed deletion, in real b
     await ana.page.getByRole('tab', { name: 'Audit' }).click()
     const chain = ana.page.getByTestId('audit-chain')
     await chain.filter({ hasText: 'Chain verified' }).waitFor()
+    // In sentences, with names; the raw record on demand.
+    const sentence = (text) => ana.page.locator('.audit-sentence', { hasText: text }).first()
+    await sentence('ana@example.com created the room.').waitFor()
+    await sentence('ben@example.com joined as an editor through an invite.').waitFor()
+    await sentence('The sandbox started from its last snapshot').waitFor()
     await shot(ana.page, '10-audit-verified')
     const { execFileSync } = await import('node:child_process')
     execFileSync('python3', ['-c', `import sqlite3,sys

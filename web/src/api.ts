@@ -132,6 +132,10 @@ export interface AuditRecord {
   seq: number
   at: number
   actor: string
+  /** The actor's email, when the actor is an account (a removed one too). */
+  actor_email?: string
+  /** The email of the account `details.target` names. */
+  target_email?: string
   action: string
   decision: string
   reason: string

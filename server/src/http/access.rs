@@ -463,23 +463,41 @@ pub(crate) async fn room_audit(
         return Err(ApiError::NotFound);
     }
     let records = app.store.audit_records(&room_id).await?;
-    Ok(Json(
-        records
-            .into_iter()
-            .map(|r| AuditEntry {
-                seq: r.seq,
-                at: r.fields.at,
-                details: serde_json::from_str(&r.fields.details).unwrap_or(Value::Null),
-                actor: r.fields.actor,
-                action: r.fields.action,
-                decision: r.fields.decision,
-                reason: r.fields.reason,
-                details_json: r.fields.details,
-                prev_hash: r.prev_hash,
-                hash: r.hash,
-            })
-            .collect(),
-    ))
+    // People by email, a removed one too (the log outlives their participation).
+    let mut emails: std::collections::HashMap<String, Option<String>> = Default::default();
+    let mut entries = Vec::with_capacity(records.len());
+    for r in records {
+        let details: Value = serde_json::from_str(&r.fields.details).unwrap_or(Value::Null);
+        let target = details["target"].as_str().map(str::to_owned);
+        let mut email_of = async |id: &str| -> Result<Option<String>, ApiError> {
+            if let Some(known) = emails.get(id) {
+                return Ok(known.clone());
+            }
+            let found = app.store.user_email(id).await?;
+            emails.insert(id.to_owned(), found.clone());
+            Ok(found)
+        };
+        let actor_email = email_of(&r.fields.actor).await?;
+        let target_email = match &target {
+            Some(t) => email_of(t).await?,
+            None => None,
+        };
+        entries.push(AuditEntry {
+            seq: r.seq,
+            at: r.fields.at,
+            details,
+            actor: r.fields.actor,
+            actor_email,
+            target_email,
+            action: r.fields.action,
+            decision: r.fields.decision,
+            reason: r.fields.reason,
+            details_json: r.fields.details,
+            prev_hash: r.prev_hash,
+            hash: r.hash,
+        });
+    }
+    Ok(Json(entries))
 }
 
 /// `POST /api/rooms/{id}/invites`: the link, shown once.
@@ -508,6 +526,12 @@ pub(crate) struct AuditEntry {
     seq: i64,
     at: i64,
     actor: String,
+    /// The actor's email, when the actor is an account (not covered by the hash).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    actor_email: Option<String>,
+    /// The email of the account `details.target` names, when it does.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    target_email: Option<String>,
     action: String,
     decision: String,
     reason: String,

@@ -4,6 +4,7 @@ import { api, exportRepo, list, type Approval, type Room, type SandboxStatus } f
 import { abilities } from '../caps'
 import { action, h, replace, toast, when } from '../dom'
 import { verifyChain } from '../audit'
+import { auditSentence } from '../auditText'
 import { limitRows, receiptRows, usageRows, vmSentence } from '../sandbox'
 import { parentView, readinessView } from './checkpoints'
 
@@ -147,13 +148,18 @@ export async function auditPanel (el: HTMLElement, room: Room, refresh: () => vo
     h('div', { class: 'panel-head' }, h('h2', null, 'Audit log'), action('Refresh', refresh)),
     indicator,
     records.length > shown.length ? h('p', { class: 'hint' }, `Showing the latest ${shown.length} of ${records.length}.`) : null,
-    h('ol', { class: 'audit', reversed: true }, shown.map((r) => h('li', { class: `audit-record ${r.decision}` },
-      h('div', { class: 'audit-head' },
-        h('span', { class: 'seq' }, `#${r.seq}`), h('strong', null, r.action),
-        h('span', { class: `decision ${r.decision}` }, r.decision),
-        h('span', { class: 'hint' }, emailOf(room, r.actor), ' · ', when(r.at))),
-      r.reason ? h('div', { class: 'reason' }, r.reason) : null,
-      h('code', { class: 'details' }, r.details_json ?? JSON.stringify(r.details))))))
+    h('ol', { class: 'audit', reversed: true }, shown.map((r) => h('li', { class: `audit-record ${r.decision}`, 'data-testid': `audit-${r.seq}` },
+      h('div', { class: 'audit-sentence' }, auditSentence(r, nameOf)),
+      h('div', { class: 'audit-head hint' },
+        h('span', { class: 'seq' }, `#${r.seq}`), ' · ', when(r.at),
+        r.decision === 'deny' ? h('span', { class: 'decision deny' }, 'refused') : null),
+      h('details', { class: 'audit-raw' }, h('summary', null, 'Record'),
+        h('div', null, h('strong', null, r.action), ' ', h('span', { class: `decision ${r.decision}` }, r.decision), ' · ', r.actor_email ?? r.actor),
+        r.reason ? h('div', { class: 'reason' }, r.reason) : null,
+        h('code', { class: 'details' }, r.details_json ?? JSON.stringify(r.details)))))))
+  function nameOf (id: string): string {
+    return room.agents?.find((a) => a.agent_id === id)?.name ?? emailOf(room, id)
+  }
 }
 
 export function roomPanel (el: HTMLElement, room: Room, paths: () => string[]): void {

@@ -1,0 +1,31 @@
+import { describe, expect, it } from 'vitest'
+import { auditSentence } from './auditText'
+import type { AuditRecord } from './api'
+
+function rec (action: string, details: unknown, extra: Partial<AuditRecord> = {}): AuditRecord {
+  return { seq: 1, at: 0, actor: 'u-ana', action, decision: 'allow', reason: '', details, prev_hash: '', hash: '', ...extra }
+}
+const names = (id: string): string => ({ 'u-ana': 'ana@example.com', 'u-ben': 'ben@example.com' } as Record<string, string>)[id] ?? id
+
+describe('audit sentences', () => {
+  it('name people, a removed one by the email the server gives', () => {
+    expect(auditSentence(rec('change_participant', { target: 'u-ben', to: ['observe'] }), names)).toBe('ana@example.com made ben@example.com a viewer.')
+    expect(auditSentence(rec('remove_participant', { target: 'u-gone' }, { target_email: 'cy@example.com' }), names)).toBe('ana@example.com removed cy@example.com from the room.')
+    expect(auditSentence(rec('create_invite', { role: 'editor' }, { actor: 'u-old', actor_email: 'old@example.com' }), names)).toBe('old@example.com made an invite link for an editor.')
+  })
+
+  it('say what was refused', () => {
+    expect(auditSentence(rec('type', {}, { actor: 'u-ben', decision: 'deny', reason: 'missing capability type' }), names))
+      .toBe('ben@example.com tried to type in the terminal: refused (missing capability type).')
+  })
+
+  it('tell the sandbox\'s life', () => {
+    expect(auditSentence(rec('sandbox_start', { reason: 'a viewer joined', resumed_from_kept: 'memory' }, { actor: 'system' }), names))
+      .toBe('The sandbox started from its kept memory (a viewer joined).')
+    expect(auditSentence(rec('sandbox_stop', { reason: 'idle' }, { actor: 'system' }), names)).toBe('The sandbox stopped (idle).')
+    const ana = 'a'.repeat(32)
+    expect(auditSentence(rec('sandbox_stop', { reason: `stop requested by ${ana}` }, { actor: ana, actor_email: 'ana@example.com' }), names))
+      .toBe('ana@example.com stopped the sandbox (stop requested by ana@example.com).')
+    expect(auditSentence(rec('something_new', {}), names)).toBe('ana@example.com: something new.')
+  })
+})

@@ -1,0 +1,74 @@
+// The audit log in sentences: who did what, by name, with the raw record one click away.
+
+import type { AuditRecord, Capability } from './api'
+import { roleOf, words } from './notices'
+
+type Details = Record<string, unknown>
+
+function str (v: unknown): string | null {
+  return typeof v === 'string' && v !== '' ? v : null
+}
+
+function article (role: string): string {
+  return /^[aeiou]/.test(role) ? `an ${role}` : `a ${role}`
+}
+
+/** What `action` lets someone do, as the end of "tried to …". */
+function attempt (action: string): string {
+  const w: Record<string, string> = {
+    edit: 'edit a file',
+    type: 'type in the terminal',
+    terminal_input: 'type in the terminal',
+    observe: 'watch the room',
+    exec: 'run a command',
+    export: 'export files',
+    fork: 'fork the room',
+    accept_invite: 'join with an invite',
+  }
+  return w[action] ?? action.replace(/_/g, ' ')
+}
+
+/** One record as a sentence. `name` gives a person's or agent's name for an id the record
+ *  does not name itself. */
+export function auditSentence (r: AuditRecord, name: (id: string) => string): string {
+  const d: Details = r.details !== null && typeof r.details === 'object' ? r.details as Details : {}
+  const system = r.actor === 'system' || r.actor === ''
+  const who = system ? 'The server' : (r.actor_email ?? name(r.actor))
+  const target = r.target_email ?? (str(d.target) ? name(str(d.target)!) : 'someone')
+  // Reasons name people by id ("stop requested by 3f2a…"): by name here.
+  const reason = str(d.reason)?.replace(/\b[0-9a-f]{32}\b/g, (id) => id === r.actor && r.actor_email ? r.actor_email : name(id))
+  const because = reason ? ` (${reason})` : ''
+  if (r.decision === 'deny') return `${who} tried to ${attempt(r.action)}: refused${r.reason ? ` (${r.reason})` : ''}.`
+  switch (r.action) {
+    case 'create_room': return `${who} created the room.`
+    case 'create_invite': return `${who} made an invite link${str(d.role) ? ` for ${article(str(d.role)!)}` : ''}.`
+    case 'revoke_invite': return `${who} revoked an invite link.`
+    case 'accept_invite': return `${who} joined${str(d.role) ? ` as ${article(str(d.role)!)}` : ''} through an invite.`
+    case 'change_participant': {
+      const to = Array.isArray(d.to) ? d.to as Capability[] : []
+      const role = roleOf(to)
+      return role ? `${who} made ${target} ${article(role)}.` : `${who} changed ${target}'s rights: now can ${to.filter((c) => c !== 'observe').map(words).join(', ') || 'only watch'}.`
+    }
+    case 'remove_participant': return `${who} removed ${target} from the room.`
+    case 'sandbox_start': {
+      const kept = str(d.resumed_from_kept)
+      const from = kept ? ` from its kept ${kept}` : str(d.resumed_from) ? ' from its last snapshot' : ''
+      return `The sandbox started${from}${because}.`
+    }
+    case 'sandbox_stop': return system ? `The sandbox stopped${because}.` : `${who} stopped the sandbox${because}.`
+    case 'sandbox_failed': return `The sandbox failed${because}.`
+    case 'decide_approval': return `${who} ${r.decision === 'approve' || d.approve === true ? 'approved' : 'refused'} a request.`
+    case 'add_secret': return `${who} added a secret.`
+    case 'remove_secret': return `${who} removed a secret.`
+    case 'create_agent': return `${who} brought in an agent.`
+    case 'revoke_agent': return `${who} revoked an agent.`
+    case 'create_checkpoint': return `${who} saved a checkpoint.`
+    case 'restore_checkpoint': return `${who} rolled the room back to a checkpoint.`
+    case 'fork': return `${who} forked the room.`
+    case 'export': return `${who} exported files.`
+    case 'request_deletion': return `${who} asked for the room to be deleted.`
+    case 'confirm_deletion': return `${who} confirmed the room's deletion.`
+    case 'audit_anchor': return 'The server anchored the log\'s head.'
+    default: return `${who}: ${r.action.replace(/_/g, ' ')}${r.decision !== 'allow' && r.decision !== 'system' ? ` (${r.decision})` : ''}.`
+  }
+}
