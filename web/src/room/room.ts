@@ -22,6 +22,7 @@ import { PortWatch, PreviewPane, previewsPanel } from './previews'
 import { spendPanel } from './spend'
 import { MANIFEST, checkCommand, runCommand, withManifestCommand, type RunCommand } from '../run'
 import { rightsNotice } from '../notices'
+import { browserStore, clampTerm, loadLayout, loadTabs, saveLayout, saveTabs, splitAt } from '../layout'
 
 /**
  * What this page had when the server said it did not keep our latest changes (a full room, or
@@ -80,12 +81,72 @@ export function roomPage (app: App, id: string): () => void {
   const termEl = h('section', { class: 'terminal', 'aria-label': 'Shared terminal' })
   const sideNav = h('nav', { class: 'side-nav', role: 'tablist' })
   const sideBody = h('div', { class: 'side-body' })
+  const split = h('div', {
+    class: 'split', role: 'separator', 'aria-orientation': 'horizontal', tabindex: '0',
+    'aria-label': 'Terminal height: drag, or use the arrow keys', 'data-testid': 'split',
+  })
+  const work = h('section', { class: 'work' }, tabs, pane.el, editorEl, empty, split, termEl)
+  const sideToggle = h('button', { type: 'button', class: 'side-toggle icon', 'data-testid': 'side-toggle' })
   const layout = h('div', { class: 'room' },
     h('aside', { class: 'files' }, h('div', { class: 'panel-head' }, h('h2', null, 'Files'), treeTools), tree),
-    h('section', { class: 'work' }, tabs, pane.el, editorEl, empty, termEl),
-    h('aside', { class: 'side' }, sideNav, sideBody))
+    work,
+    h('aside', { class: 'side' }, sideToggle, sideNav, sideBody))
   replace(app.main, banner, fullNotice, portNotice, layout)
   title?.append(connStatus)
+
+  // The layout as this person left it: the terminal's height (or filling the work area), the
+  // side panel shown or folded away.
+  const store = browserStore()
+  const prefs = loadLayout(store, me.id)
+  const maxButton = h('button', { type: 'button', class: 'small', 'data-testid': 'term-max' })
+  const applyLayout = (): void => {
+    if (prefs.termPx !== null) work.style.setProperty('--term-h', `${prefs.termPx}px`)
+    work.classList.toggle('term-max', prefs.termMax)
+    split.hidden = prefs.termMax
+    maxButton.textContent = prefs.termMax ? 'Restore' : 'Maximise'
+    maxButton.setAttribute('aria-pressed', String(prefs.termMax))
+    layout.classList.toggle('side-hidden', prefs.sideHidden)
+    sideToggle.textContent = prefs.sideHidden ? '‹' : '›'
+    sideToggle.setAttribute('aria-expanded', String(!prefs.sideHidden))
+    sideToggle.setAttribute('aria-label', prefs.sideHidden ? 'Show the side panel' : 'Hide the side panel')
+    sideToggle.title = sideToggle.getAttribute('aria-label') ?? ''
+    split.setAttribute('aria-valuenow', String(prefs.termPx ?? termEl.offsetHeight))
+  }
+  const keepLayout = (): void => { applyLayout(); saveLayout(store, me.id, prefs) }
+  maxButton.addEventListener('click', () => { prefs.termMax = !prefs.termMax; keepLayout() })
+  sideToggle.addEventListener('click', () => { prefs.sideHidden = !prefs.sideHidden; keepLayout() })
+  const workSpan = (): { top: number, bottom: number } => {
+    const r = work.getBoundingClientRect()
+    return { top: r.top + tabs.offsetHeight, bottom: r.bottom }
+  }
+  split.addEventListener('pointerdown', (e) => {
+    split.setPointerCapture(e.pointerId)
+    split.classList.add('dragging')
+    e.preventDefault()
+  })
+  split.addEventListener('pointermove', (e) => {
+    if (!split.hasPointerCapture(e.pointerId)) return
+    const { top, bottom } = workSpan()
+    prefs.termPx = splitAt(e.clientY, top, bottom)
+    applyLayout()
+  })
+  const endDrag = (e: PointerEvent): void => {
+    if (!split.hasPointerCapture(e.pointerId)) return
+    split.releasePointerCapture(e.pointerId)
+    split.classList.remove('dragging')
+    keepLayout()
+  }
+  split.addEventListener('pointerup', endDrag)
+  split.addEventListener('pointercancel', endDrag)
+  split.addEventListener('keydown', (e) => {
+    const step = e.key === 'ArrowUp' ? 24 : e.key === 'ArrowDown' ? -24 : 0
+    if (!step) return
+    e.preventDefault()
+    const { top, bottom } = workSpan()
+    prefs.termPx = clampTerm((prefs.termPx ?? termEl.offsetHeight) + step, bottom - top)
+    keepLayout()
+  })
+  applyLayout()
 
   // The document and its connection.
   const doc = new Y.Doc()
@@ -153,6 +214,20 @@ export function roomPage (app: App, id: string): () => void {
   disposers.push(() => editor.destroy())
   const open: string[] = []
   let active: string | null = null
+  // The tabs this person had open here come back once the document has synced (until then
+  // nothing is saved over them).
+  let tabsRestored = carried !== null
+  const restoreTabs = (synced: boolean): void => {
+    if (!synced || disposed || tabsRestored) return
+    provider.off('sync', restoreTabs)
+    tabsRestored = true
+    const saved = loadTabs(store, id, me.id)
+    // In their order, the active one last to be opened.
+    for (const p of saved.open) openFile(p)
+    if (saved.active) openFile(saved.active)
+    renderTabs()
+  }
+  provider.on('sync', restoreTabs)
   const openFile = (path: string): void => {
     const text = files.get(path)
     if (!(text instanceof Y.Text)) return
@@ -181,6 +256,7 @@ export function roomPage (app: App, id: string): () => void {
     renderTree()
   }
   const renderTabs = (): void => {
+    if (tabsRestored) saveTabs(store, id, me.id, { open, active })
     empty.hidden = active !== null
     editorEl.hidden = active === null
     replace(tabs, open.map((p) => h('div', { class: `tab ${p === active ? 'active' : ''}`, role: 'tab', 'aria-selected': p === active ? 'true' : 'false' },
@@ -343,7 +419,7 @@ export function roomPage (app: App, id: string): () => void {
   const stopButton = h('button', { type: 'button', class: 'small', 'data-testid': 'run-stop', title: 'Stop what runs (Ctrl-C)', onclick: () => { terminal.interrupt() } }, 'Stop')
   const runLabel = h('code', { class: 'run-command', 'data-testid': 'run-command' })
   const runEdit = h('button', { type: 'button', class: 'small', 'data-testid': 'run-edit', title: `Set the run command (saved in ${MANIFEST})`, onclick: () => editRun() }, 'Edit')
-  const runBar = h('span', { class: 'run-bar row' }, runButton, stopButton, runLabel, runEdit)
+  const runBar = h('span', { class: 'run-bar row' }, runButton, stopButton, runLabel, runEdit, maxButton)
   const currentRun = (): RunCommand | null => runCommand([...files.keys()], (p) => {
     const t = files.get(p)
     return t instanceof Y.Text ? t.toString() : undefined
@@ -473,6 +549,10 @@ export function roomPage (app: App, id: string): () => void {
       title: i < 10 ? `${p} (Alt+${(i + 1) % 10})` : p, onclick: () => { panel = p; renderNav(); renderSide() },
     }, p)))
   }
+  // Each panel keeps its own scroll position.
+  const scrolls = new Map<Panel, number>()
+  sideBody.addEventListener('scroll', () => { scrolls.set(panel, sideBody.scrollTop) })
+  const restoreScroll = (): void => { sideBody.scrollTop = scrolls.get(panel) ?? 0 }
   let sideSeq = 0
   const renderSide = (): void => {
     if (!room || disposed) return
@@ -483,7 +563,7 @@ export function roomPage (app: App, id: string): () => void {
     const later = (draw: (box: HTMLElement) => Promise<void>): void => {
       const box = h('div')
       draw(box)
-        .then(() => { if (seq === sideSeq && !disposed) replace(sideBody, box) })
+        .then(() => { if (seq === sideSeq && !disposed) { replace(sideBody, box); restoreScroll() } })
         .catch((e: unknown) => { if (seq === sideSeq && !disposed) replace(sideBody, h('p', { class: 'error' }, errorText(e))) })
     }
     switch (panel) {
@@ -499,6 +579,7 @@ export function roomPage (app: App, id: string): () => void {
       case 'Previews': later((box) => previewsPanel(box, r, me.id, pane, refresh)); break
       case 'Spend': later((box) => spendPanel(box, r, me.id, refresh)); break
     }
+    restoreScroll()
   }
 
   // Rights: from the terminal's `capabilities` events, and from polling the room.

@@ -1,0 +1,86 @@
+// The room's layout (issue 19, item 3): the split between editor and terminal is dragged (and
+// moved with the keyboard), the side panel folded away, the terminal maximised; after a reload
+// the sizes, the folded panel and the open tabs (the active one active) are as they were, and
+// the shell's terminal size follows the pane it is drawn in.
+
+import { test } from 'node:test'
+import assert from 'node:assert/strict'
+import { skipUnless, waitFor, mintToken, openProvider, waitSynced, destroyAll, Y } from './lib/server.mjs'
+import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login, shot, terminalText } from './lib/browser.mjs'
+
+const skip = skipUnless(HAVE_CHROMIUM, 'CHROMIUM', `no Chromium at ${CHROMIUM} (apt-get install chromium, or set CODEROOM_CHROMIUM)`)
+
+test('the split, the folded panel and the open tabs come back after a reload', { skip, timeout: 180_000 }, async (t) => {
+  const { defer, storage, server, people: [ana] } = await scene(t, ['ana@example.com'])
+  await login(ana, storage.dataDir)
+  const roomId = await createRoomFromPage(ana, 'layout')
+  const page = ana.page
+  const c = openProvider(server, roomId, await mintToken(storage, 'ana@example.com'))
+  defer(() => destroyAll([c]))
+  await waitSynced(c.provider)
+  c.doc.getMap('files').set('a.py', new Y.Text('print("a")\n'))
+  c.doc.getMap('files').set('b.md', new Y.Text('# b\n'))
+  await page.getByTestId('terminal-status').filter({ hasText: 'Connected' }).waitFor({ timeout: 30_000 })
+  const terminal = page.getByTestId('terminal')
+  const height = async () => (await terminal.boundingBox()).height
+  const rows = async () => {
+    const before = (await terminalText(page)).length
+    await terminal.click()
+    await page.keyboard.type('echo rows=$(stty size | cut -d" " -f1)=\n', { delay: 5 })
+    let n = null
+    await waitFor(async () => {
+      const m = (await terminalText(page)).slice(before).match(/rows=(\d+)=/)
+      n = m ? Number(m[1]) : null
+      return n !== null
+    }, 20_000, 'stty did not answer')
+    return n
+  }
+
+  // Two tabs, the first one active.
+  await page.getByText('a.py', { exact: true }).first().click()
+  await page.getByText('b.md', { exact: true }).first().click()
+  await page.locator('.tabs .tab-name', { hasText: 'a.py' }).click()
+  await page.locator('.tab.active', { hasText: 'a.py' }).waitFor()
+
+  // The split dragged up by 150 px: the terminal grows by as much, and the shell is told.
+  const rowsBefore = await rows()
+  const h0 = await height()
+  const box = await page.getByTestId('split').boundingBox()
+  await page.mouse.move(box.x + box.width / 2, box.y + box.height / 2)
+  await page.mouse.down()
+  await page.mouse.move(box.x + box.width / 2, box.y - 150, { steps: 5 })
+  await page.mouse.up()
+  await waitFor(async () => Math.abs((await height()) - (h0 + 150)) <= 8, 5_000, `the terminal did not grow: ${h0} -> ${await height()}`)
+  await waitFor(async () => (await rows()) > rowsBefore, 20_000, 'the shell\'s terminal did not grow with its pane')
+  // And by the keyboard: one step up is 24 px more.
+  const h1 = await height()
+  await page.getByTestId('split').focus()
+  await page.keyboard.press('ArrowUp')
+  await waitFor(async () => Math.abs((await height()) - (h1 + 24)) <= 4, 5_000, 'ArrowUp did not move the split')
+  const h2 = await height()
+
+  // The side panel folded away.
+  await page.getByTestId('side-toggle').click()
+  await page.locator('.side-body').waitFor({ state: 'hidden' })
+  assert.equal(await page.getByTestId('side-toggle').getAttribute('aria-expanded'), 'false')
+  await shot(page, '42-layout-split-folded')
+
+  // After a reload: the same terminal height, the panel still folded, the same tabs.
+  await page.reload()
+  await page.getByTestId('conn-status').filter({ hasText: 'Synced' }).waitFor()
+  await page.locator('.tab.active', { hasText: 'a.py' }).waitFor()
+  assert.deepEqual(await page.locator('.tabs .tab-name').allInnerTexts(), ['a.py', 'b.md'])
+  assert.match(await page.locator('.cm-content').innerText(), /print\("a"\)/)
+  await waitFor(async () => Math.abs((await height()) - h2) <= 2, 5_000, `the terminal's height was not kept: ${h2} -> ${await height()}`)
+  assert.equal(await page.locator('.side-body').isVisible(), false, 'the side panel stays folded')
+
+  // Maximised, the terminal fills the work area; Restore brings the editor back.
+  await page.getByTestId('side-toggle').click()
+  await page.locator('.side-body').waitFor()
+  await page.getByTestId('term-max').click()
+  await page.locator('.cm-content').waitFor({ state: 'hidden' })
+  assert.ok((await height()) > h2, 'the maximised terminal is taller')
+  await page.getByTestId('term-max').click()
+  await page.locator('.cm-content').waitFor()
+  await waitFor(async () => Math.abs((await height()) - h2) <= 2, 5_000, 'Restore did not bring the split back')
+})
