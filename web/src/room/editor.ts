@@ -80,6 +80,14 @@ export class Editor {
 
   focus (): void { this.view?.focus() }
 
+  /** Scrolls `index` (a character offset) of the open file into the middle of the view. */
+  reveal (index: number): void {
+    const v = this.view
+    if (!v) return
+    const pos = Math.max(0, Math.min(index, v.state.doc.length))
+    v.dispatch({ effects: EditorView.scrollIntoView(pos, { y: 'center' }) })
+  }
+
   /** The file was deleted or renamed away. */
   forget (path: string): void {
     this.undo.get(path)?.undo.destroy()

@@ -22,6 +22,7 @@ import { PortWatch, PreviewPane, previewsPanel } from './previews'
 import { spendPanel } from './spend'
 import { MANIFEST, checkCommand, runCommand, withManifestCommand, type RunCommand } from '../run'
 import { rightsNotice } from '../notices'
+import { initials, peers } from '../presence'
 import { browserStore, clampTerm, loadLayout, loadTabs, saveLayout, saveTabs, splitAt } from '../layout'
 
 /**
@@ -234,6 +235,7 @@ export function roomPage (app: App, id: string): () => void {
     if (!open.includes(path)) open.push(path)
     active = path
     editor.open(path, text)
+    provider.awareness.setLocalStateField('file', path)
     editor.setEditable(caps.includes('edit') && !ended)
     renderTabs()
     renderTree()
@@ -249,6 +251,7 @@ export function roomPage (app: App, id: string): () => void {
     if (active === path) {
       editor.close()
       active = null
+      provider.awareness.setLocalStateField('file', null)
       const next = open[Math.min(i, open.length - 1)]
       if (next) { openFile(next); return }
     }
@@ -538,6 +541,48 @@ export function roomPage (app: App, id: string): () => void {
     for (const u of now) online.add(u)
     if (panel === 'People') renderSide()
   }
+  // Avatars of the others here, in their colours; clicking one follows them (their file, their
+  // cursor) until this person types or presses Esc.
+  const avatars = h('span', { class: 'avatars', role: 'group', 'aria-label': 'People here' })
+  const followNote = h('span', { class: 'following', 'data-testid': 'following', role: 'status', hidden: true })
+  title?.append(avatars, followNote)
+  let following: string | null = null
+  const renderAvatars = (): void => {
+    const list = peers(provider.awareness.getStates(), me.id)
+    replace(avatars, list.map((p) => h('button', {
+      type: 'button', class: 'avatar', style: `background:${p.color}`, 'data-testid': `avatar-${p.name}`,
+      'aria-pressed': String(following === p.id),
+      'aria-label': following === p.id ? `Stop following ${p.name}` : `Follow ${p.name}${p.file ? ` (in ${p.file})` : ''}`,
+      title: following === p.id ? `Following ${p.name}: click or press Esc to stop` : `${p.name}${p.file ? ` · ${p.file}` : ''}: click to follow`,
+      onclick: () => { if (following === p.id) stopFollowing(); else follow(p.id) },
+    }, initials(p.name))))
+    const f = list.find((p) => p.id === following)
+    followNote.hidden = !f
+    followNote.textContent = f ? `Following ${f.name} · Esc to stop` : ''
+  }
+  const followNow = (): void => {
+    const p = peers(provider.awareness.getStates(), me.id).find((x) => x.id === following)
+    if (!p?.file) return
+    if (p.file !== active) pick(p.file)
+    if (!p.head) return
+    try {
+      const pos = Y.createAbsolutePositionFromRelativePosition(Y.createRelativePositionFromJSON(p.head), doc)
+      if (pos && pos.type === files.get(p.file)) editor.reveal(pos.index)
+    } catch { /* a cursor this page cannot place yet */ }
+  }
+  const follow = (id: string): void => { following = id; renderAvatars(); followNow() }
+  const stopFollowing = (): void => { following = null; renderAvatars() }
+  provider.awareness.on('change', () => { renderAvatars(); if (following) followNow() })
+  // Esc, or any key that types (in the editor, the terminal, anywhere), ends following.
+  const onKey = (e: KeyboardEvent): void => {
+    if (!following) return
+    const types = e.key.length === 1 && !e.ctrlKey && !e.metaKey && !e.altKey
+    if (e.key === 'Escape' || types) stopFollowing()
+  }
+  document.addEventListener('keydown', onKey)
+  disposers.push(() => document.removeEventListener('keydown', onKey))
+  // Typing in the editor ends following (the keys are this person's own work now).
+  doc.on('update', (_u: Uint8Array, origin: unknown) => { if (origin !== provider && following) stopFollowing() })
   provider.awareness.on('change', updateOnline)
   provider.on('status', updateOnline)
   updateOnline()

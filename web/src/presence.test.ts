@@ -1,0 +1,24 @@
+import { describe, expect, it } from 'vitest'
+import { initials, peers } from './presence'
+
+describe('presence', () => {
+  it('lists everyone else once, with where they are', () => {
+    const states = new Map<number, unknown>([
+      [1, { user: { id: 'me', name: 'me@x', color: '#123456' } }],
+      [2, { user: { id: 'u-ana', name: 'ana@example.com', color: '#aa3300' }, file: 'a.py', cursor: { head: { item: null } } }],
+      [3, { user: { id: 'u-ana', name: 'ana@example.com', color: '#aa3300' } }],
+      [4, { user: { id: 'u-ben', name: 'ben@example.com', color: 'red;background:url(x)' } }],
+      [5, { nothing: true }],
+    ])
+    const list = peers(states, 'me')
+    expect(list.map((p) => [p.name, p.file])).toEqual([['ana@example.com', 'a.py'], ['ben@example.com', null]])
+    expect(list[0].head).toEqual({ item: null })
+    expect(list[1].color).toBe('#5f6b7a')
+  })
+
+  it('makes initials', () => {
+    expect(initials('ana@example.com')).toBe('AN')
+    expect(initials('ana.lopez@example.com')).toBe('AL')
+    expect(initials('')).toBe('?')
+  })
+})

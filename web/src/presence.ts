@@ -1,0 +1,51 @@
+// Who else is in the room, from the document's awareness states (stamped by the server with
+// each connection's user: id, email as name, colour), and where they are: the file they have
+// open and their cursor in it.
+
+export interface Peer {
+  id: string
+  name: string
+  color: string
+  /** The file they have open, if any. */
+  file: string | null
+  /** Their cursor's head (a Yjs relative position as JSON), if any. */
+  head: unknown
+}
+
+interface State {
+  user?: { id?: unknown, name?: unknown, color?: unknown }
+  file?: unknown
+  cursor?: { head?: unknown } | null
+}
+
+/** Everyone but `selfId`, one entry per person (their latest connection), by name. */
+export function peers (states: Map<number, unknown>, selfId: string): Peer[] {
+  const byId = new Map<string, { clock: number, peer: Peer }>()
+  for (const [client, raw] of states) {
+    const s = (raw ?? {}) as State
+    const id = s.user?.id
+    if (typeof id !== 'string' || id === selfId) continue
+    const peer: Peer = {
+      id,
+      name: typeof s.user?.name === 'string' ? s.user.name : id,
+      color: typeof s.user?.color === 'string' && /^#[0-9a-fA-F]{3,8}$/.test(s.user.color) ? s.user.color : '#5f6b7a',
+      file: typeof s.file === 'string' ? s.file : null,
+      head: s.cursor?.head ?? null,
+    }
+    // A person with two tabs: the one with a file open wins, then the newer connection.
+    const prev = byId.get(id)
+    const rank = (p: Peer): number => (p.file ? 1 : 0)
+    if (!prev || rank(peer) > rank(prev.peer) || (rank(peer) === rank(prev.peer) && client > prev.clock)) {
+      byId.set(id, { clock: client, peer })
+    }
+  }
+  return [...byId.values()].map((v) => v.peer).sort((a, b) => a.name.localeCompare(b.name))
+}
+
+/** Two letters for an avatar: "ana.lopez@x" -> "AL", "ana@x" -> "AN". */
+export function initials (name: string): string {
+  const local = name.split('@')[0] ?? name
+  const parts = local.split(/[._\-+\s]+/).filter(Boolean)
+  const letters = parts.length >= 2 ? parts[0][0] + parts[1][0] : local.slice(0, 2)
+  return letters.toUpperCase() || '?'
+}
