@@ -27,6 +27,8 @@ fn main() {
         println!("cargo:rerun-if-changed={}", web.join(s).display());
     }
     println!("cargo:rerun-if-env-changed=CODEROOM_SKIP_WEB_BUILD");
+    // sqlx::migrate! embeds the migrations: a new one must rebuild the server.
+    println!("cargo:rerun-if-changed=../migrations");
     // A deleted or separately rebuilt client is embedded afresh.
     println!(
         "cargo:rerun-if-changed={}",

@@ -4,6 +4,7 @@
 //! `docs/design.md` and the `layers` test).
 
 pub(crate) mod access;
+pub(crate) mod admin;
 pub(crate) mod agents;
 pub(crate) mod approvals;
 pub(crate) mod bucket;
@@ -49,6 +50,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .merge(ops::routes())
         .merge(rooms::routes())
         .merge(deletion::routes())
+        .merge(admin::routes())
         .merge(access::routes())
         .merge(approvals::routes())
         .merge(doc_socket::routes())

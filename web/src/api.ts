@@ -153,6 +153,28 @@ export interface Receipt {
 }
 export interface Deletion { deletion_id?: string, state?: string, receipt: Receipt }
 
+/** An account as the admin console lists it. */
+export interface AdminUser {
+  id: string
+  email: string
+  created_at: number
+  last_login: number | null
+  rooms: { id: string, name: string, role: string }[]
+}
+
+/** A room deletion as the admin console lists it. */
+export interface AdminDeletion {
+  id: string
+  room_id: string
+  room_name: string | null
+  state: string
+  requested_by: string
+  requested_by_email: string | null
+  requested_at: number
+  confirmed_by: string | null
+  confirmed_at: number | null
+}
+
 /** A port of the room's sandbox served on the preview origin. */
 export interface Preview {
   id: string
@@ -297,6 +319,9 @@ export const api = {
   setReadiness: (id: string, command: string | null) => call<{ command: string | null }>('PUT', `/api/rooms/${id}/readiness`, { command }),
   requestDeletion: (id: string) => call<{ deletion_id: string, state: string }>('DELETE', `/api/rooms/${id}`),
   deletion: (id: string) => call<Deletion>('GET', `/api/deletions/${id}`),
+  adminUsers: (q: string) => call<AdminUser[]>('GET', `/api/admin/users?q=${encodeURIComponent(q)}`),
+  revokeUser: (id: string) => call<{ user_id: string, email: string, rooms: string[], sessions: number }>('POST', `/api/admin/users/${id}/revoke`),
+  adminDeletions: () => call<AdminDeletion[]>('GET', '/api/admin/deletions'),
   confirmDeletion: (id: string) => call<Deletion>('POST', `/api/deletions/${id}/confirm`),
 }
 

@@ -12,6 +12,7 @@ describe('routes', () => {
     expect(parse('/')).toEqual({ page: 'rooms' })
     expect(parse('/rooms/abc123')).toEqual({ page: 'room', id: 'abc123' })
     expect(parse('/invite/tok_EN-1')).toEqual({ page: 'invite', token: 'tok_EN-1' })
+    expect(parse('/admin')).toEqual({ page: 'admin' })
     expect(parse('/deletions/d1')).toEqual({ page: 'deletion', id: 'd1' })
     expect(parse('/login', '?next=%2Frooms%2Fx')).toEqual({ page: 'login', next: '/rooms/x' })
     expect(parse('/rooms/a/b').page).toBe('not_found')

@@ -8,6 +8,7 @@ import { loginPage } from './pages/login'
 import { roomsPage } from './pages/rooms'
 import { invitePage } from './pages/invite'
 import { deletionPage } from './pages/deletion'
+import { adminPage } from './pages/admin'
 
 export interface App {
   me: Me | null
@@ -43,6 +44,7 @@ function header (): HTMLElement {
     me
       ? h('span', { class: 'who' },
         h('span', { class: 'me', 'data-testid': 'me' }, me.email, me.is_admin ? ' (admin)' : ''),
+        me.is_admin ? h('a', { href: '/admin', class: 'admin-link', onclick: link('/admin'), 'data-testid': 'admin-link' }, 'Admin') : null,
         h('button', { type: 'button', class: 'link', onclick: logout }, 'Log out'))
       : null)
 }
@@ -102,6 +104,7 @@ async function render (): Promise<void> {
     }
     case 'invite': cleanup = invitePage(app, route.token); break
     case 'deletion': cleanup = deletionPage(app, route.id); break
+    case 'admin': cleanup = adminPage(app); break
     default:
       replace(app.main, h('section', { class: 'card' }, h('h1', null, 'Not found'),
         h('p', null, 'There is no page at ', h('code', null, route.path), '. ',

@@ -7,6 +7,7 @@ export type Route =
   | { page: 'room', id: string }
   | { page: 'invite', token: string }
   | { page: 'deletion', id: string }
+  | { page: 'admin' }
   | { page: 'not_found', path: string }
 
 const ID = /^[A-Za-z0-9_-]{1,128}$/
@@ -19,6 +20,7 @@ export function parse (pathname: string, search = ''): Route {
     return { page: 'not_found', path: pathname }
   }
   if (parts.length === 0 || (parts.length === 1 && parts[0] === 'rooms')) return { page: 'rooms' }
+  if (parts.length === 1 && parts[0] === 'admin') return { page: 'admin' }
   if (parts.length === 1 && parts[0] === 'login') {
     return { page: 'login', next: safeNext(new URLSearchParams(search).get('next')) }
   }

@@ -397,12 +397,24 @@ pub(crate) async fn remove_participant(
     user: AuthUser,
     Ids((room_id, target)): Ids<(RoomId, UserId)>,
 ) -> Result<StatusCode, ApiError> {
+    remove_from_room(&app, &room_id, &target, &user).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Removes `target` from `room_id` as `user` decides (authorized and recorded in the room's
+/// chain); their sockets in the room close, and the agents they sponsor there lose their rights.
+pub(crate) async fn remove_from_room(
+    app: &AppState,
+    room_id: &RoomId,
+    target: &UserId,
+    user: &AuthUser,
+) -> Result<(), ApiError> {
     let details = json!({ "target": target });
     let action = Action::RemoveParticipant {
         target: target.to_string(),
     };
     let locked = app.audit.lock().await;
-    let proof = authorize_locked(&app, &locked, &room_id, &user, action, details.clone()).await?;
+    let proof = authorize_locked(app, &locked, room_id, user, action, details.clone()).await?;
     let change = Change::RemoveParticipant {
         room_id: room_id.to_string(),
         user_id: target.to_string(),
@@ -410,7 +422,7 @@ pub(crate) async fn remove_participant(
     };
     locked
         .record(
-            &room_id,
+            room_id,
             proof.actor(),
             "remove_participant",
             "allow",
@@ -428,7 +440,7 @@ pub(crate) async fn remove_participant(
     });
     app.rooms
         .notify(
-            &room_id,
+            room_id,
             RoomCmd::Access {
                 user_id: target.to_string(),
                 rights: crate::room::task::Rights::NONE,
@@ -436,9 +448,9 @@ pub(crate) async fn remove_participant(
             },
         )
         .await;
-    let agents = crate::http::agents::sponsored_by(&app, &room_id, &target).await;
-    crate::http::agents::rights_changed(&app, &room_id, &agents).await;
-    Ok(StatusCode::NO_CONTENT)
+    let agents = crate::http::agents::sponsored_by(app, room_id, target).await;
+    crate::http::agents::rights_changed(app, room_id, &agents).await;
+    Ok(())
 }
 
 pub(crate) async fn room_audit(

@@ -8,6 +8,16 @@ pub(crate) struct UserRow {
     pub email: String,
 }
 
+/// An account as the admin console lists it.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub(crate) struct AdminUserRow {
+    pub id: String,
+    pub email: String,
+    pub created_at: i64,
+    /// When its newest session began (`None`: no session left).
+    pub last_login: Option<i64>,
+}
+
 /// A live login code: only its hash is ever stored.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub(crate) struct LoginCode {
@@ -95,6 +105,45 @@ impl Store {
             id: r.try_get("id")?,
             email: r.try_get("email")?,
         }))
+    }
+
+    /// Accounts for the admin console: those whose email contains `q` (all when empty), by
+    /// email, at most `limit`, each with when it last logged in (its newest session's start).
+    pub(crate) async fn users_matching(
+        &self,
+        q: &str,
+        limit: i64,
+    ) -> Result<Vec<AdminUserRow>, StoreError> {
+        let pattern = format!(
+            "%{}%",
+            q.to_lowercase()
+                .replace('\\', "\\\\")
+                .replace('%', "\\%")
+                .replace('_', "\\_")
+        );
+        Ok(sqlx::query_as::<_, AdminUserRow>(
+            "SELECT u.id, u.email, u.created_at, \
+             (SELECT MAX(s.created_at) FROM sessions s WHERE s.user_id = u.id) AS last_login \
+             FROM users u WHERE LOWER(u.email) LIKE $1 ESCAPE '\\' ORDER BY u.email LIMIT $2",
+        )
+        .bind(pattern)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// Ends every session of `user_id`; returns their hashes (their sockets close on them).
+    pub(crate) async fn delete_sessions_of(
+        &self,
+        user_id: &str,
+    ) -> Result<Vec<String>, StoreError> {
+        let rows = sqlx::query("DELETE FROM sessions WHERE user_id = $1 RETURNING token_hash")
+            .bind(user_id)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.iter()
+            .map(|r| Ok(r.try_get::<String, _>("token_hash")?))
+            .collect()
     }
 
     pub(crate) async fn delete_session(&self, token_hash: &str) -> Result<(), StoreError> {

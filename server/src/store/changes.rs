@@ -498,8 +498,9 @@ pub(super) async fn apply_change(
             requested_by,
         } => {
             sqlx::query(
-                "INSERT INTO deletions (id, room_id, requested_by, requested_at, state) \
-                 VALUES ($1, $2, $3, $4, 'pending_confirmation')",
+                "INSERT INTO deletions (id, room_id, requested_by, requested_at, state, room_name) \
+                 SELECT $1, $2, $3, $4, 'pending_confirmation', \
+                 (SELECT name FROM rooms WHERE id = $2)",
             )
             .bind(id)
             .bind(room_id)

@@ -11,6 +11,19 @@ pub(crate) struct DeletionRow {
     pub receipt: Option<String>,
 }
 
+/// A deletion as the admin console lists it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub(crate) struct ListedDeletion {
+    pub id: String,
+    pub room_id: String,
+    pub room_name: Option<String>,
+    pub state: String,
+    pub requested_by: String,
+    pub requested_at: i64,
+    pub confirmed_by: Option<String>,
+    pub confirmed_at: Option<i64>,
+}
+
 impl Store {
     /// The deletion of `room_id` in progress or pending, if any.
     pub(crate) async fn open_deletion(
@@ -32,6 +45,22 @@ impl Store {
         )
         .bind(id)
         .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// Every deletion, pending ones first, then the newest, at most `limit`, with the room's
+    /// name while the room is there and when it was asked for and confirmed.
+    pub(crate) async fn deletions_listed(
+        &self,
+        limit: i64,
+    ) -> Result<Vec<ListedDeletion>, StoreError> {
+        Ok(sqlx::query_as::<_, ListedDeletion>(
+            "SELECT d.id, d.room_id, COALESCE(r.name, d.room_name) AS room_name, d.state, d.requested_by, d.requested_at, \
+             d.confirmed_by, d.confirmed_at FROM deletions d LEFT JOIN rooms r ON r.id = d.room_id \
+             ORDER BY CASE WHEN d.state = 'pending_confirmation' THEN 0 ELSE 1 END, d.requested_at DESC LIMIT $1",
+        )
+        .bind(limit)
+        .fetch_all(&self.pool)
         .await?)
     }
 

@@ -1,0 +1,162 @@
+//! The admin console's API: accounts with their rooms, revoking an account everywhere (its
+//! sockets in every room closed within a second, its sessions ended, the system chain told),
+//! and every room deletion; nobody but a system admin gets any of it.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+use common::*;
+use serde_json::Value;
+
+async fn get(server: &Server, token: &str, path: &str) -> (u16, Value) {
+    let (status, body) = http(&server.url(path), "GET", Some(token), None).await;
+    (
+        status,
+        serde_json::from_str(&body).unwrap_or(Value::String(body)),
+    )
+}
+
+async fn revoking_closes_everything_on(backend: &Backend) {
+    let storage = Storage::new(backend).await;
+    let root = storage.token("root@example.com").await;
+    let t = team_with(&storage, &["--admin-emails", "root@example.com"]).await;
+    let server = &t.server;
+    // Ben is in a second room of Ana's too.
+    let other = create_room(server, &t.ana).await;
+    let (status, inv) = invite(server, &t.ana, &other, "editor", 1).await;
+    assert_eq!(status, 201);
+    assert_eq!(accept(server, &t.ben, &inv).await, 200);
+
+    // Only system admins.
+    for path in ["/api/admin/users", "/api/admin/deletions"] {
+        assert_eq!(get(server, &t.ana, path).await.0, 403, "{path}");
+    }
+    let revoke = format!("/api/admin/users/{}/revoke", t.ben_id);
+    assert_eq!(post(server, &t.ana, &revoke, "").await.0, 403);
+
+    // The accounts, searched, with their rooms.
+    let (status, users) = get(server, &root, "/api/admin/users?q=BEN@").await;
+    assert_eq!(status, 200, "{users}");
+    let users = users.as_array().unwrap();
+    assert_eq!(users.len(), 1, "{users:?}");
+    assert_eq!(users[0]["email"], "ben@example.com");
+    assert_eq!(users[0]["rooms"].as_array().unwrap().len(), 2, "{users:?}");
+    assert!(users[0]["last_login"].is_i64(), "{users:?}");
+    let (_, all) = get(server, &root, "/api/admin/users").await;
+    assert!(all.as_array().unwrap().len() >= 4, "{all}");
+    let (_, none) = get(server, &root, "/api/admin/users?q=%25").await;
+    assert_eq!(
+        none.as_array().unwrap().len(),
+        0,
+        "a % is a character: {none}"
+    );
+
+    // Ben is connected to both rooms, documents and terminal.
+    let mut docs = Vec::new();
+    for room in [&t.room, &other] {
+        let mut c = Client::connect(server, room, &t.ben).await;
+        c.synced().await;
+        docs.push(c);
+    }
+    let mut terminal = term(server, &t.room, &t.ben).await;
+    terminal
+        .until("capabilities", |t| t.has_event("capabilities"))
+        .await;
+
+    let (status, revoked) = post(server, &root, &revoke, "").await;
+    assert_eq!(status, 200, "{revoked}");
+    assert_eq!(revoked["email"], "ben@example.com");
+    assert_eq!(revoked["rooms"].as_array().unwrap().len(), 2, "{revoked}");
+    assert!(revoked["sessions"].as_u64() >= Some(1), "{revoked}");
+    for c in &mut docs {
+        let code = c.closed().await;
+        assert!(matches!(code, Some(4001 | 4003)), "{code:?}");
+    }
+    terminal.until("closed", |t| t.closed.is_some()).await;
+    // Every close was within a second of the decision.
+    let count = server.metric("coderoom_access_close_seconds_count").await;
+    let within = server
+        .metric("coderoom_access_close_seconds_bucket{le=\"1.0\"}")
+        .await;
+    assert!(count >= 3.0 && within == count, "{within} of {count}");
+    // His token is dead, he is in no room, and the system chain says who did it.
+    assert_eq!(get(server, &t.ben, "/api/me").await.0, 401);
+    for room in [&t.room, &other] {
+        let (_, r) = get(server, &t.ana, &format!("/api/rooms/{room}")).await;
+        let emails: Vec<&str> = r["participants"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|p| p["email"].as_str())
+            .collect();
+        assert!(!emails.contains(&"ben@example.com"), "{emails:?}");
+    }
+    let root_id = me(server, &root).await;
+    let recorded = storage
+        .query_i64(
+            "SELECT COUNT(*) FROM audit_log WHERE chain = 'system' AND action = 'revoke_user' AND actor = $1",
+            &[Arg::Text(root_id.clone())],
+        )
+        .await;
+    assert_eq!(recorded, 1);
+    // Each room's chain has its removal, by the admin.
+    let log = audit(server, &t.ana, &other).await;
+    assert!(log
+        .iter()
+        .any(|r| r["action"] == "remove_participant" && r["actor"] == root_id.as_str()));
+    // Not themself.
+    let own = format!("/api/admin/users/{root_id}/revoke");
+    assert_eq!(post(server, &root, &own, "").await.0, 400);
+    assert_eq!(
+        post(server, &root, "/api/admin/users/nobody/revoke", "")
+            .await
+            .0,
+        404
+    );
+
+    // Deletions: a pending one first, with the room's name and who asked.
+    let (status, _) = http(
+        &server.url(&format!("/api/rooms/{other}")),
+        "DELETE",
+        Some(&t.ana),
+        None,
+    )
+    .await;
+    assert_eq!(status, 202);
+    let (status, list) = get(server, &root, "/api/admin/deletions").await;
+    assert_eq!(status, 200, "{list}");
+    let first = &list[0];
+    assert_eq!(first["state"], "pending_confirmation", "{list}");
+    assert_eq!(first["room_id"], other.as_str());
+    assert_eq!(first["requested_by_email"], "ana@example.com");
+    let name = first["room_name"].as_str().unwrap().to_owned();
+    // Once done, the room is gone and the list still names it.
+    let id = first["id"].as_str().unwrap().to_owned();
+    let (status, _) = post(server, &root, &format!("/api/deletions/{id}/confirm"), "").await;
+    assert_eq!(status, 200);
+    let (_, list) = get(server, &root, "/api/admin/deletions").await;
+    let done = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["id"] == id.as_str())
+        .unwrap();
+    assert_eq!(done["room_name"], name.as_str(), "{done}");
+    assert_ne!(done["state"], "pending_confirmation", "{done}");
+    assert_eq!(
+        get(server, &t.ana, &format!("/api/rooms/{other}")).await.0,
+        404
+    );
+}
+
+#[tokio::test]
+async fn revoking_an_account_closes_everything_it_had_sqlite() {
+    revoking_closes_everything_on(&Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn revoking_an_account_closes_everything_it_had_postgres() {
+    let Some(postgres) = postgres() else {
+        return;
+    };
+    revoking_closes_everything_on(&postgres).await;
+}
