@@ -22,6 +22,9 @@ const EVENT_QUEUE: usize = 64;
 const MAX_OUTBOUND: usize = 64;
 /// Snapshot chunks queued between the agent and the file they are written to.
 const MAX_PENDING_CHUNKS: usize = 64;
+/// Time the agent gets to answer `Quiesce` (a sync of the guest's file systems): a guest that
+/// does not answer is killed instead of kept, and cannot hold up a stop for longer.
+const QUIESCE_WITHIN: Duration = Duration::from_secs(15);
 
 /// Locks `m`, carrying on past a poisoned lock (its maps stay consistent: every critical
 /// section is a single insert, remove or lookup).
@@ -491,7 +494,8 @@ impl Sandbox {
     /// Stops the sandbox keeping what the backend can (`keep`), under `tag`: a later start of
     /// the same name given the same tag resumes from it (see [`Sandbox::resumed`]). The agent
     /// is quiesced first, so its stream is cut on a frame's boundary. On `Err` the sandbox may
-    /// still run, quiesced: kill it.
+    /// still run, quiesced: kill it. The agent gets [`QUIESCE_WITHIN`] to answer, the backend
+    /// `within` to keep what it keeps.
     pub async fn park(&self, keep: Keep, tag: &str, within: Duration) -> Result<Parked, ParkError> {
         let parker = locked(&self.inner.parker)
             .clone()
@@ -507,7 +511,7 @@ impl Sandbox {
         })
         .map_err(|_| fail(CallError::Protocol))?;
         let _ = seal.send(frame);
-        let quiet = tokio::time::timeout(within, rx).await;
+        let quiet = tokio::time::timeout(QUIESCE_WITHIN.min(within), rx).await;
         self.forget(id);
         match quiet {
             Ok(Ok(Ok(Reply::Done))) => {}
