@@ -122,6 +122,18 @@ async fn revoking_closes_everything_on(backend: &Backend) {
     )
     .await;
     assert_eq!(status, 202);
+    // The room says so to whoever is in it.
+    let (_, room) = get(server, &t.ana, &format!("/api/rooms/{other}")).await;
+    assert_eq!(
+        room["pending_deletion"]["state"], "pending_confirmation",
+        "{room}"
+    );
+    assert_eq!(
+        room["pending_deletion"]["requested_by_email"],
+        "ana@example.com"
+    );
+    let (_, untouched) = get(server, &t.ana, &format!("/api/rooms/{}", t.room)).await;
+    assert!(untouched["pending_deletion"].is_null(), "{untouched}");
     let (status, list) = get(server, &root, "/api/admin/deletions").await;
     assert_eq!(status, 200, "{list}");
     let first = &list[0];

@@ -280,6 +280,9 @@ c = sqlite3.connect(sys.argv[1]); c.execute("UPDATE audit_log SET reason = '' WH
     // Ana asks to delete the room; Dana (admin) confirms from the link and gets the receipt.
     await ana.page.getByRole('tab', { name: 'Room' }).click()
     await ana.page.getByTestId('request-deletion').click()
+    // Everyone in the room is told it may go.
+    await ben.page.getByTestId('pending-deletion').filter({ hasText: 'ana@example.com asked to delete this room' }).waitFor({ timeout: 15_000 })
+    await ana.page.getByTestId('pending-deletion').filter({ hasText: 'You asked to delete this room' }).waitFor({ timeout: 15_000 })
     const link = await ana.page.getByTestId('deletion-requested').locator('a').getAttribute('href')
     assert.match(link, /^\/deletions\/\w+$/)
     await login(dana, storage.dataDir, link)

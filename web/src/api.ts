@@ -16,6 +16,8 @@ export interface Participant { user_id: string, email: string, role: string, cap
 export interface Room {
   id: string
   name: string
+  /** A deletion waiting for an admin (`pending_confirmation`) or under way (`confirmed`). */
+  pending_deletion?: { id: string, state: string, requested_by: string, requested_by_email: string | null } | null
   participants: Participant[]
   my_capabilities: Capability[]
   sandbox: SandboxStatus | null

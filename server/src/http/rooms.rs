@@ -121,9 +121,18 @@ pub(crate) async fn get_room(
             expires_at: a.expires_at,
         })
         .collect();
+    // An owner's request to delete the room, until an admin confirms it and it is done.
+    let pending_deletion = app.store.open_deletion(&id).await?.map(|d| {
+        let email = participants
+            .iter()
+            .find(|p| p.user_id == d.requested_by)
+            .map(|p| p.email.clone());
+        json!({ "id": d.id, "state": d.state, "requested_by": d.requested_by, "requested_by_email": email })
+    });
     Ok(Json(RoomView {
         id: room.id,
         name: room.name,
+        pending_deletion,
         participants,
         agents,
         my_capabilities: mine.names(),
@@ -193,6 +202,9 @@ pub(crate) struct RoomItem {
 pub(crate) struct RoomView {
     id: String,
     name: String,
+    /// `{"id", "state", "requested_by", "requested_by_email"}` while a deletion of the room
+    /// waits for an admin (`pending_confirmation`) or is under way (`confirmed`); else `null`.
+    pending_deletion: Option<Value>,
     participants: Vec<ParticipantView>,
     /// Agents in the room now (see `crate::http::agents`).
     agents: Vec<AgentView>,

@@ -73,6 +73,7 @@ export function roomPage (app: App, id: string): () => void {
   const banner = h('div', { class: 'room-ended', hidden: true, role: 'alert', 'data-testid': 'room-ended' })
   const fullNotice = h('div', { class: 'room-full', hidden: true, role: 'alert', 'data-testid': 'room-full' })
   const portNotice = h('div', { class: 'port-notice row', hidden: true, role: 'status', 'data-testid': 'port-notice' })
+  const deletionNotice = h('div', { class: 'deletion-notice', hidden: true, role: 'status', 'data-testid': 'pending-deletion' })
   const pane = new PreviewPane(id, () => { if (panel === 'Previews') renderSide() })
   const tree = h('ul', { class: 'tree', role: 'tree', 'aria-label': 'Files' })
   const treeTools = h('div', { class: 'tree-tools' })
@@ -92,7 +93,7 @@ export function roomPage (app: App, id: string): () => void {
     h('aside', { class: 'files' }, h('div', { class: 'panel-head' }, h('h2', null, 'Files'), treeTools), tree),
     work,
     h('aside', { class: 'side' }, sideToggle, sideNav, sideBody))
-  replace(app.main, banner, fullNotice, portNotice, layout)
+  replace(app.main, deletionNotice, banner, fullNotice, portNotice, layout)
   title?.append(connStatus)
 
   // The layout as this person left it: the terminal's height (or filling the work area), the
@@ -685,6 +686,7 @@ export function roomPage (app: App, id: string): () => void {
       room = next
       if (title && !title.querySelector('.name')) title.prepend(h('span', { class: 'name' }, room.name))
       setCaps(room.my_capabilities, first ? undefined : { by: null, poll: true })
+      showDeletion(room)
       // Panels with their own Refresh are left alone (a poll must not wipe what someone reads).
       if (first || (changed && panel === 'People')) renderSide()
     } catch (e) {
@@ -697,6 +699,16 @@ export function roomPage (app: App, id: string): () => void {
         end(`The room cannot be loaded: ${errorText(e)}`)
       }
     }
+  }
+  // A deletion asked for: everyone here is told, until it is confirmed (the room then ends).
+  const showDeletion = (r: Room): void => {
+    const d = r.pending_deletion
+    deletionNotice.hidden = !d
+    if (!d) return
+    const who = d.requested_by === me.id ? 'You' : (d.requested_by_email ?? 'The owner')
+    deletionNotice.textContent = d.state === 'pending_confirmation'
+      ? `${who} asked to delete this room. A system admin must confirm it; until then everything here works. Copy out what you want to keep.`
+      : 'This room is being deleted.'
   }
   const poll = setInterval(() => { void reload() }, POLL_MS)
   disposers.push(() => clearInterval(poll))
