@@ -228,6 +228,8 @@ test('approvals, sandbox, audit chain and an admin-confirmed deletion, in real b
     await shot(ben.page, '08-approvals-inbox')
     await ben.page.locator('li.approval.pending').getByRole('button', { name: 'Approve' }).click()
     await ben.page.getByText('Nothing waits for a decision.').waitFor()
+    // Ana is told, wherever she is in the room.
+    await ana.page.locator('[data-testid^="decision-"]', { hasText: 'ben@example.com approved your request to export files.' }).waitFor({ timeout: 15_000 })
     await ana.page.getByRole('tab', { name: 'Approvals' }).click()
     await ana.page.getByRole('button', { name: 'Refresh' }).click()
     const downloading = ana.page.waitForEvent('download')

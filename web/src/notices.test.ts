@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest'
-import { rightsNotice, roleLine, roleOf } from './notices'
+import { decisionNotice, rightsNotice, roleLine, roleOf } from './notices'
 import { ROLES } from './caps'
 import type { Capability } from './api'
 
@@ -43,5 +43,15 @@ describe('role lines', () => {
     expect(roleLine('editor', [...editor, 'approve'])).toBe('Can edit files and run commands. Also can approve requests.')
     expect(roleLine('editor', ['observe', 'edit'])).toBe('Can edit files and run commands. Cannot type in the terminal.')
     expect(roleLine('custom', ['observe'])).toBe('Custom rights. Also can watch the room.')
+  })
+})
+
+describe('decisions told to whoever asked', () => {
+  it('name the decider and the request', () => {
+    expect(decisionNotice('export', 'approved', 'ben@example.com')).toBe('ben@example.com approved your request to export files.')
+    expect(decisionNotice('public_preview', 'denied', 'ben@example.com')).toBe('ben@example.com refused your request to publish a public preview.')
+    expect(decisionNotice('add_secret', 'expired', null)).toBe('Nobody decided your request to add a secret in time; it expired.')
+    expect(decisionNotice('export', 'used', 'ben@example.com')).toBe('ben@example.com approved your request to export files.')
+    expect(decisionNotice('export', 'pending', null)).toBeNull()
   })
 })

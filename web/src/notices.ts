@@ -85,3 +85,31 @@ export function roleLine (role: string, caps: readonly Capability[]): string {
   if (lacking.length) parts.push(`Cannot ${lacking.map(words).join(', ')}.`)
   return parts.join(' ')
 }
+
+/** What an approval lets happen, as the end of "your request to …". */
+export function requestWords (action: string): string {
+  const w: Record<string, string> = {
+    export: 'export files',
+    fork: 'fork the room',
+    public_preview: 'publish a public preview',
+    add_secret: 'add a secret',
+    set_budget: 'raise the budget',
+    force_push: 'force-push',
+    restore_checkpoint: 'restore a checkpoint',
+    run_command: 'run a command',
+  }
+  return w[action] ?? action.replace(/_/g, ' ')
+}
+
+/** The notice for a request of this person's that someone decided (or that lapsed); `null`
+ *  while it waits. `by` is the decider's name. */
+export function decisionNotice (action: string, state: string, by: string | null): string | null {
+  const what = `your request to ${requestWords(action)}`
+  switch (state) {
+    // `used`: approved, and already acted on.
+    case 'approved': case 'used': return `${by ?? 'Someone'} approved ${what}.`
+    case 'denied': return `${by ?? 'Someone'} refused ${what}.`
+    case 'expired': return `Nobody decided ${what} in time; it expired.`
+    default: return null
+  }
+}

@@ -21,7 +21,7 @@ import { reposPanel } from './repos'
 import { PortWatch, PreviewPane, previewsPanel } from './previews'
 import { spendPanel } from './spend'
 import { MANIFEST, checkCommand, runCommand, withManifestCommand, type RunCommand } from '../run'
-import { rightsNotice } from '../notices'
+import { decisionNotice, rightsNotice } from '../notices'
 import { initials, peers } from '../presence'
 import { browserStore, clampTerm, loadLayout, loadTabs, saveLayout, saveTabs, splitAt } from '../layout'
 
@@ -687,6 +687,7 @@ export function roomPage (app: App, id: string): () => void {
       if (title && !title.querySelector('.name')) title.prepend(h('span', { class: 'name' }, room.name))
       setCaps(room.my_capabilities, first ? undefined : { by: null, poll: true })
       showDeletion(room)
+      void watchApprovals()
       // Panels with their own Refresh are left alone (a poll must not wipe what someone reads).
       if (first || (changed && panel === 'People')) renderSide()
     } catch (e) {
@@ -699,6 +700,26 @@ export function roomPage (app: App, id: string): () => void {
         end(`The room cannot be loaded: ${errorText(e)}`)
       }
     }
+  }
+  // Requests this person made that wait for someone else: told once each is decided (also one
+  // asked and decided between two looks: it was not there at the last look).
+  let seen: Map<string, string> | null = null
+  const watchApprovals = async (): Promise<void> => {
+    try {
+      const r = await api.approvals(id)
+      const list = Array.isArray(r) ? r : r.approvals
+      const mine = list.filter((a) => a.requester === me.id)
+      if (seen !== null) {
+        for (const a of mine) {
+          const before = seen.get(a.id)
+          if (before !== undefined && before !== 'pending') continue
+          const by = a.decided_by ? (room?.participants.find((p) => p.user_id === a.decided_by)?.email ?? null) : null
+          const said = decisionNotice(a.action, a.state, by)
+          if (said) notice(said, `decision-${a.id}`)
+        }
+      }
+      seen = new Map(mine.map((a) => [a.id, a.state]))
+    } catch { /* the next poll tries again */ }
   }
   // A deletion asked for: everyone here is told, until it is confirmed (the room then ends).
   const showDeletion = (r: Room): void => {
