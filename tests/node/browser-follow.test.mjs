@@ -61,6 +61,12 @@ test('following someone keeps your view on theirs until you type or press Esc', 
   await shown(300)
   assert.equal(await inView(1), false, 'the top scrolled out of view')
 
+  // Ana types: her name shows over her caret on Ben's screen for a few seconds, then goes.
+  const nameOpacity = () => ben.page.locator('.cm-ySelectionInfo', { hasText: 'ana@example.com' }).first()
+    .evaluate((el) => Number(getComputedStyle(el).opacity)).catch(() => 0)
+  await ana.page.keyboard.type('// edited')
+  await waitFor(async () => (await nameOpacity()) === 1, 10_000, 'Ana\'s name did not show after her edit')
+  await waitFor(async () => (await nameOpacity()) === 0, 10_000, 'Ana\'s name stayed shown')
   // Ben types: he stops following, and stays where he is when Ana moves on.
   await ben.page.locator('.cm-content').click()
   await ben.page.keyboard.type('x')

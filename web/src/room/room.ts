@@ -44,6 +44,8 @@ let notKept: {
 const PANELS = ['People', 'Approvals', 'Sandbox', 'Checkpoints', 'Secrets', 'Network', 'Repos', 'Audit', 'Room', 'Previews', 'Spend'] as const
 type Panel = typeof PANELS[number]
 const POLL_MS = 5000
+/** How long others' names stay shown over their carets after an edit of theirs. */
+const NAMES_SHOWN_MS = 3000
 /** How often the room looks for newly listening ports. */
 const PORTS_MS = 3000
 const MAC = /Mac|iPhone|iPad/.test(navigator.userAgent)
@@ -582,6 +584,16 @@ export function roomPage (app: App, id: string): () => void {
   }
   document.addEventListener('keydown', onKey)
   disposers.push(() => document.removeEventListener('keydown', onKey))
+  // Others' names over their carets show for a few seconds after each edit of theirs (not
+  // only on hover), so who is typing where can be read at a glance.
+  let namesTimer: ReturnType<typeof setTimeout> | undefined
+  doc.on('update', (_u: Uint8Array, origin: unknown) => {
+    if (origin !== provider || disposed) return
+    editorEl.classList.add('names-shown')
+    clearTimeout(namesTimer)
+    namesTimer = setTimeout(() => editorEl.classList.remove('names-shown'), NAMES_SHOWN_MS)
+  })
+  disposers.push(() => clearTimeout(namesTimer))
   // Typing in the editor ends following (the keys are this person's own work now).
   doc.on('update', (_u: Uint8Array, origin: unknown) => { if (origin !== provider && following) stopFollowing() })
   provider.awareness.on('change', updateOnline)
