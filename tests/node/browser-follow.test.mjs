@@ -10,7 +10,7 @@ import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login, shot } from 
 const skip = skipUnless(HAVE_CHROMIUM, 'CHROMIUM', `no Chromium at ${CHROMIUM} (apt-get install chromium, or set CODEROOM_CHROMIUM)`)
 
 test('following someone keeps your view on theirs until you type or press Esc', { skip, timeout: 180_000 }, async (t) => {
-  const { defer, storage, server, people: [ana, ben] } = await scene(t, ['ana@example.com', 'ben@example.com'])
+  const { defer, storage, server, people: [ana, ben, cy] } = await scene(t, ['ana@example.com', 'ben@example.com', 'cy@example.com'])
   await login(ana, storage.dataDir)
   const roomId = await createRoomFromPage(ana, 'follow me')
   const anaToken = await mintToken(storage, 'ana@example.com')
@@ -81,4 +81,9 @@ test('following someone keeps your view on theirs until you type or press Esc', 
   await ben.page.keyboard.press('Escape')
   await ben.page.getByTestId('following').waitFor({ state: 'hidden' })
   assert.equal(await avatar.getAttribute('aria-pressed'), 'false')
+
+  // Cy, new here, lands in the file the others are in (both are in b.md now).
+  await joinByInvite(server, storage, roomId, anaToken, 'cy@example.com')
+  await login(cy, storage.dataDir, `/rooms/${roomId}`)
+  await cy.page.locator('.tab.active', { hasText: 'b.md' }).waitFor({ timeout: 10_000 })
 })

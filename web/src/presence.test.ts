@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest'
-import { initials, peers } from './presence'
+import { busiest, initials, peers, type Peer } from './presence'
 
 describe('presence', () => {
   it('lists everyone else once, with where they are', () => {
@@ -20,5 +20,14 @@ describe('presence', () => {
     expect(initials('ana@example.com')).toBe('AN')
     expect(initials('ana.lopez@example.com')).toBe('AL')
     expect(initials('')).toBe('?')
+  })
+})
+
+describe('the busiest file', () => {
+  const at = (file: string | null): Peer => ({ id: Math.random().toString(), name: 'x', color: '#000', file, head: null })
+  it('is where most others are', () => {
+    expect(busiest([at('a.py'), at('b.md'), at('b.md'), at(null)])).toBe('b.md')
+    expect(busiest([at('z.py'), at('a.py')])).toBe('a.py')
+    expect(busiest([at(null)])).toBeNull()
   })
 })

@@ -49,3 +49,14 @@ export function initials (name: string): string {
   const letters = parts.length >= 2 ? parts[0][0] + parts[1][0] : local.slice(0, 2)
   return letters.toUpperCase() || '?'
 }
+
+/** The file most of `list` have open (ties: the first by name), if any has one. */
+export function busiest (list: readonly Peer[]): string | null {
+  const counts = new Map<string, number>()
+  for (const p of list) if (p.file) counts.set(p.file, (counts.get(p.file) ?? 0) + 1)
+  let best: string | null = null
+  for (const [file, n] of [...counts].sort((a, b) => a[0].localeCompare(b[0]))) {
+    if (best === null || n > (counts.get(best) ?? 0)) best = file
+  }
+  return best
+}

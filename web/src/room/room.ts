@@ -22,7 +22,7 @@ import { PortWatch, PreviewPane, previewsPanel } from './previews'
 import { spendPanel } from './spend'
 import { MANIFEST, checkCommand, runCommand, withManifestCommand, type RunCommand } from '../run'
 import { decisionNotice, rightsNotice } from '../notices'
-import { initials, peers } from '../presence'
+import { busiest, initials, peers } from '../presence'
 import { browserStore, clampTerm, loadLayout, loadTabs, saveLayout, saveTabs, splitAt } from '../layout'
 
 /**
@@ -46,6 +46,8 @@ type Panel = typeof PANELS[number]
 const POLL_MS = 5000
 /** How long others' names stay shown over their carets after an edit of theirs. */
 const NAMES_SHOWN_MS = 3000
+/** How long a newcomer's page waits for the others' presence to open the busiest file. */
+const LANDING_MS = 3000
 /** How often the room looks for newly listening ports. */
 const PORTS_MS = 3000
 const MAC = /Mac|iPhone|iPad/.test(navigator.userAgent)
@@ -229,6 +231,21 @@ export function roomPage (app: App, id: string): () => void {
     // In their order, the active one last to be opened.
     for (const p of saved.open) openFile(p)
     if (saved.active) openFile(saved.active)
+    // New here (nothing open before): the file the others are busiest in, as soon as their
+    // presence arrives (it may follow the document's sync), unless this person opened one.
+    const land = (): boolean => {
+      if (open.length > 0) return true
+      const where = busiest(peers(provider.awareness.getStates(), me.id))
+      if (where) openFile(where)
+      return where !== null
+    }
+    if (!land()) {
+      const onChange = (): void => { if (land()) stop() }
+      const stop = (): void => { provider.awareness.off('change', onChange); clearTimeout(give) }
+      const give = setTimeout(stop, LANDING_MS)
+      provider.awareness.on('change', onChange)
+      disposers.push(stop)
+    }
     renderTabs()
   }
   provider.on('sync', restoreTabs)
