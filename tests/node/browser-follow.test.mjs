@@ -41,6 +41,8 @@ test('following someone keeps your view on theirs until you type or press Esc', 
   const avatar = ben.page.getByTestId('avatar-ana@example.com')
   await avatar.waitFor()
   assert.equal(await avatar.innerText(), 'AN')
+  // Her initials are on the file she has open, in Ben's tree.
+  await ben.page.locator('.tree [data-testid="here-long.txt"]', { hasText: 'AN' }).waitFor()
   await avatar.click()
   await ben.page.getByTestId('following').filter({ hasText: 'Following ana@example.com' }).waitFor()
   await ben.page.locator('.tab.active', { hasText: 'long.txt' }).waitFor()

@@ -22,7 +22,7 @@ import { PortWatch, PreviewPane, previewsPanel } from './previews'
 import { spendPanel } from './spend'
 import { MANIFEST, checkCommand, runCommand, withManifestCommand, type RunCommand } from '../run'
 import { decisionNotice, rightsNotice } from '../notices'
-import { busiest, initials, peers } from '../presence'
+import { busiest, initials, peers, type Peer } from '../presence'
 import { browserStore, clampTerm, loadLayout, loadTabs, saveLayout, saveTabs, splitAt } from '../layout'
 
 /**
@@ -278,12 +278,28 @@ export function roomPage (app: App, id: string): () => void {
     renderTabs()
     renderTree()
   }
+  // Who else has which file open: small avatars on its tab and in the tree.
+  let peerFiles = new Map<string, Peer[]>()
+  const whoIsWhere = (): Map<string, Peer[]> => {
+    const m = new Map<string, Peer[]>()
+    for (const p of peers(provider.awareness.getStates(), me.id)) if (p.file) m.set(p.file, [...(m.get(p.file) ?? []), p])
+    return m
+  }
+  const hereIn = (path: string): HTMLElement | null => {
+    const list = peerFiles.get(path)
+    if (!list?.length) return null
+    const names = list.map((p) => p.name).join(', ')
+    return h('span', { class: 'here', title: `${names} ${list.length === 1 ? 'has' : 'have'} it open`, 'aria-label': `open by ${names}`, 'data-testid': `here-${path}` },
+      list.map((p) => h('span', { class: 'mini-avatar', style: `background:${p.color}` }, initials(p.name))))
+  }
   const renderTabs = (): void => {
     if (tabsRestored) saveTabs(store, id, me.id, { open, active })
+    peerFiles = whoIsWhere()
     empty.hidden = active !== null
     editorEl.hidden = active === null
     replace(tabs, open.map((p) => h('div', { class: `tab ${p === active ? 'active' : ''}`, role: 'tab', 'aria-selected': p === active ? 'true' : 'false' },
       h('button', { type: 'button', class: 'tab-name', onclick: () => pick(p), title: p }, p.split('/').pop()),
+      hereIn(p),
       h('button', { type: 'button', class: 'tab-x', onclick: () => closeTab(p), 'aria-label': `Close ${p}` }, '×'))))
   }
 
@@ -398,10 +414,12 @@ export function roomPage (app: App, id: string): () => void {
     del.addEventListener('click', () => remove(n.path, del))
     return h('li', { role: 'treeitem', class: n.path === active ? 'active' : '' },
       h('button', { type: 'button', class: 'file', onclick: () => pick(n.path), 'data-path': n.path }, n.name),
+      hereIn(n.path),
       editable ? h('button', { type: 'button', class: 'icon', 'aria-label': `Rename ${n.path}`, title: 'Rename', onclick: () => rename(n.path) }, '✎') : null,
       editable ? del : null)
   }
   const renderTree = (): void => {
+    peerFiles = whoIsWhere()
     const nodes = buildTree(files.keys())
     replace(tree, nodes.length ? nodes.map(renderNode) : h('li', { class: 'hint' }, 'No files yet.'))
     replace(treeTools, caps.includes('edit') && !ended ? action('New file', newFile, { 'data-testid': 'new-file', title: 'New file (Alt+N)' }) : null)
@@ -592,7 +610,14 @@ export function roomPage (app: App, id: string): () => void {
   }
   const follow = (id: string): void => { following = id; renderAvatars(); followNow() }
   const stopFollowing = (): void => { following = null; renderAvatars() }
-  provider.awareness.on('change', () => { renderAvatars(); if (following) followNow() })
+  let whereShown = ''
+  provider.awareness.on('change', () => {
+    renderAvatars()
+    if (following) followNow()
+    // Tabs and tree show who has which file open: redrawn when that changes, not per cursor move.
+    const now = peers(provider.awareness.getStates(), me.id).map((p) => `${p.id}:${p.file ?? ''}`).join()
+    if (now !== whereShown) { whereShown = now; renderTabs(); renderTree() }
+  })
   // Esc, or any key that types (in the editor, the terminal, anywhere), ends following.
   const onKey = (e: KeyboardEvent): void => {
     if (!following) return
