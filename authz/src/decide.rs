@@ -411,6 +411,10 @@ pub fn decide(principal: &Principal, action: &Action, room: &RoomState, now: i64
                 Err(DenyReason::NoSuchParticipant)
             } else if principal.is_admin {
                 Ok(())
+            } else if *target == principal.user {
+                // Leaving: anyone may, but the room's last permanent revoker, who hands over
+                // first (or asks for the room's deletion).
+                keeps_revoker(target, None)
             } else {
                 need(Capability::Revoke).and_then(|()| keeps_revoker(target, None))
             }
@@ -584,6 +588,30 @@ mod tests {
 
     /// An agent never decides an approval, whatever its sponsor holds: not its sponsor's
     /// requests, not its own budget.
+    #[test]
+    fn anyone_may_leave_but_the_last_owner() {
+        let leave = |who: &str| Action::RemoveParticipant { target: who.into() };
+        let r = room(&[
+            ("ana", Role::Owner),
+            ("ben", Role::Editor),
+            ("cy", Role::Viewer),
+        ]);
+        assert!(allowed(&decide(&user("ben"), &leave("ben"), &r, 0)));
+        assert!(allowed(&decide(&user("cy"), &leave("cy"), &r, 0)));
+        // Leaving is not removing others.
+        assert_eq!(
+            decide(&user("ben"), &leave("cy"), &r, 0),
+            Decision::Deny(DenyReason::Missing(Capability::Revoke))
+        );
+        // The last owner hands over first.
+        assert_eq!(
+            decide(&user("ana"), &leave("ana"), &r, 0),
+            Decision::Deny(DenyReason::LastRevoker)
+        );
+        let two = room(&[("ana", Role::Owner), ("dan", Role::Owner)]);
+        assert!(allowed(&decide(&user("ana"), &leave("ana"), &two, 0)));
+    }
+
     #[test]
     fn agents_never_decide_approvals() {
         let mut r = room(&[("ana", Role::Owner), ("ben", Role::Owner)]);

@@ -895,3 +895,38 @@ fn store_now() -> i64 {
         .unwrap()
         .as_millis() as i64
 }
+
+/// Anyone may leave a room (and it is recorded as their own removal); the room's last owner
+/// may not. The room list says what each room is to its reader.
+#[tokio::test]
+async fn anyone_may_leave_but_the_last_owner() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let t = team(&storage).await;
+    let (status, list) = send_json(&t.server, &t.ben, "GET", "/api/rooms", "").await;
+    assert_eq!(status, 200);
+    let item = &list[0];
+    assert_eq!(item["role"], "editor", "{item}");
+    assert_eq!(item["members"], 3, "{item}");
+    assert!(
+        item["last_activity"].as_i64() >= item["created_at"].as_i64(),
+        "{item}"
+    );
+    assert!(item["sandbox"].is_null(), "{item}");
+
+    let leave = |who: &str| format!("/api/rooms/{}/participants/{who}", t.room);
+    let (status, _) = http(
+        &t.server.url(&leave(&t.ben_id)),
+        "DELETE",
+        Some(&t.ben),
+        None,
+    )
+    .await;
+    assert_eq!(status, 204);
+    let ana_id = me(&t.server, &t.ana).await;
+    let (status, body) = http(&t.server.url(&leave(&ana_id)), "DELETE", Some(&t.ana), None).await;
+    assert_eq!(status, 403, "{body}");
+    let log = audit(&t.server, &t.ana, &t.room).await;
+    assert!(log.iter().any(|r| r["action"] == "remove_participant"
+        && r["actor"] == t.ben_id.as_str()
+        && r["decision"] == "allow"));
+}

@@ -11,7 +11,17 @@ export const CAPABILITIES: Capability[] = [
 ]
 
 export interface Me { id: string, email: string, is_admin: boolean }
-export interface RoomSummary { id: string, name: string, role?: string }
+export interface RoomSummary {
+  id: string
+  name: string
+  role?: string
+  /** How many people are in it. */
+  members?: number
+  /** When something last happened in it (ms). */
+  last_activity?: number
+  /** Its sandbox's state, null before its first start. */
+  sandbox?: string | null
+}
 export interface Participant { user_id: string, email: string, role: string, capabilities: Capability[] }
 export interface Room {
   id: string

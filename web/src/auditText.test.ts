@@ -11,6 +11,7 @@ describe('audit sentences', () => {
   it('name people, a removed one by the email the server gives', () => {
     expect(auditSentence(rec('change_participant', { target: 'u-ben', to: ['observe'] }), names)).toBe('ana@example.com made ben@example.com a viewer.')
     expect(auditSentence(rec('remove_participant', { target: 'u-gone' }, { target_email: 'cy@example.com' }), names)).toBe('ana@example.com removed cy@example.com from the room.')
+    expect(auditSentence(rec('remove_participant', { target: 'u-ben' }, { actor: 'u-ben' }), names)).toBe('ben@example.com left the room.')
     expect(auditSentence(rec('create_invite', { role: 'editor' }, { actor: 'u-old', actor_email: 'old@example.com' }), names)).toBe('old@example.com made an invite link for an editor.')
   })
 

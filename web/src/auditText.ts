@@ -49,7 +49,7 @@ export function auditSentence (r: AuditRecord, name: (id: string) => string): st
       const role = roleOf(to)
       return role ? `${who} made ${target} ${article(role)}.` : `${who} changed ${target}'s rights: now can ${to.filter((c) => c !== 'observe').map(words).join(', ') || 'only watch'}.`
     }
-    case 'remove_participant': return `${who} removed ${target} from the room.`
+    case 'remove_participant': return str(d.target) === r.actor ? `${who} left the room.` : `${who} removed ${target} from the room.`
     case 'sandbox_start': {
       const kept = str(d.resumed_from_kept)
       const from = kept ? ` from its kept ${kept}` : str(d.resumed_from) ? ' from its last snapshot' : ''

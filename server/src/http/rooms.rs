@@ -63,14 +63,18 @@ pub(crate) async fn list_rooms(
     State(app): State<AppState>,
     user: AuthUser,
 ) -> Result<Json<Vec<RoomItem>>, ApiError> {
-    let rooms = app.store.rooms_of(&user.id).await?;
+    let rooms = app.store.room_list(&user.id).await?;
     Ok(Json(
         rooms
             .into_iter()
             .map(|r| RoomItem {
+                last_activity: r.last_activity.unwrap_or(r.created_at),
                 id: r.id,
                 name: r.name,
                 created_at: r.created_at,
+                role: r.role,
+                members: r.members,
+                sandbox: r.sandbox,
             })
             .collect(),
     ))
@@ -195,6 +199,14 @@ pub(crate) struct RoomItem {
     id: String,
     name: String,
     created_at: i64,
+    /// The caller's role preset in the room.
+    role: String,
+    /// How many people are in it.
+    members: i64,
+    /// When the room's audit chain last recorded something (else its creation).
+    last_activity: i64,
+    /// Its sandbox's state, `null` before its first start.
+    sandbox: Option<String>,
 }
 
 /// `GET /api/rooms/{id}`: the room, its people and its manifest.

@@ -2,6 +2,21 @@
 
 use super::*;
 
+/// A room as its participant's room list shows it.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub(crate) struct ListedRoom {
+    pub id: String,
+    pub name: String,
+    pub created_at: i64,
+    /// The participant's role preset.
+    pub role: String,
+    pub members: i64,
+    /// When the room's audit chain last recorded something (a join, a start, a change).
+    pub last_activity: Option<i64>,
+    /// Its sandbox's state (`running`, `stopped`, ...), `None` before its first start.
+    pub sandbox: Option<String>,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
 pub(crate) struct RoomRow {
     pub id: String,
@@ -114,6 +129,22 @@ impl Store {
         )
         .bind(token_hash)
         .fetch_optional(&self.pool)
+        .await?)
+    }
+
+    /// The rooms `user_id` is in, as the room list shows them, oldest first.
+    pub(crate) async fn room_list(&self, user_id: &str) -> Result<Vec<ListedRoom>, StoreError> {
+        Ok(sqlx::query_as::<_, ListedRoom>(
+            "SELECT r.id, r.name, r.created_at, p.role, \
+             (SELECT COUNT(*) FROM participants q WHERE q.room_id = r.id) AS members, \
+             (SELECT a.at FROM audit_log a WHERE a.chain = r.id ORDER BY a.seq DESC LIMIT 1) \
+               AS last_activity, \
+             (SELECT s.state FROM sandboxes s WHERE s.room_id = r.id) AS sandbox \
+             FROM rooms r JOIN participants p ON p.room_id = r.id WHERE p.user_id = $1 \
+             ORDER BY r.created_at, r.id",
+        )
+        .bind(user_id)
+        .fetch_all(&self.pool)
         .await?)
     }
 

@@ -2,7 +2,11 @@
 
 import { api, list, type RoomSummary } from '../api'
 import type { App } from '../main'
-import { errorText, h, replace } from '../dom'
+import { errorText, h, replace, toast, when } from '../dom'
+import { ROLE_MEANING } from '../notices'
+
+/** How long a Leave button waits for its confirming second click. */
+const CONFIRM_MS = 5000
 
 export function roomsPage (app: App): () => void {
   const items = h('ul', { class: 'rooms', 'aria-label': 'Your rooms' }, h('li', { class: 'hint' }, 'Loading…'))
@@ -24,14 +28,60 @@ export function roomsPage (app: App): () => void {
     h('h2', null, 'New room'), form, error))
   name.focus()
 
+  const row = (room: RoomSummary): HTMLElement => {
+    const li = h('li', { class: 'room-item', 'data-testid': `room-${room.name}` })
+    const state = h('span', { class: 'hint', role: 'status' })
+    const leave = h('button', { type: 'button', class: 'small', 'data-testid': `leave-${room.name}` }, 'Leave')
+    let armedUntil = 0
+    leave.addEventListener('click', async () => {
+      if (armedUntil < Date.now()) {
+        armedUntil = Date.now() + CONFIRM_MS
+        leave.textContent = 'Confirm: leave this room'
+        setTimeout(() => { leave.textContent = 'Leave' }, CONFIRM_MS)
+        return
+      }
+      leave.disabled = true
+      try {
+        await api.removeParticipant(room.id, app.me?.id ?? '')
+        toast(`You left ${room.name}.`)
+        li.remove()
+      } catch (e) {
+        state.textContent = errorText(e)
+        leave.disabled = false
+      }
+    })
+    const del = room.role === 'owner'
+      ? h('button', { type: 'button', class: 'danger small', 'data-testid': `delete-${room.name}` }, 'Delete…')
+      : null
+    del?.addEventListener('click', async () => {
+      del.disabled = true
+      try {
+        await api.requestDeletion(room.id)
+        state.textContent = 'Deletion asked: a system admin must confirm it.'
+      } catch (e) {
+        state.textContent = errorText(e)
+        del.disabled = false
+      }
+    })
+    const facts = [
+      room.role ? `${room.role}: ${ROLE_MEANING[room.role] ?? 'custom rights'}` : null,
+      room.members !== undefined ? `${room.members} ${room.members === 1 ? 'person' : 'people'}` : null,
+      room.last_activity ? `last active ${when(room.last_activity)}` : null,
+      `sandbox ${room.sandbox ?? 'not started yet'}`,
+    ].filter(Boolean).join(' · ')
+    replace(li,
+      h('div', { class: 'row' }, h('a', {
+        href: `/rooms/${room.id}`,
+        onclick: (e: Event) => { e.preventDefault(); app.go(`/rooms/${room.id}`) },
+      }, room.name), h('span', { class: 'spacer' }), leave, del),
+      h('p', { class: 'meaning' }, facts), state)
+    return li
+  }
   api.rooms().then((r) => {
     const rooms = list<RoomSummary>(r)
     replace(items, rooms.length === 0
       ? h('li', { class: 'hint' }, 'No rooms yet. Create one, or open an invite link someone sent you.')
-      : rooms.map((room) => h('li', null, h('a', {
-        href: `/rooms/${room.id}`,
-        onclick: (e: Event) => { e.preventDefault(); app.go(`/rooms/${room.id}`) },
-      }, room.name))))
+      : rooms.map(row))
   }).catch((err) => { error.textContent = errorText(err) })
   return () => {}
 }
