@@ -54,6 +54,9 @@ test('two people share a room in real browsers: editor, cursors, terminal, downg
     await again.getByTestId('invite-error').filter({ hasText: 'This invite link is used up' }).waitFor()
     assert.equal(await again.getByRole('button', { name: 'Join the room' }).isVisible(), false)
     await again.close()
+    // And it leaves Ana's panel.
+    await ana.page.getByTestId('invite-gone').filter({ hasText: 'That link no longer works' }).waitFor({ timeout: 15_000 })
+    assert.equal(await ana.page.getByTestId('invite-url').count(), 0)
 
     const anaToken = await mintToken(storage, 'ana@example.com')
     const room = (await api(server, anaToken, 'GET', `/api/rooms/${roomId}`)).body

@@ -1,7 +1,7 @@
 // The people panel: who is in the room, what they may do, who is online and typing; and the
 // controls to invite, change roles, grant, revoke and remove (shown only to those allowed).
 
-import { api, CAPABILITIES, type AgentInfo, type Capability, type Room } from '../api'
+import { api, ApiError, CAPABILITIES, type AgentInfo, type Capability, type Room } from '../api'
 import { abilities, canRemove, settableRoles } from '../caps'
 import { roleLine } from '../notices'
 import { action, copy, h, replace, toast } from '../dom'
@@ -105,6 +105,16 @@ export function peoplePanel (el: HTMLElement, s: PeopleState, changed: () => Pro
   const keep = can.invite ? el.querySelector('.invite') : null
   const keepAgent = can.invite ? el.querySelector('.agent-form') : null
   const head = h('div', { class: 'panel-head' }, h('h2', null, 'People'), can.invite ? inviteButton(el, s) : null)
+  const token = (keep as HTMLElement | null)?.dataset.token
+  if (keep && token) {
+    // The link made here: once used up, expired or revoked, it leaves the panel.
+    api.showInvite(token).catch((e: unknown) => {
+      if (!(e instanceof ApiError) || e.status !== 410 || !keep.isConnected) return
+      delete (keep as HTMLElement).dataset.token
+      keep.querySelector('.stack:last-child')?.replaceChildren(
+        h('p', { class: 'hint', 'data-testid': 'invite-gone' }, `That link no longer works (${e.message.replace(/\.$/, '')}).`))
+    })
+  }
   replace(el, head, keep, h('ul', { class: 'people' }, rows),
     h('div', { class: 'panel-head' }, h('h3', null, 'Agents'), can.invite ? agentButton(el, s, changed) : null),
     keepAgent,
@@ -232,6 +242,8 @@ function inviteForm (s: PeopleState): HTMLElement {
     e.preventDefault()
     try {
       const inv = await api.invite(s.room.id, role.value, Number(ttl.value), Number(uses.value))
+      // Looked at again whenever the panel is redrawn: a used-up link is taken away.
+      form.dataset.token = inv.token
       const link = h('input', { readonly: true, value: inv.url, 'aria-label': 'Invite link', 'data-testid': 'invite-url' })
       replace(out,
         h('div', { class: 'row' }, link,
