@@ -74,6 +74,17 @@ test('the split, the folded panel and the open tabs come back after a reload', {
   await waitFor(async () => Math.abs((await height()) - h2) <= 2, 5_000, `the terminal's height was not kept: ${h2} -> ${await height()}`)
   assert.equal(await page.locator('.side-body').isVisible(), false, 'the side panel stays folded')
 
+  // Quick open: Ctrl+P, a few letters, Enter.
+  await page.locator('.cm-content').click()
+  await page.keyboard.press('Control+P')
+  await page.getByTestId('quick-open').waitFor()
+  await page.keyboard.type('bmd')
+  assert.deepEqual(await page.locator('.quick-list li').allInnerTexts(), ['b.md'])
+  await page.keyboard.press('Enter')
+  await page.locator('.tab.active', { hasText: 'b.md' }).waitFor()
+  assert.equal(await page.getByTestId('quick-open').count(), 0, 'the dialog closed')
+  assert.match(await page.locator('.cm-content').innerText(), /# b/)
+
   // Maximised, the terminal fills the work area; Restore brings the editor back.
   await page.getByTestId('side-toggle').click()
   await page.locator('.side-body').waitFor()

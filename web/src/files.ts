@@ -86,3 +86,39 @@ export function movedTo (gone: string, added: string[]): string | null {
   if (same.length === 1) return same[0]
   return added.length === 1 ? added[0] : null
 }
+
+/** Paths matching `query` for quick open, best first, at most `limit`: the query's characters
+ *  in order (any case, spaces ignored), a match in the file's own name ranked above one across
+ *  folders, earlier and tighter matches above later ones, then shorter paths. An empty query
+ *  lists the paths as they are, shortest first. */
+export function quickMatches (paths: Iterable<string>, query: string, limit = 20): string[] {
+  const q = query.toLowerCase().replace(/\s+/g, '')
+  const scored: { path: string, score: number }[] = []
+  for (const path of paths) {
+    const lower = path.toLowerCase()
+    const name = lower.slice(lower.lastIndexOf('/') + 1)
+    const inName = subsequence(name, q)
+    const inPath = inName ?? subsequence(lower, q)
+    if (inPath === null) continue
+    // Lower is better: a match within the name, then how spread and how late it is.
+    const score = (inName !== null ? 0 : 10_000) + inPath.spread * 10 + inPath.start + path.length / 1000
+    scored.push({ path, score })
+  }
+  return scored.sort((a, b) => a.score - b.score || a.path.localeCompare(b.path)).slice(0, limit).map((s) => s.path)
+}
+
+/** Where `q`'s characters occur in order in `text` (first match, greedy): its start and how
+ *  many characters it spans beyond `q`'s own; `null` when they do not. */
+function subsequence (text: string, q: string): { start: number, spread: number } | null {
+  if (q === '') return { start: 0, spread: 0 }
+  let start = -1
+  let i = 0
+  for (let j = 0; j < text.length && i < q.length; j++) {
+    if (text[j] === q[i]) {
+      if (i === 0) start = j
+      i++
+      if (i === q.length) return { start, spread: j - start + 1 - q.length }
+    }
+  }
+  return null
+}

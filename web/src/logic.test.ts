@@ -176,3 +176,15 @@ describe('the sandbox panel', () => {
     expect(vmSentence({ vm: { vmm: 'cloud-hypervisor', accel: 'kvm' } })).toContain('cloud-hypervisor  with hardware virtualisation (KVM)')
   })
 })
+
+describe('quick open', () => {
+  it('ranks a match in the name above one across folders, tight and early first', async () => {
+    const { quickMatches } = await import('./files')
+    const paths = ['src/main.rs', 'docs/readme.md', 'b.md', 'notes/big-meeting.md', 'Cargo.toml']
+    expect(quickMatches(paths, 'bmd')).toEqual(['b.md', 'notes/big-meeting.md'])
+    expect(quickMatches(paths, 'MAIN')).toEqual(['src/main.rs'])
+    expect(quickMatches(paths, 'srcmain')).toEqual(['src/main.rs'])
+    expect(quickMatches(paths, 'zzz')).toEqual([])
+    expect(quickMatches(paths, '', 2)).toEqual(['b.md', 'Cargo.toml'])
+  })
+})

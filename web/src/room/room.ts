@@ -8,7 +8,7 @@ import { api, ApiError, wsUrl, type Capability, type Room } from '../api'
 import type { App } from '../main'
 import { abilities } from '../caps'
 import { DocConnection, closeMeaning } from '../conn'
-import { buildTree, checkPath, folderMoves, movedTo, type TreeNode } from '../files'
+import { buildTree, checkPath, folderMoves, movedTo, quickMatches, type TreeNode } from '../files'
 import { action, errorText, h, notice, replace, toast } from '../dom'
 import { Editor } from './editor'
 import { SharedTerminal } from './terminal'
@@ -851,6 +851,59 @@ export function roomPage (app: App, id: string): () => void {
   }
   window.addEventListener('keydown', runKey, true)
   disposers.push(() => window.removeEventListener('keydown', runKey, true))
+
+  // Quick open (Ctrl/Cmd+P): a file by a few letters of its path.
+  let quick: HTMLElement | null = null
+  const closeQuick = (): void => { quick?.remove(); quick = null }
+  const openQuick = (): void => {
+    closeQuick()
+    const input = h('input', {
+      type: 'text', role: 'combobox', 'aria-expanded': 'true', 'aria-controls': 'quick-list',
+      'aria-label': 'Open a file: type part of its path', placeholder: 'Open a file…', 'data-testid': 'quick-open',
+    })
+    const listEl = h('ul', { id: 'quick-list', role: 'listbox', class: 'quick-list' })
+    let found: string[] = []
+    let at = 0
+    const draw = (): void => {
+      found = quickMatches(files.keys(), input.value)
+      at = Math.min(at, Math.max(0, found.length - 1))
+      replace(listEl, found.length
+        ? found.map((p, i) => h('li', {
+          role: 'option', 'aria-selected': String(i === at), class: i === at ? 'active' : '',
+          onmousedown: (e: Event) => { e.preventDefault(); choose(p) },
+        }, p))
+        : h('li', { class: 'hint' }, 'No file matches.'))
+    }
+    const choose = (p: string): void => { closeQuick(); pick(p); editor.focus() }
+    input.addEventListener('input', () => { at = 0; draw() })
+    input.addEventListener('keydown', (e) => {
+      if (e.key === 'ArrowDown' || e.key === 'ArrowUp') {
+        e.preventDefault()
+        at = (at + (e.key === 'ArrowDown' ? 1 : found.length - 1)) % Math.max(1, found.length)
+        draw()
+      } else if (e.key === 'Enter') {
+        e.preventDefault()
+        if (found[at]) choose(found[at])
+      } else if (e.key === 'Escape') {
+        e.preventDefault()
+        closeQuick()
+      }
+    })
+    input.addEventListener('blur', () => setTimeout(closeQuick, 0))
+    quick = h('div', { class: 'quick-open', role: 'dialog', 'aria-label': 'Open a file' }, input, listEl)
+    document.body.append(quick)
+    draw()
+    input.focus()
+  }
+  const quickKey = (e: KeyboardEvent): void => {
+    if (!(MAC ? e.metaKey : e.ctrlKey) || e.altKey || e.shiftKey || e.code !== 'KeyP') return
+    // Taken before the browser (its print dialog), the editor and the terminal see it.
+    e.preventDefault()
+    e.stopPropagation()
+    if (!ended) openQuick()
+  }
+  window.addEventListener('keydown', quickKey, true)
+  disposers.push(() => { window.removeEventListener('keydown', quickKey, true); closeQuick() })
 
   // Something started listening in the sandbox: offer its preview.
   const ports = new PortWatch(id, (port, live) => {
