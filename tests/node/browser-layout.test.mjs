@@ -84,6 +84,13 @@ test('the split, the folded panel and the open tabs come back after a reload', {
   await page.locator('.tab.active', { hasText: 'b.md' }).waitFor()
   assert.equal(await page.getByTestId('quick-open').count(), 0, 'the dialog closed')
   assert.match(await page.locator('.cm-content').innerText(), /# b/)
+  // Search across files: Ctrl+Shift+F, the text, Enter opens where it is.
+  await page.keyboard.press('Control+Shift+F')
+  await page.getByTestId('search-files').waitFor()
+  await page.keyboard.type('PRINT')
+  assert.deepEqual(await page.locator('.quick-list li').allInnerTexts(), ['a.py:1 print("a")'])
+  await page.keyboard.press('Enter')
+  await page.locator('.tab.active', { hasText: 'a.py' }).waitFor()
 
   // Maximised, the terminal fills the work area; Restore brings the editor back.
   await page.getByTestId('side-toggle').click()

@@ -122,3 +122,29 @@ function subsequence (text: string, q: string): { start: number, spread: number 
   }
   return null
 }
+
+/** A line of a file that contains the searched text. */
+export interface Hit { path: string, line: number, offset: number, text: string }
+
+/** Where `query` occurs (any case) in `texts` (path -> text), by path then line, at most
+ *  `limit` hits; each hit's `offset` is its character offset in the file, `text` its line
+ *  (cut to 200 characters around the match). An empty query finds nothing. */
+export function searchFiles (texts: Iterable<[string, string]>, query: string, limit = 200): Hit[] {
+  const q = query.toLowerCase()
+  if (!q) return []
+  const hits: Hit[] = []
+  for (const [path, text] of [...texts].sort((a, b) => a[0].localeCompare(b[0]))) {
+    let offset = 0
+    const lines = text.split('\n')
+    for (let i = 0; i < lines.length; i++) {
+      const at = lines[i].toLowerCase().indexOf(q)
+      if (at >= 0) {
+        const from = Math.max(0, at - 80)
+        hits.push({ path, line: i + 1, offset: offset + at, text: lines[i].slice(from, from + 200) })
+        if (hits.length >= limit) return hits
+      }
+      offset += lines[i].length + 1
+    }
+  }
+  return hits
+}

@@ -188,3 +188,17 @@ describe('quick open', () => {
     expect(quickMatches(paths, '', 2)).toEqual(['b.md', 'Cargo.toml'])
   })
 })
+
+describe('search across files', () => {
+  it('finds every line with the text, any case, with where it is', async () => {
+    const { searchFiles } = await import('./files')
+    const texts: [string, string][] = [['b.py', 'x = 1\nprint(X)\n'], ['a.md', '# Title\nno\n']]
+    expect(searchFiles(texts, 'x')).toEqual([
+      { path: 'b.py', line: 1, offset: 0, text: 'x = 1' },
+      { path: 'b.py', line: 2, offset: 12, text: 'print(X)' },
+    ])
+    expect(searchFiles(texts, 'TITLE')).toEqual([{ path: 'a.md', line: 1, offset: 2, text: '# Title' }])
+    expect(searchFiles(texts, '')).toEqual([])
+    expect(searchFiles(texts, 'x', 1)).toHaveLength(1)
+  })
+})

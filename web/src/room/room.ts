@@ -8,7 +8,7 @@ import { api, ApiError, wsUrl, type Capability, type Room } from '../api'
 import type { App } from '../main'
 import { abilities } from '../caps'
 import { DocConnection, closeMeaning } from '../conn'
-import { buildTree, checkPath, folderMoves, movedTo, quickMatches, type TreeNode } from '../files'
+import { buildTree, checkPath, folderMoves, movedTo, quickMatches, searchFiles, type TreeNode } from '../files'
 import { action, errorText, h, notice, replace, toast } from '../dom'
 import { Editor } from './editor'
 import { SharedTerminal } from './terminal'
@@ -852,29 +852,31 @@ export function roomPage (app: App, id: string): () => void {
   window.addEventListener('keydown', runKey, true)
   disposers.push(() => window.removeEventListener('keydown', runKey, true))
 
-  // Quick open (Ctrl/Cmd+P): a file by a few letters of its path.
-  let quick: HTMLElement | null = null
-  const closeQuick = (): void => { quick?.remove(); quick = null }
-  const openQuick = (): void => {
-    closeQuick()
+  // Quick open (Ctrl/Cmd+P): a file by a few letters of its path; search (Ctrl/Cmd+Shift+F):
+  // every line of every file with some text. One palette for both.
+  interface Choice { label: string, choose: () => void }
+  let palette: HTMLElement | null = null
+  const closePalette = (): void => { palette?.remove(); palette = null }
+  const openPalette = (o: { label: string, placeholder: string, testid: string, empty: string, find: (q: string) => Choice[] }): void => {
+    closePalette()
     const input = h('input', {
-      type: 'text', role: 'combobox', 'aria-expanded': 'true', 'aria-controls': 'quick-list',
-      'aria-label': 'Open a file: type part of its path', placeholder: 'Open a file…', 'data-testid': 'quick-open',
+      type: 'text', role: 'combobox', 'aria-expanded': 'true', 'aria-controls': 'palette-list',
+      'aria-label': o.label, placeholder: o.placeholder, 'data-testid': o.testid,
     })
-    const listEl = h('ul', { id: 'quick-list', role: 'listbox', class: 'quick-list' })
-    let found: string[] = []
+    const listEl = h('ul', { id: 'palette-list', role: 'listbox', class: 'quick-list' })
+    let found: Choice[] = []
     let at = 0
+    const choose = (c: Choice): void => { closePalette(); c.choose() }
     const draw = (): void => {
-      found = quickMatches(files.keys(), input.value)
+      found = o.find(input.value)
       at = Math.min(at, Math.max(0, found.length - 1))
       replace(listEl, found.length
-        ? found.map((p, i) => h('li', {
+        ? found.map((c, i) => h('li', {
           role: 'option', 'aria-selected': String(i === at), class: i === at ? 'active' : '',
-          onmousedown: (e: Event) => { e.preventDefault(); choose(p) },
-        }, p))
-        : h('li', { class: 'hint' }, 'No file matches.'))
+          onmousedown: (e: Event) => { e.preventDefault(); choose(c) },
+        }, c.label))
+        : h('li', { class: 'hint' }, input.value ? o.empty : o.placeholder))
     }
-    const choose = (p: string): void => { closeQuick(); pick(p); editor.focus() }
     input.addEventListener('input', () => { at = 0; draw() })
     input.addEventListener('keydown', (e) => {
       if (e.key === 'ArrowDown' || e.key === 'ArrowUp') {
@@ -886,24 +888,47 @@ export function roomPage (app: App, id: string): () => void {
         if (found[at]) choose(found[at])
       } else if (e.key === 'Escape') {
         e.preventDefault()
-        closeQuick()
+        closePalette()
       }
     })
-    input.addEventListener('blur', () => setTimeout(closeQuick, 0))
-    quick = h('div', { class: 'quick-open', role: 'dialog', 'aria-label': 'Open a file' }, input, listEl)
-    document.body.append(quick)
+    input.addEventListener('blur', () => setTimeout(closePalette, 0))
+    palette = h('div', { class: 'quick-open', role: 'dialog', 'aria-label': o.label }, input, listEl)
+    document.body.append(palette)
     draw()
     input.focus()
   }
+  const openFileAt = (path: string, offset?: number): void => {
+    pick(path)
+    if (offset !== undefined) editor.reveal(offset)
+    editor.focus()
+  }
+  const texts = (): [string, string][] => {
+    const out: [string, string][] = []
+    files.forEach((t, p) => { if (t instanceof Y.Text) out.push([p, t.toString()]) })
+    return out
+  }
   const quickKey = (e: KeyboardEvent): void => {
-    if (!(MAC ? e.metaKey : e.ctrlKey) || e.altKey || e.shiftKey || e.code !== 'KeyP') return
-    // Taken before the browser (its print dialog), the editor and the terminal see it.
+    if (!(MAC ? e.metaKey : e.ctrlKey) || e.altKey || ended) return
+    const open = !e.shiftKey && e.code === 'KeyP'
+    const search = e.shiftKey && e.code === 'KeyF'
+    if (!open && !search) return
+    // Taken before the browser (print, find), the editor and the terminal see it.
     e.preventDefault()
     e.stopPropagation()
-    if (!ended) openQuick()
+    if (open) {
+      openPalette({
+        label: 'Open a file: type part of its path', placeholder: 'Open a file…', testid: 'quick-open', empty: 'No file matches.',
+        find: (q) => quickMatches(files.keys(), q).map((p) => ({ label: p, choose: () => openFileAt(p) })),
+      })
+    } else {
+      openPalette({
+        label: 'Search every file', placeholder: 'Search every file…', testid: 'search-files', empty: 'Found nowhere.',
+        find: (q) => searchFiles(texts(), q).map((x) => ({ label: `${x.path}:${x.line}  ${x.text.trim()}`, choose: () => openFileAt(x.path, x.offset) })),
+      })
+    }
   }
   window.addEventListener('keydown', quickKey, true)
-  disposers.push(() => { window.removeEventListener('keydown', quickKey, true); closeQuick() })
+  disposers.push(() => { window.removeEventListener('keydown', quickKey, true); closePalette() })
 
   // Something started listening in the sandbox: offer its preview.
   const ports = new PortWatch(id, (port, live) => {
