@@ -92,6 +92,23 @@ test('the split, the folded panel and the open tabs come back after a reload', {
   await page.keyboard.press('Enter')
   await page.locator('.tab.active', { hasText: 'a.py' }).waitFor()
 
+  // Upload: a text file becomes a file of the room; a binary one is refused, saying why.
+  await page.getByTestId('upload-input').setInputFiles([
+    { name: 'up.txt', mimeType: 'text/plain', buffer: Buffer.from('uploaded text\n') },
+    { name: 'bin.dat', mimeType: 'application/octet-stream', buffer: Buffer.from([0x41, 0x00, 0x42]) },
+  ])
+  await page.locator('.tab.active', { hasText: 'up.txt' }).waitFor()
+  await page.locator('.toast', { hasText: 'bin.dat is not text (it holds NUL bytes): only text files go into the room.' }).waitFor()
+  await waitFor(() => c.doc.getMap('files').get('up.txt')?.toString() === 'uploaded text\n', 10_000, 'the upload did not reach another client')
+  assert.equal(c.doc.getMap('files').get('bin.dat'), undefined)
+  // Download: the file's text, saved under its name.
+  const downloading = page.waitForEvent('download')
+  await page.getByTestId('download-up.txt').click()
+  const saved = await downloading
+  assert.equal(saved.suggestedFilename(), 'up.txt')
+  const { readFile } = await import('node:fs/promises')
+  assert.equal(await readFile(await saved.path(), 'utf8'), 'uploaded text\n')
+
   // Maximised, the terminal fills the work area; Restore brings the editor back.
   await page.getByTestId('side-toggle').click()
   await page.locator('.side-body').waitFor()

@@ -148,3 +148,20 @@ export function searchFiles (texts: Iterable<[string, string]>, query: string, l
   }
   return hits
 }
+
+/** The largest file the room's document takes (the server's own limit). */
+export const MAX_TEXT_BYTES = 1 << 20
+
+/** `bytes` as the text of a file for the document, or why it cannot be one: UTF-8, no NUL, at
+ *  most [`MAX_TEXT_BYTES`] (what the sandbox's file sync takes in too). */
+export function asText (bytes: Uint8Array): { ok: true, text: string } | { ok: false, reason: string } {
+  if (bytes.length > MAX_TEXT_BYTES) return { ok: false, reason: 'is larger than 1 MiB' }
+  let text: string
+  try {
+    text = new TextDecoder('utf-8', { fatal: true }).decode(bytes)
+  } catch {
+    return { ok: false, reason: 'is not UTF-8 text' }
+  }
+  if (text.includes('\u0000')) return { ok: false, reason: 'is not text (it holds NUL bytes)' }
+  return { ok: true, text }
+}

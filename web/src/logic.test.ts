@@ -202,3 +202,13 @@ describe('search across files', () => {
     expect(searchFiles(texts, 'x', 1)).toHaveLength(1)
   })
 })
+
+describe('uploads', () => {
+  it('take UTF-8 text up to 1 MiB and nothing else', async () => {
+    const { asText, MAX_TEXT_BYTES } = await import('./files')
+    expect(asText(new TextEncoder().encode('héllo\n'))).toEqual({ ok: true, text: 'héllo\n' })
+    expect(asText(new Uint8Array([0xff, 0xfe]))).toEqual({ ok: false, reason: 'is not UTF-8 text' })
+    expect(asText(new Uint8Array([65, 0, 66]))).toEqual({ ok: false, reason: 'is not text (it holds NUL bytes)' })
+    expect(asText(new Uint8Array(MAX_TEXT_BYTES + 1))).toEqual({ ok: false, reason: 'is larger than 1 MiB' })
+  })
+})

@@ -8,7 +8,7 @@ import { api, ApiError, wsUrl, type Capability, type Room } from '../api'
 import type { App } from '../main'
 import { abilities } from '../caps'
 import { DocConnection, closeMeaning } from '../conn'
-import { buildTree, checkPath, folderMoves, movedTo, quickMatches, searchFiles, type TreeNode } from '../files'
+import { asText, buildTree, checkPath, folderMoves, MAX_TEXT_BYTES, movedTo, quickMatches, searchFiles, type TreeNode } from '../files'
 import { action, errorText, h, notice, replace, toast } from '../dom'
 import { Editor } from './editor'
 import { SharedTerminal } from './terminal'
@@ -345,6 +345,36 @@ export function roomPage (app: App, id: string): () => void {
     tree.before(form)
     form.querySelector('input')?.focus()
   }
+  // Upload: text files from this computer become files of the room (under their own names;
+  // one that exists is left alone, never overwritten).
+  const uploadInput = h('input', { type: 'file', multiple: true, hidden: true, 'data-testid': 'upload-input' })
+  uploadInput.addEventListener('change', async () => {
+    const chosen = Array.from(uploadInput.files ?? [])
+    uploadInput.value = ''
+    for (const f of chosen) {
+      const path = checkPath(f.name)
+      if (!path.ok) { toast(`${f.name}: ${path.reason}`, 'error'); continue }
+      if (files.has(path.path)) { toast(`${path.path} already exists: rename it first, or the upload.`, 'error'); continue }
+      if (f.size > MAX_TEXT_BYTES) { toast(`${f.name} is larger than 1 MiB.`, 'error'); continue }
+      const read = asText(new Uint8Array(await f.arrayBuffer()))
+      if (!read.ok) { toast(`${f.name} ${read.reason}: only text files go into the room.`, 'error'); continue }
+      if (!caps.includes('edit') || ended) return
+      files.set(path.path, new Y.Text(read.text))
+      openFile(path.path)
+    }
+  })
+  layout.append(uploadInput)
+  /** Saves `path`'s text as a file on this computer. */
+  const download = (path: string): void => {
+    const t = files.get(path)
+    if (!(t instanceof Y.Text)) return
+    const url = URL.createObjectURL(new Blob([t.toString()], { type: 'text/plain;charset=utf-8' }))
+    const a = h('a', { href: url, download: path.split('/').pop() ?? path })
+    document.body.append(a)
+    a.click()
+    a.remove()
+    setTimeout(() => URL.revokeObjectURL(url), 10_000)
+  }
   const rename = (from: string): void => {
     tree.parentElement?.querySelector('.file-form')?.remove()
     const form = fileForm(`Rename ${from} to`, from, (to) => {
@@ -415,6 +445,7 @@ export function roomPage (app: App, id: string): () => void {
     return h('li', { role: 'treeitem', class: n.path === active ? 'active' : '' },
       h('button', { type: 'button', class: 'file', onclick: () => pick(n.path), 'data-path': n.path }, n.name),
       hereIn(n.path),
+      h('button', { type: 'button', class: 'icon', 'aria-label': `Download ${n.path}`, title: 'Download', 'data-testid': `download-${n.path}`, onclick: () => download(n.path) }, '⤓'),
       editable ? h('button', { type: 'button', class: 'icon', 'aria-label': `Rename ${n.path}`, title: 'Rename', onclick: () => rename(n.path) }, '✎') : null,
       editable ? del : null)
   }
@@ -422,7 +453,10 @@ export function roomPage (app: App, id: string): () => void {
     peerFiles = whoIsWhere()
     const nodes = buildTree(files.keys())
     replace(tree, nodes.length ? nodes.map(renderNode) : h('li', { class: 'hint' }, 'No files yet.'))
-    replace(treeTools, caps.includes('edit') && !ended ? action('New file', newFile, { 'data-testid': 'new-file', title: 'New file (Alt+N)' }) : null)
+    replace(treeTools, caps.includes('edit') && !ended
+      ? [action('New file', newFile, { 'data-testid': 'new-file', title: 'New file (Alt+N)' }),
+          action('Upload…', () => uploadInput.click(), { 'data-testid': 'upload', title: 'Add text files from this computer' })]
+      : null)
   }
   files.observe((e) => {
     // A rename (here or by anyone) deletes a path and adds the one it became in one change: an
