@@ -84,6 +84,9 @@ test('the split, the folded panel and the open tabs come back after a reload', {
   await page.locator('.tab.active', { hasText: 'b.md' }).waitFor()
   assert.equal(await page.getByTestId('quick-open').count(), 0, 'the dialog closed')
   assert.match(await page.locator('.cm-content').innerText(), /# b/)
+  // Markdown is highlighted once its mode has loaded (a chunk fetched on first use): the
+  // heading is drawn as a styled span, where plain text has none.
+  await page.locator('.cm-line span', { hasText: 'b' }).first().waitFor({ timeout: 10_000 })
   // Search across files: Ctrl+Shift+F, the text, Enter opens where it is.
   await page.keyboard.press('Control+Shift+F')
   await page.getByTestId('search-files').waitFor()

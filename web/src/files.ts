@@ -49,13 +49,24 @@ export function checkPath (raw: string): { ok: true, path: string } | { ok: fals
 }
 
 /** CodeMirror language for a file name. */
-export function languageOf (path: string): 'javascript' | 'typescript' | 'rust' | 'python' | 'plain' {
-  const ext = path.slice(path.lastIndexOf('.') + 1).toLowerCase()
-  if (['js', 'mjs', 'cjs', 'jsx', 'json'].includes(ext)) return 'javascript'
-  if (['ts', 'tsx', 'mts'].includes(ext)) return 'typescript'
-  if (ext === 'rs') return 'rust'
-  if (ext === 'py') return 'python'
-  return 'plain'
+/** The languages the editor highlights: the first four built in, the others loaded when a file
+ *  of theirs is first opened. */
+export type Language = 'javascript' | 'typescript' | 'rust' | 'python' | 'markdown' | 'json' | 'html' | 'css'
+  | 'cpp' | 'java' | 'go' | 'yaml' | 'shell' | 'toml' | 'plain'
+
+const BY_EXTENSION: Record<string, Language> = {
+  js: 'javascript', mjs: 'javascript', cjs: 'javascript', jsx: 'javascript',
+  ts: 'typescript', tsx: 'typescript', mts: 'typescript',
+  rs: 'rust', py: 'python', md: 'markdown', markdown: 'markdown', json: 'json',
+  html: 'html', htm: 'html', css: 'css',
+  c: 'cpp', h: 'cpp', cc: 'cpp', cpp: 'cpp', cxx: 'cpp', hpp: 'cpp', hh: 'cpp',
+  java: 'java', go: 'go', yml: 'yaml', yaml: 'yaml', sh: 'shell', bash: 'shell', toml: 'toml',
+}
+
+export function languageOf (path: string): Language {
+  const name = path.slice(path.lastIndexOf('/') + 1).toLowerCase()
+  if (!name.includes('.')) return 'plain'
+  return BY_EXTENSION[name.slice(name.lastIndexOf('.') + 1)] ?? 'plain'
 }
 
 /**

@@ -77,6 +77,8 @@ describe('files', () => {
   it('picks a language by extension', () => {
     expect(languageOf('src/main.rs')).toBe('rust')
     expect(languageOf('a.TS')).toBe('typescript')
+    expect(['notes/a.md', 'x.json', 'i.html', 's.css', 'm.c', 'm.hpp', 'A.java', 'main.go', 'c.yml', 'run.sh', 'coderoom.toml', 'LICENSE']
+      .map(languageOf)).toEqual(['markdown', 'json', 'html', 'css', 'cpp', 'cpp', 'java', 'go', 'yaml', 'shell', 'toml', 'plain'])
     expect(languageOf('Makefile')).toBe('plain')
   })
 })

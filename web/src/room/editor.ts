@@ -8,25 +8,45 @@ import { Compartment, EditorState, type Extension } from '@codemirror/state'
 import { EditorView, keymap, lineNumbers, highlightActiveLine, drawSelection, highlightActiveLineGutter } from '@codemirror/view'
 import { defaultKeymap, indentWithTab } from '@codemirror/commands'
 import { searchKeymap, highlightSelectionMatches } from '@codemirror/search'
-import { syntaxHighlighting, defaultHighlightStyle, indentOnInput, bracketMatching } from '@codemirror/language'
+import { syntaxHighlighting, defaultHighlightStyle, indentOnInput, bracketMatching, StreamLanguage } from '@codemirror/language'
 import { javascript } from '@codemirror/lang-javascript'
 import { rust } from '@codemirror/lang-rust'
 import { python } from '@codemirror/lang-python'
-import { languageOf } from '../files'
+import { languageOf, type Language } from '../files'
 
-function language (path: string): Extension {
-  switch (languageOf(path)) {
+/** The highlighting built into the bundle, if `lang` is one of those. */
+function builtIn (lang: Language): Extension | null {
+  switch (lang) {
     case 'javascript': return javascript()
     case 'typescript': return javascript({ typescript: true })
     case 'rust': return rust()
     case 'python': return python()
-    default: return []
+    case 'plain': return []
+    default: return null
+  }
+}
+
+/** The other languages, each a chunk of its own fetched the first time a file of it opens. */
+export async function loadLanguage (lang: Language): Promise<Extension> {
+  switch (lang) {
+    case 'markdown': return (await import('@codemirror/lang-markdown')).markdown()
+    case 'json': return (await import('@codemirror/lang-json')).json()
+    case 'html': return (await import('@codemirror/lang-html')).html()
+    case 'css': return (await import('@codemirror/lang-css')).css()
+    case 'cpp': return (await import('@codemirror/lang-cpp')).cpp()
+    case 'java': return (await import('@codemirror/lang-java')).java()
+    case 'go': return (await import('@codemirror/lang-go')).go()
+    case 'yaml': return (await import('@codemirror/lang-yaml')).yaml()
+    case 'shell': return StreamLanguage.define((await import('@codemirror/legacy-modes/mode/shell')).shell)
+    case 'toml': return StreamLanguage.define((await import('@codemirror/legacy-modes/mode/toml')).toml)
+    default: return builtIn(lang) ?? []
   }
 }
 
 export class Editor {
   private view: EditorView | null = null
   private readonly access = new Compartment()
+  private readonly syntax = new Compartment()
   /** Undo history per file, tied to the text it tracks (a file replaced by another client gets
    *  a fresh history). */
   private readonly undo = new Map<string, { text: Y.Text, undo: Y.UndoManager }>()
@@ -57,13 +77,20 @@ export class Editor {
         highlightSelectionMatches(),
         syntaxHighlighting(defaultHighlightStyle, { fallback: true }),
         keymap.of([...defaultKeymap, ...searchKeymap, indentWithTab]),
-        language(path),
+        this.syntax.of(builtIn(languageOf(path)) ?? []),
         this.access.of(this.accessExt()),
         yCollab(text, this.awareness, { undoManager: undo }),
         EditorView.contentAttributes.of({ 'aria-label': `Editor: ${path}` }),
       ],
     })
     this.view = new EditorView({ state, parent: this.parent })
+    const lang = languageOf(path)
+    if (builtIn(lang) === null) {
+      const view = this.view
+      loadLanguage(lang)
+        .then((ext) => { if (this.view === view) view.dispatch({ effects: this.syntax.reconfigure(ext) }) })
+        .catch(() => { /* offline, or the chunk is gone: the file stays plain text */ })
+    }
   }
 
   private accessExt (): Extension {
