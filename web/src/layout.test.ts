@@ -41,3 +41,17 @@ describe('tabs', () => {
     expect(loadTabs(s, 'r1', 'u1')).toEqual({ open: ['a'], active: null })
   })
 })
+
+describe('theme', () => {
+  it('is the person\'s choice, else the system\'s', async () => {
+    const { chosenTheme, themeFor } = await import('./theme')
+    const s = memory()
+    expect(chosenTheme(s)).toBeNull()
+    expect(themeFor(null, true)).toBe('dark')
+    expect(themeFor(null, false)).toBe('light')
+    s.setItem('coderoom:theme', 'light')
+    expect(themeFor(chosenTheme(s), true)).toBe('light')
+    s.setItem('coderoom:theme', 'purple')
+    expect(chosenTheme(s)).toBeNull()
+  })
+})

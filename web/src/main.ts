@@ -9,6 +9,7 @@ import { roomsPage } from './pages/rooms'
 import { invitePage } from './pages/invite'
 import { deletionPage } from './pages/deletion'
 import { adminPage } from './pages/admin'
+import { applyTheme, followSystem, toggleTheme } from './theme'
 
 export interface App {
   me: Me | null
@@ -41,12 +42,25 @@ function header (): HTMLElement {
     h('a', { href: '/', class: 'brand', onclick: link('/') }, 'Coderoom'),
     h('span', { id: 'room-title', class: 'room-title' }),
     h('span', { class: 'spacer' }),
+    themeButton(),
     me
       ? h('span', { class: 'who' },
         h('span', { class: 'me', 'data-testid': 'me' }, me.email, me.is_admin ? ' (admin)' : ''),
         me.is_admin ? h('a', { href: '/admin', class: 'admin-link', onclick: link('/admin'), 'data-testid': 'admin-link' }, 'Admin') : null,
         h('button', { type: 'button', class: 'link', onclick: logout }, 'Log out'))
       : null)
+}
+
+function themeButton (): HTMLElement {
+  const b = h('button', { type: 'button', class: 'small theme-toggle', 'data-testid': 'theme-toggle' })
+  const label = (): void => {
+    const dark = document.documentElement.dataset.theme === 'dark'
+    b.textContent = dark ? '☀ Light' : '☾ Dark'
+    b.setAttribute('aria-label', dark ? 'Switch to the light theme' : 'Switch to the dark theme')
+  }
+  b.addEventListener('click', () => { toggleTheme(); label() })
+  label()
+  return b
 }
 
 function link (path: string) {
@@ -113,4 +127,6 @@ async function render (): Promise<void> {
 }
 
 window.addEventListener('popstate', () => { void render() })
+applyTheme()
+followSystem()
 void render()
