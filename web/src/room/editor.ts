@@ -8,7 +8,8 @@ import { Compartment, EditorState, type Extension } from '@codemirror/state'
 import { EditorView, keymap, lineNumbers, highlightActiveLine, drawSelection, highlightActiveLineGutter } from '@codemirror/view'
 import { defaultKeymap, indentWithTab } from '@codemirror/commands'
 import { searchKeymap, highlightSelectionMatches } from '@codemirror/search'
-import { syntaxHighlighting, defaultHighlightStyle, indentOnInput, bracketMatching, StreamLanguage } from '@codemirror/language'
+import { syntaxHighlighting, indentOnInput, bracketMatching, StreamLanguage } from '@codemirror/language'
+import { classHighlighter } from '@lezer/highlight'
 import { javascript } from '@codemirror/lang-javascript'
 import { rust } from '@codemirror/lang-rust'
 import { python } from '@codemirror/lang-python'
@@ -75,7 +76,8 @@ export class Editor {
         indentOnInput(),
         bracketMatching(),
         highlightSelectionMatches(),
-        syntaxHighlighting(defaultHighlightStyle, { fallback: true }),
+        // Token classes (`tok-keyword`, ...) coloured by the page's stylesheet, per theme.
+        syntaxHighlighting(classHighlighter),
         keymap.of([...defaultKeymap, ...searchKeymap, indentWithTab]),
         this.syntax.of(builtIn(languageOf(path)) ?? []),
         this.access.of(this.accessExt()),

@@ -92,7 +92,7 @@ export function peoplePanel (el: HTMLElement, s: PeopleState, changed: () => Pro
     if (remove && armed()) disarmLater(remove)
     return h('li', { class: 'person', 'data-testid': `person-${p.email}` },
       h('div', { class: 'person-head' },
-        h('span', { class: `dot ${online ? 'on' : 'off'}`, title: online ? 'online' : 'offline', 'aria-label': online ? 'online' : 'offline' }),
+        h('span', { class: `dot ${online ? 'on' : 'off'}`, role: 'img', title: online ? 'online' : 'offline', 'aria-label': online ? 'online' : 'offline' }),
         h('strong', null, p.email), p.user_id === s.selfId ? h('span', { class: 'hint' }, ' (you)') : null,
         h('span', { class: 'role', 'data-testid': `role-label-${p.email}` }, p.role),
         typing ? h('span', { class: 'typing' }, 'typing in the terminal…') : null),
@@ -155,7 +155,7 @@ function agentRow (a: AgentInfo, s: PeopleState, changed: () => Promise<void>): 
   const mayEnd = a.sponsor === s.selfId || abilities(s.room.my_capabilities).revoke
   return h('li', { class: 'person agent', 'data-testid': `agent-${a.name}` },
     h('div', { class: 'person-head' },
-      h('span', { class: `dot ${online ? 'on' : 'off'}`, title: online ? 'working in the room' : 'idle', 'aria-label': online ? 'working in the room' : 'idle' }),
+      h('span', { class: `dot ${online ? 'on' : 'off'}`, role: 'img', title: online ? 'working in the room' : 'idle', 'aria-label': online ? 'working in the room' : 'idle' }),
       h('strong', null, a.name), h('span', { class: 'role' }, 'agent'),
       online ? h('span', { class: 'typing' }, 'editing…') : null),
     h('div', { class: 'hint' }, `brought in by ${a.sponsor_email || 'someone no longer here'}${a.approval_mode ? '; each command it runs waits for an approval' : ''}`),

@@ -81,7 +81,7 @@ export function roomPage (app: App, id: string): () => void {
   const pane = new PreviewPane(id, () => { if (panel === 'Previews') renderSide() })
   const tree = h('ul', { class: 'tree', role: 'tree', 'aria-label': 'Files' })
   const treeTools = h('div', { class: 'tree-tools' })
-  const tabs = h('div', { class: 'tabs', role: 'tablist', 'aria-label': 'Open files' })
+  const tabs = h('div', { class: 'tabs', role: 'toolbar', 'aria-label': 'Open files' })
   const editorEl = h('div', { class: 'editor', 'data-testid': 'editor' })
   const empty = h('div', { class: 'editor-empty hint' }, 'Open a file from the tree, or create one (Alt+N).')
   const termEl = h('section', { class: 'terminal', 'aria-label': 'Shared terminal' })
@@ -297,8 +297,10 @@ export function roomPage (app: App, id: string): () => void {
     peerFiles = whoIsWhere()
     empty.hidden = active !== null
     editorEl.hidden = active === null
-    replace(tabs, open.map((p) => h('div', { class: `tab ${p === active ? 'active' : ''}`, role: 'tab', 'aria-selected': p === active ? 'true' : 'false' },
-      h('button', { type: 'button', class: 'tab-name', onclick: () => pick(p), title: p }, p.split('/').pop()),
+    // Each tab holds two buttons (open, close), so it is a group, not an ARIA tab (which may
+    // not hold controls); the open file's button says it is the current one.
+    replace(tabs, open.map((p) => h('div', { class: `tab ${p === active ? 'active' : ''}`, role: 'group', 'aria-label': p },
+      h('button', { type: 'button', class: 'tab-name', onclick: () => pick(p), title: p, 'aria-current': p === active ? 'true' : null }, p.split('/').pop()),
       hereIn(p),
       h('button', { type: 'button', class: 'tab-x', onclick: () => closeTab(p), 'aria-label': `Close ${p}` }, '×'))))
   }

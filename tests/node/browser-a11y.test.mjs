@@ -1,0 +1,54 @@
+// Accessibility (issue 19's acceptance): axe-core, the engine behind most accessibility
+// checkers, run in real Chromium on the login page, the room list and the room (light and
+// dark): no serious or critical violation.
+
+import { test } from 'node:test'
+import assert from 'node:assert/strict'
+import { createRequire } from 'node:module'
+import { skipUnless, mintToken, openProvider, waitSynced, destroyAll, Y } from './lib/server.mjs'
+import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login } from './lib/browser.mjs'
+
+const skip = skipUnless(HAVE_CHROMIUM, 'CHROMIUM', `no Chromium at ${CHROMIUM} (apt-get install chromium, or set CODEROOM_CHROMIUM)`)
+const AXE = createRequire(import.meta.url).resolve('axe-core/axe.min.js')
+
+/** Serious and critical violations on the page as it is, one line each. */
+async function violations (page) {
+  await page.addScriptTag({ path: AXE })
+  const found = await page.evaluate(async () => {
+    // eslint-disable-next-line no-undef
+    const r = await axe.run(document, { resultTypes: ['violations'] })
+    return r.violations
+      .filter((v) => v.impact === 'serious' || v.impact === 'critical')
+      .map((v) => `${v.impact} ${v.id}: ${v.help} (${v.nodes.slice(0, 3).map((n) => n.target.join(' ')).join('; ')})`)
+  })
+  return found
+}
+
+test('no serious or critical accessibility violation on the login page, the room list and the room', { skip, timeout: 180_000 }, async (t) => {
+  const { defer, storage, server, browser } = await scene(t, [])
+  // axe is injected as a script: this context lets it past the page's CSP (script-src 'self').
+  const context = await browser.newContext({ viewport: { width: 1280, height: 800 }, baseURL: server.url, bypassCSP: true })
+  const page = await context.newPage()
+  const ana = { email: 'ana@example.com', context, page, foreign: [], errors: [] }
+  await page.goto('/login')
+  await page.getByLabel('Email').waitFor()
+  assert.deepEqual(await violations(page), [], 'login page')
+
+  await login(ana, storage.dataDir)
+  await page.getByRole('heading', { name: 'Your rooms' }).waitFor()
+  const roomId = await createRoomFromPage(ana, 'accessible')
+  await page.goto('/')
+  await page.getByTestId('room-accessible').waitFor()
+  assert.deepEqual(await violations(page), [], 'room list')
+
+  const c = openProvider(server, roomId, await mintToken(storage, 'ana@example.com'))
+  defer(() => destroyAll([c]))
+  await waitSynced(c.provider)
+  c.doc.getMap('files').set('main.py', new Y.Text('print("hi")\n'))
+  await page.goto(`/rooms/${roomId}`)
+  await page.getByTestId('terminal-status').filter({ hasText: 'Connected' }).waitFor({ timeout: 30_000 })
+  await page.getByText('main.py', { exact: true }).first().click()
+  assert.deepEqual(await violations(page), [], 'room (light)')
+  await page.getByTestId('theme-toggle').click()
+  assert.deepEqual(await violations(page), [], 'room (dark)')
+})
