@@ -5,7 +5,7 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { skipUnless, waitFor, mintToken, api, createRoom, joinByInvite } from './lib/server.mjs'
-import { HAVE_CHROMIUM, CHROMIUM, scene, login, shot } from './lib/browser.mjs'
+import { HAVE_CHROMIUM, CHROMIUM, scene, login, shot, shotsAll } from './lib/browser.mjs'
 
 const skip = skipUnless(HAVE_CHROMIUM, 'CHROMIUM', `no Chromium at ${CHROMIUM} (apt-get install chromium, or set CODEROOM_CHROMIUM)`)
 
@@ -62,7 +62,7 @@ test('an admin revokes an account everywhere and confirms a deletion from the li
   assert.match(await row.innerText(), /second[\s\S]*Asked by ana@example\.com/)
   await row.getByTestId(`confirm-${asked.body.deletion_id}`).click()
   await row.filter({ hasText: 'deleted' }).waitFor({ timeout: 30_000 })
-  await shot(root.page, '45-admin-deletions')
+  await shotsAll(root.page, '45-admin-deletions')
   await row.getByRole('link', { name: 'Receipt' }).click()
   await root.page.getByTestId('receipt').waitFor()
   assert.equal((await api(server, ana, 'GET', `/api/rooms/${rooms[1]}`)).status, 404)

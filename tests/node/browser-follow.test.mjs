@@ -5,7 +5,7 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { skipUnless, waitFor, mintToken, openProvider, waitSynced, destroyAll, joinByInvite, Y } from './lib/server.mjs'
-import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login, shot } from './lib/browser.mjs'
+import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login, shot, shotsAll } from './lib/browser.mjs'
 
 const skip = skipUnless(HAVE_CHROMIUM, 'CHROMIUM', `no Chromium at ${CHROMIUM} (apt-get install chromium, or set CODEROOM_CHROMIUM)`)
 
@@ -47,7 +47,7 @@ test('following someone keeps your view on theirs until you type or press Esc', 
   await ben.page.getByTestId('following').filter({ hasText: 'Following ana@example.com' }).waitFor()
   await ben.page.locator('.tab.active', { hasText: 'long.txt' }).waitFor()
   await shown(300)
-  await shot(ben.page, '43-following')
+  await shotsAll(ben.page, '43-following')
   // Across files: she opens b.md, so does his view.
   await ana.page.getByText('b.md', { exact: true }).first().click()
   await ben.page.locator('.tab.active', { hasText: 'b.md' }).waitFor()

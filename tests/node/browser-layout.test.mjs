@@ -6,7 +6,7 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { skipUnless, waitFor, mintToken, openProvider, waitSynced, destroyAll, Y } from './lib/server.mjs'
-import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login, shot, terminalText } from './lib/browser.mjs'
+import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login, shot, shotsAll, terminalText } from './lib/browser.mjs'
 
 const skip = skipUnless(HAVE_CHROMIUM, 'CHROMIUM', `no Chromium at ${CHROMIUM} (apt-get install chromium, or set CODEROOM_CHROMIUM)`)
 
@@ -63,7 +63,7 @@ test('the split, the folded panel and the open tabs come back after a reload', {
   await page.getByTestId('side-toggle').click()
   await page.locator('.side-body').waitFor({ state: 'hidden' })
   assert.equal(await page.getByTestId('side-toggle').getAttribute('aria-expanded'), 'false')
-  await shot(page, '42-layout-split-folded')
+  await shotsAll(page, '42-layout-split-folded')
 
   // After a reload: the same terminal height, the panel still folded, the same tabs.
   await page.reload()

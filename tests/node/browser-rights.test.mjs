@@ -6,7 +6,7 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { skipUnless, mintToken, api, joinByInvite } from './lib/server.mjs'
-import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login, shot } from './lib/browser.mjs'
+import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login, shot, shotsAll } from './lib/browser.mjs'
 
 const skip = skipUnless(HAVE_CHROMIUM, 'CHROMIUM', `no Chromium at ${CHROMIUM} (apt-get install chromium, or set CODEROOM_CHROMIUM)`)
 
@@ -27,7 +27,7 @@ test('a rights change is told to the person it changes, naming who made it', { s
   await notice.filter({ hasText: 'ana@example.com made you a viewer: you can watch, but not edit or type.' }).waitFor({ timeout: 10_000 }).catch(async (e) => { throw new Error(`${e.message}: toasts: ${await ben.page.locator('#toasts').innerText().catch(() => 'none')}; ana: ${await ana.page.locator('#toasts').innerText().catch(() => 'none')}`) })
   assert.equal(await ben.page.locator('#toasts').getAttribute('aria-live'), 'polite', 'read out by screen readers')
   await ben.page.locator('.room.viewer').waitFor()
-  await shot(ben.page, '46-rights-notice')
+  await shotsAll(ben.page, '46-rights-notice')
 
   // Back to editor: told again, and the editor takes keys again.
   await ana.page.getByTestId('role-ben@example.com').selectOption('editor')

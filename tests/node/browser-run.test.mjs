@@ -6,7 +6,7 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { skipUnless, waitFor, mintToken, api, openProvider, waitSynced, destroyAll, serverFiles, Y } from './lib/server.mjs'
-import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login, shot, terminalText } from './lib/browser.mjs'
+import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login, shot, shotsAll, terminalText } from './lib/browser.mjs'
 
 const skip = skipUnless(HAVE_CHROMIUM, 'CHROMIUM', `no Chromium at ${CHROMIUM} (apt-get install chromium, or set CODEROOM_CHROMIUM)`)
 
@@ -49,7 +49,7 @@ test('Run types the room\'s command into the shared terminal, Stop interrupts it
   await page.getByTestId('run-command').filter({ hasText: 'sleep 30; echo not-interrupted' }).waitFor()
   await waitFor(async () => c.doc.getMap('files').get('coderoom.toml')?.toString() === 'run = "sleep 30; echo not-interrupted"\n',
     10_000, 'coderoom.toml did not reach another client')
-  await shot(page, '40-run-command')
+  await shotsAll(page, '40-run-command')
 
   // Run, then Stop: Ctrl-C ends the whole line, so the next command runs at once and the
   // rest of the interrupted line never does.

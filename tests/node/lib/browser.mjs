@@ -89,6 +89,25 @@ export async function shot (page, name) {
   return path
 }
 
+/**
+ * `name` as it looks light and dark, 1280 and 420 px wide (`NAME.png` as the page is, then
+ * `NAME-dark`, `NAME-dark-420`, `NAME-420`); the page gets its theme and size back after.
+ */
+export async function shotsAll (page, name) {
+  const size = page.viewportSize()
+  const theme = await page.evaluate(() => document.documentElement.dataset.theme ?? 'light')
+  const setTheme = (t) => page.evaluate((t) => { document.documentElement.dataset.theme = t }, t)
+  await shot(page, name)
+  await setTheme('dark')
+  await shot(page, `${name}-dark`)
+  await page.setViewportSize({ width: 420, height: size.height })
+  await shot(page, `${name}-dark-420`)
+  await setTheme('light')
+  await shot(page, `${name}-420`)
+  await page.setViewportSize(size)
+  await setTheme(theme)
+}
+
 /** Text of the open editor (CodeMirror's document, line by line). */
 export async function editorText (page) {
   return page.locator('.cm-content').evaluate((el) =>
