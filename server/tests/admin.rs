@@ -98,6 +98,17 @@ async fn revoking_closes_everything_on(backend: &Backend) {
         )
         .await;
     assert_eq!(recorded, 1);
+    // The console reads the system chain (only admins).
+    assert_eq!(get(server, &t.ana, "/api/admin/audit").await.0, 403);
+    let (status, chain) = get(server, &root, "/api/admin/audit").await;
+    assert_eq!(status, 200, "{chain}");
+    let revoked = chain
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["action"] == "revoke_user")
+        .expect("the revocation is in the system chain");
+    assert_eq!(revoked["actor_email"], "root@example.com", "{revoked}");
     // Each room's chain has its removal, by the admin.
     let log = audit(server, &t.ana, &other).await;
     assert!(log

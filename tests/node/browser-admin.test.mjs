@@ -63,6 +63,9 @@ test('an admin revokes an account everywhere and confirms a deletion from the li
   await row.getByTestId(`confirm-${asked.body.deletion_id}`).click()
   await row.filter({ hasText: 'deleted' }).waitFor({ timeout: 30_000 })
   await shotsAll(root.page, '45-admin-deletions')
+  // The system chain, verified in the browser, says who revoked whom.
+  await root.page.getByTestId('admin-chain').filter({ hasText: 'Chain verified in this browser' }).waitFor()
+  await root.page.locator('.audit-sentence', { hasText: 'root@example.com revoked ben@example.com everywhere: removed from 2 room(s)' }).waitFor()
   await row.getByRole('link', { name: 'Receipt' }).click()
   await root.page.getByTestId('receipt').waitFor()
   assert.equal((await api(server, ana, 'GET', `/api/rooms/${rooms[1]}`)).status, 404)

@@ -334,6 +334,7 @@ export const api = {
   adminUsers: (q: string) => call<AdminUser[]>('GET', `/api/admin/users?q=${encodeURIComponent(q)}`),
   revokeUser: (id: string) => call<{ user_id: string, email: string, rooms: string[], sessions: number }>('POST', `/api/admin/users/${id}/revoke`),
   adminDeletions: () => call<AdminDeletion[]>('GET', '/api/admin/deletions'),
+  adminAudit: () => call<AuditRecord[]>('GET', '/api/admin/audit'),
   confirmDeletion: (id: string) => call<Deletion>('POST', `/api/deletions/${id}/confirm`),
 }
 

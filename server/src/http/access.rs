@@ -474,7 +474,15 @@ pub(crate) async fn room_audit(
     if !allowed || app.store.room(&room_id).await?.is_none() {
         return Err(ApiError::NotFound);
     }
-    let records = app.store.audit_records(&room_id).await?;
+    Ok(Json(chain_entries(&app, &room_id).await?))
+}
+
+/// Every record of audit chain `chain` (a room's id, or `system`), as the API gives them.
+pub(crate) async fn chain_entries(
+    app: &AppState,
+    chain: &str,
+) -> Result<Vec<AuditEntry>, ApiError> {
+    let records = app.store.audit_records(chain).await?;
     // People by email, a removed one too (the log outlives their participation).
     let mut emails: std::collections::HashMap<String, Option<String>> = Default::default();
     let mut entries = Vec::with_capacity(records.len());
@@ -509,7 +517,7 @@ pub(crate) async fn room_audit(
             hash: r.hash,
         });
     }
-    Ok(Json(entries))
+    Ok(entries)
 }
 
 /// `POST /api/rooms/{id}/invites`: the link, shown once.

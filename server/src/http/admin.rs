@@ -26,6 +26,19 @@ pub(crate) fn routes() -> Router<AppState> {
         .route("/api/admin/users", get(users))
         .route("/api/admin/users/{id}/revoke", post(revoke))
         .route("/api/admin/deletions", get(deletions))
+        .route("/api/admin/audit", get(system_audit))
+}
+
+/// `GET /api/admin/audit`: the system chain (logins' anchors, revocations, deletions'
+/// confirmations), in the shape of a room's `GET .../audit`, for the console to verify.
+pub(crate) async fn system_audit(
+    State(app): State<AppState>,
+    user: AuthUser,
+) -> Result<Json<Vec<crate::http::access::AuditEntry>>, ApiError> {
+    admin_only(&app, &user)?;
+    Ok(Json(
+        crate::http::access::chain_entries(&app, "system").await?,
+    ))
 }
 
 fn admin_only(app: &AppState, user: &AuthUser) -> Result<(), ApiError> {

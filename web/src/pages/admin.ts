@@ -2,6 +2,8 @@
 // deletions owners asked for, and read the receipts of those done.
 
 import { api, type AdminDeletion, type AdminUser } from '../api'
+import { verifyChain } from '../audit'
+import { auditSentence } from '../auditText'
 import type { App } from '../main'
 import { errorText, h, replace, toast, when } from '../dom'
 
@@ -17,10 +19,12 @@ export function adminPage (app: App): () => void {
   const search = h('input', { type: 'search', placeholder: 'Search by email', 'aria-label': 'Search accounts by email', 'data-testid': 'admin-search' })
   const users = h('div', { 'data-testid': 'admin-users' }, 'Loading…')
   const deletions = h('div', { 'data-testid': 'admin-deletions' }, 'Loading…')
+  const chain = h('div', { 'data-testid': 'admin-audit' }, 'Loading…')
   replace(app.main, h('section', { class: 'card stack admin' },
     h('h1', null, 'Admin'),
     h('h2', null, 'Accounts'), search, users,
-    h('h2', null, 'Room deletions'), deletions))
+    h('h2', null, 'Room deletions'), deletions,
+    h('h2', null, 'System audit chain'), chain))
 
   let disposed = false
   let seq = 0
@@ -98,9 +102,28 @@ export function adminPage (app: App): () => void {
         h('div', { class: 'row' }, confirm, h('a', { href: `/deletions/${d.id}`, onclick: (e: Event) => { e.preventDefault(); app.go(`/deletions/${d.id}`) } }, pending ? 'Details' : 'Receipt')))
     })))
   }
+  // The system chain, verified here record by record (the server's word is not taken for it).
+  const loadChain = async (): Promise<void> => {
+    try {
+      const records = await api.adminAudit()
+      if (disposed) return
+      const verdict = verifyChain('system', records)
+      const shown = records.slice(-50).reverse()
+      replace(chain,
+        verdict.ok
+          ? h('p', { class: 'chain ok', 'data-testid': 'admin-chain' }, `✔ Chain verified in this browser: ${verdict.count} records, each hash checked`)
+          : h('p', { class: 'chain broken', 'data-testid': 'admin-chain', role: 'alert' }, `✘ Chain broken at record #${verdict.seq}: ${verdict.problem}`),
+        h('ol', { class: 'audit', reversed: true }, shown.map((r) => h('li', { class: `audit-record ${r.decision}` },
+          h('div', { class: 'audit-sentence' }, auditSentence(r, (id) => id)),
+          h('div', { class: 'audit-head hint' }, `#${r.seq} · ${when(r.at)}`)))))
+    } catch (e) {
+      if (!disposed) replace(chain, h('p', { class: 'error', role: 'alert' }, errorText(e)))
+    }
+  }
   let timer: ReturnType<typeof setTimeout> | undefined
   search.addEventListener('input', () => { clearTimeout(timer); timer = setTimeout(() => { void loadUsers() }, 250) })
   void loadUsers()
   void loadDeletions()
+  void loadChain()
   return () => { disposed = true; clearTimeout(timer) }
 }
