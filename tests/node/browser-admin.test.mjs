@@ -37,7 +37,7 @@ test('an admin revokes an account everywhere and confirms a deletion from the li
   await root.page.getByTestId('account-root@example.com').waitFor({ state: 'detached' })
   const account = root.page.getByTestId('account-ben@example.com')
   await account.filter({ hasText: 'In first (editor), second (editor).' }).waitFor()
-  await shot(root.page, '44-admin-accounts')
+  await shotsAll(root.page, '44-admin-accounts')
 
   // Revoke, confirmed by a second click: both of his rooms close on his screens.
   const closesBefore = await metric(server, 'coderoom_access_close_seconds_count')
