@@ -51,6 +51,11 @@ function header (): HTMLElement {
       : null)
 }
 
+/** Labels the header's current theme button (the header is drawn anew with each page). */
+let relabelTheme: (() => void) | null = null
+// The label follows the theme however it changes (a click, the system's setting).
+new MutationObserver(() => relabelTheme?.()).observe(document.documentElement, { attributes: true, attributeFilter: ['data-theme'] })
+
 function themeButton (): HTMLElement {
   const b = h('button', { type: 'button', class: 'small theme-toggle', 'data-testid': 'theme-toggle' })
   const label = (): void => {
@@ -58,7 +63,8 @@ function themeButton (): HTMLElement {
     b.textContent = dark ? '☀ Light' : '☾ Dark'
     b.setAttribute('aria-label', dark ? 'Switch to the light theme' : 'Switch to the dark theme')
   }
-  b.addEventListener('click', () => { toggleTheme(); label() })
+  b.addEventListener('click', () => { toggleTheme() })
+  relabelTheme = label
   label()
   return b
 }
