@@ -564,15 +564,6 @@ async fn serve(opened: Opened) -> std::io::Result<()> {
         let (mut out_open, mut bulk_open) = (true, true);
         let mut since_bulk = 0usize;
         while out_open || bulk_open {
-            // The answer to `Quiesce` is the last frame until `Resumed`: the VM may be saved
-            // right after it, and a frame begun then would reach the next host cut.
-            if let Ok(last) = quiet_rx.try_recv() {
-                if wr.write_all(&last).await.is_err() {
-                    break;
-                }
-                go_on.notified().await;
-                continue;
-            }
             // A bulk frame that waited while a share of other frames went out goes next.
             let owed = if since_bulk >= BULK_SHARE {
                 bulk_rx.try_recv().ok()
@@ -583,6 +574,9 @@ async fn serve(opened: Opened) -> std::io::Result<()> {
                 Some(f) => (f, true),
                 None => tokio::select! {
                     biased;
+                    // The answer to `Quiesce` is the last frame until `Resumed`: the VM may be
+                    // saved right after it, and a frame begun then would reach the next host
+                    // cut. (Frames written before it, an owed bulk one too, are whole.)
                     f = quiet_rx.recv() => {
                         if let Some(last) = f {
                             if wr.write_all(&last).await.is_err() {

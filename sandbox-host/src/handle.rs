@@ -142,8 +142,6 @@ pub struct Resumed {
     pub from: Keep,
     /// The tag the sandbox was parked with (the control plane's snapshot name).
     pub tag: String,
-    /// A terminal opened before the park is still open.
-    pub pty_open: bool,
 }
 
 /// Why [`Sandbox::park`] did not keep the sandbox. The sandbox may still run: the caller

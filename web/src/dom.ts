@@ -65,6 +65,33 @@ function toastBox (): HTMLElement {
   return box
 }
 
+/** A button that does something that cannot be undone: the first click turns its text into
+ *  `confirming` for 5 s, a second click within them runs `act` (the button disabled while it
+ *  runs, enabled again when `act` throws, which `act` reports itself). */
+export function confirmButton (label: string, confirming: string, act: () => Promise<void>, attrs: Record<string, unknown> = {}): HTMLButtonElement {
+  const b = h('button', { type: 'button', ...attrs }, label)
+  let armedUntil = 0
+  b.addEventListener('click', async () => {
+    if (armedUntil < Date.now()) {
+      armedUntil = Date.now() + CONFIRM_MS
+      b.textContent = confirming
+      setTimeout(() => { b.textContent = label }, CONFIRM_MS)
+      return
+    }
+    armedUntil = 0
+    b.disabled = true
+    try {
+      await act()
+    } catch {
+      b.disabled = false
+    }
+  })
+  return b
+}
+
+/** How long a confirming button waits for its second click. */
+const CONFIRM_MS = 5000
+
 export function errorText (e: unknown): string {
   return e instanceof Error ? e.message : String(e)
 }

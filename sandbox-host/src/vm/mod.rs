@@ -45,6 +45,8 @@ const READY_TCG: Duration = Duration::from_secs(90);
 const MIN_DISK: u64 = 64 << 20;
 /// A saved machine's memory and devices, in a VM's directory and in what a park keeps.
 const MEMORY_FILE: &str = "memory.bin";
+/// A VM's workspace disk, in its directory and in what a park keeps.
+const DISK_FILE: &str = "workspace.img";
 /// The record of what a park kept; written last, so a directory without it holds nothing.
 const KEPT_RECORD: &str = "kept.json";
 /// Time to save a guest's memory (one pass over its RAM, written to the host's disk).
@@ -318,7 +320,6 @@ impl Microvm {
                     started.0.set_resumed(crate::Resumed {
                         from,
                         tag: kept.record.tag.clone(),
-                        pty_open: started.0.resumed().is_some_and(|r| r.pty_open),
                     });
                     return Ok(started);
                 }
@@ -391,7 +392,7 @@ impl Microvm {
         let vm = Instance {
             name: name.to_owned(),
             limits: limits.clone(),
-            disk: dir.join("workspace.img"),
+            disk: dir.join(DISK_FILE),
             dir,
             uid,
             lock,
@@ -583,17 +584,13 @@ impl Microvm {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
                 .unwrap_or(0);
+            // (A terminal open before the save is open still; the control plane finds it so
+            // when it opens one.)
             match sandbox
                 .call(crate::proto::Op::Resumed { now_ms }, within)
                 .await
             {
-                Ok(crate::proto::Reply::Resumed { pty_open }) => {
-                    sandbox.set_resumed(crate::Resumed {
-                        from: crate::Keep::Memory,
-                        tag: String::new(),
-                        pty_open,
-                    })
-                }
+                Ok(crate::proto::Reply::Resumed { .. }) => {}
                 other => {
                     sandbox.kill();
                     let _ = sandbox.ended().await;
@@ -935,7 +932,7 @@ impl Console {
 fn make_disk(dir: &Path, bytes: u64, uid: Option<u32>) -> Result<std::fs::File, StartError> {
     use std::os::unix::fs::OpenOptionsExt as _;
     let lock = vm_dir(dir)?;
-    let disk = dir.join("workspace.img");
+    let disk = dir.join(DISK_FILE);
     let f = std::fs::OpenOptions::new()
         .create_new(true)
         .write(true)
@@ -1006,11 +1003,16 @@ pub(crate) struct Kept {
 
 impl Kept {
     fn keep(&self) -> crate::Keep {
-        if self.record.memory {
-            crate::Keep::Memory
-        } else {
-            crate::Keep::Disk
-        }
+        keep_of(self.record.memory)
+    }
+}
+
+/// What was kept, by whether the memory was.
+fn keep_of(memory: bool) -> crate::Keep {
+    if memory {
+        crate::Keep::Memory
+    } else {
+        crate::Keep::Disk
     }
 }
 
@@ -1032,7 +1034,7 @@ fn take_kept(state_dir: &Path, name: &str, tag: Option<&str>, fits: &Fingerprint
     let usable = record.filter(|r| {
         Some(r.tag.as_str()) == tag
             && r.fingerprint.disk_bytes == fits.disk_bytes
-            && dir.join("workspace.img").is_file()
+            && dir.join(DISK_FILE).is_file()
     });
     let Some(mut record) = usable else {
         let _ = std::fs::remove_dir_all(&dir);
@@ -1051,8 +1053,8 @@ fn take_kept(state_dir: &Path, name: &str, tag: Option<&str>, fits: &Fingerprint
 /// to the VMM's uid. Returns the directory's lock, as [`make_disk`].
 fn adopt_kept(dir: &Path, kept: &Kept, uid: Option<u32>) -> Result<std::fs::File, StartError> {
     let lock = vm_dir(dir)?;
-    let disk = dir.join("workspace.img");
-    std::fs::rename(kept.dir.join("workspace.img"), &disk).map_err(StartError::Host)?;
+    let disk = dir.join(DISK_FILE);
+    std::fs::rename(kept.dir.join(DISK_FILE), &disk).map_err(StartError::Host)?;
     if kept.record.memory {
         std::fs::rename(kept.dir.join(MEMORY_FILE), dir.join(MEMORY_FILE))
             .map_err(StartError::Host)?;
@@ -1084,9 +1086,8 @@ fn keep_files(
         .mode(0o700)
         .create(to)
         .map_err(|e| fail("cannot make the kept directory", e))?;
-    let disk = to.join("workspace.img");
-    std::fs::rename(dir.join("workspace.img"), &disk)
-        .map_err(|e| fail("cannot keep the disk", e))?;
+    let disk = to.join(DISK_FILE);
+    std::fs::rename(dir.join(DISK_FILE), &disk).map_err(|e| fail("cannot keep the disk", e))?;
     std::fs::File::open(&disk)
         .and_then(|f| f.sync_all())
         .map_err(|e| fail("cannot sync the disk", e))?;
@@ -1107,14 +1108,7 @@ fn keep_files(
     };
     let json = serde_json::to_vec(&record).map_err(|e| e.to_string())?;
     write_durably(to, KEPT_RECORD, &json).map_err(|e| fail("cannot record what was kept", e))?;
-    Ok((
-        if memory {
-            crate::Keep::Memory
-        } else {
-            crate::Keep::Disk
-        },
-        bytes,
-    ))
+    Ok((keep_of(memory), bytes))
 }
 
 /// Writes `dir/name` whole or not at all, and durably: a temporary file, synced, renamed,
@@ -1460,7 +1454,7 @@ mod tests {
         }
         remove_orphans(dir.path());
         assert!(
-            live.join("workspace.img").exists(),
+            live.join(DISK_FILE).exists(),
             "a VM that runs keeps its disk"
         );
         assert!(!orphan.exists(), "a VM nobody holds loses its disk");
@@ -1565,7 +1559,7 @@ mod tests {
         let kept = take_kept(state, "room6", Some("t"), &fingerprint()).expect("kept");
         let vm = state.join("room6-2-1");
         drop(adopt_kept(&vm, &kept, None).expect("adopted"));
-        assert!(vm.join("workspace.img").is_file() && vm.join(MEMORY_FILE).is_file());
+        assert!(vm.join(DISK_FILE).is_file() && vm.join(MEMORY_FILE).is_file());
         assert!(!kept_dir(state, "room6").exists());
         park(state, "room7", "t", false);
         assert_eq!(remove_disks(state, "room7"), 1);

@@ -257,9 +257,7 @@ impl Qmp {
 
     /// The machine's run state (`running`, `paused`, `shutdown`, ...).
     pub(super) async fn status(&mut self, within: Duration) -> Result<String, QmpError> {
-        let r = tokio::time::timeout(within, self.execute("query-status", Value::Null))
-            .await
-            .map_err(|_| QmpError::Io(std::io::ErrorKind::TimedOut.into()))??;
+        let r = bounded(within, self.execute("query-status", Value::Null)).await?;
         Ok(r["status"].as_str().unwrap_or("unknown").to_owned())
     }
 
@@ -292,9 +290,7 @@ impl Qmp {
                 }
             }
         };
-        tokio::time::timeout(within, work)
-            .await
-            .map_err(|_| QmpError::Io(std::io::ErrorKind::TimedOut.into()))?
+        bounded(within, work).await
     }
 
     /// Waits for an incoming migration (`-incoming`) to finish loading, then lets the guest
@@ -318,18 +314,25 @@ impl Qmp {
                 }
             }
         };
-        tokio::time::timeout(within, work)
-            .await
-            .map_err(|_| QmpError::Io(std::io::ErrorKind::TimedOut.into()))?
+        bounded(within, work).await
     }
 
     /// Asks QEMU to exit now (the guest's disk is written through; nothing else is kept).
     pub(super) async fn quit(&mut self, within: Duration) -> Result<(), QmpError> {
-        tokio::time::timeout(within, self.execute("quit", Value::Null))
+        bounded(within, self.execute("quit", Value::Null))
             .await
-            .map_err(|_| QmpError::Io(std::io::ErrorKind::TimedOut.into()))?
             .map(|_| ())
     }
+}
+
+/// `work`'s outcome, or a timeout after `within`.
+async fn bounded<T>(
+    within: Duration,
+    work: impl std::future::Future<Output = Result<T, QmpError>>,
+) -> Result<T, QmpError> {
+    tokio::time::timeout(within, work)
+        .await
+        .map_err(|_| QmpError::Io(std::io::ErrorKind::TimedOut.into()))?
 }
 
 /// One QMP command as the line sent.

@@ -84,25 +84,26 @@ pub(crate) async fn users(
     if query.q.chars().count() > MAX_QUERY {
         return Err(ApiError::BadRequest("the search is too long"));
     }
-    let rows = app.store.users_matching(query.q.trim(), MAX_USERS).await?;
-    let mut out = Vec::with_capacity(rows.len());
-    for r in rows {
-        let rooms = app
-            .store
-            .memberships_of(&r.id)
-            .await?
-            .into_iter()
-            .map(|(id, name, role)| Membership { id, name, role })
-            .collect();
-        out.push(AdminUser {
-            id: r.id,
-            email: r.email,
-            created_at: r.created_at,
-            last_login: r.last_login,
-            rooms,
-        });
+    let q = query.q.trim();
+    let rows = app.store.users_matching(q, MAX_USERS).await?;
+    let mut rooms: std::collections::HashMap<String, Vec<Membership>> = Default::default();
+    for (user, id, name, role) in app.store.memberships_matching(q).await? {
+        rooms
+            .entry(user)
+            .or_default()
+            .push(Membership { id, name, role });
     }
-    Ok(Json(out))
+    Ok(Json(
+        rows.into_iter()
+            .map(|r| AdminUser {
+                rooms: rooms.remove(&r.id).unwrap_or_default(),
+                id: r.id,
+                email: r.email,
+                created_at: r.created_at,
+                last_login: r.last_login,
+            })
+            .collect(),
+    ))
 }
 
 #[derive(Serialize)]
@@ -198,20 +199,19 @@ pub(crate) async fn deletions(
 ) -> Result<Json<Vec<AdminDeletion>>, ApiError> {
     admin_only(&app, &user)?;
     let rows = app.store.deletions_listed(MAX_DELETIONS).await?;
-    let mut out = Vec::with_capacity(rows.len());
-    for d in rows {
-        let requested_by_email = app.store.user_email(&d.requested_by).await?;
-        out.push(AdminDeletion {
-            id: d.id,
-            room_id: d.room_id,
-            room_name: d.room_name,
-            state: d.state,
-            requested_by: d.requested_by,
-            requested_by_email,
-            requested_at: d.requested_at,
-            confirmed_by: d.confirmed_by,
-            confirmed_at: d.confirmed_at,
-        });
-    }
-    Ok(Json(out))
+    Ok(Json(
+        rows.into_iter()
+            .map(|d| AdminDeletion {
+                id: d.id,
+                room_id: d.room_id,
+                room_name: d.room_name,
+                state: d.state,
+                requested_by: d.requested_by,
+                requested_by_email: d.requested_by_email,
+                requested_at: d.requested_at,
+                confirmed_by: d.confirmed_by,
+                confirmed_at: d.confirmed_at,
+            })
+            .collect(),
+    ))
 }

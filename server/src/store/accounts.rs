@@ -114,20 +114,29 @@ impl Store {
         q: &str,
         limit: i64,
     ) -> Result<Vec<AdminUserRow>, StoreError> {
-        let pattern = format!(
-            "%{}%",
-            q.to_lowercase()
-                .replace('\\', "\\\\")
-                .replace('%', "\\%")
-                .replace('_', "\\_")
-        );
         Ok(sqlx::query_as::<_, AdminUserRow>(
             "SELECT u.id, u.email, u.created_at, \
              (SELECT MAX(s.created_at) FROM sessions s WHERE s.user_id = u.id) AS last_login \
              FROM users u WHERE LOWER(u.email) LIKE $1 ESCAPE '\\' ORDER BY u.email LIMIT $2",
         )
-        .bind(pattern)
+        .bind(contains_pattern(q))
         .bind(limit)
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
+    /// The rooms of every account whose email contains `q` (as [`Store::users_matching`]):
+    /// (user id, room id, room name, role), oldest room first. One query for the whole list.
+    pub(crate) async fn memberships_matching(
+        &self,
+        q: &str,
+    ) -> Result<Vec<(String, String, String, String)>, StoreError> {
+        Ok(sqlx::query_as::<_, (String, String, String, String)>(
+            "SELECT p.user_id, r.id, r.name, p.role FROM participants p \
+             JOIN rooms r ON r.id = p.room_id JOIN users u ON u.id = p.user_id \
+             WHERE LOWER(u.email) LIKE $1 ESCAPE '\\' ORDER BY r.created_at, r.id",
+        )
+        .bind(contains_pattern(q))
         .fetch_all(&self.pool)
         .await?)
     }
@@ -282,4 +291,14 @@ impl Store {
         .await?;
         Ok(())
     }
+}
+
+/// A LIKE pattern for emails containing `q`, any case, its `%`, `_` and `\\` taken literally.
+fn contains_pattern(q: &str) -> String {
+    let q = q
+        .to_lowercase()
+        .replace('\\', "\\\\")
+        .replace('%', "\\%")
+        .replace('_', "\\_");
+    format!("%{q}%")
 }

@@ -19,6 +19,7 @@ pub(crate) struct ListedDeletion {
     pub room_name: Option<String>,
     pub state: String,
     pub requested_by: String,
+    pub requested_by_email: Option<String>,
     pub requested_at: i64,
     pub confirmed_by: Option<String>,
     pub confirmed_at: Option<i64>,
@@ -55,8 +56,10 @@ impl Store {
         limit: i64,
     ) -> Result<Vec<ListedDeletion>, StoreError> {
         Ok(sqlx::query_as::<_, ListedDeletion>(
-            "SELECT d.id, d.room_id, COALESCE(r.name, d.room_name) AS room_name, d.state, d.requested_by, d.requested_at, \
-             d.confirmed_by, d.confirmed_at FROM deletions d LEFT JOIN rooms r ON r.id = d.room_id \
+            "SELECT d.id, d.room_id, COALESCE(r.name, d.room_name) AS room_name, d.state, d.requested_by, \
+             u.email AS requested_by_email, d.requested_at, d.confirmed_by, d.confirmed_at \
+             FROM deletions d LEFT JOIN rooms r ON r.id = d.room_id \
+             LEFT JOIN users u ON u.id = d.requested_by \
              ORDER BY CASE WHEN d.state = 'pending_confirmation' THEN 0 ELSE 1 END, d.requested_at DESC LIMIT $1",
         )
         .bind(limit)

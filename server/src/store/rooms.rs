@@ -148,21 +148,6 @@ impl Store {
         .await?)
     }
 
-    /// The rooms `user_id` is in, as (id, name, role), oldest first.
-    pub(crate) async fn memberships_of(
-        &self,
-        user_id: &str,
-    ) -> Result<Vec<(String, String, String)>, StoreError> {
-        Ok(sqlx::query_as::<_, (String, String, String)>(
-            "SELECT r.id, r.name, p.role FROM rooms r \
-             JOIN participants p ON p.room_id = r.id WHERE p.user_id = $1 \
-             ORDER BY r.created_at, r.id",
-        )
-        .bind(user_id)
-        .fetch_all(&self.pool)
-        .await?)
-    }
-
     pub(crate) async fn rooms_of(&self, user_id: &str) -> Result<Vec<RoomRow>, StoreError> {
         Ok(sqlx::query_as::<_, RoomRow>(
             "SELECT r.id, r.name, r.created_at, r.parent, r.readiness FROM rooms r \

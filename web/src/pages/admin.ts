@@ -5,10 +5,7 @@ import { api, type AdminDeletion, type AdminUser } from '../api'
 import { verifyChain } from '../audit'
 import { auditSentence } from '../auditText'
 import type { App } from '../main'
-import { errorText, h, replace, toast, when } from '../dom'
-
-/** How long a Revoke button waits for its confirming second click. */
-const CONFIRM_MS = 5000
+import { confirmButton, errorText, h, replace, toast, when } from '../dom'
 
 export function adminPage (app: App): () => void {
   if (!app.me?.is_admin) {
@@ -28,7 +25,6 @@ export function adminPage (app: App): () => void {
 
   let disposed = false
   let seq = 0
-  const armed = new Map<string, number>()
   const loadUsers = async (): Promise<void> => {
     const mine = ++seq
     try {
@@ -42,25 +38,18 @@ export function adminPage (app: App): () => void {
     if (list.length === 0) { replace(users, h('p', { class: 'hint' }, 'No account matches.')); return }
     replace(users, h('ul', { class: 'people' }, list.map((u) => {
       const self = u.id === app.me?.id
-      const revoke = self ? null : h('button', { type: 'button', class: 'danger small', 'data-testid': `revoke-${u.email}` }, 'Revoke everywhere…')
-      revoke?.addEventListener('click', async () => {
-        if ((armed.get(u.id) ?? 0) < Date.now()) {
-          armed.set(u.id, Date.now() + CONFIRM_MS)
-          revoke.textContent = `Confirm: remove ${u.email} from ${u.rooms.length} room${u.rooms.length === 1 ? '' : 's'} and end every session`
-          setTimeout(() => { if (!disposed) revoke.textContent = 'Revoke everywhere…' }, CONFIRM_MS)
-          return
-        }
-        armed.delete(u.id)
-        revoke.disabled = true
+      const confirming = `Confirm: remove ${u.email} from ${u.rooms.length} room${u.rooms.length === 1 ? '' : 's'} and end every session`
+      const revoke = self ? null : confirmButton('Revoke everywhere…', confirming, async () => {
+        let r
         try {
-          const r = await api.revokeUser(u.id)
-          toast(`${r.email} was removed from ${r.rooms.length} room${r.rooms.length === 1 ? '' : 's'}; ${r.sessions} session${r.sessions === 1 ? '' : 's'} ended.`)
-          await loadUsers()
+          r = await api.revokeUser(u.id)
         } catch (e) {
           toast(errorText(e), 'error')
-          revoke.disabled = false
+          throw e
         }
-      })
+        toast(`${r.email} was removed from ${r.rooms.length} room${r.rooms.length === 1 ? '' : 's'}; ${r.sessions} session${r.sessions === 1 ? '' : 's'} ended.`)
+        await loadUsers()
+      }, { class: 'danger small', 'data-testid': `revoke-${u.email}` })
       return h('li', { class: 'person', 'data-testid': `account-${u.email}` },
         h('div', { class: 'person-head' }, h('strong', null, u.email), self ? h('span', { class: 'hint' }, ' (you)') : null),
         h('p', { class: 'meaning' }, u.rooms.length

@@ -2,11 +2,8 @@
 
 import { api, list, type RoomSummary } from '../api'
 import type { App } from '../main'
-import { errorText, h, replace, toast, when } from '../dom'
+import { confirmButton, errorText, h, replace, toast, when } from '../dom'
 import { ROLE_MEANING } from '../notices'
-
-/** How long a Leave button waits for its confirming second click. */
-const CONFIRM_MS = 5000
 
 export function roomsPage (app: App): () => void {
   const items = h('ul', { class: 'rooms', 'aria-label': 'Your rooms' }, h('li', { class: 'hint' }, 'Loading…'))
@@ -31,25 +28,16 @@ export function roomsPage (app: App): () => void {
   const row = (room: RoomSummary): HTMLElement => {
     const li = h('li', { class: 'room-item', 'data-testid': `room-${room.name}` })
     const state = h('span', { class: 'hint', role: 'status' })
-    const leave = h('button', { type: 'button', class: 'small', 'data-testid': `leave-${room.name}` }, 'Leave')
-    let armedUntil = 0
-    leave.addEventListener('click', async () => {
-      if (armedUntil < Date.now()) {
-        armedUntil = Date.now() + CONFIRM_MS
-        leave.textContent = 'Confirm: leave this room'
-        setTimeout(() => { leave.textContent = 'Leave' }, CONFIRM_MS)
-        return
-      }
-      leave.disabled = true
+    const leave = confirmButton('Leave', 'Confirm: leave this room', async () => {
       try {
         await api.removeParticipant(room.id, app.me?.id ?? '')
-        toast(`You left ${room.name}.`)
-        li.remove()
       } catch (e) {
         state.textContent = errorText(e)
-        leave.disabled = false
+        throw e
       }
-    })
+      toast(`You left ${room.name}.`)
+      li.remove()
+    }, { class: 'small', 'data-testid': `leave-${room.name}` })
     const del = room.role === 'owner'
       ? h('button', { type: 'button', class: 'danger small', 'data-testid': `delete-${room.name}` }, 'Delete…')
       : null

@@ -220,6 +220,8 @@ export function roomPage (app: App, id: string): () => void {
   disposers.push(() => editor.destroy())
   const open: string[] = []
   let active: string | null = null
+  /** Everyone else in the room now, with where they are. */
+  const here = (): Peer[] => peers(provider.awareness.getStates(), me.id)
   // The tabs this person had open here come back once the document has synced (until then
   // nothing is saved over them).
   let tabsRestored = carried !== null
@@ -235,7 +237,7 @@ export function roomPage (app: App, id: string): () => void {
     // presence arrives (it may follow the document's sync), unless this person opened one.
     const land = (): boolean => {
       if (open.length > 0) return true
-      const where = busiest(peers(provider.awareness.getStates(), me.id))
+      const where = busiest(here())
       if (where) openFile(where)
       return where !== null
     }
@@ -282,7 +284,7 @@ export function roomPage (app: App, id: string): () => void {
   let peerFiles = new Map<string, Peer[]>()
   const whoIsWhere = (): Map<string, Peer[]> => {
     const m = new Map<string, Peer[]>()
-    for (const p of peers(provider.awareness.getStates(), me.id)) if (p.file) m.set(p.file, [...(m.get(p.file) ?? []), p])
+    for (const p of here()) if (p.file) m.set(p.file, [...(m.get(p.file) ?? []), p])
     return m
   }
   const hereIn = (path: string): HTMLElement | null => {
@@ -621,8 +623,7 @@ export function roomPage (app: App, id: string): () => void {
   const followNote = h('span', { class: 'following', 'data-testid': 'following', role: 'status', hidden: true })
   title?.append(avatars, followNote)
   let following: string | null = null
-  const renderAvatars = (): void => {
-    const list = peers(provider.awareness.getStates(), me.id)
+  const renderAvatars = (list = here()): void => {
     replace(avatars, list.map((p) => h('button', {
       type: 'button', class: 'avatar', style: `background:${p.color}`, 'data-testid': `avatar-${p.name}`,
       'aria-pressed': String(following === p.id),
@@ -634,8 +635,8 @@ export function roomPage (app: App, id: string): () => void {
     followNote.hidden = !f
     followNote.textContent = f ? `Following ${f.name} · Esc to stop` : ''
   }
-  const followNow = (): void => {
-    const p = peers(provider.awareness.getStates(), me.id).find((x) => x.id === following)
+  const followNow = (list = here()): void => {
+    const p = list.find((x) => x.id === following)
     if (!p?.file) return
     if (p.file !== active) pick(p.file)
     if (!p.head) return
@@ -648,11 +649,12 @@ export function roomPage (app: App, id: string): () => void {
   const stopFollowing = (): void => { following = null; renderAvatars() }
   let whereShown = ''
   provider.awareness.on('change', () => {
-    renderAvatars()
-    if (following) followNow()
-    // Tabs and tree show who has which file open: redrawn when that changes, not per cursor move.
-    const now = peers(provider.awareness.getStates(), me.id).map((p) => `${p.id}:${p.file ?? ''}`).join()
-    if (now !== whereShown) { whereShown = now; renderTabs(); renderTree() }
+    const list = here()
+    // Avatars, tabs and tree show who is here and which file each has open: redrawn when that
+    // changes, not at every cursor move.
+    const now = list.map((p) => `${p.id}:${p.name}:${p.color}:${p.file ?? ''}`).join()
+    if (now !== whereShown) { whereShown = now; renderAvatars(list); renderTabs(); renderTree() }
+    if (following) followNow(list)
   })
   // Esc, or any key that types (in the editor, the terminal, anywhere), ends following.
   const onKey = (e: KeyboardEvent): void => {
