@@ -1,6 +1,7 @@
 //! Room sandboxes, control-plane side: one supervisor per room (lifecycle, snapshots, the
 //! terminal hub) and the document <-> workspace file sync.
 
+pub(crate) mod download;
 pub(crate) mod filesync;
 pub(crate) mod snapshots;
 pub(crate) mod supervisor;

@@ -9,6 +9,7 @@ mod common;
 use common::*;
 use serde_json::Value;
 use std::collections::BTreeMap;
+use yrs::sync::protocol::{Message as YMessage, SyncMessage};
 use yrs::{GetString, Map, Out, Transact};
 
 /// Path -> text of a client's document.
@@ -742,4 +743,158 @@ async fn a_room_can_ask_for_an_approval_before_a_restore() {
         .find(|r| r["action"] == "restore_checkpoint" && r["decision"] == "allow")
         .unwrap_or_else(|| panic!("{audit}"));
     assert_eq!(restored["details"]["approval_id"], id.as_str());
+}
+
+/// Asks for the workspace download as `who`, has `approver` approve it, then downloads it:
+/// the response, unpacked by GNU tar into a fresh directory (which is returned with it).
+async fn download_workspace(
+    server: &Server,
+    room: &str,
+    who: &str,
+    approver: &str,
+) -> (Resp, tempfile::TempDir) {
+    let exports = server.url(&format!("/api/rooms/{room}/exports"));
+    let (status, body) = http(&exports, "POST", Some(who), Some(r#"{"workspace":true}"#)).await;
+    assert_eq!(
+        status, 202,
+        "someone else approves a workspace export: {body}"
+    );
+    let id = serde_json::from_str::<Value>(&body).unwrap()["approval_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let decision = format!("/api/rooms/{room}/approvals/{id}/decision");
+    assert_eq!(
+        post(server, approver, &decision, r#"{"approve":true}"#)
+            .await
+            .0,
+        200
+    );
+    let with = format!(r#"{{"workspace":true,"approval_id":"{id}"}}"#);
+    let auth = format!("Bearer {who}");
+    let resp = request(&exports, "POST", &[("Authorization", &auth)], Some(&with)).await;
+    assert_eq!(resp.status, 200, "{}", resp.body);
+    assert_eq!(resp.header("content-type"), Some("application/gzip"));
+    assert_eq!(
+        resp.header("content-disposition"),
+        Some("attachment; filename=\"test.tar.gz\"")
+    );
+    // The approval was spent on it.
+    let again = http(&exports, "POST", Some(who), Some(&with)).await;
+    assert_eq!(again.0, 403, "{}", again.1);
+    let dir = tempfile::tempdir().unwrap();
+    let archive = dir.path().join("download.tar.gz");
+    std::fs::write(&archive, &resp.raw).unwrap();
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).unwrap();
+    let tar = std::process::Command::new("tar")
+        .arg("-xzf")
+        .arg(&archive)
+        .arg("-C")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(
+        tar.status.success(),
+        "{}",
+        String::from_utf8_lossy(&tar.stderr)
+    );
+    (resp, dir)
+}
+
+/// Issue 19 (downloads): the whole workspace as a `.tar.gz`, behind `export` and someone
+/// else's approval like every export: what the sandbox made (binaries included) from its disk,
+/// the texts as the document holds them (edits a sleeping sandbox has not taken in yet
+/// included, files deleted in the room left out), recorded with its size.
+#[tokio::test]
+async fn the_workspace_downloads_as_an_archive_after_an_approval() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let t = team(&storage).await;
+    let (server, room) = (&t.server, &t.room);
+    let exports = server.url(&format!("/api/rooms/{room}/exports"));
+    // Bad requests, and a viewer without `export`.
+    for body in [
+        r#"{}"#,
+        r#"{"workspace":true,"files":["a"]}"#,
+        r#"{"workspace":false}"#,
+    ] {
+        let (status, text) = http(&exports, "POST", Some(&t.ana), Some(body)).await;
+        assert_eq!(status, 400, "{body}: {text}");
+        assert!(text.contains("one of the two"), "{text}");
+    }
+    let (status, _) = http(&exports, "POST", Some(&t.cy), Some(r#"{"workspace":true}"#)).await;
+    assert_eq!(status, 403);
+
+    let mut ana = Client::connect(server, room, &t.ana).await;
+    ana.synced().await;
+    ana.put_file("src/main.rs", "fn main() {}\n").await;
+    ana.put_file("old.txt", "to be deleted\n").await;
+    stdout_until(server, &t.ben, room, "cat src/main.rs old.txt", "deleted").await;
+    let (_, out) = exec(
+        server,
+        &t.ben,
+        room,
+        "printf 'bin\\000ary' > blob.bin && ln -s src/main.rs link && echo ok",
+    )
+    .await;
+    assert_eq!(out["stdout"], "ok\n", "{out}");
+    let grant = r#"{"grant":["export"]}"#;
+    assert_eq!(set_role(server, &t.ana, room, &t.ben_id, grant).await, 200);
+
+    // From the running sandbox.
+    let (resp, dir) = download_workspace(server, room, &t.ben, &t.ana).await;
+    let out = dir.path().join("out");
+    let read = |p: &str| std::fs::read(out.join(p)).unwrap();
+    assert_eq!(read("src/main.rs"), b"fn main() {}\n");
+    assert_eq!(read("blob.bin"), b"bin\0ary");
+    assert_eq!(
+        std::fs::read_link(out.join("link")).unwrap(),
+        std::path::Path::new("src/main.rs")
+    );
+    let exported = audit(server, &t.ana, room)
+        .await
+        .into_iter()
+        .rfind(|r| r["action"] == "export" && r["decision"] == "allow")
+        .expect("the export is recorded");
+    assert_eq!(
+        exported["details"]["params"]["workspace"], true,
+        "{exported}"
+    );
+    assert_eq!(exported["details"]["bytes"], resp.raw.len(), "{exported}");
+    assert_eq!(exported["details"]["skipped"], 0, "{exported}");
+
+    // Asleep: the document moved on since the stop's snapshot.
+    assert_eq!(lifecycle_stop(server, &t.ana, room).await, 200);
+    ana.edit_file("src/main.rs", 0, "// edited while asleep\n")
+        .await;
+    ana.put_file("notes.md", "# typed while asleep\n").await;
+    let update = {
+        let files = ana.doc.get_or_insert_map("files");
+        let mut txn = ana.doc.transact_mut();
+        files.remove(&mut txn, "old.txt");
+        txn.encode_update_v1()
+    };
+    ana.send(YMessage::Sync(SyncMessage::Update(update))).await;
+    let mut ben = Client::connect(server, room, &t.ben).await;
+    ben.synced().await;
+    ben.wait_for_file("notes.md", "# typed while asleep\n")
+        .await;
+    ben.wait_for_file("src/main.rs", "// edited while asleep\nfn main() {}\n")
+        .await;
+    let state = get_json(server, &t.ana, &format!("/api/rooms/{room}/sandbox")).await;
+    assert_ne!(state["state"], "running", "{state}");
+
+    let (_, dir) = download_workspace(server, room, &t.ben, &t.ana).await;
+    let out = dir.path().join("out");
+    let read = |p: &str| std::fs::read(out.join(p)).unwrap();
+    assert_eq!(
+        read("src/main.rs"),
+        b"// edited while asleep\nfn main() {}\n"
+    );
+    assert_eq!(read("notes.md"), b"# typed while asleep\n");
+    assert_eq!(read("blob.bin"), b"bin\0ary");
+    assert!(!out.join("old.txt").exists(), "deleted in the room");
+    // Downloading did not wake the sandbox.
+    let state = get_json(server, &t.ana, &format!("/api/rooms/{room}/sandbox")).await;
+    assert_ne!(state["state"], "running", "{state}");
 }

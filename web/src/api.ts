@@ -250,16 +250,26 @@ export async function call<T> (method: string, path: string, body?: unknown): Pr
   return (text ? JSON.parse(text) : undefined) as T
 }
 
-/** An export of a repository's changes: the file once approved, else the approval request. */
-export async function exportRepo (id: string, rid: string, format: 'bundle' | 'patch', approval_id?: string): Promise<Blob | Gated> {
-  const res = await fetch(`/api/rooms/${id}/repos/${rid}/export`, {
+/** A POST answered with a file once approved (200), else with the approval request (202). */
+async function postForFile (url: string, body: unknown): Promise<Blob | Gated> {
+  const res = await fetch(url, {
     method: 'POST',
     credentials: 'same-origin',
     headers: { 'content-type': 'application/json' },
-    body: JSON.stringify(approval_id ? { format, approval_id } : { format }),
+    body: JSON.stringify(body),
   }).catch(() => { throw new ApiError(0, 'The server cannot be reached; check your connection') })
   if (!res.ok) throw await failure(res)
   return res.status === 202 ? await res.json() as Gated : await res.blob()
+}
+
+/** An export of a repository's changes: the file once approved, else the approval request. */
+export async function exportRepo (id: string, rid: string, format: 'bundle' | 'patch', approval_id?: string): Promise<Blob | Gated> {
+  return await postForFile(`/api/rooms/${id}/repos/${rid}/export`, approval_id ? { format, approval_id } : { format })
+}
+
+/** The whole workspace as a .tar.gz once approved, else the approval request. */
+export async function exportWorkspace (id: string, approval_id?: string): Promise<Blob | Gated> {
+  return await postForFile(`/api/rooms/${id}/exports`, approval_id ? { workspace: true, approval_id } : { workspace: true })
 }
 
 export const api = {

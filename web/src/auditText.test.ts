@@ -29,4 +29,10 @@ describe('audit sentences', () => {
       .toBe('ana@example.com stopped the sandbox (stop requested by ana@example.com).')
     expect(auditSentence(rec('something_new', {}), names)).toBe('ana@example.com: something new.')
   })
+
+  it('tell an export of files from a download of the workspace', () => {
+    expect(auditSentence(rec('export', { params: { files: ['a.py'] } }), names)).toBe('ana@example.com exported files.')
+    expect(auditSentence(rec('export', { params: { workspace: true }, bytes: 3 * 1048576 }), names))
+      .toBe('ana@example.com downloaded the workspace (3 MiB).')
+  })
 })

@@ -2,6 +2,7 @@
 
 import type { AuditRecord, Capability } from './api'
 import { roleOf, words } from './notices'
+import { bytesText } from './sandbox'
 
 type Details = Record<string, unknown>
 
@@ -65,7 +66,14 @@ export function auditSentence (r: AuditRecord, name: (id: string) => string): st
     case 'create_checkpoint': return `${who} saved a checkpoint.`
     case 'restore_checkpoint': return `${who} rolled the room back to a checkpoint.`
     case 'fork': return `${who} forked the room.`
-    case 'export': return `${who} exported files.`
+    case 'export': {
+      const params = d.params !== null && typeof d.params === 'object' ? d.params as Details : {}
+      if (params.workspace === true) {
+        const size = typeof d.bytes === 'number' ? ` (${bytesText(d.bytes)})` : ''
+        return `${who} downloaded the workspace${size}.`
+      }
+      return `${who} exported files.`
+    }
     case 'request_deletion': return `${who} asked for the room to be deleted.`
     case 'confirm_deletion': return `${who} confirmed the room's deletion.`
     case 'audit_anchor': return 'The server anchored the log\'s head.'

@@ -1,7 +1,9 @@
 //! Approvals, and the first action that needs one: exporting room content.
 //!
-//! `POST /api/rooms/{id}/exports {"files": [...]}` from a holder of `export` is stored as a
-//! request with its exact parameters (202, `pending_approval`). Another holder of `approve`
+//! `POST /api/rooms/{id}/exports {"files": [...]}` (those files' texts, as JSON) or
+//! `{"workspace": true}` (the whole workspace as a `.tar.gz`, see [`crate::sandbox::download`])
+//! from a holder of `export` is stored as a request with its exact parameters (202,
+//! `pending_approval`). Another holder of `approve`
 //! decides it (`POST /api/rooms/{id}/approvals/{approval_id}/decision`); a requester never
 //! decides its own. The requester then repeats the export with `"approval_id"`: it runs only
 //! with exactly the approved parameters, before the request expires, once.
@@ -45,12 +47,22 @@ pub(crate) fn routes() -> Router<AppState> {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ExportBody {
-    files: Vec<String>,
+    files: Option<Vec<String>>,
+    #[serde(default)]
+    workspace: bool,
     approval_id: Option<String>,
 }
 
-/// The canonical parameters: the set of files, sorted.
-fn export_params(files: &[String]) -> Result<String, ApiError> {
+/// The canonical parameters: `{"workspace": true}`, or the set of files, sorted.
+fn export_params(body: &ExportBody) -> Result<String, ApiError> {
+    let files =
+        match (&body.files, body.workspace) {
+            (None, true) => return Ok(json!({ "workspace": true }).to_string()),
+            (Some(files), false) => files,
+            _ => return Err(ApiError::BadRequest(
+                "name the files, or ask for the workspace (\"workspace\": true): one of the two",
+            )),
+        };
     if files.is_empty() || files.len() > MAX_EXPORT_FILES {
         return Err(ApiError::BadRequest("files must list 1 to 100 paths"));
     }
@@ -81,7 +93,7 @@ pub(crate) async fn export(
         json!({}),
     )
     .await?;
-    let params = export_params(&body.files)?;
+    let params = export_params(&body)?;
     let approval = presented(&app, &room_id, body.approval_id.as_deref()).await?;
     let action = Action::Export {
         params: params.clone(),
@@ -92,10 +104,125 @@ pub(crate) async fn export(
         Gate::Allowed { proof, approval } => (proof, approval),
         Gate::Pending(response) => return Ok(response),
     };
+    let Some(names) = &body.files else {
+        return workspace_download(&app, &room_id, &proof, details, &approval_id).await;
+    };
     let details = json!({ "approval_id": approval_id, "params": details });
     record_allowed(&app, &room_id, &proof, "export", details, &approval_id).await?;
-    let files = read_files(&app, &room_id, &body.files).await?;
+    let files = read_files(&app, &room_id, names).await?;
     Ok(Json(Export { files }).into_response())
+}
+
+/// Removes the files named when dropped (a download's scratch files, however it ends).
+struct Scratch(Vec<std::path::PathBuf>);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// The approved workspace export: the archive is written (the running sandbox's workspace, else
+/// its latest snapshot) with the document laid over it, then the export is recorded with what
+/// it holds (spending the approval), then sent. Scratch space is `DATA_DIR/exports/`, emptied
+/// at every start too.
+async fn workspace_download(
+    app: &AppState,
+    room_id: &RoomId,
+    proof: &coderoom_authz::Authorized,
+    params: Value,
+    approval_id: &str,
+) -> Result<Response, ApiError> {
+    let dir = exports_dir(&app.data_dir);
+    tokio::fs::create_dir_all(&dir).await.map_err(store_io)?;
+    let id = IssuedId::fresh();
+    let raw = dir.join(format!("{id}.tar"));
+    let out = dir.join(format!("{id}.tar.gz"));
+    let _scratch = Scratch(vec![raw.clone(), out.clone()]);
+    let (_, meta) = app.sandboxes.archive(room_id, raw.clone()).await?;
+    let texts = doc_texts(app, room_id).await?;
+    let mtime = u64::try_from(app.clock.now_ms() / 1000).unwrap_or(0);
+    let target = out.clone();
+    let bundled = tokio::task::spawn_blocking(move || {
+        crate::sandbox::download::bundle(&raw, &meta.agreed, &texts, mtime, &target)
+    })
+    .await
+    .map_err(|_| ApiError::Internal)?
+    .map_err(|e| {
+        tracing::warn!(room = %room_id, error = %e, "cannot write the workspace download");
+        if e.kind() == std::io::ErrorKind::InvalidData {
+            // The archive came from inside the sandbox: what was wrong with it is logged only.
+            ApiError::Sandbox(crate::sandbox::SandboxError::Call(
+                coderoom_sandbox::CallError::Protocol,
+            ))
+        } else {
+            store_io(e)
+        }
+    })?;
+    let details = json!({
+        "approval_id": approval_id,
+        "params": params,
+        "bytes": bundled.bytes,
+        "files": bundled.files,
+        "from_document": bundled.from_document,
+        "skipped": bundled.skipped,
+    });
+    record_allowed(app, room_id, proof, "export", details, approval_id).await?;
+    // Open, then let the scratch guard unlink it: the open file is read to its end.
+    let file = tokio::fs::File::open(&out).await.map_err(store_io)?;
+    let room = app.store.room(room_id).await?;
+    let name = download_name(room.as_ref().map_or("", |r| r.name.as_str()));
+    Ok((
+        [
+            (
+                axum::http::header::CONTENT_TYPE,
+                "application/gzip".to_owned(),
+            ),
+            (
+                axum::http::header::CONTENT_LENGTH,
+                bundled.bytes.to_string(),
+            ),
+            (
+                axum::http::header::CONTENT_DISPOSITION,
+                format!("attachment; filename=\"{name}.tar.gz\""),
+            ),
+        ],
+        axum::body::Body::from_stream(tokio_util::io::ReaderStream::new(file)),
+    )
+        .into_response())
+}
+
+/// Where downloads are written before they are sent.
+pub(crate) fn exports_dir(data_dir: &std::path::Path) -> std::path::PathBuf {
+    data_dir.join("exports")
+}
+
+/// A file name from a room's name: letters, digits, `.`, `_` and `-` kept, anything else a `-`
+/// (nothing that could end the header's quoted string), never empty.
+fn download_name(room: &str) -> String {
+    let name: String = room
+        .chars()
+        .take(64)
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect();
+    let name = name.trim_matches(|c| c == '-' || c == '.');
+    if name.is_empty() {
+        "workspace".to_owned()
+    } else {
+        name.to_owned()
+    }
+}
+
+fn store_io(e: std::io::Error) -> ApiError {
+    ApiError::Store(StoreError::Io(e))
 }
 
 /// What [`gate`] decided.
@@ -267,20 +394,27 @@ async fn read_files(
     room_id: &str,
     names: &[String],
 ) -> Result<BTreeMap<String, Option<String>>, ApiError> {
+    let all = doc_texts(app, room_id).await?;
+    Ok(names
+        .iter()
+        .map(|name| (name.clone(), all.get(name).cloned()))
+        .collect())
+}
+
+/// Every file the room's document holds (path -> text), as stored: what every peer was sent.
+async fn doc_texts(app: &AppState, room_id: &str) -> Result<BTreeMap<String, String>, ApiError> {
     let stored = app.store.load_doc(room_id).await?;
     let (doc, _) = crate::room::task::doc_from_stored(&stored)
         .map_err(|_| ApiError::Store(StoreError::Corrupt))?;
     let files = doc.get_or_insert_map("files");
     let txn = doc.transact();
-    let mut out = BTreeMap::new();
-    for name in names {
-        let text = match files.get(&txn, name.as_str()) {
-            Some(yrs::Out::YText(t)) => Some(t.get_string(&txn)),
+    Ok(files
+        .iter(&txn)
+        .filter_map(|(name, value)| match value {
+            yrs::Out::YText(t) => Some((name.to_owned(), t.get_string(&txn))),
             _ => None,
-        };
-        out.insert(name.clone(), text);
-    }
-    Ok(out)
+        })
+        .collect())
 }
 
 pub(crate) async fn list(

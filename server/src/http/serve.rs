@@ -23,6 +23,9 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     )
     .await?;
     store.migrate().await?;
+    // Downloads a crash left half-written (each one is removed once sent).
+    let _ = tokio::fs::remove_dir_all(crate::http::approvals::exports_dir(&args.storage.data_dir))
+        .await;
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();
     let metrics = Metrics::new();

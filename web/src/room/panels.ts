@@ -1,6 +1,6 @@
 // The room's side panels besides People: approvals, sandbox, audit, and the room itself.
 
-import { api, exportRepo, list, type Approval, type Room, type SandboxStatus } from '../api'
+import { api, exportRepo, exportWorkspace, list, type Approval, type Room, type SandboxStatus } from '../api'
 import { abilities } from '../caps'
 import { action, h, replace, toast, when } from '../dom'
 import { verifyChain } from '../audit'
@@ -40,10 +40,16 @@ export async function approvalsPanel (el: HTMLElement, room: Room, selfId: strin
         refresh()
       }, { class: 'primary', 'data-testid': `download-${a.id}` })
       : null
-    const params = (a.params ?? {}) as { rule?: string, repo?: string, message?: string, format?: string }
+    const params = (a.params ?? {}) as { rule?: string, repo?: string, message?: string, format?: string, workspace?: boolean }
     // Approved for me: the action it covers, one click away.
     const use = a.state === 'approved' && own
-      ? a.action === 'allow_egress' && params.rule
+      ? a.action === 'export' && params.workspace === true
+        ? action('Download the workspace', async () => {
+          const out = await exportWorkspace(room.id, a.id)
+          if (out instanceof Blob) download(`${room.name}.tar.gz`, out)
+          refresh()
+        }, { class: 'primary', 'data-testid': `use-${a.id}` })
+        : a.action === 'allow_egress' && params.rule
         ? action(`Allow ${params.rule}`, async () => {
           await api.allowEgress(room.id, params.rule!, a.id)
           toast(`${params.rule} allowed.`)
@@ -177,15 +183,24 @@ export function roomPanel (el: HTMLElement, room: Room, paths: () => string[]): 
     room.my_capabilities.includes('export')
       ? h('div', { class: 'stack' },
         h('h3', null, 'Export'),
-        h('p', { class: 'hint' }, 'Exports every file of the document. Someone else who holds approve must agree first.'),
-        action('Export all files…', async () => {
-          const files = paths()
-          if (files.length === 0) { exported.textContent = 'There are no files to export.'; return }
-          const r = await api.exportFiles(room.id, files.slice(0, 100))
-          exported.textContent = r.state === 'pending_approval'
-            ? 'Waiting for approval. Once approved, download it from the Approvals panel.'
-            : 'Exported.'
-        }, { 'data-testid': 'export' }),
+        h('p', { class: 'hint' }, 'Someone else who holds approve must agree to each export first.'),
+        h('div', { class: 'row' },
+          action('Export all files…', async () => {
+            const files = paths()
+            if (files.length === 0) { exported.textContent = 'There are no files to export.'; return }
+            const r = await api.exportFiles(room.id, files.slice(0, 100))
+            exported.textContent = r.state === 'pending_approval'
+              ? 'Waiting for approval. Once approved, download it from the Approvals panel.'
+              : 'Exported.'
+          }, { 'data-testid': 'export' }),
+          action('Download the workspace…', async () => {
+            const r = await exportWorkspace(room.id)
+            exported.textContent = r instanceof Blob
+              ? 'Downloaded.'
+              : 'Waiting for approval. Once approved, download the archive from the Approvals panel.'
+            if (r instanceof Blob) download(`${room.name}.tar.gz`, r)
+          }, { 'data-testid': 'export-workspace' })),
+        h('p', { class: 'hint' }, 'The workspace downloads as a .tar.gz: every file, build output and binaries included, with the texts as the editor shows them.'),
         exported)
       : null,
     can.delete
