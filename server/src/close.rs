@@ -16,6 +16,8 @@ pub(crate) enum CloseCode {
     TooBig,
     /// 1011: the room or its sandbox is unavailable; reconnecting may find it again.
     Internal,
+    /// 1012: another server took the room over (scale-out); reconnecting reaches it.
+    Moved,
     /// 1013: the room is full; try later.
     TryAgain,
     /// 4001: the session that opened the socket ended.
@@ -38,6 +40,7 @@ impl CloseCode {
             CloseCode::Policy => 1008,
             CloseCode::TooBig => 1009,
             CloseCode::Internal => 1011,
+            CloseCode::Moved => 1012,
             CloseCode::TryAgain => 1013,
             CloseCode::LoggedOut => 4001,
             CloseCode::Removed => 4003,
@@ -55,6 +58,7 @@ impl CloseCode {
             CloseCode::Policy => "refused",
             CloseCode::TooBig => "message too big",
             CloseCode::Internal => "unavailable, reconnect",
+            CloseCode::Moved => "the room moved to another server; reconnect",
             CloseCode::TryAgain => "room is full",
             CloseCode::LoggedOut => "logged out",
             CloseCode::Removed => "removed from the room",

@@ -320,6 +320,17 @@ pub(crate) struct ServeArgs {
     /// second's worth); faster readers are slowed, never cut.
     #[arg(long, env = "CODEROOM_PREVIEW_BANDWIDTH", default_value_t = 5_000_000)]
     pub preview_bandwidth: u64,
+    /// Where the other servers sharing this database reach this one (`http://10.0.0.5:8080`):
+    /// connections to a room this server owns are forwarded there (scale-out). Default: `http://`
+    /// and the listen address, which must then not be a wildcard address.
+    #[arg(long, env = "CODEROOM_INTERNAL_URL")]
+    pub internal_url: Option<String>,
+    /// How long a server's ownership of a loaded room lasts without renewal, in milliseconds
+    /// (renewed every third of it): after a server dies, its rooms move to another server once
+    /// this has passed.
+    #[arg(long, env = "CODEROOM_ROOM_LEASE_MS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(i64).range(1000..=600_000))]
+    pub room_lease_ms: i64,
     /// Comma-separated CIDRs whose X-Forwarded-For is trusted.
     #[arg(long, env = "CODEROOM_TRUSTED_PROXIES", value_delimiter = ',')]
     pub trusted_proxies: Vec<String>,

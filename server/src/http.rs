@@ -13,8 +13,10 @@ pub(crate) mod deletion;
 pub(crate) mod doc_socket;
 pub(crate) mod egress;
 pub(crate) mod error;
+pub(crate) mod events;
 pub(crate) mod extract;
 pub(crate) mod files;
+pub(crate) mod forward;
 pub(crate) mod guard;
 pub(crate) mod listener;
 pub(crate) mod login;
@@ -72,6 +74,11 @@ pub(crate) fn router(state: AppState) -> Router {
         // The client's assets (a megabyte of JavaScript) go out gzipped to browsers that ask.
         .fallback_service(tower_http::compression::Compression::new(
             axum::handler::Handler::with_state(web::fallback, state.clone()),
+        ))
+        // A room another server owns is served there (scale-out).
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            forward::to_owner,
         ))
         .with_state(state)
 }

@@ -16,6 +16,10 @@ pub(crate) struct Metrics {
 pub(crate) struct Inner {
     registry: Registry,
     pub rooms_loaded: Gauge,
+    /// Requests (and WebSocket upgrades) sent on to the server that owns their room.
+    pub requests_forwarded: Counter,
+    /// Rooms closed here because another server took them over (a lapsed lease).
+    pub rooms_moved: Counter,
     /// Started sandboxes waiting in the warm pool.
     pub sandbox_pool_ready: Gauge,
     pub connections: Gauge,
@@ -52,6 +56,8 @@ impl Metrics {
     pub(crate) fn new() -> Self {
         let mut registry = Registry::with_prefix("coderoom");
         let rooms_loaded = Gauge::default();
+        let requests_forwarded = Counter::default();
+        let rooms_moved = Counter::default();
         let sandbox_pool_ready = Gauge::default();
         let connections = Gauge::default();
         let updates_applied = Counter::default();
@@ -107,6 +113,16 @@ impl Metrics {
             argon2_operations.clone(),
         );
         registry.register("rooms_loaded", "Rooms held in memory", rooms_loaded.clone());
+        registry.register(
+            "requests_forwarded",
+            "Requests sent on to the server that owns their room",
+            requests_forwarded.clone(),
+        );
+        registry.register(
+            "rooms_moved",
+            "Rooms closed here because another server took them over",
+            rooms_moved.clone(),
+        );
         registry.register(
             "sandbox_pool_ready",
             "Started sandboxes waiting in the warm pool",
@@ -214,6 +230,8 @@ impl Metrics {
                 budget_refusals,
                 registry,
                 rooms_loaded,
+                requests_forwarded,
+                rooms_moved,
                 sandbox_pool_ready,
                 connections,
                 updates_applied,

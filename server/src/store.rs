@@ -22,6 +22,7 @@ mod changes;
 mod checkpoints;
 mod deletions;
 mod docs;
+mod leases;
 mod previews;
 mod repos;
 mod rooms;
@@ -34,6 +35,7 @@ pub(crate) use agents::{AgentRow, AGENT_DOMAIN};
 pub(crate) use changes::Change;
 pub(crate) use checkpoints::{CheckpointPolicy, CheckpointRow};
 pub(crate) use docs::StoredDoc;
+pub(crate) use leases::{Claim, Lease, Owner, ServerId};
 pub(crate) use previews::PreviewRow;
 pub(crate) use repos::RepoRow;
 pub(crate) use rooms::InviteRow;
@@ -77,6 +79,10 @@ pub(crate) enum StoreError {
     Conflict,
     #[error("cannot create the database directory")]
     Io(#[from] std::io::Error),
+    /// A write under a room's fencing token that is no longer current: another server owns
+    /// the room now, and nothing of the write landed.
+    #[error("another server owns the room now")]
+    Fenced,
     /// A part of the store that serves every room (the update log's writer) has stopped.
     #[error("{0}")]
     Closed(&'static str),
@@ -268,6 +274,47 @@ fn sqlite_path(url: &str) -> Option<&Path> {
         .or_else(|| url.strip_prefix("sqlite:"))?;
     let path = rest.split('?').next()?;
     (!path.is_empty() && path != ":memory:").then(|| Path::new(path))
+}
+
+/// A migrated store at `url` with one user, `u` (what rooms in tests are created by).
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+pub(crate) async fn with_user(url: &str) -> Store {
+    let store = Store::connect(url).await.unwrap();
+    store.migrate().await.unwrap();
+    sqlx::query("INSERT INTO users (id, email, created_at) VALUES ('u', 'u@example.com', 0)")
+        .execute(&store.pool)
+        .await
+        .unwrap();
+    store
+}
+
+/// Runs `test` on a fresh SQLite database, then on a fresh PostgreSQL database where the test
+/// run has one (`CODEROOM_TEST_POSTGRES_URL`; created for the test and dropped after it).
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+pub(crate) async fn on_each_database<F, Fut>(test: F)
+where
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let dir = tempfile::tempdir().unwrap();
+    test(format!("sqlite://{}/t.db", dir.path().display())).await;
+    if let Ok(admin) = std::env::var("CODEROOM_TEST_POSTGRES_URL") {
+        let name = format!("coderoom_u_{}", uuid::Uuid::new_v4().simple());
+        let root = Store::connect(&admin).await.unwrap();
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&root.pool)
+            .await
+            .unwrap();
+        let base = admin.rsplit_once('/').unwrap().0;
+        test(format!("{base}/{name}")).await;
+        sqlx::query(&format!("DROP DATABASE {name} WITH (FORCE)"))
+            .execute(&root.pool)
+            .await
+            .unwrap();
+        root.close().await;
+    }
 }
 
 #[cfg(test)]

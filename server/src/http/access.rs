@@ -232,12 +232,13 @@ pub(crate) async fn accept_invite(
         Ok(_) => {
             drop(locked);
             // Everyone in the room sees the newcomer at once (their people panels look again).
-            let _ = app.access_changed.send(crate::http::state::AccessChanged {
-                room: invite.room_id.clone(),
-                user: proof.actor().to_owned(),
-                by: None,
-                at: std::time::Instant::now(),
-            });
+            crate::http::events::access_changed(
+                &app,
+                invite.room_id.clone(),
+                proof.actor().to_owned(),
+                None,
+            )
+            .await;
             Ok(Json(Joined {
                 room_id: invite.room_id,
             }))
@@ -368,12 +369,13 @@ pub(crate) async fn change_participant(
         .await?;
     drop(locked);
     let rights = crate::room::task::Rights::of(&after, Capability::Edit, now);
-    let _ = app.access_changed.send(crate::http::state::AccessChanged {
-        room: room_id.to_string(),
-        user: target.to_string(),
-        by: Some(user.email.clone()),
-        at: std::time::Instant::now(),
-    });
+    crate::http::events::access_changed(
+        &app,
+        room_id.to_string(),
+        target.to_string(),
+        Some(user.email.clone()),
+    )
+    .await;
     app.rooms
         .notify(
             &room_id,
@@ -432,12 +434,13 @@ pub(crate) async fn remove_from_room(
         )
         .await?;
     drop(locked);
-    let _ = app.access_changed.send(crate::http::state::AccessChanged {
-        room: room_id.to_string(),
-        user: target.to_string(),
-        by: Some(user.email.clone()),
-        at: std::time::Instant::now(),
-    });
+    crate::http::events::access_changed(
+        app,
+        room_id.to_string(),
+        target.to_string(),
+        Some(user.email.clone()),
+    )
+    .await;
     app.rooms
         .notify(
             room_id,

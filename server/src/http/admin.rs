@@ -149,6 +149,11 @@ pub(crate) async fn revoke(
             hash: hash.clone(),
             at,
         });
+        crate::http::events::announce(
+            &app,
+            crate::http::events::Event::SessionEnded { hash: hash.clone() },
+        )
+        .await;
     }
     let details = json!({
         "target": target,

@@ -212,12 +212,7 @@ pub(crate) async fn rights_changed(app: &AppState, room_id: &RoomId, agents: &[S
     };
     let now = app.clock.now_ms();
     for agent in agents {
-        let _ = app.access_changed.send(crate::http::state::AccessChanged {
-            room: room_id.to_string(),
-            user: agent.clone(),
-            by: None,
-            at: std::time::Instant::now(),
-        });
+        crate::http::events::access_changed(app, room_id.to_string(), agent.clone(), None).await;
         app.rooms
             .notify(
                 room_id,

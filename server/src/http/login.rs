@@ -229,6 +229,13 @@ pub(crate) async fn logout(
         hash: user.session_hash.clone(),
         at: std::time::Instant::now(),
     });
+    crate::http::events::announce(
+        &app,
+        crate::http::events::Event::SessionEnded {
+            hash: user.session_hash.clone(),
+        },
+    )
+    .await;
     let mut resp = StatusCode::NO_CONTENT.into_response();
     resp.headers_mut()
         .insert(axum::http::header::SET_COOKIE, app.cookie.clear());

@@ -47,6 +47,11 @@ impl Present {
         }
     }
 
+    /// Every (room, user) with a room open here.
+    pub(crate) fn everyone(&self) -> Vec<(String, String)> {
+        self.map().keys().cloned().collect()
+    }
+
     /// Who has the room open now.
     fn in_room(&self, room_id: &str) -> Vec<String> {
         self.map()

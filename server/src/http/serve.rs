@@ -41,6 +41,10 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if let Err(e) = audit.anchor(anchor_file.as_deref()).await {
         tracing::error!(error = %e, "cannot anchor the audit chain heads at start");
     }
+    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    let addr = listener.local_addr()?;
+    let server = server_id(&args.storage.data_dir, args.internal_url.as_deref(), addr)?;
+    tracing::info!(server = %server.id, internal_url = %server.address, "server identity for room leases");
     let rooms = Rooms::new(
         RoomDeps {
             store: store.clone(),
@@ -50,11 +54,11 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             limits: limits.clone(),
             shutdown: shutdown.clone(),
             clock: clock.clone(),
+            server: server.clone(),
+            lease_ms: args.room_lease_ms,
         },
         tracker.clone(),
     );
-    let listener = tokio::net::TcpListener::bind(args.listen).await?;
-    let addr = listener.local_addr()?;
     let public_origin = public_origin(args.public_url.as_deref(), addr)?;
     // The preview origin: its own listener, on another host than the app.
     let (preview_origin, preview_listener) = match &args.preview_url {
@@ -147,6 +151,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         admin_emails: Arc::new(admin_emails),
         trusted_proxies: crate::accounts::proxies::TrustedProxies::parse(&args.trusted_proxies)?,
         data_dir: args.storage.data_dir.clone(),
+        server,
         sessions_ended: tokio::sync::broadcast::channel(256).0,
         access_changed: tokio::sync::broadcast::channel(256).0,
         sandboxes: sandboxes.clone(),
@@ -157,6 +162,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         egress: egress.clone(),
         spend: spend.clone(),
         present: crate::http::moderation::Present::default(),
+        events: crate::http::events::OpenSessions::default(),
         previews: Arc::new(crate::http::previews::Previews::new(
             preview_origin,
             crate::http::previews::PreviewLimits {
@@ -165,6 +171,8 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             },
         )),
     };
+    // What other servers on the same PostgreSQL announce (scale-out).
+    crate::http::events::start_listening(&state, &args.storage.database_url());
     // Deletions a crash interrupted are finished before anything else touches those rooms.
     deletion::resume(&state).await?;
     sandboxes.start_idle_scheduler();
@@ -310,9 +318,83 @@ fn public_origin(public_url: Option<&str>, bound: std::net::SocketAddr) -> anyho
     Ok(format!("{scheme}://{}", authority.to_ascii_lowercase()))
 }
 
+/// This server's identity in room leases, and where the others reach it (`--internal-url`,
+/// else the listen address). The id is kept in `DATA_DIR/server-id` (made on first start): a
+/// server restarted after a crash takes its rooms back at once instead of waiting for its own
+/// leases to lapse (each claim still raises the fencing token). Servers sharing a database
+/// each have their own data directory, so their own id.
+fn server_id(
+    data_dir: &std::path::Path,
+    internal_url: Option<&str>,
+    addr: std::net::SocketAddr,
+) -> anyhow::Result<crate::store::ServerId> {
+    let address = match internal_url {
+        Some(url) => {
+            let url = url.trim_end_matches('/');
+            anyhow::ensure!(
+                url.starts_with("http://")
+                    && url.len() > "http://".len()
+                    && !url[7..].contains('/'),
+                "--internal-url must be http://HOST:PORT, with no path"
+            );
+            url.to_owned()
+        }
+        None if addr.ip().is_unspecified() => {
+            // Enough for one server; others sharing the database could not reach it there.
+            tracing::warn!(%addr, "listening on a wildcard address without --internal-url: other servers sharing this database cannot forward connections here");
+            format!("http://127.0.0.1:{}", addr.port())
+        }
+        None => format!("http://{addr}"),
+    };
+    let file = data_dir.join("server-id");
+    let id = match std::fs::read_to_string(&file) {
+        Ok(id) if crate::ids::IssuedId::parse(id.trim()).is_some() => id.trim().to_owned(),
+        Ok(_) => anyhow::bail!(
+            "{} is not a server id: remove it to make a new one",
+            file.display()
+        ),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            use std::io::Write as _;
+            let id = crate::ids::IssuedId::fresh().to_string();
+            std::fs::create_dir_all(data_dir)?;
+            let partial = data_dir.join("server-id.partial");
+            let mut f = std::fs::File::create(&partial)?;
+            f.write_all(id.as_bytes())?;
+            f.sync_all()?;
+            std::fs::rename(&partial, &file)?;
+            id
+        }
+        Err(e) => return Err(e.into()),
+    };
+    Ok(crate::store::ServerId { id, address })
+}
+
 #[cfg(test)]
 mod tests {
-    use super::public_origin;
+    use super::{public_origin, server_id};
+
+    #[test]
+    fn a_server_keeps_its_id_and_checks_its_internal_url() {
+        let dir = tempfile::tempdir().unwrap();
+        let bound = "127.0.0.1:9000".parse().unwrap();
+        let first = server_id(dir.path(), None, bound).unwrap();
+        assert_eq!(first.address, "http://127.0.0.1:9000");
+        let again = server_id(dir.path(), Some("http://10.0.0.5:8080/"), bound).unwrap();
+        assert_eq!(again.id, first.id, "restarted, it is the same owner");
+        assert_eq!(again.address, "http://10.0.0.5:8080");
+        let other = tempfile::tempdir().unwrap();
+        assert_ne!(server_id(other.path(), None, bound).unwrap().id, first.id);
+        for bad in ["https://x:1", "http://", "http://x:1/path", "x:1"] {
+            assert!(server_id(dir.path(), Some(bad), bound).is_err(), "{bad}");
+        }
+        let wildcard = "0.0.0.0:9000".parse().unwrap();
+        assert_eq!(
+            server_id(dir.path(), None, wildcard).unwrap().address,
+            "http://127.0.0.1:9000"
+        );
+        std::fs::write(dir.path().join("server-id"), "not an id").unwrap();
+        assert!(server_id(dir.path(), None, bound).is_err());
+    }
 
     #[test]
     fn origins() {

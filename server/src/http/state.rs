@@ -36,6 +36,8 @@ pub(crate) struct AppState {
     pub admin_emails: Arc<Vec<String>>,
     pub trusted_proxies: TrustedProxies,
     pub data_dir: std::path::PathBuf,
+    /// This server, as room leases name it (scale-out).
+    pub server: crate::store::ServerId,
     /// Serialises the per-email issuance check with its record (no racing past the caps).
     #[from_ref(skip)]
     pub issuance: Arc<tokio::sync::Mutex<()>>,
@@ -61,6 +63,8 @@ pub(crate) struct AppState {
     /// Who has each room open (moderated rooms ask).
     #[from_ref(skip)]
     pub present: crate::http::moderation::Present,
+    /// The sessions of the sockets open here (scale-out's catch-up looks them up).
+    pub events: crate::http::events::OpenSessions,
     /// Meters and budgets.
     #[from_ref(skip)]
     pub spend: crate::spend::Spend,

@@ -68,6 +68,12 @@ impl Rooms {
         let _loaded = LoadedGuard(deps.metrics.clone());
         let room = match Room::load(id.clone(), deps).await {
             Ok(room) => room,
+            Err(crate::room::task::LoadError::Elsewhere(owner)) => {
+                // Lost a race for the room: its clients reconnect and are forwarded there.
+                tracing::info!(room = %id, owner = %owner.server, "the room is loaded on another server");
+                self.inner.registry.forget(&id, generation);
+                return;
+            }
             Err(e) => {
                 tracing::error!(room = %id, error = %e, "cannot load room");
                 self.inner.registry.forget(&id, generation);
@@ -179,6 +185,11 @@ mod tests {
             limits: Arc::new(Limits::default()),
             shutdown: CancellationToken::new(),
             clock,
+            server: crate::store::ServerId {
+                id: "test".into(),
+                address: "http://127.0.0.1:1".into(),
+            },
+            lease_ms: 10_000,
         };
         (Rooms::new(deps, TaskTracker::new()), store, dir)
     }

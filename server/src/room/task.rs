@@ -121,6 +121,9 @@ pub(crate) enum LoadError {
     Corrupt(#[from] DocError),
     #[error("cannot follow the document's changes")]
     Observe,
+    /// Another server owns the room (its lease is live): connections go there.
+    #[error("the room is loaded on another server ({})", .0.server)]
+    Elsewhere(crate::store::Owner),
 }
 
 /// Collects what each transaction on `doc` changed, encoded as a v1 update, into `sink`.
@@ -230,6 +233,11 @@ pub(crate) struct RoomDeps {
     pub shutdown: CancellationToken,
     /// The time of day the room's rights are checked against.
     pub clock: crate::clock::Clock,
+    /// This server, as room leases name it.
+    pub server: crate::store::ServerId,
+    /// How long a room's lease lasts unless renewed (a third of it between renewals): how long
+    /// a room whose server died stays unavailable before another server takes it.
+    pub lease_ms: i64,
 }
 
 struct Conn {
@@ -324,11 +332,20 @@ pub(crate) enum Exit {
     Shutdown,
     Failed,
     Deleted,
+    /// Another server took the room over (this server's lease lapsed): nothing more is
+    /// written, and clients reconnect to the new owner.
+    Moved,
 }
 
 pub(crate) struct Room {
     id: String,
     deps: RoomDeps,
+    /// This server's lease on the room: every append and compaction carries its token.
+    lease: crate::store::Lease,
+    /// Until when the lease is known to hold (from before the last renewal was asked).
+    lease_until: Instant,
+    /// A write was refused for a stale lease: the room ends at the next turn of its loop.
+    moved: bool,
     doc: Doc,
     /// Updates produced by the doc's transactions, waiting to be logged.
     produced: Arc<Mutex<Vec<Vec<u8>>>>,
@@ -388,12 +405,35 @@ pub(crate) struct Room {
 impl Room {
     /// Loads the room's document from storage.
     pub(crate) async fn load(id: String, deps: RoomDeps) -> Result<Room, LoadError> {
-        let stored = deps.store.load_doc(&id).await?;
+        // Ownership first, then the log: whatever a previous owner appended under its lease is
+        // in the log before this load reads it (its later appends are refused).
+        let asked = Instant::now();
+        let lease = match deps
+            .store
+            .claim_room(&id, &deps.server, deps.lease_ms)
+            .await?
+        {
+            crate::store::Claim::Won(lease) => lease,
+            crate::store::Claim::Held(owner) => return Err(LoadError::Elsewhere(owner)),
+        };
+        let lease_until = asked + lease_duration(deps.lease_ms);
+        let stored = match deps.store.load_doc(&id).await {
+            Ok(stored) => stored,
+            Err(e) => {
+                let _ = deps.store.release_room(&id, lease).await;
+                return Err(e.into());
+            }
+        };
         // Fail closed: a room loaded without part of its history would compact that loss into
         // its next snapshot and delete the log that still holds it.
-        let (doc, stored_bytes) = doc_from_stored(&stored).inspect_err(|e| {
-            tracing::error!(room = %id, error = %e, "stored document is corrupt; room not loaded");
-        })?;
+        let (doc, stored_bytes) = match doc_from_stored(&stored) {
+            Ok(loaded) => loaded,
+            Err(e) => {
+                tracing::error!(room = %id, error = %e, "stored document is corrupt; room not loaded");
+                let _ = deps.store.release_room(&id, lease).await;
+                return Err(e.into());
+            }
+        };
         let next_seq = stored
             .updates
             .last()
@@ -405,6 +445,9 @@ impl Room {
         Ok(Room {
             id,
             deps,
+            lease,
+            lease_until,
+            moved: false,
             doc,
             produced,
             conns: HashMap::new(),
@@ -448,9 +491,19 @@ impl Room {
         let idle = Duration::from_millis(self.deps.limits.room_idle_ms);
         let mut idle_since = Some(tokio::time::Instant::now());
         let mut lagging = false;
+        let mut renew = tokio::time::interval(lease_duration(self.deps.lease_ms) / 3);
+        renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        renew.reset();
         loop {
+            if self.moved {
+                return self.finish(Exit::Moved).await;
+            }
             let first = tokio::select! {
                 cmd = rx.recv() => cmd,
+                _ = renew.tick() => {
+                    self.renew().await;
+                    continue;
+                }
                 () = lag_tick(lagging) => {
                     lagging = self.catch_up();
                     continue;
@@ -516,6 +569,9 @@ impl Room {
             }
             if !self.commit().await {
                 return self.finish(Exit::Failed).await;
+            }
+            if self.moved {
+                return self.finish(Exit::Moved).await;
             }
             lagging = self.catch_up();
             idle_since = self.conns.is_empty().then(tokio::time::Instant::now);
@@ -1002,8 +1058,24 @@ impl Room {
             let mut attempt = 0;
             loop {
                 attempt += 1;
-                match self.deps.store.append_updates(&self.id, &rows).await {
+                match self
+                    .deps
+                    .store
+                    .append_updates(&self.id, self.lease, &rows)
+                    .await
+                {
                     Ok(()) => break,
+                    Err(StoreError::Fenced) => {
+                        // Another server owns the room now: nothing of this batch was logged,
+                        // so nothing of it is sent; its clients resend it to the new owner.
+                        tracing::warn!(room = %self.id, "another server took the room over; closing it here");
+                        self.moved = true;
+                        self.batch.clear();
+                        self.replies.clear();
+                        self.sync_requests.clear();
+                        self.presence_changes.clear();
+                        return true;
+                    }
                     Err(e) if attempt < PERSIST_ATTEMPTS => {
                         tracing::warn!(room = %self.id, error = %e, attempt, "update log append failed, retrying");
                         tokio::time::sleep(Duration::from_millis(100 * u64::from(attempt))).await;
@@ -1229,7 +1301,12 @@ impl Room {
             .doc
             .transact()
             .encode_state_as_update_v1(&StateVector::default());
-        match self.deps.store.compact(&self.id, upto, &snapshot).await {
+        match self
+            .deps
+            .store
+            .compact(&self.id, self.lease, upto, &snapshot)
+            .await
+        {
             Ok(()) => {
                 self.deps.metrics.compactions.inc();
                 self.logged_since_snapshot = 0;
@@ -1240,7 +1317,36 @@ impl Room {
                     self.told_full.clear();
                 }
             }
+            Err(StoreError::Fenced) => {
+                tracing::warn!(room = %self.id, "another server took the room over; closing it here");
+                self.moved = true;
+            }
             Err(e) => tracing::warn!(room = %self.id, error = %e, "compaction failed; log kept"),
+        }
+    }
+
+    /// Renews the room's lease. A lease another server took over, or one that could not be
+    /// renewed before it lapsed, ends the room here.
+    async fn renew(&mut self) {
+        let asked = Instant::now();
+        match self
+            .deps
+            .store
+            .renew_room(&self.id, self.lease, self.deps.lease_ms)
+            .await
+        {
+            Ok(true) => self.lease_until = asked + lease_duration(self.deps.lease_ms),
+            Ok(false) => {
+                tracing::warn!(room = %self.id, "the room's lease was taken over; closing it here");
+                self.moved = true;
+            }
+            Err(e) if Instant::now() >= self.lease_until => {
+                tracing::error!(room = %self.id, error = %e, "cannot renew the room's lease before it lapses; closing it here");
+                self.moved = true;
+            }
+            Err(e) => {
+                tracing::warn!(room = %self.id, error = %e, "cannot renew the room's lease; retrying")
+            }
         }
     }
 
@@ -1256,13 +1362,23 @@ impl Room {
         if exit == Exit::Shutdown && self.logged_since_snapshot > 0 {
             self.compact().await;
         }
+        if exit == Exit::Moved {
+            self.deps.metrics.rooms_moved.inc();
+        }
         let code = match exit {
             Exit::Shutdown => CloseCode::Away,
             Exit::Idle | Exit::Failed => CloseCode::Internal,
             Exit::Deleted => CloseCode::Deleted,
+            Exit::Moved => CloseCode::Moved,
         };
         for c in self.conns.values() {
             c.out.close(code);
+        }
+        if exit != Exit::Moved && !self.moved {
+            // Another server may load the room at once, not after the lease lapses.
+            if let Err(e) = self.deps.store.release_room(&self.id, self.lease).await {
+                tracing::warn!(room = %self.id, error = %e, "cannot release the room's lease; it lapses on its own");
+            }
         }
         exit
     }
@@ -1276,6 +1392,11 @@ impl Drop for Room {
             .connections
             .dec_by(self.conns.len() as i64);
     }
+}
+
+/// A lease length in milliseconds as a duration (a second at least).
+fn lease_duration(ms: i64) -> Duration {
+    Duration::from_millis(u64::try_from(ms).unwrap_or(0).max(1000))
 }
 
 /// While a connection is behind, wakes the room often enough to catch it up soon after its

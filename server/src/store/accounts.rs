@@ -155,6 +155,28 @@ impl Store {
             .collect()
     }
 
+    /// Whether the session `token_hash` still exists (not logged out, not ended by an admin).
+    pub(crate) async fn session_exists(&self, token_hash: &str) -> Result<bool, StoreError> {
+        Ok(
+            sqlx::query("SELECT 1 AS one FROM sessions WHERE token_hash = $1")
+                .bind(token_hash)
+                .fetch_optional(&self.pool)
+                .await?
+                .is_some(),
+        )
+    }
+
+    /// Says `payload` on PostgreSQL's notification channel `channel` (every server listening
+    /// on it hears it).
+    pub(crate) async fn notify(&self, channel: &str, payload: &str) -> Result<(), StoreError> {
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(channel)
+            .bind(payload)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
     pub(crate) async fn delete_session(&self, token_hash: &str) -> Result<(), StoreError> {
         sqlx::query("DELETE FROM sessions WHERE token_hash = $1")
             .bind(token_hash)

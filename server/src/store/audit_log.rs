@@ -3,6 +3,9 @@
 use super::changes::apply_change;
 use super::*;
 
+/// Tries at appending one record while other servers win the race for the chain's head.
+const CHAIN_RACE_ATTEMPTS: u32 = 32;
+
 impl Store {
     /// Every audit chain id.
     pub(crate) async fn audit_chains(&self) -> Result<Vec<String>, StoreError> {
@@ -76,7 +79,36 @@ impl Store {
     }
 
     /// Applies `change` and appends its audit record to `chain`, in one transaction.
+    ///
+    /// Appends are serialised per process (`crate::audit`); servers sharing a PostgreSQL
+    /// database (scale-out) can still race for a chain's next sequence number. The loser's
+    /// insert hits the `(chain, seq)` key and its whole transaction rolls back (no fork, nothing
+    /// of its change applied); it is then run again on the new head.
     pub(crate) async fn record(
+        &self,
+        chain: &str,
+        fields: audit::Fields,
+        change: &Change,
+    ) -> Result<audit::Record, StoreError> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match self.record_once(chain, fields.clone(), change).await {
+                Err(StoreError::Db(sqlx::Error::Database(e)))
+                    if attempt < CHAIN_RACE_ATTEMPTS && e.is_unique_violation() =>
+                {
+                    tracing::debug!(
+                        chain,
+                        attempt,
+                        "another server appended to this chain first; again on the new head"
+                    );
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn record_once(
         &self,
         chain: &str,
         fields: audit::Fields,

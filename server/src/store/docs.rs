@@ -46,14 +46,19 @@ impl Store {
     /// room go through one writer, which gathers those waiting into one transaction (group
     /// commit across rooms): forty busy rooms pay one fsync, not forty, and never queue for
     /// SQLite's single write lock one by one.
+    ///
+    /// `lease` is the room's fencing token ([`super::leases`]): a batch under a token that is
+    /// no longer the room's current one is refused whole (`StoreError::Fenced`).
     pub(crate) async fn append_updates(
         &self,
         room_id: &str,
+        lease: Lease,
         batch: &[(i64, &[u8])],
     ) -> Result<(), StoreError> {
         let (done, result) = tokio::sync::oneshot::channel();
         let append = Append {
             room: room_id.to_owned(),
+            token: lease.token,
             rows: batch.iter().map(|(seq, d)| (*seq, d.to_vec())).collect(),
             done,
         };
@@ -77,14 +82,32 @@ impl Store {
     }
 
     /// Replaces the snapshot with `data` (covering every update up to `upto_seq`) and drops the
-    /// folded log entries, atomically.
+    /// folded log entries, atomically, while `lease` is still the room's (else
+    /// `StoreError::Fenced`, and nothing changes).
     pub(crate) async fn compact(
         &self,
         room_id: &str,
+        lease: Lease,
         upto_seq: i64,
         data: &[u8],
     ) -> Result<(), StoreError> {
         let mut tx = self.begin_write().await?;
+        // Holds the lease row until the commit (PostgreSQL; SQLite's write lock already does):
+        // a takeover waits for this compaction, or this one sees the new token and stops.
+        let lock = match self.backend {
+            Backend::Sqlite => "",
+            Backend::Postgres => " FOR UPDATE",
+        };
+        let held = sqlx::query(&format!(
+            "SELECT token FROM room_leases WHERE room_id = $1 AND token = $2{lock}"
+        ))
+        .bind(room_id)
+        .bind(lease.token)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if held.is_none() {
+            return Err(StoreError::Fenced);
+        }
         sqlx::query(
             "INSERT INTO doc_snapshots (room_id, upto_seq, data, updated_at) VALUES ($1, $2, $3, $4) \
              ON CONFLICT (room_id) DO UPDATE SET upto_seq = excluded.upto_seq, \
@@ -124,6 +147,8 @@ fn max_group() -> usize {
 #[derive(Debug)]
 pub(crate) struct Append {
     room: String,
+    /// The room's fencing token.
+    token: i64,
     rows: Vec<(i64, Vec<u8>)>,
     done: tokio::sync::oneshot::Sender<Result<(), StoreError>>,
 }
@@ -170,13 +195,18 @@ impl Writer {
     /// Appends a group's rows: one multi-row `INSERT` where they fit in one (a single statement
     /// commits on its own: one round trip to the database, not a `BEGIN`, a statement per row
     /// and a `COMMIT`), else several in one transaction.
+    /// A group with a stale token is refused whole (`StoreError::Fenced`); [`Writer::run`] then
+    /// writes each batch alone, so only the stale one fails.
     async fn write(&self, group: &[Append]) -> Result<(), StoreError> {
-        let rows: Vec<(&str, i64, &[u8])> = group
+        let rows: Vec<LogRow<'_>> = group
             .iter()
             .flat_map(|a| {
-                a.rows
-                    .iter()
-                    .map(|(seq, data)| (a.room.as_str(), *seq, data.as_slice()))
+                a.rows.iter().map(|(seq, data)| LogRow {
+                    room: a.room.as_str(),
+                    token: a.token,
+                    seq: *seq,
+                    data: data.as_slice(),
+                })
             })
             .collect();
         if rows.is_empty() {
@@ -188,19 +218,19 @@ impl Writer {
             1
         };
         if self.multi_row && rows.len() <= per_statement {
-            insert_rows(&self.pool, &rows).await?;
-            return Ok(());
+            return fenced(insert_rows(&self.pool, self.backend, &rows).await?);
         }
         let mut tx = super::begin_write(&self.pool, self.backend).await?;
         for chunk in rows.chunks(per_statement) {
-            insert_rows(&mut *tx, chunk).await?;
+            // Dropping the transaction rolls back what earlier chunks wrote.
+            fenced(insert_rows(&mut *tx, self.backend, chunk).await?)?;
         }
         tx.commit().await?;
         Ok(())
     }
 }
 
-/// Rows one `INSERT` takes (three parameters each: far below SQLite's 32,766 and PostgreSQL's
+/// Rows one `INSERT` takes (four parameters each: far below SQLite's 32,766 and PostgreSQL's
 /// 65,535).
 const ROWS_PER_STATEMENT: usize = 500;
 
@@ -213,25 +243,66 @@ fn multi_row() -> bool {
     !crate::config::comparison_switch("CODEROOM_LOG_ROW_EACH")
 }
 
-async fn insert_rows<'e, E>(db: E, rows: &[(&str, i64, &[u8])]) -> Result<(), sqlx::Error>
+/// One log row to append, with its room's fencing token.
+struct LogRow<'a> {
+    room: &'a str,
+    token: i64,
+    seq: i64,
+    data: &'a [u8],
+}
+
+fn fenced(landed: bool) -> Result<(), StoreError> {
+    if landed {
+        Ok(())
+    } else {
+        Err(StoreError::Fenced)
+    }
+}
+
+/// Inserts `rows` in one statement if every row's token is its room's current lease token, else
+/// inserts nothing. Returns whether they landed.
+///
+/// The check is in the statement itself, not before it: on PostgreSQL the lease rows are read
+/// `FOR SHARE`, so a takeover (which updates the row) waits for this statement's transaction,
+/// or this statement waits for the takeover and then sees its new token; SQLite runs one
+/// writer at a time.
+async fn insert_rows<'e, E>(
+    db: E,
+    backend: Backend,
+    rows: &[LogRow<'_>],
+) -> Result<bool, sqlx::Error>
 where
     E: sqlx::Executor<'e, Database = sqlx::Any>,
 {
     use std::fmt::Write;
-    let mut sql = String::from("INSERT INTO doc_updates (room_id, seq, data) VALUES ");
+    let mut sql = String::from("WITH v (room_id, token, seq, data) AS (VALUES ");
     for i in 0..rows.len() {
-        let n = i * 3;
+        let n = i * 4;
         let sep = if i > 0 { ", " } else { "" };
-        let _ = write!(sql, "{sep}(${}, ${}, ${})", n + 1, n + 2, n + 3);
+        let _ = write!(sql, "{sep}(${}, ${}, ${}, ${})", n + 1, n + 2, n + 3, n + 4);
     }
+    let lock = match backend {
+        Backend::Sqlite => "",
+        Backend::Postgres => " FOR SHARE",
+    };
+    let _ = write!(
+        sql,
+        "), l AS (SELECT room_id, token FROM room_leases \
+         WHERE room_id IN (SELECT room_id FROM v){lock}) \
+         INSERT INTO doc_updates (room_id, seq, data) SELECT room_id, seq, data FROM v \
+         WHERE (SELECT COUNT(*) FROM v JOIN l ON l.room_id = v.room_id AND l.token = v.token) \
+         = ${}",
+        rows.len() * 4 + 1
+    );
     // Each row count is a statement of its own: only the common small ones are kept prepared,
     // so bursts of every size up to 500 never churn the connection's statement cache (100).
     let mut q = sqlx::query(&sql).persistent(rows.len() <= PREPARED_UP_TO);
-    for (room, seq, data) in rows {
-        q = q.bind(*room).bind(*seq).bind(*data);
+    for r in rows {
+        q = q.bind(r.room).bind(r.token).bind(r.seq).bind(r.data);
     }
-    q.execute(db).await?;
-    Ok(())
+    let n = i64::try_from(rows.len()).unwrap_or(i64::MAX);
+    let done = q.bind(n).execute(db).await?;
+    Ok(done.rows_affected() == rows.len() as u64)
 }
 
 #[cfg(test)]
@@ -244,33 +315,11 @@ mod tests {
     /// land.
     #[tokio::test]
     async fn grouped_appends_land_whole_and_a_bad_batch_fails_alone() {
-        let dir = tempfile::tempdir().unwrap();
-        grouped_appends(&format!("sqlite://{}/g.db", dir.path().display())).await;
-        // PostgreSQL too where the test run has one (a database of its own, dropped after).
-        if let Ok(admin) = std::env::var("CODEROOM_TEST_POSTGRES_URL") {
-            let name = format!("coderoom_u_{}", uuid::Uuid::new_v4().simple());
-            let root = Store::connect(&admin).await.unwrap();
-            sqlx::query(&format!("CREATE DATABASE {name}"))
-                .execute(&root.pool)
-                .await
-                .unwrap();
-            let base = admin.rsplit_once('/').unwrap().0;
-            grouped_appends(&format!("{base}/{name}")).await;
-            sqlx::query(&format!("DROP DATABASE {name} WITH (FORCE)"))
-                .execute(&root.pool)
-                .await
-                .unwrap();
-            root.close().await;
-        }
+        super::super::on_each_database(|url| async move { grouped_appends(&url).await }).await;
     }
 
     async fn grouped_appends(url: &str) {
-        let store = Store::connect(url).await.unwrap();
-        store.migrate().await.unwrap();
-        sqlx::query("INSERT INTO users (id, email, created_at) VALUES ('u', 'u@example.com', 0)")
-            .execute(&store.pool)
-            .await
-            .unwrap();
+        let store = super::super::with_user(url).await;
         let rooms: Vec<String> = (0..30).map(|i| format!("r{i}")).collect();
         for r in &rooms {
             sqlx::query(
@@ -281,13 +330,30 @@ mod tests {
             .await
             .unwrap();
         }
+        let me = super::super::ServerId {
+            id: "t".into(),
+            address: "http://t".into(),
+        };
+        let mut leases = std::collections::HashMap::new();
+        for r in &rooms {
+            let super::super::Claim::Won(lease) = store.claim_room(r, &me, 60_000).await.unwrap()
+            else {
+                panic!("not claimed")
+            };
+            leases.insert(r.clone(), lease);
+        }
+        // r2 is claimed again (a claim raises the token): the lease kept for it is stale.
+        let super::super::Claim::Won(_) = store.claim_room("r2", &me, 60_000).await.unwrap() else {
+            panic!("not claimed")
+        };
         let data = |room: &str, seq: i64| format!("{room}:{seq}").into_bytes();
         // r0 holds seq 1 already: its batch below (seq 1-3) collides.
         store
-            .append_updates("r0", &[(1, b"first".as_slice())])
+            .append_updates("r0", leases["r0"], &[(1, b"first".as_slice())])
             .await
             .unwrap();
         let big = ROWS_PER_STATEMENT * 2 + 7;
+        let leases = &leases;
         let appends = rooms.iter().map(|r| {
             let store = store.clone();
             let r = r.clone();
@@ -296,12 +362,18 @@ mod tests {
                 let rows: Vec<(i64, Vec<u8>)> = (1..=n as i64).map(|s| (s, data(&r, s))).collect();
                 let refs: Vec<(i64, &[u8])> =
                     rows.iter().map(|(s, d)| (*s, d.as_slice())).collect();
-                (r.clone(), store.append_updates(&r, &refs).await)
+                let lease = leases[&r];
+                (r.clone(), store.append_updates(&r, lease, &refs).await)
             }
         });
         let results = futures_util::future::join_all(appends).await;
         for (room, result) in results {
             let stored = store.load_doc(&room).await.unwrap();
+            if room == "r2" {
+                assert!(matches!(result, Err(StoreError::Fenced)), "{result:?}");
+                assert!(stored.updates.is_empty(), "nothing of a stale batch lands");
+                continue;
+            }
             if room == "r0" {
                 assert!(result.is_err(), "r0's batch collides with its stored row");
                 assert_eq!(

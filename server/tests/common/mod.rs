@@ -232,6 +232,17 @@ impl Storage {
         }
     }
 
+    /// Another server's storage on the same database (scale-out): a data directory of its
+    /// own. Only the first one drops the database.
+    pub fn sharing(&self) -> Storage {
+        Storage {
+            dir: tempfile::tempdir().unwrap(),
+            database_url: self.database_url.clone(),
+            admin_url: None,
+            db_name: None,
+        }
+    }
+
     pub fn args(&self) -> Vec<String> {
         let mut a = vec!["--data-dir".into(), self.dir.path().display().to_string()];
         if let Some(url) = &self.database_url {
@@ -633,6 +644,25 @@ impl Client {
         c
     }
 
+    /// Connects and syncs, or says why not (a refused upgrade, a close before the sync).
+    pub async fn try_connect_synced(
+        server: &Server,
+        room: &str,
+        token: &str,
+    ) -> Result<Client, String> {
+        let ws = try_raw_ws(server, room, token).await?;
+        let mut c = Client {
+            ws,
+            doc: Doc::new(),
+        };
+        let sv = c.doc.transact().state_vector();
+        c.send(YMessage::Sync(SyncMessage::SyncStep1(sv))).await;
+        c.try_synced()
+            .await
+            .map_err(|code| format!("closed ({code:?}) before sync"))?;
+        Ok(c)
+    }
+
     /// Sends a message. A connection the server has closed (or that died with it) drops it:
     /// the close shows up in [`Client::next`], where tests look for it.
     pub async fn send(&mut self, m: YMessage) {
@@ -822,6 +852,14 @@ impl Client {
 }
 
 pub async fn raw_ws(server: &Server, room: &str, token: &str) -> Ws {
+    try_raw_ws(server, room, token)
+        .await
+        .unwrap_or_else(|e| panic!("cannot open the document socket: {e}"))
+}
+
+/// [`raw_ws`], reporting a refused upgrade (a server that cannot serve the room now) instead
+/// of panicking.
+pub async fn try_raw_ws(server: &Server, room: &str, token: &str) -> Result<Ws, String> {
     let mut req = format!("ws://{}/api/rooms/{room}/doc", server.addr)
         .into_client_request()
         .unwrap();
@@ -830,10 +868,10 @@ pub async fn raw_ws(server: &Server, room: &str, token: &str) -> Ws {
     let cfg = WebSocketConfig::default()
         .max_message_size(Some(64 << 20))
         .max_frame_size(Some(64 << 20));
-    let (ws, _) = tokio_tungstenite::connect_async_with_config(req, Some(cfg), false)
+    tokio_tungstenite::connect_async_with_config(req, Some(cfg), false)
         .await
-        .unwrap();
-    ws
+        .map(|(ws, _)| ws)
+        .map_err(|e| e.to_string())
 }
 
 /// A WebSocket joined to the room's shared terminal (100x30).

@@ -1,0 +1,288 @@
+//! Events every server must hear (scale-out, issue 18): a session that ended (logout, an
+//! account revoked everywhere) and a participant's rights that changed. The server where it
+//! happened acts on its own sockets at once, as a lone server does, and announces it on
+//! PostgreSQL's `LISTEN/NOTIFY` channel `coderoom_events`; every other server hears it and does
+//! the same to the sockets it holds: closes those of an ended session, and gives a room the
+//! participant's rights as the database now has them (which closes their sockets when they no
+//! longer observe).
+//!
+//! Nothing is missed across a lost connection to the database: each time the listener
+//! (re)connects it catches up from the database itself, for what it holds: every open
+//! socket's session is looked up (gone: closed), and every participant with a room open here
+//! gets their rights as stored.
+//!
+//! On SQLite there is one server and nothing to announce.
+
+use crate::http::state::{AccessChanged, SessionEnded};
+use crate::http::AppState;
+use crate::room::RoomCmd;
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The channel every server listens on.
+const CHANNEL: &str = "coderoom_events";
+/// Wait before listening again after the connection failed.
+const RETRY: Duration = Duration::from_secs(1);
+
+/// What one server tells the others.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub(crate) enum Event {
+    SessionEnded {
+        hash: String,
+    },
+    AccessChanged {
+        room: String,
+        user: String,
+        by: Option<String>,
+    },
+}
+
+#[derive(Serialize, Deserialize)]
+struct Envelope {
+    /// The announcing server's id: it does not act on its own announcement twice.
+    from: String,
+    event: Event,
+}
+
+/// Announces `event` to the other servers (nothing on SQLite). A failure is logged: the other
+/// servers catch up when their listener reconnects, not sooner.
+pub(crate) async fn announce(app: &AppState, event: Event) {
+    if app.store.backend() != crate::store::Backend::Postgres {
+        return;
+    }
+    let envelope = Envelope {
+        from: app.server.id.clone(),
+        event,
+    };
+    let Ok(payload) = serde_json::to_string(&envelope) else {
+        return;
+    };
+    if let Err(e) = app.store.notify(CHANNEL, &payload).await {
+        tracing::error!(error = %e, "cannot announce an event to the other servers");
+    }
+}
+
+/// A participant's rights in a room changed: the sockets here are told at once, and the other
+/// servers through [`announce`].
+pub(crate) async fn access_changed(app: &AppState, room: String, user: String, by: Option<String>) {
+    let _ = app.access_changed.send(AccessChanged {
+        room: room.clone(),
+        user: user.clone(),
+        by: by.clone(),
+        at: std::time::Instant::now(),
+    });
+    announce(app, Event::AccessChanged { room, user, by }).await;
+}
+
+/// The sessions of this server's open sockets (hash -> sockets), for the catch-up.
+#[derive(Clone, Default)]
+pub(crate) struct OpenSessions {
+    inner: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+/// One socket opened with a session; gone when dropped.
+pub(crate) struct Open {
+    sessions: OpenSessions,
+    hash: String,
+}
+
+impl OpenSessions {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A socket opened with the session `hash` lives until the guard is dropped.
+    pub(crate) fn open(&self, hash: &str) -> Open {
+        *self.map().entry(hash.to_owned()).or_default() += 1;
+        Open {
+            sessions: self.clone(),
+            hash: hash.to_owned(),
+        }
+    }
+
+    fn hashes(&self) -> Vec<String> {
+        self.map().keys().cloned().collect()
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        let mut map = self.sessions.map();
+        if let Some(n) = map.get_mut(&self.hash) {
+            *n -= 1;
+            if *n == 0 {
+                map.remove(&self.hash);
+            }
+        }
+    }
+}
+
+/// Listens for the other servers' events until shutdown (PostgreSQL only).
+pub(crate) fn start_listening(app: &AppState, database_url: &str) {
+    if app.store.backend() != crate::store::Backend::Postgres {
+        return;
+    }
+    let app = app.clone();
+    let url = database_url.to_owned();
+    let tracker = app.tracker.clone();
+    tracker.spawn(async move {
+        let shutdown = app.shutdown.clone();
+        tokio::select! {
+            () = listen(&app, &url) => {}
+            () = shutdown.cancelled() => {}
+        }
+    });
+}
+
+async fn listen(app: &AppState, url: &str) {
+    loop {
+        let mut listener = match sqlx::postgres::PgListener::connect(url).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for the other servers' events; retrying");
+                tokio::time::sleep(RETRY).await;
+                continue;
+            }
+        };
+        // Without automatic reconnection: a lost connection comes back here, through the
+        // catch-up, instead of silently skipping what was said meanwhile.
+        listener.ignore_pool_close_event(true);
+        if let Err(e) = listener.listen(CHANNEL).await {
+            tracing::warn!(error = %e, "cannot listen for the other servers' events; retrying");
+            tokio::time::sleep(RETRY).await;
+            continue;
+        }
+        catch_up(app).await;
+        loop {
+            match listener.try_recv().await {
+                Ok(Some(n)) => match serde_json::from_str::<Envelope>(n.payload()) {
+                    Ok(e) if e.from != app.server.id => act(app, e.event).await,
+                    Ok(_) => {}
+                    Err(e) => {
+                        tracing::warn!(error = %e, "an event from another server does not read")
+                    }
+                },
+                Ok(None) => {
+                    tracing::warn!("lost the connection that hears the other servers; catching up once it is back");
+                    break;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "lost the connection that hears the other servers; catching up once it is back");
+                    break;
+                }
+            }
+        }
+        tokio::time::sleep(RETRY).await;
+    }
+}
+
+/// Does here what another server announced.
+async fn act(app: &AppState, event: Event) {
+    match event {
+        Event::SessionEnded { hash } => {
+            let _ = app.sessions_ended.send(SessionEnded {
+                hash,
+                at: std::time::Instant::now(),
+            });
+        }
+        Event::AccessChanged { room, user, by } => {
+            refresh_rights(app, &room, &user).await;
+            let _ = app.access_changed.send(AccessChanged {
+                room,
+                user,
+                by,
+                at: std::time::Instant::now(),
+            });
+        }
+    }
+}
+
+/// Gives a room loaded here `user`'s rights as stored (none, once removed).
+async fn refresh_rights(app: &AppState, room: &str, user: &str) {
+    let rights = match app.store.room_state(room).await {
+        Ok(state) => crate::room::task::Rights::of_state(
+            &state,
+            user,
+            coderoom_authz::Capability::Edit,
+            app.clock.now_ms(),
+        ),
+        Err(e) => {
+            tracing::warn!(room, error = %e, "cannot read a room's rights for another server's change");
+            return;
+        }
+    };
+    app.rooms
+        .notify(
+            room,
+            RoomCmd::Access {
+                user_id: user.to_owned(),
+                rights,
+                decided: std::time::Instant::now(),
+            },
+        )
+        .await;
+}
+
+/// What may have been announced while this server was not listening, read from the database
+/// for what this server holds.
+async fn catch_up(app: &AppState) {
+    for hash in app.events.hashes() {
+        match app.store.session_exists(&hash).await {
+            Ok(true) => {}
+            Ok(false) => act(app, Event::SessionEnded { hash }).await,
+            Err(e) => tracing::warn!(error = %e, "cannot look up an open socket's session"),
+        }
+    }
+    for (room, user) in app.present.everyone() {
+        act(
+            app,
+            Event::AccessChanged {
+                room,
+                user,
+                by: None,
+            },
+        )
+        .await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn events_read_back_as_written() {
+        for event in [
+            Event::SessionEnded { hash: "h".into() },
+            Event::AccessChanged {
+                room: "r".into(),
+                user: "u".into(),
+                by: Some("ana@example.com".into()),
+            },
+        ] {
+            let text = serde_json::to_string(&Envelope {
+                from: "s".into(),
+                event: event.clone(),
+            })
+            .unwrap();
+            let back: Envelope = serde_json::from_str(&text).unwrap();
+            assert_eq!((back.from.as_str(), back.event), ("s", event));
+        }
+    }
+
+    #[test]
+    fn open_sessions_are_counted_per_socket() {
+        let s = OpenSessions::default();
+        let a = s.open("h");
+        let b = s.open("h");
+        assert_eq!(s.hashes(), vec!["h".to_owned()]);
+        drop(a);
+        assert_eq!(s.hashes(), vec!["h".to_owned()]);
+        drop(b);
+        assert!(s.hashes().is_empty());
+    }
+}
