@@ -325,6 +325,12 @@ pub(crate) struct ServeArgs {
     /// and the listen address, which must then not be a wildcard address.
     #[arg(long, env = "CODEROOM_INTERNAL_URL")]
     pub internal_url: Option<String>,
+    /// This server's name in room leases (default: made once and kept in `DATA_DIR/server-id`).
+    /// Each server sharing a database needs its own, the same across its restarts (so that it
+    /// takes its rooms back at once): in Kubernetes, the pod's name. 1-128 letters, digits,
+    /// `.`, `_`, `-`.
+    #[arg(long, env = "CODEROOM_SERVER_ID")]
+    pub server_id: Option<String>,
     /// How long a server's ownership of a loaded room lasts without renewal, in milliseconds
     /// (renewed every third of it): after a server dies, its rooms move to another server once
     /// this has passed.

@@ -126,8 +126,8 @@ impl Drop for Scratch {
 
 /// The approved workspace export: the archive is written (the running sandbox's workspace, else
 /// its latest snapshot) with the document laid over it, then the export is recorded with what
-/// it holds (spending the approval), then sent. Scratch space is `DATA_DIR/exports/`, emptied
-/// at every start too.
+/// it holds (spending the approval), then sent. Scratch space is `DATA_DIR/exports/<server>/`,
+/// emptied at every start of that server too.
 async fn workspace_download(
     app: &AppState,
     room_id: &RoomId,
@@ -135,7 +135,7 @@ async fn workspace_download(
     params: Value,
     approval_id: &str,
 ) -> Result<Response, ApiError> {
-    let dir = exports_dir(&app.data_dir);
+    let dir = exports_dir(&app.data_dir, &app.server.id);
     tokio::fs::create_dir_all(&dir).await.map_err(store_io)?;
     let id = IssuedId::fresh();
     let raw = dir.join(format!("{id}.tar"));
@@ -194,9 +194,10 @@ async fn workspace_download(
         .into_response())
 }
 
-/// Where downloads are written before they are sent.
-pub(crate) fn exports_dir(data_dir: &std::path::Path) -> std::path::PathBuf {
-    data_dir.join("exports")
+/// Where this server writes downloads before they are sent: a directory of its own, since
+/// servers sharing a database may share the data directory too.
+pub(crate) fn exports_dir(data_dir: &std::path::Path, server: &str) -> std::path::PathBuf {
+    data_dir.join("exports").join(server)
 }
 
 /// A file name from a room's name: letters, digits, `.`, `_` and `-` kept, anything else a `-`

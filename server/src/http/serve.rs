@@ -23,9 +23,6 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     )
     .await?;
     store.migrate().await?;
-    // Downloads a crash left half-written (each one is removed once sent).
-    let _ = tokio::fs::remove_dir_all(crate::http::approvals::exports_dir(&args.storage.data_dir))
-        .await;
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();
     let metrics = Metrics::new();
@@ -43,8 +40,19 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     let addr = listener.local_addr()?;
-    let server = server_id(&args.storage.data_dir, args.internal_url.as_deref(), addr)?;
+    let server = server_id(
+        &args.storage.data_dir,
+        args.server_id.as_deref(),
+        args.internal_url.as_deref(),
+        addr,
+    )?;
     tracing::info!(server = %server.id, internal_url = %server.address, "server identity for room leases");
+    // Downloads a crash left half-written (each one is removed once sent).
+    let _ = tokio::fs::remove_dir_all(crate::http::approvals::exports_dir(
+        &args.storage.data_dir,
+        &server.id,
+    ))
+    .await;
     let rooms = Rooms::new(
         RoomDeps {
             store: store.clone(),
@@ -325,6 +333,7 @@ fn public_origin(public_url: Option<&str>, bound: std::net::SocketAddr) -> anyho
 /// each have their own data directory, so their own id.
 fn server_id(
     data_dir: &std::path::Path,
+    given: Option<&str>,
     internal_url: Option<&str>,
     addr: std::net::SocketAddr,
 ) -> anyhow::Result<crate::store::ServerId> {
@@ -346,6 +355,19 @@ fn server_id(
         }
         None => format!("http://{addr}"),
     };
+    if let Some(id) = given {
+        anyhow::ensure!(
+            (1..=128).contains(&id.len())
+                && id
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-')),
+            "--server-id must be 1-128 letters, digits, '.', '_' or '-'"
+        );
+        return Ok(crate::store::ServerId {
+            id: id.to_owned(),
+            address,
+        });
+    }
     let file = data_dir.join("server-id");
     let id = match std::fs::read_to_string(&file) {
         Ok(id) if crate::ids::IssuedId::parse(id.trim()).is_some() => id.trim().to_owned(),
@@ -377,23 +399,37 @@ mod tests {
     fn a_server_keeps_its_id_and_checks_its_internal_url() {
         let dir = tempfile::tempdir().unwrap();
         let bound = "127.0.0.1:9000".parse().unwrap();
-        let first = server_id(dir.path(), None, bound).unwrap();
+        let first = server_id(dir.path(), None, None, bound).unwrap();
         assert_eq!(first.address, "http://127.0.0.1:9000");
-        let again = server_id(dir.path(), Some("http://10.0.0.5:8080/"), bound).unwrap();
+        let again = server_id(dir.path(), None, Some("http://10.0.0.5:8080/"), bound).unwrap();
         assert_eq!(again.id, first.id, "restarted, it is the same owner");
         assert_eq!(again.address, "http://10.0.0.5:8080");
         let other = tempfile::tempdir().unwrap();
-        assert_ne!(server_id(other.path(), None, bound).unwrap().id, first.id);
+        assert_ne!(
+            server_id(other.path(), None, None, bound).unwrap().id,
+            first.id
+        );
         for bad in ["https://x:1", "http://", "http://x:1/path", "x:1"] {
-            assert!(server_id(dir.path(), Some(bad), bound).is_err(), "{bad}");
+            assert!(
+                server_id(dir.path(), None, Some(bad), bound).is_err(),
+                "{bad}"
+            );
+        }
+        let named = server_id(dir.path(), Some("coderoom-7d9f-abc12"), None, bound).unwrap();
+        assert_eq!(named.id, "coderoom-7d9f-abc12");
+        for bad in ["", "a b", "a/b", &"x".repeat(129)] {
+            assert!(
+                server_id(dir.path(), Some(bad), None, bound).is_err(),
+                "{bad}"
+            );
         }
         let wildcard = "0.0.0.0:9000".parse().unwrap();
         assert_eq!(
-            server_id(dir.path(), None, wildcard).unwrap().address,
+            server_id(dir.path(), None, None, wildcard).unwrap().address,
             "http://127.0.0.1:9000"
         );
         std::fs::write(dir.path().join("server-id"), "not an id").unwrap();
-        assert!(server_id(dir.path(), None, bound).is_err());
+        assert!(server_id(dir.path(), None, None, bound).is_err());
     }
 
     #[test]
