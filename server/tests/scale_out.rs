@@ -329,3 +329,58 @@ async fn logouts_and_revocations_reach_every_server() {
     assert_eq!(check.content("t"), "still here");
     storage.drop_db().await;
 }
+
+/// A deletion confirmed through a server that does not hold the room is carried out where the
+/// room is: its sockets close with 4004 and its running sandbox is destroyed (the receipt says
+/// so, not "none").
+#[tokio::test]
+async fn a_deletion_confirmed_elsewhere_runs_where_the_room_is() {
+    let Some(pg) = postgres() else { return };
+    let storage = Storage::new(&pg).await;
+    let ana = storage.token("ana@example.com").await;
+    let root = storage.token("root@example.com").await;
+    let extra = [
+        "--room-lease-ms",
+        LEASE_MS,
+        "--admin-emails",
+        "root@example.com",
+    ];
+    let owner = Server::start(&storage, &extra).await;
+    let other_dir = storage.sharing();
+    let other = Server::start(&other_dir, &extra).await;
+    let room = create_room(&owner, &ana).await;
+    let mut c = Client::connect(&owner, &room, &ana).await;
+    c.synced().await;
+    let (status, out) = exec(&owner, &ana, &room, "echo running").await;
+    assert_eq!(
+        (status, out["stdout"].as_str()),
+        (200, Some("running\n")),
+        "{out}"
+    );
+    let (status, body) = http(
+        &other.url(&format!("/api/rooms/{room}")),
+        "DELETE",
+        Some(&ana),
+        None,
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    let id = serde_json::from_str::<serde_json::Value>(&body).unwrap()["deletion_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let confirm = other.url(&format!("/api/deletions/{id}/confirm"));
+    let (status, body) = http(&confirm, "POST", Some(&root), None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(c.closed().await, Some(4004));
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let sandbox = v["receipt"]["artifacts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["artifact"] == "sandbox")
+        .cloned()
+        .unwrap();
+    assert_eq!(sandbox["status"], "destroyed", "{v}");
+    storage.drop_db().await;
+}

@@ -38,6 +38,26 @@ pub(crate) fn room_of(path: &str) -> Option<&str> {
     (!id.is_empty()).then_some(id)
 }
 
+/// The deletion a path confirms: `/api/deletions/{id}/confirm`. A deletion is carried out where
+/// its room is loaded, which closes the room's sockets and destroys its sandbox there.
+fn deletion_of(path: &str) -> Option<&str> {
+    let id = path
+        .strip_prefix("/api/deletions/")?
+        .strip_suffix("/confirm")?;
+    (!id.is_empty() && !id.contains('/')).then_some(id)
+}
+
+/// The room a request is about, if it is about one.
+async fn room_for(app: &AppState, path: &str) -> Result<Option<String>, crate::store::StoreError> {
+    if let Some(room) = room_of(path) {
+        return Ok(Some(room.to_owned()));
+    }
+    match deletion_of(path) {
+        Some(id) => Ok(app.store.deletion(id).await?.map(|d| d.room_id)),
+        None => Ok(None),
+    }
+}
+
 /// The middleware: serves the request here unless another live server owns its room.
 pub(crate) async fn to_owner(State(app): State<AppState>, req: Request, next: Next) -> Response {
     if app.store.backend() != crate::store::Backend::Postgres
@@ -45,10 +65,12 @@ pub(crate) async fn to_owner(State(app): State<AppState>, req: Request, next: Ne
     {
         return next.run(req).await;
     }
-    let Some(room) = room_of(req.uri().path()) else {
-        return next.run(req).await;
+    let room = match room_for(&app, req.uri().path()).await {
+        Ok(Some(room)) => room,
+        Ok(None) => return next.run(req).await,
+        Err(e) => return crate::http::ApiError::Store(e).into_response(),
     };
-    let owner = match app.store.room_owner(room).await {
+    let owner = match app.store.room_owner(&room).await {
         Ok(owner) => owner,
         Err(e) => return crate::http::ApiError::Store(e).into_response(),
     };
@@ -173,5 +195,9 @@ mod tests {
         assert_eq!(room_of("/api/rooms"), None);
         assert_eq!(room_of("/api/rooms/"), None);
         assert_eq!(room_of("/api/invites/x"), None);
+        assert_eq!(deletion_of("/api/deletions/abc/confirm"), Some("abc"));
+        assert_eq!(deletion_of("/api/deletions/abc"), None);
+        assert_eq!(deletion_of("/api/deletions//confirm"), None);
+        assert_eq!(deletion_of("/api/deletions/a/b/confirm"), None);
     }
 }
