@@ -357,6 +357,13 @@ async fn a_deletion_confirmed_elsewhere_runs_where_the_room_is() {
         (200, Some("running\n")),
         "{out}"
     );
+    // A command that takes a while answers through the other server as it does at the owner.
+    let (status, out) = exec(&other, &ana, &room, "sleep 7; echo slow").await;
+    assert_eq!(
+        (status, out["stdout"].as_str()),
+        (200, Some("slow\n")),
+        "{out}"
+    );
     let (status, body) = http(
         &other.url(&format!("/api/rooms/{room}")),
         "DELETE",

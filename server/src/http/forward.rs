@@ -28,7 +28,7 @@ use std::time::Duration;
 /// Marks a request one server forwarded to another (the value: the forwarding server's id).
 pub(crate) const FORWARDED_BY: &str = "x-coderoom-forwarded-by";
 
-/// Longest wait for the owner to accept the connection and answer the request's head.
+/// Longest wait for the owner to accept the connection.
 const CONNECT_WITHIN: Duration = Duration::from_secs(5);
 
 /// The room a path is about: `/api/rooms/{id}` and everything under it.
@@ -127,14 +127,12 @@ async fn forward(mut req: Request, owner: &Owner, me: &str) -> Response {
             tracing::debug!(error = %e, "forwarded connection ended");
         }
     });
-    let answer = match tokio::time::timeout(CONNECT_WITHIN, send.send_request(req)).await {
-        Ok(Ok(answer)) => answer,
-        Ok(Err(e)) => {
+    // No deadline on the answer: a command run in the sandbox, or an archive being written,
+    // takes as long through here as it takes at the owner (which bounds each itself).
+    let answer = match send.send_request(req).await {
+        Ok(answer) => answer,
+        Err(e) => {
             tracing::warn!(owner = %owner.server, error = %e, "the room's owner failed the forwarded request");
-            return unavailable();
-        }
-        Err(_) => {
-            tracing::warn!(owner = %owner.server, "the room's owner did not answer in time");
             return unavailable();
         }
     };
