@@ -219,6 +219,18 @@ async fn revoking_through_a_non_owner_closes_sockets_within_a_second() {
     owner_side.synced().await;
     let mut via_other = Client::connect(&servers[1], &room, &ben).await;
     via_other.synced().await;
+    // A client claiming to be a forwarding server is not served by a server that does not own
+    // the room (that would make it a second owner): 503, and it retries.
+    let auth = format!("Bearer {ana}");
+    let spoofed = request(
+        &servers[1].url(&format!("/api/rooms/{room}/exec")),
+        "POST",
+        &[("Authorization", &auth), ("x-coderoom-forwarded-by", "x")],
+        Some(r#"{"argv":["true"]}"#),
+    )
+    .await;
+    assert_eq!(spoofed.status, 503, "{}", spoofed.body);
+    assert_eq!(servers[1].metric("coderoom_rooms_loaded").await, 0.0);
     let started = Instant::now();
     let url = servers[2].url(&format!("/api/rooms/{room}/participants/{ben_id}"));
     let (status, body) = http(&url, "DELETE", Some(&ana), None).await;

@@ -9,7 +9,8 @@
 //! Nothing is missed across a lost connection to the database: each time the listener
 //! (re)connects it catches up from the database itself, for what it holds: every open
 //! socket's session is looked up (gone: closed), and every participant with a room open here
-//! gets their rights as stored.
+//! gets their rights as stored. The same catch-up runs every 30 s as a backstop for an
+//! announcement that never went out (a server that died between a change and its notify).
 //!
 //! On SQLite there is one server and nothing to announce.
 
@@ -25,6 +26,9 @@ use std::time::Duration;
 const CHANNEL: &str = "coderoom_events";
 /// Wait before listening again after the connection failed.
 const RETRY: Duration = Duration::from_secs(1);
+/// How often the catch-up also runs while listening: an announcement lost between a change's
+/// commit and its `pg_notify` (a crash, a failed statement) still bites within this.
+const CATCH_UP_EVERY: Duration = Duration::from_secs(30);
 
 /// What one server tells the others.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -156,8 +160,17 @@ async fn listen(app: &AppState, url: &str) {
             continue;
         }
         catch_up(app).await;
+        let mut backstop = tokio::time::interval(CATCH_UP_EVERY);
+        backstop.reset();
         loop {
-            match listener.try_recv().await {
+            let received = tokio::select! {
+                r = listener.try_recv() => r,
+                _ = backstop.tick() => {
+                    catch_up(app).await;
+                    continue;
+                }
+            };
+            match received {
                 Ok(Some(n)) => match serde_json::from_str::<Envelope>(n.payload()) {
                     Ok(e) if e.from != app.server.id => act(app, e.event).await,
                     Ok(_) => {}

@@ -8,9 +8,9 @@
 //! The request goes on as it came (method, path, headers, body; the owner authenticates the
 //! caller and checks the Origin itself, from the same headers), over a connection of its own
 //! to the owner's `--internal-url`, marked with [`FORWARDED_BY`] so that it is never forwarded
-//! twice: a server that is handed a forwarded request serves it itself, and one that finds it
-//! no longer owns the room answers as it would any request it cannot serve now (a close that
-//! makes the client reconnect, or 503). An upgrade is answered with the owner's own `101` and
+//! twice: a server handed a forwarded request serves it only if no other live server owns the
+//! room (the header, which any client can send, never makes a second owner), else answers 503
+//! and the client retries. An upgrade is answered with the owner's own `101` and
 //! the two connections are then joined byte for byte.
 //!
 //! Only on PostgreSQL: an SQLite database has one server.
@@ -60,9 +60,7 @@ async fn room_for(app: &AppState, path: &str) -> Result<Option<String>, crate::s
 
 /// The middleware: serves the request here unless another live server owns its room.
 pub(crate) async fn to_owner(State(app): State<AppState>, req: Request, next: Next) -> Response {
-    if app.store.backend() != crate::store::Backend::Postgres
-        || req.headers().contains_key(FORWARDED_BY)
-    {
+    if app.store.backend() != crate::store::Backend::Postgres {
         return next.run(req).await;
     }
     let room = match room_for(&app, req.uri().path()).await {
@@ -75,6 +73,14 @@ pub(crate) async fn to_owner(State(app): State<AppState>, req: Request, next: Ne
         Err(e) => return crate::http::ApiError::Store(e).into_response(),
     };
     match owner {
+        // Forwarded already (or a client saying so): never a second hop, and never served by a
+        // server that does not own the room (that would be a second owner).
+        Some(owner)
+            if owner.server != app.server.id && req.headers().contains_key(FORWARDED_BY) =>
+        {
+            tracing::info!(owner = %owner.server, "a forwarded request for a room another server owns; the client retries");
+            unavailable()
+        }
         Some(owner) if owner.server != app.server.id => {
             app.metrics.requests_forwarded.inc();
             forward(req, &owner, &app.server.id).await
@@ -104,6 +110,14 @@ async fn forward(mut req: Request, owner: &Owner, me: &str) -> Response {
     let connected = tokio::time::timeout(CONNECT_WITHIN, async {
         let tcp = tokio::net::TcpStream::connect(authority).await?;
         tcp.set_nodelay(true)?;
+        // A socket to an owner whose host vanished ends within about a minute instead of
+        // holding a joined WebSocket open forever.
+        socket2::SockRef::from(&tcp).set_tcp_keepalive(
+            &socket2::TcpKeepalive::new()
+                .with_time(Duration::from_secs(30))
+                .with_interval(Duration::from_secs(10))
+                .with_retries(3),
+        )?;
         let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
             .await
             .map_err(std::io::Error::other)?;

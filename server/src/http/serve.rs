@@ -40,6 +40,14 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     let addr = listener.local_addr()?;
+    // On PostgreSQL other servers may forward here: they must be able to reach this one.
+    anyhow::ensure!(
+        store.backend() != crate::store::Backend::Postgres
+            || !addr.ip().is_unspecified()
+            || args.internal_url.is_some(),
+        "--listen is a wildcard address ({addr}) and the database is PostgreSQL, which other \
+         servers may share: set --internal-url to the address they reach this one at"
+    );
     let server = server_id(
         &args.storage.data_dir,
         args.server_id.as_deref(),

@@ -491,9 +491,9 @@ impl Room {
         let idle = Duration::from_millis(self.deps.limits.room_idle_ms);
         let mut idle_since = Some(tokio::time::Instant::now());
         let mut lagging = false;
+        // The first renewal right away: a long load must not eat the lease.
         let mut renew = tokio::time::interval(lease_duration(self.deps.lease_ms) / 3);
         renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        renew.reset();
         loop {
             if self.moved {
                 return self.finish(Exit::Moved).await;
@@ -1329,12 +1329,19 @@ impl Room {
     /// renewed before it lapsed, ends the room here.
     async fn renew(&mut self) {
         let asked = Instant::now();
-        match self
-            .deps
-            .store
-            .renew_room(&self.id, self.lease, self.deps.lease_ms)
-            .await
-        {
+        // Never waits past the lease: a database that does not answer ends the room in time.
+        let left = self.lease_until.saturating_duration_since(asked);
+        let renewed = tokio::time::timeout(
+            left,
+            self.deps
+                .store
+                .renew_room(&self.id, self.lease, self.deps.lease_ms),
+        )
+        .await
+        .unwrap_or(Err(StoreError::Closed(
+            "the lease renewal did not answer in time",
+        )));
+        match renewed {
             Ok(true) => self.lease_until = asked + lease_duration(self.deps.lease_ms),
             Ok(false) => {
                 tracing::warn!(room = %self.id, "the room's lease was taken over; closing it here");

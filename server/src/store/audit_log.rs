@@ -95,13 +95,16 @@ impl Store {
             attempt += 1;
             match self.record_once(chain, fields.clone(), change).await {
                 Err(StoreError::Db(sqlx::Error::Database(e)))
-                    if attempt < CHAIN_RACE_ATTEMPTS && e.is_unique_violation() =>
+                    if attempt < CHAIN_RACE_ATTEMPTS
+                        && e.is_unique_violation()
+                        && e.constraint() == Some("audit_log_pkey") =>
                 {
                     tracing::debug!(
                         chain,
                         attempt,
                         "another server appended to this chain first; again on the new head"
                     );
+                    tokio::time::sleep(std::time::Duration::from_millis(u64::from(attempt))).await;
                 }
                 other => return other,
             }

@@ -108,9 +108,11 @@ impl Store {
         Ok(done.rows_affected() == 1)
     }
 
-    /// Gives the room up (when it unloads), so another server may load it at once.
+    /// Gives the room up (when it unloads), so another server may load it at once. The row
+    /// stays, expired: the next claim raises its token, so a token is never handed out twice
+    /// (a deleted row would start again at 1, and a stale owner holding 1 would pass).
     pub(crate) async fn release_room(&self, room_id: &str, lease: Lease) -> Result<(), StoreError> {
-        sqlx::query("DELETE FROM room_leases WHERE room_id = $1 AND token = $2")
+        sqlx::query("UPDATE room_leases SET expires_at = 0 WHERE room_id = $1 AND token = $2")
             .bind(room_id)
             .bind(lease.token)
             .execute(&self.pool)
@@ -211,6 +213,18 @@ mod tests {
         );
         store.release_room("r", b).await.unwrap();
         assert_eq!(store.room_owner("r").await.unwrap(), None);
+        // Released, the room is claimed again: never with a token handed out before, so the
+        // first owner, still holding its old one, stays refused.
+        let c = match store.claim_room("r", &me("c"), 60_000).await.unwrap() {
+            Claim::Won(l) => l,
+            other => panic!("{other:?}"),
+        };
+        assert!(c.token > b.token, "{c:?} after {b:?}");
+        assert!(!store.renew_room("r", a, 60_000).await.unwrap());
+        assert!(matches!(
+            store.append_updates("r", a, &[(3, b"stale")]).await,
+            Err(StoreError::Fenced)
+        ));
         store.close().await;
     }
 
