@@ -9,6 +9,7 @@ pub(crate) mod agents;
 pub(crate) mod approvals;
 pub(crate) mod bucket;
 pub(crate) mod checkpoints;
+pub(crate) mod counted;
 pub(crate) mod deletion;
 pub(crate) mod doc_socket;
 pub(crate) mod egress;

@@ -13,12 +13,20 @@ use std::time::{Duration, Instant};
 /// Short leases, so failover tests take seconds.
 const LEASE_MS: &str = "2000";
 
+/// `n` servers on `storage`'s database, each with a data directory of its own (kept beside
+/// them), with short leases and `root@example.com` as a system admin.
 async fn cluster(storage: &Storage, n: usize) -> (Vec<Server>, Vec<Storage>) {
-    let mut servers = vec![Server::start(storage, &["--room-lease-ms", LEASE_MS]).await];
+    let args = [
+        "--room-lease-ms",
+        LEASE_MS,
+        "--admin-emails",
+        "root@example.com",
+    ];
+    let mut servers = vec![Server::start(storage, &args).await];
     let mut others = Vec::new();
     for _ in 1..n {
         let s = storage.sharing();
-        servers.push(Server::start(&s, &["--room-lease-ms", LEASE_MS]).await);
+        servers.push(Server::start(&s, &args).await);
         others.push(s);
     }
     (servers, others)
@@ -255,19 +263,7 @@ async fn logouts_and_revocations_reach_every_server() {
     let cy = storage.token("cy@example.com").await;
     let dee = storage.token("dee@example.com").await;
     let root = storage.token("root@example.com").await;
-    let extra = [
-        "--room-lease-ms",
-        LEASE_MS,
-        "--admin-emails",
-        "root@example.com",
-    ];
-    let mut servers = vec![Server::start(&storage, &extra).await];
-    let mut dirs = Vec::new();
-    for _ in 0..2 {
-        let s = storage.sharing();
-        servers.push(Server::start(&s, &extra).await);
-        dirs.push(s);
-    }
+    let (servers, _dirs) = cluster(&storage, 3).await;
     let room = create_room(&servers[0], &ana).await;
     let (status, inv) = invite(&servers[0], &ana, &room, "editor", 5).await;
     assert_eq!(status, 201);
@@ -351,26 +347,19 @@ async fn a_deletion_confirmed_elsewhere_runs_where_the_room_is() {
     let storage = Storage::new(&pg).await;
     let ana = storage.token("ana@example.com").await;
     let root = storage.token("root@example.com").await;
-    let extra = [
-        "--room-lease-ms",
-        LEASE_MS,
-        "--admin-emails",
-        "root@example.com",
-    ];
-    let owner = Server::start(&storage, &extra).await;
-    let other_dir = storage.sharing();
-    let other = Server::start(&other_dir, &extra).await;
-    let room = create_room(&owner, &ana).await;
-    let mut c = Client::connect(&owner, &room, &ana).await;
+    let (servers, _dirs) = cluster(&storage, 2).await;
+    let (owner, other) = (&servers[0], &servers[1]);
+    let room = create_room(owner, &ana).await;
+    let mut c = Client::connect(owner, &room, &ana).await;
     c.synced().await;
-    let (status, out) = exec(&owner, &ana, &room, "echo running").await;
+    let (status, out) = exec(owner, &ana, &room, "echo running").await;
     assert_eq!(
         (status, out["stdout"].as_str()),
         (200, Some("running\n")),
         "{out}"
     );
     // A command that takes a while answers through the other server as it does at the owner.
-    let (status, out) = exec(&other, &ana, &room, "sleep 7; echo slow").await;
+    let (status, out) = exec(other, &ana, &room, "sleep 7; echo slow").await;
     assert_eq!(
         (status, out["stdout"].as_str()),
         (200, Some("slow\n")),

@@ -9,7 +9,6 @@ use crate::http::extract::Ids;
 use crate::http::guard::{authorize, room_capabilities};
 use crate::http::{ApiError, AppState, AuthUser};
 use crate::ids::{RoomId, UserId};
-use crate::room::task::{Rights, RoomCmd};
 use crate::store::{AgentRow, Change};
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -207,21 +206,8 @@ pub(crate) async fn sponsored_by(app: &AppState, room_id: &RoomId, sponsor: &str
 /// Tells the room and the sockets that `agents`' rights changed (their sponsor's did, or they
 /// ended): open connections follow at once, as for people.
 pub(crate) async fn rights_changed(app: &AppState, room_id: &RoomId, agents: &[String]) {
-    let Ok(state) = app.store.room_state(room_id).await else {
-        return;
-    };
-    let now = app.clock.now_ms();
     for agent in agents {
         crate::http::events::access_changed(app, room_id.to_string(), agent.clone(), None).await;
-        app.rooms
-            .notify(
-                room_id,
-                RoomCmd::Access {
-                    user_id: agent.clone(),
-                    rights: Rights::of_state(&state, agent, Capability::Edit, now),
-                    decided: std::time::Instant::now(),
-                },
-            )
-            .await;
     }
+    crate::http::events::refresh_rights(app, room_id, agents).await;
 }

@@ -84,8 +84,8 @@ async fn serve(app: AppState, room_id: RoomId, user: AuthUser, access: Rights, s
         }
     };
     // In the room while this connection lasts (moderated rooms ask who is).
-    let _here = app.present.enter(&room_id, &user.id);
-    let _open = app.events.open(&user.session_hash);
+    let _here = app.present.hold((room_id.to_string(), user.id.clone()));
+    let _open = app.events.hold(user.session_hash.clone());
 
     // Rights may have changed between the check before the upgrade and the join; the room only
     // hears about changes made after it knew this connection, so look once more.

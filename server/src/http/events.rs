@@ -18,8 +18,6 @@ use crate::http::state::{AccessChanged, SessionEnded};
 use crate::http::AppState;
 use crate::room::RoomCmd;
 use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 /// The channel every server listens on.
@@ -81,48 +79,8 @@ pub(crate) async fn access_changed(app: &AppState, room: String, user: String, b
     announce(app, Event::AccessChanged { room, user, by }).await;
 }
 
-/// The sessions of this server's open sockets (hash -> sockets), for the catch-up.
-#[derive(Clone, Default)]
-pub(crate) struct OpenSessions {
-    inner: Arc<Mutex<HashMap<String, usize>>>,
-}
-
-/// One socket opened with a session; gone when dropped.
-pub(crate) struct Open {
-    sessions: OpenSessions,
-    hash: String,
-}
-
-impl OpenSessions {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, usize>> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// A socket opened with the session `hash` lives until the guard is dropped.
-    pub(crate) fn open(&self, hash: &str) -> Open {
-        *self.map().entry(hash.to_owned()).or_default() += 1;
-        Open {
-            sessions: self.clone(),
-            hash: hash.to_owned(),
-        }
-    }
-
-    fn hashes(&self) -> Vec<String> {
-        self.map().keys().cloned().collect()
-    }
-}
-
-impl Drop for Open {
-    fn drop(&mut self) {
-        let mut map = self.sessions.map();
-        if let Some(n) = map.get_mut(&self.hash) {
-            *n -= 1;
-            if *n == 0 {
-                map.remove(&self.hash);
-            }
-        }
-    }
-}
+/// The sessions of this server's open sockets, for the catch-up.
+pub(crate) type OpenSessions = crate::http::counted::Counted<String>;
 
 /// Listens for the other servers' events until shutdown (PostgreSQL only).
 pub(crate) fn start_listening(app: &AppState, database_url: &str) {
@@ -202,7 +160,7 @@ async fn act(app: &AppState, event: Event) {
             });
         }
         Event::AccessChanged { room, user, by } => {
-            refresh_rights(app, &room, &user).await;
+            refresh_rights(app, &room, std::slice::from_ref(&user)).await;
             let _ = app.access_changed.send(AccessChanged {
                 room,
                 user,
@@ -213,43 +171,48 @@ async fn act(app: &AppState, event: Event) {
     }
 }
 
-/// Gives a room loaded here `user`'s rights as stored (none, once removed).
-async fn refresh_rights(app: &AppState, room: &str, user: &str) {
-    let rights = match app.store.room_state(room).await {
-        Ok(state) => crate::room::task::Rights::of_state(
-            &state,
-            user,
-            coderoom_authz::Capability::Edit,
-            app.clock.now_ms(),
-        ),
+/// Gives a room loaded here `users`' rights as stored (none, once removed): what every
+/// change of rights ends with, on the server where it happened and on the others.
+pub(crate) async fn refresh_rights(app: &AppState, room: &str, users: &[String]) {
+    let state = match app.store.room_state(room).await {
+        Ok(state) => state,
         Err(e) => {
-            tracing::warn!(room, error = %e, "cannot read a room's rights for another server's change");
+            tracing::warn!(room, error = %e, "cannot read a room's rights to give them to it");
             return;
         }
     };
-    app.rooms
-        .notify(
-            room,
-            RoomCmd::Access {
-                user_id: user.to_owned(),
-                rights,
-                decided: std::time::Instant::now(),
-            },
-        )
-        .await;
+    let now = app.clock.now_ms();
+    for user in users {
+        let rights = crate::room::task::Rights::of_state(
+            &state,
+            user,
+            coderoom_authz::Capability::Edit,
+            now,
+        );
+        app.rooms
+            .notify(
+                room,
+                RoomCmd::Access {
+                    user_id: user.clone(),
+                    rights,
+                    decided: std::time::Instant::now(),
+                },
+            )
+            .await;
+    }
 }
 
 /// What may have been announced while this server was not listening, read from the database
 /// for what this server holds.
 async fn catch_up(app: &AppState) {
-    for hash in app.events.hashes() {
+    for hash in app.events.keys() {
         match app.store.session_exists(&hash).await {
             Ok(true) => {}
             Ok(false) => act(app, Event::SessionEnded { hash }).await,
             Err(e) => tracing::warn!(error = %e, "cannot look up an open socket's session"),
         }
     }
-    for (room, user) in app.present.everyone() {
+    for (room, user) in app.present.keys() {
         act(
             app,
             Event::AccessChanged {
@@ -285,17 +248,5 @@ mod tests {
             let back: Envelope = serde_json::from_str(&text).unwrap();
             assert_eq!((back.from.as_str(), back.event), ("s", event));
         }
-    }
-
-    #[test]
-    fn open_sessions_are_counted_per_socket() {
-        let s = OpenSessions::default();
-        let a = s.open("h");
-        let b = s.open("h");
-        assert_eq!(s.hashes(), vec!["h".to_owned()]);
-        drop(a);
-        assert_eq!(s.hashes(), vec!["h".to_owned()]);
-        drop(b);
-        assert!(s.hashes().is_empty());
     }
 }

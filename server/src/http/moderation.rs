@@ -13,65 +13,22 @@ use axum::{Json, Router};
 use coderoom_authz::Capability;
 use serde::Deserialize;
 use serde_json::json;
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 
 pub(crate) fn routes() -> Router<AppState> {
     Router::new().route("/api/rooms/{id}/moderation", put(set))
 }
 
 /// Who has a room open now: connections per (room, user).
-#[derive(Clone, Default)]
-pub(crate) struct Present {
-    inner: Arc<Mutex<HashMap<(String, String), usize>>>,
-}
+pub(crate) type Present = crate::http::counted::Counted<(String, String)>;
 
-/// One open connection; gone when dropped.
-pub(crate) struct Here {
-    present: Present,
-    key: (String, String),
-}
-
-impl Present {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), usize>> {
-        self.inner.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// `user_id` has the room open until the guard is dropped.
-    pub(crate) fn enter(&self, room_id: &str, user_id: &str) -> Here {
-        let key = (room_id.to_owned(), user_id.to_owned());
-        *self.map().entry(key.clone()).or_default() += 1;
-        Here {
-            present: self.clone(),
-            key,
-        }
-    }
-
-    /// Every (room, user) with a room open here.
-    pub(crate) fn everyone(&self) -> Vec<(String, String)> {
-        self.map().keys().cloned().collect()
-    }
-
-    /// Who has the room open now.
-    fn in_room(&self, room_id: &str) -> Vec<String> {
-        self.map()
-            .keys()
-            .filter(|(r, _)| r == room_id)
-            .map(|(_, u)| u.clone())
-            .collect()
-    }
-}
-
-impl Drop for Here {
-    fn drop(&mut self) {
-        let mut map = self.present.map();
-        if let Some(n) = map.get_mut(&self.key) {
-            *n -= 1;
-            if *n == 0 {
-                map.remove(&self.key);
-            }
-        }
-    }
+/// Who has the room open now.
+fn in_room(present: &Present, room_id: &str) -> Vec<String> {
+    present
+        .keys()
+        .into_iter()
+        .filter(|(r, _)| r == room_id)
+        .map(|(_, u)| u)
+        .collect()
 }
 
 /// Why an agent may not type now.
@@ -94,7 +51,7 @@ pub(crate) async fn may_type(
         return Ok(Ok(()));
     }
     let now = app.clock.now_ms();
-    let watched = app.present.in_room(room_id).iter().any(|u| {
+    let watched = in_room(&app.present, room_id).iter().any(|u| {
         !state.agents.contains_key(u) && state.capabilities_of(u, now).contains(Capability::Approve)
     });
     Ok(if watched {

@@ -53,7 +53,8 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         args.server_id.as_deref(),
         args.internal_url.as_deref(),
         addr,
-    )?;
+    )
+    .await?;
     tracing::info!(server = %server.id, internal_url = %server.address, "server identity for room leases");
     // Downloads a crash left half-written (each one is removed once sent).
     let _ = tokio::fs::remove_dir_all(crate::http::approvals::exports_dir(
@@ -339,7 +340,7 @@ fn public_origin(public_url: Option<&str>, bound: std::net::SocketAddr) -> anyho
 /// server restarted after a crash takes its rooms back at once instead of waiting for its own
 /// leases to lapse (each claim still raises the fencing token). Servers sharing a database
 /// each have their own data directory, so their own id.
-fn server_id(
+async fn server_id(
     data_dir: &std::path::Path,
     given: Option<&str>,
     internal_url: Option<&str>,
@@ -377,21 +378,15 @@ fn server_id(
         });
     }
     let file = data_dir.join("server-id");
-    let id = match std::fs::read_to_string(&file) {
+    let id = match tokio::fs::read_to_string(&file).await {
         Ok(id) if crate::ids::IssuedId::parse(id.trim()).is_some() => id.trim().to_owned(),
         Ok(_) => anyhow::bail!(
             "{} is not a server id: remove it to make a new one",
             file.display()
         ),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            use std::io::Write as _;
             let id = crate::ids::IssuedId::fresh().to_string();
-            std::fs::create_dir_all(data_dir)?;
-            let partial = data_dir.join("server-id.partial");
-            let mut f = std::fs::File::create(&partial)?;
-            f.write_all(id.as_bytes())?;
-            f.sync_all()?;
-            std::fs::rename(&partial, &file)?;
+            crate::sandbox::snapshots::write_durably(&file, id.as_bytes()).await?;
             id
         }
         Err(e) => return Err(e.into()),
@@ -403,41 +398,48 @@ fn server_id(
 mod tests {
     use super::{public_origin, server_id};
 
-    #[test]
-    fn a_server_keeps_its_id_and_checks_its_internal_url() {
+    #[tokio::test]
+    async fn a_server_keeps_its_id_and_checks_its_internal_url() {
         let dir = tempfile::tempdir().unwrap();
         let bound = "127.0.0.1:9000".parse().unwrap();
-        let first = server_id(dir.path(), None, None, bound).unwrap();
+        let first = server_id(dir.path(), None, None, bound).await.unwrap();
         assert_eq!(first.address, "http://127.0.0.1:9000");
-        let again = server_id(dir.path(), None, Some("http://10.0.0.5:8080/"), bound).unwrap();
+        let again = server_id(dir.path(), None, Some("http://10.0.0.5:8080/"), bound)
+            .await
+            .unwrap();
         assert_eq!(again.id, first.id, "restarted, it is the same owner");
         assert_eq!(again.address, "http://10.0.0.5:8080");
         let other = tempfile::tempdir().unwrap();
         assert_ne!(
-            server_id(other.path(), None, None, bound).unwrap().id,
+            server_id(other.path(), None, None, bound).await.unwrap().id,
             first.id
         );
         for bad in ["https://x:1", "http://", "http://x:1/path", "x:1"] {
             assert!(
-                server_id(dir.path(), None, Some(bad), bound).is_err(),
+                server_id(dir.path(), None, Some(bad), bound).await.is_err(),
                 "{bad}"
             );
         }
-        let named = server_id(dir.path(), Some("coderoom-7d9f-abc12"), None, bound).unwrap();
+        let named = server_id(dir.path(), Some("coderoom-7d9f-abc12"), None, bound)
+            .await
+            .unwrap();
         assert_eq!(named.id, "coderoom-7d9f-abc12");
         for bad in ["", "a b", "a/b", &"x".repeat(129)] {
             assert!(
-                server_id(dir.path(), Some(bad), None, bound).is_err(),
+                server_id(dir.path(), Some(bad), None, bound).await.is_err(),
                 "{bad}"
             );
         }
         let wildcard = "0.0.0.0:9000".parse().unwrap();
         assert_eq!(
-            server_id(dir.path(), None, None, wildcard).unwrap().address,
+            server_id(dir.path(), None, None, wildcard)
+                .await
+                .unwrap()
+                .address,
             "http://127.0.0.1:9000"
         );
         std::fs::write(dir.path().join("server-id"), "not an id").unwrap();
-        assert!(server_id(dir.path(), None, None, bound).is_err());
+        assert!(server_id(dir.path(), None, None, bound).await.is_err());
     }
 
     #[test]

@@ -197,8 +197,8 @@ async fn serve(
     let viewer = joined.viewer;
     let mut rx = joined.rx;
     // In the room while this connection lasts (moderated rooms ask who is).
-    let _here = app.present.enter(&room_id, &user.id);
-    let _open = app.events.open(&user.session_hash);
+    let _here = app.present.hold((room_id.to_string(), user.id.clone()));
+    let _open = app.events.hold(user.session_hash.clone());
     // An agent's keys in a moderated room wait for a person who can approve (asked per input).
     let is_agent = match app.store.agent(&user.id).await {
         Ok(a) => a.is_some(),

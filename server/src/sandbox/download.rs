@@ -29,7 +29,7 @@ pub(crate) struct Bundled {
     pub(crate) bytes: u64,
 }
 
-/// Writes to `out` (through `out.partial`, synced, renamed) a gzipped tar of the workspace
+/// Writes to `out` (through `out.partial`, renamed once whole) a gzipped tar of the workspace
 /// archive at `workspace`, with `texts` (the document's files: path -> text) written in place of
 /// the archive's copies and added where missing, and the files in `agreed` that the document no
 /// longer holds left out. `mtime` (Unix seconds) dates the document's files.
@@ -40,7 +40,7 @@ pub(crate) fn bundle(
     mtime: u64,
     out: &Path,
 ) -> std::io::Result<Bundled> {
-    let partial = out.with_extension("partial");
+    let partial = super::snapshots::partial_of(out);
     let result = write(workspace, agreed, texts, mtime, &partial);
     match result {
         Ok(mut done) => {
@@ -144,9 +144,9 @@ fn write(
         done.from_document += 1;
     }
     let gz = builder.into_inner()?;
+    // Not synced: a scratch file, read back at once and removed once sent.
     let mut file = gz.finish()?.into_inner().map_err(|e| e.into_error())?;
     file.flush()?;
-    file.sync_all()?;
     Ok(done)
 }
 
@@ -298,7 +298,7 @@ mod tests {
         .map(|(k, (c, v))| (k.to_owned(), (c, v.to_owned())))
         .collect();
         assert_eq!(got, want);
-        assert!(!out.with_extension("partial").exists());
+        assert!(!crate::sandbox::snapshots::partial_of(&out).exists());
     }
 
     #[test]
@@ -336,6 +336,6 @@ mod tests {
         let e = bundle(&ws, &HashMap::new(), &BTreeMap::new(), 0, &out).expect_err("cut");
         assert!(e.to_string().contains("malformed"), "{e}");
         assert!(!out.exists());
-        assert!(!out.with_extension("partial").exists());
+        assert!(!crate::sandbox::snapshots::partial_of(&out).exists());
     }
 }

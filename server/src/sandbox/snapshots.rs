@@ -253,7 +253,7 @@ fn io(e: std::io::Error) -> SandboxError {
 }
 
 /// Where `path` is written before it is complete.
-fn partial_of(path: &Path) -> PathBuf {
+pub(crate) fn partial_of(path: &Path) -> PathBuf {
     let mut p = path.as_os_str().to_owned();
     p.push(".partial");
     PathBuf::from(p)
