@@ -223,10 +223,74 @@ pub enum Channel {
 }
 
 /// The control stream once open: a socket (either tier's), or a virtio port's character
-/// device, which is read and written with `read`/`write` rather than `recv`/`send`.
+/// device, which is read and written with `read`/`write` rather than `recv`/`send`; and, for
+/// a vsock channel, the listener a stream comes from again after the VM is restored.
 enum Opened {
     Socket(OwnedFd),
     Device(OwnedFd),
+    Vsock { stream: OwnedFd, listener: OwnedFd },
+}
+
+/// The peer every control stream over vsock comes from: the host (a connection from inside
+/// the guest, over vsock's loopback, has the local or the guest's own context id).
+const VSOCK_HOST: u32 = 2;
+
+/// Where a new control stream comes from after a save (a cloud-hypervisor guest restored from
+/// its memory: the host's end of the old vsock connection did not survive it). A virtio port
+/// is the same device after a restore, so it needs none.
+enum Relisten {
+    /// The channel's vsock listener, non-blocking; only the host's connections are taken.
+    Vsock(tokio::io::unix::AsyncFd<OwnedFd>),
+    /// A unix listener, for the agent's own tests.
+    #[cfg(test)]
+    Unix(tokio::net::UnixListener),
+}
+
+impl Relisten {
+    /// The next control stream: the next connection from the host.
+    async fn accept(&self) -> std::io::Result<OwnedFd> {
+        match self {
+            Relisten::Vsock(listener) => loop {
+                let mut ready = listener.readable().await?;
+                match ready.try_io(|l| accept_from_host(l.get_ref())) {
+                    Ok(Ok(Some(fd))) => return Ok(fd),
+                    // Someone other than the host: refused, and the next one waited for.
+                    Ok(Ok(None)) => continue,
+                    Ok(Err(e)) => return Err(e),
+                    Err(_would_block) => continue,
+                }
+            },
+            #[cfg(test)]
+            Relisten::Unix(listener) => {
+                let (stream, _) = listener.accept().await?;
+                Ok(stream.into_std()?.into())
+            }
+        }
+    }
+}
+
+/// Accepts one connection on vsock `listener` and keeps it only when it comes from the host;
+/// `None` for any other peer (closed at once).
+fn accept_from_host(listener: &OwnedFd) -> std::io::Result<Option<OwnedFd>> {
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: an all-zero sockaddr_vm is a valid value for accept to fill in.
+    let mut peer: libc::sockaddr_vm = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::sockaddr_vm>() as libc::socklen_t;
+    // SAFETY: accepting on our own listening socket into a sockaddr_vm of `len` bytes.
+    let fd = unsafe {
+        libc::accept4(
+            listener.as_raw_fd(),
+            std::ptr::addr_of_mut!(peer).cast(),
+            &mut len,
+            libc::SOCK_CLOEXEC,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fd` was just accepted and is owned by nothing else.
+    let stream = unsafe { OwnedFd::from_raw_fd(fd) };
+    Ok((peer.svm_cid == VSOCK_HOST).then_some(stream))
 }
 
 /// How long a VM guest waits for its channel's device to appear (modules load first).
@@ -260,7 +324,9 @@ impl Channel {
                     std::thread::sleep(Duration::from_millis(20));
                 }
             }
-            Channel::Vsock(port) => accept_vsock(*port).map(Opened::Socket),
+            Channel::Vsock(port) => {
+                accept_vsock(*port).map(|(listener, stream)| Opened::Vsock { stream, listener })
+            }
         }
     }
 }
@@ -276,9 +342,10 @@ fn find_port(name: &str) -> Option<PathBuf> {
 }
 
 /// Listens on vsock `port` (any CID: only the host reaches a guest's vsock) and accepts the
-/// control plane's one connection. Stream sockets read and write the same whatever their
-/// family, so the accepted socket is served like the namespace tier's.
-fn accept_vsock(port: u32) -> std::io::Result<OwnedFd> {
+/// control plane's connection, from the host only. Stream sockets read and write the same
+/// whatever their family, so the accepted socket is served like the namespace tier's. The
+/// listener stays open for the stream a restored VM gets next.
+fn accept_vsock(port: u32) -> std::io::Result<(OwnedFd, OwnedFd)> {
     let deadline = std::time::Instant::now() + DEVICE_WITHIN;
     // The transport's module may still be loading: socket() fails until it has.
     let listener = loop {
@@ -307,20 +374,11 @@ fn accept_vsock(port: u32) -> std::io::Result<OwnedFd> {
     {
         return Err(std::io::Error::last_os_error());
     }
-    // SAFETY: accepting on our listening socket without asking for the peer's address.
-    let fd = unsafe {
-        libc::accept4(
-            listener.as_raw_fd(),
-            std::ptr::null_mut(),
-            std::ptr::null_mut(),
-            libc::SOCK_CLOEXEC,
-        )
-    };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
+    loop {
+        if let Some(stream) = accept_from_host(&listener)? {
+            return Ok((listener, stream));
+        }
     }
-    // SAFETY: `fd` was just accepted and is owned by nothing else.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Entry point of `coderoom agent --fd N` (and of the VM guest's `coderoom-agent --port NAME`
@@ -375,7 +433,7 @@ pub fn main(channel: Channel) -> i32 {
         }
     };
     let owned_fd = match &owned {
-        Opened::Socket(fd) | Opened::Device(fd) => fd,
+        Opened::Socket(fd) | Opened::Device(fd) | Opened::Vsock { stream: fd, .. } => fd,
     };
     // Commands the agent runs must not inherit the control stream (they could speak the
     // protocol in the agent's name), and its memory is not for them to read.
@@ -452,6 +510,9 @@ struct State {
     quiet: Out,
     /// Lets the writer go on after [`Op::Resumed`].
     resumed: Arc<tokio::sync::Notify>,
+    /// Between [`Op::Quiesce`] and [`Op::Resumed`]: the VM may be saved and restored, and a
+    /// new control stream may come.
+    quiesced: bool,
 }
 
 /// Open connections' write queues by stream id, shared with the egress forwarder.
@@ -478,7 +539,7 @@ type Halves = (
 
 fn halves(opened: Opened) -> std::io::Result<Halves> {
     match opened {
-        Opened::Socket(fd) => {
+        Opened::Socket(fd) | Opened::Vsock { stream: fd, .. } => {
             let std_stream = std::os::unix::net::UnixStream::from(fd);
             std_stream.set_nonblocking(true)?;
             let (rd, wr) = tokio::net::UnixStream::from_std(std_stream)?.into_split();
@@ -553,10 +614,37 @@ impl tokio::io::AsyncWrite for Device {
 }
 
 async fn serve(opened: Opened) -> std::io::Result<()> {
+    let (opened, relisten) = match opened {
+        Opened::Vsock { stream, listener } => {
+            rustix::io::ioctl_fionbio(&listener, true)?;
+            // SAFETY: the `OwnedFd` owns its descriptor for as long as the `AsyncFd` holds it,
+            // and its `as_raw_fd` is always that descriptor.
+            let listener = unsafe { tokio::io::unix::AsyncFd::register(listener) }
+                .map_err(std::io::Error::from)?;
+            (Opened::Socket(stream), Some(Relisten::Vsock(listener)))
+        }
+        other => (other, None),
+    };
+    serve_on(opened, relisten).await
+}
+
+/// What the reader does next.
+enum Next {
+    Request(Request),
+    /// The control stream ended: so does the sandbox.
+    Ended,
+    /// A new control stream (after a restore), or why none came.
+    Stream(std::io::Result<OwnedFd>),
+}
+
+/// Serves the control stream `opened`; after a `Quiesce`, a stream accepted from `relisten`
+/// takes its place (the old one may hang or end: it did not survive the VM's restore).
+async fn serve_on(opened: Opened, relisten: Option<Relisten>) -> std::io::Result<()> {
     let (mut rd, mut wr) = halves(opened)?;
     let (out, mut out_rx) = mpsc::channel::<Vec<u8>>(OUT_QUEUE);
     let (bulk, mut bulk_rx) = mpsc::channel::<Vec<u8>>(BULK_QUEUE);
     let (quiet, mut quiet_rx) = mpsc::channel::<Vec<u8>>(1);
+    let (swap, mut swap_rx) = mpsc::channel::<Box<dyn tokio::io::AsyncWrite + Unpin + Send>>(1);
     let resumed = Arc::new(tokio::sync::Notify::new());
     let go_on = resumed.clone();
     let writer = tokio::spawn(async move {
@@ -582,7 +670,14 @@ async fn serve(opened: Opened) -> std::io::Result<()> {
                             if wr.write_all(&last).await.is_err() {
                                 break;
                             }
-                            go_on.notified().await;
+                            // A restored VM's new stream comes before its `Resumed`.
+                            loop {
+                                tokio::select! {
+                                    biased;
+                                    Some(w) = swap_rx.recv() => wr = w,
+                                    () = go_on.notified() => break,
+                                }
+                            }
                         }
                         continue;
                     },
@@ -610,6 +705,7 @@ async fn serve(opened: Opened) -> std::io::Result<()> {
         streams: Arc::default(),
         quiet,
         resumed,
+        quiesced: false,
     };
     // The system's roots until the control plane names the room's authority (a sandbox of
     // the warm pool has no room yet). Without the directory (a test harness), none.
@@ -628,12 +724,35 @@ async fn serve(opened: Opened) -> std::io::Result<()> {
         };
     let mut buf = Vec::new();
     loop {
-        let req: Request = match proto::read_frame(&mut rd, &mut buf).await {
-            Ok(Some(req)) => req,
-            Ok(None) => break,
-            Err(_) => break,
+        let next = match relisten.as_ref().filter(|_| state.quiesced) {
+            Some(l) => tokio::select! {
+                r = proto::read_frame::<_, Request>(&mut rd, &mut buf) => match r {
+                    Ok(Some(req)) => Next::Request(req),
+                    // The old stream ended with the save: the next one is the host's.
+                    Ok(None) | Err(_) => Next::Stream(l.accept().await),
+                },
+                s = l.accept() => Next::Stream(s),
+            },
+            None => match proto::read_frame(&mut rd, &mut buf).await {
+                Ok(Some(req)) => Next::Request(req),
+                Ok(None) | Err(_) => Next::Ended,
+            },
         };
-        handle(&mut state, req).await;
+        match next {
+            Next::Request(req) => handle(&mut state, req).await,
+            Next::Ended | Next::Stream(Err(_)) => break,
+            Next::Stream(Ok(fd)) => {
+                let Ok((r, w)) = halves(Opened::Socket(fd)) else {
+                    break;
+                };
+                // What was half read of the old stream is gone with it.
+                buf.clear();
+                rd = r;
+                if swap.send(w).await.is_err() {
+                    break;
+                }
+            }
+        }
     }
     if let Some(f) = forwarder {
         f.abort();
@@ -776,8 +895,10 @@ async fn handle(state: &mut State, req: Request) {
             if let Ok(frame) = proto::encode(&reply(id, Ok(Reply::Done))) {
                 let _ = state.quiet.send(frame).await;
             }
+            state.quiesced = true;
         }
         Op::Resumed { now_ms } => {
+            state.quiesced = false;
             set_clock(now_ms);
             state.resumed.notify_one();
             let pty_open = state
@@ -1678,6 +1799,97 @@ impl Read for ChannelReader {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    async fn ask(host: &mut tokio::net::UnixStream, id: u64, op: Op) {
+        use tokio::io::AsyncWriteExt as _;
+        let frame = proto::encode(&Request { id, op }).expect("frame");
+        host.write_all(&frame).await.expect("sent");
+    }
+
+    async fn answer(host: &mut tokio::net::UnixStream) -> Message {
+        let mut buf = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), proto::read_frame(host, &mut buf))
+            .await
+            .expect("an answer in time")
+            .expect("a frame")
+            .expect("not the end")
+    }
+
+    fn now_ms() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0)
+    }
+
+    /// A restored VM's agent (cloud-hypervisor: the host's end of the vsock connection did not
+    /// survive the save) is reached again through its listener: after `Quiesce`, a new
+    /// connection takes the control stream's place, whether the old one hangs or has ended,
+    /// `Resumed` comes over it, and everything after goes over it too.
+    #[tokio::test]
+    async fn after_a_save_the_control_stream_comes_again_from_the_listener() {
+        for old_one_ends in [false, true] {
+            let dir = tempfile::tempdir().expect("dir");
+            let path = dir.path().join("agent.sock");
+            let listener = tokio::net::UnixListener::bind(&path).expect("listener");
+            let (agent_end, mut host) = tokio::net::UnixStream::pair().expect("pair");
+            let agent_end: OwnedFd = agent_end.into_std().expect("std").into();
+            let served = tokio::spawn(serve_on(
+                Opened::Socket(agent_end),
+                Some(Relisten::Unix(listener)),
+            ));
+            ask(&mut host, 1, Op::Hello).await;
+            assert!(matches!(
+                answer(&mut host).await,
+                Message::Reply {
+                    id: 1,
+                    result: Ok(Reply::Hello { .. })
+                }
+            ));
+            ask(&mut host, 2, Op::Quiesce).await;
+            assert!(matches!(
+                answer(&mut host).await,
+                Message::Reply {
+                    id: 2,
+                    result: Ok(Reply::Done)
+                }
+            ));
+            // The old stream ends, or hangs (its other end is gone with the old VMM).
+            let _old = if old_one_ends {
+                drop(host);
+                None
+            } else {
+                Some(host)
+            };
+            let mut fresh = tokio::net::UnixStream::connect(&path).await.expect("again");
+            ask(&mut fresh, 3, Op::Resumed { now_ms: now_ms() }).await;
+            let m = answer(&mut fresh).await;
+            assert!(
+                matches!(
+                    m,
+                    Message::Reply {
+                        id: 3,
+                        result: Ok(Reply::Resumed { pty_open: false })
+                    }
+                ),
+                "{m:?}"
+            );
+            ask(&mut fresh, 4, Op::Hello).await;
+            assert!(matches!(
+                answer(&mut fresh).await,
+                Message::Reply {
+                    id: 4,
+                    result: Ok(Reply::Hello { .. })
+                }
+            ));
+            drop(fresh);
+            tokio::time::timeout(Duration::from_secs(10), served)
+                .await
+                .expect("the agent ends with its stream")
+                .expect("task")
+                .expect("served");
+        }
+    }
 
     #[test]
     fn the_proxy_variables_name_the_forwarder() {

@@ -408,8 +408,8 @@ pub(crate) struct SandboxArgs {
     pub sandbox_warm_pool: usize,
     /// What a stopped microVM sandbox keeps for its next start, beside its snapshot: `disk`
     /// (the next start boots from it, nothing restored), `memory` (the disk and the guest's
-    /// memory: the next start carries on with every process running; QEMU only, the disk
-    /// alone elsewhere), or `none` (the snapshot is restored into a new disk).
+    /// memory: the next start carries on with every process running; the disk alone where
+    /// the VMM cannot save its guest), or `none` (the snapshot is restored into a new disk).
     #[arg(long, env = "CODEROOM_SANDBOX_KEEP", value_enum, default_value_t = SandboxKeep::Disk)]
     pub sandbox_keep: SandboxKeep,
 }

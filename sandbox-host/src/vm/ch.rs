@@ -123,6 +123,26 @@ pub struct VmConfig {
     pub console: Option<ConsoleConfig>,
 }
 
+/// `VmSnapshotConfig`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct VmSnapshotConfig {
+    /// Where the snapshot goes: `file://` and an existing directory.
+    pub destination_url: String,
+}
+
+/// `RestoreConfig` (the parts set).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RestoreConfig {
+    /// The snapshot's directory, as `file://` URL.
+    pub source_url: String,
+    /// Fault the whole memory in before running (off: pages load as touched).
+    #[serde(default)]
+    pub prefault: bool,
+    /// Run the restored guest at once.
+    #[serde(default)]
+    pub resume: bool,
+}
+
 /// `GET /vm.info` (the parts read).
 #[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
 pub struct VmInfo {
@@ -184,7 +204,17 @@ impl Api {
         endpoint: &str,
         body: Option<Vec<u8>>,
     ) -> Result<(u16, Bytes), ApiError> {
-        tokio::time::timeout(CALL_WITHIN, self.call_now(method, endpoint, body))
+        self.call_within(CALL_WITHIN, method, endpoint, body).await
+    }
+
+    async fn call_within(
+        &self,
+        within: Duration,
+        method: hyper::Method,
+        endpoint: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<(u16, Bytes), ApiError> {
+        tokio::time::timeout(within, self.call_now(method, endpoint, body))
             .await
             .map_err(|_| ApiError::Timeout)?
     }
@@ -230,7 +260,7 @@ impl Api {
             return Err(ApiError::Refused {
                 path: endpoint.to_owned(),
                 status,
-                body: String::from_utf8_lossy(&bytes).trim().to_owned(),
+                body: refusal(&bytes),
             });
         }
         Ok((status, bytes))
@@ -282,12 +312,79 @@ impl Api {
         self.put("vm.delete", None).await
     }
 
+    /// `PUT vm.pause`.
+    pub async fn pause(&self) -> Result<(), ApiError> {
+        self.put("vm.pause", None).await
+    }
+
+    /// `PUT vm.resume`.
+    pub async fn resume(&self) -> Result<(), ApiError> {
+        self.put("vm.resume", None).await
+    }
+
+    /// `PUT vm.snapshot` of the paused VM into the existing directory `dir`, within `within`
+    /// (it writes the whole guest memory).
+    pub async fn snapshot(&self, dir: &Path, within: Duration) -> Result<(), ApiError> {
+        let body = VmSnapshotConfig {
+            destination_url: file_url(dir),
+        };
+        let body = serde_json::to_vec(&body).map_err(|e| ApiError::Http(e.to_string()))?;
+        self.call_within(within, hyper::Method::PUT, "vm.snapshot", Some(body))
+            .await
+            .map(|_| ())
+    }
+
+    /// `PUT vm.restore` from the snapshot in `dir`, run at once when `resume`, within `within`.
+    pub async fn restore(
+        &self,
+        dir: &Path,
+        resume: bool,
+        within: Duration,
+    ) -> Result<(), ApiError> {
+        let body = RestoreConfig {
+            source_url: file_url(dir),
+            prefault: false,
+            resume,
+        };
+        let body = serde_json::to_vec(&body).map_err(|e| ApiError::Http(e.to_string()))?;
+        self.call_within(within, hyper::Method::PUT, "vm.restore", Some(body))
+            .await
+            .map(|_| ())
+    }
+
     /// `PUT vmm.shutdown` within `within`.
     pub async fn shutdown_vmm(&self, within: Duration) -> Result<(), ApiError> {
         tokio::time::timeout(within, self.put("vmm.shutdown", None))
             .await
             .map_err(|_| ApiError::Timeout)?
     }
+}
+
+/// Longest refusal text kept.
+const MAX_REFUSAL: usize = 600;
+
+/// What a refusal says, in one line: cloud-hypervisor answers a JSON array of its error chain,
+/// the innermost with a stack backtrace; the chain is kept, joined, without the backtrace.
+fn refusal(body: &[u8]) -> String {
+    let text = match serde_json::from_slice::<Vec<String>>(body) {
+        Ok(chain) => chain
+            .iter()
+            .map(|e| e.split("\n\n").next().unwrap_or_default().trim())
+            .filter(|e| !e.is_empty())
+            .collect::<Vec<_>>()
+            .join(": "),
+        Err(_) => String::from_utf8_lossy(body).trim().to_owned(),
+    };
+    let mut text: String = text.chars().filter(|c| !c.is_control()).collect();
+    if text.len() > MAX_REFUSAL {
+        let mut cut = MAX_REFUSAL;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        text.truncate(cut);
+        text.push('…');
+    }
+    text
 }
 
 /// The version `cloud-hypervisor --version` prints (`v54.0.0`), or why it cannot be run.
@@ -406,8 +503,26 @@ pub(super) async fn spawn(
                 readonly: true,
             });
         }
-        api.create(&config).await?;
-        api.boot().await?;
+        match &vm.memory {
+            // A saved machine: pointed at this process's descriptors and sockets, restored,
+            // and run on from where it was saved.
+            Some(saved) => {
+                let (saved, config) = (saved.clone(), config.clone());
+                tokio::task::spawn_blocking(move || repoint(&saved, &config))
+                    .await
+                    .map_err(|e| ApiError::Http(e.to_string()))?
+                    .map_err(|detail| ApiError::Schema {
+                        path: "config.json".into(),
+                        detail,
+                    })?;
+                api.restore(saved_dir(vm)?, true, super::LOAD_WITHIN)
+                    .await?;
+            }
+            None => {
+                api.create(&config).await?;
+                api.boot().await?;
+            }
+        }
         Ok::<_, ApiError>(())
     }
     .await;
@@ -445,6 +560,105 @@ pub(super) async fn spawn(
             }))
         }
     }
+}
+
+/// The directory of `vm`'s saved machine.
+fn saved_dir(vm: &Instance) -> Result<&Path, ApiError> {
+    vm.memory
+        .as_deref()
+        .ok_or_else(|| ApiError::Http("no saved machine".into()))
+}
+
+/// `file://` and `dir` (cloud-hypervisor takes the rest of the URL as the path, undecoded).
+fn file_url(dir: &Path) -> String {
+    format!("file://{}", dir.display())
+}
+
+/// The file of a snapshot that holds the VM's configuration.
+const SNAPSHOT_CONFIG: &str = "config.json";
+
+/// Points the configuration saved with a machine (`dir/config.json`) at `now`'s kernel,
+/// initramfs, disks and vsock socket: the saved one names the old process's descriptors and
+/// its socket, which are gone. Everything else (memory, vCPUs, devices) stays as saved, and a
+/// saved machine whose disks differ from `now`'s is refused.
+pub fn repoint(dir: &Path, now: &VmConfig) -> Result<(), String> {
+    let path = dir.join(SNAPSHOT_CONFIG);
+    let bytes = std::fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    let mut saved: serde_json::Value =
+        serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    let payload = saved
+        .get_mut("payload")
+        .and_then(|p| p.as_object_mut())
+        .ok_or("the saved machine has no payload")?;
+    payload.insert("kernel".into(), now.payload.kernel.clone().into());
+    if let Some(i) = &now.payload.initramfs {
+        payload.insert("initramfs".into(), i.clone().into());
+    }
+    let disks = saved
+        .get_mut("disks")
+        .and_then(|d| d.as_array_mut())
+        .ok_or("the saved machine has no disks")?;
+    if disks.len() != now.disks.len() {
+        return Err(format!(
+            "the saved machine has {} disks, this VM {}",
+            disks.len(),
+            now.disks.len()
+        ));
+    }
+    for (d, n) in disks.iter_mut().zip(&now.disks) {
+        let d = d.as_object_mut().ok_or("a saved disk is not an object")?;
+        if d.get("readonly").and_then(|r| r.as_bool()).unwrap_or(false) != n.readonly {
+            return Err("the saved machine's disks are not this VM's".into());
+        }
+        d.insert("path".into(), n.path.clone().into());
+    }
+    if let Some(v) = &now.vsock {
+        let vsock = saved
+            .get_mut("vsock")
+            .and_then(|v| v.as_object_mut())
+            .ok_or("the saved machine has no vsock device")?;
+        vsock.insert("socket".into(), v.socket.clone().into());
+    }
+    let out = serde_json::to_vec(&saved).map_err(|e| e.to_string())?;
+    std::fs::write(&path, out).map_err(|e| format!("cannot write {}: {e}", path.display()))
+}
+
+/// Saves the running guest's whole machine (memory, vCPUs, devices) into the new directory
+/// `dir` (0700, given to the VMM's `uid`): `vm.pause`, then `vm.snapshot`, then every file
+/// synced to the host's disk. Returns the bytes it takes. On failure nothing is left in `dir`
+/// and the guest stays paused (it is stopped next).
+pub async fn save_memory(
+    api: &Api,
+    dir: &Path,
+    uid: Option<u32>,
+    within: Duration,
+) -> Result<u64, String> {
+    {
+        use std::os::unix::fs::DirBuilderExt as _;
+        let _ = std::fs::remove_dir_all(dir);
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
+        if let Some(uid) = uid {
+            std::os::unix::fs::chown(dir, Some(uid), Some(uid))
+                .map_err(|e| format!("cannot give {} to the VMM: {e}", dir.display()))?;
+        }
+    }
+    let saved = async {
+        api.pause().await?;
+        api.snapshot(dir, within).await
+    }
+    .await;
+    if let Err(e) = saved {
+        let _ = std::fs::remove_dir_all(dir);
+        return Err(e.to_string());
+    }
+    let d = dir.to_path_buf();
+    tokio::task::spawn_blocking(move || super::sync_tree(&d))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("cannot sync the saved machine: {e}"))
 }
 
 /// A new 0700 directory `coderoom-vm-<random>` under the temporary directory, the VMM's.
@@ -599,6 +813,75 @@ mod tests {
         assert!(check_version("v40.0").is_ok());
         assert!(check_version("v39.1.0").is_err());
         assert!(check_version("garbage").is_err());
+    }
+
+    /// The refusal as cloud-hypervisor v54 words it (a snapshot this host's KVM cannot take).
+    #[test]
+    fn a_refusal_reads_as_its_error_chain_without_the_backtrace() {
+        let body = br#"["Error from API","The VM could not be snapshotted","Cannot snapshot VM","Could not get vCPU state GetNestedState(Invalid argument (os error 22)\n\nStack backtrace:\n   0: <unknown>\n  11: clone3)"]"#;
+        assert_eq!(
+            refusal(body),
+            "Error from API: The VM could not be snapshotted: Cannot snapshot VM: Could not get vCPU state GetNestedState(Invalid argument (os error 22)"
+        );
+        assert_eq!(refusal(b"  plain words\n"), "plain words");
+        assert!(refusal("é".repeat(1000).as_bytes()).chars().count() <= MAX_REFUSAL / 2 + 1);
+    }
+
+    /// A saved machine's configuration is pointed at the new process's descriptors and
+    /// socket, keeping everything else; one with other disks is refused.
+    #[test]
+    fn a_saved_configuration_is_pointed_at_the_new_vmm() {
+        let dir = tempfile::tempdir().expect("dir");
+        let mut old = serde_json::to_value(vm_config(
+            "/proc/self/fd/5",
+            "/proc/self/fd/6",
+            "/proc/self/fd/7",
+            "/old/vsock.sock",
+            256 << 20,
+            1,
+        ))
+        .expect("json");
+        old["disks"]
+            .as_array_mut()
+            .expect("disks")
+            .push(serde_json::json!({"path": "/proc/self/fd/8", "readonly": true, "id": "_disk1"}));
+        old["memory"]["shared"] = false.into();
+        std::fs::write(
+            dir.path().join(SNAPSHOT_CONFIG),
+            serde_json::to_vec(&old).expect("bytes"),
+        )
+        .expect("write");
+        let mut now = vm_config(
+            "/proc/self/fd/11",
+            "/proc/self/fd/12",
+            "/proc/self/fd/13",
+            "/new/vsock.sock",
+            256 << 20,
+            1,
+        );
+        now.disks.push(DiskConfig {
+            path: "/proc/self/fd/14".into(),
+            readonly: true,
+        });
+        repoint(dir.path(), &now).expect("repointed");
+        let v: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.path().join(SNAPSHOT_CONFIG)).expect("read"))
+                .expect("json");
+        assert_eq!(v["payload"]["kernel"], "/proc/self/fd/11");
+        assert_eq!(v["payload"]["initramfs"], "/proc/self/fd/12");
+        assert_eq!(v["disks"][0]["path"], "/proc/self/fd/13");
+        assert_eq!(v["disks"][1]["path"], "/proc/self/fd/14");
+        assert_eq!(v["disks"][1]["id"], "_disk1", "the rest of a disk stays");
+        assert_eq!(v["vsock"]["socket"], "/new/vsock.sock");
+        assert_eq!(
+            v["memory"]["shared"], false,
+            "the rest of the machine stays"
+        );
+        assert_eq!(v["payload"]["cmdline"], old["payload"]["cmdline"]);
+        now.disks.pop();
+        assert!(repoint(dir.path(), &now)
+            .unwrap_err()
+            .contains("2 disks, this VM 1"));
     }
 
     #[test]

@@ -43,7 +43,8 @@ const READY_KVM: Duration = Duration::from_secs(20);
 const READY_TCG: Duration = Duration::from_secs(90);
 /// Smallest workspace disk (ext4 needs room for its journal and tables).
 const MIN_DISK: u64 = 64 << 20;
-/// A saved machine's memory and devices, in a VM's directory and in what a park keeps.
+/// A saved machine's memory and devices, in a VM's directory and in what a park keeps:
+/// one file under QEMU, a directory of its snapshot's files under cloud-hypervisor.
 const MEMORY_FILE: &str = "memory.bin";
 /// A VM's workspace disk, in its directory and in what a park keeps.
 const DISK_FILE: &str = "workspace.img";
@@ -467,6 +468,7 @@ impl Microvm {
         let reaper_cgroup = cgroup.clone();
         let console_w = console.clone();
         let lock = vm.lock.try_clone().ok();
+        let uid = vm.uid;
         tokio::spawn(async move {
             // The disk's lock is held until the directory is gone (see `remove_orphans`).
             let _lock = lock;
@@ -499,9 +501,11 @@ impl Microvm {
             // A park saves the guest's memory first, where asked and the VMM can.
             let mut saved: Result<u64, String> = Err(String::new());
             if let Some(p) = parking.as_ref().filter(|p| p.keep == crate::Keep::Memory) {
-                saved = match qmp.as_mut() {
-                    Some(q) => save_memory(q, &dir.join(MEMORY_FILE)).await,
-                    None => Err("memory snapshots are built for QEMU only".into()),
+                let to = dir.join(MEMORY_FILE);
+                saved = match (qmp.as_mut(), &ch_api) {
+                    (Some(q), _) => save_memory(q, &to).await,
+                    (None, Some(api)) => ch::save_memory(api, &to, uid, SAVE_WITHIN).await,
+                    (None, None) => Err("the VMM's control socket did not answer".into()),
                 };
                 if let Err(e) = &saved {
                     tracing::warn!(tag = %p.tag, error = %e, "cannot save the VM's memory; keeping its disk");
@@ -971,6 +975,47 @@ fn make_disk(dir: &Path, bytes: u64, uid: Option<u32>) -> Result<std::fs::File, 
     Ok(lock)
 }
 
+/// Gives `path` and, for a directory, everything in it (one level: a snapshot's files) to
+/// `uid`.
+fn chown_tree(path: &Path, uid: u32) -> std::io::Result<()> {
+    std::os::unix::fs::chown(path, Some(uid), Some(uid))?;
+    if path.is_dir() {
+        for e in std::fs::read_dir(path)? {
+            std::os::unix::fs::chown(e?.path(), Some(uid), Some(uid))?;
+        }
+    }
+    Ok(())
+}
+
+/// Removes a file or a directory with what is in it.
+fn remove_path(path: &Path) {
+    if path.is_dir() {
+        let _ = std::fs::remove_dir_all(path);
+    } else {
+        let _ = std::fs::remove_file(path);
+    }
+}
+
+/// Syncs `path` to the host's disk (and, for a directory, every file in it and the directory
+/// itself). Returns the bytes it holds.
+fn sync_tree(path: &Path) -> std::io::Result<u64> {
+    let mut bytes = 0;
+    if path.is_dir() {
+        for e in std::fs::read_dir(path)? {
+            let p = e?.path();
+            if p.is_file() {
+                let f = std::fs::File::open(&p)?;
+                f.sync_all()?;
+                bytes += f.metadata()?.len();
+            }
+        }
+    } else {
+        bytes += std::fs::metadata(path)?.len();
+    }
+    std::fs::File::open(path)?.sync_all()?;
+    Ok(bytes)
+}
+
 /// What a saved machine was made with: a new VMM loads it only when all of it is the same
 /// (the disk's size too, for the disk alone).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -1040,11 +1085,11 @@ fn take_kept(state_dir: &Path, name: &str, tag: Option<&str>, fits: &Fingerprint
         let _ = std::fs::remove_dir_all(&dir);
         return None;
     };
-    if record.memory && (record.fingerprint != *fits || !dir.join(MEMORY_FILE).is_file()) {
+    if record.memory && (record.fingerprint != *fits || !dir.join(MEMORY_FILE).exists()) {
         record.memory = false;
     }
     if !record.memory {
-        let _ = std::fs::remove_file(dir.join(MEMORY_FILE));
+        remove_path(&dir.join(MEMORY_FILE));
     }
     Some(Kept { dir, record })
 }
@@ -1063,6 +1108,11 @@ fn adopt_kept(dir: &Path, kept: &Kept, uid: Option<u32>) -> Result<std::fs::File
     if let Some(uid) = uid {
         for p in [dir, &disk] {
             std::os::unix::fs::chown(p, Some(uid), Some(uid)).map_err(StartError::Host)?;
+        }
+        if kept.record.memory {
+            // A cloud-hypervisor snapshot is a directory the VMM reads (and the next one
+            // writes) as its own uid, which may be another slot's this time.
+            chown_tree(&dir.join(MEMORY_FILE), uid).map_err(StartError::Host)?;
         }
     }
     Ok(lock)
@@ -1097,9 +1147,7 @@ fn keep_files(
     let memory =
         memory.is_some() && std::fs::rename(dir.join(MEMORY_FILE), to.join(MEMORY_FILE)).is_ok();
     if memory {
-        bytes += std::fs::metadata(to.join(MEMORY_FILE))
-            .map(|m| m.len())
-            .unwrap_or(0);
+        bytes += sync_tree(&to.join(MEMORY_FILE)).unwrap_or(0);
     }
     let record = KeptRecord {
         tag: tag.to_owned(),
@@ -1569,5 +1617,56 @@ mod tests {
             state.join("kept").is_dir(),
             "the orphan sweep leaves what is kept"
         );
+    }
+
+    /// A cloud-hypervisor snapshot is a directory (configuration, device state, memory): it is
+    /// kept, counted, adopted and dropped whole, as QEMU's one file is.
+    #[test]
+    fn a_saved_machine_kept_as_a_directory_goes_whole_wherever_it_goes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let state = dir.path();
+        let vm = state.join("room1-1-1");
+        drop(make_disk(&vm, MIN_DISK, None).expect("a VM's directory"));
+        let saved = vm.join(MEMORY_FILE);
+        std::fs::create_dir(&saved).expect("snapshot dir");
+        for (f, n) in [
+            ("config.json", 10),
+            ("state.json", 20),
+            ("memory-ranges", 4096),
+        ] {
+            std::fs::write(saved.join(f), vec![b'x'; n]).expect("file");
+        }
+        assert_eq!(sync_tree(&saved).expect("synced"), 4126);
+        let to = kept_dir(state, "room1");
+        let (kept, bytes) = keep_files(&vm, &to, "t", Some(4126), &fingerprint()).expect("kept");
+        std::fs::remove_dir_all(&vm).expect("the VM's directory goes");
+        assert_eq!(kept, crate::Keep::Memory);
+        assert!(bytes >= 4126, "{bytes}");
+        let kept = take_kept(state, "room1", Some("t"), &fingerprint()).expect("taken");
+        assert!(kept.record.memory);
+        let next = state.join("room1-2-1");
+        drop(adopt_kept(&next, &kept, None).expect("adopted"));
+        assert_eq!(
+            std::fs::read(next.join(MEMORY_FILE).join("memory-ranges"))
+                .expect("moved")
+                .len(),
+            4096
+        );
+
+        // One that no longer fits is removed whole, the disk kept.
+        std::fs::remove_dir_all(&next).expect("gone");
+        let vm = state.join("room2-1-1");
+        drop(make_disk(&vm, MIN_DISK, None).expect("a VM's directory"));
+        std::fs::create_dir(vm.join(MEMORY_FILE)).expect("snapshot dir");
+        std::fs::write(vm.join(MEMORY_FILE).join("state.json"), b"{}").expect("file");
+        keep_files(&vm, &kept_dir(state, "room2"), "t", Some(2), &fingerprint()).expect("kept");
+        let other = Fingerprint {
+            memory_bytes: 512 << 20,
+            ..fingerprint()
+        };
+        let kept = take_kept(state, "room2", Some("t"), &other).expect("the disk fits");
+        assert!(!kept.record.memory);
+        assert!(!kept.dir.join(MEMORY_FILE).exists());
+        assert!(kept.dir.join(DISK_FILE).is_file());
     }
 }
