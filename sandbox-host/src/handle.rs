@@ -101,6 +101,11 @@ struct Inner {
     parker: Mutex<Option<mpsc::Sender<ParkRequest>>>,
     /// How this sandbox came back, when the backend resumed it from what it kept.
     resumed: Mutex<Option<Resumed>>,
+    /// Where every message from the agent goes instead of being handled here, once a sandbox
+    /// host relays this sandbox to a room server ([`Sandbox::relay`]).
+    relay: Mutex<Option<mpsc::Sender<Vec<u8>>>>,
+    /// What the sandbox host said when the sandbox ended there ([`Message::HostEnded`]).
+    host_ended: Mutex<Option<String>>,
 }
 
 /// What a backend keeps of a sandbox it stops with [`Sandbox::park`].
@@ -226,6 +231,8 @@ impl Sandbox {
             seal: Mutex::new(Some(seal)),
             parker: Mutex::default(),
             resumed: Mutex::default(),
+            relay: Mutex::default(),
+            host_ended: Mutex::default(),
         });
         tokio::spawn(async move {
             let mut sealing = true;
@@ -545,6 +552,24 @@ impl Sandbox {
         *locked(&self.inner.resumed) = Some(r);
     }
 
+    /// Hands this sandbox's agent to a relay (a sandbox host serving it to a room server):
+    /// from now on every message the agent sends is passed, whole and checked, to the returned
+    /// receiver instead of being handled here, and the returned sender takes frames for the
+    /// agent (each one whole frame, length prefix included). Nothing else may use this handle's
+    /// operations after; its lifecycle ([`Sandbox::kill`], [`Sandbox::ended`]) stays.
+    #[cfg(feature = "remote")]
+    pub(crate) fn relay(&self) -> (mpsc::Sender<Vec<u8>>, mpsc::Receiver<Vec<u8>>) {
+        let (tx, rx) = mpsc::channel(EVENT_QUEUE);
+        *locked(&self.inner.relay) = Some(tx);
+        (self.inner.requests.clone(), rx)
+    }
+
+    /// What the sandbox host said when this sandbox ended there, once its stream has ended.
+    #[cfg(feature = "remote")]
+    pub(crate) fn host_ended(&self) -> Option<String> {
+        locked(&self.inner.host_ended).clone()
+    }
+
     /// Asks the backend to kill the sandbox now.
     pub fn kill(&self) {
         let _ = self.inner.kill.send(true);
@@ -691,7 +716,26 @@ async fn read_loop<R: AsyncRead + Unpin>(
         if oversized {
             return Some("oversized streamed chunk".into());
         }
+        let relay = inner.upgrade().and_then(|i| locked(&i.relay).clone());
+        if let Some(relay) = relay {
+            // Relayed whole (re-encoded, so only well-formed messages leave); what would pass
+            // for the host's own last word is not the agent's to say.
+            if matches!(msg, Message::HostEnded { .. }) {
+                return Some("a sandbox host's message from the agent".into());
+            }
+            let Ok(frame) = proto::encode(&msg) else {
+                return Some("an unencodable message".into());
+            };
+            if relay.send(frame).await.is_err() {
+                return None;
+            }
+            continue;
+        }
         match msg {
+            Message::HostEnded { reason } => {
+                let inner = inner.upgrade()?;
+                *locked(&inner.host_ended) = Some(reason);
+            }
             Message::PtyOutput(data) => {
                 if events
                     .send(Event::PtyOutput(data.into_vec()))

@@ -23,6 +23,8 @@ pub mod handle;
 pub mod namespace;
 pub mod path;
 pub mod proto;
+#[cfg(feature = "remote")]
+pub mod remote;
 pub mod seccomp;
 mod userns;
 pub mod vm;
@@ -108,6 +110,9 @@ pub struct Receipt {
     /// The microVM tier: the VMM, the guest kernel and the image.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vm: Option<vm::VmReceipt>,
+    /// The sandbox host it runs on (`id (address)`), when not in the room server's process.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
 }
 
 /// Why a sandbox could not start.
@@ -134,6 +139,9 @@ pub enum Backend {
     Namespace(Box<Namespace>),
     /// A microVM per sandbox.
     Microvm(Box<vm::Microvm>),
+    /// Sandboxes on sandbox hosts of their own (`coderoom sandbox-host`).
+    #[cfg(feature = "remote")]
+    Remote(Box<remote::Hosts>),
     /// No sandbox; the reason is shown to clients.
     None(String),
 }
@@ -215,6 +223,12 @@ impl Backend {
         match self {
             Backend::Namespace(_) => Tier::Namespace,
             Backend::Microvm(_) => Tier::Microvm,
+            #[cfg(feature = "remote")]
+            Backend::Remote(hosts) => match hosts.tier() {
+                // Any tier the hosts run: the namespace tier's guarantees at least.
+                Tier::Auto => Tier::Namespace,
+                t => t,
+            },
             Backend::None(_) => Tier::None,
         }
     }
@@ -236,6 +250,8 @@ impl Backend {
         match self {
             Backend::Namespace(ns) => ns.start(name, limits).await,
             Backend::Microvm(vm) => vm.resume(name, limits, tag).await,
+            #[cfg(feature = "remote")]
+            Backend::Remote(hosts) => hosts.start(name, limits).await,
             Backend::None(why) => Err(StartError::Unavailable(why.clone())),
         }
     }

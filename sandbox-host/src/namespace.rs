@@ -423,6 +423,7 @@ impl Namespace {
                 .or(self.run_as)
                 .unwrap_or_else(|| rustix::process::geteuid().as_raw()),
             vm: None,
+            host: None,
         };
         Ok((sandbox, events, receipt))
     }

@@ -232,6 +232,13 @@ pub enum Message {
         /// attribution but never take someone else's.
         actor: String,
     },
+    /// The sandbox ended on its sandbox host, and why: the last frame a sandbox host sends a
+    /// room server before closing the connection (see [`crate::remote`]). Never an agent's: a
+    /// sandbox host drops it when its agent sends it.
+    HostEnded {
+        /// How it ended, in words.
+        reason: String,
+    },
 }
 
 /// Successful replies, one shape per [`Op`].

@@ -157,6 +157,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             println!("{}", image.manifest.hash);
             Ok(())
         }
+        Command::SandboxHost(args) => {
+            init_logging(false);
+            crate::sandbox::hosts::run(*args).await
+        }
+        Command::Certs { dir, name, san } => {
+            let (cert, key) = crate::sandbox::hosts::issue(&dir, &name, &san)?;
+            println!("{}\n{}", cert.display(), key.display());
+            Ok(())
+        }
         Command::Doctor { vm, data_dir } => {
             init_logging(false);
             doctor(&vm, &data_dir).await;

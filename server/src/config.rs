@@ -50,6 +50,22 @@ pub(crate) enum Command {
         #[command(subcommand)]
         command: ImageCommand,
     },
+    /// Run a sandbox host: the sandbox backends of this machine, served to room servers
+    /// (`serve --sandbox-hosts`) over mutual TLS.
+    SandboxHost(Box<SandboxHostArgs>),
+    /// Issue a certificate and key for a sandbox host or a room server, signed by the
+    /// sandbox hosts' authority in DIR (made there, `ca.pem` and `ca.key`, when missing).
+    Certs {
+        /// Where the authority is kept and the certificate goes (`NAME.pem`, `NAME.key`).
+        #[arg(long)]
+        dir: PathBuf,
+        /// The certificate's name (its file names and common name).
+        #[arg(long)]
+        name: String,
+        /// Names a sandbox host is reached by (DNS names or IP addresses; repeat the flag).
+        #[arg(long)]
+        san: Vec<String>,
+    },
     /// The guest agent (runs inside a sandbox; started by the server, not by hand).
     #[command(hide = true)]
     Agent {
@@ -63,6 +79,42 @@ pub(crate) enum Command {
         #[arg(last = true)]
         argv: Vec<String>,
     },
+}
+
+/// `coderoom sandbox-host`.
+#[derive(Debug, Args)]
+pub(crate) struct SandboxHostArgs {
+    /// Address to serve room servers on (behind a NetworkPolicy or firewall that lets only
+    /// room servers in).
+    #[arg(
+        long,
+        env = "CODEROOM_SANDBOX_HOST_LISTEN",
+        default_value = "127.0.0.1:7443"
+    )]
+    pub listen: String,
+    /// This host's name in placements and receipts (default: the machine's hostname).
+    #[arg(long, env = "CODEROOM_SANDBOX_HOST_ID")]
+    pub id: Option<String>,
+    /// Sandboxes this host runs at once at most; room servers place elsewhere when it is full.
+    #[arg(long, env = "CODEROOM_SANDBOX_HOST_CAPACITY", default_value_t = 16)]
+    pub capacity: usize,
+    /// This host's certificate (PEM), naming the address room servers reach it by.
+    #[arg(long, env = "CODEROOM_SANDBOX_HOST_TLS_CERT")]
+    pub tls_cert: PathBuf,
+    /// Its private key (PEM).
+    #[arg(long, env = "CODEROOM_SANDBOX_HOST_TLS_KEY")]
+    pub tls_key: PathBuf,
+    /// The authority room servers' client certificates must be signed by (PEM).
+    #[arg(long, env = "CODEROOM_SANDBOX_HOST_TLS_CA")]
+    pub tls_ca: PathBuf,
+    /// Sandbox tier of this host (`auto` picks the best it supports and logs why).
+    #[arg(long, env = "CODEROOM_SANDBOX_TIER", value_enum, default_value_t = SandboxTier::Auto)]
+    pub sandbox_tier: SandboxTier,
+    #[command(flatten)]
+    pub vm: VmArgs,
+    /// Directory for local state (VM disks and guest images).
+    #[arg(long, env = "CODEROOM_DATA_DIR", default_value = "./data")]
+    pub data_dir: PathBuf,
 }
 
 #[derive(Debug, Subcommand)]
@@ -300,6 +352,20 @@ pub(crate) struct ServeArgs {
     pub vm: VmArgs,
     #[arg(long, env = "CODEROOM_SANDBOX_ROOTFS")]
     pub sandbox_rootfs: Option<PathBuf>,
+    /// Sandbox hosts (`coderoom sandbox-host`) to place rooms' sandboxes on, comma-separated
+    /// `host:port`, instead of running them in this process; `--sandbox-tier` names the tier
+    /// they must run.
+    #[arg(long, env = "CODEROOM_SANDBOX_HOSTS", value_delimiter = ',')]
+    pub sandbox_hosts: Vec<String>,
+    /// The authority sandbox hosts' certificates are signed by (PEM).
+    #[arg(long, env = "CODEROOM_SANDBOX_HOST_CA", requires = "sandbox_hosts")]
+    pub sandbox_host_ca: Option<PathBuf>,
+    /// This server's client certificate for sandbox hosts (PEM).
+    #[arg(long, env = "CODEROOM_SANDBOX_HOST_CERT", requires = "sandbox_hosts")]
+    pub sandbox_host_cert: Option<PathBuf>,
+    /// Its private key (PEM).
+    #[arg(long, env = "CODEROOM_SANDBOX_HOST_KEY", requires = "sandbox_hosts")]
+    pub sandbox_host_key: Option<PathBuf>,
     /// A file outside the data directory (append-only storage, another disk) where every
     /// chain's head is appended at each start and stop, for `coderoom audit verify --anchor`.
     #[arg(long, env = "CODEROOM_AUDIT_ANCHOR_FILE")]

@@ -66,16 +66,6 @@ fn qemu_flags(image: &Path) -> Vec<String> {
     .collect()
 }
 
-async fn lifecycle(server: &Server, token: &str, room: &str, action: &str) -> (u16, String) {
-    http(
-        &server.url(&format!("/api/rooms/{room}/sandbox/{action}")),
-        "POST",
-        Some(token),
-        None,
-    )
-    .await
-}
-
 /// Runs `script` in the room's VM until it succeeds (the first call boots the guest, which
 /// under software emulation on a busy machine takes a while); its answer.
 async fn vm_exec(server: &Server, token: &str, room: &str, script: &str) -> serde_json::Value {

@@ -749,6 +749,7 @@ impl Microvm {
                 image: m.hash.clone(),
                 disk_bytes: disk,
             }),
+            host: None,
         }
     }
 }

@@ -19,8 +19,24 @@ use std::sync::{Arc, Mutex};
 const MAX_LEAVES: usize = 256;
 
 /// The crypto every TLS configuration here uses.
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+pub(crate) fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// An authority's parameters: named `common_name` (organisation Coderoom), signing leaves
+/// only, valid from yesterday for ten years. The same each time for the same name.
+pub(crate) fn authority(common_name: &str) -> CertificateParams {
+    let mut params = CertificateParams::default();
+    let mut name = DistinguishedName::new();
+    name.push(DnType::OrganizationName, "Coderoom");
+    name.push(DnType::CommonName, common_name);
+    params.distinguished_name = name;
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let now = time::OffsetDateTime::now_utc();
+    params.not_before = now - time::Duration::days(1);
+    params.not_after = now + time::Duration::days(3650);
+    params
 }
 
 /// One room's egress authority.
@@ -47,19 +63,7 @@ impl RoomCa {
     /// longer than the server process anyway).
     pub(crate) fn new(room_id: &str) -> Result<RoomCa, TlsError> {
         let key = KeyPair::generate()?;
-        let mut params = CertificateParams::default();
-        let mut name = DistinguishedName::new();
-        name.push(DnType::OrganizationName, "Coderoom");
-        name.push(
-            DnType::CommonName,
-            format!("Coderoom egress authority for room {room_id}"),
-        );
-        params.distinguished_name = name;
-        params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-        let now = time::OffsetDateTime::now_utc();
-        params.not_before = now - time::Duration::days(1);
-        params.not_after = now + time::Duration::days(3650);
+        let params = authority(&format!("Coderoom egress authority for room {room_id}"));
         let cert = params.self_signed(&key)?;
         Ok(RoomCa {
             pem: cert.pem(),

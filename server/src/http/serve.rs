@@ -295,7 +295,11 @@ async fn sandboxes(
         args: vec!["agent".into()],
     };
     let vms = args.vm.config(&args.storage.data_dir);
-    let (backend, why) = Backend::select(tier, agent, args.sandbox_rootfs.clone(), &vms).await;
+    let (backend, why) = if args.sandbox_hosts.is_empty() {
+        Backend::select(tier, agent, args.sandbox_rootfs.clone(), &vms).await
+    } else {
+        remote_backend(args, tier)?
+    };
     if tier != Tier::Auto && backend.tier() != tier {
         anyhow::bail!("{why}");
     }
@@ -316,6 +320,43 @@ async fn sandboxes(
             egress: egress.clone(),
             spend: spend.clone(),
         },
+    ))
+}
+
+/// Sandboxes on the sandbox hosts of `--sandbox-hosts`, reached over mutual TLS.
+fn remote_backend(
+    args: &ServeArgs,
+    tier: coderoom_sandbox::Tier,
+) -> anyhow::Result<(coderoom_sandbox::Backend, String)> {
+    use coderoom_sandbox::{remote::Hosts, Backend, Tier};
+    let (Some(ca), Some(cert), Some(key)) = (
+        &args.sandbox_host_ca,
+        &args.sandbox_host_cert,
+        &args.sandbox_host_key,
+    ) else {
+        anyhow::bail!(
+            "--sandbox-hosts needs --sandbox-host-ca, --sandbox-host-cert and --sandbox-host-key (coderoom certs makes them)"
+        );
+    };
+    if tier == Tier::None {
+        anyhow::bail!("--sandbox-hosts with --sandbox-tier none: choose one");
+    }
+    for a in &args.sandbox_hosts {
+        if a.rsplit_once(':')
+            .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())
+        {
+            anyhow::bail!("--sandbox-hosts: {a:?} is not host:port");
+        }
+    }
+    let tls = crate::sandbox::hosts::client_config(ca, cert, key)?;
+    let why = format!(
+        "sandbox tier {} on sandbox hosts {}: chosen by configuration",
+        tier.name(),
+        args.sandbox_hosts.join(", ")
+    );
+    Ok((
+        Backend::Remote(Box::new(Hosts::new(args.sandbox_hosts.clone(), tier, tls))),
+        why,
     ))
 }
 

@@ -1025,6 +1025,17 @@ pub async fn team_with(storage: &Storage, extra: &[&str]) -> Room {
     }
 }
 
+/// `POST /api/rooms/{room}/sandbox/{action}` (`start`, `stop`) as `token`.
+pub async fn lifecycle(server: &Server, token: &str, room: &str, action: &str) -> (u16, String) {
+    http(
+        &server.url(&format!("/api/rooms/{room}/sandbox/{action}")),
+        "POST",
+        Some(token),
+        None,
+    )
+    .await
+}
+
 /// `GET path` as `token`: asserts 200 and returns the body as JSON.
 pub async fn get_json(server: &Server, token: &str, path: &str) -> serde_json::Value {
     let (status, body) = http(&server.url(path), "GET", Some(token), None).await;

@@ -1,0 +1,601 @@
+//! Sandbox hosts: the sandbox backends in a process of their own (`coderoom sandbox-host`),
+//! on another machine if need be, serving room servers over mutual TLS.
+//!
+//! One TLS connection carries one sandbox. The room server opens it with one JSON line (a
+//! [`HostRequest`]) and the host answers with one JSON line (a [`HostAnswer`]); after
+//! [`HostAnswer::Started`] the connection carries the agent's own framed protocol
+//! ([`crate::proto`]) both ways, relayed by the host: frames from the room server go to the
+//! agent as they are, and messages from the agent are decoded, checked and re-encoded before
+//! they leave (a hostile agent cannot send the room server more than a local one could). The
+//! host's last frame, when the sandbox ends there, is [`Message::HostEnded`] with the reason.
+//! Closing the connection kills the sandbox; a host that dies closes it, and the room server's
+//! handle ends with "the connection to the sandbox host was lost".
+//!
+//! Placement is by the hosts' own word: before each start the room server asks every host for
+//! its [`HostStatus`] (tier, capacity, sandboxes running) and places the sandbox on the least
+//! loaded host of the room's tier that has room, trying the next on refusal.
+
+use crate::handle::Sandbox;
+use crate::proto::{self, Message, MAX_FRAME};
+use crate::{Backend, Ended, Limits, Receipt, StartError, Started, Tier};
+use serde::{Deserialize, Serialize};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// Longest handshake line either side reads.
+const MAX_LINE: usize = 64 << 10;
+/// Time to connect to a host and finish the TLS handshake.
+const CONNECT_WITHIN: Duration = Duration::from_secs(5);
+/// Time for a host to answer a status request.
+const STATUS_WITHIN: Duration = Duration::from_secs(5);
+/// Time for a host to start a sandbox (a VM under software emulation takes the longest).
+const START_WITHIN: Duration = Duration::from_secs(180);
+/// Time for the relayed agent to answer its first hello.
+const READY_WITHIN: Duration = Duration::from_secs(30);
+/// Bytes buffered between the room server's handle and the TLS connection.
+const PIPE: usize = 256 << 10;
+
+/// What a room server asks a sandbox host, as the connection's first line.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum HostRequest {
+    /// The host's tier, capacity and load.
+    Status,
+    /// Start a sandbox named `name` with `limits` and relay its agent on this connection.
+    Start {
+        /// The sandbox's name (the room's id).
+        name: String,
+        /// Its limits.
+        limits: Limits,
+    },
+}
+
+/// A sandbox host's tier, capacity and load.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct HostStatus {
+    /// The host's name (`--id`, else its hostname).
+    pub id: String,
+    /// The tier its sandboxes run in (`namespace`, `microvm`, `none`).
+    pub tier: String,
+    /// Why that tier, in words.
+    pub tier_reason: String,
+    /// Sandboxes it runs at most.
+    pub capacity: usize,
+    /// Sandboxes it runs now.
+    pub running: usize,
+    /// Its version.
+    pub version: String,
+}
+
+/// A sandbox host's one-line answer.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(tag = "answer", rename_all = "snake_case")]
+pub enum HostAnswer {
+    /// To [`HostRequest::Status`].
+    Status {
+        /// The status.
+        status: HostStatus,
+    },
+    /// The sandbox runs; the agent's protocol follows on this connection.
+    Started {
+        /// What it was started with.
+        receipt: Box<Receipt>,
+    },
+    /// Not done, and why.
+    Refused {
+        /// Why, in words.
+        error: String,
+        /// The host is full (another host may take it).
+        #[serde(default)]
+        full: bool,
+    },
+}
+
+/// A sandbox host: its backend, how many sandboxes it runs at most, and its TLS identity
+/// (which also verifies room servers' client certificates).
+pub struct Host {
+    backend: Backend,
+    tier_reason: String,
+    id: String,
+    capacity: usize,
+    running: Arc<AtomicUsize>,
+    tls: tokio_rustls::TlsAcceptor,
+}
+
+impl Host {
+    /// A host serving `backend` (chosen because `tier_reason`) as `id`, at most `capacity`
+    /// sandboxes at once, with `tls` (which must require client certificates).
+    pub fn new(
+        backend: Backend,
+        tier_reason: String,
+        id: String,
+        capacity: usize,
+        tls: Arc<rustls::ServerConfig>,
+    ) -> Host {
+        Host {
+            backend,
+            tier_reason,
+            id,
+            capacity,
+            running: Arc::default(),
+            tls: tokio_rustls::TlsAcceptor::from(tls),
+        }
+    }
+
+    /// The host's status now.
+    pub fn status(&self) -> HostStatus {
+        HostStatus {
+            id: self.id.clone(),
+            tier: self.backend.tier().name().to_owned(),
+            tier_reason: self.tier_reason.clone(),
+            capacity: self.capacity,
+            running: self.running.load(Ordering::SeqCst),
+            version: crate::VERSION.to_owned(),
+        }
+    }
+
+    /// Serves room servers on `listener` until the process ends.
+    pub async fn serve(self: Arc<Self>, listener: tokio::net::TcpListener) {
+        loop {
+            let (tcp, peer) = match listener.accept().await {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let _ = tcp.set_nodelay(true);
+            let host = self.clone();
+            tokio::spawn(async move {
+                let tls = match tokio::time::timeout(CONNECT_WITHIN, host.tls.accept(tcp)).await {
+                    Ok(Ok(tls)) => tls,
+                    Ok(Err(e)) => {
+                        tracing::warn!(%peer, error = %e, "a connection failed TLS (no valid client certificate?)");
+                        return;
+                    }
+                    Err(_) => return,
+                };
+                host.serve_one(tls, peer).await;
+            });
+        }
+    }
+
+    async fn serve_one<S>(&self, mut conn: S, peer: std::net::SocketAddr)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let request = match tokio::time::timeout(STATUS_WITHIN, read_line(&mut conn)).await {
+            Ok(Ok(line)) => serde_json::from_slice::<HostRequest>(&line),
+            _ => return,
+        };
+        let (name, limits) = match request {
+            Ok(HostRequest::Status) => {
+                let status = self.status();
+                let _ = write_line(&mut conn, &HostAnswer::Status { status }).await;
+                let _ = conn.shutdown().await;
+                return;
+            }
+            Ok(HostRequest::Start { name, limits }) => (name, limits),
+            Err(e) => {
+                let _ = refuse(&mut conn, format!("a malformed request: {e}"), false).await;
+                return;
+            }
+        };
+        // A slot, or a refusal the room server takes to the next host.
+        let taken = self
+            .running
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < self.capacity).then_some(n + 1)
+            });
+        if taken.is_err() {
+            let _ = refuse(
+                &mut conn,
+                format!(
+                    "sandbox host {} is at its capacity ({})",
+                    self.id, self.capacity
+                ),
+                true,
+            )
+            .await;
+            return;
+        }
+        let _slot = Slot(self.running.clone());
+        let (sandbox, events, receipt) = match self.backend.start(&name, &limits).await {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = refuse(&mut conn, e.to_string(), false).await;
+                return;
+            }
+        };
+        tracing::info!(sandbox = %name, %peer, "sandbox started for a room server");
+        // Everything the agent sends goes to the room server from here on.
+        drop(events);
+        let (to_agent, mut from_agent) = sandbox.relay();
+        if write_line(
+            &mut conn,
+            &HostAnswer::Started {
+                receipt: Box::new(receipt),
+            },
+        )
+        .await
+        .is_err()
+        {
+            sandbox.kill();
+            return;
+        }
+        let (mut rd, mut wr) = tokio::io::split(conn);
+        // The room server's frames, whole, to the agent; its closing the connection kills the
+        // sandbox.
+        let inbound = {
+            let sandbox = sandbox.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                while let Ok(Some(frame)) = read_raw_frame(&mut rd, &mut buf).await {
+                    if to_agent.send(frame).await.is_err() {
+                        break;
+                    }
+                }
+                sandbox.kill();
+            })
+        };
+        loop {
+            tokio::select! {
+                biased;
+                frame = from_agent.recv() => match frame {
+                    Some(f) => {
+                        if wr.write_all(&f).await.is_err() {
+                            sandbox.kill();
+                            break;
+                        }
+                    }
+                    None => break,
+                },
+                how = sandbox.ended() => {
+                    while let Ok(f) = from_agent.try_recv() {
+                        let _ = wr.write_all(&f).await;
+                    }
+                    let reason = match how {
+                        Ended::Stopped => "stopped on its sandbox host".to_owned(),
+                        Ended::Died { reason } => reason,
+                        Ended::ProtocolViolation(v) => format!("the agent broke the protocol: {v}"),
+                    };
+                    tracing::info!(sandbox = %name, %reason, "sandbox ended");
+                    if let Ok(last) = proto::encode(&Message::HostEnded { reason }) {
+                        let _ = wr.write_all(&last).await;
+                    }
+                    break;
+                }
+            }
+        }
+        let _ = wr.shutdown().await;
+        inbound.abort();
+        sandbox.kill();
+        let _ = sandbox.ended().await;
+    }
+}
+
+/// A sandbox counted in a host's load until dropped.
+struct Slot(Arc<AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+async fn refuse<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    error: String,
+    full: bool,
+) -> std::io::Result<()> {
+    write_line(w, &HostAnswer::Refused { error, full }).await?;
+    w.shutdown().await
+}
+
+async fn write_line<W: AsyncWrite + Unpin, T: Serialize>(w: &mut W, v: &T) -> std::io::Result<()> {
+    let mut line = serde_json::to_vec(v).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    w.write_all(&line).await?;
+    w.flush().await
+}
+
+/// One line (without its newline), read byte by byte so nothing after it is taken; at most
+/// [`MAX_LINE`] bytes.
+async fn read_line<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Result<Vec<u8>> {
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    loop {
+        if r.read(&mut byte).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        if byte[0] == b'\n' {
+            return Ok(line);
+        }
+        if line.len() >= MAX_LINE {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "an overlong line",
+            ));
+        }
+        line.push(byte[0]);
+    }
+}
+
+/// One whole frame, length prefix included, not decoded; `Ok(None)` at a clean end.
+async fn read_raw_frame<R: AsyncRead + Unpin>(
+    r: &mut R,
+    buf: &mut Vec<u8>,
+) -> std::io::Result<Option<Vec<u8>>> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let n = u32::from_be_bytes(len) as usize;
+    if n > MAX_FRAME {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "a frame over the limit",
+        ));
+    }
+    buf.clear();
+    buf.extend_from_slice(&len);
+    buf.resize(4 + n, 0);
+    r.read_exact(&mut buf[4..]).await?;
+    Ok(Some(buf.clone()))
+}
+
+/// The room server's side: the sandbox hosts it places sandboxes on.
+pub struct Hosts {
+    addresses: Vec<String>,
+    tier: Tier,
+    tls: tokio_rustls::TlsConnector,
+}
+
+impl std::fmt::Debug for Hosts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hosts")
+            .field("addresses", &self.addresses)
+            .field("tier", &self.tier)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A stream to a sandbox host.
+type Conn = tokio_rustls::client::TlsStream<tokio::net::TcpStream>;
+
+impl Hosts {
+    /// Sandbox hosts at `addresses` (`host:port`, the host as its certificate names it), whose
+    /// sandboxes must run in `tier` (`Auto`: any), reached with `tls` (which presents this room
+    /// server's client certificate and trusts the hosts' CA).
+    pub fn new(addresses: Vec<String>, tier: Tier, tls: Arc<rustls::ClientConfig>) -> Hosts {
+        Hosts {
+            addresses,
+            tier,
+            tls: tokio_rustls::TlsConnector::from(tls),
+        }
+    }
+
+    /// The tier the hosts must run.
+    pub fn tier(&self) -> Tier {
+        self.tier
+    }
+
+    /// The hosts' addresses.
+    pub fn addresses(&self) -> &[String] {
+        &self.addresses
+    }
+
+    async fn connect(&self, address: &str) -> Result<Conn, String> {
+        let host = match address.rsplit_once(':') {
+            Some((h, _)) => h.trim_start_matches('[').trim_end_matches(']'),
+            None => return Err(format!("{address}: not host:port")),
+        };
+        let name = rustls::pki_types::ServerName::try_from(host.to_owned())
+            .map_err(|e| format!("{address}: {e}"))?;
+        let connected = async {
+            let tcp = tokio::net::TcpStream::connect(address)
+                .await
+                .map_err(|e| e.to_string())?;
+            let _ = tcp.set_nodelay(true);
+            self.tls
+                .connect(name, tcp)
+                .await
+                .map_err(|e| format!("TLS: {e}"))
+        };
+        tokio::time::timeout(CONNECT_WITHIN, connected)
+            .await
+            .map_err(|_| "no connection in time".to_owned())?
+    }
+
+    /// Asks the host at `address` for its status.
+    pub async fn status(&self, address: &str) -> Result<HostStatus, String> {
+        let asked = async {
+            let mut conn = self.connect(address).await?;
+            write_line(&mut conn, &HostRequest::Status)
+                .await
+                .map_err(|e| e.to_string())?;
+            let line = read_line(&mut conn).await.map_err(|e| e.to_string())?;
+            match serde_json::from_slice::<HostAnswer>(&line) {
+                Ok(HostAnswer::Status { status }) => Ok(status),
+                Ok(HostAnswer::Refused { error, .. }) => Err(error),
+                Ok(_) => Err("an answer out of turn".to_owned()),
+                Err(e) => Err(format!("a malformed answer: {e}")),
+            }
+        };
+        tokio::time::timeout(STATUS_WITHIN, asked)
+            .await
+            .map_err(|_| "no status in time".to_owned())?
+    }
+
+    /// Starts a sandbox named `name` on the least loaded host of the tier that has room, and
+    /// relays its agent here.
+    pub async fn start(&self, name: &str, limits: &Limits) -> Result<Started, StartError> {
+        let asked = futures_util::future::join_all(
+            self.addresses
+                .iter()
+                .map(|a| async move { (a, self.status(a).await) }),
+        )
+        .await;
+        let mut why = Vec::new();
+        let mut candidates = Vec::new();
+        for (address, status) in asked {
+            match status {
+                Ok(s) if self.tier != Tier::Auto && s.tier != self.tier.name() => {
+                    why.push(format!("{address}: runs the {} tier", s.tier));
+                }
+                Ok(s) if s.running >= s.capacity => {
+                    why.push(format!("{address}: full ({} of {})", s.running, s.capacity));
+                }
+                Ok(s) => candidates.push((address, s)),
+                Err(e) => why.push(format!("{address}: {e}")),
+            }
+        }
+        // Least loaded first (by share of capacity), then by address, for a stable choice.
+        candidates.sort_by(|(a, x), (b, y)| {
+            let load = |s: &HostStatus| s.running as f64 / s.capacity.max(1) as f64;
+            load(x).total_cmp(&load(y)).then_with(|| a.cmp(b))
+        });
+        for (address, status) in candidates {
+            match self.start_on(address, &status, name, limits).await {
+                Ok(started) => return Ok(started),
+                Err((e, next)) => {
+                    why.push(format!("{address}: {e}"));
+                    if !next {
+                        return Err(StartError::NotReady(why.join("; ")));
+                    }
+                }
+            }
+        }
+        Err(StartError::Unavailable(if why.is_empty() {
+            "no sandbox host is configured".into()
+        } else {
+            format!("no sandbox host can take it: {}", why.join("; "))
+        }))
+    }
+
+    /// Starts `name` on the host at `address`. `Err` says why and whether another host may
+    /// be tried.
+    async fn start_on(
+        &self,
+        address: &str,
+        status: &HostStatus,
+        name: &str,
+        limits: &Limits,
+    ) -> Result<Started, (String, bool)> {
+        let mut conn = self.connect(address).await.map_err(|e| (e, true))?;
+        let request = HostRequest::Start {
+            name: name.to_owned(),
+            limits: limits.clone(),
+        };
+        write_line(&mut conn, &request)
+            .await
+            .map_err(|e| (e.to_string(), true))?;
+        let line = tokio::time::timeout(START_WITHIN, read_line(&mut conn))
+            .await
+            .map_err(|_| ("no answer in time".to_owned(), true))?
+            .map_err(|e| (format!("the host closed the connection: {e}"), true))?;
+        let mut receipt = match serde_json::from_slice::<HostAnswer>(&line) {
+            Ok(HostAnswer::Started { receipt }) => *receipt,
+            Ok(HostAnswer::Refused { error, full }) => return Err((error, full)),
+            Ok(_) => return Err(("an answer out of turn".into(), true)),
+            Err(e) => return Err((format!("a malformed answer: {e}"), true)),
+        };
+        let who = format!("{} ({address})", status.id);
+        receipt.host = Some(who.clone());
+        let (ours, theirs) = tokio::io::duplex(PIPE);
+        let (sandbox, events, control) = Sandbox::wire(ours);
+        let watched = sandbox.clone();
+        tokio::spawn(async move {
+            let mut killed = control.killed;
+            let mut closed = control.stream_closed;
+            let (mut from_here, mut to_here) = tokio::io::split(theirs);
+            let (mut from_host, mut to_host) = tokio::io::split(conn);
+            let stopped = tokio::select! {
+                _ = tokio::io::copy(&mut from_host, &mut to_here) => false,
+                _ = tokio::io::copy(&mut from_here, &mut to_host) => false,
+                _ = killed.wait_for(|k| *k) => true,
+            };
+            // The host kills the sandbox when its connection closes.
+            let _ = to_host.shutdown().await;
+            drop((from_host, to_host));
+            let _ = to_here.shutdown().await;
+            drop((from_here, to_here));
+            let _ = closed.wait_for(|c| *c).await;
+            let outcome = if stopped || *killed.borrow() {
+                Ended::Stopped
+            } else {
+                Ended::Died {
+                    reason: match watched.host_ended() {
+                        Some(r) => format!("{r} (on sandbox host {who})"),
+                        None => format!("the connection to sandbox host {who} was lost"),
+                    },
+                }
+            };
+            let _ = control.ended.send(Some(outcome));
+        });
+        if let Err(e) = sandbox.ready(READY_WITHIN).await {
+            sandbox.kill();
+            let _ = sandbox.ended().await;
+            return Err((format!("its agent did not answer: {e}"), true));
+        }
+        Ok((sandbox, events, receipt))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_handshake_lines_read_as_documented() {
+        let start = serde_json::to_value(HostRequest::Start {
+            name: "room1".into(),
+            limits: Limits::default(),
+        })
+        .expect("json");
+        assert_eq!(start["op"], "start");
+        assert_eq!(start["limits"]["pids"], 512);
+        assert_eq!(
+            serde_json::to_value(HostRequest::Status).expect("json"),
+            serde_json::json!({"op": "status"})
+        );
+        let refused: HostAnswer =
+            serde_json::from_str(r#"{"answer":"refused","error":"no"}"#).expect("parsed");
+        assert_eq!(
+            refused,
+            HostAnswer::Refused {
+                error: "no".into(),
+                full: false
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn raw_frames_pass_whole_and_overlong_ones_are_refused() {
+        let frame = proto::encode(&Message::PtyExit { code: Some(3) }).expect("frame");
+        let mut two = frame.clone();
+        two.extend(&frame);
+        let mut r = &two[..];
+        let mut buf = Vec::new();
+        assert_eq!(
+            read_raw_frame(&mut r, &mut buf).await.expect("one"),
+            Some(frame.clone())
+        );
+        assert_eq!(
+            read_raw_frame(&mut r, &mut buf).await.expect("two"),
+            Some(frame)
+        );
+        assert_eq!(read_raw_frame(&mut r, &mut buf).await.expect("end"), None);
+        let huge = ((MAX_FRAME + 1) as u32).to_be_bytes();
+        let mut r = &huge[..];
+        assert!(read_raw_frame(&mut r, &mut buf).await.is_err());
+        let long = vec![b'x'; MAX_LINE + 1];
+        let mut r = &long[..];
+        assert!(read_line(&mut r).await.is_err());
+    }
+}

@@ -1,0 +1,256 @@
+//! Sandbox hosts in processes of their own (`coderoom sandbox-host`), reached by a room server
+//! over mutual TLS: the terminal, exec and files work through one; a host killed with
+//! SIGKILL is told to the room, and the sandbox starts again from its last snapshot on the
+//! other host. Needs what the namespace tier needs (bubblewrap, root), as in CI.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::path::Path;
+use std::process::Stdio;
+use tokio::io::AsyncBufReadExt as _;
+
+/// A running `coderoom sandbox-host`.
+struct Host {
+    child: tokio::process::Child,
+    address: String,
+}
+
+/// `coderoom certs` for `name` into `dir`.
+fn certs(dir: &Path, name: &str, sans: &[&str]) {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_coderoom"));
+    cmd.args(["certs", "--dir"]).arg(dir).args(["--name", name]);
+    for s in sans {
+        cmd.args(["--san", s]);
+    }
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Starts a sandbox host named `id` with the certificate `cert` (issued in `dir`); its
+/// address once it listens.
+async fn host(dir: &Path, id: &str, cert: &str, capacity: usize) -> Host {
+    let data = dir.join(format!("data-{id}"));
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_coderoom"))
+        .arg("sandbox-host")
+        .args(["--listen", "127.0.0.1:0", "--id", id])
+        .args(["--capacity", &capacity.to_string()])
+        .args(["--sandbox-tier", "namespace"])
+        .arg("--tls-cert")
+        .arg(dir.join(format!("{cert}.pem")))
+        .arg("--tls-key")
+        .arg(dir.join(format!("{cert}.key")))
+        .arg("--tls-ca")
+        .arg(dir.join("ca.pem"))
+        .arg("--data-dir")
+        .arg(&data)
+        .env("CODEROOM_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let address = tokio::time::timeout(TIMEOUT, async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if let Some((_, a)) = line.split_once(" listening on ") {
+                return a.to_owned();
+            }
+        }
+        panic!("the sandbox host {id} exited before listening");
+    })
+    .await
+    .expect("the sandbox host listens");
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Host { child, address }
+}
+
+fn server_flags(dir: &Path, hosts: &[&Host]) -> Vec<String> {
+    let addresses: Vec<&str> = hosts.iter().map(|h| h.address.as_str()).collect();
+    vec![
+        "--sandbox-tier".into(),
+        "namespace".into(),
+        "--sandbox-hosts".into(),
+        addresses.join(","),
+        "--sandbox-host-ca".into(),
+        dir.join("ca.pem").display().to_string(),
+        "--sandbox-host-cert".into(),
+        dir.join("server.pem").display().to_string(),
+        "--sandbox-host-key".into(),
+        dir.join("server.key").display().to_string(),
+    ]
+}
+
+/// The sandbox host a room's sandbox runs on, as its receipt says (`id (address)`).
+async fn placed_on(server: &Server, token: &str, room: &str) -> String {
+    let status = get_json(server, token, &format!("/api/rooms/{room}/sandbox")).await;
+    status["receipt"]["host"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no host in the receipt: {status}"))
+        .to_owned()
+}
+
+#[tokio::test]
+async fn a_room_works_through_a_sandbox_host_and_moves_when_it_dies() {
+    let dir = tempfile::tempdir().unwrap();
+    certs(dir.path(), "host-a", &["127.0.0.1"]);
+    certs(dir.path(), "host-b", &["127.0.0.1"]);
+    certs(dir.path(), "server", &[]);
+    let mut a = host(dir.path(), "host-a", "host-a", 4).await;
+    let mut b = host(dir.path(), "host-b", "host-b", 4).await;
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let flags = server_flags(dir.path(), &[&a, &b]);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let t = team_with(&storage, &flags).await;
+    let (server, room) = (&t.server, &t.room);
+
+    // Exec, through the host (the first use starts the sandbox there).
+    let (status, out) = exec(
+        server,
+        &t.ben,
+        room,
+        "echo made-there > /workspace/there.txt; echo $((6*7))",
+    )
+    .await;
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(out["stdout"], "42\n", "{out}");
+    let first = placed_on(server, &t.ana, room).await;
+    assert!(
+        first.starts_with("host-a (") || first.starts_with("host-b ("),
+        "{first}"
+    );
+
+    // Files both ways: an editor's file reaches the workspace, a file made inside reaches the
+    // editor.
+    let mut ana = Client::connect(server, room, &t.ana).await;
+    ana.synced().await;
+    ana.put_file("notes.md", "written in the editor\n").await;
+    let on_disk = stdout_until(server, &t.ben, room, "cat notes.md", "written").await;
+    assert_eq!(on_disk, "written in the editor\n");
+    ana.wait_for_file("there.txt", "made-there\n").await;
+
+    // The shared terminal.
+    let mut typer = term(server, room, &t.ben).await;
+    typer.send(b"echo through-$((40+2))-the-host\n").await;
+    typer.output_contains("through-42-the-host").await;
+    drop(typer);
+
+    // A stop snapshots the workspace; the next start may land anywhere.
+    assert_eq!(lifecycle(server, &t.ana, room, "stop").await.0, 200);
+    assert_eq!(lifecycle(server, &t.ana, room, "start").await.0, 200);
+    let on = placed_on(server, &t.ana, room).await;
+    let (dying, other) = if on.starts_with("host-a") {
+        (&mut a, "host-b")
+    } else {
+        (&mut b, "host-a")
+    };
+
+    // kill -9 of the host that runs it: everyone watching is told, in words naming the host.
+    let mut watcher = term(server, room, &t.ana).await;
+    watcher.output_contains("$").await;
+    dying.child.start_kill().unwrap();
+    dying.child.wait().await.unwrap();
+    watcher
+        .until("told the sandbox failed", |t| {
+            t.events.iter().any(|e| {
+                e["type"] == "exit"
+                    && e["reason"].as_str().is_some_and(|r| {
+                        r.contains("the connection to sandbox host") && r.contains("was lost")
+                    })
+            })
+        })
+        .await;
+
+    // Started again: on the other host, from the last snapshot.
+    assert_eq!(lifecycle(server, &t.ana, room, "start").await.0, 200);
+    let again = placed_on(server, &t.ana, room).await;
+    assert!(again.starts_with(other), "{again} after {on} died");
+    let (_, out) = exec(server, &t.ben, room, "cat there.txt notes.md").await;
+    assert_eq!(
+        out["stdout"], "made-there\nwritten in the editor\n",
+        "{out}"
+    );
+    let records = audit(server, &t.ana, room).await;
+    let start: Value = records
+        .iter()
+        .rev()
+        .find(|r| r["action"] == "sandbox_start")
+        .map(|r| match &r["details"] {
+            Value::String(s) => serde_json::from_str(s).unwrap(),
+            d => d.clone(),
+        })
+        .unwrap();
+    assert!(start["resumed_from"].is_string(), "{start}");
+    assert!(
+        start["receipt"]["host"]
+            .as_str()
+            .is_some_and(|h| h.starts_with(other)),
+        "the placement is recorded with the start: {start}"
+    );
+}
+
+/// Only room servers with a certificate from the hosts' authority are served, and a room
+/// server trusts only hosts whose certificate that authority signed; a full host sends the
+/// sandbox to the next; with no host left, starting says why for each.
+#[tokio::test]
+async fn hosts_serve_only_their_authority_and_placement_says_why_it_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    certs(dir.path(), "host-a", &["127.0.0.1"]);
+    certs(dir.path(), "server", &[]);
+    let stranger = dir.path().join("stranger");
+    certs(&stranger, "server", &[]);
+    certs(&stranger, "host-x", &["127.0.0.1"]);
+    let a = host(dir.path(), "host-a", "host-a", 1).await;
+    // A host whose certificate another authority signed.
+    let x = host(&stranger, "host-x", "host-x", 4).await;
+
+    // A room server with a stranger's client certificate is refused by host-a. (Why a start
+    // failed is logged for the operator, not shown to the room: it names internal addresses.)
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let log = dir.path().join("stranger.log");
+    let flags = server_flags(&stranger, &[&a]);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let server = Server::start_logging_with(&storage, &log, &flags).await;
+    let ana = storage.token("ana@example.com").await;
+    let room = create_room(&server, &ana).await;
+    let (status, out) = exec(&server, &ana, &room, "true").await;
+    assert_eq!(status, 503, "{out}");
+    assert_eq!(out["error"], "the sandbox could not start");
+    let logged = std::fs::read_to_string(&log).unwrap();
+    let line = logged
+        .lines()
+        .find(|l| l.contains("sandbox start failed"))
+        .unwrap_or_else(|| panic!("{logged}"));
+    assert!(line.contains(&a.address), "{line}");
+    drop(server);
+
+    // Our room server: host-x is not trusted, host-a takes one sandbox (the stranger took no
+    // slot of its one) and is then full.
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let log = dir.path().join("ours.log");
+    let flags = server_flags(dir.path(), &[&x, &a]);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let server = Server::start_logging_with(&storage, &log, &flags).await;
+    let ana = storage.token("ana@example.com").await;
+    let room = create_room(&server, &ana).await;
+    let (status, out) = exec(&server, &ana, &room, "echo ok").await;
+    assert_eq!(status, 200, "{out}");
+    assert!(placed_on(&server, &ana, &room).await.starts_with("host-a"));
+    let second = create_room(&server, &ana).await;
+    let (status, out) = exec(&server, &ana, &second, "echo ok").await;
+    assert_eq!(status, 503, "{out}");
+    let logged = std::fs::read_to_string(&log).unwrap();
+    let line = logged
+        .lines()
+        .find(|l| l.contains("sandbox start failed"))
+        .unwrap_or_else(|| panic!("{logged}"));
+    assert!(line.contains("no sandbox host can take it"), "{line}");
+    assert!(line.contains("full (1 of 1)"), "{line}");
+    assert!(line.contains(&x.address) && line.contains("TLS"), "{line}");
+}
