@@ -32,6 +32,22 @@ async fn cluster(storage: &Storage, n: usize) -> (Vec<Server>, Vec<Storage>) {
     (servers, others)
 }
 
+/// The room's owner `token` asks, through `server`, for `room` to be deleted; the deletion's id.
+async fn ask_deletion(server: &Server, token: &str, room: &str) -> String {
+    let (status, body) = http(
+        &server.url(&format!("/api/rooms/{room}")),
+        "DELETE",
+        Some(token),
+        None,
+    )
+    .await;
+    assert_eq!(status, 202, "{body}");
+    serde_json::from_str::<serde_json::Value>(&body).unwrap()["deletion_id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
 /// Connects to `server` until it serves the room (a server whose room's owner just died answers
 /// 503 until the lease lapses), for at most `within`.
 async fn connect_within(server: &Server, room: &str, token: &str, within: Duration) -> Client {
@@ -365,18 +381,7 @@ async fn a_deletion_confirmed_elsewhere_runs_where_the_room_is() {
         (200, Some("slow\n")),
         "{out}"
     );
-    let (status, body) = http(
-        &other.url(&format!("/api/rooms/{room}")),
-        "DELETE",
-        Some(&ana),
-        None,
-    )
-    .await;
-    assert_eq!(status, 202, "{body}");
-    let id = serde_json::from_str::<serde_json::Value>(&body).unwrap()["deletion_id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = ask_deletion(other, &ana, &room).await;
     let confirm = other.url(&format!("/api/deletions/{id}/confirm"));
     let (status, body) = http(&confirm, "POST", Some(&root), None).await;
     assert_eq!(status, 200, "{body}");
@@ -390,5 +395,160 @@ async fn a_deletion_confirmed_elsewhere_runs_where_the_room_is() {
         .cloned()
         .unwrap();
     assert_eq!(sandbox["status"], "destroyed", "{v}");
+    storage.drop_db().await;
+}
+
+/// A deletion whose server died part way is carried out by another running server once the
+/// dead one's claim lapses (three leases), not at the next start of some server; and a server
+/// that is alive keeps its deletions: nobody else runs them meanwhile.
+#[tokio::test]
+async fn a_deletion_left_part_way_by_a_dead_server_is_finished_by_a_running_one() {
+    let Some(pg) = postgres() else { return };
+    let storage = Storage::new(&pg).await;
+    let ana = storage.token("ana@example.com").await;
+    let root = storage.token("root@example.com").await;
+    let args = [
+        "--room-lease-ms",
+        LEASE_MS,
+        "--admin-emails",
+        "root@example.com",
+    ];
+    let crashing = Server::start_with_env(
+        &storage,
+        &args,
+        &[("CODEROOM_FAULT_PAUSE_AT", "deletion_after_steps_2")],
+    )
+    .await;
+    let shared = storage.sharing();
+    let other = Server::start(&shared, &args).await;
+    let room = create_room(&crashing, &ana).await;
+    let mut c = Client::connect(&crashing, &room, &ana).await;
+    c.synced().await;
+    c.insert("main.rs", 0, "to be deleted").await;
+    eventually(&crashing, &room, &ana, "main.rs", "to be deleted").await;
+    let id = ask_deletion(&crashing, &ana, &room).await;
+    let confirm = crashing.url(&format!("/api/deletions/{id}/confirm"));
+    let confirming = tokio::spawn(async move {
+        let _ = request_within(
+            &confirm,
+            "POST",
+            &[("Authorization", &format!("Bearer {root}"))],
+            None,
+            Duration::from_secs(120),
+        )
+        .await;
+    });
+    crashing.stopped_at("deletion_after_steps_2").await;
+    let lease = Duration::from_millis(LEASE_MS.parse().unwrap());
+    // Paused, not dead: for a lease and more, the other server leaves its deletion alone.
+    tokio::time::sleep(lease + lease / 2).await;
+    let state = |d: &serde_json::Value| d["state"].as_str().unwrap_or_default().to_owned();
+    let root = storage.token("root@example.com").await;
+    let path = format!("/api/deletions/{id}");
+    assert_eq!(state(&get_json(&other, &root, &path).await), "confirmed");
+    crashing.kill9().await;
+    confirming.abort();
+    let died = Instant::now();
+    let finished = loop {
+        let d = get_json(&other, &root, &path).await;
+        if state(&d) == "done" {
+            break d;
+        }
+        assert!(
+            died.elapsed() < lease * 3 + lease * 2 + TIMEOUT,
+            "not picked up in time: {d}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let artifacts = finished["receipt"]["artifacts"].as_array().unwrap();
+    assert!(
+        artifacts.iter().all(|a| a["status"] != "pending"),
+        "{finished}"
+    );
+    let (status, _) = http(
+        &other.url(&format!("/api/rooms/{room}")),
+        "GET",
+        Some(&ana),
+        None,
+    )
+    .await;
+    assert_eq!(status, 404, "the room is gone");
+    storage.drop_db().await;
+}
+
+/// A sandbox's idle stop is its own server's: another live server never records a stop for a
+/// room it does not hold (it would leave the running sandbox with no timer); a room whose
+/// server died is stopped on record by one that runs.
+#[tokio::test]
+async fn an_idle_stop_is_made_where_the_sandbox_runs_or_picked_up_when_its_server_died() {
+    let Some(pg) = postgres() else { return };
+    let storage = Storage::new(&pg).await;
+    let ana = storage.token("ana@example.com").await;
+    let args = ["--room-lease-ms", LEASE_MS, "--sandbox-idle-ms", "1500"];
+    let runner = Server::start(&storage, &args).await;
+    let shared = storage.sharing();
+    let other = Server::start(&shared, &args).await;
+    let stops = |records: &[serde_json::Value]| -> Vec<String> {
+        records
+            .iter()
+            .filter(|r| r["action"] == "sandbox_stop")
+            .map(|r| r["details"].to_string())
+            .collect()
+    };
+
+    // Idle on its own server: stopped there (a snapshot taken), once.
+    let room = create_room(&runner, &ana).await;
+    let (status, out) = exec(&runner, &ana, &room, "echo kept > /workspace/kept.txt").await;
+    assert_eq!(status, 200, "{out}");
+    let started = Instant::now();
+    let stopped = loop {
+        let s = get_json(&runner, &ana, &format!("/api/rooms/{room}/sandbox")).await;
+        if s["state"] == "stopped" {
+            break s;
+        }
+        assert!(started.elapsed() < TIMEOUT * 2, "never stopped: {s}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        !stopped["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("timer fired"),
+        "stopped by its own server: {stopped}"
+    );
+    assert!(stopped["snapshot_at"].is_number(), "{stopped}");
+    let records = audit(&runner, &ana, &room).await;
+    assert_eq!(stops(&records).len(), 1, "{:?}", stops(&records));
+
+    // Its server dies with it running: another one records the stop when it comes due.
+    let room = create_room(&runner, &ana).await;
+    let (status, out) = exec(&runner, &ana, &room, "true").await;
+    assert_eq!(status, 200, "{out}");
+    runner.kill9().await;
+    let died = Instant::now();
+    let lease = Duration::from_millis(LEASE_MS.parse().unwrap());
+    loop {
+        // Answered 503 until the dead server's lease on the room lapses.
+        let (status, body) = http(
+            &other.url(&format!("/api/rooms/{room}/sandbox")),
+            "GET",
+            Some(&ana),
+            None,
+        )
+        .await;
+        let s: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        if status == 200 && s["state"] == "stopped" {
+            assert!(
+                s["reason"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains("its server had stopped or gone"),
+                "{s}"
+            );
+            break;
+        }
+        assert!(died.elapsed() < lease * 2 + TIMEOUT, "never picked up: {s}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     storage.drop_db().await;
 }

@@ -709,7 +709,7 @@ async fn scheduled(app: &AppState, room_id: &RoomId, now: i64) -> Result<(), Api
     let _held = lock.lock().await;
     // A room being deleted gets no more checkpoints (the deletion removes their files under
     // this same lock).
-    let deleting = app.store.unfinished_deletions().await?;
+    let deleting = app.store.unfinished_deletions(None).await?;
     if deleting.iter().any(|d| d.room_id == room_id.as_str()) {
         return Ok(());
     }

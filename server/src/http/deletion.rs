@@ -190,7 +190,9 @@ pub(crate) async fn confirm(
             .await?;
     }
     if deletion.state != "done" {
-        app.store.confirm_deletion(&id, &user.id).await?;
+        app.store
+            .confirm_deletion(&id, &user.id, &app.server.id, claim_ms(&app))
+            .await?;
         run(&app, &id, &deletion.room_id).await?;
     }
     receipt_of(&app, &id).await.map(Json)
@@ -277,7 +279,27 @@ pub(crate) struct Artifact {
 }
 
 /// Carries out (or resumes) a confirmed deletion.
+/// How long a server's claim on a deletion it carries out lasts without renewal: three room
+/// leases (a dead runner's deletion is picked up about that long after it died).
+fn claim_ms(app: &AppState) -> i64 {
+    app.rooms.lease_ms().saturating_mul(3)
+}
+
+/// Claims (or renews this server's claim on) deletion `id`; `false` when another server has it.
+async fn claim(app: &AppState, id: &str) -> Result<bool, StoreError> {
+    app.store
+        .claim_deletion(id, &app.server.id, claim_ms(app))
+        .await
+}
+
+/// Carries out confirmed deletion `id` of `room_id`, from the first step not yet done, while
+/// this server holds its claim (renewed after every step); returns without doing anything when
+/// another live server carries it out.
 pub(crate) async fn run(app: &AppState, id: &str, room_id: &str) -> Result<(), StoreError> {
+    if !claim(app, id).await? {
+        tracing::info!(deletion = %id, room = %room_id, "another server carries out this deletion");
+        return Ok(());
+    }
     let mut executed = 0usize;
     // VM disks the sandbox step removed with their VM (this run; a resumed run finds any left).
     let mut vm_disks = 0i64;
@@ -387,6 +409,11 @@ pub(crate) async fn run(app: &AppState, id: &str, room_id: &str) -> Result<(), S
         executed += 1;
         // Test hook (see `crate::fault`): a crash after this many newly executed steps.
         crate::fault::point(&format!("deletion_after_steps_{executed}")).await;
+        if !claim(app, id).await? {
+            // Paused past the claim, and another server has taken over: it finishes.
+            tracing::warn!(deletion = %id, room = %room_id, "another server took over this deletion");
+            return Ok(());
+        }
     }
     let _ = tokio::fs::remove_dir(app.data_dir.join("rooms").join(room_id)).await;
     let steps = app.store.deletion_steps(id).await?;
@@ -422,14 +449,36 @@ pub(crate) async fn run(app: &AppState, id: &str, room_id: &str) -> Result<(), S
     Ok(())
 }
 
-/// Resumes deletions a crash interrupted.
+/// Resumes deletions a crash interrupted: those no live server carries out (their claim has
+/// lapsed, or is this server's from before a restart).
 pub(crate) async fn resume(app: &AppState) -> Result<(), StoreError> {
     let _one_deletion_at_a_time = app.deletions.lock().await;
-    for d in app.store.unfinished_deletions().await? {
+    for d in app.store.unfinished_deletions(Some(&app.server.id)).await? {
         tracing::warn!(deletion = %d.id, room = %d.room_id, "resuming an interrupted deletion");
         run(app, &d.id, &d.room_id).await?;
     }
     Ok(())
+}
+
+/// Picks up, while the server runs, deletions another server left part way (it died): every
+/// room lease period, a claim on each unfinished deletion whose runner's claim has lapsed.
+pub(crate) fn start_sweeper(app: AppState) {
+    let every = std::time::Duration::from_millis(
+        u64::try_from(app.rooms.lease_ms())
+            .unwrap_or(10_000)
+            .max(250),
+    );
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                () = app.shutdown.cancelled() => break,
+                () = tokio::time::sleep(every) => {}
+            }
+            if let Err(e) = resume(&app).await {
+                tracing::warn!(error = %e, "resuming deletions failed; trying again later");
+            }
+        }
+    });
 }
 
 /// Regular files under `dir` (0 when it does not exist); symlinks are not followed.

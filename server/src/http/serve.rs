@@ -136,6 +136,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     );
     let sandboxes = sandboxes(
         &args,
+        &server.id,
         &store,
         &audit,
         &rooms,
@@ -192,6 +193,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     crate::http::events::start_listening(&state, &args.storage.database_url());
     // Deletions a crash interrupted are finished before anything else touches those rooms.
     deletion::resume(&state).await?;
+    deletion::start_sweeper(state.clone());
     sandboxes.start_idle_scheduler();
     sandboxes.start_warm_pool();
     crate::http::checkpoints::start_scheduler(state.clone());
@@ -277,6 +279,7 @@ async fn wait_for_signal(signals: Signals) {
 
 async fn sandboxes(
     args: &ServeArgs,
+    server_id: &str,
     store: &Store,
     audit: &crate::audit::Audit,
     rooms: &Rooms,
@@ -319,6 +322,7 @@ async fn sandboxes(
             pool_ready: pool_ready.clone(),
             egress: egress.clone(),
             spend: spend.clone(),
+            server_id: server_id.to_owned(),
         },
     ))
 }

@@ -32,6 +32,11 @@ impl Drop for LoadedGuard {
 }
 
 impl Rooms {
+    /// How long a room's lease lasts (`--room-lease-ms`): the unit other claims are timed in.
+    pub(crate) fn lease_ms(&self) -> i64 {
+        self.inner.deps.lease_ms
+    }
+
     pub(crate) fn new(deps: RoomDeps, tracker: TaskTracker) -> Self {
         Rooms {
             inner: Arc::new(Inner {

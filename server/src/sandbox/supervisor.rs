@@ -305,6 +305,9 @@ pub(crate) struct Deps {
     pub egress: crate::egress::Egress,
     /// Sandbox time is metered; a room out of it does not start.
     pub spend: crate::spend::Spend,
+    /// This server, as room leases name it: a room another live server holds is that server's
+    /// to stop when it idles.
+    pub server_id: String,
 }
 
 struct Inner {
@@ -453,7 +456,7 @@ impl Sandboxes {
                     .inner
                     .deps
                     .store
-                    .due_sandboxes(this.inner.deps.clock.now_ms())
+                    .due_sandboxes(this.inner.deps.clock.now_ms(), &this.inner.deps.server_id)
                     .await
                 {
                     Ok(rooms) => {
@@ -1837,7 +1840,14 @@ impl Actor {
             }
             Life::Dormant | Life::Failed(_) => {
                 // Not running here: suspended at a shutdown, or lost with a crashed server.
-                // The timer still ends its life as a recorded stop.
+                // The timer still ends its life as a recorded stop, unless another live
+                // server holds the room: a sandbox holds its room loaded where it runs, so it
+                // may run there, and is that server's to stop.
+                match self.deps().store.room_owner(&self.room_id).await {
+                    Ok(Some(owner)) if owner.server != self.deps().server_id => return,
+                    Ok(_) => {}
+                    Err(_) => return,
+                }
                 let Some(mut row) = self.row.clone() else {
                     return;
                 };
@@ -1846,7 +1856,9 @@ impl Actor {
                 } else {
                     SandboxState::Stopped
                 };
-                row.reason = format!("{reason} (the timer fired after a server restart)");
+                row.reason = format!(
+                    "{reason} (the timer fired where the sandbox no longer ran: its server had stopped or gone)"
+                );
                 row.stop_at = None;
                 let details = json!({
                     "reason": row.reason,

@@ -67,26 +67,74 @@ impl Store {
         .await?)
     }
 
-    /// Deletions confirmed but not finished (a crash interrupted them).
-    pub(crate) async fn unfinished_deletions(&self) -> Result<Vec<DeletionRow>, StoreError> {
-        Ok(sqlx::query_as::<_, DeletionRow>(
-            "SELECT id, room_id, state, requested_by, receipt FROM deletions WHERE state = 'confirmed'",
-        )
-        .fetch_all(&self.pool)
-        .await?)
+    /// Deletions confirmed but not finished: all of them (`None`), or those `Some(me)` may
+    /// carry out: no live server's claim is on them (a crash interrupted them), or the claim is
+    /// `me`'s from before a restart.
+    pub(crate) async fn unfinished_deletions(
+        &self,
+        me: Option<&str>,
+    ) -> Result<Vec<DeletionRow>, StoreError> {
+        let now = super::leases::db_now(self.backend);
+        let sql = format!(
+            "SELECT id, room_id, state, requested_by, receipt FROM deletions \
+             WHERE state = 'confirmed' AND ($1 IS NULL OR runner IS NULL OR runner = $1 \
+             OR runner_until <= {now})"
+        );
+        Ok(sqlx::query_as::<_, DeletionRow>(&sql)
+            .bind(me)
+            .fetch_all(&self.pool)
+            .await?)
     }
 
-    pub(crate) async fn confirm_deletion(&self, id: &str, by: &str) -> Result<(), StoreError> {
-        sqlx::query(
-            "UPDATE deletions SET state = 'confirmed', confirmed_by = $1, confirmed_at = $2 \
-             WHERE id = $3 AND state = 'pending_confirmation'",
-        )
-        .bind(by)
-        .bind(now_ms())
-        .bind(id)
-        .execute(&self.pool)
-        .await?;
+    /// Confirms a deletion, claimed for `me` to carry out for `ttl_ms` (see
+    /// [`Store::claim_deletion`]).
+    pub(crate) async fn confirm_deletion(
+        &self,
+        id: &str,
+        by: &str,
+        me: &str,
+        ttl_ms: i64,
+    ) -> Result<(), StoreError> {
+        let now = super::leases::db_now(self.backend);
+        let sql = format!(
+            "UPDATE deletions SET state = 'confirmed', confirmed_by = $1, confirmed_at = $2, \
+             runner = $4, runner_until = {now} + $5 \
+             WHERE id = $3 AND state = 'pending_confirmation'"
+        );
+        sqlx::query(&sql)
+            .bind(by)
+            .bind(now_ms())
+            .bind(id)
+            .bind(me)
+            .bind(ttl_ms)
+            .execute(&self.pool)
+            .await?;
         Ok(())
+    }
+
+    /// Claims (or renews the claim on) confirmed deletion `id` for `me` for `ttl_ms` of the
+    /// database's clock: it succeeds when no server holds it, when the holder's claim has
+    /// lapsed (it died part way), or when it is `me`'s already. `false`: another live server
+    /// carries it out, or it is done.
+    pub(crate) async fn claim_deletion(
+        &self,
+        id: &str,
+        me: &str,
+        ttl_ms: i64,
+    ) -> Result<bool, StoreError> {
+        let now = super::leases::db_now(self.backend);
+        let sql = format!(
+            "UPDATE deletions SET runner = $2, runner_until = {now} + $3 \
+             WHERE id = $1 AND state = 'confirmed' \
+             AND (runner IS NULL OR runner = $2 OR runner_until <= {now})"
+        );
+        let done = sqlx::query(&sql)
+            .bind(id)
+            .bind(me)
+            .bind(ttl_ms)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() == 1)
     }
 
     /// Steps of a deletion already carried out: (artifact, status, count).

@@ -108,13 +108,23 @@ impl Store {
     }
 
     /// Rooms whose sandbox idle timer is due at `now`.
-    pub(crate) async fn due_sandboxes(&self, now: i64) -> Result<Vec<String>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT room_id FROM sandboxes WHERE stop_at IS NOT NULL AND stop_at <= $1 LIMIT 100",
-        )
-        .bind(now)
-        .fetch_all(&self.pool)
-        .await?;
+    pub(crate) async fn due_sandboxes(
+        &self,
+        now: i64,
+        me: &str,
+    ) -> Result<Vec<String>, StoreError> {
+        // A room another live server holds is left to it (its sandbox may run there).
+        let db_now = super::leases::db_now(self.backend);
+        let sql = format!(
+            "SELECT s.room_id FROM sandboxes s WHERE s.stop_at IS NOT NULL AND s.stop_at <= $1 \
+             AND NOT EXISTS (SELECT 1 FROM room_leases l WHERE l.room_id = s.room_id \
+             AND l.expires_at > {db_now} AND l.owner <> $2) LIMIT 100"
+        );
+        let rows = sqlx::query(&sql)
+            .bind(now)
+            .bind(me)
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter().map(|r| Ok(r.try_get("room_id")?)).collect()
     }
 }
