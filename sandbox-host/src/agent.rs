@@ -293,6 +293,8 @@ fn accept_from_host(listener: &OwnedFd) -> std::io::Result<Option<OwnedFd>> {
     Ok((peer.svm_cid == VSOCK_HOST).then_some(stream))
 }
 
+/// How long a quiesced agent with a vsock channel waits for its host's next request or stream.
+const QUIESCED_WITHIN: Duration = Duration::from_secs(120);
 /// How long a VM guest waits for its channel's device to appear (modules load first).
 const DEVICE_WITHIN: Duration = Duration::from_secs(30);
 
@@ -725,13 +727,23 @@ async fn serve_on(opened: Opened, relisten: Option<Relisten>) -> std::io::Result
     let mut buf = Vec::new();
     loop {
         let next = match relisten.as_ref().filter(|_| state.quiesced) {
-            Some(l) => tokio::select! {
-                r = proto::read_frame::<_, Request>(&mut rd, &mut buf) => match r {
-                    Ok(Some(req)) => Next::Request(req),
-                    // The old stream ended with the save: the next one is the host's.
-                    Ok(None) | Err(_) => Next::Stream(l.accept().await),
-                },
-                s = l.accept() => Next::Stream(s),
+            // Bounded: a guest whose host went away between `Quiesce` and the save runs on
+            // with nobody to reach it; it ends (and powers off) instead of waiting for good.
+            // (The bound is guest time, which stands still while the machine is saved.)
+            Some(l) => match tokio::time::timeout(QUIESCED_WITHIN, async {
+                tokio::select! {
+                    r = proto::read_frame::<_, Request>(&mut rd, &mut buf) => match r {
+                        Ok(Some(req)) => Next::Request(req),
+                        // The old stream ended with the save: the next one is the host's.
+                        Ok(None) | Err(_) => Next::Stream(l.accept().await),
+                    },
+                    s = l.accept() => Next::Stream(s),
+                }
+            })
+            .await
+            {
+                Ok(next) => next,
+                Err(_) => Next::Ended,
             },
             None => match proto::read_frame(&mut rd, &mut buf).await {
                 Ok(Some(req)) => Next::Request(req),

@@ -17,6 +17,9 @@ const REQUEST_QUEUE: usize = 256;
 /// Events queued for the control plane before reading from the agent pauses (which in turn
 /// pauses the agent's PTY reader: terminal flow control).
 const EVENT_QUEUE: usize = 64;
+/// Frames a relay holds between the agent and a sandbox host's connection.
+#[cfg(feature = "remote")]
+const RELAYED: usize = 2;
 /// Outbound connections (see [`Sandbox::on_outbound`]) open at once; the agent keeps its own
 /// cap too.
 const MAX_OUTBOUND: usize = 64;
@@ -105,7 +108,7 @@ struct Inner {
     /// host relays this sandbox to a room server ([`Sandbox::relay`]).
     relay: Mutex<Option<mpsc::Sender<Vec<u8>>>>,
     /// What the sandbox host said when the sandbox ended there ([`Message::HostEnded`]).
-    host_ended: Mutex<Option<String>>,
+    host_ended: Arc<Mutex<Option<String>>>,
 }
 
 /// What a backend keeps of a sandbox it stops with [`Sandbox::park`].
@@ -232,7 +235,7 @@ impl Sandbox {
             parker: Mutex::default(),
             resumed: Mutex::default(),
             relay: Mutex::default(),
-            host_ended: Mutex::default(),
+            host_ended: Arc::default(),
         });
         tokio::spawn(async move {
             let mut sealing = true;
@@ -559,15 +562,18 @@ impl Sandbox {
     /// operations after; its lifecycle ([`Sandbox::kill`], [`Sandbox::ended`]) stays.
     #[cfg(feature = "remote")]
     pub(crate) fn relay(&self) -> (mpsc::Sender<Vec<u8>>, mpsc::Receiver<Vec<u8>>) {
-        let (tx, rx) = mpsc::channel(EVENT_QUEUE);
+        // Two frames in hand at most (each up to `MAX_FRAME`): an agent that writes faster
+        // than the connection drains waits, as it would locally, instead of filling the host.
+        let (tx, rx) = mpsc::channel(RELAYED);
         *locked(&self.inner.relay) = Some(tx);
         (self.inner.requests.clone(), rx)
     }
 
-    /// What the sandbox host said when this sandbox ended there, once its stream has ended.
+    /// Where what the sandbox host said when this sandbox ended there is put (read once its
+    /// stream has ended). Holding it does not keep the sandbox's handle alive.
     #[cfg(feature = "remote")]
-    pub(crate) fn host_ended(&self) -> Option<String> {
-        locked(&self.inner.host_ended).clone()
+    pub(crate) fn host_ended_cell(&self) -> Arc<Mutex<Option<String>>> {
+        self.inner.host_ended.clone()
     }
 
     /// Asks the backend to kill the sandbox now.

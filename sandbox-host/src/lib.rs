@@ -110,7 +110,7 @@ pub struct Receipt {
     /// The microVM tier: the VMM, the guest kernel and the image.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vm: Option<vm::VmReceipt>,
-    /// The sandbox host it runs on (`id (address)`), when not in the room server's process.
+    /// The sandbox host it runs on (its `--id`), when not in the room server's process.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
 }

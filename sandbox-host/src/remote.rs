@@ -36,6 +36,21 @@ const START_WITHIN: Duration = Duration::from_secs(180);
 const READY_WITHIN: Duration = Duration::from_secs(30);
 /// Bytes buffered between the room server's handle and the TLS connection.
 const PIPE: usize = 256 << 10;
+/// Longest a relayed frame may wait for the agent to take it: an agent that stops reading its
+/// control stream is killed rather than left running with nobody able to reach it.
+const RELAY_STALL: Duration = Duration::from_secs(30);
+/// TLS handshakes in progress at once (the rest wait to be accepted).
+const HANDSHAKES: usize = 64;
+
+/// TCP keepalive: a peer whose machine vanished is noticed within about a minute.
+fn keepalive(tcp: &tokio::net::TcpStream) {
+    use rustix::net::sockopt;
+    let _ = sockopt::set_socket_keepalive(tcp, true);
+    let _ = sockopt::set_tcp_keepidle(tcp, Duration::from_secs(30));
+    let _ = sockopt::set_tcp_keepintvl(tcp, Duration::from_secs(10));
+    let _ = sockopt::set_tcp_keepcnt(tcp, 3);
+    let _ = tcp.set_nodelay(true);
+}
 
 /// What a room server asks a sandbox host, as the connection's first line.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -138,7 +153,11 @@ impl Host {
 
     /// Serves room servers on `listener` until the process ends.
     pub async fn serve(self: Arc<Self>, listener: tokio::net::TcpListener) {
+        let handshakes = Arc::new(tokio::sync::Semaphore::new(HANDSHAKES));
         loop {
+            let Ok(permit) = handshakes.clone().acquire_owned().await else {
+                return;
+            };
             let (tcp, peer) = match listener.accept().await {
                 Ok(c) => c,
                 Err(e) => {
@@ -147,10 +166,12 @@ impl Host {
                     continue;
                 }
             };
-            let _ = tcp.set_nodelay(true);
+            keepalive(&tcp);
             let host = self.clone();
             tokio::spawn(async move {
-                let tls = match tokio::time::timeout(CONNECT_WITHIN, host.tls.accept(tcp)).await {
+                let accepted = tokio::time::timeout(CONNECT_WITHIN, host.tls.accept(tcp)).await;
+                drop(permit);
+                let tls = match accepted {
                     Ok(Ok(tls)) => tls,
                     Ok(Err(e)) => {
                         tracing::warn!(%peer, error = %e, "a connection failed TLS (no valid client certificate?)");
@@ -228,14 +249,22 @@ impl Host {
         }
         let (mut rd, mut wr) = tokio::io::split(conn);
         // The room server's frames, whole, to the agent; its closing the connection kills the
-        // sandbox.
+        // sandbox, and so does an agent that leaves a frame untaken (it stopped reading: the
+        // connection's close would never be read either).
         let inbound = {
             let sandbox = sandbox.clone();
             tokio::spawn(async move {
                 let mut buf = Vec::new();
                 while let Ok(Some(frame)) = read_raw_frame(&mut rd, &mut buf).await {
-                    if to_agent.send(frame).await.is_err() {
-                        break;
+                    match tokio::time::timeout(RELAY_STALL, to_agent.send(frame)).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(_)) => break,
+                        Err(_) => {
+                            tracing::warn!(
+                                "a sandbox's agent stopped taking its frames; killing it"
+                            );
+                            break;
+                        }
                     }
                 }
                 sandbox.kill();
@@ -246,7 +275,13 @@ impl Host {
                 biased;
                 frame = from_agent.recv() => match frame {
                     Some(f) => {
-                        if wr.write_all(&f).await.is_err() {
+                        let mut sent = wr.write_all(&f).await;
+                        // TLS holds written records until flushed: flushed whenever nothing
+                        // else waits, so the last frame of a burst is not held back.
+                        if sent.is_ok() && from_agent.is_empty() {
+                            sent = wr.flush().await;
+                        }
+                        if sent.is_err() {
                             sandbox.kill();
                             break;
                         }
@@ -401,7 +436,7 @@ impl Hosts {
             let tcp = tokio::net::TcpStream::connect(address)
                 .await
                 .map_err(|e| e.to_string())?;
-            let _ = tcp.set_nodelay(true);
+            keepalive(&tcp);
             self.tls
                 .connect(name, tcp)
                 .await
@@ -460,15 +495,12 @@ impl Hosts {
             let load = |s: &HostStatus| s.running as f64 / s.capacity.max(1) as f64;
             load(x).total_cmp(&load(y)).then_with(|| a.cmp(b))
         });
+        // Any refusal sends the sandbox to the next host: one host that fails every start
+        // (and so always looks least loaded) must not stop the others from taking rooms.
         for (address, status) in candidates {
             match self.start_on(address, &status, name, limits).await {
                 Ok(started) => return Ok(started),
-                Err((e, next)) => {
-                    why.push(format!("{address}: {e}"));
-                    if !next {
-                        return Err(StartError::NotReady(why.join("; ")));
-                    }
-                }
+                Err(e) => why.push(format!("{address}: {e}")),
             }
         }
         Err(StartError::Unavailable(if why.is_empty() {
@@ -478,38 +510,39 @@ impl Hosts {
         }))
     }
 
-    /// Starts `name` on the host at `address`. `Err` says why and whether another host may
-    /// be tried.
+    /// Starts `name` on the host at `address`, or says why not.
     async fn start_on(
         &self,
         address: &str,
         status: &HostStatus,
         name: &str,
         limits: &Limits,
-    ) -> Result<Started, (String, bool)> {
-        let mut conn = self.connect(address).await.map_err(|e| (e, true))?;
+    ) -> Result<Started, String> {
+        let mut conn = self.connect(address).await?;
         let request = HostRequest::Start {
             name: name.to_owned(),
             limits: limits.clone(),
         };
         write_line(&mut conn, &request)
             .await
-            .map_err(|e| (e.to_string(), true))?;
+            .map_err(|e| e.to_string())?;
         let line = tokio::time::timeout(START_WITHIN, read_line(&mut conn))
             .await
-            .map_err(|_| ("no answer in time".to_owned(), true))?
-            .map_err(|e| (format!("the host closed the connection: {e}"), true))?;
+            .map_err(|_| "no answer in time".to_owned())?
+            .map_err(|e| format!("the host closed the connection: {e}"))?;
         let mut receipt = match serde_json::from_slice::<HostAnswer>(&line) {
             Ok(HostAnswer::Started { receipt }) => *receipt,
-            Ok(HostAnswer::Refused { error, full }) => return Err((error, full)),
-            Ok(_) => return Err(("an answer out of turn".into(), true)),
-            Err(e) => return Err((format!("a malformed answer: {e}"), true)),
+            Ok(HostAnswer::Refused { error, .. }) => return Err(error),
+            Ok(_) => return Err("an answer out of turn".into()),
+            Err(e) => return Err(format!("a malformed answer: {e}")),
         };
-        let who = format!("{} ({address})", status.id);
+        // Room members see the host's name; its address is for the operator's log.
+        let who = status.id.clone();
         receipt.host = Some(who.clone());
+        tracing::info!(sandbox = %name, host = %who, %address, "sandbox placed");
         let (ours, theirs) = tokio::io::duplex(PIPE);
         let (sandbox, events, control) = Sandbox::wire(ours);
-        let watched = sandbox.clone();
+        let host_ended = sandbox.host_ended_cell();
         tokio::spawn(async move {
             let mut killed = control.killed;
             let mut closed = control.stream_closed;
@@ -529,8 +562,9 @@ impl Hosts {
             let outcome = if stopped || *killed.borrow() {
                 Ended::Stopped
             } else {
+                let said = host_ended.lock().unwrap_or_else(|e| e.into_inner()).clone();
                 Ended::Died {
-                    reason: match watched.host_ended() {
+                    reason: match said {
                         Some(r) => format!("{r} (on sandbox host {who})"),
                         None => format!("the connection to sandbox host {who} was lost"),
                     },
@@ -541,7 +575,7 @@ impl Hosts {
         if let Err(e) = sandbox.ready(READY_WITHIN).await {
             sandbox.kill();
             let _ = sandbox.ended().await;
-            return Err((format!("its agent did not answer: {e}"), true));
+            return Err(format!("its agent did not answer: {e}"));
         }
         Ok((sandbox, events, receipt))
     }

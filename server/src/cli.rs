@@ -161,8 +161,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             init_logging(false);
             crate::sandbox::hosts::run(*args).await
         }
-        Command::Certs { dir, name, san } => {
-            let (cert, key) = crate::sandbox::hosts::issue(&dir, &name, &san)?;
+        Command::Certs {
+            dir,
+            name,
+            role,
+            san,
+        } => {
+            let (cert, key) = crate::sandbox::hosts::issue(&dir, &name, role, &san)?;
             println!("{}\n{}", cert.display(), key.display());
             Ok(())
         }

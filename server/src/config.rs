@@ -62,6 +62,10 @@ pub(crate) enum Command {
         /// The certificate's name (its file names and common name).
         #[arg(long)]
         name: String,
+        /// What it is for: a sandbox host serves with it (and cannot connect to hosts with
+        /// it), a room server connects with it (and cannot serve with it).
+        #[arg(long, value_enum)]
+        role: CertRole,
         /// Names a sandbox host is reached by (DNS names or IP addresses; repeat the flag).
         #[arg(long)]
         san: Vec<String>,
@@ -79,6 +83,15 @@ pub(crate) enum Command {
         #[arg(last = true)]
         argv: Vec<String>,
     },
+}
+
+/// `coderoom certs --role`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum CertRole {
+    /// Serves room servers (TLS server authentication only).
+    SandboxHost,
+    /// Connects to sandbox hosts (TLS client authentication only).
+    RoomServer,
 }
 
 /// `coderoom sandbox-host`.

@@ -18,10 +18,20 @@ struct Host {
     address: String,
 }
 
-/// `coderoom certs` for `name` into `dir`.
+/// `coderoom certs` for `name` into `dir`: a sandbox host's when it has `sans`, else a room
+/// server's.
 fn certs(dir: &Path, name: &str, sans: &[&str]) {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_coderoom"));
     cmd.args(["certs", "--dir"]).arg(dir).args(["--name", name]);
+    // A host's certificate names it; a room server's names nobody.
+    cmd.args([
+        "--role",
+        if sans.is_empty() {
+            "room-server"
+        } else {
+            "sandbox-host"
+        },
+    ]);
     for s in sans {
         cmd.args(["--san", s]);
     }
@@ -87,7 +97,7 @@ fn server_flags(dir: &Path, hosts: &[&Host]) -> Vec<String> {
     ]
 }
 
-/// The sandbox host a room's sandbox runs on, as its receipt says (`id (address)`).
+/// The sandbox host a room's sandbox runs on, as its receipt says (its `--id`).
 async fn placed_on(server: &Server, token: &str, room: &str) -> String {
     let status = get_json(server, token, &format!("/api/rooms/{room}/sandbox")).await;
     status["receipt"]["host"]
@@ -121,9 +131,10 @@ async fn a_room_works_through_a_sandbox_host_and_moves_when_it_dies() {
     assert_eq!(status, 200, "{out}");
     assert_eq!(out["stdout"], "42\n", "{out}");
     let first = placed_on(server, &t.ana, room).await;
+    assert!(first == "host-a" || first == "host-b", "{first}");
     assert!(
-        first.starts_with("host-a (") || first.starts_with("host-b ("),
-        "{first}"
+        !first.contains("127.0.0.1"),
+        "room members see no internal address"
     );
 
     // Files both ways: an editor's file reaches the workspace, a file made inside reaches the
@@ -161,7 +172,8 @@ async fn a_room_works_through_a_sandbox_host_and_moves_when_it_dies() {
             t.events.iter().any(|e| {
                 e["type"] == "exit"
                     && e["reason"].as_str().is_some_and(|r| {
-                        r.contains("the connection to sandbox host") && r.contains("was lost")
+                        r.contains(&format!("the connection to sandbox host {on} was lost"))
+                            && !r.contains("127.0.0.1")
                     })
             })
         })
@@ -253,4 +265,131 @@ async fn hosts_serve_only_their_authority_and_placement_says_why_it_failed() {
     assert!(line.contains("no sandbox host can take it"), "{line}");
     assert!(line.contains("full (1 of 1)"), "{line}");
     assert!(line.contains(&x.address) && line.contains("TLS"), "{line}");
+}
+
+/// Asks the host at `address` for its status over TLS, trusting the authority in `ca_dir` and
+/// presenting `client` (`dir`, `name`: a certificate `coderoom certs` issued), or nothing.
+async fn status_as(
+    ca_dir: &Path,
+    client: Option<(&Path, &str)>,
+    address: &str,
+) -> Result<Value, String> {
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(ca_dir.join("ca.pem")).unwrap() {
+        roots.add(c.unwrap()).unwrap();
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots);
+    let config = match client {
+        Some((dir, name)) => {
+            let chain = CertificateDer::pem_file_iter(dir.join(format!("{name}.pem")))
+                .unwrap()
+                .collect::<Result<Vec<_>, _>>()
+                .unwrap();
+            let key = PrivateKeyDer::from_pem_file(dir.join(format!("{name}.key"))).unwrap();
+            builder.with_client_auth_cert(chain, key).unwrap()
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
+    let tcp = tokio::net::TcpStream::connect(address).await.unwrap();
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let mut tls = connector
+        .connect(name, tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    // TLS 1.3: a refused client certificate shows on the first read.
+    tls.write_all(b"{\"op\":\"status\"}\n")
+        .await
+        .map_err(|e| e.to_string())?;
+    tls.flush().await.map_err(|e| e.to_string())?;
+    let mut answer = Vec::new();
+    tls.read_to_end(&mut answer)
+        .await
+        .map_err(|e| e.to_string())?;
+    let v: Value = serde_json::from_slice(&answer).map_err(|e| format!("{e}: {answer:?}"))?;
+    Ok(v["status"].clone())
+}
+
+/// The host checks room servers' certificates itself: only a room server's certificate from
+/// its authority gets an answer (not none, not another authority's, not another host's); and
+/// a sandbox's slot is the host's again once the room stops it or its room server goes.
+#[tokio::test]
+async fn a_host_answers_only_room_servers_of_its_authority_and_frees_slots() {
+    let dir = tempfile::tempdir().unwrap();
+    certs(dir.path(), "host-a", &["127.0.0.1"]);
+    certs(dir.path(), "host-b", &["127.0.0.1"]);
+    certs(dir.path(), "server", &[]);
+    let stranger = dir.path().join("stranger");
+    certs(&stranger, "server", &[]);
+    let a = host(dir.path(), "host-a", "host-a", 1).await;
+
+    let ok = status_as(dir.path(), Some((dir.path(), "server")), &a.address)
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            ok["id"].as_str(),
+            ok["capacity"].as_u64(),
+            ok["running"].as_u64()
+        ),
+        (Some("host-a"), Some(1), Some(0)),
+        "{ok}"
+    );
+    assert_eq!(ok["tier"], "namespace");
+    let refused = [
+        (
+            "no certificate",
+            status_as(dir.path(), None, &a.address).await,
+        ),
+        (
+            "another authority's",
+            status_as(dir.path(), Some((&stranger, "server")), &a.address).await,
+        ),
+        (
+            "a host's own kind",
+            status_as(dir.path(), Some((dir.path(), "host-b")), &a.address).await,
+        ),
+    ];
+    for (what, r) in refused {
+        assert!(r.is_err(), "{what}: answered {r:?}");
+    }
+
+    // One slot: taken by a room's sandbox, free again when the room stops it, taken by
+    // another room's, free again when the room server goes.
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let flags = server_flags(dir.path(), &[&a]);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let t = team_with(&storage, &flags).await;
+    let running = || async {
+        status_as(dir.path(), Some((dir.path(), "server")), &a.address)
+            .await
+            .unwrap()["running"]
+            .as_u64()
+            .unwrap()
+    };
+    let until_running = |n: u64| async move {
+        let since = std::time::Instant::now();
+        while running().await != n {
+            assert!(since.elapsed() < TIMEOUT, "the host never ran {n}");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    };
+    let (status, out) = exec(&t.server, &t.ben, &t.room, "true").await;
+    assert_eq!(status, 200, "{out}");
+    until_running(1).await;
+    assert_eq!(lifecycle(&t.server, &t.ana, &t.room, "stop").await.0, 200);
+    until_running(0).await;
+    let second = create_room(&t.server, &t.ana).await;
+    let (status, out) = exec(&t.server, &t.ana, &second, "true").await;
+    assert_eq!(status, 200, "{out}");
+    until_running(1).await;
+    drop(t);
+    until_running(0).await;
 }

@@ -576,16 +576,74 @@ fn file_url(dir: &Path) -> String {
 
 /// The file of a snapshot that holds the VM's configuration.
 const SNAPSHOT_CONFIG: &str = "config.json";
+/// Largest saved configuration read.
+const MAX_SNAPSHOT_CONFIG: u64 = 1 << 20;
+
+/// Parts of a saved configuration that name host files, sockets or devices: a VM of this
+/// driver has none, and a saved machine that names any (its VMM's uid wrote the file) is
+/// refused rather than given to a new VMM.
+const NO_HOST_PATHS: [&str; 9] = [
+    "net",
+    "fs",
+    "pmem",
+    "devices",
+    "user_devices",
+    "vdpa",
+    "tpm",
+    "sgx_epc",
+    "preserved_fds",
+];
+
+/// Refuses a saved configuration that reaches beyond what this driver configures: host
+/// devices or sockets, console files, another RAM size or vCPU count than `now`'s.
+fn check_saved(saved: &serde_json::Value, now: &VmConfig) -> Result<(), String> {
+    let empty = |v: &serde_json::Value| {
+        v.is_null()
+            || v.as_array().is_some_and(Vec::is_empty)
+            || v.as_object().is_some_and(serde_json::Map::is_empty)
+    };
+    for key in NO_HOST_PATHS {
+        if !empty(&saved[key]) {
+            return Err(format!(
+                "the saved machine has {key}, which this driver never configures"
+            ));
+        }
+    }
+    for key in ["serial", "console", "debug_console"] {
+        if !saved[key]["file"].is_null() || !saved[key]["socket"].is_null() {
+            return Err(format!("the saved machine's {key} names a host file"));
+        }
+    }
+    if !saved["rng"]["src"].is_null() && saved["rng"]["src"] != "/dev/urandom" {
+        return Err("the saved machine's entropy source is not /dev/urandom".into());
+    }
+    if saved["memory"]["size"] != now.memory.size
+        || !empty(&saved["memory"]["zones"])
+        || saved["cpus"]["boot_vcpus"] != now.cpus.boot_vcpus
+    {
+        return Err("the saved machine's memory or vCPUs are not this VM's".into());
+    }
+    Ok(())
+}
 
 /// Points the configuration saved with a machine (`dir/config.json`) at `now`'s kernel,
 /// initramfs, disks and vsock socket: the saved one names the old process's descriptors and
 /// its socket, which are gone. Everything else (memory, vCPUs, devices) stays as saved, and a
 /// saved machine whose disks differ from `now`'s is refused.
 pub fn repoint(dir: &Path, now: &VmConfig) -> Result<(), String> {
+    use std::io::Read as _;
     let path = dir.join(SNAPSHOT_CONFIG);
-    let bytes = std::fs::read(&path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    // Written by the old VMM's uid: read only as a plain file, and only so much of it.
+    let mut bytes = Vec::new();
+    super::open_plain(&path, false)
+        .and_then(|f| f.take(MAX_SNAPSHOT_CONFIG + 1).read_to_end(&mut bytes))
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    if bytes.len() as u64 > MAX_SNAPSHOT_CONFIG {
+        return Err(format!("{} is too large", path.display()));
+    }
     let mut saved: serde_json::Value =
         serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+    check_saved(&saved, now)?;
     let payload = saved
         .get_mut("payload")
         .and_then(|p| p.as_object_mut())
@@ -620,7 +678,29 @@ pub fn repoint(dir: &Path, now: &VmConfig) -> Result<(), String> {
         vsock.insert("socket".into(), v.socket.clone().into());
     }
     let out = serde_json::to_vec(&saved).map_err(|e| e.to_string())?;
-    std::fs::write(&path, out).map_err(|e| format!("cannot write {}: {e}", path.display()))
+    // A new file renamed over the old name: whatever the old name was, nothing is written
+    // through it.
+    let tmp = dir.join(format!(".{SNAPSHOT_CONFIG}.new"));
+    let _ = std::fs::remove_file(&tmp);
+    {
+        use std::io::Write as _;
+        use std::os::unix::fs::OpenOptionsExt as _;
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&tmp)
+            .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
+        // The new VMM reads it as the directory's owner.
+        use std::os::unix::fs::MetadataExt as _;
+        let owner = std::fs::symlink_metadata(dir).map_err(|e| e.to_string())?;
+        std::os::unix::fs::fchown(&f, Some(owner.uid()), Some(owner.gid()))
+            .map_err(|e| format!("cannot give {} to the VMM: {e}", tmp.display()))?;
+        f.write_all(&out)
+            .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
+    }
+    std::fs::rename(&tmp, &path).map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
 /// Saves the running guest's whole machine (memory, vCPUs, devices) into the new directory
@@ -641,7 +721,7 @@ pub async fn save_memory(
             .create(dir)
             .map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
         if let Some(uid) = uid {
-            std::os::unix::fs::chown(dir, Some(uid), Some(uid))
+            std::os::unix::fs::lchown(dir, Some(uid), Some(uid))
                 .map_err(|e| format!("cannot give {} to the VMM: {e}", dir.display()))?;
         }
     }
@@ -882,6 +962,36 @@ mod tests {
         assert!(repoint(dir.path(), &now)
             .unwrap_err()
             .contains("2 disks, this VM 1"));
+
+        // A saved machine that reaches beyond this driver's configuration is refused, and so
+        // is a configuration file that is not a plain file.
+        now.disks.push(DiskConfig {
+            path: "/proc/self/fd/14".into(),
+            readonly: true,
+        });
+        let config = dir.path().join(SNAPSHOT_CONFIG);
+        let good = std::fs::read(&config).expect("read");
+        for (key, value) in [
+            ("net", serde_json::json!([{"tap": "tap0"}])),
+            ("pmem", serde_json::json!([{"file": "/etc/shadow"}])),
+            (
+                "serial",
+                serde_json::json!({"mode": "File", "file": "/etc/passwd"}),
+            ),
+            ("memory", serde_json::json!({"size": 512u64 << 20})),
+        ] {
+            let mut v: serde_json::Value = serde_json::from_slice(&good).expect("json");
+            v[key] = value;
+            std::fs::write(&config, serde_json::to_vec(&v).expect("bytes")).expect("write");
+            assert!(repoint(dir.path(), &now).is_err(), "{key} let through");
+        }
+        std::fs::remove_file(&config).expect("rm");
+        std::os::unix::fs::symlink("/etc/hostname", &config).expect("symlink");
+        assert!(repoint(dir.path(), &now).is_err(), "a symlink followed");
+        assert!(std::fs::symlink_metadata(&config)
+            .expect("there")
+            .file_type()
+            .is_symlink());
     }
 
     #[test]

@@ -977,43 +977,68 @@ fn make_disk(dir: &Path, bytes: u64, uid: Option<u32>) -> Result<std::fs::File, 
 }
 
 /// Gives `path` and, for a directory, everything in it (one level: a snapshot's files) to
-/// `uid`.
+/// `uid`. A VMM wrote them as its own uid: no symlink is followed (a planted one would hand
+/// root's chown any file of the host).
 fn chown_tree(path: &Path, uid: u32) -> std::io::Result<()> {
-    std::os::unix::fs::chown(path, Some(uid), Some(uid))?;
-    if path.is_dir() {
+    std::os::unix::fs::lchown(path, Some(uid), Some(uid))?;
+    if std::fs::symlink_metadata(path)?.is_dir() {
         for e in std::fs::read_dir(path)? {
-            std::os::unix::fs::chown(e?.path(), Some(uid), Some(uid))?;
+            std::os::unix::fs::lchown(e?.path(), Some(uid), Some(uid))?;
         }
     }
     Ok(())
 }
 
-/// Removes a file or a directory with what is in it.
+/// Removes a file or a directory with what is in it (a symlink itself, never its target).
 fn remove_path(path: &Path) {
-    if path.is_dir() {
-        let _ = std::fs::remove_dir_all(path);
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.is_dir() => {
+            let _ = std::fs::remove_dir_all(path);
+        }
+        Ok(_) => {
+            let _ = std::fs::remove_file(path);
+        }
+        Err(_) => {}
+    }
+}
+
+/// Opens `path` for reading only when it is a regular file (`dir`: a directory) itself: no
+/// symlink followed, no wait on a FIFO. What a VMM's uid could have made is opened this way.
+pub(crate) fn open_plain(path: &Path, dir: bool) -> std::io::Result<std::fs::File> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let kind = if dir { libc::O_DIRECTORY } else { 0 };
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC | kind)
+        .open(path)?;
+    let t = f.metadata()?.file_type();
+    if (dir && t.is_dir()) || (!dir && t.is_file()) {
+        Ok(f)
     } else {
-        let _ = std::fs::remove_file(path);
+        Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{} is not a plain file", path.display()),
+        ))
     }
 }
 
 /// Syncs `path` to the host's disk (and, for a directory, every file in it and the directory
-/// itself). Returns the bytes it holds.
+/// itself). Returns the bytes it holds. Anything but regular files and a directory of them is
+/// refused.
 fn sync_tree(path: &Path) -> std::io::Result<u64> {
     let mut bytes = 0;
-    if path.is_dir() {
+    if std::fs::symlink_metadata(path)?.is_dir() {
         for e in std::fs::read_dir(path)? {
-            let p = e?.path();
-            if p.is_file() {
-                let f = std::fs::File::open(&p)?;
-                f.sync_all()?;
-                bytes += f.metadata()?.len();
-            }
+            let f = open_plain(&e?.path(), false)?;
+            f.sync_all()?;
+            bytes += f.metadata()?.len();
         }
+        open_plain(path, true)?.sync_all()?;
     } else {
-        bytes += std::fs::metadata(path)?.len();
+        let f = open_plain(path, false)?;
+        f.sync_all()?;
+        bytes += f.metadata()?.len();
     }
-    std::fs::File::open(path)?.sync_all()?;
     Ok(bytes)
 }
 
@@ -1107,8 +1132,9 @@ fn adopt_kept(dir: &Path, kept: &Kept, uid: Option<u32>) -> Result<std::fs::File
     }
     let _ = std::fs::remove_dir_all(&kept.dir);
     if let Some(uid) = uid {
+        // What was kept came out of a directory the old VMM's uid controlled: never followed.
         for p in [dir, &disk] {
-            std::os::unix::fs::chown(p, Some(uid), Some(uid)).map_err(StartError::Host)?;
+            std::os::unix::fs::lchown(p, Some(uid), Some(uid)).map_err(StartError::Host)?;
         }
         if kept.record.memory {
             // A cloud-hypervisor snapshot is a directory the VMM reads (and the next one
@@ -1139,7 +1165,7 @@ fn keep_files(
         .map_err(|e| fail("cannot make the kept directory", e))?;
     let disk = to.join(DISK_FILE);
     std::fs::rename(dir.join(DISK_FILE), &disk).map_err(|e| fail("cannot keep the disk", e))?;
-    std::fs::File::open(&disk)
+    open_plain(&disk, false)
         .and_then(|f| f.sync_all())
         .map_err(|e| fail("cannot sync the disk", e))?;
     let mut bytes = std::fs::metadata(&disk)
@@ -1618,6 +1644,45 @@ mod tests {
             state.join("kept").is_dir(),
             "the orphan sweep leaves what is kept"
         );
+    }
+
+    /// What a VMM's uid could have planted in a saved machine (a symlink, a FIFO) is neither
+    /// followed nor waited on by root: a sync refuses it, a chown changes the link itself.
+    #[test]
+    fn planted_links_and_fifos_in_a_saved_machine_are_not_followed() {
+        use std::os::unix::fs::MetadataExt as _;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let target = dir.path().join("host-file");
+        std::fs::write(&target, b"root's").expect("target");
+        let owner = std::fs::metadata(&target).expect("meta").uid();
+        let saved = dir.path().join(MEMORY_FILE);
+        std::fs::create_dir(&saved).expect("dir");
+        std::os::unix::fs::symlink(&target, saved.join("state.json")).expect("link");
+        assert!(sync_tree(&saved).is_err(), "a link inside is refused");
+        if rustix::process::geteuid().is_root() {
+            chown_tree(&saved, 54321).expect("chowned");
+            assert_eq!(
+                std::fs::metadata(&target).expect("meta").uid(),
+                owner,
+                "target untouched"
+            );
+        }
+        std::fs::remove_file(saved.join("state.json")).expect("rm");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            saved.join("memory-ranges"),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o600),
+            0,
+        )
+        .expect("fifo");
+        assert!(
+            sync_tree(&saved).is_err(),
+            "a FIFO is refused, not waited on"
+        );
+        let linked = dir.path().join("linked");
+        std::os::unix::fs::symlink(dir.path(), &linked).expect("dir link");
+        assert!(sync_tree(&linked).is_err(), "a linked directory is refused");
     }
 
     /// A cloud-hypervisor snapshot is a directory (configuration, device state, memory): it is

@@ -353,10 +353,12 @@ fn remote_backend(
         }
     }
     let tls = crate::sandbox::hosts::client_config(ca, cert, key)?;
+    // Shown to room members: the count, not the internal addresses (logged here instead).
+    tracing::info!(hosts = %args.sandbox_hosts.join(","), "sandbox hosts");
     let why = format!(
-        "sandbox tier {} on sandbox hosts {}: chosen by configuration",
+        "sandbox tier {} on {} sandbox host(s): chosen by configuration",
         tier.name(),
-        args.sandbox_hosts.join(", ")
+        args.sandbox_hosts.len()
     );
     Ok((
         Backend::Remote(Box::new(Hosts::new(args.sandbox_hosts.clone(), tier, tls))),

@@ -6,7 +6,7 @@
 //! trusts only sandbox hosts. Why mutual TLS rather than a shared token over TLS is argued in
 //! docs/design.md ("Sandbox hosts").
 
-use crate::config::SandboxHostArgs;
+use crate::config::{CertRole, SandboxHostArgs};
 use anyhow::Context as _;
 use rcgen::{
     CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
@@ -45,7 +45,12 @@ fn write_private(path: &Path, data: &str) -> anyhow::Result<()> {
 /// `coderoom certs`: a certificate and key for `name` (a sandbox host, named also by `sans`,
 /// or a room server), signed by the authority in `dir`, which is made when missing. Returns the
 /// certificate's and the key's paths.
-pub(crate) fn issue(dir: &Path, name: &str, sans: &[String]) -> anyhow::Result<(PathBuf, PathBuf)> {
+pub(crate) fn issue(
+    dir: &Path,
+    name: &str,
+    role: CertRole,
+    sans: &[String],
+) -> anyhow::Result<(PathBuf, PathBuf)> {
     if name.is_empty()
         || name == "ca"
         || !name
@@ -54,6 +59,11 @@ pub(crate) fn issue(dir: &Path, name: &str, sans: &[String]) -> anyhow::Result<(
         || name.starts_with('.')
     {
         anyhow::bail!("--name must be letters, digits, '-', '_' or '.' (and not \"ca\")");
+    }
+    if role == CertRole::SandboxHost && sans.is_empty() {
+        anyhow::bail!(
+            "a sandbox host's certificate needs --san: the names room servers reach it by"
+        );
     }
     std::fs::create_dir_all(dir).with_context(|| format!("cannot make {}", dir.display()))?;
     let (ca_pem, ca_key) = (dir.join("ca.pem"), dir.join("ca.key"));
@@ -74,11 +84,12 @@ pub(crate) fn issue(dir: &Path, name: &str, sans: &[String]) -> anyhow::Result<(
     params.distinguished_name = DistinguishedName::new();
     params.distinguished_name.push(DnType::CommonName, name);
     params.is_ca = IsCa::NoCa;
-    // One kind of certificate for both ends: a host serves with it, a room server connects.
-    params.extended_key_usages = vec![
-        ExtendedKeyUsagePurpose::ServerAuth,
-        ExtendedKeyUsagePurpose::ClientAuth,
-    ];
+    // One use each: a host's key (on a machine that runs hostile code) cannot connect to
+    // other hosts as a room server, and a room server's cannot serve as a host.
+    params.extended_key_usages = vec![match role {
+        CertRole::SandboxHost => ExtendedKeyUsagePurpose::ServerAuth,
+        CertRole::RoomServer => ExtendedKeyUsagePurpose::ClientAuth,
+    }];
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
     let now = time::OffsetDateTime::now_utc();
     params.not_before = now - time::Duration::days(1);
@@ -217,11 +228,13 @@ mod tests {
         let (host_cert, host_key) = issue(
             dir.path(),
             "host1",
+            CertRole::SandboxHost,
             &["127.0.0.1".into(), "sandbox-1".into()],
         )
         .expect("host");
         let ca = std::fs::read(dir.path().join("ca.pem")).expect("ca");
-        let (server_cert, server_key) = issue(dir.path(), "server", &[]).expect("server");
+        let (server_cert, server_key) =
+            issue(dir.path(), "server", CertRole::RoomServer, &[]).expect("server");
         assert_eq!(
             std::fs::read(dir.path().join("ca.pem")).expect("ca"),
             ca,
@@ -235,7 +248,11 @@ mod tests {
             .permissions()
             .mode();
         assert_eq!(mode & 0o777, 0o600);
-        assert!(issue(dir.path(), "ca", &[]).is_err());
-        assert!(issue(dir.path(), "../x", &[]).is_err());
+        assert!(issue(dir.path(), "ca", CertRole::RoomServer, &[]).is_err());
+        assert!(issue(dir.path(), "../x", CertRole::RoomServer, &[]).is_err());
+        assert!(
+            issue(dir.path(), "host2", CertRole::SandboxHost, &[]).is_err(),
+            "a host's certificate names the host"
+        );
     }
 }
