@@ -552,3 +552,57 @@ async fn an_idle_stop_is_made_where_the_sandbox_runs_or_picked_up_when_its_serve
     }
     storage.drop_db().await;
 }
+
+/// A room that moves while its sandbox runs on its old server (paused past its lease): once
+/// that server wakes, it stops the sandbox there (with a snapshot) instead of retrying to join
+/// a room it no longer holds, and the room's next command starts the sandbox where the room is
+/// now, from that snapshot.
+#[tokio::test]
+async fn a_sandbox_whose_room_moved_is_stopped_where_it_ran_and_starts_where_the_room_is() {
+    let Some(pg) = postgres() else { return };
+    let storage = Storage::new(&pg).await;
+    let ana = storage.token("ana@example.com").await;
+    let (servers, _dirs) = cluster(&storage, 2).await;
+    let (old, new) = (&servers[0], &servers[1]);
+    let room = create_room(old, &ana).await;
+    let (status, out) = exec(
+        old,
+        &ana,
+        &room,
+        "echo made-on-the-old > /workspace/old.txt",
+    )
+    .await;
+    assert_eq!(status, 200, "{out}");
+
+    signal(old, "-STOP");
+    let lease = Duration::from_millis(LEASE_MS.parse().unwrap());
+    tokio::time::sleep(lease + Duration::from_millis(500)).await;
+    let _client = connect_within(new, &room, &ana, lease * 4).await;
+    signal(old, "-CONT");
+    let woke = Instant::now();
+    let stopped = loop {
+        let s = get_json(new, &ana, &format!("/api/rooms/{room}/sandbox")).await;
+        if s["state"] == "stopped" {
+            break s;
+        }
+        assert!(
+            woke.elapsed() < TIMEOUT * 2,
+            "the old server never stopped it: {s}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        stopped["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("the room moved to another server"),
+        "{stopped}"
+    );
+    let (status, out) = exec(new, &ana, &room, "cat /workspace/old.txt").await;
+    assert_eq!(
+        (status, out["stdout"].as_str()),
+        (200, Some("made-on-the-old\n")),
+        "{out}"
+    );
+    storage.drop_db().await;
+}

@@ -32,6 +32,15 @@ impl Drop for LoadedGuard {
 }
 
 impl Rooms {
+    /// Whether another live server holds `room_id` (scale-out: it moved there, or was loaded
+    /// there first). `false` when the database does not answer.
+    pub(crate) async fn held_elsewhere(&self, room_id: &str) -> bool {
+        matches!(
+            self.inner.deps.store.room_owner(room_id).await,
+            Ok(Some(owner)) if owner.server != self.inner.deps.server.id
+        )
+    }
+
     /// How long a room's lease lasts (`--room-lease-ms`): the unit other claims are timed in.
     pub(crate) fn lease_ms(&self) -> i64 {
         self.inner.deps.lease_ms

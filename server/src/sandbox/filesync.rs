@@ -216,6 +216,9 @@ pub(crate) struct SyncCtx {
     /// What both sides agreed on when the workspace was snapshotted, for the first agreement
     /// on a restored workspace (empty for a fresh one).
     pub restored: HashMap<String, String>,
+    /// Called once when the room cannot be joined because another server holds it now (the
+    /// room moved while this server's sandbox ran): the sandbox is then stopped here.
+    pub moved: Arc<dyn Fn() + Send + Sync>,
 }
 
 /// How many workspace files the document holds, and how many text files on disk it does not
@@ -312,8 +315,14 @@ pub(crate) enum SyncError {
 pub(crate) async fn run(mut ctx: SyncCtx) {
     let mut restored = std::mem::take(&mut ctx.restored);
     let mut base = Agreed::new(ctx.agreed.clone(), &restored);
+    let mut told = false;
     while !ctx.cancel.is_cancelled() {
         if let Err(e) = session(&ctx, &mut base, &mut restored).await {
+            if !told && ctx.rooms.held_elsewhere(&ctx.room_id).await {
+                told = true;
+                tracing::warn!(room = %ctx.room_id, "the room moved to another server while its sandbox ran here; stopping the sandbox");
+                (ctx.moved)();
+            }
             tracing::warn!(room = %ctx.room_id, error = %e, "file sync interrupted; retrying");
             tokio::select! {
                 () = ctx.cancel.cancelled() => break,

@@ -579,8 +579,8 @@ impl Sandboxes {
         .await?
     }
 
-    /// Snapshots and stops the room's sandbox for `why` (the room's budget is spent), where it
-    /// runs.
+    /// Snapshots and stops the room's sandbox for `why` (the room's budget is spent, the room
+    /// moved to another server), where it runs.
     pub(crate) async fn stop_because(
         &self,
         room_id: &str,
@@ -1476,6 +1476,18 @@ impl Actor {
                 stats: self.sync_stats.clone(),
                 agreed: self.sync_agreed.clone(),
                 restored,
+                moved: {
+                    let (owner, room) = (self.owner.clone(), self.room_id.clone());
+                    Arc::new(move || {
+                        let (owner, room) = (owner.clone(), room.clone());
+                        tokio::spawn(async move {
+                            let why = "the room moved to another server".to_owned();
+                            if let Err(e) = owner.stop_because(&room, "system", why).await {
+                                tracing::warn!(%room, error = %e, "cannot stop the sandbox of a room that moved");
+                            }
+                        });
+                    })
+                },
             },
         ));
         (cancel, task)
