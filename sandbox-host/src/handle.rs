@@ -106,9 +106,17 @@ struct Inner {
     resumed: Mutex<Option<Resumed>>,
     /// Where every message from the agent goes instead of being handled here, once a sandbox
     /// host relays this sandbox to a room server ([`Sandbox::relay`]).
-    relay: Mutex<Option<mpsc::Sender<Vec<u8>>>>,
+    relay: Mutex<Option<mpsc::Sender<Relayed>>>,
     /// What the sandbox host said when the sandbox ended there ([`Message::HostEnded`]).
     host_ended: Arc<Mutex<Option<String>>>,
+}
+
+/// A message of the agent on its way to a relay: its frame, and which request it answers
+/// (`(id, true)` for the reply that closes request `id`, `(id, false)` for a chunk of it).
+#[cfg_attr(not(feature = "remote"), allow(dead_code))]
+pub(crate) struct Relayed {
+    pub(crate) answers: Option<(u64, bool)>,
+    pub(crate) frame: Vec<u8>,
 }
 
 /// What a backend keeps of a sandbox it stops with [`Sandbox::park`].
@@ -214,6 +222,19 @@ impl Sandbox {
     where
         S: AsyncRead + AsyncWrite + Send + 'static,
     {
+        Self::wire_from(stream, 1)
+    }
+
+    /// [`Sandbox::wire`], numbering requests from `first_id` (a handle that takes over an agent
+    /// another handle spoke to must not reuse that one's ids: its late replies would be taken
+    /// for answers).
+    pub(crate) fn wire_from<S>(
+        stream: S,
+        first_id: u64,
+    ) -> (Sandbox, mpsc::Receiver<Event>, Control)
+    where
+        S: AsyncRead + AsyncWrite + Send + 'static,
+    {
         let (rd, mut wr) = tokio::io::split(stream);
         let (requests, mut req_rx) = mpsc::channel::<Vec<u8>>(REQUEST_QUEUE);
         let (events_tx, events) = mpsc::channel(EVENT_QUEUE);
@@ -223,7 +244,7 @@ impl Sandbox {
         let inner = Arc::new(Inner {
             requests,
             pending: Mutex::default(),
-            next_id: AtomicU64::new(1),
+            next_id: AtomicU64::new(first_id.max(1)),
             ended,
             kill,
             pressure: Mutex::default(),
@@ -561,7 +582,7 @@ impl Sandbox {
     /// agent (each one whole frame, length prefix included). Nothing else may use this handle's
     /// operations after; its lifecycle ([`Sandbox::kill`], [`Sandbox::ended`]) stays.
     #[cfg(feature = "remote")]
-    pub(crate) fn relay(&self) -> (mpsc::Sender<Vec<u8>>, mpsc::Receiver<Vec<u8>>) {
+    pub(crate) fn relay(&self) -> (mpsc::Sender<Vec<u8>>, mpsc::Receiver<Relayed>) {
         // Two frames in hand at most (each up to `MAX_FRAME`): an agent that writes faster
         // than the connection drains waits, as it would locally, instead of filling the host.
         let (tx, rx) = mpsc::channel(RELAYED);
@@ -732,7 +753,12 @@ async fn read_loop<R: AsyncRead + Unpin>(
             let Ok(frame) = proto::encode(&msg) else {
                 return Some("an unencodable message".into());
             };
-            if relay.send(frame).await.is_err() {
+            let answers = match msg {
+                Message::Reply { id, .. } => Some((id, true)),
+                Message::Chunk { id, .. } => Some((id, false)),
+                _ => None,
+            };
+            if relay.send(Relayed { answers, frame }).await.is_err() {
                 return None;
             }
             continue;

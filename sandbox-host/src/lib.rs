@@ -251,7 +251,7 @@ impl Backend {
             Backend::Namespace(ns) => ns.start(name, limits).await,
             Backend::Microvm(vm) => vm.resume(name, limits, tag).await,
             #[cfg(feature = "remote")]
-            Backend::Remote(hosts) => hosts.start(name, limits).await,
+            Backend::Remote(hosts) => hosts.resume(name, limits, tag).await,
             Backend::None(why) => Err(StartError::Unavailable(why.clone())),
         }
     }
@@ -260,6 +260,8 @@ impl Backend {
     pub fn has_kept(&self, name: &str) -> bool {
         match self {
             Backend::Microvm(vm) => vm.has_kept(name),
+            #[cfg(feature = "remote")]
+            Backend::Remote(hosts) => hosts.has_kept(name),
             _ => false,
         }
     }

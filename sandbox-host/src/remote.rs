@@ -65,6 +65,14 @@ pub enum HostRequest {
         /// Its limits.
         limits: Limits,
     },
+    /// Relay again, on this connection, the running sandbox `name` whose room server's
+    /// connection broke (`token`: what [`HostAnswer::Started`] said).
+    Attach {
+        /// The sandbox's name.
+        name: String,
+        /// Its attach token.
+        token: String,
+    },
 }
 
 /// A sandbox host's tier, capacity and load.
@@ -97,6 +105,13 @@ pub enum HostAnswer {
     Started {
         /// What it was started with.
         receipt: Box<Receipt>,
+        /// What attaches to it again if this connection breaks (not closes).
+        #[serde(default)]
+        token: String,
+        /// The first request id the room server's handle may use (after an attach: above every
+        /// id the earlier connection used, whose late answers are dropped).
+        #[serde(default)]
+        first_id: u64,
     },
     /// Not done, and why.
     Refused {
@@ -117,6 +132,33 @@ pub struct Host {
     capacity: usize,
     running: Arc<AtomicUsize>,
     tls: tokio_rustls::TlsAcceptor,
+    /// Sandboxes whose room server's connection broke, by attach token, for `grace`.
+    detached: std::sync::Mutex<std::collections::HashMap<String, Session>>,
+    grace: Duration,
+}
+
+/// A sandbox this host relays: everything needed to relay it again on another connection.
+struct Session {
+    name: String,
+    token: String,
+    receipt: Receipt,
+    sandbox: Sandbox,
+    to_agent: tokio::sync::mpsc::Sender<Vec<u8>>,
+    from_agent: tokio::sync::mpsc::Receiver<crate::handle::Relayed>,
+    /// The highest request id any connection has used.
+    last_id: u64,
+    _slot: Slot,
+}
+
+/// How a relay on one connection ended.
+enum Relay {
+    /// The sandbox ended (the host's last frame said why).
+    Ended,
+    /// The room server closed the connection: it is done with the sandbox.
+    Closed,
+    /// The connection broke (no TLS close: the room server died, or the network): the sandbox
+    /// waits for an attach.
+    Broken,
 }
 
 impl Host {
@@ -136,7 +178,20 @@ impl Host {
             capacity,
             running: Arc::default(),
             tls: tokio_rustls::TlsAcceptor::from(tls),
+            detached: std::sync::Mutex::default(),
+            grace: Duration::from_secs(120),
         }
+    }
+
+    /// How long a sandbox whose room server's connection broke waits for an attach (default
+    /// 2 minutes) before it is killed.
+    pub fn with_grace(mut self, grace: Duration) -> Host {
+        self.grace = grace;
+        self
+    }
+
+    fn detached(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Session>> {
+        self.detached.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The host's status now.
@@ -184,7 +239,7 @@ impl Host {
         }
     }
 
-    async fn serve_one<S>(&self, mut conn: S, peer: std::net::SocketAddr)
+    async fn serve_one<S>(self: Arc<Self>, mut conn: S, peer: std::net::SocketAddr)
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
@@ -192,19 +247,75 @@ impl Host {
             Ok(Ok(line)) => serde_json::from_slice::<HostRequest>(&line),
             _ => return,
         };
-        let (name, limits) = match request {
+        let session = match request {
             Ok(HostRequest::Status) => {
                 let status = self.status();
                 let _ = write_line(&mut conn, &HostAnswer::Status { status }).await;
                 let _ = conn.shutdown().await;
                 return;
             }
-            Ok(HostRequest::Start { name, limits }) => (name, limits),
+            Ok(HostRequest::Start { name, limits }) => {
+                match self.start(&mut conn, &name, &limits, peer).await {
+                    Some(s) => s,
+                    None => return,
+                }
+            }
+            Ok(HostRequest::Attach { name, token }) => {
+                let found = self.detached().remove(&token);
+                match found {
+                    Some(s) if s.name == name => {
+                        tracing::info!(sandbox = %name, %peer, "a room server attached again");
+                        s
+                    }
+                    other => {
+                        // A token for another name stays where it was.
+                        if let Some(s) = other {
+                            self.detached().insert(token, s);
+                        }
+                        let _ =
+                            refuse(&mut conn, format!("no sandbox {name} waits here"), false).await;
+                        return;
+                    }
+                }
+            }
             Err(e) => {
                 let _ = refuse(&mut conn, format!("a malformed request: {e}"), false).await;
                 return;
             }
         };
+        let answer = HostAnswer::Started {
+            receipt: Box::new(session.receipt.clone()),
+            token: session.token.clone(),
+            first_id: session.last_id + 1,
+        };
+        if write_line(&mut conn, &answer).await.is_err() {
+            self.detach(session);
+            return;
+        }
+        let (session, how) = relay(session, conn).await;
+        match how {
+            Relay::Broken => {
+                tracing::warn!(sandbox = %session.name, %peer, "the room server's connection broke; the sandbox waits for it");
+                self.detach(session);
+            }
+            Relay::Closed | Relay::Ended => {
+                session.sandbox.kill();
+                let _ = session.sandbox.ended().await;
+            }
+        }
+    }
+
+    /// Starts `name` for a room server, or answers why not.
+    async fn start<S>(
+        &self,
+        conn: &mut S,
+        name: &str,
+        limits: &Limits,
+        peer: std::net::SocketAddr,
+    ) -> Option<Session>
+    where
+        S: AsyncWrite + Unpin,
+    {
         // A slot, or a refusal the room server takes to the next host.
         let taken = self
             .running
@@ -212,104 +323,155 @@ impl Host {
                 (n < self.capacity).then_some(n + 1)
             });
         if taken.is_err() {
-            let _ = refuse(
-                &mut conn,
-                format!(
-                    "sandbox host {} is at its capacity ({})",
-                    self.id, self.capacity
-                ),
-                true,
-            )
-            .await;
-            return;
+            let full = format!(
+                "sandbox host {} is at its capacity ({})",
+                self.id, self.capacity
+            );
+            let _ = refuse(conn, full, true).await;
+            return None;
         }
-        let _slot = Slot(self.running.clone());
-        let (sandbox, events, receipt) = match self.backend.start(&name, &limits).await {
+        let slot = Slot(self.running.clone());
+        let (sandbox, events, receipt) = match self.backend.start(name, limits).await {
             Ok(s) => s,
             Err(e) => {
-                let _ = refuse(&mut conn, e.to_string(), false).await;
-                return;
+                let _ = refuse(conn, e.to_string(), false).await;
+                return None;
             }
         };
         tracing::info!(sandbox = %name, %peer, "sandbox started for a room server");
         // Everything the agent sends goes to the room server from here on.
         drop(events);
-        let (to_agent, mut from_agent) = sandbox.relay();
-        if write_line(
-            &mut conn,
-            &HostAnswer::Started {
-                receipt: Box::new(receipt),
-            },
-        )
-        .await
-        .is_err()
-        {
+        let (to_agent, from_agent) = sandbox.relay();
+        let mut token = [0u8; 16];
+        if rustix::rand::getrandom(&mut token, rustix::rand::GetRandomFlags::empty()).is_err() {
             sandbox.kill();
-            return;
+            let _ = refuse(conn, "no randomness for a token".into(), false).await;
+            return None;
         }
-        let (mut rd, mut wr) = tokio::io::split(conn);
-        // The room server's frames, whole, to the agent; its closing the connection kills the
-        // sandbox, and so does an agent that leaves a frame untaken (it stopped reading: the
-        // connection's close would never be read either).
-        let inbound = {
-            let sandbox = sandbox.clone();
-            tokio::spawn(async move {
-                let mut buf = Vec::new();
-                while let Ok(Some(frame)) = read_raw_frame(&mut rd, &mut buf).await {
-                    match tokio::time::timeout(RELAY_STALL, to_agent.send(frame)).await {
-                        Ok(Ok(())) => {}
-                        Ok(Err(_)) => break,
-                        Err(_) => {
-                            tracing::warn!(
-                                "a sandbox's agent stopped taking its frames; killing it"
-                            );
-                            break;
-                        }
-                    }
+        Some(Session {
+            name: name.to_owned(),
+            token: hex::encode(token),
+            receipt,
+            sandbox,
+            to_agent,
+            from_agent,
+            last_id: 0,
+            _slot: slot,
+        })
+    }
+
+    /// Keeps `session` for an attach, for the grace period; then kills it.
+    fn detach(self: &Arc<Self>, session: Session) {
+        let token = session.token.clone();
+        self.detached().insert(token.clone(), session);
+        let host = Arc::downgrade(self);
+        let grace = self.grace;
+        tokio::spawn(async move {
+            tokio::time::sleep(grace).await;
+            let expired = host.upgrade().and_then(|h| h.detached().remove(&token));
+            if let Some(s) = expired {
+                tracing::warn!(sandbox = %s.name, "no room server attached again in time; killing the sandbox");
+                s.sandbox.kill();
+                let _ = s.sandbox.ended().await;
+            }
+        });
+    }
+}
+
+/// The id of the request in a room server's frame (postcard: the id is the first field).
+fn request_id(frame: &[u8]) -> Option<u64> {
+    postcard::take_from_bytes::<u64>(frame.get(4..)?)
+        .ok()
+        .map(|(id, _)| id)
+}
+
+/// Relays `session` on `conn` until the sandbox ends or the connection ends; gives the session
+/// back with how.
+async fn relay<S>(mut session: Session, conn: S) -> (Session, Relay)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut rd, mut wr) = tokio::io::split(conn);
+    // Requests this connection sent and the agent has not answered: answers to any other id
+    // (an earlier connection's, arriving late) are dropped, not taken for this one's.
+    let asked = Arc::new(std::sync::Mutex::new(
+        std::collections::HashSet::<u64>::new(),
+    ));
+    let last_id = Arc::new(std::sync::atomic::AtomicU64::new(session.last_id));
+    // The room server's frames, whole, to the agent. Its closing the connection ends the
+    // relay; so does an agent that leaves a frame untaken (it stopped reading).
+    let mut inbound = {
+        let (to_agent, asked, last_id) = (session.to_agent.clone(), asked.clone(), last_id.clone());
+        tokio::spawn(async move {
+            let mut buf = Vec::new();
+            loop {
+                let frame = match read_raw_frame(&mut rd, &mut buf).await {
+                    Ok(Some(f)) => f,
+                    Ok(None) => return Relay::Closed,
+                    Err(_) => return Relay::Broken,
+                };
+                if let Some(id) = request_id(&frame).filter(|id| *id != 0) {
+                    asked.lock().unwrap_or_else(|e| e.into_inner()).insert(id);
+                    last_id.fetch_max(id, Ordering::SeqCst);
                 }
-                sandbox.kill();
-            })
-        };
-        loop {
-            tokio::select! {
-                biased;
-                frame = from_agent.recv() => match frame {
-                    Some(f) => {
-                        let mut sent = wr.write_all(&f).await;
-                        // TLS holds written records until flushed: flushed whenever nothing
-                        // else waits, so the last frame of a burst is not held back.
-                        if sent.is_ok() && from_agent.is_empty() {
-                            sent = wr.flush().await;
-                        }
-                        if sent.is_err() {
-                            sandbox.kill();
-                            break;
-                        }
+                match tokio::time::timeout(RELAY_STALL, to_agent.send(frame)).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(_)) => return Relay::Closed,
+                    Err(_) => {
+                        tracing::warn!("a sandbox's agent stopped taking its frames; killing it");
+                        return Relay::Closed;
                     }
-                    None => break,
-                },
-                how = sandbox.ended() => {
-                    while let Ok(f) = from_agent.try_recv() {
-                        let _ = wr.write_all(&f).await;
-                    }
-                    let reason = match how {
-                        Ended::Stopped => "stopped on its sandbox host".to_owned(),
-                        Ended::Died { reason } => reason,
-                        Ended::ProtocolViolation(v) => format!("the agent broke the protocol: {v}"),
-                    };
-                    tracing::info!(sandbox = %name, %reason, "sandbox ended");
-                    if let Ok(last) = proto::encode(&Message::HostEnded { reason }) {
-                        let _ = wr.write_all(&last).await;
-                    }
-                    break;
                 }
             }
+        })
+    };
+    let how = loop {
+        tokio::select! {
+            biased;
+            relayed = session.from_agent.recv() => {
+                let Some(m) = relayed else { break Relay::Ended };
+                if let Some((id, last)) = m.answers {
+                    let mut asked = asked.lock().unwrap_or_else(|e| e.into_inner());
+                    let ours = if last { asked.remove(&id) } else { asked.contains(&id) };
+                    if !ours {
+                        continue;
+                    }
+                }
+                let mut sent = wr.write_all(&m.frame).await;
+                // TLS holds written records until flushed: flushed whenever nothing else
+                // waits, so the last frame of a burst is not held back.
+                if sent.is_ok() && session.from_agent.is_empty() {
+                    sent = wr.flush().await;
+                }
+                if sent.is_err() {
+                    break Relay::Broken;
+                }
+            }
+            how = &mut inbound => break how.unwrap_or(Relay::Closed),
+            how = session.sandbox.ended() => {
+                while let Ok(m) = session.from_agent.try_recv() {
+                    let _ = wr.write_all(&m.frame).await;
+                }
+                let reason = match how {
+                    Ended::Stopped => "stopped on its sandbox host".to_owned(),
+                    Ended::Died { reason } => reason,
+                    Ended::ProtocolViolation(v) => format!("the agent broke the protocol: {v}"),
+                };
+                tracing::info!(sandbox = %session.name, %reason, "sandbox ended");
+                if let Ok(last) = proto::encode(&Message::HostEnded { reason }) {
+                    let _ = wr.write_all(&last).await;
+                }
+                let _ = wr.flush().await;
+                break Relay::Ended;
+            }
         }
+    };
+    inbound.abort();
+    if matches!(how, Relay::Closed | Relay::Ended) {
         let _ = wr.shutdown().await;
-        inbound.abort();
-        sandbox.kill();
-        let _ = sandbox.ended().await;
     }
+    session.last_id = last_id.load(Ordering::SeqCst);
+    (session, how)
 }
 
 /// A sandbox counted in a host's load until dropped.
@@ -359,17 +521,17 @@ async fn read_line<R: AsyncRead + Unpin>(r: &mut R) -> std::io::Result<Vec<u8>> 
     }
 }
 
-/// One whole frame, length prefix included, not decoded; `Ok(None)` at a clean end.
+/// One whole frame, length prefix included, not decoded; `Ok(None)` at a clean end between
+/// frames (over TLS: the peer's close_notify; a connection that just drops is an error).
 async fn read_raw_frame<R: AsyncRead + Unpin>(
     r: &mut R,
     buf: &mut Vec<u8>,
 ) -> std::io::Result<Option<Vec<u8>>> {
     let mut len = [0u8; 4];
-    match r.read_exact(&mut len).await {
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(e),
+    if r.read(&mut len[..1]).await? == 0 {
+        return Ok(None);
     }
+    r.read_exact(&mut len[1..]).await?;
     let n = u32::from_be_bytes(len) as usize;
     if n > MAX_FRAME {
         return Err(std::io::Error::new(
@@ -389,6 +551,17 @@ pub struct Hosts {
     addresses: Vec<String>,
     tier: Tier,
     tls: tokio_rustls::TlsConnector,
+    /// Where each running sandbox's host and attach token are kept (one file per sandbox,
+    /// 0600), so a room server restarted after a crash attaches to its sandboxes again.
+    records: Option<std::path::PathBuf>,
+}
+
+/// What attaches a room server to a sandbox on a host again (`RECORDS/<name>.json`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Record {
+    address: String,
+    host: String,
+    token: String,
 }
 
 impl std::fmt::Debug for Hosts {
@@ -412,7 +585,98 @@ impl Hosts {
             addresses,
             tier,
             tls: tokio_rustls::TlsConnector::from(tls),
+            records: None,
         }
+    }
+
+    /// Keeps attach records in `dir` (made 0700 when missing): a sandbox whose room server
+    /// died is attached again by the next start of its name, while its host keeps it.
+    pub fn with_records(mut self, dir: std::path::PathBuf) -> Hosts {
+        self.records = Some(dir);
+        self
+    }
+
+    fn record_path(&self, name: &str) -> Option<std::path::PathBuf> {
+        let ok = !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric());
+        self.records
+            .as_ref()
+            .filter(|_| ok)
+            .map(|d| d.join(format!("{name}.json")))
+    }
+
+    fn record(&self, name: &str) -> Option<Record> {
+        let path = self.record_path(name)?;
+        let bytes = std::fs::read(path).ok()?;
+        serde_json::from_slice(&bytes).ok()
+    }
+
+    fn keep_record(&self, name: &str, record: &Record) {
+        use std::io::Write as _;
+        use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
+        let (Some(dir), Some(path)) = (self.records.as_ref(), self.record_path(name)) else {
+            return;
+        };
+        let kept = (|| -> std::io::Result<()> {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)?;
+            let tmp = dir.join(format!(".{name}.json.new"));
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)?;
+            f.write_all(&serde_json::to_vec(record).map_err(std::io::Error::other)?)?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &path)
+        })();
+        if let Err(e) = kept {
+            tracing::warn!(sandbox = %name, error = %e, "cannot keep the sandbox's attach record");
+        }
+    }
+
+    /// Whether a sandbox of `name` may be waiting on a host for this server to attach.
+    pub fn has_kept(&self, name: &str) -> bool {
+        self.record_path(name).is_some_and(|p| p.is_file())
+    }
+
+    /// Attaches again to `name` where its record says it runs, else starts it as
+    /// [`Hosts::start`]; an attached sandbox says it carries on ([`Sandbox::resumed`], with
+    /// `tag`: the control plane restores nothing into it).
+    pub async fn resume(
+        &self,
+        name: &str,
+        limits: &Limits,
+        tag: Option<&str>,
+    ) -> Result<Started, StartError> {
+        if let Some(record) = self.record(name) {
+            let request = HostRequest::Attach {
+                name: name.to_owned(),
+                token: record.token.clone(),
+            };
+            match self
+                .open(&record.address, &record.host, name, &request)
+                .await
+            {
+                Ok(started) => {
+                    tracing::info!(sandbox = %name, host = %record.host, "attached again to a running sandbox");
+                    started.0.set_resumed(crate::Resumed {
+                        from: crate::Keep::Memory,
+                        tag: tag.unwrap_or_default().to_owned(),
+                    });
+                    return Ok(started);
+                }
+                Err(e) => {
+                    tracing::info!(sandbox = %name, host = %record.host, error = %e, "no sandbox to attach to; starting one");
+                    if let Some(p) = self.record_path(name) {
+                        let _ = std::fs::remove_file(p);
+                    }
+                }
+            }
+        }
+        self.start(name, limits).await
     }
 
     /// The tier the hosts must run.
@@ -518,31 +782,53 @@ impl Hosts {
         name: &str,
         limits: &Limits,
     ) -> Result<Started, String> {
-        let mut conn = self.connect(address).await?;
         let request = HostRequest::Start {
             name: name.to_owned(),
             limits: limits.clone(),
         };
-        write_line(&mut conn, &request)
+        self.open(address, &status.id, name, &request).await
+    }
+
+    /// Sends `request` (a start or an attach of `name`) to the host `who` at `address` and
+    /// relays the sandbox it answers with.
+    async fn open(
+        &self,
+        address: &str,
+        who: &str,
+        name: &str,
+        request: &HostRequest,
+    ) -> Result<Started, String> {
+        let mut conn = self.connect(address).await?;
+        write_line(&mut conn, request)
             .await
             .map_err(|e| e.to_string())?;
         let line = tokio::time::timeout(START_WITHIN, read_line(&mut conn))
             .await
             .map_err(|_| "no answer in time".to_owned())?
             .map_err(|e| format!("the host closed the connection: {e}"))?;
-        let mut receipt = match serde_json::from_slice::<HostAnswer>(&line) {
-            Ok(HostAnswer::Started { receipt }) => *receipt,
+        let (mut receipt, token, first_id) = match serde_json::from_slice::<HostAnswer>(&line) {
+            Ok(HostAnswer::Started {
+                receipt,
+                token,
+                first_id,
+            }) => (*receipt, token, first_id),
             Ok(HostAnswer::Refused { error, .. }) => return Err(error),
             Ok(_) => return Err("an answer out of turn".into()),
             Err(e) => return Err(format!("a malformed answer: {e}")),
         };
         // Room members see the host's name; its address is for the operator's log.
-        let who = status.id.clone();
+        let who = who.to_owned();
         receipt.host = Some(who.clone());
         tracing::info!(sandbox = %name, host = %who, %address, "sandbox placed");
         let (ours, theirs) = tokio::io::duplex(PIPE);
-        let (sandbox, events, control) = Sandbox::wire(ours);
+        let (sandbox, events, control) = Sandbox::wire_from(ours, first_id);
         let host_ended = sandbox.host_ended_cell();
+        let record = self.record_path(name);
+        let kept = Record {
+            address: address.to_owned(),
+            host: who.clone(),
+            token,
+        };
         tokio::spawn(async move {
             let mut killed = control.killed;
             let mut closed = control.stream_closed;
@@ -559,6 +845,11 @@ impl Hosts {
             let _ = to_here.shutdown().await;
             drop((from_here, to_here));
             let _ = closed.wait_for(|c| *c).await;
+            // Whatever ended the relay here, there is nothing to attach to any more (a room
+            // server that dies never gets here: its record stays for its next start).
+            if let Some(p) = record {
+                let _ = std::fs::remove_file(p);
+            }
             let outcome = if stopped || *killed.borrow() {
                 Ended::Stopped
             } else {
@@ -576,6 +867,9 @@ impl Hosts {
             sandbox.kill();
             let _ = sandbox.ended().await;
             return Err(format!("its agent did not answer: {e}"));
+        }
+        if !kept.token.is_empty() {
+            self.keep_record(name, &kept);
         }
         Ok((sandbox, events, receipt))
     }

@@ -111,6 +111,14 @@ pub(crate) struct SandboxHostArgs {
     /// Sandboxes this host runs at once at most; room servers place elsewhere when it is full.
     #[arg(long, env = "CODEROOM_SANDBOX_HOST_CAPACITY", default_value_t = 16)]
     pub capacity: usize,
+    /// How long a sandbox whose room server's connection broke (the server died; a clean
+    /// close stops it) keeps running for that server to attach again.
+    #[arg(
+        long,
+        env = "CODEROOM_SANDBOX_HOST_ATTACH_GRACE_MS",
+        default_value_t = 120_000
+    )]
+    pub attach_grace_ms: u64,
     /// This host's certificate (PEM), naming the address room servers reach it by.
     #[arg(long, env = "CODEROOM_SANDBOX_HOST_TLS_CERT")]
     pub tls_cert: PathBuf,

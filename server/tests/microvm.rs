@@ -429,17 +429,7 @@ async fn carries_on_from_memory(storage: &Storage, t: &Room) {
     vm_exec(server, &t.ben, room, "echo > /workspace/before.txt").await;
 
     let mut typer = term(server, room, &t.ben).await;
-    typer
-        .send(b"X=forty$((6*7)); sleep 100000 & echo started-pid=$!; echo shell-$X\n")
-        .await;
-    typer.output_contains("shell-forty42").await;
-    // The first `started-pid=` is the typed command's echo (`started-pid=$!`).
-    let pid: u32 = typer
-        .output
-        .split("started-pid=")
-        .filter_map(|r| r.split_whitespace().next()?.parse().ok())
-        .next()
-        .expect("the background process's pid");
+    let pid = leave_a_shell_running(&mut typer, "forty42").await;
     drop(typer);
 
     assert_eq!(lifecycle(server, &t.ben, room, "stop").await.0, 200);

@@ -553,7 +553,7 @@ async fn idle_sandboxes_stop_and_the_timer_survives_a_restart() {
         state["reason"]
             .as_str()
             .unwrap()
-            .contains("after a server restart"),
+            .contains("its server had stopped or gone"),
         "{state}"
     );
     assert_eq!(

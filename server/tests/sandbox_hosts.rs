@@ -46,9 +46,15 @@ fn certs(dir: &Path, name: &str, sans: &[&str]) {
 /// Starts a sandbox host named `id` with the certificate `cert` (issued in `dir`); its
 /// address once it listens.
 async fn host(dir: &Path, id: &str, cert: &str, capacity: usize) -> Host {
+    host_with(dir, id, cert, capacity, &[]).await
+}
+
+/// [`host`] with extra flags.
+async fn host_with(dir: &Path, id: &str, cert: &str, capacity: usize, extra: &[&str]) -> Host {
     let data = dir.join(format!("data-{id}"));
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_coderoom"))
         .arg("sandbox-host")
+        .args(extra)
         .args(["--listen", "127.0.0.1:0", "--id", id])
         .args(["--capacity", &capacity.to_string()])
         .args(["--sandbox-tier", "namespace"])
@@ -317,6 +323,15 @@ async fn status_as(
     Ok(v["status"].clone())
 }
 
+/// How many sandboxes the host at `address` runs, as it answers this directory's room server.
+async fn host_running(dir: &Path, address: &str) -> u64 {
+    status_as(dir, Some((dir, "server")), address)
+        .await
+        .unwrap()["running"]
+        .as_u64()
+        .unwrap()
+}
+
 /// The host checks room servers' certificates itself: only a room server's certificate from
 /// its authority gets an answer (not none, not another authority's, not another host's); and
 /// a sandbox's slot is the host's again once the room stops it or its room server goes.
@@ -367,13 +382,7 @@ async fn a_host_answers_only_room_servers_of_its_authority_and_frees_slots() {
     let flags = server_flags(dir.path(), &[&a]);
     let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let t = team_with(&storage, &flags).await;
-    let running = || async {
-        status_as(dir.path(), Some((dir.path(), "server")), &a.address)
-            .await
-            .unwrap()["running"]
-            .as_u64()
-            .unwrap()
-    };
+    let running = || host_running(dir.path(), &a.address);
     let until_running = |n: u64| async move {
         let since = std::time::Instant::now();
         while running().await != n {
@@ -390,6 +399,96 @@ async fn a_host_answers_only_room_servers_of_its_authority_and_frees_slots() {
     let (status, out) = exec(&t.server, &t.ana, &second, "true").await;
     assert_eq!(status, 200, "{out}");
     until_running(1).await;
-    drop(t);
+    // A room server that shuts down stops its sandboxes (they do not wait for it).
+    assert!(t.server.terminate().await.success());
     until_running(0).await;
+}
+
+/// A room server that dies (kill -9) leaves its sandboxes running on their hosts, which keep
+/// them for the server to attach again: restarted, it carries on with the same sandbox (the
+/// terminal's shell and a process started before, a file no snapshot has); one whose server
+/// never comes back is killed when the grace runs out.
+#[tokio::test]
+async fn a_restarted_room_server_attaches_again_to_its_running_sandbox() {
+    let dir = tempfile::tempdir().unwrap();
+    certs(dir.path(), "host-a", &["127.0.0.1"]);
+    certs(dir.path(), "server", &[]);
+    let a = host_with(
+        dir.path(),
+        "host-a",
+        "host-a",
+        4,
+        &["--attach-grace-ms", "3000"],
+    )
+    .await;
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let flags = server_flags(dir.path(), &[&a]);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let ana = storage.token("ana@example.com").await;
+    let server = Server::start(&storage, &flags).await;
+    let room = create_room(&server, &ana).await;
+    let (status, out) = exec(&server, &ana, &room, "echo unsaved > /workspace/live.txt").await;
+    assert_eq!(status, 200, "{out}");
+    let mut typer = term(&server, &room, &ana).await;
+    let pid = leave_a_shell_running(&mut typer, "kept-in-the-shell").await;
+    drop(typer);
+    let running = || host_running(dir.path(), &a.address);
+    assert_eq!(running().await, 1);
+
+    server.kill9().await;
+    assert_eq!(
+        running().await,
+        1,
+        "the host keeps the sandbox of a server that died"
+    );
+    let server = Server::start(&storage, &flags).await;
+    let mut typer = term(&server, &room, &ana).await;
+    typer
+        .send(format!("echo again-$X; kill -0 {pid} && echo alive-{pid}\n").as_bytes())
+        .await;
+    typer.output_contains(&format!("alive-{pid}")).await;
+    assert!(
+        typer.output.contains("again-kept-in-the-shell"),
+        "{}",
+        typer.output
+    );
+    drop(typer);
+    let (_, out) = exec(&server, &ana, &room, "cat /workspace/live.txt").await;
+    assert_eq!(out["stdout"], "unsaved\n", "{out}");
+    assert_eq!(running().await, 1, "the same sandbox, not a second one");
+    let start = audit(&server, &ana, &room)
+        .await
+        .into_iter()
+        .rev()
+        .find(|r| r["action"] == "sandbox_start")
+        .map(|r| match &r["details"] {
+            Value::String(s) => serde_json::from_str::<Value>(s).unwrap(),
+            d => d.clone(),
+        })
+        .unwrap();
+    assert_eq!(start["resumed_from_kept"], "memory", "{start}");
+    assert_eq!(start["receipt"]["host"], "host-a", "{start}");
+
+    // A clean stop ends it on the host (nothing waits for an attach).
+    let until_none = || async {
+        let since = std::time::Instant::now();
+        while running().await != 0 {
+            assert!(
+                since.elapsed() < TIMEOUT,
+                "the sandbox still runs on its host"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    };
+    assert_eq!(lifecycle(&server, &ana, &room, "stop").await.0, 200);
+    until_none().await;
+
+    // A server that dies and does not come back: its sandbox ends when the grace runs out.
+    let (status, out) = exec(&server, &ana, &room, "true").await;
+    assert_eq!(status, 200, "{out}");
+    assert_eq!(running().await, 1);
+    server.kill9().await;
+    tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
+    assert_eq!(running().await, 1, "kept through the grace");
+    until_none().await;
 }

@@ -301,7 +301,7 @@ async fn sandboxes(
     let (backend, why) = if args.sandbox_hosts.is_empty() {
         Backend::select(tier, agent, args.sandbox_rootfs.clone(), &vms).await
     } else {
-        remote_backend(args, tier)?
+        remote_backend(args, server_id, tier)?
     };
     if tier != Tier::Auto && backend.tier() != tier {
         anyhow::bail!("{why}");
@@ -330,6 +330,7 @@ async fn sandboxes(
 /// Sandboxes on the sandbox hosts of `--sandbox-hosts`, reached over mutual TLS.
 fn remote_backend(
     args: &ServeArgs,
+    server_id: &str,
     tier: coderoom_sandbox::Tier,
 ) -> anyhow::Result<(coderoom_sandbox::Backend, String)> {
     use coderoom_sandbox::{remote::Hosts, Backend, Tier};
@@ -361,7 +362,10 @@ fn remote_backend(
         args.sandbox_hosts.len()
     );
     Ok((
-        Backend::Remote(Box::new(Hosts::new(args.sandbox_hosts.clone(), tier, tls))),
+        Backend::Remote(Box::new(
+            Hosts::new(args.sandbox_hosts.clone(), tier, tls)
+                .with_records(args.storage.data_dir.join("sandbox-hosts").join(server_id)),
+        )),
         why,
     ))
 }

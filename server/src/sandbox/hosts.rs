@@ -200,13 +200,10 @@ pub(crate) async fn run(args: SandboxHostArgs) -> anyhow::Result<()> {
     let bound = listener.local_addr()?;
     tracing::info!(%id, %bound, capacity = args.capacity, "{why}");
     println!("sandbox host {id} listening on {bound}");
-    let host = Arc::new(coderoom_sandbox::remote::Host::new(
-        backend,
-        why,
-        id,
-        args.capacity,
-        tls,
-    ));
+    let host = Arc::new(
+        coderoom_sandbox::remote::Host::new(backend, why, id, args.capacity, tls)
+            .with_grace(std::time::Duration::from_millis(args.attach_grace_ms)),
+    );
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         () = host.serve(listener) => {}

@@ -1182,6 +1182,9 @@ impl Actor {
                 })?;
             self.from_pool = pooled;
             let Some(name) = &candidate else {
+                // Nothing to restore; a sandbox that carried on (a room server attached again
+                // to one running on a sandbox host) says so all the same.
+                kept = sandbox.resumed().map(|r| r.from.name());
                 started = Some((sandbox, events, receipt, candidate));
                 break;
             };

@@ -1206,6 +1206,23 @@ pub fn knob(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
+/// Types into `typer`'s shell: `X` set to `value`, and a `sleep` left running in the
+/// background; the sleep's pid, once the shell has echoed `shell-VALUE`.
+pub async fn leave_a_shell_running(typer: &mut Term, value: &str) -> u32 {
+    typer
+        .send(format!("X={value}; sleep 100000 & echo started-pid=$!; echo shell-$X\n").as_bytes())
+        .await;
+    typer.output_contains(&format!("shell-{value}")).await;
+    // The first `started-pid=` followed by digits is the output (the echo of the typed line
+    // reads `started-pid=$!`).
+    typer
+        .output
+        .split("started-pid=")
+        .filter_map(|r| r.split_whitespace().next()?.parse().ok())
+        .next()
+        .expect("the background process's pid")
+}
+
 /// A terminal socket and what it has shown.
 pub struct Term {
     pub ws: Ws,
