@@ -40,6 +40,8 @@ describe('the sandbox panel in plain words', () => {
       ['Network', 'none'],
       ['Runs on the host as user', '100000'],
     ])
+    // A sandbox on a sandbox host names it (by its name, never an address).
+    expect(receiptRows({ tier: 'namespace', host: 'node-7' })).toEqual([['On sandbox host', 'node-7']])
     for (const [, v] of [...rows, ...limitRows({ memory_bytes: 1 << 30 })]) {
       expect(v).not.toMatch(/[{}]|1073741824/)
     }

@@ -79,6 +79,7 @@ const RECEIPT_WORDS: Record<string, string> = {
   cgroups: 'Resource limits by',
   host_uid: 'Runs on the host as user',
   mounts: 'Files it sees',
+  host: 'On sandbox host',
 }
 
 /** The receipt (what the sandbox was started with) as rows of [what, value], for "details". */
