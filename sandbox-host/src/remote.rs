@@ -39,6 +39,8 @@ const PIPE: usize = 256 << 10;
 /// Longest a relayed frame may wait for the agent to take it: an agent that stops reading its
 /// control stream is killed rather than left running with nobody able to reach it.
 const RELAY_STALL: Duration = Duration::from_secs(30);
+/// How long a room server waits for a host to end a sandbox it closed.
+const ENDED_WITHIN: Duration = Duration::from_secs(20);
 /// TLS handshakes in progress at once (the rest wait to be accepted).
 const HANDSHAKES: usize = 64;
 
@@ -147,6 +149,8 @@ struct Session {
     from_agent: tokio::sync::mpsc::Receiver<crate::handle::Relayed>,
     /// The highest request id any connection has used.
     last_id: u64,
+    /// Counts the session's detaches: a grace timer ends only the detach it was set for.
+    detaches: u64,
     _slot: Slot,
 }
 
@@ -261,17 +265,19 @@ impl Host {
                 }
             }
             Ok(HostRequest::Attach { name, token }) => {
-                let found = self.detached().remove(&token);
+                let found = {
+                    let mut detached = self.detached();
+                    match detached.get(&token) {
+                        Some(s) if s.name == name => detached.remove(&token),
+                        _ => None,
+                    }
+                };
                 match found {
-                    Some(s) if s.name == name => {
+                    Some(s) => {
                         tracing::info!(sandbox = %name, %peer, "a room server attached again");
                         s
                     }
-                    other => {
-                        // A token for another name stays where it was.
-                        if let Some(s) = other {
-                            self.detached().insert(token, s);
-                        }
+                    None => {
                         let _ =
                             refuse(&mut conn, format!("no sandbox {name} waits here"), false).await;
                         return;
@@ -286,7 +292,7 @@ impl Host {
         let answer = HostAnswer::Started {
             receipt: Box::new(session.receipt.clone()),
             token: session.token.clone(),
-            first_id: session.last_id + 1,
+            first_id: session.last_id.saturating_add(1),
         };
         if write_line(&mut conn, &answer).await.is_err() {
             self.detach(session);
@@ -334,7 +340,16 @@ impl Host {
         let (sandbox, events, receipt) = match self.backend.start(name, limits).await {
             Ok(s) => s,
             Err(e) => {
-                let _ = refuse(conn, e.to_string(), false).await;
+                // The whole chain: "the host refused to start the sandbox" alone says nothing
+                // an operator can act on.
+                let mut why = e.to_string();
+                let mut source = std::error::Error::source(&e);
+                while let Some(s) = source {
+                    why.push_str(&format!(": {s}"));
+                    source = s.source();
+                }
+                tracing::warn!(sandbox = %name, error = %why, "cannot start a sandbox");
+                let _ = refuse(conn, why, false).await;
                 return None;
             }
         };
@@ -356,19 +371,30 @@ impl Host {
             to_agent,
             from_agent,
             last_id: 0,
+            detaches: 0,
             _slot: slot,
         })
     }
 
     /// Keeps `session` for an attach, for the grace period; then kills it.
-    fn detach(self: &Arc<Self>, session: Session) {
+    fn detach(self: &Arc<Self>, mut session: Session) {
+        session.detaches += 1;
+        let this = session.detaches;
         let token = session.token.clone();
         self.detached().insert(token.clone(), session);
         let host = Arc::downgrade(self);
         let grace = self.grace;
         tokio::spawn(async move {
             tokio::time::sleep(grace).await;
-            let expired = host.upgrade().and_then(|h| h.detached().remove(&token));
+            // Only if still detached since this detach (an attach and a later detach have a
+            // timer of their own).
+            let expired = host.upgrade().and_then(|h| {
+                let mut detached = h.detached();
+                match detached.get(&token) {
+                    Some(s) if s.detaches == this => detached.remove(&token),
+                    _ => None,
+                }
+            });
             if let Some(s) = expired {
                 tracing::warn!(sandbox = %s.name, "no room server attached again in time; killing the sandbox");
                 s.sandbox.kill();
@@ -467,6 +493,12 @@ where
         }
     };
     inbound.abort();
+    if matches!(how, Relay::Closed) {
+        // Ended before the connection closes: the room server waits for the close, so a
+        // start of the same room after a stop never meets this one's leftovers (its cgroup).
+        session.sandbox.kill();
+        let _ = session.sandbox.ended().await;
+    }
     if matches!(how, Relay::Closed | Relay::Ended) {
         let _ = wr.shutdown().await;
     }
@@ -528,10 +560,9 @@ async fn read_raw_frame<R: AsyncRead + Unpin>(
     buf: &mut Vec<u8>,
 ) -> std::io::Result<Option<Vec<u8>>> {
     let mut len = [0u8; 4];
-    if r.read(&mut len[..1]).await? == 0 {
+    if !read_all(r, &mut len).await? {
         return Ok(None);
     }
-    r.read_exact(&mut len[1..]).await?;
     let n = u32::from_be_bytes(len) as usize;
     if n > MAX_FRAME {
         return Err(std::io::Error::new(
@@ -542,8 +573,24 @@ async fn read_raw_frame<R: AsyncRead + Unpin>(
     buf.clear();
     buf.extend_from_slice(&len);
     buf.resize(4 + n, 0);
-    r.read_exact(&mut buf[4..]).await?;
+    if !read_all(r, &mut buf[4..]).await? {
+        return Ok(None);
+    }
     Ok(Some(buf.clone()))
+}
+
+/// Fills `buf`; `false` at a clean end (over TLS the peer's close_notify), even part way: a
+/// room server closing in the middle of a frame it will never finish is done, not broken.
+async fn read_all<R: AsyncRead + Unpin>(r: &mut R, buf: &mut [u8]) -> std::io::Result<bool> {
+    let mut got = 0;
+    while got < buf.len() {
+        let n = r.read(&mut buf[got..]).await?;
+        if n == 0 {
+            return Ok(false);
+        }
+        got += n;
+    }
+    Ok(true)
 }
 
 /// The room server's side: the sandbox hosts it places sandboxes on.
@@ -597,7 +644,12 @@ impl Hosts {
     }
 
     fn record_path(&self, name: &str) -> Option<std::path::PathBuf> {
-        let ok = !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric());
+        // A warm pool's sandboxes ("pool<n>", numbered again at every start of the room
+        // server) are nobody's: never recorded, never attached to, so a restarted server can
+        // never hand one room's running sandbox to another.
+        let ok = !name.is_empty()
+            && name.bytes().all(|b| b.is_ascii_alphanumeric())
+            && !name.starts_with("pool");
         self.records
             .as_ref()
             .filter(|_| ok)
@@ -839,8 +891,17 @@ impl Hosts {
                 _ = tokio::io::copy(&mut from_here, &mut to_host) => false,
                 _ = killed.wait_for(|k| *k) => true,
             };
-            // The host kills the sandbox when its connection closes.
+            // The host kills the sandbox when its connection closes, and closes its side once
+            // the sandbox has ended there: that is waited for (bounded), as a local stop waits
+            // for its sandbox to end.
             let _ = to_host.shutdown().await;
+            if stopped {
+                let _ = tokio::time::timeout(
+                    ENDED_WITHIN,
+                    tokio::io::copy(&mut from_host, &mut to_here),
+                )
+                .await;
+            }
             drop((from_host, to_host));
             let _ = to_here.shutdown().await;
             drop((from_here, to_here));

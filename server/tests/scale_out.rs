@@ -554,11 +554,11 @@ async fn an_idle_stop_is_made_where_the_sandbox_runs_or_picked_up_when_its_serve
 }
 
 /// A room that moves while its sandbox runs on its old server (paused past its lease): once
-/// that server wakes, it stops the sandbox there (with a snapshot) instead of retrying to join
-/// a room it no longer holds, and the room's next command starts the sandbox where the room is
-/// now, from that snapshot.
+/// that server wakes, it ends the sandbox there instead of retrying to join a room it no longer
+/// holds, says so in the room's audit log, and leaves the room's shared sandbox record to the
+/// server that holds the room; the room's next command starts the sandbox there.
 #[tokio::test]
-async fn a_sandbox_whose_room_moved_is_stopped_where_it_ran_and_starts_where_the_room_is() {
+async fn a_sandbox_whose_room_moved_ends_where_it_ran_and_starts_where_the_room_is() {
     let Some(pg) = postgres() else { return };
     let storage = Storage::new(&pg).await;
     let ana = storage.token("ana@example.com").await;
@@ -573,6 +573,11 @@ async fn a_sandbox_whose_room_moved_is_stopped_where_it_ran_and_starts_where_the
     )
     .await;
     assert_eq!(status, 200, "{out}");
+    // In the room's document (what a sandbox's workspace is made from wherever it starts).
+    let mut c = Client::connect(old, &room, &ana).await;
+    c.synced().await;
+    c.wait_for_file("old.txt", "made-on-the-old\n").await;
+    drop(c);
 
     signal(old, "-STOP");
     let lease = Duration::from_millis(LEASE_MS.parse().unwrap());
@@ -580,29 +585,32 @@ async fn a_sandbox_whose_room_moved_is_stopped_where_it_ran_and_starts_where_the
     let _client = connect_within(new, &room, &ana, lease * 4).await;
     signal(old, "-CONT");
     let woke = Instant::now();
-    let stopped = loop {
-        let s = get_json(new, &ana, &format!("/api/rooms/{room}/sandbox")).await;
-        if s["state"] == "stopped" {
-            break s;
+    let abandoned = loop {
+        let records = audit(new, &ana, &room).await;
+        if let Some(r) = records.iter().find(|r| r["action"] == "sandbox_abandoned") {
+            break r.clone();
         }
         assert!(
             woke.elapsed() < TIMEOUT * 2,
-            "the old server never stopped it: {s}"
+            "the old server never ended it"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert!(
-        stopped["reason"]
-            .as_str()
-            .unwrap_or_default()
+        abandoned["details"]
+            .to_string()
             .contains("the room moved to another server"),
-        "{stopped}"
+        "{abandoned}"
     );
-    let (status, out) = exec(new, &ana, &room, "cat /workspace/old.txt").await;
-    assert_eq!(
-        (status, out["stdout"].as_str()),
-        (200, Some("made-on-the-old\n")),
-        "{out}"
-    );
+    // Started where the room is now, its workspace made from the room's files.
+    let out = stdout_until(
+        new,
+        &ana,
+        &room,
+        "cat /workspace/old.txt",
+        "made-on-the-old",
+    )
+    .await;
+    assert_eq!(out, "made-on-the-old\n");
     storage.drop_db().await;
 }

@@ -285,6 +285,15 @@ fn claim_ms(app: &AppState) -> i64 {
     app.rooms.lease_ms().saturating_mul(3)
 }
 
+/// Aborts its task when dropped (however the function holding it returns).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 /// Claims (or renews this server's claim on) deletion `id`; `false` when another server has it.
 async fn claim(app: &AppState, id: &str) -> Result<bool, StoreError> {
     app.store
@@ -300,6 +309,23 @@ pub(crate) async fn run(app: &AppState, id: &str, room_id: &str) -> Result<(), S
         tracing::info!(deletion = %id, room = %room_id, "another server carries out this deletion");
         return Ok(());
     }
+    // Renewed in the background too, so one long step (a large workspace on a slow volume)
+    // never lets the claim lapse while this server works on it.
+    let renewing = {
+        let (app, id) = (app.clone(), id.to_owned());
+        let every = std::time::Duration::from_millis(
+            u64::try_from(claim_ms(&app) / 3).unwrap_or(1000).max(100),
+        );
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                if !matches!(claim(&app, &id).await, Ok(true)) {
+                    break;
+                }
+            }
+        })
+    };
+    let _renewing = AbortOnDrop(renewing);
     let mut executed = 0usize;
     // VM disks the sandbox step removed with their VM (this run; a resumed run finds any left).
     let mut vm_disks = 0i64;

@@ -238,6 +238,12 @@ enum Cmd {
         how: Ended,
     },
     IdleDue,
+    /// The room is held by another server now: the sandbox here ends, and nothing is written
+    /// to the room's shared sandbox record (the server holding the room owns it; a sandbox it
+    /// started meanwhile must not be recorded stopped).
+    Abandon {
+        why: String,
+    },
     Suspend {
         reply: oneshot::Sender<()>,
     },
@@ -593,6 +599,17 @@ impl Sandboxes {
             reply,
         })
         .await?
+    }
+
+    /// Ends the room's sandbox here without writing its shared record (see `Cmd::Abandon`).
+    pub(crate) async fn abandon(&self, room_id: &str, why: &str) {
+        if let Some(tx) = self.inner.supervisors.get(room_id) {
+            let _ = tx
+                .send(Cmd::Abandon {
+                    why: why.to_owned(),
+                })
+                .await;
+        }
     }
 
     /// Tells everyone watching the room's terminal.
@@ -984,6 +1001,36 @@ impl Actor {
             }
             Cmd::Ended { generation, how } => self.ended(generation, how).await,
             Cmd::IdleDue => self.idle_due().await,
+            Cmd::Abandon { why } => {
+                if let Life::Running { sandbox, sync, .. } = &self.life {
+                    if let Some((cancel, _)) = sync {
+                        cancel.cancel();
+                    }
+                    sandbox.kill();
+                    let _ = tokio::time::timeout(KILL_WITHIN, sandbox.ended()).await;
+                    tracing::warn!(room = %self.room_id, %why, "sandbox ended here");
+                    let details = json!({ "reason": why, "server": self.deps().server_id });
+                    if let Err(e) = self
+                        .deps()
+                        .audit
+                        .record(
+                            &self.room_id,
+                            "system",
+                            "sandbox_abandoned",
+                            "allow",
+                            "",
+                            details,
+                            crate::store::Change::None,
+                        )
+                        .await
+                    {
+                        tracing::error!(room = %self.room_id, error = %e, "cannot record the abandoned sandbox");
+                    }
+                }
+                self.life = Life::Dormant;
+                self.pty_open = false;
+                self.hub.link(Link::Down(why)).await;
+            }
             Cmd::Suspend { reply } => {
                 if let Err(e) = self
                     .stop("system", "server shutdown", SandboxState::Suspended, true)
@@ -1484,10 +1531,9 @@ impl Actor {
                     Arc::new(move || {
                         let (owner, room) = (owner.clone(), room.clone());
                         tokio::spawn(async move {
-                            let why = "the room moved to another server".to_owned();
-                            if let Err(e) = owner.stop_because(&room, "system", why).await {
-                                tracing::warn!(%room, error = %e, "cannot stop the sandbox of a room that moved");
-                            }
+                            owner
+                                .abandon(&room, "the room moved to another server")
+                                .await;
                         });
                     })
                 },

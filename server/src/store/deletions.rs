@@ -75,10 +75,13 @@ impl Store {
         me: Option<&str>,
     ) -> Result<Vec<DeletionRow>, StoreError> {
         let now = super::leases::db_now(self.backend);
+        // A room another live server holds is that server's to delete (its sockets and its
+        // sandbox are there): its own sweeper finishes it.
         let sql = format!(
-            "SELECT id, room_id, state, requested_by, receipt FROM deletions \
-             WHERE state = 'confirmed' AND ($1 IS NULL OR runner IS NULL OR runner = $1 \
-             OR runner_until <= {now})"
+            "SELECT id, room_id, state, requested_by, receipt FROM deletions d \
+             WHERE state = 'confirmed' AND ($1 IS NULL OR ((runner IS NULL OR runner = $1 \
+             OR runner_until <= {now}) AND NOT EXISTS (SELECT 1 FROM room_leases l \
+             WHERE l.room_id = d.room_id AND l.expires_at > {now} AND l.owner <> $1)))"
         );
         Ok(sqlx::query_as::<_, DeletionRow>(&sql)
             .bind(me)
