@@ -1468,6 +1468,14 @@ mod tests {
     use super::*;
     use std::os::unix::process::ExitStatusExt as _;
 
+    /// The tests that make VM directories run one at a time: `make_disk` forks `mkfs.ext4`,
+    /// and a fork in one test holds, until its exec, a copy of whatever lock file another test
+    /// has open at that moment, so an orphan's lock would look held for a moment.
+    fn disk_tests() -> std::sync::MutexGuard<'static, ()> {
+        static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        ONE.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn console(text: &str) -> Console {
         let c = Console {
             kept: Arc::default(),
@@ -1517,6 +1525,7 @@ mod tests {
 
     #[test]
     fn disks_of_vms_whose_server_is_gone_are_removed() {
+        let _one_at_a_time = disk_tests();
         let dir = tempfile::tempdir().expect("tempdir");
         let live = dir.path().join("room1-4242-1");
         let _held = make_disk(&live, MIN_DISK, None).expect("a VM's directory");
@@ -1539,6 +1548,7 @@ mod tests {
 
     #[test]
     fn a_deleted_rooms_disks_go_and_no_others() {
+        let _one_at_a_time = disk_tests();
         let dir = tempfile::tempdir().expect("tempdir");
         let left = [
             dir.path().join("room1-4242-1"),
@@ -1589,6 +1599,7 @@ mod tests {
 
     #[test]
     fn what_a_park_kept_is_resumed_only_under_its_own_tag_and_only_once() {
+        let _one_at_a_time = disk_tests();
         let dir = tempfile::tempdir().expect("tempdir");
         let state = dir.path();
         let to = park(state, "room1", "snapshot-1.tar", true);
@@ -1689,6 +1700,7 @@ mod tests {
     /// kept, counted, adopted and dropped whole, as QEMU's one file is.
     #[test]
     fn a_saved_machine_kept_as_a_directory_goes_whole_wherever_it_goes() {
+        let _one_at_a_time = disk_tests();
         let dir = tempfile::tempdir().expect("tempdir");
         let state = dir.path();
         let vm = state.join("room1-1-1");
