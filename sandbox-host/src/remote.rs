@@ -663,9 +663,8 @@ impl Hosts {
     }
 
     fn keep_record(&self, name: &str, record: &Record) {
-        use std::io::Write as _;
-        use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
-        let (Some(dir), Some(path)) = (self.records.as_ref(), self.record_path(name)) else {
+        use std::os::unix::fs::DirBuilderExt as _;
+        let (Some(dir), Some(_)) = (self.records.as_ref(), self.record_path(name)) else {
             return;
         };
         let kept = (|| -> std::io::Result<()> {
@@ -673,16 +672,8 @@ impl Hosts {
                 .recursive(true)
                 .mode(0o700)
                 .create(dir)?;
-            let tmp = dir.join(format!(".{name}.json.new"));
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(0o600)
-                .open(&tmp)?;
-            f.write_all(&serde_json::to_vec(record).map_err(std::io::Error::other)?)?;
-            f.sync_all()?;
-            std::fs::rename(&tmp, &path)
+            let bytes = serde_json::to_vec(record).map_err(std::io::Error::other)?;
+            crate::vm::write_durably(dir, &format!("{name}.json"), &bytes)
         })();
         if let Err(e) = kept {
             tracing::warn!(sandbox = %name, error = %e, "cannot keep the sandbox's attach record");

@@ -1186,12 +1186,18 @@ fn keep_files(
     Ok((keep_of(memory), bytes))
 }
 
-/// Writes `dir/name` whole or not at all, and durably: a temporary file, synced, renamed,
-/// then the directory synced. The kept disk and memory were synced before.
-fn write_durably(dir: &Path, name: &str, data: &[u8]) -> std::io::Result<()> {
+/// Writes `dir/name` whole or not at all, and durably: a temporary file (0600), synced,
+/// renamed, then the directory synced. The kept disk and memory were synced before.
+pub(crate) fn write_durably(dir: &Path, name: &str, data: &[u8]) -> std::io::Result<()> {
     use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
     let tmp = dir.join(format!(".{name}.tmp"));
-    let mut f = std::fs::File::create(&tmp)?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)?;
     f.write_all(data)?;
     f.sync_all()?;
     std::fs::rename(&tmp, dir.join(name))?;
