@@ -727,11 +727,6 @@ impl Hosts {
         self.tier
     }
 
-    /// The hosts' addresses.
-    pub fn addresses(&self) -> &[String] {
-        &self.addresses
-    }
-
     async fn connect(&self, address: &str) -> Result<Conn, String> {
         let host = match address.rsplit_once(':') {
             Some((h, _)) => h.trim_start_matches('[').trim_end_matches(']'),
