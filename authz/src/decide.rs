@@ -125,6 +125,15 @@ pub enum Action {
         /// The approval presented with the request, if any.
         approval: Option<Approval>,
     },
+    /// Set the command the room's sandbox runs after every start (its readiness step). A
+    /// command like any other: needs `type`; an agent in approval mode also someone's approval
+    /// of exactly that command.
+    SetReadiness {
+        /// The command, canonical JSON.
+        params: String,
+        /// The approval presented with the request, if any.
+        approval: Option<Approval>,
+    },
     /// Set the room's budget or an agent's (`params`: canonical JSON naming whose and the
     /// limits). Needs `spend`; a raise (a limit lifted or increased) also an approval by another
     /// holder of `approve`, bound to exactly these parameters.
@@ -157,7 +166,8 @@ impl Action {
             | Action::AddSecret { approval, .. }
             | Action::PublicPreview { approval, .. }
             | Action::SetBudget { approval, .. }
-            | Action::RunCommand { approval, .. } => approval.as_ref(),
+            | Action::RunCommand { approval, .. }
+            | Action::SetReadiness { approval, .. } => approval.as_ref(),
             Action::Use(_)
             | Action::CreateInvite { .. }
             | Action::AcceptInvite { .. }
@@ -186,6 +196,7 @@ impl Action {
             Action::AddSecret { .. } => "add_secret",
             Action::PublicPreview { .. } => "public_preview",
             Action::RunCommand { .. } => "run_command",
+            Action::SetReadiness { .. } => "set_readiness",
             Action::SetBudget { .. } => "set_budget",
             Action::DecideApproval { .. } => "decide_approval",
             Action::ConfirmDeletion => "confirm_deletion",
@@ -218,6 +229,8 @@ pub enum DenyReason {
     AlreadyDecided,
     /// The approval is for another action, requester or parameters, or was not granted.
     ApprovalMismatch,
+    /// Agents never own rooms (a fork would be one no person can open).
+    AgentOwner,
 }
 
 /// A request that needs someone else's approval, as stored.
@@ -269,6 +282,7 @@ impl fmt::Display for DenyReason {
             DenyReason::AgentApproval => f.write_str("an agent cannot decide approvals"),
             DenyReason::ApprovalExpired => f.write_str("the request has expired"),
             DenyReason::AlreadyDecided => f.write_str("the request was already decided or used"),
+            DenyReason::AgentOwner => f.write_str("an agent cannot make rooms: its sponsor can"),
             DenyReason::ApprovalMismatch => {
                 f.write_str("the approval does not cover this action with these parameters")
             }
@@ -425,12 +439,16 @@ pub fn decide(principal: &Principal, action: &Action, room: &RoomState, now: i64
         Action::RestoreCheckpoint { .. } => {
             need(Capability::Edit).and_then(|()| need(Capability::Type))
         }
+        // A room is a person's: an agent's fork would be a room no person can open.
+        Action::Fork { .. } if room.agents.contains_key(&principal.user) => {
+            Err(DenyReason::AgentOwner)
+        }
         Action::Fork { .. } => need(Capability::Observe),
         Action::AllowEgress { .. } if caps.contains(Capability::Approve) => Ok(()),
         Action::AllowEgress { .. } | Action::ForcePush { .. } => need(Capability::Edit),
         Action::AddSecret { .. } => need(Capability::AddSecret),
         Action::PublicPreview { .. } => need(Capability::Publish),
-        Action::RunCommand { .. } => need(Capability::Type),
+        Action::RunCommand { .. } | Action::SetReadiness { .. } => need(Capability::Type),
         Action::SetBudget { .. } => need(Capability::Spend),
         Action::DecideApproval { approval } => need(Capability::Approve).and_then(|()| {
             if approval.requester == principal.user {
@@ -483,7 +501,7 @@ pub fn decide(principal: &Principal, action: &Action, room: &RoomState, now: i64
             approval,
             raise: true,
         } => Some((params, approval)),
-        Action::RunCommand { params, approval }
+        Action::RunCommand { params, approval } | Action::SetReadiness { params, approval }
             if room
                 .agents
                 .get(&principal.user)
@@ -633,6 +651,53 @@ mod tests {
             Decision::Deny(DenyReason::AgentApproval)
         );
         assert!(allowed(&decide(&user("ben"), &decide_it, &r, 0)));
+    }
+
+    /// A readiness step is a command: `type`, and in approval mode an approval of exactly it;
+    /// an agent makes no room, not even a fork of its own room.
+    #[test]
+    fn readiness_is_a_command_and_agents_make_no_rooms() {
+        let mut r = room(&[("ana", Role::Owner)]);
+        let agent = |caps: &[Capability], approval_mode| crate::Agent {
+            sponsor: "ana".into(),
+            capabilities: CapabilitySet::of(caps),
+            expires_at: 1_000,
+            approval_mode,
+        };
+        use Capability::{Edit, Observe, Type};
+        r.agents
+            .insert("careful".into(), agent(&[Observe, Edit, Type], true));
+        r.agents.insert("watcher".into(), agent(&[Observe], false));
+        r.agents
+            .insert("helper".into(), agent(&[Observe, Edit, Type], false));
+        let ready = Action::SetReadiness {
+            params: r#"{"readiness":"npm ci"}"#.into(),
+            approval: None,
+        };
+        assert_eq!(
+            decide(&user("watcher"), &ready, &r, 0),
+            Decision::Deny(DenyReason::Missing(Type))
+        );
+        assert!(matches!(
+            decide(&user("careful"), &ready, &r, 0),
+            Decision::NeedsApproval(ApprovalRequest {
+                action: "set_readiness",
+                ..
+            })
+        ));
+        assert!(allowed(&decide(&user("helper"), &ready, &r, 0)));
+        assert!(allowed(&decide(&user("ana"), &ready, &r, 0)));
+        let fork = Action::Fork {
+            params: "{}".into(),
+            approval: None,
+        };
+        for bot in ["careful", "watcher", "helper"] {
+            assert_eq!(
+                decide(&user(bot), &fork, &r, 0),
+                Decision::Deny(DenyReason::AgentOwner)
+            );
+        }
+        assert!(allowed(&decide(&user("ana"), &fork, &r, 0)));
     }
 
     /// Budgets need `spend`; lowering one is immediate, a raise needs someone else's approval

@@ -9,7 +9,6 @@ pub(crate) mod agents;
 pub(crate) mod approvals;
 pub(crate) mod bucket;
 pub(crate) mod checkpoints;
-pub(crate) mod counted;
 pub(crate) mod deletion;
 pub(crate) mod doc_socket;
 pub(crate) mod egress;
@@ -19,11 +18,11 @@ pub(crate) mod extract;
 pub(crate) mod files;
 pub(crate) mod forward;
 pub(crate) mod guard;
+pub(crate) mod health;
 pub(crate) mod listener;
 pub(crate) mod login;
 pub(crate) mod mcp;
 pub(crate) mod moderation;
-pub(crate) mod ops;
 pub(crate) mod previews;
 pub(crate) mod repos;
 pub(crate) mod rooms;
@@ -50,7 +49,7 @@ const MAX_API_BODY: usize = 64 << 10;
 pub(crate) fn router(state: AppState) -> Router {
     Router::new()
         .merge(login::routes(&state))
-        .merge(ops::routes())
+        .merge(health::routes())
         .merge(rooms::routes())
         .merge(deletion::routes())
         .merge(admin::routes())

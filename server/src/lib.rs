@@ -16,6 +16,7 @@ pub(crate) mod fault;
 pub(crate) mod http;
 pub(crate) mod ids;
 pub(crate) mod metrics;
+pub(crate) mod ops;
 pub(crate) mod registry;
 pub(crate) mod repos;
 pub mod room;

@@ -152,20 +152,6 @@ impl Budget {
     }
 }
 
-/// Lines a chunk of terminal input ends (Enter: `\r`, `\n`, `\r\n` counting once): each is a
-/// command.
-pub(crate) fn lines(data: &[u8]) -> u64 {
-    let mut n = 0;
-    let mut prev = 0u8;
-    for &b in data {
-        if b == b'\r' || (b == b'\n' && prev != b'\r') {
-            n += 1;
-        }
-        prev = b;
-    }
-    n
-}
-
 /// Whose budget a refusal is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -777,15 +763,6 @@ mod tests {
         assert!(!b.raised_by(&less));
         assert!(!b.raised_by(&b));
         assert!(!Budget::default().raised_by(&less));
-    }
-
-    #[test]
-    fn each_line_typed_counts_once() {
-        assert_eq!(lines(b"ls"), 0);
-        assert_eq!(lines(b"ls\r"), 1);
-        assert_eq!(lines(b"a\nb\nc\n"), 3);
-        assert_eq!(lines(b"a\r\nb\r\n"), 2);
-        assert_eq!(lines(b"\r\r"), 2);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 pub(crate) mod events;
 pub(crate) mod floor;
 pub(crate) mod hub;
+pub(crate) mod lines;
 pub(crate) mod recorder;
 
 pub(crate) use events::{Joined, TermEvent, TermOut};

@@ -463,9 +463,17 @@ async fn readiness_runs_after_start_shows_failures_and_ready_workspaces_skip_it(
         .as_array()
         .unwrap()
         .iter()
-        .filter(|r| r["action"] == "set_readiness")
+        .filter(|r| r["action"] == "set_readiness" && r["decision"] == "allow")
         .count();
     assert_eq!(set, 3, "{audit}");
+    // The viewer's refusal is recorded under the same name (one act, one name).
+    assert!(audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|r| r["action"] == "set_readiness"
+            && r["decision"] == "deny"
+            && r["actor_email"] == "cy@example.com"));
     assert!(!audit.to_string().contains("s3cr3t-t0ken"), "{audit}");
     assert!(audit
         .as_array()

@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 enum Layer {
     Below,
     Domain,
+    /// The application layer (`ops`): every room operation, whichever door asks.
+    App,
     Edge,
     /// The entry points (`lib.rs`, `cli.rs`): they put the whole server together.
     Top,
@@ -24,6 +26,7 @@ enum Layer {
 fn layer_of(module: &str) -> Option<Layer> {
     Some(match module {
         "http" => Layer::Edge,
+        "ops" => Layer::App,
         "room" | "terminal" | "sandbox" | "accounts" | "secrets" | "egress" | "repos" | "spend" => {
             Layer::Domain
         }
@@ -211,4 +214,132 @@ fn no_string_errors() {
         }
     }
     assert!(found.is_empty(), "string errors:\n{}", found.join("\n"));
+}
+
+/// What only the application layer (`ops`) may do: decide an action, or write the audit chain.
+/// Each is spotted in a source with its whitespace and comments removed, so a call split over
+/// lines is found too.
+const LAYER_ONLY: [(&str, &str); 5] = [
+    ("decide(", "a decision (coderoom_authz::decide)"),
+    (".audit.record(", "an audit write"),
+    (
+        ".audit.lock()",
+        "the audit lock (a decide-then-record sequence)",
+    ),
+    ("locked.record(", "an audit write"),
+    ("locked.deny(", "an audit write"),
+];
+
+/// Edge files that still decide or write the audit chain themselves, with how many times: the
+/// application layer's issue moves them into `ops` a few at a time. This list may only shrink:
+/// a count going up, or a file not listed doing either, fails the test.
+const NOT_YET_MOVED: [(&str, usize); 10] = [
+    ("http/access.rs", 12),
+    ("http/admin.rs", 1),
+    ("http/agents.rs", 2),
+    ("http/checkpoints.rs", 5),
+    ("http/deletion.rs", 9),
+    ("http/egress.rs", 4),
+    ("http/previews.rs", 2),
+    ("http/repos.rs", 5),
+    ("http/secrets.rs", 2),
+    ("http/spend.rs", 2),
+];
+
+/// `(file, what)` for each act only the application layer may perform, found in the edge.
+fn edge_acts(files: &[(PathBuf, String)]) -> Vec<(String, &'static str)> {
+    let mut found = Vec::new();
+    for (path, source) in files {
+        if module_of(path) != "http" {
+            continue;
+        }
+        let squeezed: String = source
+            .lines()
+            .map(|l| l.split("//").next().unwrap_or(""))
+            .collect::<String>()
+            .chars()
+            .filter(|c| !c.is_whitespace())
+            .collect();
+        for (needle, what) in LAYER_ONLY {
+            let mut rest = squeezed.as_str();
+            while let Some(at) = rest.find(needle) {
+                let before = rest[..at].chars().next_back();
+                rest = &rest[at + needle.len()..];
+                // `decide(` as a whole name only (not `may_decide(`).
+                if needle == "decide(" && before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+                    continue;
+                }
+                found.push((path.display().to_string(), what));
+            }
+        }
+    }
+    found
+}
+
+/// The files over their allowance (see [`NOT_YET_MOVED`]), as readable lines.
+fn over_allowance(found: &[(String, &'static str)]) -> Vec<String> {
+    let mut counts = std::collections::BTreeMap::<&str, usize>::new();
+    for (file, _) in found {
+        *counts.entry(file.as_str()).or_default() += 1;
+    }
+    counts
+        .into_iter()
+        .filter_map(|(file, n)| {
+            let allowed = NOT_YET_MOVED
+                .iter()
+                .find(|(f, _)| *f == file)
+                .map_or(0, |(_, n)| *n);
+            (n > allowed).then(|| {
+                let what: Vec<_> = found
+                    .iter()
+                    .filter(|(f, _)| f == file)
+                    .map(|(_, w)| *w)
+                    .collect();
+                format!("{file}: {n} (allowed {allowed}): {}", what.join(", "))
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn only_the_application_layer_decides_and_records() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    sources(&root, &root, &mut files);
+    let found = edge_acts(&files);
+    let over = over_allowance(&found);
+    assert!(
+        over.is_empty(),
+        "the edge decides or writes the audit chain itself (move it into `ops`):\n{}",
+        over.join("\n")
+    );
+    eprintln!(
+        "edge acts not yet moved into ops: {} in {} files",
+        found.len(),
+        NOT_YET_MOVED.len()
+    );
+}
+
+#[test]
+fn an_edge_decision_or_audit_write_is_caught() {
+    let tree = vec![
+        (
+            PathBuf::from("http/rooms.rs"),
+            "let p = app.audit\n    .record(&id, ...);\n// decide( in a comment\n".to_owned(),
+        ),
+        (
+            PathBuf::from("http/files.rs"),
+            "match coderoom_authz::decide(&who, &a, &s, now) {}\nops.may_decide(x)".to_owned(),
+        ),
+        (
+            PathBuf::from("ops/rights.rs"),
+            "match decide(&who, &a, &s, now) {}".to_owned(),
+        ),
+    ];
+    let found = edge_acts(&tree);
+    assert_eq!(found.len(), 2, "{found:?}");
+    let over = over_allowance(&found);
+    assert_eq!(over.len(), 2, "{over:?}");
+    assert!(over[0].contains("http/files.rs") && over[0].contains("a decision"));
+    assert!(over[1].contains("http/rooms.rs") && over[1].contains("an audit write"));
 }

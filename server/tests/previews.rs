@@ -366,7 +366,7 @@ async fn previews_are_for_members_or_approved_and_end_when_revoked() {
     assert!(r.body.contains("expired"), "{}", r.body);
 
     let chain = audit(server, &t.ana, room).await;
-    for action in ["create_preview", "activate_preview", "revoke_preview"] {
+    for action in ["public_preview", "activate_preview", "revoke_preview"] {
         assert!(
             chain.iter().any(|r| r["action"] == action),
             "no {action} in the audit"

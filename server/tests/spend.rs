@@ -268,7 +268,7 @@ async fn budgets_stop_metered_work_and_spend_sums_match_the_audit(backend: &Back
     assert_eq!(shown(&s), audited(&records), "{s}");
     let execs = records
         .iter()
-        .filter(|r| r["action"] == "exec" && r["decision"] == "allow")
+        .filter(|r| r["action"] == "run_command" && r["decision"] == "allow")
         .count();
     assert_eq!(s["used"]["execs"].as_u64().unwrap(), execs as u64, "{s}");
     assert_eq!(s["used"]["execs"], 7);

@@ -165,7 +165,7 @@ test('agents work in the room through real MCP clients, seen live and audited', 
   assert.ok(write, JSON.stringify(calls))
   assert.equal(write.details.sponsor, me.id ?? me.user?.id)
   assert.ok(calls.some((r) => r.actor === watcher.agent_id && r.decision === 'deny' && r.details.tool === 'write_file'))
-  assert.ok(chain.some((r) => r.actor === agentId && r.action === 'exec'))
+  assert.ok(chain.some((r) => r.actor === agentId && r.action === 'run_command'))
   assert.deepEqual(await server.stop(), { code: 0, signal: null })
 })
 
@@ -219,7 +219,7 @@ test('an agent\'s commands, hosts and public previews wait for a human\'s decisi
   assert.equal(await inside('ls denied.txt 2>/dev/null; echo done'), 'done\n')
   // A line for the terminal waits the same way, for exactly that text.
   const lineCall = client.callTool({ name: 'terminal_send', arguments: { text: 'touch typed-line.txt\n', wait_s: 60 } })
-  const line = await pendingApproval(server, ana, roomId, 'run_command', (p) => p.terminal === 'touch typed-line.txt\n')
+  const line = await pendingApproval(server, ana, roomId, 'run_command', (p) => p.terminal === 'touch typed-line.txt\r')
   assert.equal(await inside('ls typed-line.txt 2>/dev/null; echo none'), 'none\n')
   assert.equal((await decide(line, true)).status, 200)
   const lined = await lineCall
@@ -320,7 +320,7 @@ test('in a moderated room an agent types only while someone who can approve is h
   // Nobody here: refused, nothing typed.
   const alone = await send('echo alone-$((1+1))')
   assert.equal(alone.isError, true)
-  assert.match(text(alone), /moderated: an agent types in the terminal only while someone who can approve is in the room/)
+  assert.match(text(alone), /moderated: an agent runs code only while someone who can approve is in the room/)
   // Ben (an editor, no approve) is here: still refused.
   const benTerm = await terminal(server, roomId, ben)
   defer(() => benTerm.close())

@@ -20,6 +20,15 @@ describe('audit sentences', () => {
       .toBe('ben@example.com tried to type in the terminal: refused (missing capability type).')
   })
 
+  it('name one act by one name, however it came out', () => {
+    expect(auditSentence(rec('run_command', { program: 'make' }), names)).toBe('ana@example.com ran make.')
+    expect(auditSentence(rec('run_command', { terminal: true, commands: 2 }), names)).toBe('ana@example.com ran 2 command(s) in the terminal.')
+    expect(auditSentence(rec('run_command', { program: 'make' }, { decision: 'needs_approval' }), names)).toBe('ana@example.com asked to run make.')
+    expect(auditSentence(rec('run_command', {}, { decision: 'deny', reason: 'missing capability type' }), names))
+      .toBe('ana@example.com tried to run a command: refused (missing capability type).')
+    expect(auditSentence(rec('public_preview', {}, { decision: 'needs_approval' }), names)).toBe('ana@example.com asked for a public preview.')
+  })
+
   it('tell the sandbox\'s life', () => {
     expect(auditSentence(rec('sandbox_start', { reason: 'a viewer joined', resumed_from_kept: 'memory' }, { actor: 'system' }), names))
       .toBe('The sandbox started from its kept memory (a viewer joined).')

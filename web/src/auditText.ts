@@ -22,6 +22,10 @@ function attempt (action: string): string {
     terminal_input: 'type in the terminal',
     observe: 'watch the room',
     exec: 'run a command',
+    run_command: 'run a command',
+    set_readiness: 'set the readiness step',
+    public_preview: 'publish a public preview',
+    publish: 'open a preview',
     export: 'export files',
     fork: 'fork the room',
     accept_invite: 'join with an invite',
@@ -66,6 +70,13 @@ export function auditSentence (r: AuditRecord, name: (id: string) => string): st
     case 'create_checkpoint': return `${who} saved a checkpoint.`
     case 'restore_checkpoint': return `${who} rolled the room back to a checkpoint.`
     case 'fork': return `${who} forked the room.`
+    case 'run_command': {
+      const what = d.terminal === true ? `${typeof d.commands === 'number' ? d.commands : 1} command(s) in the terminal` : (str(d.program) ?? 'a command')
+      return r.decision === 'needs_approval' ? `${who} asked to run ${what}.` : `${who} ran ${what}.`
+    }
+    case 'set_readiness': return d.cleared === true ? `${who} cleared the readiness step.` : `${who} set the readiness step to run ${str(d.program) ?? 'a command'}.`
+    case 'public_preview': return r.decision === 'needs_approval' ? `${who} asked for a public preview.` : `${who} opened a public preview.`
+    case 'publish': return `${who} opened a preview for the room.`
     case 'export': {
       const params = d.params !== null && typeof d.params === 'object' ? d.params as Details : {}
       if (params.workspace === true) {

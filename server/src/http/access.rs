@@ -199,7 +199,7 @@ pub(crate) async fn accept_invite(
         grants: role.capabilities(),
     };
     let details = json!({ "role": role.as_str(), "issuer": invite.created_by });
-    let proof = match decide(&principal(&app, &user), &action, &state, now) {
+    let proof = match decide(&principal(&app, &user).await?, &action, &state, now) {
         Decision::Allow(p) => p,
         Decision::Deny(reason) => {
             let reason = reason.to_string();
@@ -461,7 +461,7 @@ pub(crate) async fn room_audit(
     user: AuthUser,
     Ids(room_id): Ids<RoomId>,
 ) -> Result<Json<Vec<AuditEntry>>, ApiError> {
-    let who = principal(&app, &user);
+    let who = principal(&app, &user).await?;
     // Participants who observe, and system admins (who revoke and delete), read the chain.
     let state = app.store.room_state(&room_id).await?;
     let allowed = who.is_admin

@@ -9,26 +9,26 @@
 //! with exactly the approved parameters, before the request expires, once.
 
 use crate::http::extract::Ids;
-use crate::http::guard::{authorize, decide_locked};
+use crate::http::guard::authorize;
 use crate::http::ApiError;
 use crate::http::AppState;
 use crate::http::AuthUser;
 use crate::ids::{IssuedId, RoomId};
+use crate::ops::approvals::Allowed;
+use crate::ops::record::{Entry, Verdict};
+use crate::ops::Outcome;
 use crate::store::{Change, StoreError};
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Json;
 use axum::Router;
-use coderoom_authz::{Action, Capability, DenyReason};
+use coderoom_authz::{Action, Capability};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use yrs::{GetString, Map, Transact};
 
-/// A request waits this long for a decision; an approval lapses with it.
-const APPROVAL_TTL_MS: i64 = 60 * 60 * 1000;
 /// Most files one export names.
 const MAX_EXPORT_FILES: usize = 100;
 /// Longest path in a file list.
@@ -108,7 +108,7 @@ pub(crate) async fn export(
         return workspace_download(&app, &room_id, &proof, details, &approval_id).await;
     };
     let details = json!({ "approval_id": approval_id, "params": details });
-    record_allowed(&app, &room_id, &proof, "export", details, &approval_id).await?;
+    record_allowed(&app, &room_id, &proof, details, &approval_id).await?;
     let files = read_files(&app, &room_id, names).await?;
     Ok(Json(Export { files }).into_response())
 }
@@ -169,7 +169,7 @@ async fn workspace_download(
         "from_document": bundled.from_document,
         "skipped": bundled.skipped,
     });
-    record_allowed(app, room_id, proof, "export", details, approval_id).await?;
+    record_allowed(app, room_id, proof, details, approval_id).await?;
     // Open, then let the scratch guard unlink it: the open file is read to its end.
     let file = tokio::fs::File::open(&out).await.map_err(store_io)?;
     let room = app.store.room(room_id).await?;
@@ -229,7 +229,7 @@ fn store_io(e: std::io::Error) -> ApiError {
 /// What [`gate`] decided.
 pub(crate) enum Gate {
     /// Go ahead; `approval` is the id of the approval presented (empty: none), which the
-    /// action's record spends (`Change::UseApproval`).
+    /// action's record spends.
     Allowed {
         proof: coderoom_authz::Authorized,
         approval: String,
@@ -238,9 +238,7 @@ pub(crate) enum Gate {
     Pending(Response),
 }
 
-/// Decides an action that may need an approval: one is asked for when needed (stored with the
-/// action's exact parameters, audited `needs_approval`), a denial is audited, and an allowed
-/// action is left to the caller to perform and record.
+/// `crate::ops::Ops::ask` for the caller, a pending outcome answered 202.
 pub(crate) async fn gate(
     app: &AppState,
     room_id: &RoomId,
@@ -249,126 +247,45 @@ pub(crate) async fn gate(
     details: Value,
 ) -> Result<Gate, ApiError> {
     Ok(match ask(app, room_id, user, action, details).await? {
-        Asked::Allowed { proof, approval } => Gate::Allowed {
-            proof: *proof,
-            approval,
-        },
-        Asked::Pending(id) => Gate::Pending(
-            (
-                StatusCode::ACCEPTED,
-                Json(Pending {
-                    approval_id: id,
-                    state: "pending_approval",
-                }),
-            )
-                .into_response(),
-        ),
+        Outcome::Done(Allowed { proof, approval }) => Gate::Allowed { proof, approval },
+        Outcome::Pending(id) => {
+            Gate::Pending(crate::http::sandbox::render::<()>(Outcome::Pending(id)))
+        }
     })
 }
 
-/// What [`ask`] decided.
-pub(crate) enum Asked {
-    /// Go ahead (see [`Gate::Allowed`]).
-    Allowed {
-        proof: Box<coderoom_authz::Authorized>,
-        approval: String,
-    },
-    /// An approval was asked for: its id.
-    Pending(String),
-}
-
-/// [`gate`], for callers that answer a pending request themselves (a preview waits under its
-/// own id for its approval).
+/// `crate::ops::Ops::ask` for the caller.
 pub(crate) async fn ask(
     app: &AppState,
     room_id: &RoomId,
     user: &AuthUser,
     action: Action,
     details: Value,
-) -> Result<Asked, ApiError> {
-    let presented = action.approval().map(|a| a.id.clone());
-    let locked = app.audit.lock().await;
-    // A denial records the approval presented and the parameters.
-    let denied = json!({ "approval_id": presented, "params": details });
-    match decide_locked(app, &locked, room_id, user, &action, denied).await? {
-        Err(request) => {
-            let id = IssuedId::fresh().to_string();
-            let change = Change::CreateApproval {
-                id: id.to_string(),
-                room_id: room_id.to_string(),
-                requester: user.id.clone(),
-                action: request.action.to_owned(),
-                params: request.params,
-                expires_at: app.clock.now_ms() + APPROVAL_TTL_MS,
-            };
-            let details = json!({ "approval_id": id, "params": details });
-            locked
-                .record(
-                    room_id,
-                    &user.id,
-                    action.name(),
-                    "needs_approval",
-                    "",
-                    details,
-                    change,
-                )
-                .await?;
-            Ok(Asked::Pending(id))
-        }
-        Ok(proof) => {
-            // An approval the decision did not need is not spent on it (it may be someone
-            // else's, for something else).
-            if presented.is_some() && proof.approval().is_none() {
-                return Err(ApiError::BadRequest(
-                    "this needs no approval: send it without approval_id",
-                ));
-            }
-            let approval = proof.approval().unwrap_or_default().to_owned();
-            Ok(Asked::Allowed {
-                proof: Box::new(proof),
-                approval,
-            })
-        }
-    }
+) -> Result<Outcome<Allowed>, ApiError> {
+    let actor = user.actor(app).await?;
+    Ok(app.ops.ask(room_id, &actor, action, details).await?)
 }
 
 /// The result of recording an action that spent an approval: a conflict means another request
 /// spent it first, which the caller hears as such.
 pub(crate) fn spent<T>(r: Result<T, StoreError>) -> Result<T, ApiError> {
-    r.map_err(|e| match e {
-        StoreError::Conflict => {
-            ApiError::Denied(coderoom_authz::DenyReason::AlreadyDecided.to_string())
-        }
-        e => e.into(),
-    })
+    r.map_err(|e| crate::ops::OpError::spent_approval(e).into())
 }
 
-/// Records an action [`gate`] allowed, spending in the same transaction the approval it rested
-/// on (`approval`; empty: none). An approval a concurrent request spent first refuses it.
+/// Records an action [`gate`] allowed, under the name of the action decided, spending in the
+/// same transaction the approval it rested on (`approval`; empty: none).
 pub(crate) async fn record_allowed(
     app: &AppState,
     room_id: &RoomId,
     proof: &coderoom_authz::Authorized,
-    action: &str,
     details: Value,
     approval: &str,
 ) -> Result<coderoom_authz::audit::Record, ApiError> {
-    let change = if approval.is_empty() {
-        Change::None
-    } else {
-        Change::UseApproval {
-            id: approval.to_owned(),
-        }
-    };
-    match app
-        .audit
-        .record(room_id, proof.actor(), action, "allow", "", details, change)
-        .await
-    {
-        Ok(r) => Ok(r),
-        Err(StoreError::Conflict) => Err(ApiError::Denied(DenyReason::AlreadyDecided.to_string())),
-        Err(e) => Err(e.into()),
-    }
+    let entry = Entry::of(proof.action(), Verdict::Allow, details);
+    Ok(app
+        .ops
+        .record_allowed(room_id, proof, entry, Change::None, approval)
+        .await?)
 }
 
 /// The approval named `id` in the room (404 for an id of the wrong form or not there).
@@ -377,16 +294,7 @@ pub(crate) async fn presented(
     room_id: &RoomId,
     id: Option<&str>,
 ) -> Result<Option<coderoom_authz::Approval>, ApiError> {
-    match id {
-        Some(id) if IssuedId::parse(id).is_some() => Ok(Some(
-            app.store
-                .approval(room_id, id)
-                .await?
-                .ok_or(ApiError::NotFound)?,
-        )),
-        Some(_) => Err(ApiError::NotFound),
-        None => Ok(None),
-    }
+    Ok(app.ops.presented(room_id, id).await?)
 }
 
 /// The named files' text as stored (what every peer has been sent).
@@ -466,48 +374,14 @@ pub(crate) async fn decide_request(
     Ids((room_id, id)): Ids<(RoomId, IssuedId)>,
     Json(body): Json<DecisionBody>,
 ) -> Result<Json<Decided>, ApiError> {
-    crate::http::guard::room_capabilities(&app, &room_id, &user).await?;
-    let approval = app
-        .store
-        .approval(&room_id, &id)
-        .await?
-        .ok_or(ApiError::NotFound)?;
-    let details = json!({ "approval_id": id, "approve": body.approve, "params": approval.params });
-    let action = Action::DecideApproval { approval };
-    let proof = authorize(&app, &room_id, &user, action, details.clone()).await?;
-    let change = Change::DecideApproval {
+    let actor = user.actor(&app).await?;
+    app.ops
+        .decide_approval(&room_id, &actor, &id, body.approve)
+        .await?;
+    Ok(Json(Decided {
         id: id.to_string(),
-        by: proof.actor().to_owned(),
-        approved: body.approve,
-    };
-    let decision = if body.approve { "approve" } else { "reject" };
-    match app
-        .audit
-        .record(
-            &room_id,
-            proof.actor(),
-            "decide_approval",
-            decision,
-            "",
-            details,
-            change,
-        )
-        .await
-    {
-        Ok(_) => Ok(Json(Decided {
-            id: id.to_string(),
-            state: if body.approve { "approved" } else { "denied" },
-        })),
-        Err(StoreError::Conflict) => Err(ApiError::Denied(DenyReason::AlreadyDecided.to_string())),
-        Err(e) => Err(e.into()),
-    }
-}
-
-/// `202` from `POST /api/rooms/{id}/exports`: the approval the export waits for.
-#[derive(Serialize)]
-pub(crate) struct Pending {
-    approval_id: String,
-    state: &'static str,
+        state: if body.approve { "approved" } else { "denied" },
+    }))
 }
 
 /// `200` from `POST /api/rooms/{id}/exports`: each named file's text (`null`: not in the room).

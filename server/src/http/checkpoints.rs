@@ -345,15 +345,7 @@ async fn restore(
         "checkpoint": row.id, "name": row.name, "at": row.at, "files": files,
         "approval_id": approval,
     });
-    crate::http::approvals::record_allowed(
-        &app,
-        &room_id,
-        &proof,
-        "restore_checkpoint",
-        details,
-        &approval,
-    )
-    .await?;
+    crate::http::approvals::record_allowed(&app, &room_id, &proof, details, &approval).await?;
     let rewound = app
         .sandboxes
         .rewind(
@@ -510,8 +502,7 @@ async fn fork(
         "approval_id": approval,
     });
     let forked =
-        crate::http::approvals::record_allowed(&app, &room_id, &proof, "fork", details, &approval)
-            .await?;
+        crate::http::approvals::record_allowed(&app, &room_id, &proof, details, &approval).await?;
     let parentage = json!({
         "room": room_id.as_str(),
         "checkpoint": checkpoint.id,

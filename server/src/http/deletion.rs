@@ -131,7 +131,7 @@ pub(crate) async fn confirm(
     user: AuthUser,
     Ids(id): Ids<IssuedId>,
 ) -> Result<Json<Deletion>, ApiError> {
-    let who = principal(&app, &user);
+    let who = principal(&app, &user).await?;
     if let Decision::Deny(reason) = decide(
         &who,
         &Action::ConfirmDeletion,
@@ -204,7 +204,7 @@ pub(crate) async fn get(
     Ids(id): Ids<IssuedId>,
 ) -> Result<Json<Deletion>, ApiError> {
     let deletion = app.store.deletion(&id).await?.ok_or(ApiError::NotFound)?;
-    if deletion.requested_by != user.id && !principal(&app, &user).is_admin {
+    if deletion.requested_by != user.id && !principal(&app, &user).await?.is_admin {
         return Err(ApiError::NotFound);
     }
     receipt_of(&app, &id).await.map(Json)

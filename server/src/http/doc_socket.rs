@@ -84,7 +84,7 @@ async fn serve(app: AppState, room_id: RoomId, user: AuthUser, access: Rights, s
         }
     };
     // In the room while this connection lasts (moderated rooms ask who is).
-    let _here = app.present.hold((room_id.to_string(), user.id.clone()));
+    let _here = app.ops.present.hold((room_id.to_string(), user.id.clone()));
     let _open = app.events.hold(user.session_hash.clone());
 
     // Rights may have changed between the check before the upgrade and the join; the room only

@@ -54,6 +54,22 @@ pub(crate) enum ApiError {
     Spent(crate::spend::Exhausted),
 }
 
+impl From<crate::ops::OpError> for ApiError {
+    fn from(e: crate::ops::OpError) -> Self {
+        use crate::ops::OpError;
+        match e {
+            OpError::NotFound => ApiError::NotFound,
+            OpError::Refused(why) => ApiError::Denied(why),
+            OpError::Bad(why) => ApiError::BadRequest(why),
+            OpError::Invalid(why) => ApiError::Invalid(why),
+            OpError::Spent(e) => ApiError::Spent(e),
+            OpError::Store(e) => ApiError::Store(e),
+            OpError::Sandbox(e) => ApiError::Sandbox(e),
+            OpError::Internal => ApiError::Internal,
+        }
+    }
+}
+
 /// The body of every error response.
 #[derive(Debug, Serialize)]
 pub(crate) struct ErrorBody {

@@ -80,7 +80,7 @@ pub(crate) async fn access_changed(app: &AppState, room: String, user: String, b
 }
 
 /// The sessions of this server's open sockets, for the catch-up.
-pub(crate) type OpenSessions = crate::http::counted::Counted<String>;
+pub(crate) type OpenSessions = crate::ops::counted::Counted<String>;
 
 /// Listens for the other servers' events until shutdown (PostgreSQL only).
 pub(crate) fn start_listening(app: &AppState, database_url: &str) {
@@ -212,7 +212,7 @@ async fn catch_up(app: &AppState) {
             Err(e) => tracing::warn!(error = %e, "cannot look up an open socket's session"),
         }
     }
-    for (room, user) in app.present.keys() {
+    for (room, user) in app.ops.present.keys() {
         act(
             app,
             Event::AccessChanged {

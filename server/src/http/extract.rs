@@ -157,3 +157,13 @@ where
         }
     }
 }
+
+impl AuthUser {
+    /// Who this account is to the application layer (a person, or an agent and its sponsor).
+    pub(crate) async fn actor(
+        &self,
+        app: &crate::http::AppState,
+    ) -> Result<crate::ops::Actor, crate::http::ApiError> {
+        Ok(app.ops.actor(&self.id, &self.email).await?)
+    }
+}

@@ -12,11 +12,15 @@ use crate::http::extract::Ids;
 use crate::http::guard::{authorize, room_capabilities};
 use crate::http::{ApiError, AppState, AuthUser};
 use crate::ids::RoomId;
+use crate::ops::record::{Act, Entry, Verdict};
+use crate::ops::typing::{Typed, Typist};
+use crate::ops::Outcome;
 use crate::room::visit::{texts_of, Visit};
 use axum::extract::{Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
+use bytes::Bytes;
 use coderoom_authz::{Action, Capability};
 use rmcp::model::{
     object, CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
@@ -170,6 +174,12 @@ impl From<ApiError> for ToolError {
             ApiError::Unauthorized => "your token no longer works".into(),
             other => other.to_string(),
         })
+    }
+}
+
+impl From<crate::ops::OpError> for ToolError {
+    fn from(e: crate::ops::OpError) -> Self {
+        ToolError::from(ApiError::from(e))
     }
 }
 
@@ -403,23 +413,25 @@ impl Mcp {
                 let wait = wait_of(args)?;
                 let mut args = args.clone();
                 args.remove("wait_s");
-                let parse = |approval: Option<String>| {
-                    let mut a = args.clone();
-                    if let Some(id) = approval {
-                        a.insert("approval_id".into(), json!(id));
-                    }
-                    serde_json::from_value::<crate::http::sandbox::ExecRequest>(Value::Object(a))
-                        .map_err(|e| ToolError(format!("bad arguments: {e}")))
+                let req = serde_json::from_value::<crate::http::sandbox::ExecRequest>(
+                    Value::Object(args),
+                )
+                .map_err(|e| ToolError(format!("bad arguments: {e}")))?;
+                let (cmd, presented) = req.command();
+                let actor = c.user.actor(&self.app).await?;
+                let run = |approval: Option<String>| {
+                    let cmd = cmd.clone();
+                    let (ops, room, actor) = (&self.app.ops, &c.room, &actor);
+                    async move { ops.run_command(room, actor, cmd, approval.as_deref()).await }
                 };
-                use crate::http::sandbox::{run, Ran};
-                let out = match run(&self.app, &c.room, &c.user, parse(None)?).await? {
-                    Ran::Done(out) => out,
-                    Ran::Pending(id) => {
+                let out = match run(presented).await? {
+                    Outcome::Done(out) => out,
+                    Outcome::Pending(id) => {
                         self.decided(c, &id, wait, "the command did not run")
                             .await?;
-                        match run(&self.app, &c.room, &c.user, parse(Some(id))?).await? {
-                            Ran::Done(out) => out,
-                            Ran::Pending(_) => {
+                        match run(Some(id)).await? {
+                            Outcome::Done(out) => out,
+                            Outcome::Pending(_) => {
                                 return Err("the command still needs an approval".into())
                             }
                         }
@@ -512,7 +524,8 @@ impl Mcp {
                 serde_json::to_string_pretty(&v).map_err(|e| ToolError(e.to_string()))
             }
             "terminal_read" => {
-                room_capabilities(&self.app, &c.room, &c.user).await?;
+                let actor = c.user.actor(&self.app).await?;
+                self.app.ops.capabilities(&c.room, &actor).await?;
                 let max = match args.get("max_bytes") {
                     None | Some(Value::Null) => READ_BYTES,
                     Some(v) => v
@@ -523,10 +536,9 @@ impl Mcp {
                 };
                 let (hub, joined) = self
                     .app
-                    .sandboxes
-                    .join(&c.room, 80, 24)
-                    .await
-                    .map_err(|e| ToolError::from(ApiError::from(e)))?;
+                    .ops
+                    .join_terminal(&c.room, &actor, (80, 24))
+                    .await?;
                 let tail =
                     joined.scrollback[joined.scrollback.len().saturating_sub(max)..].to_vec();
                 self.app.sandboxes.leave(&c.room, &hub, joined.viewer).await;
@@ -545,116 +557,93 @@ impl Mcp {
                         .ok_or("wait_ms is 0 to 10000")?,
                 };
                 let approval_wait = wait_of(args)?;
-                // A line typed is a command: metered and bounded like `exec`.
-                crate::http::spend::may_start(
-                    &self.app,
-                    &c.room,
-                    &c.user,
-                    &[
-                        crate::spend::Meter::Execs,
-                        crate::spend::Meter::SandboxSeconds,
-                    ],
-                )
-                .await?;
-                // Typing is running commands: decided (and, for an agent in approval mode,
-                // approved) like `exec`, for exactly this text.
-                let params = json!({ "terminal": text }).to_string();
-                let details = json!({ "terminal_bytes": text.len() });
-                let mut presented = None;
-                loop {
-                    let approval =
-                        crate::http::approvals::presented(&self.app, &c.room, presented.as_deref())
-                            .await?;
-                    let action = Action::RunCommand {
-                        params: params.clone(),
-                        approval,
-                    };
-                    match crate::http::approvals::ask(
-                        &self.app,
-                        &c.room,
-                        &c.user,
-                        action,
-                        details.clone(),
-                    )
-                    .await?
-                    {
-                        crate::http::approvals::Asked::Allowed { proof, approval } => {
-                            crate::http::approvals::spent(
-                                self.app
-                                    .audit
-                                    .record(
-                                        &c.room,
-                                        proof.actor(),
-                                        "terminal_input",
-                                        "allow",
-                                        "",
-                                        details.clone(),
-                                        crate::store::Change::None.spending(approval),
-                                    )
-                                    .await,
-                            )?;
-                            break;
-                        }
-                        crate::http::approvals::Asked::Pending(id) if presented.is_none() => {
-                            self.decided(c, &id, approval_wait, "nothing was typed")
-                                .await?;
-                            presented = Some(id);
-                        }
-                        crate::http::approvals::Asked::Pending(_) => {
-                            return Err("the line still needs an approval".into())
-                        }
-                    }
-                }
-                // A moderated room only while a person who can approve is here; each line a
-                // command, checked and charged (refunded below when the floor refuses it).
-                let data = text.replace('\n', "\r");
-                let commands = crate::spend::lines(data.as_bytes());
-                let execs = crate::spend::Meter::Execs;
-                if let Some(why) = crate::http::moderation::may_type_lines(
-                    &self.app,
-                    &c.room,
-                    &c.user.id,
-                    data.as_bytes(),
-                )
-                .await
-                {
-                    return Err(format!("refused: {why}; nothing was typed").into());
-                }
-                let name = self.shown_name(c).await;
-                let (hub, mut joined) = self
-                    .app
-                    .sandboxes
-                    .join(&c.room, 80, 24)
-                    .await
-                    .map_err(|e| ToolError::from(ApiError::from(e)))?;
-                hub.input(joined.viewer, (&c.user.id, &name), data.into_bytes().into())
-                    .await;
-                let mut out = Vec::new();
-                let until = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
-                while out.len() < MAX_READ_BYTES {
-                    match tokio::time::timeout_at(until, joined.rx.recv()).await {
-                        Ok(Some(crate::terminal::TermOut::Output(b))) => out.extend_from_slice(&b),
-                        Ok(Some(crate::terminal::TermOut::Event(e))) => {
-                            // Someone else has the terminal: nothing was typed.
-                            let e: Value = serde_json::from_str(&e).unwrap_or_default();
-                            if e["type"] == "floor_refused" {
-                                self.app.sandboxes.leave(&c.room, &hub, joined.viewer).await;
-                                self.app.spend.refund(&c.room, &c.user.id, execs, commands);
-                                let reason = e["reason"]
-                                    .as_str()
-                                    .unwrap_or("someone else has the terminal");
-                                return Err(format!("refused: {reason}; nothing was typed").into());
-                            }
-                        }
-                        Ok(Some(_)) => {}
-                        Ok(None) | Err(_) => break,
-                    }
-                }
-                self.app.sandboxes.leave(&c.room, &hub, joined.viewer).await;
-                Ok(plain(&out))
+                self.terminal_send(c, text, wait_ms, approval_wait).await
             }
             other => Err(format!("no tool named {other}").into()),
         }
+    }
+}
+
+impl Mcp {
+    /// Types `text` (its newlines as Enter) into the room's terminal as the caller, through the
+    /// same operation as the terminal socket (`crate::ops::typing`), and answers what the
+    /// terminal printed within `wait_ms`. A line that waits for an approval is typed once it
+    /// is approved (waiting at most `approval_wait`).
+    async fn terminal_send(
+        &self,
+        c: &Caller,
+        text: &str,
+        wait_ms: u64,
+        approval_wait: Duration,
+    ) -> Answer {
+        let data = Bytes::from(text.replace('\n', "\r"));
+        let mut actor = c.user.actor(&self.app).await?;
+        // Shown in the terminal by its name, marked as an agent.
+        actor.email = self.shown_name(c).await;
+        let (rights, _) = self
+            .app
+            .ops
+            .rights(&c.room, &actor, Capability::Type)
+            .await?;
+        let (hub, mut joined) = self
+            .app
+            .ops
+            .join_terminal(&c.room, &actor, (80, 24))
+            .await?;
+        let mut typist = Typist::new(actor, hub, joined.viewer);
+        let mut retried = false;
+        let commands = loop {
+            let may_type = rights.may_act(self.app.clock.now_ms());
+            let typed = self
+                .app
+                .ops
+                .type_keys(&c.room, &mut typist, may_type, data.clone())
+                .await;
+            let why = match typed {
+                Ok(Typed::Sent { commands }) => break commands,
+                Ok(Typed::NoType) => {
+                    "refused: missing capability type; nothing was typed".to_owned()
+                }
+                Ok(Typed::Refused(why)) => format!("refused: {why}; nothing was typed"),
+                Ok(Typed::Pending(id)) if !retried => {
+                    retried = true;
+                    match self
+                        .decided(c, &id, approval_wait, "nothing was typed")
+                        .await
+                    {
+                        Ok(()) => continue,
+                        Err(e) => e.0,
+                    }
+                }
+                Ok(Typed::Pending(_)) => "the line still needs an approval".to_owned(),
+                Err(e) => ToolError::from(ApiError::from(e)).0,
+            };
+            self.app.ops.leave_terminal(&c.room, typist).await;
+            return Err(ToolError(why));
+        };
+        let mut out = Vec::new();
+        let until = tokio::time::Instant::now() + Duration::from_millis(wait_ms);
+        while out.len() < MAX_READ_BYTES {
+            match tokio::time::timeout_at(until, joined.rx.recv()).await {
+                Ok(Some(crate::terminal::TermOut::Output(b))) => out.extend_from_slice(&b),
+                Ok(Some(crate::terminal::TermOut::Event(e))) => {
+                    // Someone else has the terminal: nothing was typed.
+                    let e: Value = serde_json::from_str(&e).unwrap_or_default();
+                    if e["type"] == "floor_refused" {
+                        self.app.ops.untyped(&c.room, &typist, commands);
+                        self.app.ops.leave_terminal(&c.room, typist).await;
+                        let reason = e["reason"]
+                            .as_str()
+                            .unwrap_or("someone else has the terminal");
+                        return Err(format!("refused: {reason}; nothing was typed").into());
+                    }
+                }
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => break,
+            }
+        }
+        self.app.ops.leave_terminal(&c.room, typist).await;
+        Ok(plain(&out))
     }
 }
 
@@ -825,23 +814,14 @@ impl ServerHandler for Mcp {
         if let Some(path) = args.get("path").and_then(Value::as_str) {
             details["path"] = json!(path);
         }
-        let decision = if answer.is_ok() { "allow" } else { "deny" };
+        let entry = match &answer {
+            Ok(_) => Entry::act(Act::ToolCall, Verdict::Allow, details),
+            Err(e) => Entry::act(Act::ToolCall, Verdict::Deny, details).because(e.to_string()),
+        };
         let _ = self
             .app
-            .audit
-            .record(
-                &c.room,
-                &c.user.id,
-                "tool_call",
-                decision,
-                &answer
-                    .as_ref()
-                    .err()
-                    .map(ToString::to_string)
-                    .unwrap_or_default(),
-                details,
-                crate::store::Change::None,
-            )
+            .ops
+            .record(&c.room, &c.user.id, entry, crate::store::Change::None)
             .await;
         Ok(match answer {
             Ok(text) => CallToolResult::success(vec![ContentBlock::text(text)]),

@@ -17,6 +17,9 @@ use crate::http::extract::Ids;
 use crate::http::guard::{authorize, room_capabilities};
 use crate::http::{ApiError, AppState, AuthUser};
 use crate::ids::RoomId;
+use crate::ops::approvals::Allowed;
+use crate::ops::record::{Entry, Verdict};
+use crate::ops::Outcome;
 use crate::store::{Change, PreviewRow};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -369,32 +372,27 @@ pub(crate) async fn create(
         _ => return Err(ApiError::BadRequest("visibility is \"room\" or \"public\"")),
     };
     let details = json!({ "port": body.port, "visibility": body.visibility, "ttl_s": body.ttl_s });
-    let (actor, approval) = if public {
+    // One act, one name: a public preview is `public_preview` whether it is refused, waits for
+    // its approval or is made; a room preview is `publish`.
+    let (actor, approval, decided) = if public {
         let params = details.to_string();
         let action = Action::PublicPreview {
             params,
             approval: None,
         };
+        let name = action.clone();
         match crate::http::approvals::ask(&app, &room_id, &user, action, details.clone()).await? {
-            crate::http::approvals::Asked::Pending(id) => {
+            Outcome::Pending(id) => {
                 tell_approvers(&app, &room_id, &user, body.port, body.ttl_s).await?;
-                (user.id.clone(), Some(id))
+                (user.id.clone(), Some(id), name)
             }
             // Never without an approval; kept total for the type.
-            crate::http::approvals::Asked::Allowed { proof, .. } => {
-                (proof.actor().to_owned(), None)
-            }
+            Outcome::Done(Allowed { proof, .. }) => (proof.actor().to_owned(), None, name),
         }
     } else {
-        let proof = authorize(
-            &app,
-            &room_id,
-            &user,
-            Action::Use(Capability::Publish),
-            details.clone(),
-        )
-        .await?;
-        (proof.actor().to_owned(), None)
+        let action = Action::Use(Capability::Publish);
+        let proof = authorize(&app, &room_id, &user, action.clone(), details.clone()).await?;
+        (proof.actor().to_owned(), None, action)
     };
     if app.store.previews(&room_id).await?.len() >= MAX_PREVIEWS {
         return Err(ApiError::Invalid(format!(
@@ -425,16 +423,9 @@ pub(crate) async fn create(
     let mut details = details;
     details["id"] = json!(row.id);
     details["approval_id"] = json!(row.approval_id);
-    app.audit
-        .record(
-            &room_id,
-            &actor,
-            "create_preview",
-            "allow",
-            "",
-            details,
-            Change::CreatePreview(row.clone()),
-        )
+    let entry = Entry::of(&decided, Verdict::Allow, details);
+    app.ops
+        .record(&room_id, &actor, entry, Change::CreatePreview(row.clone()))
         .await?;
     Ok((StatusCode::CREATED, Json(view(&app, &row))))
 }

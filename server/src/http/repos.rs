@@ -470,15 +470,8 @@ async fn push(
     let _held = lock.lock().await;
     // The approval is spent before the push, once: a second push cannot ride on it.
     if !approval.is_empty() {
-        crate::http::approvals::record_allowed(
-            &app,
-            &room_id,
-            &proof,
-            "force_push",
-            details.clone(),
-            &approval,
-        )
-        .await?;
+        crate::http::approvals::record_allowed(&app, &room_id, &proof, details.clone(), &approval)
+            .await?;
     }
     let git = bare(&app, &room_id, &repo.id);
     let files = workspace_files(&app, &room_id, &repo.path).await?;
@@ -592,8 +585,7 @@ async fn export(
     let mut details = details;
     details["commit"] = json!(commit);
     details["bytes"] = json!(data.len());
-    crate::http::approvals::record_allowed(&app, &room_id, &proof, "export", details, &approval)
-        .await?;
+    crate::http::approvals::record_allowed(&app, &room_id, &proof, details, &approval).await?;
     let name = repo.path.replace('/', "-");
     Ok((
         [

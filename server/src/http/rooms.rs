@@ -15,9 +15,6 @@ use axum::Router;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-/// Longest room name, in characters.
-const MAX_ROOM_NAME: usize = 100;
-
 pub(crate) fn routes() -> Router<AppState> {
     Router::new()
         .route("/api/rooms", get(list_rooms).post(create_room))
@@ -38,24 +35,8 @@ pub(crate) async fn create_room(
     user: AuthUser,
     Json(body): Json<CreateRoom>,
 ) -> Result<(StatusCode, Json<Created>), ApiError> {
-    let name = body.name.trim();
-    if name.is_empty() || name.chars().count() > MAX_ROOM_NAME || name.chars().any(char::is_control)
-    {
-        return Err(ApiError::BadRequest(
-            "name must be 1 to 100 printable characters",
-        ));
-    }
-    let id = RoomId::fresh().to_string();
-    let change = crate::store::Change::CreateRoom {
-        id: id.clone(),
-        name: name.to_owned(),
-        owner: user.id.clone(),
-    };
-    let details = json!({ "name": name });
-    app.audit
-        .record(&id, &user.id, "create_room", "allow", "", details, change)
-        .await?;
-    tracing::info!(room = %id, user = %user.id, "room created");
+    let actor = app.ops.actor(&user.id, &user.email).await?;
+    let id = app.ops.create_room(&actor, &body.name).await?.to_string();
     Ok((StatusCode::CREATED, Json(Created { id })))
 }
 

@@ -8,6 +8,7 @@ use crate::http::ApiError;
 use crate::http::AppState;
 use crate::http::AuthUser;
 use crate::ids::RoomId;
+use crate::ops::record::{Act, Entry, Verdict};
 use crate::store::{Change, SecretRule, StoreError};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -230,8 +231,10 @@ async fn set_policy(
         room_id: room_id.to_string(),
         needs_approval: body.add_needs_approval,
     };
-    let what = (Capability::Approve, "set_secrets_policy");
-    crate::http::guard::use_and_record(&app, &room_id, &user, what, details.clone(), change)
+    let actor = user.actor(&app).await?;
+    let entry = Entry::act(Act::SetSecretsPolicy, Verdict::Allow, details.clone());
+    app.ops
+        .use_and_record(&room_id, &actor, Capability::Approve, entry, change)
         .await?;
     Ok(Json(details))
 }

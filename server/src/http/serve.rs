@@ -153,7 +153,15 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 .map_err(|_| anyhow::anyhow!("invalid --admin-emails entry {e:?}"))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
+    let admin_emails = Arc::new(admin_emails);
+    let ops = crate::ops::Ops::new(
+        (clock.clone(), store.clone(), audit.clone()),
+        sandboxes.clone(),
+        spend.clone(),
+        admin_emails.clone(),
+    );
     let state = AppState {
+        ops,
         clock: clock.clone(),
         store: store.clone(),
         rooms,
@@ -166,7 +174,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         mailer,
         cookie: crate::accounts::sessions::CookieConfig::for_origin(&public_origin),
         public_origin,
-        admin_emails: Arc::new(admin_emails),
+        admin_emails,
         trusted_proxies: crate::accounts::proxies::TrustedProxies::parse(&args.trusted_proxies)?,
         data_dir: args.storage.data_dir.clone(),
         server,
@@ -179,7 +187,6 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         checkpoint_locks: Arc::default(),
         egress: egress.clone(),
         spend: spend.clone(),
-        present: crate::http::moderation::Present::default(),
         events: crate::http::events::OpenSessions::default(),
         previews: Arc::new(crate::http::previews::Previews::new(
             preview_origin,

@@ -14,7 +14,7 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use axum::{Json, Router};
-use coderoom_authz::{Action, Capability};
+use coderoom_authz::Action;
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
@@ -23,31 +23,6 @@ pub(crate) fn routes() -> Router<AppState> {
     Router::new()
         .route("/api/rooms/{id}/spend", get(show))
         .route("/api/rooms/{id}/budget", put(set_budget))
-}
-
-/// Starting metered work (`meters`) as `user`: in a room with a budget it needs `spend`
-/// (refused and audited otherwise), and no budget of those meters, the room's or the agent's,
-/// may be used up (402).
-pub(crate) async fn may_start(
-    app: &AppState,
-    room_id: &RoomId,
-    user: &AuthUser,
-    meters: &[Meter],
-) -> Result<(), ApiError> {
-    if app.spend.has_budget(room_id).await? {
-        crate::http::guard::authorize(
-            app,
-            room_id,
-            user,
-            Action::Use(Capability::Spend),
-            json!({ "meters": meters }),
-        )
-        .await?;
-    }
-    app.spend
-        .check(room_id, &user.id, meters)
-        .await?
-        .map_err(ApiError::Spent)
 }
 
 /// An agent's budget cannot cap sandbox time: that is the room's (charged to its sandbox, not

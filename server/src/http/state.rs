@@ -18,6 +18,9 @@ use tokio_util::task::TaskTracker;
 /// `State<Metrics>`, ...: `FromRef` for each field).
 #[derive(Clone, axum::extract::FromRef)]
 pub(crate) struct AppState {
+    /// The application layer: every room operation goes through it.
+    #[from_ref(skip)]
+    pub ops: crate::ops::Ops,
     /// The time of day every decision is made at.
     pub clock: crate::clock::Clock,
     pub store: Store,
@@ -60,9 +63,6 @@ pub(crate) struct AppState {
     /// The egress proxy (policy views, counters).
     #[from_ref(skip)]
     pub egress: crate::egress::Egress,
-    /// Who has each room open (moderated rooms ask).
-    #[from_ref(skip)]
-    pub present: crate::http::moderation::Present,
     /// The sessions of the sockets open here (scale-out's catch-up looks them up).
     pub events: crate::http::events::OpenSessions,
     /// Meters and budgets.

@@ -16,6 +16,7 @@ use crate::http::ApiError;
 use crate::http::AppState;
 use crate::http::AuthUser;
 use crate::ids::RoomId;
+use crate::ops::typing::{Typed, Typist};
 use crate::room::task::Rights;
 use crate::terminal::hub::FloorAction;
 use crate::terminal::recorder::{CAST_FILE, INPUTS_FILE};
@@ -29,7 +30,6 @@ use axum::Router;
 use coderoom_authz::Capability;
 use futures_util::{SinkExt, StreamExt};
 use serde::Deserialize;
-use serde_json::json;
 use std::time::Duration;
 use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode as WsCloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, WebSocketConfig};
@@ -37,9 +37,6 @@ use tokio_tungstenite::tungstenite::Message;
 
 /// Largest input frame (a big paste) and control frame accepted.
 const MAX_INPUT_FRAME: usize = 64 << 10;
-/// A viewer without `type` gets its refusals audited at most this often (with a count), so
-/// a held-down key cannot flood the audit chain.
-const DENIAL_AUDIT_EVERY: Duration = Duration::from_secs(10);
 /// Largest terminal size accepted.
 const MAX_COLS: u16 = 1000;
 const MAX_ROWS: u16 = 500;
@@ -75,7 +72,7 @@ pub(crate) async fn terminal_socket(
     Query(size): Query<SizeQuery>,
     ws: Result<Upgrade, Response>,
 ) -> Result<Response, Response> {
-    let rights = crate::http::guard::room_until(&app, &room_id, &user, Capability::Type)
+    let (rights, _) = crate::http::guard::room_rights(&app, &room_id, &user, Capability::Type)
         .await
         .map_err(IntoResponse::into_response)?;
     let ws = ws?;
@@ -174,7 +171,15 @@ async fn serve(
     // rights or end of session can fall between the check at upgrade and the loop.
     let mut access = app.access_changed.subscribe();
     let mut ended = app.sessions_ended.subscribe();
-    let (hub, joined) = match app.sandboxes.join(&room_id, cols, rows).await {
+    let actor = match user.actor(&app).await {
+        Ok(a) => a,
+        // Unknown: an agent would slip past moderation and its budget; closed, it reconnects.
+        Err(_) => {
+            close(&mut sink, CloseCode::Internal).await;
+            return;
+        }
+    };
+    let (hub, joined) = match app.ops.join_terminal(&room_id, &actor, (cols, rows)).await {
         Ok(j) => j,
         Err(_) if app.shutdown.is_cancelled() => {
             close(&mut sink, CloseCode::Away).await;
@@ -197,18 +202,9 @@ async fn serve(
     let viewer = joined.viewer;
     let mut rx = joined.rx;
     // In the room while this connection lasts (moderated rooms ask who is).
-    let _here = app.present.hold((room_id.to_string(), user.id.clone()));
+    let _here = app.ops.present.hold((room_id.to_string(), user.id.clone()));
     let _open = app.events.hold(user.session_hash.clone());
-    // An agent's keys in a moderated room wait for a person who can approve (asked per input).
-    let is_agent = match app.store.agent(&user.id).await {
-        Ok(a) => a.is_some(),
-        // Unknown: an agent would slip past moderation and its budget; closed, it reconnects.
-        Err(_) => {
-            close(&mut sink, CloseCode::Internal).await;
-            app.sandboxes.leave(&room_id, &hub, viewer).await;
-            return;
-        }
-    };
+    let mut typist = Typist::new(actor, hub.clone(), viewer);
     // Rights as they are now, after the join (a removal meanwhile closes with 4003 below);
     // when storage cannot say, those checked at upgrade stand.
     let caps = match rights_now(&app, &room_id, &user).await {
@@ -241,7 +237,6 @@ async fn serve(
     if let Some(caps) = caps {
         put(&mut sink, capabilities(&caps, None), stall).await;
     }
-    let mut denied = Denials::default();
     loop {
         // Removed from the room when `observe` lapses, unless it is held for good.
         let observe_ends = rights.observe.ends_at();
@@ -253,24 +248,22 @@ async fn serve(
             frame = stream.next() => match frame {
                 None | Some(Ok(Message::Close(_))) | Some(Err(_)) => break,
                 Some(Ok(Message::Binary(data))) => {
-                    // An agent's keys: only in a moderated room with an approver here, and
-                    // each line it types is a command, bounded by the budgets.
-                    let moderated = if is_agent && rights.may_act(app.clock.now_ms()) {
-                        crate::http::moderation::may_type_lines(&app, &room_id, &user.id, &data).await
-                    } else {
-                        None
-                    };
-                    if let Some(reason) = moderated {
-                        let msg = TermEvent::FloorRefused { reason, holder: None };
-                        if !put(&mut sink, Message::Text(msg.text().into()), stall).await {
-                            break;
+                    let may_type = rights.may_act(app.clock.now_ms());
+                    // Recorded (where it is) before the client hears of it.
+                    let msg = match app.ops.type_keys(&room_id, &mut typist, may_type, data).await {
+                        Ok(Typed::Sent { .. }) => None,
+                        Ok(Typed::NoType) => Some(TermEvent::Denied { reason: "you do not hold type in this room".into() }),
+                        Ok(Typed::Refused(reason)) => Some(TermEvent::FloorRefused { reason, holder: None }),
+                        Ok(Typed::Pending(approval_id)) => Some(TermEvent::FloorRefused {
+                            reason: format!("the line waits for approval {approval_id}: it was not run; type it again once it is approved"),
+                            holder: None,
+                        }),
+                        Err(e) => {
+                            tracing::warn!(room = %room_id, error = %e, "cannot decide typed keys");
+                            Some(TermEvent::error("the keys could not be checked now: nothing was typed"))
                         }
-                    } else if rights.may_act(app.clock.now_ms()) {
-                        hub.input(viewer, (&user.id, &user.email), data).await;
-                    } else {
-                        // Recorded before the client hears of it.
-                        denied.record(&app, &room_id, &user.id, data.len()).await;
-                        let msg = TermEvent::Denied { reason: "you do not hold type in this room".into() };
+                    };
+                    if let Some(msg) = msg {
                         if !put(&mut sink, Message::Text(msg.text().into()), stall).await {
                             break;
                         }
@@ -385,8 +378,7 @@ async fn serve(
             }
         }
     }
-    app.sandboxes.leave(&room_id, &hub, viewer).await;
-    denied.flush(&app, &room_id, &user.id).await;
+    app.ops.leave_terminal(&room_id, typist).await;
 }
 
 /// The viewer's rights now, from one look at the room: until when it may type and observe,
@@ -441,46 +433,6 @@ enum FloorControl {
     Request,
     Release,
     Give,
-}
-
-/// Refused input of one connection, audited in batches.
-#[derive(Default)]
-struct Denials {
-    last_audit: Option<tokio::time::Instant>,
-    pending_chunks: u64,
-    pending_bytes: u64,
-}
-
-impl Denials {
-    async fn record(&mut self, app: &AppState, room_id: &RoomId, user_id: &str, bytes: usize) {
-        self.pending_chunks += 1;
-        self.pending_bytes += bytes as u64;
-        let due = self
-            .last_audit
-            .is_none_or(|t| t.elapsed() >= DENIAL_AUDIT_EVERY);
-        if due {
-            self.flush(app, room_id, user_id).await;
-        }
-    }
-
-    async fn flush(&mut self, app: &AppState, room_id: &RoomId, user_id: &str) {
-        if self.pending_chunks == 0 {
-            return;
-        }
-        let details = json!({ "chunks": self.pending_chunks, "bytes": self.pending_bytes });
-        let r = app
-            .audit
-            .lock()
-            .await
-            .deny(room_id, user_id, "type", "missing capability type", details)
-            .await;
-        if let Err(e) = r {
-            tracing::error!(error = ?e, "cannot audit refused terminal input");
-        }
-        self.last_audit = Some(tokio::time::Instant::now());
-        self.pending_chunks = 0;
-        self.pending_bytes = 0;
-    }
 }
 
 /// `GET /api/rooms/{id}/terminal/recording`: the asciicast v2 file (needs `observe`).

@@ -229,6 +229,8 @@ enum Cmd {
     Join {
         cols: u16,
         rows: u16,
+        /// The viewer may start a sandbox that is not running (decided by the caller).
+        start: bool,
         reply: oneshot::Sender<Result<(Hub, Joined), SandboxError>>,
     },
     /// A viewer left the hub: the idle timer may start.
@@ -680,9 +682,15 @@ impl Sandboxes {
         room_id: &str,
         cols: u16,
         rows: u16,
+        start: bool,
     ) -> Result<(Hub, Joined), SandboxError> {
-        self.ask(room_id, |reply| Cmd::Join { cols, rows, reply })
-            .await?
+        self.ask(room_id, |reply| Cmd::Join {
+            cols,
+            rows,
+            start,
+            reply,
+        })
+        .await?
     }
 
     /// A viewer left `hub`: it is told first, then the supervisor (which may start the idle
@@ -730,6 +738,9 @@ pub(crate) struct Destroyed {
     /// It was a VM, whose workspace disk was removed with it.
     pub(crate) vm_disk: bool,
 }
+
+/// What a viewer who may not start the sandbox sees while it is not running.
+const NOT_STARTED: &str = "the sandbox is not running: someone who may type starts it";
 
 enum Life {
     /// Not running (never started, stopped, suspended, or the server restarted).
@@ -991,7 +1002,12 @@ impl Actor {
                 let r = self.ensure_running(&reason).await.map(|_| self.status());
                 let _ = reply.send(r);
             }
-            Cmd::Join { cols, rows, reply } => self.join(cols, rows, reply).await,
+            Cmd::Join {
+                cols,
+                rows,
+                start,
+                reply,
+            } => self.join(cols, rows, start, reply).await,
             Cmd::Left => self.touch().await,
             Cmd::Egress => {
                 if let Life::Running { sandbox, .. } = &self.life {
@@ -2061,6 +2077,7 @@ impl Actor {
         &mut self,
         cols: u16,
         rows: u16,
+        start: bool,
         reply: oneshot::Sender<Result<(Hub, Joined), SandboxError>>,
     ) {
         if self.deps().shutdown.is_cancelled() {
@@ -2075,10 +2092,15 @@ impl Actor {
             Life::Failed(r) => Some(r.clone()),
             _ => None,
         };
+        // A viewer who may not start the sandbox watches it as it is: a stopped one stays so.
+        let stays_down = !start && matches!(self.life, Life::Dormant);
         match &failed {
             Some(r) => {
                 let reason = format!("the sandbox failed: {r}");
                 self.hub.link(Link::Down(reason)).await;
+            }
+            None if stays_down && !self.pty_open => {
+                self.hub.link(Link::Down(NOT_STARTED.into())).await;
             }
             None if !self.pty_open => self.hub.link(Link::Pending).await,
             None => {}
@@ -2096,6 +2118,14 @@ impl Actor {
         }
         if let Some(r) = failed {
             let event = self.restart_event(&r);
+            self.hub.event(event).await;
+            return;
+        }
+        if stays_down {
+            let event = TermEvent::Sandbox {
+                state: "stopped",
+                reason: Some(NOT_STARTED.into()),
+            };
             self.hub.event(event).await;
             return;
         }

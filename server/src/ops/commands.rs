@@ -1,0 +1,248 @@
+//! Running code in the room's sandbox: a command (REST `exec`, MCP `exec`) and the room's
+//! readiness step, which is a command too. One policy for every way an actor causes code to
+//! run: `type`; an agent in a moderated room only while someone who can approve is there; an
+//! agent in approval mode only with someone's approval of exactly that command; in a budgeted
+//! room `spend`, and the command budgets, charged before it runs.
+
+use crate::ids::RoomId;
+use crate::ops::approvals::Allowed;
+use crate::ops::record::{Entry, Verdict};
+use crate::ops::{Actor, OpError, Ops, Outcome};
+use crate::spend::Meter;
+use crate::store::Change;
+use coderoom_authz::{Action, Capability};
+use coderoom_sandbox::path::WorkspacePath;
+use coderoom_sandbox::proto::{Op, Reply};
+use serde::Serialize;
+use serde_json::json;
+use std::time::Duration;
+
+/// Longest a command may run.
+const MAX_EXEC_MS: u64 = 10 * 60 * 1000;
+/// When the request names no timeout.
+const DEFAULT_EXEC_MS: u64 = 10_000;
+/// Output kept per stream of one command.
+const MAX_EXEC_OUTPUT: u32 = 1 << 20;
+/// Arguments and their total size.
+const MAX_ARGS: usize = 1024;
+const MAX_ARGV_BYTES: usize = 256 << 10;
+/// Longest readiness command.
+const MAX_READINESS_BYTES: usize = 4096;
+
+/// A command as a door hands it over.
+#[derive(Debug, Clone)]
+pub(crate) struct Command {
+    pub(crate) argv: Vec<String>,
+    pub(crate) cwd: String,
+    pub(crate) timeout_ms: Option<u64>,
+}
+
+/// How a command ended and what it printed (as text; invalid UTF-8 replaced).
+#[derive(Debug, Serialize)]
+pub(crate) struct Executed {
+    exit_code: Option<i32>,
+    stdout: String,
+    stderr: String,
+    truncated: bool,
+    timed_out: bool,
+}
+
+/// A workspace path as the layer takes it: checked before anything reaches the sandbox.
+pub(crate) fn workspace_path(raw: &str) -> Result<WorkspacePath, OpError> {
+    WorkspacePath::parse(raw).map_err(|e| OpError::Invalid(format!("invalid path: {e}")))
+}
+
+impl Ops {
+    /// Starting metered work (`meters`) as `actor`: in a room with a budget it needs `spend`
+    /// (refused and recorded otherwise), and no budget of those meters, the room's or the
+    /// agent's, may be used up.
+    pub(crate) async fn may_meter(
+        &self,
+        room_id: &RoomId,
+        actor: &Actor,
+        meters: &[Meter],
+    ) -> Result<(), OpError> {
+        if self.spend.has_budget(room_id).await? {
+            self.authorize(
+                room_id,
+                actor,
+                Action::Use(Capability::Spend),
+                json!({ "meters": meters }),
+            )
+            .await?;
+        }
+        self.spend
+            .check(room_id, &actor.id, meters)
+            .await?
+            .map_err(OpError::Spent)
+    }
+
+    /// Charges `commands` commands to `actor`, checked and charged in one step (commands at
+    /// once cannot all pass the last one left).
+    pub(crate) async fn charge_commands(
+        &self,
+        room_id: &RoomId,
+        actor: &str,
+        commands: u64,
+    ) -> Result<(), OpError> {
+        if commands == 0 {
+            return Ok(());
+        }
+        self.spend
+            .try_charge(room_id, actor, Meter::Execs, commands)
+            .await?
+            .map_err(OpError::Spent)
+    }
+
+    /// Decides, records and runs a command: how it ended, or the approval it waits for (an
+    /// agent in approval mode, until someone approves exactly this command: argv and cwd).
+    pub(crate) async fn run_command(
+        &self,
+        room_id: &RoomId,
+        actor: &Actor,
+        cmd: Command,
+        approval_id: Option<&str>,
+    ) -> Result<Outcome<Executed>, OpError> {
+        if cmd.argv.is_empty() || cmd.argv.len() > MAX_ARGS {
+            return Err(OpError::Bad("argv must hold 1 to 1024 arguments"));
+        }
+        if cmd.argv.iter().map(String::len).sum::<usize>() > MAX_ARGV_BYTES
+            || cmd.argv.iter().any(|a| a.contains('\0'))
+        {
+            return Err(OpError::Bad("argv is too long or contains NUL characters"));
+        }
+        if !cmd.cwd.is_empty() {
+            workspace_path(&cmd.cwd)?;
+        }
+        let timeout_ms = cmd.timeout_ms.unwrap_or(DEFAULT_EXEC_MS);
+        if timeout_ms == 0 || timeout_ms > MAX_EXEC_MS {
+            return Err(OpError::Bad("timeout_ms must be between 1 and 600000"));
+        }
+        self.moderated(room_id, actor).await?;
+        self.may_meter(room_id, actor, &[Meter::Execs, Meter::SandboxSeconds])
+            .await?;
+        // The command line is the user's own content and may hold anything; the record names
+        // the program and the shape, not the arguments.
+        let details = json!({ "program": cmd.argv[0], "args": cmd.argv.len() - 1, "cwd": cmd.cwd });
+        // The exact command, for an approval (it is shown to whoever decides, and only there).
+        let params = json!({ "argv": cmd.argv, "cwd": cmd.cwd }).to_string();
+        let approval = self.presented(room_id, approval_id).await?;
+        let action = Action::RunCommand { params, approval };
+        let Allowed { proof, approval } =
+            match self.ask(room_id, actor, action, details.clone()).await? {
+                Outcome::Done(a) => a,
+                Outcome::Pending(id) => return Ok(Outcome::Pending(id)),
+            };
+        let mut details = details;
+        if !approval.is_empty() {
+            details["approval_id"] = json!(approval);
+        }
+        self.charge_commands(room_id, proof.actor(), 1).await?;
+        let entry = Entry::of(proof.action(), Verdict::Allow, details);
+        let recorded = self
+            .record_allowed(room_id, &proof, entry, Change::None, &approval)
+            .await;
+        if let Err(e) = recorded {
+            self.spend.refund(room_id, proof.actor(), Meter::Execs, 1);
+            return Err(e);
+        }
+        let op = Op::Exec {
+            argv: cmd.argv,
+            cwd: cmd.cwd,
+            timeout_ms,
+            max_output: MAX_EXEC_OUTPUT,
+            // Its connections out count to whoever ran it.
+            actor: proof.actor().to_owned(),
+        };
+        // The agent enforces the timeout; the extra margin covers a start from a snapshot.
+        let within = Duration::from_millis(timeout_ms) + Duration::from_secs(30);
+        match self.sandboxes.op(room_id, op, within).await? {
+            Reply::Exec {
+                exit_code,
+                stdout,
+                stderr,
+                truncated,
+                timed_out,
+            } => Ok(Outcome::Done(Executed {
+                exit_code,
+                stdout: String::from_utf8_lossy(&stdout).into_owned(),
+                stderr: String::from_utf8_lossy(&stderr).into_owned(),
+                truncated,
+                timed_out,
+            })),
+            _ => Err(OpError::Internal),
+        }
+    }
+
+    /// Sets (or clears, `None`) the command the room's sandbox runs (as `sh -c`) after every
+    /// start or resume, before the room says it is ready; it takes effect at the next start.
+    /// Setting one is running a command: decided like [`Ops::run_command`] for whoever sets it
+    /// (so an agent that may not run commands cannot leave one to run later), charged one
+    /// command, and recorded with the program, not the whole command line (which may hold
+    /// anything). Clearing it needs `type`.
+    pub(crate) async fn set_readiness(
+        &self,
+        room_id: &RoomId,
+        actor: &Actor,
+        command: Option<String>,
+        approval_id: Option<&str>,
+    ) -> Result<Outcome<Option<String>>, OpError> {
+        let command = command
+            .map(|c| c.trim().to_owned())
+            .filter(|c| !c.is_empty());
+        let Some(c) = command else {
+            let details = json!({ "cleared": true });
+            let entry = Entry::act(
+                crate::ops::record::Act::SetReadiness,
+                Verdict::Allow,
+                details,
+            );
+            let change = Change::SetReadiness {
+                room_id: room_id.to_string(),
+                command: None,
+            };
+            self.use_and_record(room_id, actor, Capability::Type, entry, change)
+                .await?;
+            return Ok(Outcome::Done(None));
+        };
+        if c.len() > MAX_READINESS_BYTES || c.contains('\0') {
+            return Err(OpError::Bad(
+                "command must be at most 4096 bytes, without NUL characters",
+            ));
+        }
+        // The program, past any leading `NAME=value` assignments (which may hold a token).
+        let details = json!({
+            "program": c.split_whitespace().find(|w| !w.contains('=')).unwrap_or_default(),
+            "bytes": c.len(),
+        });
+        self.moderated(room_id, actor).await?;
+        self.may_meter(room_id, actor, &[Meter::Execs, Meter::SandboxSeconds])
+            .await?;
+        let params = json!({ "readiness": c }).to_string();
+        let approval = self.presented(room_id, approval_id).await?;
+        let action = Action::SetReadiness { params, approval };
+        let Allowed { proof, approval } =
+            match self.ask(room_id, actor, action, details.clone()).await? {
+                Outcome::Done(a) => a,
+                Outcome::Pending(id) => return Ok(Outcome::Pending(id)),
+            };
+        self.charge_commands(room_id, proof.actor(), 1).await?;
+        let mut details = details;
+        if !approval.is_empty() {
+            details["approval_id"] = json!(approval);
+        }
+        let entry = Entry::of(proof.action(), Verdict::Allow, details);
+        let change = Change::SetReadiness {
+            room_id: room_id.to_string(),
+            command: Some(c.clone()),
+        };
+        if let Err(e) = self
+            .record_allowed(room_id, &proof, entry, change, &approval)
+            .await
+        {
+            self.spend.refund(room_id, proof.actor(), Meter::Execs, 1);
+            return Err(e);
+        }
+        Ok(Outcome::Done(Some(c)))
+    }
+}

@@ -1,0 +1,43 @@
+//! The one error of the application layer. Each door renders it in its own protocol (an HTTP
+//! status, a close code, an MCP tool error); `http/error.rs` is the HTTP one.
+
+use crate::sandbox::SandboxError;
+use crate::spend::Exhausted;
+use crate::store::StoreError;
+
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum OpError {
+    /// No such room (or thing in it), or one the actor may not know of.
+    #[error("not found")]
+    NotFound,
+    /// Refused by the room's policy; the reason is safe to show (it was recorded).
+    #[error("{0}")]
+    Refused(String),
+    /// Bad input, said in a fixed sentence.
+    #[error("{0}")]
+    Bad(&'static str),
+    /// Bad input, said in a sentence the server built (never from internal errors).
+    #[error("{0}")]
+    Invalid(String),
+    /// Metered work past a budget.
+    #[error("{0}")]
+    Spent(Exhausted),
+    #[error("storage unavailable")]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Sandbox(#[from] SandboxError),
+    #[error("internal error")]
+    Internal,
+}
+
+impl OpError {
+    /// An approval another request spent first: the action is refused as already decided.
+    pub(crate) fn spent_approval(e: StoreError) -> OpError {
+        match e {
+            StoreError::Conflict => {
+                OpError::Refused(coderoom_authz::DenyReason::AlreadyDecided.to_string())
+            }
+            e => e.into(),
+        }
+    }
+}
