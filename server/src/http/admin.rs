@@ -34,14 +34,15 @@ pub(crate) async fn system_audit(
     State(app): State<AppState>,
     user: AuthUser,
 ) -> Result<Json<Vec<crate::http::access::AuditEntry>>, ApiError> {
-    admin_only(&app, &user)?;
+    admin_only(&app, &user).await?;
     Ok(Json(
         crate::http::access::chain_entries(&app, "system").await?,
     ))
 }
 
-fn admin_only(app: &AppState, user: &AuthUser) -> Result<(), ApiError> {
-    if app.admin_emails.contains(&user.email) {
+/// System admins only, decided as everywhere (`crate::ops::Actor::is_admin`).
+async fn admin_only(app: &AppState, user: &AuthUser) -> Result<(), ApiError> {
+    if user.actor(app).await?.is_admin {
         Ok(())
     } else {
         Err(ApiError::Forbidden)
@@ -79,7 +80,7 @@ pub(crate) async fn users(
     user: AuthUser,
     Query(query): Query<UsersQuery>,
 ) -> Result<Json<Vec<AdminUser>>, ApiError> {
-    admin_only(&app, &user)?;
+    admin_only(&app, &user).await?;
     if query.q.chars().count() > MAX_QUERY {
         return Err(ApiError::BadRequest("the search is too long"));
     }
@@ -124,7 +125,7 @@ pub(crate) async fn revoke(
     user: AuthUser,
     Ids(target): Ids<UserId>,
 ) -> Result<Json<Revoked>, ApiError> {
-    admin_only(&app, &user)?;
+    admin_only(&app, &user).await?;
     let email = app
         .store
         .user_email(&target)
@@ -201,7 +202,7 @@ pub(crate) async fn deletions(
     State(app): State<AppState>,
     user: AuthUser,
 ) -> Result<Json<Vec<AdminDeletion>>, ApiError> {
-    admin_only(&app, &user)?;
+    admin_only(&app, &user).await?;
     let rows = app.store.deletions_listed(MAX_DELETIONS).await?;
     Ok(Json(
         rows.into_iter()

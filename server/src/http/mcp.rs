@@ -577,9 +577,7 @@ impl Mcp {
         approval_wait: Duration,
     ) -> Answer {
         let data = Bytes::from(text.replace('\n', "\r"));
-        let mut actor = c.user.actor(&self.app).await?;
-        // Shown in the terminal by its name, marked as an agent.
-        actor.email = self.shown_name(c).await;
+        let actor = c.user.actor(&self.app).await?;
         let (rights, _) = self
             .app
             .ops
@@ -590,7 +588,9 @@ impl Mcp {
             .ops
             .join_terminal(&c.room, &actor, (80, 24))
             .await?;
-        let mut typist = Typist::new(actor, hub, joined.viewer);
+        // Shown in the terminal by its name, marked as an agent.
+        let name = self.shown_name(c).await;
+        let mut typist = Typist::new(actor, hub, joined.viewer).shown_as(name);
         let mut retried = false;
         let commands = loop {
             let may_type = rights.may_act(self.app.clock.now_ms());

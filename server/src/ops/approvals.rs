@@ -132,10 +132,7 @@ impl Ops {
             change.spending(approval.to_owned()),
         )
         .await
-        .map_err(|e| match e {
-            OpError::Store(e) => OpError::spent_approval(e),
-            e => e,
-        })
+        .map_err(OpError::spent_approval)
     }
 
     /// Approves (or refuses) request `id` of the room as `actor`: someone who holds `approve`,
@@ -172,10 +169,7 @@ impl Ops {
         let entry = Entry::of(proof.action(), verdict, details);
         self.write(&locked, room_id, proof.actor(), entry, change)
             .await
-            .map_err(|e| match e {
-                OpError::Store(e) => OpError::spent_approval(e),
-                e => e,
-            })?;
+            .map_err(OpError::spent_approval)?;
         Ok(())
     }
 }

@@ -10,11 +10,11 @@ use crate::ops::record::{Entry, Verdict};
 use crate::ops::{Actor, OpError, Ops, Outcome};
 use crate::spend::Meter;
 use crate::store::Change;
-use coderoom_authz::{Action, Capability};
+use coderoom_authz::{Action, Authorized, Capability};
 use coderoom_sandbox::path::WorkspacePath;
 use coderoom_sandbox::proto::{Op, Reply};
 use serde::Serialize;
-use serde_json::json;
+use serde_json::{json, Value};
 use std::time::Duration;
 
 /// Longest a command may run.
@@ -94,6 +94,36 @@ impl Ops {
             .map_err(OpError::Spent)
     }
 
+    /// What every way of running code does once it is allowed: `commands` commands charged to
+    /// the actor, then the act recorded with `change`, spending the approval it rested on (the
+    /// approval's id added to `details`); the charge is given back when the record fails (an
+    /// approval a concurrent request spent first, storage).
+    pub(crate) async fn commit_commands(
+        &self,
+        room_id: &RoomId,
+        Allowed { proof, approval }: Allowed,
+        details: Value,
+        commands: u64,
+        change: Change,
+    ) -> Result<Authorized, OpError> {
+        self.charge_commands(room_id, proof.actor(), commands)
+            .await?;
+        let mut details = details;
+        if !approval.is_empty() {
+            details["approval_id"] = json!(approval);
+        }
+        let entry = Entry::of(proof.action(), Verdict::Allow, details);
+        if let Err(e) = self
+            .record_allowed(room_id, &proof, entry, change, &approval)
+            .await
+        {
+            self.spend
+                .refund(room_id, proof.actor(), Meter::Execs, commands);
+            return Err(e);
+        }
+        Ok(proof)
+    }
+
     /// Decides, records and runs a command: how it ended, or the approval it waits for (an
     /// agent in approval mode, until someone approves exactly this command: argv and cwd).
     pub(crate) async fn run_command(
@@ -128,24 +158,13 @@ impl Ops {
         let params = json!({ "argv": cmd.argv, "cwd": cmd.cwd }).to_string();
         let approval = self.presented(room_id, approval_id).await?;
         let action = Action::RunCommand { params, approval };
-        let Allowed { proof, approval } =
-            match self.ask(room_id, actor, action, details.clone()).await? {
-                Outcome::Done(a) => a,
-                Outcome::Pending(id) => return Ok(Outcome::Pending(id)),
-            };
-        let mut details = details;
-        if !approval.is_empty() {
-            details["approval_id"] = json!(approval);
-        }
-        self.charge_commands(room_id, proof.actor(), 1).await?;
-        let entry = Entry::of(proof.action(), Verdict::Allow, details);
-        let recorded = self
-            .record_allowed(room_id, &proof, entry, Change::None, &approval)
-            .await;
-        if let Err(e) = recorded {
-            self.spend.refund(room_id, proof.actor(), Meter::Execs, 1);
-            return Err(e);
-        }
+        let allowed = match self.ask(room_id, actor, action, details.clone()).await? {
+            Outcome::Done(a) => a,
+            Outcome::Pending(id) => return Ok(Outcome::Pending(id)),
+        };
+        let proof = self
+            .commit_commands(room_id, allowed, details, 1, Change::None)
+            .await?;
         let op = Op::Exec {
             argv: cmd.argv,
             cwd: cmd.cwd,
@@ -192,11 +211,11 @@ impl Ops {
             .filter(|c| !c.is_empty());
         let Some(c) = command else {
             let details = json!({ "cleared": true });
-            let entry = Entry::act(
-                crate::ops::record::Act::SetReadiness,
-                Verdict::Allow,
-                details,
-            );
+            let cleared = Action::SetReadiness {
+                params: String::new(),
+                approval: None,
+            };
+            let entry = Entry::of(&cleared, Verdict::Allow, details);
             let change = Change::SetReadiness {
                 room_id: room_id.to_string(),
                 command: None,
@@ -221,28 +240,16 @@ impl Ops {
         let params = json!({ "readiness": c }).to_string();
         let approval = self.presented(room_id, approval_id).await?;
         let action = Action::SetReadiness { params, approval };
-        let Allowed { proof, approval } =
-            match self.ask(room_id, actor, action, details.clone()).await? {
-                Outcome::Done(a) => a,
-                Outcome::Pending(id) => return Ok(Outcome::Pending(id)),
-            };
-        self.charge_commands(room_id, proof.actor(), 1).await?;
-        let mut details = details;
-        if !approval.is_empty() {
-            details["approval_id"] = json!(approval);
-        }
-        let entry = Entry::of(proof.action(), Verdict::Allow, details);
+        let allowed = match self.ask(room_id, actor, action, details.clone()).await? {
+            Outcome::Done(a) => a,
+            Outcome::Pending(id) => return Ok(Outcome::Pending(id)),
+        };
         let change = Change::SetReadiness {
             room_id: room_id.to_string(),
             command: Some(c.clone()),
         };
-        if let Err(e) = self
-            .record_allowed(room_id, &proof, entry, change, &approval)
-            .await
-        {
-            self.spend.refund(room_id, proof.actor(), Meter::Execs, 1);
-            return Err(e);
-        }
+        self.commit_commands(room_id, allowed, details, 1, change)
+            .await?;
         Ok(Outcome::Done(Some(c)))
     }
 }

@@ -32,12 +32,12 @@ pub(crate) enum OpError {
 
 impl OpError {
     /// An approval another request spent first: the action is refused as already decided.
-    pub(crate) fn spent_approval(e: StoreError) -> OpError {
-        match e {
-            StoreError::Conflict => {
+    pub(crate) fn spent_approval(e: impl Into<OpError>) -> OpError {
+        match e.into() {
+            OpError::Store(StoreError::Conflict) => {
                 OpError::Refused(coderoom_authz::DenyReason::AlreadyDecided.to_string())
             }
-            e => e.into(),
+            e => e,
         }
     }
 }

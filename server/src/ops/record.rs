@@ -41,7 +41,6 @@ impl Verdict {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Act {
     CreateRoom,
-    SetReadiness,
     SetModeration,
     SetSecretsPolicy,
     ToolCall,
@@ -51,7 +50,6 @@ impl Act {
     pub(crate) const fn name(self) -> &'static str {
         match self {
             Act::CreateRoom => "create_room",
-            Act::SetReadiness => "set_readiness",
             Act::SetModeration => "set_moderation",
             Act::SetSecretsPolicy => "set_secrets_policy",
             Act::ToolCall => "tool_call",

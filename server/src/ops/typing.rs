@@ -30,6 +30,8 @@ const MAX_HELD_LINE: usize = 64 << 10;
 /// typing so far left open.
 pub(crate) struct Typist {
     pub(crate) actor: Actor,
+    /// How the typist's keys are attributed in the terminal and its recording.
+    name: String,
     hub: Hub,
     viewer: u64,
     scanner: LineScanner,
@@ -54,6 +56,7 @@ pub(crate) enum Typed {
 impl Typist {
     pub(crate) fn new(actor: Actor, hub: Hub, viewer: u64) -> Typist {
         Typist {
+            name: actor.email.clone(),
             actor,
             hub,
             viewer,
@@ -63,9 +66,15 @@ impl Typist {
         }
     }
 
+    /// Attributed as `name` instead of the account's email (an agent, by its name).
+    pub(crate) fn shown_as(mut self, name: String) -> Typist {
+        self.name = name;
+        self
+    }
+
     async fn send(&self, data: Bytes) {
         self.hub
-            .input(self.viewer, (&self.actor.id, &self.actor.email), data)
+            .input(self.viewer, (&self.actor.id, &self.name), data)
             .await;
     }
 }
@@ -165,59 +174,42 @@ impl Ops {
             return Ok(None);
         }
         let actor = &typist.actor;
-        let refused = |e: OpError| match e {
-            OpError::Refused(why) => Ok(Some(Typed::Refused(why))),
-            OpError::Spent(e) => Ok(Some(Typed::Refused(e.to_string()))),
-            e => Err(e),
-        };
-        if let Err(e) = self
-            .may_meter(room_id, actor, &[Meter::Execs, Meter::SandboxSeconds])
-            .await
-        {
-            return refused(e);
-        }
-        // What was typed is the typist's own content: the record says how much, not what.
-        let details = json!({ "terminal": true, "commands": commands });
-        let (proof, approval) = match line {
-            Some((params, approval)) => {
-                let action = Action::RunCommand { params, approval };
-                match self.ask(room_id, actor, action, details.clone()).await {
-                    Ok(Outcome::Done(Allowed { proof, approval })) => (proof, approval),
-                    Ok(Outcome::Pending(id)) => return Ok(Some(Typed::Pending(id))),
-                    Err(e) => return refused(e),
+        let allowed = async {
+            self.may_meter(room_id, actor, &[Meter::Execs, Meter::SandboxSeconds])
+                .await?;
+            // What was typed is the typist's own content: the record says how much, not what.
+            let details = json!({ "terminal": true, "commands": commands });
+            let allowed = match line {
+                Some((params, approval)) => {
+                    let action = Action::RunCommand { params, approval };
+                    match self.ask(room_id, actor, action, details.clone()).await? {
+                        Outcome::Done(allowed) => allowed,
+                        Outcome::Pending(id) => return Ok(Some(Typed::Pending(id))),
+                    }
                 }
-            }
-            None => {
-                let action = Action::RunCommand {
-                    params: String::new(),
-                    approval: None,
-                };
-                match self
-                    .authorize(room_id, actor, action, details.clone())
-                    .await
-                {
-                    Ok(proof) => (proof, String::new()),
-                    Err(e) => return refused(e),
+                None => {
+                    let action = Action::RunCommand {
+                        params: String::new(),
+                        approval: None,
+                    };
+                    let proof = self
+                        .authorize(room_id, actor, action, details.clone())
+                        .await?;
+                    Allowed {
+                        proof,
+                        approval: String::new(),
+                    }
                 }
-            }
+            };
+            self.commit_commands(room_id, allowed, details, commands, Change::None)
+                .await?;
+            Ok(None)
         };
-        if let Err(e) = self.charge_commands(room_id, proof.actor(), commands).await {
-            return refused(e);
+        match allowed.await {
+            Err(OpError::Refused(why)) => Ok(Some(Typed::Refused(why))),
+            Err(OpError::Spent(e)) => Ok(Some(Typed::Refused(e.to_string()))),
+            other => other,
         }
-        let mut details = details;
-        if !approval.is_empty() {
-            details["approval_id"] = json!(approval);
-        }
-        let entry = Entry::of(proof.action(), Verdict::Allow, details);
-        if let Err(e) = self
-            .record_allowed(room_id, &proof, entry, Change::None, &approval)
-            .await
-        {
-            self.spend
-                .refund(room_id, proof.actor(), Meter::Execs, commands);
-            return refused(e);
-        }
-        Ok(None)
     }
 
     /// Typed commands the floor refused (nothing reached the shell): their charge is given
