@@ -389,7 +389,7 @@ fn refusal(body: &[u8]) -> String {
 
 /// The version `cloud-hypervisor --version` prints (`v54.0.0`), or why it cannot be run.
 pub fn version(bin: &Path) -> Result<String, String> {
-    super::version_after(bin, "cloud-hypervisor ")
+    super::probe::version_after(bin, "cloud-hypervisor ")
 }
 
 /// The configuration of `vm`: guest image, workspace disk, vsock, console on standard output.
@@ -484,7 +484,7 @@ pub(super) async fn spawn(
     drop(api_fd);
     let api = Api::new(&api_path);
     let mut child = child;
-    let mut console = super::merge(child.stdout.take(), child.stderr.take());
+    let mut console = super::console::merge(child.stdout.take(), child.stderr.take());
     let booted = async {
         let ping = api.ping().await?;
         check_version(&ping.version)?;
@@ -635,7 +635,7 @@ pub fn repoint(dir: &Path, now: &VmConfig) -> Result<(), String> {
     let path = dir.join(SNAPSHOT_CONFIG);
     // Written by the old VMM's uid: read only as a plain file, and only so much of it.
     let mut bytes = Vec::new();
-    super::open_plain(&path, false)
+    super::disk::open_plain(&path, false)
         .and_then(|f| f.take(MAX_SNAPSHOT_CONFIG + 1).read_to_end(&mut bytes))
         .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
     if bytes.len() as u64 > MAX_SNAPSHOT_CONFIG {
@@ -735,7 +735,7 @@ pub async fn save_memory(
         return Err(e.to_string());
     }
     let d = dir.to_path_buf();
-    tokio::task::spawn_blocking(move || super::sync_tree(&d))
+    tokio::task::spawn_blocking(move || super::disk::sync_tree(&d))
         .await
         .map_err(|e| e.to_string())?
         .map_err(|e| format!("cannot sync the saved machine: {e}"))

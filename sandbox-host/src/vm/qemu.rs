@@ -3,7 +3,7 @@
 //! virtio-serial port, QMP on a second socket. Everything QEMU touches is handed to it as an
 //! open descriptor, so the unprivileged user it runs as needs no path on the host.
 
-use super::{Accel, Instance};
+use super::{Accel, Instance, SAVE_WITHIN};
 use serde_json::{json, Value};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
@@ -18,7 +18,7 @@ const MAX_QMP_LINE: usize = 64 << 10;
 
 /// The version `qemu-system-x86_64 --version` prints (`7.2.22`), or why it cannot be run.
 pub(super) fn version(bin: &Path) -> Result<String, String> {
-    super::version_after(bin, "QEMU emulator version ")
+    super::probe::version_after(bin, "QEMU emulator version ")
 }
 
 /// The descriptors QEMU gets, open in the server until the child has them.
@@ -347,3 +347,26 @@ fn command_line(command: &str, args: Value) -> Result<Vec<u8>, QmpError> {
 }
 
 use tokio::io::AsyncReadExt as _;
+
+/// Saves a paused guest's memory to `path` (made here, 0600, synced to the host's disk).
+pub(super) async fn save_memory(q: &mut Qmp, path: &Path) -> Result<u64, String> {
+    let file = {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .mode(0o600)
+            .open(path)
+            .map_err(|e| format!("cannot make {}: {e}", path.display()))?
+    };
+    let bytes = q
+        .save(&file, SAVE_WITHIN)
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::task::spawn_blocking(move || file.sync_all())
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("cannot sync the memory image: {e}"))?;
+    Ok(bytes)
+}

@@ -1,0 +1,244 @@
+//! Running room code: the shared terminal's program on a PTY, and one-off commands with their
+//! output captured.
+
+use super::env::room_env;
+use super::{
+    become_user, failed, room_uid, size, Attributed, Pty, State, SELF_COMMAND, SESSIONS, TERMINAL,
+    WORKSPACE,
+};
+use crate::path::WorkspacePath;
+use crate::proto::{self, AgentError, Message, Reply};
+use portable_pty::CommandBuilder;
+use serde_bytes::ByteBuf;
+use std::os::fd::RawFd;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use tokio::io::AsyncReadExt as _;
+
+/// Terminal input chunks queued for the PTY before new input is dropped (a program that does
+/// not read its input must not grow the agent).
+const PTY_INPUT_QUEUE: usize = 256;
+/// After an exec's main process exits, how long its output pipes may stay open.
+const DRAIN_GRACE: Duration = Duration::from_millis(500);
+
+/// A shared terminal must not freeze for everyone because one person pressed Ctrl+S (XOFF):
+/// software flow control is off, so Ctrl+S reaches programs (readline's forward search,
+/// Emacs' save) like any other key. Best effort: a terminal that keeps it still works.
+fn no_xoff(fd: RawFd) {
+    // SAFETY: `fd` is the PTY master, open for the duration of this call; `termios` is plain
+    // data that tcgetattr fills completely before it is read.
+    unsafe {
+        let mut t: libc::termios = std::mem::zeroed();
+        if libc::tcgetattr(fd, &mut t) == 0 {
+            t.c_iflag &= !libc::IXON;
+            libc::tcsetattr(fd, libc::TCSANOW, &t);
+        }
+    }
+}
+
+pub(super) fn open_pty(
+    state: &mut State,
+    argv: Vec<String>,
+    cols: u16,
+    rows: u16,
+) -> Result<Reply, AgentError> {
+    let mut slot = state.pty.lock().unwrap_or_else(|e| e.into_inner());
+    if slot.is_some() {
+        return Err(AgentError::Invalid("a terminal is already open".into()));
+    }
+    let Some((prog, args)) = argv.split_first() else {
+        return Err(AgentError::Invalid("empty argv".into()));
+    };
+    // A program that is not there is said so now (the control plane then asks for another
+    // shell), not as the terminal's exit once the re-exec through `--exec-as` fails.
+    if prog.starts_with('/') && !Path::new(prog).exists() {
+        return Err(AgentError::NotFound);
+    }
+    let pair = portable_pty::native_pty_system()
+        .openpty(size(cols, rows))
+        .map_err(failed)?;
+    if let Some(fd) = pair.master.as_raw_fd() {
+        no_xoff(fd);
+    }
+    // Room code runs as room code: through this binary's `--exec-as` when the agent is root
+    // (the PTY's child is made by portable-pty, which cannot change users itself).
+    let mut cmd = match (room_uid(), SELF_COMMAND.get()) {
+        (Some(uid), Some((exe, self_args))) => {
+            let mut c = CommandBuilder::new(exe);
+            c.args(self_args);
+            c.args(["--exec-as".to_string(), uid.to_string(), "--".into()]);
+            c.arg(prog);
+            c
+        }
+        (Some(_), None) => return Err(AgentError::Failed("cannot start room code".into())),
+        (None, _) => CommandBuilder::new(prog),
+    };
+    cmd.args(args);
+    cmd.cwd(WORKSPACE);
+    cmd.env_clear();
+    for (k, v) in room_env() {
+        cmd.env(k, v);
+    }
+    let mut child = pair.slave.spawn_command(cmd).map_err(failed)?;
+    drop(pair.slave);
+    // The terminal's program leads a session of its own (its controlling terminal).
+    if let Some(pid) = child.process_id() {
+        let mut all = SESSIONS.lock().unwrap_or_else(|e| e.into_inner());
+        all.retain(|_, who| who != TERMINAL);
+        all.insert(pid as i32, TERMINAL.to_owned());
+    }
+    let mut reader = pair.master.try_clone_reader().map_err(failed)?;
+    let mut writer = pair.master.take_writer().map_err(failed)?;
+    let (input, input_rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(PTY_INPUT_QUEUE);
+    // Threads are spawned fallibly: at the pids limit the terminal fails to open, nothing more.
+    std::thread::Builder::new()
+        .spawn(move || {
+            while let Ok(chunk) = input_rx.recv() {
+                if writer.write_all(&chunk).is_err() {
+                    break;
+                }
+            }
+        })
+        .map_err(failed)?;
+    let out = state.out.clone();
+    let pty_slot = state.pty.clone();
+    std::thread::Builder::new()
+        .spawn(move || {
+            let mut buf = vec![0u8; proto::MAX_PTY_CHUNK];
+            loop {
+                match reader.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        let msg = Message::PtyOutput(ByteBuf::from(buf[..n].to_vec()));
+                        let Ok(frame) = proto::encode(&msg) else {
+                            break;
+                        };
+                        // Blocks while the control plane is behind: the PTY then fills and the
+                        // program writing to it waits, instead of output piling up here.
+                        if out.blocking_send(frame).is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+            let code = child
+                .wait()
+                .ok()
+                .map(|s| i32::try_from(s.exit_code()).unwrap_or(i32::MAX));
+            *pty_slot.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            if let Ok(frame) = proto::encode(&Message::PtyExit { code }) {
+                let _ = out.blocking_send(frame);
+            }
+        })
+        .map_err(failed)?;
+    *slot = Some(Pty {
+        master: pair.master,
+        input,
+    });
+    Ok(Reply::Done)
+}
+
+pub(super) async fn exec(
+    argv: Vec<String>,
+    cwd: String,
+    timeout_ms: u64,
+    max_output: usize,
+    actor: String,
+) -> Result<Reply, AgentError> {
+    let Some((prog, args)) = argv.split_first() else {
+        return Err(AgentError::Invalid("empty argv".into()));
+    };
+    let dir = if cwd.is_empty() {
+        PathBuf::from(WORKSPACE)
+    } else {
+        let p = WorkspacePath::parse(&cwd).map_err(|e| AgentError::InvalidPath(e.to_string()))?;
+        Path::new(WORKSPACE).join(p.as_str())
+    };
+    let mut cmd = tokio::process::Command::new(prog);
+    cmd.args(args)
+        .current_dir(&dir)
+        .env_clear()
+        .envs(room_env())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true);
+    let uid = room_uid();
+    // A session of its own (and so a process group: killed as one below). Its processes'
+    // connections out are attributed to `actor` by that session, which they cannot trade for
+    // another exec's.
+    // SAFETY: `setsid` and `become_user` only make system calls, as the child of a fork may.
+    unsafe {
+        cmd.pre_exec(move || {
+            rustix::process::setsid().map_err(std::io::Error::from)?;
+            match uid {
+                Some(id) => become_user(id),
+                None => Ok(()),
+            }
+        });
+    }
+    let mut child = cmd.spawn().map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => AgentError::NotFound,
+        _ => failed(e),
+    })?;
+    let pgid = child.id().map(|p| p as i32);
+    let _attributed = pgid.map(|sid| Attributed::new(sid, actor));
+    let stdout = child.stdout.take();
+    let stderr = child.stderr.take();
+    let out_task = tokio::spawn(capture(stdout, max_output));
+    let err_task = tokio::spawn(capture(stderr, max_output));
+    let (status, timed_out) =
+        match tokio::time::timeout(Duration::from_millis(timeout_ms), child.wait()).await {
+            Ok(s) => (s.ok(), false),
+            Err(_) => (None, true),
+        };
+    // The command is over: whatever it left running in its group goes with it.
+    if let Some(pgid) = pgid {
+        let _ = rustix::process::kill_process_group(
+            rustix::process::Pid::from_raw(pgid).ok_or_else(|| failed("bad pid"))?,
+            rustix::process::Signal::KILL,
+        );
+    }
+    if timed_out {
+        let _ = child.wait().await;
+    }
+    let (stdout, t1) = tokio::time::timeout(DRAIN_GRACE, out_task)
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default();
+    let (stderr, t2) = tokio::time::timeout(DRAIN_GRACE, err_task)
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .unwrap_or_default();
+    Ok(Reply::Exec {
+        exit_code: status.and_then(|s| s.code()),
+        stdout: stdout.into(),
+        stderr: stderr.into(),
+        truncated: t1 || t2,
+        timed_out,
+    })
+}
+
+async fn capture(pipe: Option<impl tokio::io::AsyncRead + Unpin>, max: usize) -> (Vec<u8>, bool) {
+    let Some(mut pipe) = pipe else {
+        return (Vec::new(), false);
+    };
+    let mut kept = Vec::new();
+    let mut truncated = false;
+    let mut buf = vec![0u8; 16 << 10];
+    loop {
+        match pipe.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                let room = max.saturating_sub(kept.len());
+                if n > room {
+                    truncated = true;
+                }
+                kept.extend_from_slice(&buf[..n.min(room)]);
+            }
+        }
+    }
+    (kept, truncated)
+}
