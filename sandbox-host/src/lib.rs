@@ -22,6 +22,7 @@ mod fds;
 pub mod handle;
 pub mod namespace;
 pub mod path;
+mod process;
 pub mod proto;
 #[cfg(feature = "remote")]
 pub mod remote;

@@ -8,6 +8,8 @@
 
 use crate::cgroup::Layout;
 use crate::handle::{Ended, Event, Sandbox};
+pub use crate::process::ROOM_UIDS;
+use crate::process::{describe, find_program, ChildHooks, RoomUid};
 use crate::{Limits, Receipt, StartError};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt as _;
@@ -22,15 +24,8 @@ use tokio::sync::mpsc;
 pub(crate) const UNPRIVILEGED: u32 = 65534;
 /// The sandbox user's uid and gid inside.
 pub(crate) const INSIDE_ID: u32 = 1000;
-/// Host uids of room code when the server runs as root: one per running sandbox, from this
-/// range (far above the uids and subordinate ranges a host hands out), so room code never
-/// shares a uid with the sandbox's machinery (which runs as [`UNPRIVILEGED`]) or with another
-/// room.
-pub const ROOM_UIDS: std::ops::Range<u32> = 0x7000_0000..0x7001_0000;
 /// Private `/tmp` size.
 const TMP_BYTES: u64 = 64 << 20;
-/// Open files per process.
-const NOFILE: u64 = 4096;
 /// Where the agent binary appears inside.
 const AGENT_PATH: &str = "/.coderoom/agent";
 /// Where the agent keeps the trust bundle (see [`crate::proto::TRUST_FILE`]).
@@ -132,38 +127,8 @@ impl SubIds {
     }
 }
 
-/// A slot for a sandbox's room uid, held for as long as the sandbox lives.
-pub(crate) struct RoomUid {
-    pub(crate) slot: u32,
-    taken: Arc<std::sync::Mutex<std::collections::BTreeSet<u32>>>,
-}
-
-impl RoomUid {
-    pub(crate) fn take(
-        taken: &Arc<std::sync::Mutex<std::collections::BTreeSet<u32>>>,
-        slots: u32,
-    ) -> Option<RoomUid> {
-        let mut set = taken.lock().unwrap_or_else(|e| e.into_inner());
-        let slot = (0..slots).find(|u| !set.contains(u))?;
-        set.insert(slot);
-        Some(RoomUid {
-            slot,
-            taken: taken.clone(),
-        })
-    }
-}
-
-impl Drop for RoomUid {
-    fn drop(&mut self) {
-        self.taken
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.slot);
-    }
-}
-
 fn find_in_path(name: &str) -> Option<PathBuf> {
-    crate::vm::find_program(None, name)
+    find_program(None, name)
 }
 
 impl Namespace {
@@ -682,16 +647,6 @@ fn reachable_copy(exe: &Path) -> std::io::Result<PathBuf> {
     Ok(target)
 }
 
-pub(crate) fn describe(s: std::process::ExitStatus) -> String {
-    use std::os::unix::process::ExitStatusExt;
-    match (s.code(), s.signal()) {
-        (Some(c), _) if c > 128 => format!("killed by signal {}", c - 128),
-        (Some(c), _) => format!("exit status {c}"),
-        (None, Some(sig)) => format!("killed by signal {sig}"),
-        (None, None) => "unknown status".into(),
-    }
-}
-
 /// A sealed in-memory file holding `data`, readable from offset 0.
 fn memfd(name: &str, data: &[u8]) -> Result<OwnedFd, StartError> {
     use std::io::{Seek, Write};
@@ -701,67 +656,4 @@ fn memfd(name: &str, data: &[u8]) -> Result<OwnedFd, StartError> {
     f.write_all(data).map_err(StartError::Host)?;
     f.rewind().map_err(StartError::Host)?;
     Ok(f.into())
-}
-
-/// What the forked child does before exec'ing bwrap. Holds only plain values.
-pub(crate) struct ChildHooks {
-    pub(crate) procs: Vec<RawFd>,
-    pub(crate) inherit: Vec<RawFd>,
-    pub(crate) run_as: Option<u32>,
-    pub(crate) fsize: u64,
-    pub(crate) nproc: Option<u64>,
-    /// Supplementary groups kept with `run_as` (a VMM's: the group that opens `/dev/kvm`).
-    pub(crate) groups: Vec<libc::gid_t>,
-}
-
-impl ChildHooks {
-    pub(crate) fn run(&self) -> std::io::Result<()> {
-        let check = |r: libc::c_int| {
-            if r < 0 {
-                Err(std::io::Error::last_os_error())
-            } else {
-                Ok(())
-            }
-        };
-        // Nothing the server inherited or opened crosses into the sandbox but what is listed in
-        // `inherit`: every other descriptor (say one a parent left open without close-on-exec)
-        // closes at exec. Done before RLIMIT_NOFILE is lowered, so the fallback for old
-        // kernels reaches every descriptor the server may hold.
-        crate::fds::close_on_exec_from(3);
-        for &fd in &self.procs {
-            // SAFETY: `fd` is an open cgroup.procs file; writing "0" moves this process.
-            let n = unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) };
-            if n != 1 {
-                return Err(std::io::Error::last_os_error());
-            }
-        }
-        let limits = [
-            (libc::RLIMIT_NOFILE, Some(NOFILE)),
-            (libc::RLIMIT_CORE, Some(0)),
-            (libc::RLIMIT_FSIZE, Some(self.fsize)),
-            (libc::RLIMIT_NPROC, self.nproc),
-        ];
-        for (res, v) in limits {
-            let Some(v) = v else { continue };
-            let lim = libc::rlimit {
-                rlim_cur: v,
-                rlim_max: v,
-            };
-            // SAFETY: a valid rlimit struct for a known resource.
-            check(unsafe { libc::setrlimit(res, &lim) })?;
-        }
-        if let Some(id) = self.run_as {
-            // SAFETY: plain credential calls with constant arguments; order: groups, gid, uid.
-            unsafe {
-                check(libc::setgroups(self.groups.len(), self.groups.as_ptr()))?;
-                check(libc::setresgid(id, id, id))?;
-                check(libc::setresuid(id, id, id))?;
-            }
-        }
-        for &fd in &self.inherit {
-            // SAFETY: clears FD_CLOEXEC on a descriptor this child owns, so bwrap inherits it.
-            check(unsafe { libc::fcntl(fd, libc::F_SETFD, 0) })?;
-        }
-        Ok(())
-    }
 }

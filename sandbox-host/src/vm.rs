@@ -19,7 +19,8 @@ mod qemu;
 
 use crate::cgroup::Layout;
 use crate::handle::{Ended, Sandbox};
-use crate::namespace::{ChildHooks, RoomUid, ROOM_UIDS};
+pub use crate::process::find_program;
+use crate::process::{ChildHooks, RoomUid, ROOM_UIDS};
 use crate::{Limits, Receipt, StartError, Started};
 use console::{merge, Console};
 pub use disk::remove_disks;
@@ -214,18 +215,6 @@ impl Instance {
 
 fn vcpus_for(limits: &Limits) -> u32 {
     u32::try_from(limits.cpu_millis.div_ceil(1000).clamp(1, 8)).unwrap_or(1)
-}
-
-/// Finds a program: the configured path, else `name` on `PATH`.
-pub fn find_program(configured: Option<&Path>, name: &str) -> Option<PathBuf> {
-    if let Some(p) = configured {
-        return p.is_file().then(|| p.to_path_buf());
-    }
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|p| p.join(name))
-            .find(|p| p.is_file())
-    })
 }
 
 /// The group owning `/dev/kvm`, when it is not root's.

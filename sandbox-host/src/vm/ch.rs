@@ -7,7 +7,7 @@
 //! whether a guest runs is read from `vm.info` and the agent's answer, never from the exit code.
 
 use super::{Booted, Instance};
-use crate::namespace::ChildHooks;
+use crate::process::ChildHooks;
 use crate::StartError;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;

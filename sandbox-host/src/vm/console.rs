@@ -1,7 +1,7 @@
 //! A VMM's output: read into one channel, the last of it kept, and turned into the words that
 //! say why a VM ended.
 
-use crate::namespace::describe;
+use crate::process::describe;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
