@@ -9,6 +9,29 @@ const CPU_PERIOD_US: u64 = 100_000;
 /// Name of the directory under each controller that holds every sandbox's group.
 const PARENT: &str = "coderoom";
 
+/// Why sandboxes get no cgroup limits on this host.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    /// Neither hierarchy holds the controllers.
+    #[error("no cgroup v1 controllers and no cgroup v2 hierarchy")]
+    NoHierarchy,
+    /// The unified hierarchy lacks memory, pids or cpu.
+    #[error("cgroup v2 lacks controllers (has: {has})")]
+    MissingControllers {
+        /// The controllers it has.
+        has: String,
+    },
+    /// A server that is not root could not move itself into a leaf of its own group.
+    #[error("the server's cgroup is not delegated to it")]
+    NotDelegated(#[source] std::io::Error),
+    /// A server that is not root could not make the group its sandboxes' groups go under.
+    #[error("the server is not root and its cgroup is not delegated to it ({})", .0.display())]
+    ParentNotDelegated(PathBuf, #[source] std::io::Error),
+    /// The microVM tier limits its VMM processes only when the server is root.
+    #[error("not root: cgroup limits need the server to run as root")]
+    NotRoot,
+}
+
 /// Which cgroup layout this host offers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Layout {
@@ -33,14 +56,14 @@ impl Layout {
     /// writable by its user, as systemd's `Delegate=yes` does), so it creates its sandboxes'
     /// groups inside its own. On v2 the server first moves itself into a leaf of its group
     /// (`<own>/server`): a group whose children use controllers may hold no processes itself.
-    pub fn delegated() -> Result<Layout, String> {
+    pub fn delegated() -> Result<Layout, CgroupError> {
         let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
         Self::delegated_in(Path::new("/sys/fs/cgroup"), &own)
     }
 
     /// [`Layout::delegated`] for the hierarchy at `base`, `own` being this process's
     /// `/proc/self/cgroup`.
-    fn delegated_in(base: &Path, own: &str) -> Result<Layout, String> {
+    fn delegated_in(base: &Path, own: &str) -> Result<Layout, CgroupError> {
         let layout = Self::detect_in(base, own)?;
         let layout = match layout {
             Layout::V1 { .. } => layout,
@@ -54,18 +77,14 @@ impl Layout {
                 let leaf = group.join("server");
                 std::fs::create_dir_all(&leaf)
                     .and_then(|()| write(&leaf.join("cgroup.procs"), "0"))
-                    .map_err(|e| format!("the server's cgroup is not delegated to it: {e}"))?;
+                    .map_err(CgroupError::NotDelegated)?;
                 Layout::V2 { root: group }
             }
         };
         for dir in layout.roots() {
             let parent = dir.join(PARENT);
-            std::fs::create_dir_all(&parent).map_err(|e| {
-                format!(
-                    "the server is not root and its cgroup is not delegated to it ({}: {e})",
-                    parent.display()
-                )
-            })?;
+            std::fs::create_dir_all(&parent)
+                .map_err(|source| CgroupError::ParentNotDelegated(parent, source))?;
         }
         Ok(layout)
     }
@@ -79,13 +98,13 @@ impl Layout {
     }
 
     /// Finds the controllers under `/sys/fs/cgroup`, or says why there are none.
-    pub fn detect() -> Result<Layout, String> {
+    pub fn detect() -> Result<Layout, CgroupError> {
         let own = std::fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
         Self::detect_in(Path::new("/sys/fs/cgroup"), &own)
     }
 
     /// `own` is this process's `/proc/self/cgroup`.
-    fn detect_in(base: &Path, own: &str) -> Result<Layout, String> {
+    fn detect_in(base: &Path, own: &str) -> Result<Layout, CgroupError> {
         // On v1 each sandbox's group nests under the server's own group of that controller,
         // so whatever limits the server's service also bounds its sandboxes.
         let v1 = |c: &str| {
@@ -113,17 +132,16 @@ impl Layout {
             });
         }
         let controllers = std::fs::read_to_string(base.join("cgroup.controllers"))
-            .map_err(|_| "no cgroup v1 controllers and no cgroup v2 hierarchy".to_owned())?;
+            .map_err(|_| CgroupError::NoHierarchy)?;
         let has = |c: &str| controllers.split_whitespace().any(|x| x == c);
         if has("memory") && has("pids") && has("cpu") {
             Ok(Layout::V2 {
                 root: base.to_owned(),
             })
         } else {
-            Err(format!(
-                "cgroup v2 lacks controllers (has: {})",
-                controllers.trim()
-            ))
+            Err(CgroupError::MissingControllers {
+                has: controllers.trim().to_owned(),
+            })
         }
     }
 
@@ -300,7 +318,7 @@ impl Cgroup {
 /// `cgroup.procs` files opened: the sandbox's first process writes itself into them between
 /// fork and exec.
 pub(crate) fn prepare(
-    layout: &Result<Layout, String>,
+    layout: &Result<Layout, CgroupError>,
     name: &str,
     limits: &Limits,
 ) -> std::io::Result<(Option<std::sync::Arc<Cgroup>>, Vec<std::fs::File>)> {
@@ -360,7 +378,7 @@ mod tests {
         let poor = tempfile::tempdir().unwrap();
         std::fs::write(poor.path().join("cgroup.controllers"), "hugetlb\n").unwrap();
         let err = Layout::detect_in(poor.path(), "").unwrap_err();
-        assert!(err.contains("hugetlb"), "{err}");
+        assert!(err.to_string().contains("hugetlb"), "{err}");
     }
 
     /// The v2 path of a server that is not root, on a stand-in hierarchy (this host's v2 mount

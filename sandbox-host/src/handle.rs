@@ -176,7 +176,7 @@ pub enum ParkError {
 pub(crate) struct ParkRequest {
     pub(crate) keep: Keep,
     pub(crate) tag: String,
-    pub(crate) reply: oneshot::Sender<Result<Parked, String>>,
+    pub(crate) reply: oneshot::Sender<Result<Parked, ParkError>>,
 }
 
 type PressureFn = Box<dyn Fn() -> Pressure + Send + Sync>;
@@ -559,8 +559,7 @@ impl Sandbox {
             return Err(ParkError::Failed("the sandbox has ended".into()));
         }
         match tokio::time::timeout(within, answer).await {
-            Ok(Ok(Ok(parked))) => Ok(parked),
-            Ok(Ok(Err(e))) => Err(ParkError::Failed(e)),
+            Ok(Ok(r)) => r,
             Ok(Err(_)) => Err(ParkError::Failed("the sandbox has ended".into())),
             Err(_) => Err(ParkError::Failed("no answer in time".into())),
         }
@@ -661,9 +660,9 @@ fn bridge(inner: &Arc<Inner>, stream: u32, rx: mpsc::Receiver<Vec<u8>>) -> tokio
 /// Takes stream `stream`, which the agent opened for a connection to its egress forwarder:
 /// hands it to the sandbox's taker, or closes it when there is none or too many are open.
 /// `Err` names a protocol violation.
-fn take_outbound(inner: &Arc<Inner>, stream: u32, actor: String) -> Result<(), String> {
+fn take_outbound(inner: &Arc<Inner>, stream: u32, actor: String) -> Result<(), Violation> {
     if stream & proto::OUTBOUND_STREAM == 0 {
-        return Err("outbound stream with a control-plane id".into());
+        return Err(Violation::OutboundId);
     }
     let taker = locked(&inner.outbound).clone();
     let rx = taker.as_ref().and_then(|_| {
@@ -720,19 +719,35 @@ impl Stored {
     }
 }
 
-/// Reads agent messages until the stream ends; returns a description of a protocol violation.
+/// How the agent broke the protocol (the sandbox is then killed).
+#[derive(Debug, thiserror::Error)]
+enum Violation {
+    #[error(transparent)]
+    Frame(proto::FrameError),
+    #[error("oversized streamed chunk")]
+    Oversized,
+    #[error("a sandbox host's message from the agent")]
+    HostEnded,
+    #[error("an unencodable message")]
+    Unencodable,
+    #[error("outbound stream with a control-plane id")]
+    OutboundId,
+}
+
+/// Reads agent messages until the stream ends; returns how the agent broke the protocol, if
+/// it did.
 async fn read_loop<R: AsyncRead + Unpin>(
     mut rd: R,
     inner: &std::sync::Weak<Inner>,
     events: mpsc::Sender<Event>,
-) -> Option<String> {
+) -> Option<Violation> {
     let mut buf = Vec::new();
     loop {
         let msg: Message = match proto::read_frame(&mut rd, &mut buf).await {
             Ok(Some(m)) => m,
             Ok(None) => return None,
             Err(proto::FrameError::Io(_)) => return None,
-            Err(e) => return Some(e.to_string()),
+            Err(e) => return Some(Violation::Frame(e)),
         };
         // Streamed data comes in bounded chunks; anything bigger is not the agent we started.
         let oversized = match &msg {
@@ -741,17 +756,17 @@ async fn read_loop<R: AsyncRead + Unpin>(
             _ => false,
         };
         if oversized {
-            return Some("oversized streamed chunk".into());
+            return Some(Violation::Oversized);
         }
         let relay = inner.upgrade().and_then(|i| locked(&i.relay).clone());
         if let Some(relay) = relay {
             // Relayed whole (re-encoded, so only well-formed messages leave); what would pass
             // for the host's own last word is not the agent's to say.
             if matches!(msg, Message::HostEnded { .. }) {
-                return Some("a sandbox host's message from the agent".into());
+                return Some(Violation::HostEnded);
             }
             let Ok(frame) = proto::encode(&msg) else {
-                return Some("an unencodable message".into());
+                return Some(Violation::Unencodable);
             };
             let answers = match msg {
                 Message::Reply { id, .. } => Some((id, true)),

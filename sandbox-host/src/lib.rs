@@ -18,6 +18,7 @@
 pub mod agent;
 mod bridge;
 pub mod cgroup;
+mod chain;
 mod fds;
 pub mod handle;
 pub mod namespace;
@@ -30,6 +31,7 @@ pub mod seccomp;
 mod userns;
 pub mod vm;
 
+pub use chain::Chain;
 pub use handle::{CallError, Ended, Event, Keep, OutboundFn, ParkError, Parked, Resumed, Sandbox};
 pub use namespace::{AgentCommand, Namespace};
 use serde::{Deserialize, Serialize};
@@ -170,10 +172,13 @@ impl Backend {
                     Backend::Microvm(Box::new(m)),
                     format!("sandbox tier microvm: {why}"),
                 ),
-                Err(why) => (
-                    Backend::None(format!("the microVM tier is unavailable: {why}")),
-                    format!("sandbox tier none: the microVM tier is unavailable: {why}"),
-                ),
+                Err(why) => {
+                    let why = Chain(&why);
+                    (
+                        Backend::None(format!("the microVM tier is unavailable: {why}")),
+                        format!("sandbox tier none: the microVM tier is unavailable: {why}"),
+                    )
+                }
             },
             Tier::Namespace | Tier::Auto => {
                 let why = if tier == Tier::Auto {
@@ -184,7 +189,7 @@ impl Backend {
                                 format!("sandbox tier microvm: {why}"),
                             )
                         }
-                        Err(why) => format!("no microVM ({why})"),
+                        Err(why) => format!("no microVM ({})", Chain(&why)),
                     }
                 } else {
                     "chosen by configuration".to_owned()
@@ -271,6 +276,6 @@ impl Backend {
 fn limits_note(ns: &Namespace) -> String {
     match ns.cgroups() {
         Ok(l) => format!("limits through {}", l.name()),
-        Err(why) => format!("cgroup limits unavailable ({why}); rlimits only"),
+        Err(why) => format!("cgroup limits unavailable ({}); rlimits only", Chain(why)),
     }
 }

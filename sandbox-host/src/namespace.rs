@@ -6,7 +6,7 @@
 //! Flatpak for exactly this job; hand-written namespace code would re-derive its ordering rules
 //! (mount propagation, `/proc` after the pid namespace, no_new_privs before seccomp).
 
-use crate::cgroup::Layout;
+use crate::cgroup::{CgroupError, Layout};
 use crate::handle::{Ended, Event, Sandbox};
 pub use crate::process::ROOM_UIDS;
 use crate::process::{describe, find_program, ChildHooks, RoomUid};
@@ -75,7 +75,7 @@ pub struct Namespace {
     bwrap_version: String,
     agent: AgentCommand,
     rootfs: Option<PathBuf>,
-    cgroups: Result<Layout, String>,
+    cgroups: Result<Layout, CgroupError>,
     run_as: Option<u32>,
     filter: Vec<u8>,
     /// Slots of running sandboxes' room uids.
@@ -179,8 +179,8 @@ impl Namespace {
     }
 
     /// Where limits are enforced: the cgroup layout, or why cgroups are unavailable.
-    pub fn cgroups(&self) -> Result<&Layout, &str> {
-        self.cgroups.as_ref().map_err(String::as_str)
+    pub fn cgroups(&self) -> Result<&Layout, &CgroupError> {
+        self.cgroups.as_ref()
     }
 
     /// Starts a sandbox named `name` (a room id: letters and digits) and waits until its agent
@@ -382,7 +382,7 @@ impl Namespace {
             ),
             cgroups: match &self.cgroups {
                 Ok(l) => l.name().to_owned(),
-                Err(why) => format!("unavailable: {why}"),
+                Err(why) => format!("unavailable: {}", crate::Chain(why)),
             },
             host_uid: host_uid
                 .or(self.run_as)

@@ -342,12 +342,7 @@ impl Host {
             Err(e) => {
                 // The whole chain: "the host refused to start the sandbox" alone says nothing
                 // an operator can act on.
-                let mut why = e.to_string();
-                let mut source = std::error::Error::source(&e);
-                while let Some(s) = source {
-                    why.push_str(&format!(": {s}"));
-                    source = s.source();
-                }
+                let why = crate::Chain(&e).to_string();
                 tracing::warn!(sandbox = %name, error = %why, "cannot start a sandbox");
                 let _ = refuse(conn, why, false).await;
                 return None;
@@ -593,6 +588,50 @@ async fn read_all<R: AsyncRead + Unpin>(r: &mut R, buf: &mut [u8]) -> std::io::R
     Ok(true)
 }
 
+/// Why a sandbox host did not answer a request, or did not start (or attach to) a sandbox.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// The address is not `host:port`.
+    #[error("not host:port")]
+    Address,
+    /// The host part is not a name a certificate can name.
+    #[error("not a name a certificate can name")]
+    ServerName(#[source] rustls::pki_types::InvalidDnsNameError),
+    /// The TCP connection failed.
+    #[error("cannot connect")]
+    Connect(#[source] std::io::Error),
+    /// The TLS handshake failed (the host's certificate, or ours, was refused).
+    #[error("TLS")]
+    Tls(#[source] std::io::Error),
+    /// No connection within the time allowed.
+    #[error("no connection in time")]
+    ConnectTimeout,
+    /// The request could not be sent.
+    #[error("cannot send the request")]
+    Send(#[source] std::io::Error),
+    /// The host closed the connection before its answer.
+    #[error("the host closed the connection")]
+    Closed(#[source] std::io::Error),
+    /// The host refused, in its own words.
+    #[error("{0}")]
+    Refused(String),
+    /// The host answered with something that does not answer this request.
+    #[error("an answer out of turn")]
+    OutOfTurn,
+    /// The host's answer did not parse.
+    #[error("a malformed answer")]
+    Malformed(#[source] serde_json::Error),
+    /// No status within the time allowed.
+    #[error("no status in time")]
+    StatusTimeout,
+    /// No answer to a start or an attach within the time allowed.
+    #[error("no answer in time")]
+    StartTimeout,
+    /// The sandbox's agent, relayed by the host, did not answer its hello.
+    #[error("its agent did not answer")]
+    NotReady(#[source] crate::CallError),
+}
+
 /// The room server's side: the sandbox hosts it places sandboxes on.
 pub struct Hosts {
     addresses: Vec<String>,
@@ -712,7 +751,7 @@ impl Hosts {
                     return Ok(started);
                 }
                 Err(e) => {
-                    tracing::info!(sandbox = %name, host = %record.host, error = %e, "no sandbox to attach to; starting one");
+                    tracing::info!(sandbox = %name, host = %record.host, error = %crate::Chain(&e), "no sandbox to attach to; starting one");
                     if let Some(p) = self.record_path(name) {
                         let _ = std::fs::remove_file(p);
                     }
@@ -727,46 +766,43 @@ impl Hosts {
         self.tier
     }
 
-    async fn connect(&self, address: &str) -> Result<Conn, String> {
+    async fn connect(&self, address: &str) -> Result<Conn, HostError> {
         let host = match address.rsplit_once(':') {
             Some((h, _)) => h.trim_start_matches('[').trim_end_matches(']'),
-            None => return Err(format!("{address}: not host:port")),
+            None => return Err(HostError::Address),
         };
         let name = rustls::pki_types::ServerName::try_from(host.to_owned())
-            .map_err(|e| format!("{address}: {e}"))?;
+            .map_err(HostError::ServerName)?;
         let connected = async {
             let tcp = tokio::net::TcpStream::connect(address)
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(HostError::Connect)?;
             keepalive(&tcp);
-            self.tls
-                .connect(name, tcp)
-                .await
-                .map_err(|e| format!("TLS: {e}"))
+            self.tls.connect(name, tcp).await.map_err(HostError::Tls)
         };
         tokio::time::timeout(CONNECT_WITHIN, connected)
             .await
-            .map_err(|_| "no connection in time".to_owned())?
+            .map_err(|_| HostError::ConnectTimeout)?
     }
 
     /// Asks the host at `address` for its status.
-    pub async fn status(&self, address: &str) -> Result<HostStatus, String> {
+    pub async fn status(&self, address: &str) -> Result<HostStatus, HostError> {
         let asked = async {
             let mut conn = self.connect(address).await?;
             write_line(&mut conn, &HostRequest::Status)
                 .await
-                .map_err(|e| e.to_string())?;
-            let line = read_line(&mut conn).await.map_err(|e| e.to_string())?;
+                .map_err(HostError::Send)?;
+            let line = read_line(&mut conn).await.map_err(HostError::Closed)?;
             match serde_json::from_slice::<HostAnswer>(&line) {
                 Ok(HostAnswer::Status { status }) => Ok(status),
-                Ok(HostAnswer::Refused { error, .. }) => Err(error),
-                Ok(_) => Err("an answer out of turn".to_owned()),
-                Err(e) => Err(format!("a malformed answer: {e}")),
+                Ok(HostAnswer::Refused { error, .. }) => Err(HostError::Refused(error)),
+                Ok(_) => Err(HostError::OutOfTurn),
+                Err(e) => Err(HostError::Malformed(e)),
             }
         };
         tokio::time::timeout(STATUS_WITHIN, asked)
             .await
-            .map_err(|_| "no status in time".to_owned())?
+            .map_err(|_| HostError::StatusTimeout)?
     }
 
     /// Starts a sandbox named `name` on the least loaded host of the tier that has room, and
@@ -789,7 +825,7 @@ impl Hosts {
                     why.push(format!("{address}: full ({} of {})", s.running, s.capacity));
                 }
                 Ok(s) => candidates.push((address, s)),
-                Err(e) => why.push(format!("{address}: {e}")),
+                Err(e) => why.push(format!("{address}: {}", crate::Chain(&e))),
             }
         }
         // Least loaded first (by share of capacity), then by address, for a stable choice.
@@ -802,7 +838,7 @@ impl Hosts {
         for (address, status) in candidates {
             match self.start_on(address, &status, name, limits).await {
                 Ok(started) => return Ok(started),
-                Err(e) => why.push(format!("{address}: {e}")),
+                Err(e) => why.push(format!("{address}: {}", crate::Chain(&e))),
             }
         }
         Err(StartError::Unavailable(if why.is_empty() {
@@ -819,7 +855,7 @@ impl Hosts {
         status: &HostStatus,
         name: &str,
         limits: &Limits,
-    ) -> Result<Started, String> {
+    ) -> Result<Started, HostError> {
         let request = HostRequest::Start {
             name: name.to_owned(),
             limits: limits.clone(),
@@ -835,24 +871,24 @@ impl Hosts {
         who: &str,
         name: &str,
         request: &HostRequest,
-    ) -> Result<Started, String> {
+    ) -> Result<Started, HostError> {
         let mut conn = self.connect(address).await?;
         write_line(&mut conn, request)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(HostError::Send)?;
         let line = tokio::time::timeout(START_WITHIN, read_line(&mut conn))
             .await
-            .map_err(|_| "no answer in time".to_owned())?
-            .map_err(|e| format!("the host closed the connection: {e}"))?;
+            .map_err(|_| HostError::StartTimeout)?
+            .map_err(HostError::Closed)?;
         let (mut receipt, token, first_id) = match serde_json::from_slice::<HostAnswer>(&line) {
             Ok(HostAnswer::Started {
                 receipt,
                 token,
                 first_id,
             }) => (*receipt, token, first_id),
-            Ok(HostAnswer::Refused { error, .. }) => return Err(error),
-            Ok(_) => return Err("an answer out of turn".into()),
-            Err(e) => return Err(format!("a malformed answer: {e}")),
+            Ok(HostAnswer::Refused { error, .. }) => return Err(HostError::Refused(error)),
+            Ok(_) => return Err(HostError::OutOfTurn),
+            Err(e) => return Err(HostError::Malformed(e)),
         };
         // Room members see the host's name; its address is for the operator's log.
         let who = who.to_owned();
@@ -913,7 +949,7 @@ impl Hosts {
         if let Err(e) = sandbox.ready(READY_WITHIN).await {
             sandbox.kill();
             let _ = sandbox.ended().await;
-            return Err(format!("its agent did not answer: {e}"));
+            return Err(HostError::NotReady(e));
         }
         if !kept.token.is_empty() {
             self.keep_record(name, &kept);

@@ -17,7 +17,7 @@ pub mod image;
 mod probe;
 mod qemu;
 
-use crate::cgroup::Layout;
+use crate::cgroup::{CgroupError, Layout};
 use crate::handle::{Ended, Sandbox};
 pub use crate::process::find_program;
 use crate::process::{ChildHooks, RoomUid, ROOM_UIDS};
@@ -30,7 +30,8 @@ use disk::{
     adopt_kept, keep_files, kept_dir, make_disk, remove_orphans, take_kept, Fingerprint, Kept,
 };
 pub use image::{GuestImage, ImageError, Inputs, Manifest};
-pub use probe::{choose, image_for};
+pub use probe::{choose, image_for, SetupError};
+pub use qemu::QmpError;
 use serde::{Deserialize, Serialize};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
@@ -61,6 +62,38 @@ const KEPT_RECORD: &str = "kept.json";
 const SAVE_WITHIN: Duration = Duration::from_secs(120);
 /// Time to load a saved machine.
 const LOAD_WITHIN: Duration = Duration::from_secs(120);
+
+/// Why a guest's memory was not saved (the park then keeps its disk alone).
+#[derive(Debug, thiserror::Error)]
+pub enum SaveError {
+    /// Neither QMP nor cloud-hypervisor's API answered when the VM was started.
+    #[error("the VMM's control socket did not answer")]
+    NoControl,
+    /// The file or directory the save goes to could not be made.
+    #[error("cannot make {}", .0.display())]
+    Create(PathBuf, #[source] std::io::Error),
+    /// The save's directory could not be given to the VMM's uid.
+    #[error("cannot give {} to the VMM", .0.display())]
+    GiveToVmm(PathBuf, #[source] std::io::Error),
+    /// QEMU did not save the machine.
+    #[error(transparent)]
+    Qmp(#[from] QmpError),
+    /// cloud-hypervisor did not pause or snapshot the machine.
+    #[error(transparent)]
+    Api(#[from] ch::ApiError),
+    /// What was saved could not be synced to the host's disk.
+    #[error("cannot sync {what}")]
+    Sync {
+        /// What was saved (`the memory image`, `the saved machine`).
+        what: &'static str,
+        /// Why it was not synced.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The sync's blocking task did not finish.
+    #[error("the sync of the saved machine did not finish")]
+    Task(#[source] tokio::task::JoinError),
+}
 
 /// Which VMM runs the guests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -182,7 +215,7 @@ pub struct Microvm {
     driver: Driver,
     image: GuestImage,
     state_dir: PathBuf,
-    cgroups: Result<Layout, String>,
+    cgroups: Result<Layout, CgroupError>,
     /// Root: each VMM runs under a host uid of its own from [`ROOM_UIDS`].
     root: bool,
     uids: Arc<Mutex<std::collections::BTreeSet<u32>>>,
@@ -227,13 +260,13 @@ fn kvm_group() -> Option<u32> {
 }
 
 /// Whether `/dev/kvm` can be opened for use.
-pub fn kvm_usable() -> Result<(), String> {
+pub fn kvm_usable() -> Result<(), SetupError> {
     std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open("/dev/kvm")
         .map(|_| ())
-        .map_err(|e| format!("/dev/kvm: {e}"))
+        .map_err(SetupError::Kvm)
 }
 
 impl Microvm {
@@ -242,9 +275,9 @@ impl Microvm {
         driver: Driver,
         image: GuestImage,
         state_dir: &Path,
-    ) -> Result<Microvm, String> {
+    ) -> Result<Microvm, SetupError> {
         std::fs::create_dir_all(state_dir)
-            .map_err(|e| format!("cannot create {}: {e}", state_dir.display()))?;
+            .map_err(|source| SetupError::StateDir(state_dir.to_path_buf(), source))?;
         remove_orphans(state_dir);
         let root = rustix::process::geteuid().is_root();
         Ok(Microvm {
@@ -254,7 +287,7 @@ impl Microvm {
             cgroups: if root {
                 Layout::detect()
             } else {
-                Err("not root: cgroup limits need the server to run as root".into())
+                Err(CgroupError::NotRoot)
             },
             root,
             uids: Arc::default(),
@@ -320,7 +353,7 @@ impl Microvm {
                     return Ok(started);
                 }
                 Err(e) => {
-                    tracing::warn!(vm = %name, kept = from.name(), error = %e, "cannot resume from what was kept; starting afresh");
+                    tracing::warn!(vm = %name, kept = from.name(), error = %crate::Chain(&e), "cannot resume from what was kept; starting afresh");
                 }
             }
         }
@@ -494,17 +527,18 @@ impl Microvm {
                 }
             };
             // A park saves the guest's memory first, where asked and the VMM can.
-            let mut saved: Result<u64, String> = Err(String::new());
+            let mut saved: Option<Result<u64, SaveError>> = None;
             if let Some(p) = parking.as_ref().filter(|p| p.keep == crate::Keep::Memory) {
                 let to = dir.join(MEMORY_FILE);
-                saved = match (qmp.as_mut(), &ch_api) {
+                let r = match (qmp.as_mut(), &ch_api) {
                     (Some(q), _) => qemu::save_memory(q, &to).await,
                     (None, Some(api)) => ch::save_memory(api, &to, uid, SAVE_WITHIN).await,
-                    (None, None) => Err("the VMM's control socket did not answer".into()),
+                    (None, None) => Err(SaveError::NoControl),
                 };
-                if let Err(e) = &saved {
-                    tracing::warn!(tag = %p.tag, error = %e, "cannot save the VM's memory; keeping its disk");
+                if let Err(e) = &r {
+                    tracing::warn!(tag = %p.tag, error = %crate::Chain(e), "cannot save the VM's memory; keeping its disk");
                 }
+                saved = Some(r);
             }
             let status = if stopped {
                 // Asked to stop: QMP `quit` (QEMU exits at once), else the process is killed.
@@ -536,15 +570,17 @@ impl Microvm {
             let pressure = crate::cgroup::finish(reaper_cgroup).await;
             let parked = tokio::task::spawn_blocking(move || {
                 let parked = parking.map(|p| {
-                    let memory = saved.as_ref().ok().copied();
+                    let memory = saved.as_ref().and_then(|r| r.as_ref().ok()).copied();
                     let r = keep_files(&dir, &keep_to, &p.tag, memory, &fingerprint);
-                    let note = match (&saved, p.keep) {
-                        (Err(e), crate::Keep::Memory) => Some(e.clone()),
+                    // Only a memory park saves: an error here is why memory was not kept.
+                    let note = match &saved {
+                        Some(Err(e)) => Some(crate::Chain(e).to_string()),
                         _ => None,
                     };
                     (
                         p.reply,
-                        r.map(|(kept, bytes)| crate::Parked { kept, bytes, note }),
+                        r.map(|(kept, bytes)| crate::Parked { kept, bytes, note })
+                            .map_err(|e| crate::ParkError::Failed(crate::Chain(&e).to_string())),
                     )
                 });
                 let _ = std::fs::remove_dir_all(dir);
@@ -663,7 +699,8 @@ impl Microvm {
                     let _ = child.start_kill();
                     let _ = child.wait().await;
                     return Err(StartError::NotReady(format!(
-                        "the saved machine did not load: {e}"
+                        "the saved machine did not load: {}",
+                        crate::Chain(&e)
                     )));
                 }
                 Some(q)
@@ -672,12 +709,14 @@ impl Microvm {
                 match q.status(Duration::from_secs(5)).await {
                     Ok(state) if state == "running" => {}
                     Ok(state) => tracing::warn!(%state, "QEMU's machine is not running"),
-                    Err(e) => tracing::warn!(error = %e, "QEMU's status did not answer"),
+                    Err(e) => {
+                        tracing::warn!(error = %crate::Chain(&e), "QEMU's status did not answer")
+                    }
                 }
                 Some(q)
             }
             Ok(Err(e)) => {
-                tracing::warn!(error = %e, "QEMU's QMP did not answer; the VM is stopped by signal");
+                tracing::warn!(error = %crate::Chain(&e), "QEMU's QMP did not answer; the VM is stopped by signal");
                 None
             }
             Err(_) => None,
@@ -733,7 +772,7 @@ impl Microvm {
                     vm.limits.cpu_millis,
                     l.name()
                 ),
-                Err(why) => format!("none on the VMM process ({why}); the guest's RAM bounds room code"),
+                Err(why) => format!("none on the VMM process ({}); the guest's RAM bounds room code", crate::Chain(why)),
             },
             host_uid: vm.uid.unwrap_or_else(|| rustix::process::getuid().as_raw()),
             vm: Some(VmReceipt {

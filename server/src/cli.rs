@@ -225,7 +225,7 @@ async fn doctor(vm: &crate::config::VmArgs, data_dir: &std::path::Path) {
             Namespace::new(agent(), None)
                 .map(|ns| match ns.cgroups() {
                     Ok(l) => format!("cgroup limits through {}", l.name()),
-                    Err(why) => format!("no cgroup limits ({why})"),
+                    Err(why) => format!("no cgroup limits ({})", coderoom_sandbox::Chain(why)),
                 })
                 .map_err(anyhow::Error::new)
         )
@@ -235,7 +235,7 @@ async fn doctor(vm: &crate::config::VmArgs, data_dir: &std::path::Path) {
         yes_no(
             kvm_usable()
                 .map(|()| "/dev/kvm opens".to_owned())
-                .map_err(anyhow::Error::msg)
+                .map_err(|e| anyhow::anyhow!("{}", coderoom_sandbox::Chain(&e)))
         )
     );
     let cfg = vm.config(data_dir);
@@ -247,7 +247,7 @@ async fn doctor(vm: &crate::config::VmArgs, data_dir: &std::path::Path) {
                 .and_then(|b| {
                     ch::version(&b)
                         .map(|v| format!("{v} at {}", b.display()))
-                        .map_err(anyhow::Error::msg)
+                        .map_err(|e| anyhow::anyhow!("{}", coderoom_sandbox::Chain(&e)))
                 })
         )
     );

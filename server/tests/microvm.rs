@@ -910,6 +910,7 @@ async fn cloud_hypervisor_saves_a_running_machine_and_restores_it_elsewhere() {
     match save_memory(&api, &saved, None, Duration::from_secs(120)).await {
         Ok(bytes) => assert!(bytes >= 128 << 20, "the whole memory is saved: {bytes}"),
         Err(why) => {
+            let why = why.to_string();
             assert!(!forced, "CODEROOM_KVM_TESTS=1, but the save failed: {why}");
             assert!(
                 why.contains("vm.snapshot") && why.contains("snapshot"),

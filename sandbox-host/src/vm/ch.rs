@@ -6,7 +6,7 @@
 //! cloud-hypervisor may exit 0 after a vCPU error ("Cloud Hypervisor exited successfully"):
 //! whether a guest runs is read from `vm.info` and the agent's answer, never from the exit code.
 
-use super::{Booted, Instance};
+use super::{Booted, Instance, SaveError, SetupError};
 use crate::process::ChildHooks;
 use crate::StartError;
 use http_body_util::{BodyExt, Full};
@@ -156,7 +156,7 @@ pub struct VmInfo {
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     /// The socket could not be reached.
-    #[error("cloud-hypervisor's API socket: {0}")]
+    #[error("cannot reach cloud-hypervisor's API socket")]
     Connect(#[source] std::io::Error),
     /// HTTP failed.
     #[error("cloud-hypervisor's API: {0}")]
@@ -182,6 +182,105 @@ pub enum ApiError {
     /// No answer in time.
     #[error("cloud-hypervisor's API did not answer in time")]
     Timeout,
+    /// The configuration saved with a machine cannot be given to this VMM.
+    #[error("the saved machine cannot be restored")]
+    Saved(#[from] SavedError),
+}
+
+/// Why the configuration saved with a machine is not pointed at a new VMM (see [`repoint`]).
+#[derive(Debug, thiserror::Error)]
+pub enum SavedError {
+    /// The file could not be read.
+    #[error("cannot read {}", .0.display())]
+    Read(PathBuf, #[source] std::io::Error),
+    /// The file is larger than any configuration this driver saves.
+    #[error("{} is too large", .path.display())]
+    TooLarge {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The file is not JSON.
+    #[error("{} does not parse", .0.display())]
+    Parse(PathBuf, #[source] serde_json::Error),
+    /// It configures a device this driver never configures (one that names host files).
+    #[error("the saved machine has {0}, which this driver never configures")]
+    Device(&'static str),
+    /// Its serial port or console names a host file or socket.
+    #[error("the saved machine's {0} names a host file")]
+    HostFile(&'static str),
+    /// Its entropy source is not the one this driver gives.
+    #[error("the saved machine's entropy source is not /dev/urandom")]
+    Entropy,
+    /// Its RAM or vCPUs differ from the new VM's.
+    #[error("the saved machine's memory or vCPUs are not this VM's")]
+    Shape,
+    /// A part the new VM needs is missing (`payload`, `disks`, `vsock device`).
+    #[error("the saved machine has no {0}")]
+    Missing(&'static str),
+    /// It has another number of disks than the new VM.
+    #[error("the saved machine has {saved} disks, this VM {now}")]
+    DiskCount {
+        /// The saved machine's disks.
+        saved: usize,
+        /// The new VM's.
+        now: usize,
+    },
+    /// A disk is not a JSON object.
+    #[error("a saved disk is not an object")]
+    DiskShape,
+    /// Its disks are not the new VM's (one read-only where the other is not).
+    #[error("the saved machine's disks are not this VM's")]
+    Disks,
+    /// The new configuration could not be encoded.
+    #[error("cannot encode the new configuration")]
+    Encode(#[source] serde_json::Error),
+    /// The new configuration could not be written.
+    #[error("cannot write {}", .0.display())]
+    Write(PathBuf, #[source] std::io::Error),
+    /// The snapshot directory's owner, who must read the new file, could not be read.
+    #[error("cannot read the owner of {}", .0.display())]
+    Owner(PathBuf, #[source] std::io::Error),
+    /// The new file could not be given to the directory's owner.
+    #[error("cannot give {} to the VMM", .0.display())]
+    GiveToVmm(PathBuf, #[source] std::io::Error),
+}
+
+/// Why the guest's agent was not reached over hybrid vsock.
+#[derive(Debug, thiserror::Error)]
+enum VsockError {
+    /// The VMM ended first.
+    #[error("cloud-hypervisor exited ({0}) before the agent answered")]
+    Exited(std::process::ExitStatus),
+    /// The boot deadline passed; `last` is the last attempt's failure.
+    #[error("the agent did not answer within {secs} s")]
+    Deadline {
+        /// The deadline, in seconds.
+        secs: u64,
+        /// Why the last attempt failed.
+        #[source]
+        last: Box<VsockError>,
+    },
+    /// No attempt was made before the deadline.
+    #[error("the guest never listened")]
+    NeverListened,
+    /// The VMM's vsock socket could not be reached.
+    #[error("cannot connect to the VMM's vsock socket")]
+    Connect(#[source] std::io::Error),
+    /// `CONNECT` could not be sent, or its answer read.
+    #[error("the vsock socket failed")]
+    Io(#[source] std::io::Error),
+    /// `CONNECT` got no answer before the deadline.
+    #[error("no answer to CONNECT")]
+    NoAnswer,
+    /// The VMM closed the connection: nothing listens on the port yet.
+    #[error("the VMM closed the connection (nothing listens yet)")]
+    Closed,
+    /// The answer was longer than any `OK <port>`.
+    #[error("an overlong answer to CONNECT")]
+    Overlong,
+    /// The VMM answered something other than `OK`.
+    #[error("CONNECT answered {0}")]
+    Refused(String),
 }
 
 /// A client of one VMM's API socket.
@@ -388,7 +487,7 @@ fn refusal(body: &[u8]) -> String {
 }
 
 /// The version `cloud-hypervisor --version` prints (`v54.0.0`), or why it cannot be run.
-pub fn version(bin: &Path) -> Result<String, String> {
+pub fn version(bin: &Path) -> Result<String, SetupError> {
     super::probe::version_after(bin, "cloud-hypervisor ")
 }
 
@@ -510,11 +609,7 @@ pub(super) async fn spawn(
                 let (saved, config) = (saved.clone(), config.clone());
                 tokio::task::spawn_blocking(move || repoint(&saved, &config))
                     .await
-                    .map_err(|e| ApiError::Http(e.to_string()))?
-                    .map_err(|detail| ApiError::Schema {
-                        path: "config.json".into(),
-                        detail,
-                    })?;
+                    .map_err(|e| ApiError::Http(e.to_string()))??;
                 api.restore(saved_dir(vm)?, true, super::LOAD_WITHIN)
                     .await?;
             }
@@ -531,6 +626,7 @@ pub(super) async fn spawn(
         let _ = child.kill().await;
         let _ = std::fs::remove_dir_all(&run);
         let log = log_errors(&mut console).await;
+        let e = crate::Chain(&e);
         return Err(StartError::NotReady(if log.is_empty() {
             e.to_string()
         } else {
@@ -553,8 +649,9 @@ pub(super) async fn spawn(
             let _ = child.kill().await;
             let _ = std::fs::remove_dir_all(&run);
             let log = log_errors(&mut console).await;
+            let why = crate::Chain(&why);
             Err(StartError::NotReady(if log.is_empty() {
-                why
+                why.to_string()
             } else {
                 format!("{why}; the VMM's log: {log}")
             }))
@@ -596,7 +693,7 @@ const NO_HOST_PATHS: [&str; 9] = [
 
 /// Refuses a saved configuration that reaches beyond what this driver configures: host
 /// devices or sockets, console files, another RAM size or vCPU count than `now`'s.
-fn check_saved(saved: &serde_json::Value, now: &VmConfig) -> Result<(), String> {
+fn check_saved(saved: &serde_json::Value, now: &VmConfig) -> Result<(), SavedError> {
     let empty = |v: &serde_json::Value| {
         v.is_null()
             || v.as_array().is_some_and(Vec::is_empty)
@@ -604,24 +701,22 @@ fn check_saved(saved: &serde_json::Value, now: &VmConfig) -> Result<(), String> 
     };
     for key in NO_HOST_PATHS {
         if !empty(&saved[key]) {
-            return Err(format!(
-                "the saved machine has {key}, which this driver never configures"
-            ));
+            return Err(SavedError::Device(key));
         }
     }
     for key in ["serial", "console", "debug_console"] {
         if !saved[key]["file"].is_null() || !saved[key]["socket"].is_null() {
-            return Err(format!("the saved machine's {key} names a host file"));
+            return Err(SavedError::HostFile(key));
         }
     }
     if !saved["rng"]["src"].is_null() && saved["rng"]["src"] != "/dev/urandom" {
-        return Err("the saved machine's entropy source is not /dev/urandom".into());
+        return Err(SavedError::Entropy);
     }
     if saved["memory"]["size"] != now.memory.size
         || !empty(&saved["memory"]["zones"])
         || saved["cpus"]["boot_vcpus"] != now.cpus.boot_vcpus
     {
-        return Err("the saved machine's memory or vCPUs are not this VM's".into());
+        return Err(SavedError::Shape);
     }
     Ok(())
 }
@@ -630,24 +725,24 @@ fn check_saved(saved: &serde_json::Value, now: &VmConfig) -> Result<(), String> 
 /// initramfs, disks and vsock socket: the saved one names the old process's descriptors and
 /// its socket, which are gone. Everything else (memory, vCPUs, devices) stays as saved, and a
 /// saved machine whose disks differ from `now`'s is refused.
-pub fn repoint(dir: &Path, now: &VmConfig) -> Result<(), String> {
+pub fn repoint(dir: &Path, now: &VmConfig) -> Result<(), SavedError> {
     use std::io::Read as _;
     let path = dir.join(SNAPSHOT_CONFIG);
     // Written by the old VMM's uid: read only as a plain file, and only so much of it.
     let mut bytes = Vec::new();
     super::disk::open_plain(&path, false)
         .and_then(|f| f.take(MAX_SNAPSHOT_CONFIG + 1).read_to_end(&mut bytes))
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        .map_err(|source| SavedError::Read(path.clone(), source))?;
     if bytes.len() as u64 > MAX_SNAPSHOT_CONFIG {
-        return Err(format!("{} is too large", path.display()));
+        return Err(SavedError::TooLarge { path });
     }
     let mut saved: serde_json::Value =
-        serde_json::from_slice(&bytes).map_err(|e| format!("{}: {e}", path.display()))?;
+        serde_json::from_slice(&bytes).map_err(|source| SavedError::Parse(path.clone(), source))?;
     check_saved(&saved, now)?;
     let payload = saved
         .get_mut("payload")
         .and_then(|p| p.as_object_mut())
-        .ok_or("the saved machine has no payload")?;
+        .ok_or(SavedError::Missing("payload"))?;
     payload.insert("kernel".into(), now.payload.kernel.clone().into());
     if let Some(i) = &now.payload.initramfs {
         payload.insert("initramfs".into(), i.clone().into());
@@ -655,18 +750,17 @@ pub fn repoint(dir: &Path, now: &VmConfig) -> Result<(), String> {
     let disks = saved
         .get_mut("disks")
         .and_then(|d| d.as_array_mut())
-        .ok_or("the saved machine has no disks")?;
+        .ok_or(SavedError::Missing("disks"))?;
     if disks.len() != now.disks.len() {
-        return Err(format!(
-            "the saved machine has {} disks, this VM {}",
-            disks.len(),
-            now.disks.len()
-        ));
+        return Err(SavedError::DiskCount {
+            saved: disks.len(),
+            now: now.disks.len(),
+        });
     }
     for (d, n) in disks.iter_mut().zip(&now.disks) {
-        let d = d.as_object_mut().ok_or("a saved disk is not an object")?;
+        let d = d.as_object_mut().ok_or(SavedError::DiskShape)?;
         if d.get("readonly").and_then(|r| r.as_bool()).unwrap_or(false) != n.readonly {
-            return Err("the saved machine's disks are not this VM's".into());
+            return Err(SavedError::Disks);
         }
         d.insert("path".into(), n.path.clone().into());
     }
@@ -674,14 +768,18 @@ pub fn repoint(dir: &Path, now: &VmConfig) -> Result<(), String> {
         let vsock = saved
             .get_mut("vsock")
             .and_then(|v| v.as_object_mut())
-            .ok_or("the saved machine has no vsock device")?;
+            .ok_or(SavedError::Missing("vsock device"))?;
         vsock.insert("socket".into(), v.socket.clone().into());
     }
-    let out = serde_json::to_vec(&saved).map_err(|e| e.to_string())?;
+    let out = serde_json::to_vec(&saved).map_err(SavedError::Encode)?;
     // A new file renamed over the old name: whatever the old name was, nothing is written
     // through it.
     let tmp = dir.join(format!(".{SNAPSHOT_CONFIG}.new"));
     let _ = std::fs::remove_file(&tmp);
+    let write_error = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| SavedError::Write(path, source)
+    };
     {
         use std::io::Write as _;
         use std::os::unix::fs::OpenOptionsExt as _;
@@ -691,16 +789,16 @@ pub fn repoint(dir: &Path, now: &VmConfig) -> Result<(), String> {
             .mode(0o600)
             .custom_flags(libc::O_NOFOLLOW)
             .open(&tmp)
-            .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
+            .map_err(write_error(&tmp))?;
         // The new VMM reads it as the directory's owner.
         use std::os::unix::fs::MetadataExt as _;
-        let owner = std::fs::symlink_metadata(dir).map_err(|e| e.to_string())?;
+        let owner = std::fs::symlink_metadata(dir)
+            .map_err(|source| SavedError::Owner(dir.to_path_buf(), source))?;
         std::os::unix::fs::fchown(&f, Some(owner.uid()), Some(owner.gid()))
-            .map_err(|e| format!("cannot give {} to the VMM: {e}", tmp.display()))?;
-        f.write_all(&out)
-            .map_err(|e| format!("cannot write {}: {e}", tmp.display()))?;
+            .map_err(|source| SavedError::GiveToVmm(tmp.clone(), source))?;
+        f.write_all(&out).map_err(write_error(&tmp))?;
     }
-    std::fs::rename(&tmp, &path).map_err(|e| format!("cannot write {}: {e}", path.display()))
+    std::fs::rename(&tmp, &path).map_err(write_error(&path))
 }
 
 /// Saves the running guest's whole machine (memory, vCPUs, devices) into the new directory
@@ -712,17 +810,17 @@ pub async fn save_memory(
     dir: &Path,
     uid: Option<u32>,
     within: Duration,
-) -> Result<u64, String> {
+) -> Result<u64, SaveError> {
     {
         use std::os::unix::fs::DirBuilderExt as _;
         let _ = std::fs::remove_dir_all(dir);
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(dir)
-            .map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
+            .map_err(|source| SaveError::Create(dir.to_path_buf(), source))?;
         if let Some(uid) = uid {
             std::os::unix::fs::lchown(dir, Some(uid), Some(uid))
-                .map_err(|e| format!("cannot give {} to the VMM: {e}", dir.display()))?;
+                .map_err(|source| SaveError::GiveToVmm(dir.to_path_buf(), source))?;
         }
     }
     let saved = async {
@@ -732,13 +830,16 @@ pub async fn save_memory(
     .await;
     if let Err(e) = saved {
         let _ = std::fs::remove_dir_all(dir);
-        return Err(e.to_string());
+        return Err(e.into());
     }
     let d = dir.to_path_buf();
     tokio::task::spawn_blocking(move || super::disk::sync_tree(&d))
         .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("cannot sync the saved machine: {e}"))
+        .map_err(SaveError::Task)?
+        .map_err(|source| SaveError::Sync {
+            what: "the saved machine",
+            source,
+        })
 }
 
 /// A new 0700 directory `coderoom-vm-<random>` under the temporary directory, the VMM's.
@@ -819,14 +920,12 @@ fn check_version(version: &str) -> Result<(), ApiError> {
 async fn connect_agent(
     vsock: &Path,
     child: &mut tokio::process::Child,
-) -> Result<tokio::net::UnixStream, String> {
+) -> Result<tokio::net::UnixStream, VsockError> {
     let deadline = tokio::time::Instant::now() + super::READY_KVM;
-    let mut last = String::from("the guest never listened");
+    let mut last = VsockError::NeverListened;
     while tokio::time::Instant::now() < deadline {
         if let Ok(Some(status)) = child.try_wait() {
-            return Err(format!(
-                "cloud-hypervisor exited ({status}) before the agent answered"
-            ));
+            return Err(VsockError::Exited(status));
         }
         match try_connect(vsock, deadline).await {
             Ok(s) => return Ok(s),
@@ -834,22 +933,22 @@ async fn connect_agent(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    Err(format!(
-        "the agent did not answer within {} s ({last})",
-        super::READY_KVM.as_secs()
-    ))
+    Err(VsockError::Deadline {
+        secs: super::READY_KVM.as_secs(),
+        last: Box::new(last),
+    })
 }
 
 async fn try_connect(
     vsock: &Path,
     deadline: tokio::time::Instant,
-) -> Result<tokio::net::UnixStream, String> {
+) -> Result<tokio::net::UnixStream, VsockError> {
     let mut s = tokio::net::UnixStream::connect(vsock)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(VsockError::Connect)?;
     s.write_all(format!("CONNECT {}\n", super::image::AGENT_VSOCK_PORT).as_bytes())
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(VsockError::Io)?;
     // The answer is one line, `OK <host port>`; read it byte by byte so nothing of the agent's
     // stream is taken with it.
     let mut line = Vec::new();
@@ -860,25 +959,24 @@ async fn try_connect(
         // a dead stream: the answer is awaited as long as the boot may take.
         let n = tokio::time::timeout_at(deadline, s.read(&mut byte))
             .await
-            .map_err(|_| "no answer to CONNECT".to_owned())?
-            .map_err(|e| e.to_string())?;
+            .map_err(|_| VsockError::NoAnswer)?
+            .map_err(VsockError::Io)?;
         if n == 0 {
-            return Err("the VMM closed the connection (nothing listens yet)".into());
+            return Err(VsockError::Closed);
         }
         if byte[0] == b'\n' {
             break;
         }
         line.push(byte[0]);
         if line.len() > 64 {
-            return Err("an overlong answer to CONNECT".into());
+            return Err(VsockError::Overlong);
         }
     }
     if line.starts_with(b"OK ") {
         Ok(s)
     } else {
-        Err(format!(
-            "CONNECT answered {}",
-            String::from_utf8_lossy(&line)
+        Err(VsockError::Refused(
+            String::from_utf8_lossy(&line).into_owned(),
         ))
     }
 }
@@ -961,6 +1059,7 @@ mod tests {
         now.disks.pop();
         assert!(repoint(dir.path(), &now)
             .unwrap_err()
+            .to_string()
             .contains("2 disks, this VM 1"));
 
         // A saved machine that reaches beyond this driver's configuration is refused, and so

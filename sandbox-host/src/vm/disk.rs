@@ -6,6 +6,21 @@ use crate::StartError;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
+/// Why a parked VM's disk (and memory) could not be kept.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum KeepError {
+    #[error("cannot make the kept directory")]
+    Dir(#[source] std::io::Error),
+    #[error("cannot keep the disk")]
+    Disk(#[source] std::io::Error),
+    #[error("cannot sync the disk")]
+    Sync(#[source] std::io::Error),
+    #[error("cannot encode the kept record")]
+    Encode(#[source] serde_json::Error),
+    #[error("cannot record what was kept")]
+    Record(#[source] std::io::Error),
+}
+
 /// Makes `dir` (0700) and in it a lock file, locked and returned, and a sparse ext4 image
 /// `workspace.img` (0600) of `bytes`; the directory and the disk belong to `uid` (the VMM's),
 /// which gets the disk as a descriptor or through `/proc/self/fd`, never by a path it walks.
@@ -242,20 +257,19 @@ pub(super) fn keep_files(
     tag: &str,
     memory: Option<u64>,
     fingerprint: &Fingerprint,
-) -> Result<(crate::Keep, u64), String> {
+) -> Result<(crate::Keep, u64), KeepError> {
     use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
-    let fail = |what: &str, e: std::io::Error| format!("{what}: {e}");
     let _ = std::fs::remove_dir_all(to);
     std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
         .create(to)
-        .map_err(|e| fail("cannot make the kept directory", e))?;
+        .map_err(KeepError::Dir)?;
     let disk = to.join(DISK_FILE);
-    std::fs::rename(dir.join(DISK_FILE), &disk).map_err(|e| fail("cannot keep the disk", e))?;
+    std::fs::rename(dir.join(DISK_FILE), &disk).map_err(KeepError::Disk)?;
     open_plain(&disk, false)
         .and_then(|f| f.sync_all())
-        .map_err(|e| fail("cannot sync the disk", e))?;
+        .map_err(KeepError::Sync)?;
     let mut bytes = std::fs::metadata(&disk)
         .map(|m| m.blocks() * 512)
         .unwrap_or(0);
@@ -269,8 +283,8 @@ pub(super) fn keep_files(
         memory,
         fingerprint: fingerprint.clone(),
     };
-    let json = serde_json::to_vec(&record).map_err(|e| e.to_string())?;
-    write_durably(to, KEPT_RECORD, &json).map_err(|e| fail("cannot record what was kept", e))?;
+    let json = serde_json::to_vec(&record).map_err(KeepError::Encode)?;
+    write_durably(to, KEPT_RECORD, &json).map_err(KeepError::Record)?;
     Ok((keep_of(memory), bytes))
 }
 

@@ -3,7 +3,7 @@
 //! virtio-serial port, QMP on a second socket. Everything QEMU touches is handed to it as an
 //! open descriptor, so the unprivileged user it runs as needs no path on the host.
 
-use super::{Accel, Instance, SAVE_WITHIN};
+use super::{Accel, Instance, SaveError, SetupError, SAVE_WITHIN};
 use serde_json::{json, Value};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
@@ -17,7 +17,7 @@ const TCG_TB_MIB: u64 = 64;
 const MAX_QMP_LINE: usize = 64 << 10;
 
 /// The version `qemu-system-x86_64 --version` prints (`7.2.22`), or why it cannot be run.
-pub(super) fn version(bin: &Path) -> Result<String, String> {
+pub(super) fn version(bin: &Path) -> Result<String, SetupError> {
     super::probe::version_after(bin, "QEMU emulator version ")
 }
 
@@ -151,13 +151,21 @@ pub(super) struct Qmp {
 
 /// Why a QMP exchange failed.
 #[derive(Debug, thiserror::Error)]
-pub(super) enum QmpError {
-    #[error("QMP stream: {0}")]
+pub enum QmpError {
+    /// The socket failed.
+    #[error("the QMP stream failed")]
     Io(#[from] std::io::Error),
+    /// QEMU's answer did not parse or had the wrong shape.
     #[error("QMP answered out of protocol: {0}")]
     Protocol(String),
+    /// QEMU refused the command.
     #[error("QMP refused {command}: {desc}")]
-    Refused { command: String, desc: String },
+    Refused {
+        /// The command.
+        command: String,
+        /// QEMU's description of the error.
+        desc: String,
+    },
 }
 
 impl Qmp {
@@ -349,7 +357,7 @@ fn command_line(command: &str, args: Value) -> Result<Vec<u8>, QmpError> {
 use tokio::io::AsyncReadExt as _;
 
 /// Saves a paused guest's memory to `path` (made here, 0600, synced to the host's disk).
-pub(super) async fn save_memory(q: &mut Qmp, path: &Path) -> Result<u64, String> {
+pub(super) async fn save_memory(q: &mut Qmp, path: &Path) -> Result<u64, SaveError> {
     let file = {
         use std::os::unix::fs::OpenOptionsExt as _;
         std::fs::OpenOptions::new()
@@ -358,15 +366,15 @@ pub(super) async fn save_memory(q: &mut Qmp, path: &Path) -> Result<u64, String>
             .write(true)
             .mode(0o600)
             .open(path)
-            .map_err(|e| format!("cannot make {}: {e}", path.display()))?
+            .map_err(|source| SaveError::Create(path.to_path_buf(), source))?
     };
-    let bytes = q
-        .save(&file, SAVE_WITHIN)
-        .await
-        .map_err(|e| e.to_string())?;
+    let bytes = q.save(&file, SAVE_WITHIN).await?;
     tokio::task::spawn_blocking(move || file.sync_all())
         .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| format!("cannot sync the memory image: {e}"))?;
+        .map_err(SaveError::Task)?
+        .map_err(|source| SaveError::Sync {
+            what: "the memory image",
+            source,
+        })?;
     Ok(bytes)
 }
