@@ -35,7 +35,9 @@ pub use chain::Chain;
 pub use handle::{CallError, Ended, Event, Keep, OutboundFn, ParkError, Parked, Resumed, Sandbox};
 pub use namespace::{AgentCommand, Namespace};
 use serde::{Deserialize, Serialize};
+use std::future::Future;
 use std::path::PathBuf;
+use std::pin::Pin;
 use tokio::sync::mpsc;
 
 /// This crate's version, reported in receipts.
@@ -152,6 +154,32 @@ pub enum Backend {
 /// A started sandbox: its handle, its events and its receipt.
 pub type Started = (Sandbox, mpsc::Receiver<Event>, Receipt);
 
+/// A start under way in some tier (boxed, so that [`TierBackend`] can be used as a trait object).
+pub(crate) type Starting<'a> =
+    Pin<Box<dyn Future<Output = Result<Started, StartError>> + Send + 'a>>;
+
+/// What each tier that runs sandboxes offers [`Backend`], which hands every lifecycle call to
+/// the one in use rather than spelling each call out per tier.
+pub(crate) trait TierBackend: Send + Sync {
+    /// The tier its sandboxes run in.
+    fn tier(&self) -> Tier;
+
+    /// Starts a sandbox named `name` with `limits`, from what a park kept under `tag` where the
+    /// tier keeps anything and it still fits; else afresh (see [`Backend::resume`]).
+    fn resume<'a>(
+        &'a self,
+        name: &'a str,
+        limits: &'a Limits,
+        tag: Option<&'a str>,
+    ) -> Starting<'a>;
+
+    /// Whether a stopped sandbox `name` left something to resume from. The namespace tier
+    /// keeps nothing.
+    fn has_kept(&self, _name: &str) -> bool {
+        false
+    }
+}
+
 impl Backend {
     /// Chooses the backend for `tier`; returns it with a sentence saying what was chosen and
     /// why. `auto` prefers a microVM that boots a real guest to its agent here (see
@@ -224,19 +252,20 @@ impl Backend {
         }
     }
 
+    /// The tier that runs this backend's sandboxes, or why there is none.
+    fn tiered(&self) -> Result<&dyn TierBackend, &str> {
+        match self {
+            Backend::Namespace(ns) => Ok(&**ns),
+            Backend::Microvm(vm) => Ok(&**vm),
+            #[cfg(feature = "remote")]
+            Backend::Remote(hosts) => Ok(&**hosts),
+            Backend::None(why) => Err(why),
+        }
+    }
+
     /// The tier in use.
     pub fn tier(&self) -> Tier {
-        match self {
-            Backend::Namespace(_) => Tier::Namespace,
-            Backend::Microvm(_) => Tier::Microvm,
-            #[cfg(feature = "remote")]
-            Backend::Remote(hosts) => match hosts.tier() {
-                // Any tier the hosts run: the namespace tier's guarantees at least.
-                Tier::Auto => Tier::Namespace,
-                t => t,
-            },
-            Backend::None(_) => Tier::None,
-        }
+        self.tiered().map_or(Tier::None, |t| t.tier())
     }
 
     /// Starts a sandbox named `name` with `limits`.
@@ -253,23 +282,15 @@ impl Backend {
         limits: &Limits,
         tag: Option<&str>,
     ) -> Result<Started, StartError> {
-        match self {
-            Backend::Namespace(ns) => ns.start(name, limits).await,
-            Backend::Microvm(vm) => vm.resume(name, limits, tag).await,
-            #[cfg(feature = "remote")]
-            Backend::Remote(hosts) => hosts.resume(name, limits, tag).await,
-            Backend::None(why) => Err(StartError::Unavailable(why.clone())),
-        }
+        let tier = self
+            .tiered()
+            .map_err(|why| StartError::Unavailable(why.to_owned()))?;
+        tier.resume(name, limits, tag).await
     }
 
     /// Whether a stopped sandbox `name` left something to resume from.
     pub fn has_kept(&self, name: &str) -> bool {
-        match self {
-            Backend::Microvm(vm) => vm.has_kept(name),
-            #[cfg(feature = "remote")]
-            Backend::Remote(hosts) => hosts.has_kept(name),
-            _ => false,
-        }
+        self.tiered().is_ok_and(|t| t.has_kept(name))
     }
 }
 

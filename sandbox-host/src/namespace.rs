@@ -10,7 +10,7 @@ use crate::cgroup::{CgroupError, Layout};
 use crate::handle::{Ended, Event, Sandbox};
 pub use crate::process::ROOM_UIDS;
 use crate::process::{describe, find_program, ChildHooks, RoomUid};
-use crate::{Limits, Receipt, StartError};
+use crate::{Limits, Receipt, StartError, Starting, Tier, TierBackend};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
@@ -599,6 +599,22 @@ impl Namespace {
         a.extend(self.agent.args.iter().cloned());
         push(&mut a, &["--fd", &agent_fd.to_string()]);
         (a, mounts)
+    }
+}
+
+impl TierBackend for Namespace {
+    fn tier(&self) -> Tier {
+        Tier::Namespace
+    }
+
+    fn resume<'a>(
+        &'a self,
+        name: &'a str,
+        limits: &'a Limits,
+        _tag: Option<&'a str>,
+    ) -> Starting<'a> {
+        // Nothing is kept between runs here: every start is afresh, whatever the tag.
+        Box::pin(Namespace::start(self, name, limits))
     }
 }
 

@@ -17,7 +17,7 @@
 
 use crate::handle::Sandbox;
 use crate::proto::{self, Message, MAX_FRAME};
-use crate::{Backend, Ended, Limits, Receipt, StartError, Started, Tier};
+use crate::{Backend, Ended, Limits, Receipt, StartError, Started, Starting, Tier, TierBackend};
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -955,6 +955,29 @@ impl Hosts {
             self.keep_record(name, &kept);
         }
         Ok((sandbox, events, receipt))
+    }
+}
+
+impl TierBackend for Hosts {
+    fn tier(&self) -> Tier {
+        match Hosts::tier(self) {
+            // Any tier the hosts run: the namespace tier's guarantees at least.
+            Tier::Auto => Tier::Namespace,
+            t => t,
+        }
+    }
+
+    fn resume<'a>(
+        &'a self,
+        name: &'a str,
+        limits: &'a Limits,
+        tag: Option<&'a str>,
+    ) -> Starting<'a> {
+        Box::pin(Hosts::resume(self, name, limits, tag))
+    }
+
+    fn has_kept(&self, name: &str) -> bool {
+        Hosts::has_kept(self, name)
     }
 }
 

@@ -21,7 +21,7 @@ use crate::cgroup::{CgroupError, Layout};
 use crate::handle::{Ended, Sandbox};
 pub use crate::process::find_program;
 use crate::process::{ChildHooks, RoomUid, ROOM_UIDS};
-use crate::{Limits, Receipt, StartError, Started};
+use crate::{Limits, Receipt, StartError, Started, Starting, Tier, TierBackend};
 use console::{merge, Console};
 pub use disk::remove_disks;
 #[cfg(feature = "remote")]
@@ -785,6 +785,25 @@ impl Microvm {
             }),
             host: None,
         }
+    }
+}
+
+impl TierBackend for Microvm {
+    fn tier(&self) -> Tier {
+        Tier::Microvm
+    }
+
+    fn resume<'a>(
+        &'a self,
+        name: &'a str,
+        limits: &'a Limits,
+        tag: Option<&'a str>,
+    ) -> Starting<'a> {
+        Box::pin(Microvm::resume(self, name, limits, tag))
+    }
+
+    fn has_kept(&self, name: &str) -> bool {
+        Microvm::has_kept(self, name)
     }
 }
 
