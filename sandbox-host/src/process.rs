@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 /// Host uids of room code when the server runs as root: one per running sandbox, from this
 /// range (far above the uids and subordinate ranges a host hands out), so room code never
-/// shares a uid with the sandbox's machinery (which runs as [`crate::namespace::UNPRIVILEGED`]) or with another
-/// room.
+/// shares a uid with the sandbox's machinery (which runs as
+/// [`crate::namespace::UNPRIVILEGED`]) or with another room.
 pub const ROOM_UIDS: std::ops::Range<u32> = 0x7000_0000..0x7001_0000;
 /// Open files per process.
 const NOFILE: u64 = 4096;

@@ -14,10 +14,10 @@ const NO_PROXY: &str = "localhost,127.0.0.1,::1";
 const SYSTEM_BUNDLE: &str = "/etc/ssl/certs/ca-certificates.crt";
 /// Largest authority certificate accepted.
 const MAX_CA_PEM: usize = 64 << 10;
-/// Most variables [`Op::Egress`] may set.
+/// Most variables [`crate::proto::Op::Egress`] may set.
 const MAX_ROOM_ENV: usize = 128;
 
-/// Variables the control plane gave room code ([`Op::Egress`]), after [`base_env`].
+/// Variables the control plane gave room code ([`crate::proto::Op::Egress`]), after [`base_env`].
 static ROOM_ENV: Mutex<Vec<(String, String)>> = Mutex::new(Vec::new());
 
 /// Everything room code's environment holds: [`base_env`] and the room's own variables.
@@ -30,7 +30,7 @@ pub(super) fn room_env() -> Vec<(String, String)> {
         .collect()
 }
 
-/// Checks and keeps [`Op::Egress`]: the variables for later execs, and the trust bundle
+/// Checks and keeps [`crate::proto::Op::Egress`]: the variables for later execs, and the trust bundle
 /// (the system's roots and the room's authority), written as root so room code cannot
 /// replace it.
 pub(super) fn set_egress(ca_pem: String, env: Vec<(String, String)>) -> Result<Reply, AgentError> {
