@@ -16,12 +16,16 @@ pub(crate) mod actor;
 pub(crate) mod approvals;
 pub(crate) mod commands;
 pub(crate) mod counted;
+pub(crate) mod egress;
 pub(crate) mod error;
+pub(crate) mod files;
 pub(crate) mod moderation;
+pub(crate) mod previews;
 pub(crate) mod record;
 pub(crate) mod rights;
 pub(crate) mod rooms;
 pub(crate) mod sandbox;
+pub(crate) mod secrets;
 pub(crate) mod typing;
 
 pub(crate) use actor::Actor;
@@ -51,18 +55,26 @@ pub(crate) struct Ops {
     pub(crate) audit: Audit,
     pub(crate) sandboxes: Sandboxes,
     pub(crate) spend: Spend,
+    /// The egress proxy (policies, counters).
+    pub(crate) egress: crate::egress::Egress,
     /// Who has each room open now (moderated rooms ask).
     pub(crate) present: moderation::Present,
     /// System admins, by canonical email.
     pub(crate) admin_emails: Arc<Vec<String>>,
+    /// Seals room secrets.
+    pub(crate) vault: Arc<crate::secrets::Vault>,
+    /// Mail to people (approvers told of what waits for them).
+    pub(crate) mailer: crate::accounts::mail::Mailer,
+    /// `scheme://host[:port]` of `--public-url`, for links in mail.
+    pub(crate) public_origin: String,
 }
 
 impl Ops {
     pub(crate) fn new(
         (clock, store, audit): (Clock, Store, Audit),
-        sandboxes: Sandboxes,
-        spend: Spend,
-        admin_emails: Arc<Vec<String>>,
+        (sandboxes, spend, egress): (Sandboxes, Spend, crate::egress::Egress),
+        (admin_emails, vault): (Arc<Vec<String>>, Arc<crate::secrets::Vault>),
+        (mailer, public_origin): (crate::accounts::mail::Mailer, String),
     ) -> Self {
         Ops {
             clock,
@@ -70,8 +82,12 @@ impl Ops {
             audit,
             sandboxes,
             spend,
+            egress,
             present: moderation::Present::default(),
             admin_emails,
+            vault,
+            mailer,
+            public_origin,
         }
     }
 

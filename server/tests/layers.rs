@@ -233,16 +233,13 @@ const LAYER_ONLY: [(&str, &str); 5] = [
 /// Edge files that still decide or write the audit chain themselves, with how many times: the
 /// application layer's issue moves them into `ops` a few at a time. This list may only shrink:
 /// a count going up, or a file not listed doing either, fails the test.
-const NOT_YET_MOVED: [(&str, usize); 10] = [
+const NOT_YET_MOVED: [(&str, usize); 7] = [
     ("http/access.rs", 12),
     ("http/admin.rs", 1),
     ("http/agents.rs", 2),
     ("http/checkpoints.rs", 5),
     ("http/deletion.rs", 9),
-    ("http/egress.rs", 4),
-    ("http/previews.rs", 2),
     ("http/repos.rs", 5),
-    ("http/secrets.rs", 2),
     ("http/spend.rs", 2),
 ];
 
@@ -276,11 +273,16 @@ fn edge_acts(files: &[(PathBuf, String)]) -> Vec<(String, &'static str)> {
     found
 }
 
-/// The files over their allowance (see [`NOT_YET_MOVED`]), as readable lines.
-fn over_allowance(found: &[(String, &'static str)]) -> Vec<String> {
+/// Every file whose count differs from its allowance (see [`NOT_YET_MOVED`]), as readable
+/// lines: over it, the edge does more than it may; under it, the allowance is stale and must
+/// come down (so the list only shrinks).
+fn off_allowance(found: &[(String, &'static str)]) -> Vec<String> {
     let mut counts = std::collections::BTreeMap::<&str, usize>::new();
     for (file, _) in found {
         *counts.entry(file.as_str()).or_default() += 1;
+    }
+    for (file, _) in NOT_YET_MOVED {
+        counts.entry(file).or_default();
     }
     counts
         .into_iter()
@@ -289,14 +291,21 @@ fn over_allowance(found: &[(String, &'static str)]) -> Vec<String> {
                 .iter()
                 .find(|(f, _)| *f == file)
                 .map_or(0, |(_, n)| *n);
-            (n > allowed).then(|| {
-                let what: Vec<_> = found
-                    .iter()
-                    .filter(|(f, _)| f == file)
-                    .map(|(_, w)| *w)
-                    .collect();
-                format!("{file}: {n} (allowed {allowed}): {}", what.join(", "))
-            })
+            let what: Vec<_> = found
+                .iter()
+                .filter(|(f, _)| f == file)
+                .map(|(_, w)| *w)
+                .collect();
+            match n.cmp(&allowed) {
+                std::cmp::Ordering::Greater => Some(format!(
+                    "{file}: {n} (allowed {allowed}): {}",
+                    what.join(", ")
+                )),
+                std::cmp::Ordering::Less => Some(format!(
+                    "{file}: {n}, under its allowance of {allowed}: lower it in NOT_YET_MOVED"
+                )),
+                std::cmp::Ordering::Equal => None,
+            }
         })
         .collect()
 }
@@ -307,10 +316,11 @@ fn only_the_application_layer_decides_and_records() {
     let mut files = Vec::new();
     sources(&root, &root, &mut files);
     let found = edge_acts(&files);
-    let over = over_allowance(&found);
+    let over = off_allowance(&found);
     assert!(
         over.is_empty(),
-        "the edge decides or writes the audit chain itself (move it into `ops`):\n{}",
+        "the edge decides or writes the audit chain itself (move it into `ops`), or an \
+         allowance is stale:\n{}",
         over.join("\n")
     );
     eprintln!(
@@ -338,8 +348,23 @@ fn an_edge_decision_or_audit_write_is_caught() {
     ];
     let found = edge_acts(&tree);
     assert_eq!(found.len(), 2, "{found:?}");
-    let over = over_allowance(&found);
-    assert_eq!(over.len(), 2, "{over:?}");
-    assert!(over[0].contains("http/files.rs") && over[0].contains("a decision"));
-    assert!(over[1].contains("http/rooms.rs") && over[1].contains("an audit write"));
+    let off = off_allowance(&found);
+    let about = |file: &str| off.iter().filter(|l| l.starts_with(file)).count();
+    assert!(
+        off.iter()
+            .any(|l| l.starts_with("http/files.rs") && l.contains("a decision")),
+        "{off:?}"
+    );
+    assert!(
+        off.iter()
+            .any(|l| l.starts_with("http/rooms.rs") && l.contains("an audit write")),
+        "{off:?}"
+    );
+    // The layer's own file is never reported; a listed file doing less than its allowance is.
+    assert_eq!(about("ops/"), 0, "{off:?}");
+    assert!(
+        off.iter()
+            .any(|l| l.starts_with("http/access.rs") && l.contains("lower it")),
+        "{off:?}"
+    );
 }

@@ -11,7 +11,7 @@ import { spawnSync } from 'node:child_process'
 import WebSocket from 'ws'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
-import { cleanups, createStorage, startServer, mintToken, api, createRoom, waitFor, skipUnless } from './lib/server.mjs'
+import { cleanups, createStorage, startServer, mintToken, api, createRoom, waitFor, skipUnless, freePort } from './lib/server.mjs'
 
 const HAVE_BWRAP = spawnSync('bwrap', ['--version'], { stdio: 'ignore' }).status === 0
 const skip = skipUnless(HAVE_BWRAP, 'BWRAP', 'no bubblewrap: the sandbox tier these acts run in is missing (apt-get install bubblewrap)')
@@ -65,7 +65,10 @@ test('each act gets one decision and one audit entry on every door', { skip, tim
   const defer = cleanups(t)
   const storage = await createStorage('sqlite')
   defer(() => storage.cleanup())
-  const server = await startServer(storage)
+  const previewPort = await freePort()
+  const server = await startServer(storage, {
+    extraArgs: ['--preview-url', `http://{id}.preview.localhost:${previewPort}`, '--preview-listen', `127.0.0.1:${previewPort}`]
+  })
   defer(() => server.kill())
   const ana = await mintToken(storage, 'ana@example.com')
   const roomId = await createRoom(server, ana)
@@ -74,7 +77,7 @@ test('each act gets one decision and one audit entry on every door', { skip, tim
     assert.equal(r.status, 201, JSON.stringify(r.body))
     return r.body
   }
-  const careful = await made({ name: 'careful', capabilities: ['observe', 'edit', 'type'], approval_mode: true })
+  const careful = await made({ name: 'careful', capabilities: ['observe', 'edit', 'type', 'publish'], approval_mode: true })
   const watcher = await made({ name: 'watcher', capabilities: ['observe'] })
   const inside = async (script) => (await api(server, ana, 'POST', `/api/rooms/${roomId}/exec`,
     { argv: ['sh', '-c', script], timeout_ms: 30000 })).body.stdout
@@ -90,6 +93,11 @@ test('each act gets one decision and one audit entry on every door', { skip, tim
   assert.equal(read.isError, false, text(read))
   assert.notEqual((await api(server, ana, 'GET', `/api/rooms/${roomId}/sandbox`)).body.state, 'running',
     'a viewer started the sandbox')
+  // Nor does reading a workspace file: the sandbox is found stopped.
+  const read503 = await fetch(`${server.url}/api/rooms/${roomId}/files/notes.txt`, { headers: { Authorization: `Bearer ${watcher.token}` } })
+  assert.equal(read503.status, 503)
+  assert.notEqual((await api(server, ana, 'GET', `/api/rooms/${roomId}/sandbox`)).body.state, 'running',
+    'a viewer\'s file read started the sandbox')
   let from = await head(server, ana, roomId)
   assert.equal((await api(server, watcher.token, 'POST', `/api/rooms/${roomId}/sandbox/start`)).status, 403)
   assert.deepEqual(await decisions(server, ana, roomId, watcher.agent_id, from, 'type', 1), ['deny'])
@@ -109,6 +117,23 @@ test('each act gets one decision and one audit entry on every door', { skip, tim
   const typedMcp = await watcherMcp.callTool({ name: 'terminal_send', arguments: { text: 'touch watcher-typed\n', wait_ms: 0 } })
   assert.equal(typedMcp.isError, true)
   assert.deepEqual(await decisions(server, ana, roomId, watcher.agent_id, from, 'type', 2), ['deny', 'deny'])
+
+  // Writing a file, refused alike: REST and MCP leave one `edit` refusal each.
+  from = await head(server, ana, roomId)
+  const put = await fetch(`${server.url}/api/rooms/${roomId}/files/notes.txt`, { method: 'PUT', body: 'no', headers: { Authorization: `Bearer ${watcher.token}` } })
+  assert.equal(put.status, 403)
+  const wroteMcp = await watcherMcp.callTool({ name: 'write_file', arguments: { path: 'notes.txt', content: 'no' } })
+  assert.equal(wroteMcp.isError, true)
+  assert.match(text(wroteMcp), /refused: missing capability edit/)
+  assert.deepEqual(await decisions(server, ana, roomId, watcher.agent_id, from, 'edit', 2), ['deny', 'deny'])
+
+  // Publishing a preview, refused alike: one `publish` refusal each.
+  from = await head(server, ana, roomId)
+  const preview = { port: 8000, visibility: 'room', ttl_s: 600 }
+  assert.equal((await api(server, watcher.token, 'POST', `/api/rooms/${roomId}/previews`, preview)).status, 403)
+  const previewMcp = await watcherMcp.callTool({ name: 'request_preview', arguments: preview })
+  assert.equal(previewMcp.isError, true)
+  assert.deepEqual(await decisions(server, ana, roomId, watcher.agent_id, from, 'publish', 2), ['deny', 'deny'])
 
   // A readiness step is a command: refused to an agent that may not run commands.
   from = await head(server, ana, roomId)
@@ -147,7 +172,19 @@ test('each act gets one decision and one audit entry on every door', { skip, tim
   await waitFor(async () => waits() >= 4, 20_000, 'Ctrl-J did not wait for an approval')
   const asked = await decisions(server, ana, roomId, careful.agent_id, from, 'run_command', 6)
   assert.deepEqual(asked, Array(6).fill('needs_approval'))
-  assert.equal((await pending(server, ana, roomId)).length, 6)
+  assert.equal((await pending(server, ana, roomId)).filter((a) => a.action === 'run_command').length, 6)
+  // A public preview waits on both doors, recorded as one act.
+  from = await head(server, ana, roomId)
+  const publicPreview = { port: 8000, visibility: 'public', ttl_s: 600 }
+  const restPreview = await api(server, careful.token, 'POST', `/api/rooms/${roomId}/previews`, publicPreview)
+  assert.equal(restPreview.status, 201)
+  assert.equal(restPreview.body.state, 'pending_approval')
+  const mcpPreview = await carefulMcp.callTool({ name: 'request_preview', arguments: { ...publicPreview, wait_s: 0 } })
+  assert.equal(mcpPreview.isError, true)
+  assert.match(text(mcpPreview), /no decision yet/)
+  const previewRecords = (await recordsOf(server, ana, roomId, careful.agent_id, from)).filter((r) => r.action === 'public_preview')
+  assert.deepEqual(previewRecords.map((r) => r.decision), ['needs_approval', 'allow', 'needs_approval', 'allow'])
+  assert.ok(previewRecords.every((r) => r.action === 'public_preview'))
   // The readiness step waits the same way.
   assert.equal((await api(server, careful.token, 'PUT', `/api/rooms/${roomId}/readiness`, { command: 'touch readied' })).status, 202)
   assert.equal(await inside('ls by-* readied 2>/dev/null; echo none'), 'none\n', 'something ran without its approval')

@@ -2,7 +2,6 @@
 //! sandbox's agent. Paths are checked before anything reaches the sandbox.
 
 use crate::http::extract::Ids;
-use crate::http::guard::authorize;
 use crate::http::{ApiError, AppState, AuthUser};
 use crate::ids::RoomId;
 use axum::body::Bytes;
@@ -11,16 +10,11 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use coderoom_authz::{Action, Capability};
-use coderoom_sandbox::path::WorkspacePath;
+use coderoom_authz::Capability;
 use coderoom_sandbox::proto::{Op, Reply};
-use serde_json::json;
-use std::time::Duration;
 
 /// Largest file read or written through the API.
 pub(crate) const MAX_FILE_BYTES: u64 = 16 << 20;
-/// Time a file operation may take.
-const FILE_WITHIN: Duration = Duration::from_secs(30);
 
 pub(crate) fn routes() -> Router<AppState> {
     Router::new()
@@ -31,24 +25,16 @@ pub(crate) fn routes() -> Router<AppState> {
         .layer(DefaultBodyLimit::max(MAX_FILE_BYTES as usize))
 }
 
-pub(crate) fn check_path(raw: &str) -> Result<WorkspacePath, ApiError> {
-    WorkspacePath::parse(raw).map_err(|e| ApiError::Invalid(format!("invalid path: {e}")))
-}
-
-/// Checks the path, decides `cap` for the caller and runs the file operation `make` builds.
+/// Decides and runs the file operation `make` builds (`crate::ops::Ops::file_op`).
 async fn file_op(
     app: &AppState,
     user: &AuthUser,
     room_id: &RoomId,
-    raw: &str,
-    cap: Capability,
+    what: (&str, Capability, Option<usize>),
     make: impl FnOnce(String) -> Op,
 ) -> Result<Reply, ApiError> {
-    let path = check_path(raw)?;
-    let details = json!({ "path": path.as_str() });
-    authorize(app, room_id, user, Action::Use(cap), details).await?;
-    let op = make(path.as_str().to_owned());
-    Ok(app.sandboxes.op(room_id, op, FILE_WITHIN).await?)
+    let actor = user.actor(app).await?;
+    Ok(app.ops.file_op(room_id, &actor, what, make).await?)
 }
 
 pub(crate) async fn read_file(
@@ -60,7 +46,15 @@ pub(crate) async fn read_file(
         path,
         max_bytes: MAX_FILE_BYTES,
     };
-    match file_op(&app, &user, &room_id, &raw, Capability::Observe, make).await? {
+    match file_op(
+        &app,
+        &user,
+        &room_id,
+        (&raw, Capability::Observe, None),
+        make,
+    )
+    .await?
+    {
         Reply::File(data) => Ok((
             [(header::CONTENT_TYPE, "application/octet-stream")],
             data.into_vec(),
@@ -76,11 +70,12 @@ pub(crate) async fn write_file(
     Ids((room_id, raw)): Ids<(RoomId, String)>,
     body: Bytes,
 ) -> Result<StatusCode, ApiError> {
+    let bytes = Some(body.len());
     let make = |path| Op::WriteFile {
         path,
         data: serde_bytes::ByteBuf::from(body.to_vec()),
     };
-    file_op(&app, &user, &room_id, &raw, Capability::Edit, make).await?;
+    file_op(&app, &user, &room_id, (&raw, Capability::Edit, bytes), make).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -90,6 +85,6 @@ pub(crate) async fn remove_file(
     Ids((room_id, raw)): Ids<(RoomId, String)>,
 ) -> Result<StatusCode, ApiError> {
     let make = |path| Op::RemoveFile { path };
-    file_op(&app, &user, &room_id, &raw, Capability::Edit, make).await?;
+    file_op(&app, &user, &room_id, (&raw, Capability::Edit, None), make).await?;
     Ok(StatusCode::NO_CONTENT)
 }

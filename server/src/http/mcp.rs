@@ -9,7 +9,7 @@
 
 use crate::http::bucket::Bucket;
 use crate::http::extract::Ids;
-use crate::http::guard::{authorize, room_capabilities};
+use crate::http::guard::room_capabilities;
 use crate::http::{ApiError, AppState, AuthUser};
 use crate::ids::RoomId;
 use crate::ops::record::{Act, Entry, Verdict};
@@ -19,9 +19,9 @@ use crate::room::visit::{texts_of, Visit};
 use axum::extract::{Request, State};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::{Json, Router};
+use axum::Router;
 use bytes::Bytes;
-use coderoom_authz::{Action, Capability};
+use coderoom_authz::Capability;
 use rmcp::model::{
     object, CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
     ListResourcesResult, ListToolsResult, PaginatedRequestParams, ReadResourceRequestParams,
@@ -198,8 +198,68 @@ fn arg<'a>(args: &'a Map<String, Value>, name: &str) -> Result<&'a str, ToolErro
         .ok_or_else(|| ToolError(format!("`{name}` (a string) is required")))
 }
 
-fn tool(name: &'static str, description: &'static str, schema: Value) -> Tool {
-    Tool::new(name, description, object(schema))
+/// The tools this endpoint offers: a closed set, each decided and performed by the
+/// application layer like the same act through any other door.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum McpTool {
+    ListFiles,
+    ReadFile,
+    WriteFile,
+    EditFile,
+    Search,
+    Exec,
+    AllowHost,
+    RequestPreview,
+    ListParticipants,
+    ReadManifest,
+    ReadSpend,
+    TerminalRead,
+    TerminalSend,
+}
+
+impl McpTool {
+    const ALL: [McpTool; 13] = [
+        McpTool::ListFiles,
+        McpTool::ReadFile,
+        McpTool::WriteFile,
+        McpTool::EditFile,
+        McpTool::Search,
+        McpTool::Exec,
+        McpTool::AllowHost,
+        McpTool::RequestPreview,
+        McpTool::ListParticipants,
+        McpTool::ReadManifest,
+        McpTool::ReadSpend,
+        McpTool::TerminalRead,
+        McpTool::TerminalSend,
+    ];
+
+    /// Its name on the wire.
+    const fn name(self) -> &'static str {
+        match self {
+            McpTool::ListFiles => "list_files",
+            McpTool::ReadFile => "read_file",
+            McpTool::WriteFile => "write_file",
+            McpTool::EditFile => "edit_file",
+            McpTool::Search => "search",
+            McpTool::Exec => "exec",
+            McpTool::AllowHost => "allow_host",
+            McpTool::RequestPreview => "request_preview",
+            McpTool::ListParticipants => "list_participants",
+            McpTool::ReadManifest => "read_manifest",
+            McpTool::ReadSpend => "read_spend",
+            McpTool::TerminalRead => "terminal_read",
+            McpTool::TerminalSend => "terminal_send",
+        }
+    }
+
+    fn parse(name: &str) -> Option<McpTool> {
+        McpTool::ALL.into_iter().find(|t| t.name() == name)
+    }
+}
+
+fn tool(t: McpTool, description: &'static str, schema: Value) -> Tool {
+    Tool::new(t.name(), description, object(schema))
 }
 
 fn tools() -> Vec<Tool> {
@@ -207,32 +267,32 @@ fn tools() -> Vec<Tool> {
         json!({ "type": "string", "description": "Workspace-relative path, e.g. src/main.rs" });
     vec![
         tool(
-            "list_files",
+            McpTool::ListFiles,
             "List the room's text files (its shared document).",
             json!({ "type": "object", "properties": {} }),
         ),
         tool(
-            "read_file",
+            McpTool::ReadFile,
             "Read a text file of the room.",
             json!({ "type": "object", "properties": { "path": path }, "required": ["path"] }),
         ),
         tool(
-            "write_file",
+            McpTool::WriteFile,
             "Create or replace a text file; people in the room see the change live (as minimal edits, so their cursors stay put).",
             json!({ "type": "object", "properties": { "path": path, "content": { "type": "string" } }, "required": ["path", "content"] }),
         ),
         tool(
-            "edit_file",
+            McpTool::EditFile,
             "Replace the one occurrence of old_text in a file with new_text (fails when it occurs zero or several times).",
             json!({ "type": "object", "properties": { "path": path, "old_text": { "type": "string" }, "new_text": { "type": "string" } }, "required": ["path", "old_text", "new_text"] }),
         ),
         tool(
-            "search",
+            McpTool::Search,
             "Find lines containing a string in the room's text files.",
             json!({ "type": "object", "properties": { "query": { "type": "string" } }, "required": ["query"] }),
         ),
         tool(
-            "exec",
+            McpTool::Exec,
             "Run a command in the room's sandbox (argv, no shell unless you run one) and return its exit code and output.",
             json!({ "type": "object", "properties": {
                 "argv": { "type": "array", "items": { "type": "string" } },
@@ -242,12 +302,12 @@ fn tools() -> Vec<Tool> {
                 "wait_s": { "type": "integer", "minimum": 0, "maximum": 300, "description": "How long to wait for an approval when one is needed (default 60)" } }, "required": ["argv"] }),
         ),
         tool(
-            "allow_host",
+            McpTool::AllowHost,
             "Let the sandbox reach a host (e.g. api.example.com or *.example.org:8443) through the room's egress proxy. Without approve, this asks for an approval and waits (wait_s, default 60) for someone to decide.",
             json!({ "type": "object", "properties": { "rule": { "type": "string" }, "wait_s": { "type": "integer", "minimum": 0, "maximum": 300 } }, "required": ["rule"] }),
         ),
         tool(
-            "request_preview",
+            McpTool::RequestPreview,
             "Serve a port of the sandbox as a preview: visibility room (members) or public (waits, wait_s, for someone else's approval). Answers its URL once live.",
             json!({ "type": "object", "properties": {
                 "port": { "type": "integer", "minimum": 1, "maximum": 65535 },
@@ -256,12 +316,12 @@ fn tools() -> Vec<Tool> {
                 "wait_s": { "type": "integer", "minimum": 0, "maximum": 300 } }, "required": ["port", "visibility", "ttl_s"] }),
         ),
         tool(
-            "terminal_read",
+            McpTool::TerminalRead,
             "The shared terminal's recent output (escape sequences removed), as everyone in the room sees it.",
             json!({ "type": "object", "properties": { "max_bytes": { "type": "integer", "minimum": 1, "maximum": 65536 } } }),
         ),
         tool(
-            "terminal_send",
+            McpTool::TerminalSend,
             "Type text into the shared terminal (end it with \\n to run a line) and answer the output that follows within wait_ms (default 1000). Everyone sees it, attributed to you.",
             json!({ "type": "object", "properties": {
                 "text": { "type": "string" },
@@ -269,17 +329,17 @@ fn tools() -> Vec<Tool> {
                 "wait_s": { "type": "integer", "minimum": 0, "maximum": 300, "description": "How long to wait for an approval when one is needed (default 60)" } }, "required": ["text"] }),
         ),
         tool(
-            "list_participants",
+            McpTool::ListParticipants,
             "The room's people and agents with their roles and capabilities.",
             json!({ "type": "object", "properties": {} }),
         ),
         tool(
-            "read_manifest",
+            McpTool::ReadManifest,
             "The room's manifest: its name, limits, sandbox, readiness and your capabilities.",
             json!({ "type": "object", "properties": {} }),
         ),
         tool(
-            "read_spend",
+            McpTool::ReadSpend,
             "What the room used of each meter (sandbox seconds, commands, egress bytes, model tokens, tool calls), who used it, the room's budget and your own.",
             json!({ "type": "object", "properties": {} }),
         ),
@@ -316,16 +376,13 @@ impl Mcp {
 
     /// Writes `path` through the room's document as the caller (it needs `edit`).
     async fn write(&self, c: &Caller, path: &str, content: String) -> Answer {
-        crate::http::files::check_path(path)?;
-        let details = json!({ "path": path, "bytes": content.len() });
-        authorize(
-            &self.app,
-            &c.room,
-            &c.user,
-            Action::Use(Capability::Edit),
-            details,
-        )
-        .await?;
+        let actor = c.user.actor(&self.app).await?;
+        let checked = self
+            .app
+            .ops
+            .may_touch_file(&c.room, &actor, path, Capability::Edit, Some(content.len()))
+            .await?;
+        let path = checked.as_str();
         let name = self.shown_name(c).await;
         let mut visit = Visit::start(
             &self.app.rooms,
@@ -349,12 +406,15 @@ impl Mcp {
     }
 
     async fn call(&self, c: &Caller, name: &str, args: &Map<String, Value>) -> Answer {
-        match name {
-            "list_files" => {
+        let Some(tool) = McpTool::parse(name) else {
+            return Err(format!("no tool named {name}").into());
+        };
+        match tool {
+            McpTool::ListFiles => {
                 let texts = self.texts(c).await?;
                 Ok(texts.keys().cloned().collect::<Vec<_>>().join("\n"))
             }
-            "read_file" => {
+            McpTool::ReadFile => {
                 let path = arg(args, "path")?;
                 let texts = self.texts(c).await?;
                 texts
@@ -362,11 +422,11 @@ impl Mcp {
                     .cloned()
                     .ok_or_else(|| ToolError(format!("no text file {path} in the room")))
             }
-            "write_file" => {
+            McpTool::WriteFile => {
                 let content = arg(args, "content")?.to_owned();
                 self.write(c, arg(args, "path")?, content).await
             }
-            "edit_file" => {
+            McpTool::EditFile => {
                 let (path, old, new) = (
                     arg(args, "path")?,
                     arg(args, "old_text")?,
@@ -387,7 +447,7 @@ impl Mcp {
                     ),
                 }
             }
-            "search" => {
+            McpTool::Search => {
                 let query = arg(args, "query")?;
                 if query.is_empty() {
                     return Err("query must not be empty".into());
@@ -409,7 +469,7 @@ impl Mcp {
                     hits.join("\n")
                 })
             }
-            "exec" => {
+            McpTool::Exec => {
                 let wait = wait_of(args)?;
                 let mut args = args.clone();
                 args.remove("wait_s");
@@ -439,72 +499,53 @@ impl Mcp {
                 };
                 serde_json::to_string_pretty(&out).map_err(|e| ToolError(e.to_string()))
             }
-            "allow_host" => {
+            McpTool::AllowHost => {
                 let wait = wait_of(args)?;
                 let rule = arg(args, "rule")?;
-                let ask = |approval: Option<String>| {
-                    serde_json::from_value::<crate::http::egress::AllowRule>(
-                        json!({ "rule": rule, "approval_id": approval }),
-                    )
-                    .map_err(|e| ToolError(format!("bad arguments: {e}")))
-                };
-                let call = |body| {
-                    crate::http::egress::allow(
-                        State(self.app.clone()),
-                        c.user.clone(),
-                        Ids(c.room.clone()),
-                        Json(body),
-                    )
-                };
-                let (status, v) = answer_of(call(ask(None)?).await?).await?;
-                if status == axum::http::StatusCode::ACCEPTED {
-                    let id = v["approval_id"].as_str().unwrap_or_default().to_owned();
+                let actor = c.user.actor(&self.app).await?;
+                let ops = &self.app.ops;
+                if let Outcome::Pending(id) = ops.allow_egress(&c.room, &actor, rule, None).await? {
                     self.decided(c, &id, wait, "the host stays closed").await?;
-                    answer_of(call(ask(Some(id))?).await?).await?;
+                    if let Outcome::Pending(_) =
+                        ops.allow_egress(&c.room, &actor, rule, Some(&id)).await?
+                    {
+                        return Err("the host still needs an approval".into());
+                    }
                 }
                 Ok(format!("{rule} is allowed"))
             }
-            "request_preview" => {
+            McpTool::RequestPreview => {
                 let wait = wait_of(args)?;
-                let body = serde_json::from_value(json!({
+                let body: crate::http::previews::Create = serde_json::from_value(json!({
                     "port": args.get("port"),
                     "visibility": args.get("visibility"),
                     "ttl_s": args.get("ttl_s"),
                 }))
                 .map_err(|e| ToolError(format!("bad arguments: {e}")))?;
-                let (_, Json(p)) = crate::http::previews::create(
-                    State(self.app.clone()),
-                    c.user.clone(),
-                    Ids(c.room.clone()),
-                    Json(body),
-                )
-                .await?;
-                if p["state"] == "pending_approval" {
-                    let id = p["approval_id"].as_str().unwrap_or_default().to_owned();
-                    self.decided(c, &id, wait, "the preview stays closed")
+                crate::http::previews::enabled(&self.app)?;
+                let actor = c.user.actor(&self.app).await?;
+                let p = self
+                    .app
+                    .ops
+                    .create_preview(&c.room, &actor, body.into())
+                    .await?;
+                if let Some(id) = &p.approval_id {
+                    self.decided(c, id, wait, "the preview stays closed")
                         .await?;
                 }
-                let pid = p["id"].as_str().unwrap_or_default().to_owned();
-                let Json(opened) = crate::http::previews::open(
-                    State(self.app.clone()),
-                    c.user.clone(),
-                    axum::extract::Path((c.room.to_string(), pid)),
-                )
-                .await?;
+                let opened = crate::http::previews::link(&self.app, &c.room, &actor, &p.id).await?;
+                let url = self.app.previews.origin.as_ref().map(|o| o.url(&p.id));
                 Ok(format!(
                     "preview {} is {}: {}",
-                    p["id"], opened["state"], p["url"]
+                    json!(p.id),
+                    opened["state"],
+                    json!(url)
                 ))
             }
-            "list_participants" | "read_manifest" => {
-                let Json(room) = crate::http::rooms::get_room(
-                    State(self.app.clone()),
-                    c.user.clone(),
-                    Ids(c.room.clone()),
-                )
-                .await?;
+            McpTool::ListParticipants | McpTool::ReadManifest => {
+                let room = crate::http::rooms::room_view(&self.app, &c.user, &c.room).await?;
                 let mut v = serde_json::to_value(&room).map_err(|e| ToolError(e.to_string()))?;
-                if name == "list_participants" {
+                if tool == McpTool::ListParticipants {
                     let agents = self
                         .app
                         .store
@@ -518,12 +559,12 @@ impl Mcp {
                 }
                 serde_json::to_string_pretty(&v).map_err(|e| ToolError(e.to_string()))
             }
-            "read_spend" => {
+            McpTool::ReadSpend => {
                 room_capabilities(&self.app, &c.room, &c.user).await?;
                 let v = crate::http::spend::view(&self.app, &c.room).await?;
                 serde_json::to_string_pretty(&v).map_err(|e| ToolError(e.to_string()))
             }
-            "terminal_read" => {
+            McpTool::TerminalRead => {
                 let actor = c.user.actor(&self.app).await?;
                 self.app.ops.capabilities(&c.room, &actor).await?;
                 let max = match args.get("max_bytes") {
@@ -544,7 +585,7 @@ impl Mcp {
                 self.app.sandboxes.leave(&c.room, &hub, joined.viewer).await;
                 Ok(plain(&tail))
             }
-            "terminal_send" => {
+            McpTool::TerminalSend => {
                 let text = arg(args, "text")?;
                 if text.is_empty() || text.len() > MAX_LINE_BYTES {
                     return Err("text is 1 to 4096 bytes".into());
@@ -559,7 +600,6 @@ impl Mcp {
                 let approval_wait = wait_of(args)?;
                 self.terminal_send(c, text, wait_ms, approval_wait).await
             }
-            other => Err(format!("no tool named {other}").into()),
         }
     }
 }
@@ -691,20 +731,6 @@ fn wait_of(args: &Map<String, Value>) -> Result<Duration, ToolError> {
             .map(Duration::from_secs)
             .ok_or_else(|| ToolError(format!("wait_s is 0 to {MAX_WAIT_S}"))),
     }
-}
-
-/// A handler's status and JSON body.
-async fn answer_of(
-    r: axum::response::Response,
-) -> Result<(axum::http::StatusCode, Value), ToolError> {
-    let status = r.status();
-    let bytes = axum::body::to_bytes(r.into_body(), 1 << 20)
-        .await
-        .map_err(|e| ToolError(e.to_string()))?;
-    Ok((
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    ))
 }
 
 impl Mcp {

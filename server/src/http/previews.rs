@@ -14,19 +14,16 @@
 
 use crate::http::bucket::Bucket;
 use crate::http::extract::Ids;
-use crate::http::guard::{authorize, room_capabilities};
+use crate::http::guard::room_capabilities;
 use crate::http::{ApiError, AppState, AuthUser};
 use crate::ids::RoomId;
-use crate::ops::approvals::Allowed;
-use crate::ops::record::{Entry, Verdict};
-use crate::ops::Outcome;
-use crate::store::{Change, PreviewRow};
+use crate::ops::previews::NewPreview;
+use crate::store::PreviewRow;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
-use coderoom_authz::{Action, Capability};
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -35,12 +32,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
-/// Longest a preview may live.
-const MAX_TTL_S: i64 = 7 * 24 * 3600;
-/// Shortest.
-const MIN_TTL_S: i64 = 10;
-/// Previews one room may hold (revoked and expired ones included, until the room goes).
-const MAX_PREVIEWS: usize = 50;
 /// A one-time link's life.
 const TOKEN_MS: i64 = 60_000;
 /// A preview cookie's life.
@@ -345,140 +336,39 @@ pub(crate) struct Create {
     ttl_s: i64,
 }
 
-pub(crate) async fn create(
-    State(app): State<AppState>,
-    user: AuthUser,
-    Ids(room_id): Ids<RoomId>,
-    Json(body): Json<Create>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+impl From<Create> for NewPreview {
+    fn from(c: Create) -> NewPreview {
+        NewPreview {
+            port: c.port,
+            visibility: c.visibility,
+            ttl_s: c.ttl_s,
+        }
+    }
+}
+
+/// Previews are served only where the server has a preview origin (`--preview-url`).
+pub(crate) fn enabled(app: &AppState) -> Result<(), ApiError> {
     if app.previews.origin.is_none() {
         return Err(ApiError::Invalid(
             "previews are off on this server (start it with --preview-url)".into(),
         ));
     }
-    if body.port == 0 || body.port == coderoom_sandbox::proto::EGRESS_PORT {
-        return Err(ApiError::BadRequest(
-            "port must be a port a program inside listens on",
-        ));
-    }
-    if !(MIN_TTL_S..=MAX_TTL_S).contains(&body.ttl_s) {
-        return Err(ApiError::BadRequest(
-            "ttl_s must be from 10 to 604800 (a week)",
-        ));
-    }
-    let public = match body.visibility.as_str() {
-        "room" => false,
-        "public" => true,
-        _ => return Err(ApiError::BadRequest("visibility is \"room\" or \"public\"")),
-    };
-    let details = json!({ "port": body.port, "visibility": body.visibility, "ttl_s": body.ttl_s });
-    // One act, one name: a public preview is `public_preview` whether it is refused, waits for
-    // its approval or is made; a room preview is `publish`.
-    let (actor, approval, decided) = if public {
-        let params = details.to_string();
-        let action = Action::PublicPreview {
-            params,
-            approval: None,
-        };
-        let name = action.clone();
-        match crate::http::approvals::ask(&app, &room_id, &user, action, details.clone()).await? {
-            Outcome::Pending(id) => {
-                tell_approvers(&app, &room_id, &user, body.port, body.ttl_s).await?;
-                (user.id.clone(), Some(id), name)
-            }
-            // Never without an approval; kept total for the type.
-            Outcome::Done(Allowed { proof, .. }) => (proof.actor().to_owned(), None, name),
-        }
-    } else {
-        let action = Action::Use(Capability::Publish);
-        let proof = authorize(&app, &room_id, &user, action.clone(), details.clone()).await?;
-        (proof.actor().to_owned(), None, action)
-    };
-    if app.store.previews(&room_id).await?.len() >= MAX_PREVIEWS {
-        return Err(ApiError::Invalid(format!(
-            "a room holds at most {MAX_PREVIEWS} previews"
-        )));
-    }
-    let now = app.clock.now_ms();
-    let mut id = [0u8; 16];
-    rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut id);
-    let row = PreviewRow {
-        id: hex::encode(id),
-        room_id: room_id.to_string(),
-        port: i64::from(body.port),
-        visibility: body.visibility.clone(),
-        state: if approval.is_some() {
-            "pending_approval"
-        } else {
-            "active"
-        }
-        .into(),
-        approval_id: approval,
-        ttl_ms: body.ttl_s * 1000,
-        created_by: actor.clone(),
-        created_at: now,
-        expires_at: now + body.ttl_s * 1000,
-        hits: 0,
-    };
-    let mut details = details;
-    details["id"] = json!(row.id);
-    details["approval_id"] = json!(row.approval_id);
-    let entry = Entry::of(&decided, Verdict::Allow, details);
-    app.ops
-        .record(&room_id, &actor, entry, Change::CreatePreview(row.clone()))
-        .await?;
-    Ok((StatusCode::CREATED, Json(view(&app, &row))))
-}
-
-/// Mails everyone who may approve a public preview (the requester aside) that one waits for
-/// them; the room shows it in its Approvals and Previews panels.
-async fn tell_approvers(
-    app: &AppState,
-    room_id: &RoomId,
-    requester: &AuthUser,
-    port: u16,
-    ttl_s: i64,
-) -> Result<(), ApiError> {
-    let state = app.store.room_state(room_id).await?;
-    let name = app
-        .store
-        .room(room_id)
-        .await?
-        .map(|r| r.name)
-        .unwrap_or_default();
-    let now = app.clock.now_ms();
-    let link = format!("{}/rooms/{room_id}", app.public_origin);
-    for p in app.store.participants(room_id).await? {
-        let may = state
-            .capabilities_of(&p.user_id, now)
-            .contains(Capability::Approve);
-        if p.user_id == requester.id || !may {
-            continue;
-        }
-        app.mailer.send(crate::accounts::mail::Mail {
-            to: p.email,
-            subject: "A public preview waits for your approval".into(),
-            body: format!(
-                "{} asks to make port {port} of the room \"{name}\" public for {}\r\n\
-                 (anyone with its link could open it).\r\n\r\n\
-                 Approve or deny it in the room: {link}\r\n",
-                requester.email,
-                human_span(ttl_s),
-            ),
-        });
-    }
     Ok(())
 }
 
-/// `3600` -> "1 hour", and so on, for mails and pages.
-fn human_span(s: i64) -> String {
-    let (n, unit) = match s {
-        s if s % 86_400 == 0 => (s / 86_400, "day"),
-        s if s % 3600 == 0 => (s / 3600, "hour"),
-        s if s % 60 == 0 => (s / 60, "minute"),
-        s => (s, "second"),
-    };
-    format!("{n} {unit}{}", if n == 1 { "" } else { "s" })
+async fn create(
+    State(app): State<AppState>,
+    user: AuthUser,
+    Ids(room_id): Ids<RoomId>,
+    Json(body): Json<Create>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    enabled(&app)?;
+    let actor = user.actor(&app).await?;
+    let row = app
+        .ops
+        .create_preview(&room_id, &actor, body.into())
+        .await?;
+    Ok((StatusCode::CREATED, Json(view(&app, &row))))
 }
 
 async fn list(
@@ -489,17 +379,10 @@ async fn list(
     room_capabilities(&app, &room_id, &user).await?;
     let mut out = Vec::new();
     for p in app.store.previews(&room_id).await? {
-        let p = activate_if_approved(&app, p).await?;
+        let p = app.ops.activate_if_approved(p).await?;
         out.push(view(&app, &p));
     }
     Ok(Json(out))
-}
-
-async fn preview_of(app: &AppState, room_id: &RoomId, pid: &str) -> Result<PreviewRow, ApiError> {
-    match app.store.preview(pid).await? {
-        Some(p) if p.room_id == room_id.as_str() => Ok(p),
-        _ => Err(ApiError::NotFound),
-    }
 }
 
 async fn revoke(
@@ -508,101 +391,44 @@ async fn revoke(
     Path((room, pid)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     let room_id = RoomId::parse(&room).ok_or(ApiError::NotFound)?;
-    let p = preview_of(&app, &room_id, &pid).await?;
-    let details = json!({ "id": p.id, "port": p.port, "visibility": p.visibility });
-    let proof = authorize(
-        &app,
-        &room_id,
-        &user,
-        Action::Use(Capability::Publish),
-        details.clone(),
-    )
-    .await?;
-    app.audit
-        .record(
-            &room_id,
-            proof.actor(),
-            "revoke_preview",
-            "allow",
-            "",
-            details,
-            Change::SetPreviewState {
-                id: p.id.clone(),
-                state: "revoked".into(),
-                expires_at: p.expires_at,
-            },
-        )
-        .await?;
+    let actor = user.actor(&app).await?;
+    let p = app.ops.revoke_preview(&room_id, &actor, &pid).await?;
     app.previews.revoke(&p.id);
     Ok(StatusCode::NO_CONTENT)
 }
 
 /// `POST .../previews/{pid}/open`: the URL to open: for a room preview with a one-time token
 /// (any member who may observe), for a public one the plain URL.
-pub(crate) async fn open(
+async fn open(
     State(app): State<AppState>,
     user: AuthUser,
     Path((room, pid)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
     let room_id = RoomId::parse(&room).ok_or(ApiError::NotFound)?;
-    room_capabilities(&app, &room_id, &user).await?;
-    let p = activate_if_approved(&app, preview_of(&app, &room_id, &pid).await?).await?;
+    let actor = user.actor(&app).await?;
+    Ok(Json(link(&app, &room_id, &actor, &pid).await?))
+}
+
+/// `{"url", "state"}`: where `actor` opens preview `pid` (see [`open`]); MCP's
+/// `request_preview` answers with it too.
+pub(crate) async fn link(
+    app: &AppState,
+    room_id: &RoomId,
+    actor: &crate::ops::Actor,
+    pid: &str,
+) -> Result<Value, ApiError> {
+    app.ops.capabilities(room_id, actor).await?;
+    let p = app.ops.preview(room_id, pid).await?;
+    let p = app.ops.activate_if_approved(p).await?;
     let origin = app.previews.origin.as_ref().ok_or(ApiError::NotFound)?;
     let now = app.clock.now_ms();
     let url = if p.visibility == "room" {
-        let token = Previews::issue(&app.previews.tokens, &p.id, &user.id, now + TOKEN_MS, now);
+        let token = Previews::issue(&app.previews.tokens, &p.id, &actor.id, now + TOKEN_MS, now);
         format!("{}?{TOKEN_PARAM}={token}", origin.url(&p.id))
     } else {
         origin.url(&p.id)
     };
-    Ok(Json(json!({ "url": url, "state": standing(&p, now) })))
-}
-
-/// A public preview waiting for an approval that has been given becomes active now (its
-/// lifetime starts then); the approval is spent with the change.
-async fn activate_if_approved(app: &AppState, p: PreviewRow) -> Result<PreviewRow, ApiError> {
-    let (Some(approval), "pending_approval") = (&p.approval_id, p.state.as_str()) else {
-        return Ok(p);
-    };
-    let Some(a) = app
-        .store
-        .approval(
-            &RoomId::parse(&p.room_id).ok_or(ApiError::NotFound)?,
-            approval,
-        )
-        .await?
-    else {
-        return Ok(p);
-    };
-    let approved = matches!(&a.decided, Some((by, true)) if *by != a.requester) && !a.used;
-    if !approved {
-        return Ok(p);
-    }
-    let expires_at = app.clock.now_ms() + p.ttl_ms;
-    let change = Change::SetPreviewState {
-        id: p.id.clone(),
-        state: "active".into(),
-        expires_at,
-    }
-    .spending(approval.clone());
-    let details = json!({ "id": p.id, "approval_id": approval });
-    match app
-        .audit
-        .record(
-            &p.room_id,
-            "system",
-            "activate_preview",
-            "allow",
-            "",
-            details,
-            change,
-        )
-        .await
-    {
-        Ok(_) | Err(crate::store::StoreError::Conflict) => {}
-        Err(e) => return Err(e.into()),
-    }
-    Ok(app.store.preview(&p.id).await?.unwrap_or(p))
+    Ok(json!({ "url": url, "state": standing(&p, now) }))
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -727,7 +553,7 @@ async fn handle(
         Ok(None) => return page(StatusCode::NOT_FOUND, "No such preview.", false),
         Err(_) => return page(StatusCode::SERVICE_UNAVAILABLE, "Try again shortly.", true),
     };
-    let Ok(p) = activate_if_approved(app, p).await else {
+    let Ok(p) = app.ops.activate_if_approved(p).await else {
         return page(StatusCode::SERVICE_UNAVAILABLE, "Try again shortly.", true);
     };
     let now = app.clock.now_ms();

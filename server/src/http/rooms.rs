@@ -61,18 +61,28 @@ pub(crate) async fn list_rooms(
     ))
 }
 
-pub(crate) async fn get_room(
+async fn get_room(
     State(app): State<AppState>,
     user: AuthUser,
     Ids(id): Ids<RoomId>,
 ) -> Result<Json<RoomView>, ApiError> {
-    let mine = room_capabilities(&app, &id, &user).await?;
-    let room = app.store.room(&id).await?.ok_or(ApiError::NotFound)?;
-    let state = app.store.room_state(&id).await?;
+    Ok(Json(room_view(&app, &user, &id).await?))
+}
+
+/// The room as `user` sees it (`GET /api/rooms/{id}`, MCP's `read_manifest`): not found
+/// unless it may observe it.
+pub(crate) async fn room_view(
+    app: &AppState,
+    user: &AuthUser,
+    id: &RoomId,
+) -> Result<RoomView, ApiError> {
+    let mine = room_capabilities(app, id, user).await?;
+    let room = app.store.room(id).await?.ok_or(ApiError::NotFound)?;
+    let state = app.store.room_state(id).await?;
     let now = app.clock.now_ms();
     let participants = app
         .store
-        .participants(&id)
+        .participants(id)
         .await?
         .into_iter()
         .map(|p| {
@@ -88,7 +98,7 @@ pub(crate) async fn get_room(
     // The live agents, each with its sponsor and what it holds now.
     let agents = app
         .store
-        .agents(&id)
+        .agents(id)
         .await?
         .into_iter()
         .filter(|a| a.revoked_at.is_none() && a.expires_at > now)
@@ -107,14 +117,14 @@ pub(crate) async fn get_room(
         })
         .collect();
     // An owner's request to delete the room, until an admin confirms it and it is done.
-    let pending_deletion = app.store.open_deletion(&id).await?.map(|d| {
+    let pending_deletion = app.store.open_deletion(id).await?.map(|d| {
         let email = participants
             .iter()
             .find(|p| p.user_id == d.requested_by)
             .map(|p| p.email.clone());
         json!({ "id": d.id, "state": d.state, "requested_by": d.requested_by, "requested_by_email": email })
     });
-    Ok(Json(RoomView {
+    Ok(RoomView {
         id: room.id,
         name: room.name,
         pending_deletion,
@@ -124,21 +134,21 @@ pub(crate) async fn get_room(
         repos: Vec::new(),
         secret_rules: app
             .store
-            .secret_rules(&id)
+            .secret_rules(id)
             .await?
             .into_iter()
             .map(|r| serde_json::json!({ "name": r.name, "hosts": r.hosts, "header": r.header, "format": r.format }))
             .collect(),
-        egress_allowlist: app.egress.policy(&id).await.in_force(),
+        egress_allowlist: app.egress.policy(id).await.in_force(),
         budget: {
-            let b = app.spend.budget(&id).await?;
+            let b = app.spend.budget(id).await?;
             (!b.is_empty()).then(|| b.to_json())
         },
         // The readiness command and its output are for those who may run commands.
         sandbox: if mine.contains(coderoom_authz::Capability::Type) {
-            app.sandboxes.status(&id).await?
+            app.sandboxes.status(id).await?
         } else {
-            app.sandboxes.status(&id).await?.without_readiness_details()
+            app.sandboxes.status(id).await?.without_readiness_details()
         },
         parent: room
             .parent
@@ -148,11 +158,11 @@ pub(crate) async fn get_room(
             .readiness
             .filter(|_| mine.contains(coderoom_authz::Capability::Type)),
         checkpoint_policy: crate::http::checkpoints::policy_view(
-            &app.store.checkpoint_policy(&id).await?,
+            &app.store.checkpoint_policy(id).await?,
         ),
-        secrets_need_approval: app.store.secrets_need_approval(&id).await?,
-        moderated: app.store.room_moderated(&id).await?,
-    }))
+        secrets_need_approval: app.store.secrets_need_approval(id).await?,
+        moderated: app.store.room_moderated(id).await?,
+    })
 }
 
 /// An agent, as the room shows it.

@@ -156,9 +156,9 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let admin_emails = Arc::new(admin_emails);
     let ops = crate::ops::Ops::new(
         (clock.clone(), store.clone(), audit.clone()),
-        sandboxes.clone(),
-        spend.clone(),
-        admin_emails.clone(),
+        (sandboxes.clone(), spend.clone(), egress.clone()),
+        (admin_emails.clone(), vault.clone()),
+        (mailer.clone(), public_origin.clone()),
     );
     let state = AppState {
         ops,
@@ -183,7 +183,6 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         sandboxes: sandboxes.clone(),
         issuance: Arc::default(),
         deletions: Arc::default(),
-        vault,
         checkpoint_locks: Arc::default(),
         egress: egress.clone(),
         spend: spend.clone(),

@@ -51,9 +51,6 @@ pub(crate) struct AppState {
     #[from_ref(skip)]
     pub checkpoint_locks:
         Arc<std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
-    /// Seals room secrets.
-    #[from_ref(skip)]
-    pub vault: Arc<crate::secrets::Vault>,
     /// Sessions that just ended (logout): their open sockets close.
     pub sessions_ended: tokio::sync::broadcast::Sender<SessionEnded>,
     /// Whose rights in which room just changed: open terminals look them up again.

@@ -42,7 +42,11 @@ impl Verdict {
 pub(crate) enum Act {
     CreateRoom,
     SetModeration,
+    SetEgress,
+    RevokePreview,
+    ActivatePreview,
     SetSecretsPolicy,
+    RemoveSecret,
     ToolCall,
 }
 
@@ -51,7 +55,11 @@ impl Act {
         match self {
             Act::CreateRoom => "create_room",
             Act::SetModeration => "set_moderation",
+            Act::SetEgress => "set_egress",
+            Act::RevokePreview => "revoke_preview",
+            Act::ActivatePreview => "activate_preview",
             Act::SetSecretsPolicy => "set_secrets_policy",
+            Act::RemoveSecret => "remove_secret",
             Act::ToolCall => "tool_call",
         }
     }

@@ -1,0 +1,57 @@
+//! Workspace files: read (`observe`), written and removed (`edit`) in the sandbox's workspace
+//! (REST `/files`), or written through the room's document (MCP `write_file`, `edit_file`).
+//! One decision for each, whichever door; a refusal is recorded under the capability's name.
+//! A file operation starts a stopped sandbox only for someone who may start it
+//! ([`Ops::may_start_sandbox`]); anyone else finds it stopped.
+
+use crate::ids::RoomId;
+use crate::ops::commands::workspace_path;
+use crate::ops::{Actor, OpError, Ops};
+use coderoom_authz::{Action, Capability};
+use coderoom_sandbox::path::WorkspacePath;
+use coderoom_sandbox::proto::{Op, Reply};
+use serde_json::json;
+use std::time::Duration;
+
+/// Time a file operation may take.
+const FILE_WITHIN: Duration = Duration::from_secs(30);
+
+impl Ops {
+    /// Decides `cap` on workspace path `raw` for `actor` (`bytes`: the size of what a write
+    /// puts there): the checked path.
+    pub(crate) async fn may_touch_file(
+        &self,
+        room_id: &RoomId,
+        actor: &Actor,
+        raw: &str,
+        cap: Capability,
+        bytes: Option<usize>,
+    ) -> Result<WorkspacePath, OpError> {
+        let path = workspace_path(raw)?;
+        let mut details = json!({ "path": path.as_str() });
+        if let Some(n) = bytes {
+            details["bytes"] = json!(n);
+        }
+        self.authorize(room_id, actor, Action::Use(cap), details)
+            .await?;
+        Ok(path)
+    }
+
+    /// Runs the file operation `make` builds for path `raw` in the room's sandbox, once `cap`
+    /// is decided for `actor` (see [`Ops::may_touch_file`]).
+    pub(crate) async fn file_op(
+        &self,
+        room_id: &RoomId,
+        actor: &Actor,
+        (raw, cap, bytes): (&str, Capability, Option<usize>),
+        make: impl FnOnce(String) -> Op,
+    ) -> Result<Reply, OpError> {
+        let path = self.may_touch_file(room_id, actor, raw, cap, bytes).await?;
+        let op = make(path.as_str().to_owned());
+        Ok(if self.may_start_sandbox(room_id, actor).await {
+            self.sandboxes.op(room_id, op, FILE_WITHIN).await?
+        } else {
+            self.sandboxes.peek(room_id, op, FILE_WITHIN).await?
+        })
+    }
+}
