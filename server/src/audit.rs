@@ -105,22 +105,6 @@ impl Locked<'_> {
     }
 }
 
-impl Locked<'_> {
-    /// Records a refusal of `action` by `actor` in `chain` (nothing changes).
-    pub(crate) async fn deny(
-        &self,
-        chain: &str,
-        actor: &str,
-        action: &str,
-        reason: &str,
-        details: serde_json::Value,
-    ) -> Result<(), StoreError> {
-        self.record(chain, actor, action, "deny", reason, details, Change::None)
-            .await
-            .map(drop)
-    }
-}
-
 type Checkpoints = BTreeMap<String, (i64, String)>;
 
 /// One line of an anchor file: every chain's head at a moment.

@@ -13,7 +13,6 @@ pub(crate) mod deletion;
 pub(crate) mod doc_socket;
 pub(crate) mod egress;
 pub(crate) mod error;
-pub(crate) mod events;
 pub(crate) mod extract;
 pub(crate) mod files;
 pub(crate) mod forward;

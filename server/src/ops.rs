@@ -12,12 +12,17 @@
 //! The layer imports the domain and what is below it; the edge imports the layer; nothing here
 //! imports the edge (`server/tests/layers.rs`).
 
+pub(crate) mod access;
 pub(crate) mod actor;
+pub(crate) mod admin;
+pub(crate) mod agents;
 pub(crate) mod approvals;
 pub(crate) mod commands;
 pub(crate) mod counted;
+pub(crate) mod deletion;
 pub(crate) mod egress;
 pub(crate) mod error;
+pub(crate) mod events;
 pub(crate) mod files;
 pub(crate) mod moderation;
 pub(crate) mod previews;
@@ -26,6 +31,7 @@ pub(crate) mod rights;
 pub(crate) mod rooms;
 pub(crate) mod sandbox;
 pub(crate) mod secrets;
+pub(crate) mod spend;
 pub(crate) mod typing;
 
 pub(crate) use actor::Actor;
@@ -37,6 +43,10 @@ use crate::sandbox::Sandboxes;
 use crate::spend::Spend;
 use crate::store::Store;
 use std::sync::Arc;
+
+/// Announcements of ended sessions and changed rights a socket may lag behind before it
+/// looks its state up again.
+const EVENTS_QUEUE: usize = 256;
 
 /// What an operation that may need someone's approval came to.
 #[derive(Debug)]
@@ -63,6 +73,24 @@ pub(crate) struct Ops {
     pub(crate) admin_emails: Arc<Vec<String>>,
     /// Seals room secrets.
     pub(crate) vault: Arc<crate::secrets::Vault>,
+    /// The rooms loaded here (rights changes reach their sockets).
+    pub(crate) rooms: crate::room::Rooms,
+    /// This server, as room leases name it (it does not act twice on its own announcements).
+    pub(crate) server: crate::store::ServerId,
+    /// Sessions that just ended (logout, revocation): their open sockets close.
+    pub(crate) sessions_ended: tokio::sync::broadcast::Sender<events::SessionEnded>,
+    /// Whose rights in which room just changed: open terminals look them up again.
+    pub(crate) access_changed: tokio::sync::broadcast::Sender<events::AccessChanged>,
+    /// The sessions of the sockets open here (scale-out's catch-up looks them up).
+    pub(crate) open_sessions: events::OpenSessions,
+    /// One checkpoint operation (make, prune, restore, fork, a repository's import or push)
+    /// at a time per room, and none while the room is being deleted.
+    room_locks:
+        Arc<std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
+    /// One deletion run at a time.
+    pub(crate) deletions: Arc<tokio::sync::Mutex<()>>,
+    /// Local state (`--data-dir`): checkpoints, recordings, repositories, VM disks.
+    pub(crate) data_dir: std::path::PathBuf,
     /// Mail to people (approvers told of what waits for them).
     pub(crate) mailer: crate::accounts::mail::Mailer,
     /// `scheme://host[:port]` of `--public-url`, for links in mail.
@@ -75,6 +103,8 @@ impl Ops {
         (sandboxes, spend, egress): (Sandboxes, Spend, crate::egress::Egress),
         (admin_emails, vault): (Arc<Vec<String>>, Arc<crate::secrets::Vault>),
         (mailer, public_origin): (crate::accounts::mail::Mailer, String),
+        (rooms, server): (crate::room::Rooms, crate::store::ServerId),
+        data_dir: std::path::PathBuf,
     ) -> Self {
         Ops {
             clock,
@@ -88,7 +118,23 @@ impl Ops {
             vault,
             mailer,
             public_origin,
+            rooms,
+            server,
+            // Bounded: a socket that falls this far behind looks its rights up again.
+            sessions_ended: tokio::sync::broadcast::channel(EVENTS_QUEUE).0,
+            access_changed: tokio::sync::broadcast::channel(EVENTS_QUEUE).0,
+            open_sessions: events::OpenSessions::default(),
+            room_locks: Arc::default(),
+            deletions: Arc::default(),
+            data_dir,
         }
+    }
+
+    /// The room's checkpoint lock (see [`Ops`]'s `room_locks`): a prune never removes a
+    /// checkpoint a restore or a fork is reading.
+    pub(crate) fn room_lock(&self, room_id: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.room_locks.lock().unwrap_or_else(|e| e.into_inner());
+        locks.entry(room_id.to_owned()).or_default().clone()
     }
 
     /// The time every decision is made at.

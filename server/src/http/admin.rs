@@ -1,17 +1,14 @@
 //! The admin console's API (system admins, `--admin-emails`): the accounts and the rooms they
 //! are in, revoking an account everywhere, and every room deletion. Anyone else gets 403.
 
-use crate::http::access::remove_from_room;
 use crate::http::extract::Ids;
-use crate::http::state::SessionEnded;
 use crate::http::{ApiError, AppState, AuthUser};
-use crate::ids::{RoomId, UserId};
-use crate::store::Change;
+use crate::ids::UserId;
+use crate::ops::admin::Revoked;
 use axum::extract::{Query, State};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
 
 /// Accounts listed at most at once.
 const MAX_USERS: i64 = 200;
@@ -33,11 +30,9 @@ pub(crate) fn routes() -> Router<AppState> {
 pub(crate) async fn system_audit(
     State(app): State<AppState>,
     user: AuthUser,
-) -> Result<Json<Vec<crate::http::access::AuditEntry>>, ApiError> {
+) -> Result<Json<Vec<crate::ops::access::AuditEntry>>, ApiError> {
     admin_only(&app, &user).await?;
-    Ok(Json(
-        crate::http::access::chain_entries(&app, "system").await?,
-    ))
+    Ok(Json(app.ops.chain_entries("system").await?))
 }
 
 /// System admins only, decided as everywhere (`crate::ops::Actor::is_admin`).
@@ -106,79 +101,15 @@ pub(crate) async fn users(
     ))
 }
 
-#[derive(Serialize)]
-pub(crate) struct Revoked {
-    user_id: String,
-    email: String,
-    /// The rooms they were removed from.
-    rooms: Vec<String>,
-    /// Sessions ended (each one's sockets close).
-    sessions: usize,
-}
-
-/// `POST /api/admin/users/{id}/revoke`: removes the account from every room (each removal
-/// recorded in that room's chain, its sockets there closed), ends every session it has (every
-/// socket it opened closes), and records the whole in the system chain. The account stays: it
-/// may log in again, into no room. An admin cannot revoke themself here.
+/// `POST /api/admin/users/{id}/revoke` (`crate::ops::Ops::revoke_user`).
 pub(crate) async fn revoke(
     State(app): State<AppState>,
     user: AuthUser,
     Ids(target): Ids<UserId>,
 ) -> Result<Json<Revoked>, ApiError> {
     admin_only(&app, &user).await?;
-    let email = app
-        .store
-        .user_email(&target)
-        .await?
-        .ok_or(ApiError::NotFound)?;
-    if target.to_string() == user.id {
-        return Err(ApiError::BadRequest("you cannot revoke your own account"));
-    }
-    let mut rooms = Vec::new();
-    for room in app.store.rooms_of(&target).await? {
-        let Some(room_id) = RoomId::parse(&room.id) else {
-            continue;
-        };
-        remove_from_room(&app, &room_id, &target, &user).await?;
-        rooms.push(room.id);
-    }
-    let ended = app.store.delete_sessions_of(&target).await?;
-    let at = std::time::Instant::now();
-    for hash in &ended {
-        let _ = app.sessions_ended.send(SessionEnded {
-            hash: hash.clone(),
-            at,
-        });
-        crate::http::events::announce(
-            &app,
-            crate::http::events::Event::SessionEnded { hash: hash.clone() },
-        )
-        .await;
-    }
-    let details = json!({
-        "target": target,
-        "email": email,
-        "rooms": rooms,
-        "sessions": ended.len(),
-    });
-    app.audit
-        .record(
-            "system",
-            &user.id,
-            "revoke_user",
-            "allow",
-            "",
-            details,
-            Change::None,
-        )
-        .await?;
-    tracing::info!(admin = %user.email, user = %email, rooms = rooms.len(), sessions = ended.len(), "account revoked everywhere");
-    Ok(Json(Revoked {
-        user_id: target.to_string(),
-        email,
-        rooms,
-        sessions: ended.len(),
-    }))
+    let actor = user.actor(&app).await?;
+    Ok(Json(app.ops.revoke_user(&actor, &target).await?))
 }
 
 #[derive(Serialize)]

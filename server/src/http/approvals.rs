@@ -266,12 +266,6 @@ pub(crate) async fn ask(
     Ok(app.ops.ask(room_id, &actor, action, details).await?)
 }
 
-/// The result of recording an action that spent an approval: a conflict means another request
-/// spent it first, which the caller hears as such.
-pub(crate) fn spent<T>(r: Result<T, StoreError>) -> Result<T, ApiError> {
-    r.map_err(|e| crate::ops::OpError::spent_approval(e).into())
-}
-
 /// Records an action [`gate`] allowed, under the name of the action decided, spending in the
 /// same transaction the approval it rested on (`approval`; empty: none).
 pub(crate) async fn record_allowed(

@@ -95,11 +95,7 @@ async fn create(
 /// The room's checkpoint lock: making, pruning, restoring and forking one at a time per room
 /// (a prune never removes a checkpoint a restore or a fork is reading).
 pub(crate) fn room_lock(app: &AppState, room_id: &str) -> std::sync::Arc<tokio::sync::Mutex<()>> {
-    let mut locks = app
-        .checkpoint_locks
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    locks.entry(room_id.to_owned()).or_default().clone()
+    app.ops.room_lock(room_id)
 }
 
 /// Who makes a checkpoint: a person (their id and email: the document is read as them), or

@@ -85,7 +85,7 @@ async fn serve(app: AppState, room_id: RoomId, user: AuthUser, access: Rights, s
     };
     // In the room while this connection lasts (moderated rooms ask who is).
     let _here = app.ops.present.hold((room_id.to_string(), user.id.clone()));
-    let _open = app.events.hold(user.session_hash.clone());
+    let _open = app.ops.open_sessions.hold(user.session_hash.clone());
 
     // Rights may have changed between the check before the upgrade and the join; the room only
     // hears about changes made after it knew this connection, so look once more.
@@ -100,7 +100,7 @@ async fn serve(app: AppState, room_id: RoomId, user: AuthUser, access: Rights, s
         })
         .await;
     let max_awareness = app.limits.max_awareness_entry_bytes;
-    let mut ended = app.sessions_ended.subscribe();
+    let mut ended = app.ops.sessions_ended.subscribe();
     loop {
         let frame = tokio::select! {
             frame = stream.next() => frame,

@@ -62,6 +62,7 @@ impl From<crate::ops::OpError> for ApiError {
             OpError::Refused(why) => ApiError::Denied(why),
             OpError::Bad(why) => ApiError::BadRequest(why),
             OpError::Invalid(why) => ApiError::Invalid(why),
+            OpError::Gone => ApiError::Gone,
             OpError::Spent(e) => ApiError::Spent(e),
             OpError::Store(e) => ApiError::Store(e),
             OpError::Sandbox(e) => ApiError::Sandbox(e),

@@ -2,32 +2,11 @@
 //! still hold their own sequence: the caller named as an actor, the outcome as an `ApiError`.
 //! Nothing is decided here.
 
-use crate::audit::Locked;
 use crate::http::{ApiError, AppState, AuthUser};
 use crate::ids::RoomId;
 use crate::room::task::Rights;
-use coderoom_authz::{Action, Authorized, Capability, CapabilitySet, Principal};
+use coderoom_authz::{Action, Authorized, Capability, CapabilitySet};
 use serde_json::Value;
-
-pub(crate) async fn principal(app: &AppState, user: &AuthUser) -> Result<Principal, ApiError> {
-    Ok(user.actor(app).await?.principal())
-}
-
-/// `crate::ops::Ops::authorize_locked` for the caller.
-pub(crate) async fn authorize_locked(
-    app: &AppState,
-    locked: &Locked<'_>,
-    room_id: &RoomId,
-    user: &AuthUser,
-    action: Action,
-    details: Value,
-) -> Result<Authorized, ApiError> {
-    let actor = user.actor(app).await?;
-    Ok(app
-        .ops
-        .authorize_locked(locked, room_id, &actor, action, details)
-        .await?)
-}
 
 /// `crate::ops::Ops::authorize` for the caller.
 pub(crate) async fn authorize(

@@ -225,15 +225,10 @@ pub(crate) async fn logout(
         .auth_event("logout", Some(&user.email), Some(&user.id), "")
         .await?;
     // Sockets opened with this session end too.
-    let _ = app.sessions_ended.send(crate::http::state::SessionEnded {
-        hash: user.session_hash.clone(),
-        at: std::time::Instant::now(),
-    });
-    crate::http::events::announce(
-        &app,
-        crate::http::events::Event::SessionEnded {
-            hash: user.session_hash.clone(),
-        },
+    crate::ops::events::session_ended(
+        &app.ops,
+        user.session_hash.clone(),
+        std::time::Instant::now(),
     )
     .await;
     let mut resp = StatusCode::NO_CONTENT.into_response();

@@ -561,7 +561,7 @@ impl Mcp {
             }
             McpTool::ReadSpend => {
                 room_capabilities(&self.app, &c.room, &c.user).await?;
-                let v = crate::http::spend::view(&self.app, &c.room).await?;
+                let v = self.app.ops.spend_view(&c.room).await?;
                 serde_json::to_string_pretty(&v).map_err(|e| ToolError(e.to_string()))
             }
             McpTool::TerminalRead => {

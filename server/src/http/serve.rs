@@ -2,7 +2,6 @@
 //! gracefully.
 
 use crate::config::ServeArgs;
-use crate::http::deletion;
 use crate::http::{router, AppState};
 use crate::metrics::Metrics;
 use crate::room::{RoomDeps, Rooms};
@@ -159,6 +158,8 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         (sandboxes.clone(), spend.clone(), egress.clone()),
         (admin_emails.clone(), vault.clone()),
         (mailer.clone(), public_origin.clone()),
+        (rooms.clone(), server.clone()),
+        args.storage.data_dir.clone(),
     );
     let state = AppState {
         ops,
@@ -178,15 +179,10 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         trusted_proxies: crate::accounts::proxies::TrustedProxies::parse(&args.trusted_proxies)?,
         data_dir: args.storage.data_dir.clone(),
         server,
-        sessions_ended: tokio::sync::broadcast::channel(256).0,
-        access_changed: tokio::sync::broadcast::channel(256).0,
         sandboxes: sandboxes.clone(),
         issuance: Arc::default(),
-        deletions: Arc::default(),
-        checkpoint_locks: Arc::default(),
         egress: egress.clone(),
         spend: spend.clone(),
-        events: crate::http::events::OpenSessions::default(),
         previews: Arc::new(crate::http::previews::Previews::new(
             preview_origin,
             crate::http::previews::PreviewLimits {
@@ -196,10 +192,14 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         )),
     };
     // What other servers on the same PostgreSQL announce (scale-out).
-    crate::http::events::start_listening(&state, &args.storage.database_url());
+    crate::ops::events::start_listening(
+        &state.ops,
+        &args.storage.database_url(),
+        (&tracker, &shutdown),
+    );
     // Deletions a crash interrupted are finished before anything else touches those rooms.
-    deletion::resume(&state).await?;
-    deletion::start_sweeper(state.clone());
+    crate::ops::deletion::resume(&state.ops).await?;
+    crate::ops::deletion::start_sweeper(state.ops.clone(), shutdown.clone());
     sandboxes.start_idle_scheduler();
     sandboxes.start_warm_pool();
     crate::http::checkpoints::start_scheduler(state.clone());
@@ -214,7 +214,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         std::time::Duration::from_millis(args.spend_flush_ms.max(100)),
         shutdown.clone(),
     );
-    crate::http::spend::announce(state.clone(), reached);
+    crate::ops::spend::announce(state.ops.clone(), reached);
     // The handlers are in place before anyone can know where to send a signal: a SIGTERM right
     // after the line below still shuts down gracefully.
     let signals = install_signal_handlers();

@@ -44,49 +44,15 @@ pub(crate) struct AppState {
     /// Serialises the per-email issuance check with its record (no racing past the caps).
     #[from_ref(skip)]
     pub issuance: Arc<tokio::sync::Mutex<()>>,
-    /// One deletion run at a time.
-    #[from_ref(skip)]
-    pub deletions: Arc<tokio::sync::Mutex<()>>,
-    /// One checkpoint operation at a time per room (`http::checkpoints`).
-    #[from_ref(skip)]
-    pub checkpoint_locks:
-        Arc<std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
-    /// Sessions that just ended (logout): their open sockets close.
-    pub sessions_ended: tokio::sync::broadcast::Sender<SessionEnded>,
-    /// Whose rights in which room just changed: open terminals look them up again.
-    pub access_changed: tokio::sync::broadcast::Sender<AccessChanged>,
     /// Every room's sandbox supervisor.
     pub sandboxes: Sandboxes,
     /// The egress proxy (policy views, counters).
     #[from_ref(skip)]
     pub egress: crate::egress::Egress,
-    /// The sessions of the sockets open here (scale-out's catch-up looks them up).
-    pub events: crate::http::events::OpenSessions,
     /// Meters and budgets.
     #[from_ref(skip)]
     pub spend: crate::spend::Spend,
     /// The preview origin's tokens, sessions and cancellations.
     #[from_ref(skip)]
     pub previews: Arc<crate::http::previews::Previews>,
-}
-
-/// A session that ended, announced to the sockets it opened.
-#[derive(Clone, Debug)]
-pub(crate) struct SessionEnded {
-    /// The session's hash (what sockets know their session by).
-    pub hash: String,
-    /// When the server decided: each socket's close is measured from here
-    /// (`coderoom_access_close_seconds`).
-    pub at: std::time::Instant,
-}
-
-/// A participant's rights in a room changed, announced to the open terminals.
-#[derive(Clone, Debug)]
-pub(crate) struct AccessChanged {
-    pub room: String,
-    pub user: String,
-    /// Who changed them (their email), when someone did: the viewer is told.
-    pub by: Option<String>,
-    /// When the server decided (a terminal it closes is measured from here).
-    pub at: std::time::Instant,
 }

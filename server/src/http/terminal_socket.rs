@@ -169,8 +169,8 @@ async fn serve(
     let mut rights = rights;
     // Listen before anything slow (joining may start or restore the sandbox), so no change of
     // rights or end of session can fall between the check at upgrade and the loop.
-    let mut access = app.access_changed.subscribe();
-    let mut ended = app.sessions_ended.subscribe();
+    let mut access = app.ops.access_changed.subscribe();
+    let mut ended = app.ops.sessions_ended.subscribe();
     let actor = match user.actor(&app).await {
         Ok(a) => a,
         // Unknown: an agent would slip past moderation and its budget; closed, it reconnects.
@@ -203,7 +203,7 @@ async fn serve(
     let mut rx = joined.rx;
     // In the room while this connection lasts (moderated rooms ask who is).
     let _here = app.ops.present.hold((room_id.to_string(), user.id.clone()));
-    let _open = app.events.hold(user.session_hash.clone());
+    let _open = app.ops.open_sessions.hold(user.session_hash.clone());
     let mut typist = Typist::new(actor, hub.clone(), viewer);
     // Rights as they are now, after the join (a removal meanwhile closes with 4003 below);
     // when storage cannot say, those checked at upgrade stand.

@@ -19,6 +19,9 @@ pub(crate) enum OpError {
     /// Bad input, said in a sentence the server built (never from internal errors).
     #[error("{0}")]
     Invalid(String),
+    /// What the request names no longer works (an invite link used up, expired or revoked).
+    #[error("this link no longer works")]
+    Gone,
     /// Metered work past a budget.
     #[error("{0}")]
     Spent(Exhausted),

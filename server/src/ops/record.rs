@@ -47,6 +47,12 @@ pub(crate) enum Act {
     ActivatePreview,
     SetSecretsPolicy,
     RemoveSecret,
+    CreateAgent,
+    RevokeAgent,
+    BudgetReached,
+    RevokeInvite,
+    RevokeUser,
+    RoomDeleted,
     ToolCall,
 }
 
@@ -60,6 +66,12 @@ impl Act {
             Act::ActivatePreview => "activate_preview",
             Act::SetSecretsPolicy => "set_secrets_policy",
             Act::RemoveSecret => "remove_secret",
+            Act::CreateAgent => "create_agent",
+            Act::RevokeAgent => "revoke_agent",
+            Act::BudgetReached => "budget_reached",
+            Act::RevokeInvite => "revoke_invite",
+            Act::RevokeUser => "revoke_user",
+            Act::RoomDeleted => "room_deleted",
             Act::ToolCall => "tool_call",
         }
     }

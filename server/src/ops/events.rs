@@ -14,8 +14,7 @@
 //!
 //! On SQLite there is one server and nothing to announce.
 
-use crate::http::state::{AccessChanged, SessionEnded};
-use crate::http::AppState;
+use crate::ops::Ops;
 use crate::room::RoomCmd;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
@@ -27,6 +26,27 @@ const RETRY: Duration = Duration::from_secs(1);
 /// How often the catch-up also runs while listening: an announcement lost between a change's
 /// commit and its `pg_notify` (a crash, a failed statement) still bites within this.
 const CATCH_UP_EVERY: Duration = Duration::from_secs(30);
+
+/// A session that ended, announced to the sockets it opened.
+#[derive(Clone, Debug)]
+pub(crate) struct SessionEnded {
+    /// The session's hash (what sockets know their session by).
+    pub hash: String,
+    /// When the server decided: each socket's close is measured from here
+    /// (`coderoom_access_close_seconds`).
+    pub at: std::time::Instant,
+}
+
+/// A participant's rights in a room changed, announced to the open terminals.
+#[derive(Clone, Debug)]
+pub(crate) struct AccessChanged {
+    pub room: String,
+    pub user: String,
+    /// Who changed them (their email), when someone did: the viewer is told.
+    pub by: Option<String>,
+    /// When the server decided (a terminal it closes is measured from here).
+    pub at: std::time::Instant,
+}
 
 /// What one server tells the others.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -51,7 +71,7 @@ struct Envelope {
 
 /// Announces `event` to the other servers (nothing on SQLite). A failure is logged: the other
 /// servers catch up when their listener reconnects, not sooner.
-pub(crate) async fn announce(app: &AppState, event: Event) {
+pub(crate) async fn announce(app: &Ops, event: Event) {
     if app.store.backend() != crate::store::Backend::Postgres {
         return;
     }
@@ -69,7 +89,7 @@ pub(crate) async fn announce(app: &AppState, event: Event) {
 
 /// A participant's rights in a room changed: the sockets here are told at once, and the other
 /// servers through [`announce`].
-pub(crate) async fn access_changed(app: &AppState, room: String, user: String, by: Option<String>) {
+pub(crate) async fn access_changed(app: &Ops, room: String, user: String, by: Option<String>) {
     let _ = app.access_changed.send(AccessChanged {
         room: room.clone(),
         user: user.clone(),
@@ -79,19 +99,35 @@ pub(crate) async fn access_changed(app: &AppState, room: String, user: String, b
     announce(app, Event::AccessChanged { room, user, by }).await;
 }
 
+/// A session ended (a logout, an account revoked everywhere): its sockets here close at once,
+/// and on the other servers through [`announce`].
+pub(crate) async fn session_ended(app: &Ops, hash: String, at: std::time::Instant) {
+    let _ = app.sessions_ended.send(SessionEnded {
+        hash: hash.clone(),
+        at,
+    });
+    announce(app, Event::SessionEnded { hash }).await;
+}
+
 /// The sessions of this server's open sockets, for the catch-up.
 pub(crate) type OpenSessions = crate::ops::counted::Counted<String>;
 
 /// Listens for the other servers' events until shutdown (PostgreSQL only).
-pub(crate) fn start_listening(app: &AppState, database_url: &str) {
+pub(crate) fn start_listening(
+    app: &Ops,
+    database_url: &str,
+    (tracker, shutdown): (
+        &tokio_util::task::TaskTracker,
+        &tokio_util::sync::CancellationToken,
+    ),
+) {
     if app.store.backend() != crate::store::Backend::Postgres {
         return;
     }
     let app = app.clone();
     let url = database_url.to_owned();
-    let tracker = app.tracker.clone();
+    let shutdown = shutdown.clone();
     tracker.spawn(async move {
-        let shutdown = app.shutdown.clone();
         tokio::select! {
             () = listen(&app, &url) => {}
             () = shutdown.cancelled() => {}
@@ -99,7 +135,7 @@ pub(crate) fn start_listening(app: &AppState, database_url: &str) {
     });
 }
 
-async fn listen(app: &AppState, url: &str) {
+async fn listen(app: &Ops, url: &str) {
     loop {
         let mut listener = match sqlx::postgres::PgListener::connect(url).await {
             Ok(l) => l,
@@ -151,7 +187,7 @@ async fn listen(app: &AppState, url: &str) {
 }
 
 /// Does here what another server announced.
-async fn act(app: &AppState, event: Event) {
+async fn act(app: &Ops, event: Event) {
     match event {
         Event::SessionEnded { hash } => {
             let _ = app.sessions_ended.send(SessionEnded {
@@ -173,7 +209,7 @@ async fn act(app: &AppState, event: Event) {
 
 /// Gives a room loaded here `users`' rights as stored (none, once removed): what every
 /// change of rights ends with, on the server where it happened and on the others.
-pub(crate) async fn refresh_rights(app: &AppState, room: &str, users: &[String]) {
+pub(crate) async fn refresh_rights(app: &Ops, room: &str, users: &[String]) {
     let state = match app.store.room_state(room).await {
         Ok(state) => state,
         Err(e) => {
@@ -204,15 +240,15 @@ pub(crate) async fn refresh_rights(app: &AppState, room: &str, users: &[String])
 
 /// What may have been announced while this server was not listening, read from the database
 /// for what this server holds.
-async fn catch_up(app: &AppState) {
-    for hash in app.events.keys() {
+async fn catch_up(app: &Ops) {
+    for hash in app.open_sessions.keys() {
         match app.store.session_exists(&hash).await {
             Ok(true) => {}
             Ok(false) => act(app, Event::SessionEnded { hash }).await,
             Err(e) => tracing::warn!(error = %e, "cannot look up an open socket's session"),
         }
     }
-    for (room, user) in app.ops.present.keys() {
+    for (room, user) in app.present.keys() {
         act(
             app,
             Event::AccessChanged {
