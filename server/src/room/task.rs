@@ -134,16 +134,19 @@ pub(crate) enum LoadError {
 /// of it walks the block's string from its start, so each update cost time in proportion to the
 /// text's length (85% of the server's CPU in a one-writer burst, `yrs::block::split_str`). The
 /// two encodings hold the same change (`produced_updates_match_yrs_own` checks it).
+///
+/// `after_merge` (`serve --encode-after-merge`) encodes after the merge instead, for the
+/// benchmark's comparison only (docs/benchmarks.md).
 pub(crate) fn observe_produced(
     doc: &Doc,
     sink: Arc<Mutex<Vec<Vec<u8>>>>,
+    after_merge: bool,
 ) -> Result<(), yrs::TransactionAcqError> {
-    // The encoding after the merge, for the benchmark's comparison only (docs/benchmarks.md).
     let keep = move |update: Vec<u8>| match sink.lock() {
         Ok(mut v) => v.push(update),
         Err(poisoned) => poisoned.into_inner().push(update),
     };
-    if crate::config::comparison_switch("CODEROOM_ENCODE_AFTER_MERGE") {
+    if after_merge {
         return doc.observe_update_v1("log", move |_, event| keep(event.update.clone()));
     }
     doc.observe_after_transaction("log", move |txn| {
@@ -441,7 +444,8 @@ impl Room {
             + 1;
         let produced: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
         let sink = produced.clone();
-        observe_produced(&doc, sink).map_err(|_| LoadError::Observe)?;
+        observe_produced(&doc, sink, deps.limits.encode_after_merge)
+            .map_err(|_| LoadError::Observe)?;
         Ok(Room {
             id,
             deps,
@@ -1480,7 +1484,7 @@ mod load_tests {
         use yrs::{Map, MapRef, ReadTxn, TextPrelim, TextRef, Transact, Update};
         let doc = Doc::new();
         let ours: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
-        observe_produced(&doc, ours.clone()).unwrap();
+        observe_produced(&doc, ours.clone(), false).unwrap();
         let theirs: Arc<Mutex<Vec<Vec<u8>>>> = Arc::default();
         let sink = theirs.clone();
         doc.observe_update_v1("yrs", move |_, e| {
