@@ -58,8 +58,6 @@ impl Sandboxes {
         });
     }
 
-    /// A sandbox for `room_id`: one from the warm pool if one is waiting (and still alive),
-    /// else a new one. Says which.
     /// A sandbox for `room_id`: resumed from what its last stop kept under `tag` (the
     /// snapshot it would restore) when the backend has it, else a warm one from the pool, else
     /// a new one. The flag says it came from the pool.
