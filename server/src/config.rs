@@ -1,4 +1,6 @@
-//! Command line and environment configuration. Every flag has a `CODEROOM_*` twin.
+//! Command line and environment configuration. Every flag has a `CODEROOM_*` twin, except the
+//! hidden ones that tests and the benchmarks' comparisons pass (a lever turned off is a
+//! command line of its own, never an environment the server reads deep inside).
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use std::net::SocketAddr;
@@ -224,12 +226,6 @@ impl VmArgs {
     }
 }
 
-/// A switch that turns one of the server's measured levers off, for the side-by-side
-/// comparisons in docs/benchmarks.md only: set when the environment variable `name` is `1`.
-pub(crate) fn comparison_switch(name: &str) -> bool {
-    std::env::var_os(name).is_some_and(|v| v == "1")
-}
-
 /// Where the microVM tier keeps its VMs' directories (`NAME-PID-N`, each with its workspace
 /// disk).
 pub(crate) fn vm_state_dir(data_dir: &std::path::Path) -> std::path::PathBuf {
@@ -452,6 +448,19 @@ pub(crate) struct ServeArgs {
     /// Log format (logs go to stderr).
     #[arg(long, env = "CODEROOM_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
+    /// For the comparison in docs/benchmarks.md only: SQLite's own WAL checkpoints, inside
+    /// whichever commit crosses 1,000 pages, instead of the checkpointer's beside the commits.
+    #[arg(long, hide = true)]
+    pub sqlite_inline_checkpoint: bool,
+    /// For the comparison in docs/benchmarks.md only: most rooms' batches the update log's
+    /// writer takes into one transaction (1: a transaction per room's batch, as before group
+    /// commit). At most, and by default, the store's own bound.
+    #[arg(long, hide = true, default_value_t = crate::store::MAX_COMMIT_GROUP)]
+    pub max_commit_group: usize,
+    /// For the comparison in docs/benchmarks.md only: an `INSERT` per update-log row inside a
+    /// transaction, as before multi-row inserts.
+    #[arg(long, hide = true)]
+    pub log_row_each: bool,
     #[command(flatten)]
     pub limits: Limits,
     #[command(flatten)]
@@ -550,6 +559,11 @@ impl SandboxArgs {
     }
 }
 
+/// Shortest schedule of checkpoints a room may set: each writes the document and the workspace
+/// archive to disk and only the last 20 are kept, so a tighter one would churn the disk and
+/// keep too short a span to go back to.
+const CHECKPOINT_MIN_EVERY_MS: i64 = 5 * 60 * 1000;
+
 /// Bounds on what one client or one room may use. Defaults suit a real deployment; tests lower
 /// them to reach the edges quickly.
 #[derive(Debug, Clone, Args)]
@@ -599,6 +613,18 @@ pub(crate) struct Limits {
     /// five times that; more are refused with a tool error saying when to try again.
     #[arg(long, env = "CODEROOM_AGENT_TOOL_CALLS_PER_S", default_value_t = 10)]
     pub agent_tool_calls_per_s: u32,
+    /// Shortest schedule of checkpoints a room may set, in milliseconds; tests lower it to see
+    /// scheduled checkpoints within seconds.
+    #[arg(long, hide = true, default_value_t = CHECKPOINT_MIN_EVERY_MS)]
+    pub checkpoint_min_every_ms: i64,
+    /// For the comparison in docs/benchmarks.md only: a flush of a client's socket per frame,
+    /// instead of queued frames written together.
+    #[arg(long, hide = true)]
+    pub write_each_frame: bool,
+    /// For the comparison in docs/benchmarks.md only: a room's updates encoded after yrs merges
+    /// the new blocks into their neighbours (`observe_update_v1`), instead of before.
+    #[arg(long, hide = true)]
+    pub encode_after_merge: bool,
 }
 
 impl Default for Limits {
@@ -617,6 +643,9 @@ impl Default for Limits {
             auth_burst: 10,
             auth_replenish_ms: 6_000,
             agent_tool_calls_per_s: 10,
+            checkpoint_min_every_ms: CHECKPOINT_MIN_EVERY_MS,
+            write_each_frame: false,
+            encode_after_merge: false,
         }
     }
 }
@@ -693,6 +722,16 @@ pub(crate) enum LogFormat {
 }
 
 impl ServeArgs {
+    /// How the store is opened: its durability, and the benchmarks' comparison levers.
+    pub(crate) fn store_options(&self) -> crate::store::Options {
+        crate::store::Options {
+            durability: self.storage.sqlite_synchronous.durability(),
+            inline_checkpoints: self.sqlite_inline_checkpoint,
+            max_commit_group: self.max_commit_group,
+            multi_row: !self.log_row_each,
+        }
+    }
+
     /// Where the key that seals room secrets is.
     pub(crate) fn secret_key_path(&self) -> PathBuf {
         self.storage

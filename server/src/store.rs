@@ -34,7 +34,7 @@ pub(crate) use accounts::{LoginCode, UserRow};
 pub(crate) use agents::{AgentRow, AGENT_DOMAIN};
 pub(crate) use changes::Change;
 pub(crate) use checkpoints::{CheckpointPolicy, CheckpointRow};
-pub(crate) use docs::StoredDoc;
+pub(crate) use docs::{StoredDoc, MAX_COMMIT_GROUP};
 pub(crate) use leases::{Claim, Lease, Owner, ServerId};
 pub(crate) use previews::PreviewRow;
 pub(crate) use repos::RepoRow;
@@ -56,6 +56,33 @@ pub(crate) enum Durability {
     PowerLoss,
     /// The process dying, not the machine (`synchronous=NORMAL`).
     Crash,
+}
+
+/// How a store is opened (`coderoom serve`'s flags): what a commit survives, and the levers the
+/// benchmarks turn off one at a time to measure what each is worth (docs/benchmarks.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Options {
+    pub durability: Durability,
+    /// SQLite's own WAL checkpoints, inside whichever commit crosses 1,000 pages, instead of
+    /// the checkpointer's beside the commits (for the comparison only).
+    pub inline_checkpoints: bool,
+    /// Most rooms' batches one update-log transaction takes, within 1..=[`MAX_COMMIT_GROUP`]
+    /// (1, for the comparison: a transaction per room's batch).
+    pub max_commit_group: usize,
+    /// Update-log rows appended by multi-row `INSERT`s (false, for the comparison: a statement
+    /// per row inside a transaction).
+    pub multi_row: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            durability: Durability::PowerLoss,
+            inline_checkpoints: false,
+            max_commit_group: MAX_COMMIT_GROUP,
+            multi_row: true,
+        }
+    }
 }
 
 /// Which database a URL points at.
@@ -113,6 +140,7 @@ async fn begin_write(
 pub(crate) struct Store {
     pool: AnyPool,
     backend: Backend,
+    options: Options,
     /// The one writer of every room's update log (group commit across rooms), started on the
     /// first append.
     appender: std::sync::Arc<std::sync::OnceLock<tokio::sync::mpsc::Sender<docs::Append>>>,
@@ -122,15 +150,17 @@ impl Store {
     /// Connects (creating the SQLite file and its directory when needed). Does not migrate.
     /// Every commit survives power loss.
     pub(crate) async fn connect(url: &str) -> Result<Self, StoreError> {
-        Store::connect_with(url, Durability::PowerLoss).await
+        Store::connect_with(url, Options::default()).await
     }
 
-    /// [`Store::connect`], with the SQLite durability asked for (PostgreSQL keeps its own
-    /// `synchronous_commit`).
-    pub(crate) async fn connect_with(
-        url: &str,
-        durability: Durability,
-    ) -> Result<Self, StoreError> {
+    /// [`Store::connect`], with the options asked for: the SQLite durability (PostgreSQL keeps
+    /// its own `synchronous_commit`) and the comparison levers.
+    pub(crate) async fn connect_with(url: &str, options: Options) -> Result<Self, StoreError> {
+        let Options {
+            durability,
+            inline_checkpoints,
+            ..
+        } = options;
         sqlx::any::install_default_drivers();
         let backend = if url.starts_with("sqlite:") {
             Backend::Sqlite
@@ -155,10 +185,7 @@ impl Store {
             }
             Backend::Postgres => url.to_owned(),
         };
-        let options = AnyConnectOptions::from_str(&url)?;
-        // For comparisons only (docs/benchmarks.md): SQLite's own checkpoints, inside commits.
-        let inline_checkpoints =
-            crate::config::comparison_switch("CODEROOM_SQLITE_INLINE_CHECKPOINT");
+        let connect = AnyConnectOptions::from_str(&url)?;
         let pool = AnyPoolOptions::new()
             .max_connections(match backend {
                 // SQLite serialises writers anyway; a few readers beside the writer suffice.
@@ -195,7 +222,7 @@ impl Store {
                     Ok(())
                 })
             })
-            .connect_with(options)
+            .connect_with(connect)
             .await?;
         if backend == Backend::Sqlite && !inline_checkpoints {
             checkpointer(pool.clone());
@@ -203,6 +230,7 @@ impl Store {
         Ok(Store {
             pool,
             backend,
+            options,
             appender: Default::default(),
         })
     }
@@ -374,26 +402,46 @@ mod tests {
         store.close().await;
     }
 
+    /// The value of `pragma` on a fresh SQLite store opened with `options`.
+    async fn pragma_with(dir: &Path, options: Options, pragma: &str) -> i64 {
+        let url = format!("sqlite://{}/{}.db", dir.display(), uuid::Uuid::new_v4());
+        let store = Store::connect_with(&url, options).await.unwrap();
+        let value: i64 = sqlx::query_scalar(&format!("PRAGMA {pragma}"))
+            .fetch_one(&store.pool)
+            .await
+            .unwrap();
+        store.close().await;
+        value
+    }
+
     /// Power-loss durable by default; `synchronous=NORMAL` only when asked for.
     #[tokio::test]
     async fn sqlite_durability_is_what_was_asked_for() {
         let dir = tempfile::tempdir().unwrap();
         for (durability, expected) in [(Durability::PowerLoss, 2i64), (Durability::Crash, 1)] {
-            let url = format!("sqlite://{}/d{expected}.db", dir.path().display());
-            let store = Store::connect_with(&url, durability).await.unwrap();
-            let sync: i64 = sqlx::query_scalar("PRAGMA synchronous")
-                .fetch_one(&store.pool)
-                .await
-                .unwrap();
+            let options = Options {
+                durability,
+                ..Options::default()
+            };
+            let sync = pragma_with(dir.path(), options, "synchronous").await;
             assert_eq!(sync, expected, "{durability:?}");
-            store.close().await;
         }
-        let url = format!("sqlite://{}/default.db", dir.path().display());
-        let store = Store::connect(&url).await.unwrap();
-        let sync: i64 = sqlx::query_scalar("PRAGMA synchronous")
-            .fetch_one(&store.pool)
-            .await
-            .unwrap();
+        let sync = pragma_with(dir.path(), Options::default(), "synchronous").await;
         assert_eq!(sync, 2, "FULL by default");
+    }
+
+    /// SQLite checkpoints its WAL inside commits only when the comparison asks for it
+    /// (`serve --sqlite-inline-checkpoint`); by default the checkpointer does, beside them.
+    #[tokio::test]
+    async fn inline_checkpoints_only_when_asked_for() {
+        let dir = tempfile::tempdir().unwrap();
+        for (inline_checkpoints, expected) in [(false, 0i64), (true, 1000)] {
+            let options = Options {
+                inline_checkpoints,
+                ..Options::default()
+            };
+            let auto = pragma_with(dir.path(), options, "wal_autocheckpoint").await;
+            assert_eq!(auto, expected, "inline_checkpoints: {inline_checkpoints}");
+        }
     }
 }

@@ -561,7 +561,6 @@ struct Lever {
     name: &'static str,
     label: &'static str,
     args: &'static [&'static str],
-    env: &'static [(&'static str, &'static str)],
 }
 
 const LEVERS: &[Lever] = &[
@@ -569,43 +568,36 @@ const LEVERS: &[Lever] = &[
         name: "",
         label: "",
         args: &[],
-        env: &[],
     },
     Lever {
         name: "normal",
         label: ", synchronous=NORMAL",
         args: &["--sqlite-synchronous", "normal"],
-        env: &[],
     },
     Lever {
         name: "inline",
         label: ", checkpoints inside commits",
-        args: &[],
-        env: &[("CODEROOM_SQLITE_INLINE_CHECKPOINT", "1")],
+        args: &["--sqlite-inline-checkpoint"],
     },
     Lever {
         name: "each",
         label: ", a flush per frame",
-        args: &[],
-        env: &[("CODEROOM_WRITE_EACH_FRAME", "1")],
+        args: &["--write-each-frame"],
     },
     Lever {
         name: "nogroup",
         label: ", a transaction per room's batch",
-        args: &[],
-        env: &[("CODEROOM_MAX_COMMIT_GROUP", "1")],
+        args: &["--max-commit-group", "1"],
     },
     Lever {
         name: "aftermerge",
         label: ", updates encoded after yrs merges blocks",
-        args: &[],
-        env: &[("CODEROOM_ENCODE_AFTER_MERGE", "1")],
+        args: &["--encode-after-merge"],
     },
     Lever {
         name: "rows",
         label: ", an INSERT per row",
-        args: &[],
-        env: &[("CODEROOM_LOG_ROW_EACH", "1")],
+        args: &["--log-row-each"],
     },
 ];
 
@@ -623,10 +615,7 @@ async fn start(which: &str) -> Option<Peer> {
         None => (false, rest),
     };
     let lever = lever.strip_prefix('-').unwrap_or(lever);
-    let Some(Lever {
-        label, args, env, ..
-    }) = LEVERS.iter().find(|l| l.name == lever)
-    else {
+    let Some(Lever { label, args, .. }) = LEVERS.iter().find(|l| l.name == lever) else {
         panic!("no such peer: {which}");
     };
     let backend = if pg {
@@ -635,7 +624,7 @@ async fn start(which: &str) -> Option<Peer> {
         Backend::Sqlite
     };
     let storage = Storage::new(&backend).await;
-    let server = Server::start_with_env(&storage, args, env).await;
+    let server = Server::start(&storage, args).await;
     let token = storage.token("bench@example.com").await;
     let db = if pg { "PostgreSQL" } else { "SQLite" };
     Some(Peer::Coderoom {

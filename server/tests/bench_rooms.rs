@@ -32,7 +32,7 @@ fn newest(text: &str) -> Option<usize> {
 }
 
 /// Alternates group commit across rooms (the default) with one transaction per room's batch
-/// (`CODEROOM_MAX_COMMIT_GROUP=1`), twice each, in one run.
+/// (`serve --max-commit-group 1`), twice each, in one run.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark: run with --release --ignored --nocapture"]
 async fn many_rooms_paced() {
@@ -65,8 +65,7 @@ async fn run(group: &str) -> serde_json::Value {
         secs: knob("BENCH_SECS", 10),
     };
     let storage = Storage::new(&Backend::Sqlite).await;
-    let server =
-        Server::start_with_env(&storage, &[], &[("CODEROOM_MAX_COMMIT_GROUP", group)]).await;
+    let server = Server::start(&storage, &["--max-commit-group", group]).await;
     let report = load(&storage, &server, shape).await;
     drop(server);
     report

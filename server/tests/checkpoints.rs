@@ -548,12 +548,7 @@ async fn a_checkpoint_of_a_sleeping_room_keeps_the_edits_made_since_its_snapshot
 async fn a_schedule_makes_checkpoints_and_old_ones_are_pruned_by_age() {
     let storage = Storage::new(&Backend::Sqlite).await;
     let ana = storage.token("ana@example.com").await;
-    let server = Server::start_with_env(
-        &storage,
-        &[],
-        &[("CODEROOM_CHECKPOINT_MIN_EVERY_MS", "1000")],
-    )
-    .await;
+    let server = Server::start(&storage, &["--checkpoint-min-every-ms", "1000"]).await;
     let room = create_room(&server, &ana).await;
     let list = format!("/api/rooms/{room}/checkpoints");
     let (status, mine) = post(&server, &ana, &list, r#"{"name":"mine"}"#).await;

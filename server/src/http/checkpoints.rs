@@ -539,20 +539,11 @@ async fn fork(
         .into_response())
 }
 
-/// Shortest schedule a room may set (`CODEROOM_CHECKPOINT_MIN_EVERY_MS` lowers it, for tests).
-const MIN_EVERY_MS: i64 = 5 * 60 * 1000;
 /// Longest schedule, and longest age kept.
 const MAX_EVERY_MS: i64 = 7 * 24 * 3600 * 1000;
 const MAX_KEEP_MS: i64 = 365 * 24 * 3600 * 1000;
 /// How often due schedules are looked for.
 const SCHEDULE_POLL: std::time::Duration = std::time::Duration::from_secs(2);
-
-fn min_every_ms() -> i64 {
-    std::env::var("CODEROOM_CHECKPOINT_MIN_EVERY_MS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(MIN_EVERY_MS)
-}
 
 /// A field of the policy body: absent (keep what the room has), `null`, or a value.
 fn field<T: serde::de::DeserializeOwned>(
@@ -591,7 +582,7 @@ async fn set_policy(
     let every_ms = every_s.map(|v| v.map(|s| s.saturating_mul(1000)));
     if every_ms
         .flatten()
-        .is_some_and(|e| e < min_every_ms() || e > MAX_EVERY_MS)
+        .is_some_and(|e| e < app.limits.checkpoint_min_every_ms || e > MAX_EVERY_MS)
     {
         return Err(ApiError::BadRequest(
             "every_s must be from 300 (five minutes) to 604800 (a week), or null",

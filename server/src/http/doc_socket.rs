@@ -73,7 +73,14 @@ async fn serve(app: AppState, room_id: RoomId, user: AuthUser, access: Rights, s
     let (sink, mut stream) = socket.split();
     let done = out_rx.kill_token();
     let stall = Duration::from_millis(app.limits.write_stall_ms);
-    let writer = tokio::spawn(write_loop(sink, out_rx, stall, app.metrics.clone()));
+    let coalesce = coalesce_bytes(&app.limits);
+    let writer = tokio::spawn(write_loop(
+        sink,
+        out_rx,
+        stall,
+        coalesce,
+        app.metrics.clone(),
+    ));
 
     let room = match join(&app, &room_id, conn, &user, access, &outbox).await {
         Ok(room) => room,
@@ -209,23 +216,21 @@ fn decode(
 /// Most bytes of queued frames written together before a flush.
 const COALESCE_BYTES: usize = 64 << 10;
 
-/// [`COALESCE_BYTES`], or 0 (a flush per frame) with `CODEROOM_WRITE_EACH_FRAME=1`, for the
+/// [`COALESCE_BYTES`], or 0 (a flush per frame) under `serve --write-each-frame`, for the
 /// comparison in docs/benchmarks.md only.
-fn coalesce_bytes() -> usize {
-    static LIMIT: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *LIMIT.get_or_init(|| {
-        if crate::config::comparison_switch("CODEROOM_WRITE_EACH_FRAME") {
-            0
-        } else {
-            COALESCE_BYTES
-        }
-    })
+fn coalesce_bytes(limits: &crate::config::Limits) -> usize {
+    if limits.write_each_frame {
+        0
+    } else {
+        COALESCE_BYTES
+    }
 }
 
 async fn write_loop(
     mut sink: SplitSink<Socket, Message>,
     mut rx: OutboxRx,
     stall: Duration,
+    coalesce: usize,
     metrics: crate::metrics::Metrics,
 ) {
     let kill = rx.kill_token();
@@ -246,7 +251,7 @@ async fn write_loop(
                 let mut frames = vec![bytes];
                 let mut size = frames[0].len();
                 let mut then_close = None;
-                while size < coalesce_bytes() {
+                while size < coalesce {
                     match rx.try_recv_timed() {
                         Some((Outbound::Frame(_, more), waited)) => {
                             metrics.stage_queue.observe(waited.as_secs_f64());

@@ -16,11 +16,7 @@ use tokio_util::task::TaskTracker;
 pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     crate::http::listener::raise_open_file_limit();
     crate::fault::announce();
-    let store = Store::connect_with(
-        &args.storage.database_url(),
-        args.storage.sqlite_synchronous.durability(),
-    )
-    .await?;
+    let store = Store::connect_with(&args.storage.database_url(), args.store_options()).await?;
     store.migrate().await?;
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();

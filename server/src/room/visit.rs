@@ -129,7 +129,7 @@ impl Visit {
                 match files.get(&txn, path) {
                     Some(Out::YText(text)) => {
                         let now = text.get_string(&txn);
-                        for e in crate::sandbox::filesync::merge(&now, &now, want) {
+                        for e in crate::room::merge::merge(&now, &now, want) {
                             if e.delete > 0 {
                                 text.remove_range(&mut txn, e.at as u32, e.delete as u32);
                             }

@@ -67,7 +67,8 @@ impl Store {
             let writer = Writer {
                 pool: self.pool.clone(),
                 backend: self.backend,
-                multi_row: multi_row(),
+                multi_row: self.options.multi_row,
+                max_group: self.options.max_commit_group.clamp(1, MAX_COMMIT_GROUP),
             };
             tokio::spawn(writer.run(rx));
             tx
@@ -132,16 +133,10 @@ impl Store {
 
 /// Batches waiting for the writer, across rooms; a room's commit waits while it is full.
 const APPEND_QUEUE: usize = 1024;
-/// Most batches one transaction takes. `CODEROOM_MAX_COMMIT_GROUP` lowers it for benchmarks
-/// (1: every room's batch in a transaction of its own, as before group commit).
-const MAX_GROUP: usize = 256;
-
-fn max_group() -> usize {
-    std::env::var("CODEROOM_MAX_COMMIT_GROUP")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .map_or(MAX_GROUP, |n: usize| n.clamp(1, MAX_GROUP))
-}
+/// Most batches one transaction takes: one fsync for many rooms' batches, a quarter of what
+/// may wait. `serve --max-commit-group` lowers it for the benchmarks' comparison (1: every
+/// room's batch in a transaction of its own, as before group commit).
+pub(crate) const MAX_COMMIT_GROUP: usize = 256;
 
 /// One room's batch waiting for the writer.
 #[derive(Debug)]
@@ -159,14 +154,15 @@ struct Writer {
     backend: Backend,
     /// Multi-row `INSERT`s (false only for the benchmark's comparison).
     multi_row: bool,
+    /// Most batches one transaction takes, within 1..=[`MAX_COMMIT_GROUP`].
+    max_group: usize,
 }
 
 impl Writer {
     async fn run(self, mut rx: tokio::sync::mpsc::Receiver<Append>) {
-        let max = max_group();
         while let Some(first) = rx.recv().await {
             let mut group = vec![first];
-            while group.len() < max {
+            while group.len() < self.max_group {
                 match rx.try_recv() {
                     Ok(a) => group.push(a),
                     Err(_) => break,
@@ -236,12 +232,6 @@ const ROWS_PER_STATEMENT: usize = 500;
 
 /// Row counts whose `INSERT` stays prepared on the connection.
 const PREPARED_UP_TO: usize = 32;
-
-/// False under `CODEROOM_LOG_ROW_EACH=1`: a statement per row inside a transaction, as before
-/// multi-row inserts, for the benchmark's comparison only (docs/benchmarks.md).
-fn multi_row() -> bool {
-    !crate::config::comparison_switch("CODEROOM_LOG_ROW_EACH")
-}
 
 /// One log row to append, with its room's fencing token.
 struct LogRow<'a> {
