@@ -233,10 +233,7 @@ const LAYER_ONLY: [(&str, &str); 5] = [
 /// Edge files that still decide or write the audit chain themselves, with how many times: the
 /// application layer's issue moves them into `ops` a few at a time. This list may only shrink:
 /// a count going up, or a file not listed doing either, fails the test.
-const NOT_YET_MOVED: [(&str, usize); 2] = [
-    ("http/checkpoints.rs", 5),
-    ("http/repos.rs", 5),
-];
+const NOT_YET_MOVED: [(&str, usize); 2] = [("http/checkpoints.rs", 5), ("http/repos.rs", 5)];
 
 /// `(file, what)` for each act only the application layer may perform, found in the edge.
 fn edge_acts(files: &[(PathBuf, String)]) -> Vec<(String, &'static str)> {
@@ -362,4 +359,96 @@ fn an_edge_decision_or_audit_write_is_caught() {
             .any(|l| l.starts_with("http/checkpoints.rs") && l.contains("lower it")),
         "{off:?}"
     );
+}
+
+/// The production part of a source: up to its first `#[cfg(test)]` item (tests may reach across
+/// modules without tying them together).
+fn production(source: &str) -> &str {
+    source.split("#[cfg(test)]").next().unwrap_or(source)
+}
+
+/// Every import circle among the top-level modules of `files` (each as `a -> b -> a`), found
+/// by walking the graph of which module names which through `crate::`.
+fn circles(files: &[(PathBuf, String)]) -> Vec<String> {
+    use std::collections::{BTreeMap, BTreeSet};
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (path, source) in files {
+        let module = module_of(path);
+        let entry = edges.entry(module.clone()).or_default();
+        for target in imported_modules(production(source)) {
+            if target != module {
+                entry.insert(target);
+            }
+        }
+    }
+    let known: BTreeSet<String> = edges.keys().cloned().collect();
+    // A path from each module back to itself, depth first; each circle once, from its
+    // smallest module.
+    let mut found = BTreeSet::new();
+    for start in &known {
+        let mut stack = vec![(start.clone(), vec![start.clone()])];
+        while let Some((at, path)) = stack.pop() {
+            for next in edges.get(&at).into_iter().flatten() {
+                if !known.contains(next) {
+                    continue;
+                }
+                if next == start {
+                    if path.iter().all(|m| m >= start) {
+                        found.insert(format!("{} -> {start}", path.join(" -> ")));
+                    }
+                } else if !path.contains(next) && next > start {
+                    let mut longer = path.clone();
+                    longer.push(next.clone());
+                    stack.push((next.clone(), longer));
+                }
+            }
+        }
+    }
+    found.into_iter().collect()
+}
+
+#[test]
+fn no_import_circle_among_top_level_modules() {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for src in [manifest.join("src"), manifest.join("../sandbox-host/src")] {
+        let mut files = Vec::new();
+        sources(&src, &src, &mut files);
+        assert!(
+            files.len() > 10,
+            "found only {} files in {}",
+            files.len(),
+            src.display()
+        );
+        let found = circles(&files);
+        assert!(
+            found.is_empty(),
+            "import circles among the top-level modules of {}:\n{}",
+            src.display(),
+            found.join("\n")
+        );
+    }
+}
+
+#[test]
+fn an_import_circle_is_caught() {
+    let tree = vec![
+        (
+            PathBuf::from("config.rs"),
+            "use crate::store::Options;\n".to_owned(),
+        ),
+        (
+            PathBuf::from("store/docs.rs"),
+            "let x = crate::config::comparison_switch(\"X\");\n".to_owned(),
+        ),
+        (
+            PathBuf::from("room.rs"),
+            "use crate::store::Store;\n".to_owned(),
+        ),
+        (
+            PathBuf::from("sandbox.rs"),
+            "use crate::room::Rooms;\n#[cfg(test)]\nmod tests { use crate::sandbox::X; }\n"
+                .to_owned(),
+        ),
+    ];
+    assert_eq!(circles(&tree), vec!["config -> store -> config".to_owned()]);
 }
