@@ -195,16 +195,27 @@ fn the_error_type_is_read_at_the_top_level() {
     assert_eq!(error_type("T>"), None);
 }
 
-/// Errors are typed (one `thiserror` enum per operation family): no function of the server
-/// returns a bare `String` as its error.
+/// Errors are typed (one `thiserror` enum per operation family): no function of the
+/// workspace's production code returns a bare `String` as its error.
 #[test]
 fn no_string_errors() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    // The whole workspace's production code: the server, the sandbox crate, authz.
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = Vec::new();
-    sources(&root, &root, &mut files);
+    for crate_src in ["src", "../sandbox-host/src", "../authz/src"] {
+        let root = manifest.join(crate_src);
+        let mut these = Vec::new();
+        sources(&root, &root, &mut these);
+        assert!(!these.is_empty(), "no sources under {}", root.display());
+        files.extend(
+            these
+                .into_iter()
+                .map(|(p, s)| (Path::new(crate_src).join(p), s)),
+        );
+    }
     let mut found = Vec::new();
     for (path, source) in &files {
-        for (n, line) in source.lines().enumerate() {
+        for (n, line) in production(source).lines().enumerate() {
             let code = line.split("//").next().unwrap_or("");
             if let Some(at) = code.find("Result<") {
                 if error_type(&code[at + "Result<".len()..]) == Some("String") {
@@ -361,10 +372,70 @@ fn an_edge_decision_or_audit_write_is_caught() {
     );
 }
 
-/// The production part of a source: up to its first `#[cfg(test)]` item (tests may reach across
-/// modules without tying them together).
-fn production(source: &str) -> &str {
-    source.split("#[cfg(test)]").next().unwrap_or(source)
+/// The production part of a source: every `#[cfg(test)]` item left out (a test module, a
+/// test-only function or field), each up to its `;` or its closing brace. Tests may reach
+/// across modules without tying them together.
+fn production(source: &str) -> String {
+    const MARK: &str = "#[cfg(test)]";
+    let mut out = String::with_capacity(source.len());
+    let mut rest = source;
+    while let Some(at) = rest.find(MARK) {
+        out.push_str(&rest[..at]);
+        rest = &rest[at + MARK.len()..];
+        rest = &rest[item_end(rest)..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Where the item that starts `text` ends: after the `;` or the brace that closes it at the top
+/// level (comments, strings and character literals skipped).
+fn item_end(text: &str) -> usize {
+    let bytes = text.as_bytes();
+    let (mut i, mut depth) = (0, 0usize);
+    while i < bytes.len() {
+        match bytes[i] {
+            b'/' if bytes.get(i + 1) == Some(&b'/') => {
+                while i < bytes.len() && bytes[i] != b'\n' {
+                    i += 1;
+                }
+            }
+            b'"' => {
+                i += 1;
+                while i < bytes.len() && bytes[i] != b'"' {
+                    i += if bytes[i] == b'\\' { 2 } else { 1 };
+                }
+            }
+            // A character literal (`'{'`, `'\''`), not a lifetime.
+            b'\'' if bytes.get(i + 2) == Some(&b'\'') => i += 2,
+            b'\'' if bytes.get(i + 1) == Some(&b'\\') => i += 3,
+            b'{' | b'(' | b'[' => depth += 1,
+            b'}' | b')' | b']' => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 && bytes[i] == b'}' {
+                    return i + 1;
+                }
+            }
+            b';' if depth == 0 => return i + 1,
+            _ => {}
+        }
+        i += 1;
+    }
+    text.len()
+}
+
+#[test]
+fn test_items_are_left_out_of_production() {
+    let src = "fn a() {}\n#[cfg(test)]\nuse crate::x;\nfn b() {}\n#[cfg(test)]\nmod tests {\n    fn t() { let c = '}'; let s = \"}\"; }\n}\nfn c() {}\n";
+    let kept = production(src);
+    assert!(
+        kept.contains("fn a()") && kept.contains("fn b()") && kept.contains("fn c()"),
+        "{kept}"
+    );
+    assert!(
+        !kept.contains("crate::x") && !kept.contains("fn t()"),
+        "{kept}"
+    );
 }
 
 /// Every import circle among the top-level modules of `files` (each as `a -> b -> a`), found
@@ -375,7 +446,7 @@ fn circles(files: &[(PathBuf, String)]) -> Vec<String> {
     for (path, source) in files {
         let module = module_of(path);
         let entry = edges.entry(module.clone()).or_default();
-        for target in imported_modules(production(source)) {
+        for target in imported_modules(&production(source)) {
             if target != module {
                 entry.insert(target);
             }
@@ -451,4 +522,72 @@ fn an_import_circle_is_caught() {
         ),
     ];
     assert_eq!(circles(&tree), vec!["config -> store -> config".to_owned()]);
+}
+
+/// Longest production source file, before its tests: past it, split along the code's seams.
+const MAX_FILE_LINES: usize = 1200;
+
+#[test]
+fn no_production_file_is_over_the_bound() {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut over = Vec::new();
+    for crate_src in ["src", "../sandbox-host/src", "../authz/src"] {
+        let root = manifest.join(crate_src);
+        let mut files = Vec::new();
+        sources(&root, &root, &mut files);
+        for (path, source) in files {
+            let lines = production(&source).lines().count();
+            if lines > MAX_FILE_LINES {
+                over.push(format!("{crate_src}/{}: {lines}", path.display()));
+            }
+        }
+    }
+    assert!(
+        over.is_empty(),
+        "production files over {MAX_FILE_LINES} lines before their tests:\n{}",
+        over.join("\n")
+    );
+}
+
+/// The environment variables production code may read, each with why it is not a switch of
+/// behaviour for benchmarks: everything else is a `coderoom serve` flag, passed down.
+const ENV_READS: [(&str, &str); 2] = [
+    // The test fault points: debug builds only (release builds ignore it and say so).
+    ("src/fault.rs", "ENV"),
+    // Where programs are (the VMMs, bubblewrap), as any program finds them.
+    ("../sandbox-host/src/process.rs", "\"PATH\""),
+];
+
+#[test]
+fn no_environment_switch_in_production_code() {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut found = Vec::new();
+    for crate_src in ["src", "../sandbox-host/src", "../authz/src"] {
+        let root = manifest.join(crate_src);
+        let mut files = Vec::new();
+        sources(&root, &root, &mut files);
+        for (path, source) in files {
+            let file = format!("{crate_src}/{}", path.display());
+            let code: String = production(&source)
+                .lines()
+                .map(|l| l.split("//").next().unwrap_or(""))
+                .collect::<Vec<_>>()
+                .join("\n");
+            for (at, _) in code.match_indices("env::var") {
+                let call = &code[at..];
+                let argument = call
+                    .split_once('(')
+                    .map(|(_, rest)| rest.split(')').next().unwrap_or("").trim())
+                    .unwrap_or("");
+                if !ENV_READS.contains(&(file.as_str(), argument)) {
+                    found.push(format!("{file}: env::var({argument})"));
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "production code reads the environment (make it a flag):\n{}",
+        found.join("\n")
+    );
 }
