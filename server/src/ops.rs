@@ -17,6 +17,7 @@ pub(crate) mod actor;
 pub(crate) mod admin;
 pub(crate) mod agents;
 pub(crate) mod approvals;
+pub(crate) mod checkpoints;
 pub(crate) mod commands;
 pub(crate) mod counted;
 pub(crate) mod deletion;
@@ -91,6 +92,8 @@ pub(crate) struct Ops {
     pub(crate) deletions: Arc<tokio::sync::Mutex<()>>,
     /// Local state (`--data-dir`): checkpoints, recordings, repositories, VM disks.
     pub(crate) data_dir: std::path::PathBuf,
+    /// The server's bounds (document sizes, the checkpoint schedule's floor, ...).
+    pub(crate) limits: Arc<crate::config::Limits>,
     /// Mail to people (approvers told of what waits for them).
     pub(crate) mailer: crate::accounts::mail::Mailer,
     /// `scheme://host[:port]` of `--public-url`, for links in mail.
@@ -104,7 +107,7 @@ impl Ops {
         (admin_emails, vault): (Arc<Vec<String>>, Arc<crate::secrets::Vault>),
         (mailer, public_origin): (crate::accounts::mail::Mailer, String),
         (rooms, server): (crate::room::Rooms, crate::store::ServerId),
-        data_dir: std::path::PathBuf,
+        (data_dir, limits): (std::path::PathBuf, Arc<crate::config::Limits>),
     ) -> Self {
         Ops {
             clock,
@@ -127,6 +130,7 @@ impl Ops {
             room_locks: Arc::default(),
             deletions: Arc::default(),
             data_dir,
+            limits,
         }
     }
 

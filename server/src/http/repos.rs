@@ -154,7 +154,7 @@ async fn connect(
         created_at: app.clock.now_ms(),
     };
     let remote = remote_of(&app, &room_id, &repo).await?;
-    let lock = crate::http::checkpoints::room_lock(&app, &room_id);
+    let lock = app.ops.room_lock(&room_id);
     let _held = lock.lock().await;
     let git = bare(&app, &room_id, &id);
     let placed = async {
@@ -337,7 +337,7 @@ async fn pull(
     )
     .await?;
     let remote = remote_of(&app, &room_id, &repo).await?;
-    let lock = crate::http::checkpoints::room_lock(&app, &room_id);
+    let lock = app.ops.room_lock(&room_id);
     let _held = lock.lock().await;
     let git = bare(&app, &room_id, &repo.id);
     let theirs = git.fetch(&remote, &repo.branch).await?;
@@ -466,7 +466,7 @@ async fn push(
         ));
     }
     let remote = remote_of(&app, &room_id, &repo).await?;
-    let lock = crate::http::checkpoints::room_lock(&app, &room_id);
+    let lock = app.ops.room_lock(&room_id);
     let _held = lock.lock().await;
     // The approval is spent before the push, once: a second push cannot ride on it.
     if !approval.is_empty() {
@@ -549,7 +549,7 @@ async fn export(
             crate::http::approvals::Gate::Allowed { proof, approval } => (proof, approval),
             crate::http::approvals::Gate::Pending(response) => return Ok(response),
         };
-    let lock = crate::http::checkpoints::room_lock(&app, &room_id);
+    let lock = app.ops.room_lock(&room_id);
     let _held = lock.lock().await;
     let git = bare(&app, &room_id, &repo.id);
     let files = workspace_files(&app, &room_id, &repo.path).await?;
@@ -616,7 +616,7 @@ async fn disconnect(
         details.clone(),
     )
     .await?;
-    let lock = crate::http::checkpoints::room_lock(&app, &room_id);
+    let lock = app.ops.room_lock(&room_id);
     let _held = lock.lock().await;
     app.audit
         .record(

@@ -157,7 +157,7 @@ pub(crate) async fn room_view(
         readiness: room
             .readiness
             .filter(|_| mine.contains(coderoom_authz::Capability::Type)),
-        checkpoint_policy: crate::http::checkpoints::policy_view(
+        checkpoint_policy: crate::ops::checkpoints::policy_view(
             &app.store.checkpoint_policy(id).await?,
         ),
         secrets_need_approval: app.store.secrets_need_approval(id).await?,

@@ -155,7 +155,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         (admin_emails.clone(), vault.clone()),
         (mailer.clone(), public_origin.clone()),
         (rooms.clone(), server.clone()),
-        args.storage.data_dir.clone(),
+        (args.storage.data_dir.clone(), limits.clone()),
     );
     let state = AppState {
         ops,
@@ -198,7 +198,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     crate::ops::deletion::start_sweeper(state.ops.clone(), shutdown.clone());
     sandboxes.start_idle_scheduler();
     sandboxes.start_warm_pool();
-    crate::http::checkpoints::start_scheduler(state.clone());
+    crate::ops::checkpoints::start_scheduler(state.ops.clone(), shutdown.clone());
     if let Some(listener) = preview_listener {
         // Tests and scripts read this line to find the preview origin's port.
         println!("previews on http://{}", listener.local_addr()?);

@@ -53,6 +53,10 @@ pub(crate) enum Act {
     RevokeInvite,
     RevokeUser,
     RoomDeleted,
+    CreateCheckpoint,
+    PruneCheckpoint,
+    RestoreCheckpointFailed,
+    SetCheckpointPolicy,
     ToolCall,
 }
 
@@ -72,6 +76,10 @@ impl Act {
             Act::RevokeInvite => "revoke_invite",
             Act::RevokeUser => "revoke_user",
             Act::RoomDeleted => "room_deleted",
+            Act::CreateCheckpoint => "create_checkpoint",
+            Act::PruneCheckpoint => "prune_checkpoint",
+            Act::RestoreCheckpointFailed => "restore_checkpoint_failed",
+            Act::SetCheckpointPolicy => "set_checkpoint_policy",
             Act::ToolCall => "tool_call",
         }
     }
