@@ -58,6 +58,24 @@ pub(crate) enum Outcome<T> {
     Pending(String),
 }
 
+/// What the layer is built over: the mechanisms and the server's settings.
+pub(crate) struct Parts {
+    pub(crate) clock: Clock,
+    pub(crate) store: Store,
+    pub(crate) audit: Audit,
+    pub(crate) sandboxes: Sandboxes,
+    pub(crate) spend: Spend,
+    pub(crate) egress: crate::egress::Egress,
+    pub(crate) rooms: crate::room::Rooms,
+    pub(crate) vault: Arc<crate::secrets::Vault>,
+    pub(crate) mailer: crate::accounts::mail::Mailer,
+    pub(crate) admin_emails: Arc<Vec<String>>,
+    pub(crate) public_origin: String,
+    pub(crate) server: crate::store::ServerId,
+    pub(crate) data_dir: std::path::PathBuf,
+    pub(crate) limits: Arc<crate::config::Limits>,
+}
+
 /// The application layer's handles on the mechanisms. Cheap to clone.
 #[derive(Clone)]
 pub(crate) struct Ops {
@@ -101,14 +119,25 @@ pub(crate) struct Ops {
 }
 
 impl Ops {
-    pub(crate) fn new(
-        (clock, store, audit): (Clock, Store, Audit),
-        (sandboxes, spend, egress): (Sandboxes, Spend, crate::egress::Egress),
-        (admin_emails, vault): (Arc<Vec<String>>, Arc<crate::secrets::Vault>),
-        (mailer, public_origin): (crate::accounts::mail::Mailer, String),
-        (rooms, server): (crate::room::Rooms, crate::store::ServerId),
-        (data_dir, limits): (std::path::PathBuf, Arc<crate::config::Limits>),
-    ) -> Self {
+    /// The layer over the mechanisms in `parts`; its own state (who is present, the open
+    /// sessions, the announcements, the per-room and deletion locks) starts empty.
+    pub(crate) fn new(parts: Parts) -> Self {
+        let Parts {
+            clock,
+            store,
+            audit,
+            sandboxes,
+            spend,
+            egress,
+            rooms,
+            vault,
+            mailer,
+            admin_emails,
+            public_origin,
+            server,
+            data_dir,
+            limits,
+        } = parts;
         Ops {
             clock,
             store,

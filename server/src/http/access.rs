@@ -74,15 +74,16 @@ pub(crate) async fn show_invite(
     Path(token): Path<String>,
 ) -> Result<Json<InviteShown>, ApiError> {
     let (_, invite) = app.ops.invite_by_token(&token).await?;
-    if let Some(why) = unusable(&invite, app.clock.now_ms()) {
+    if let Some(why) = unusable(&invite, app.ops.clock.now_ms()) {
         return Err(ApiError::GoneBecause(why));
     }
     let room = app
+        .ops
         .store
         .room(&invite.room_id)
         .await?
         .ok_or(ApiError::Gone)?;
-    let invited_by = app.store.user_email(&invite.created_by).await?;
+    let invited_by = app.ops.store.user_email(&invite.created_by).await?;
     Ok(Json(InviteShown {
         room_id: invite.room_id,
         room_name: room.name,

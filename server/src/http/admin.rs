@@ -80,9 +80,9 @@ pub(crate) async fn users(
         return Err(ApiError::BadRequest("the search is too long"));
     }
     let q = query.q.trim();
-    let rows = app.store.users_matching(q, MAX_USERS).await?;
+    let rows = app.ops.store.users_matching(q, MAX_USERS).await?;
     let mut rooms: std::collections::HashMap<String, Vec<Membership>> = Default::default();
-    for (user, id, name, role) in app.store.memberships_matching(q).await? {
+    for (user, id, name, role) in app.ops.store.memberships_matching(q).await? {
         rooms
             .entry(user)
             .or_default()
@@ -134,7 +134,7 @@ pub(crate) async fn deletions(
     user: AuthUser,
 ) -> Result<Json<Vec<AdminDeletion>>, ApiError> {
     admin_only(&app, &user).await?;
-    let rows = app.store.deletions_listed(MAX_DELETIONS).await?;
+    let rows = app.ops.store.deletions_listed(MAX_DELETIONS).await?;
     Ok(Json(
         rows.into_iter()
             .map(|d| AdminDeletion {

@@ -62,9 +62,10 @@ async fn list(
     Ids(room_id): Ids<RoomId>,
 ) -> Result<Json<Vec<Value>>, ApiError> {
     room_capabilities(&app, &room_id, &user).await?;
-    let state = app.store.room_state(&room_id).await?;
-    let now = app.clock.now_ms();
+    let state = app.ops.store.room_state(&room_id).await?;
+    let now = app.ops.clock.now_ms();
     let out = app
+        .ops
         .store
         .agents(&room_id)
         .await?

@@ -135,15 +135,15 @@ async fn workspace_download(
     params: Value,
     approval_id: &str,
 ) -> Result<Response, ApiError> {
-    let dir = exports_dir(&app.data_dir, &app.server.id);
+    let dir = exports_dir(&app.ops.data_dir, &app.ops.server.id);
     tokio::fs::create_dir_all(&dir).await.map_err(store_io)?;
     let id = IssuedId::fresh();
     let raw = dir.join(format!("{id}.tar"));
     let out = dir.join(format!("{id}.tar.gz"));
     let _scratch = Scratch(vec![raw.clone(), out.clone()]);
-    let (_, meta) = app.sandboxes.archive(room_id, raw.clone()).await?;
+    let (_, meta) = app.ops.sandboxes.archive(room_id, raw.clone()).await?;
     let texts = doc_texts(app, room_id).await?;
-    let mtime = u64::try_from(app.clock.now_ms() / 1000).unwrap_or(0);
+    let mtime = u64::try_from(app.ops.clock.now_ms() / 1000).unwrap_or(0);
     let target = out.clone();
     let bundled = tokio::task::spawn_blocking(move || {
         crate::sandbox::download::bundle(&raw, &meta.agreed, &texts, mtime, &target)
@@ -172,7 +172,7 @@ async fn workspace_download(
     record_allowed(app, room_id, proof, details, approval_id).await?;
     // Open, then let the scratch guard unlink it: the open file is read to its end.
     let file = tokio::fs::File::open(&out).await.map_err(store_io)?;
-    let room = app.store.room(room_id).await?;
+    let room = app.ops.store.room(room_id).await?;
     let name = download_name(room.as_ref().map_or("", |r| r.name.as_str()));
     Ok((
         [
@@ -306,7 +306,7 @@ async fn read_files(
 
 /// Every file the room's document holds (path -> text), as stored: what every peer was sent.
 async fn doc_texts(app: &AppState, room_id: &str) -> Result<BTreeMap<String, String>, ApiError> {
-    let stored = app.store.load_doc(room_id).await?;
+    let stored = app.ops.store.load_doc(room_id).await?;
     let (doc, _) = crate::room::task::doc_from_stored(&stored)
         .map_err(|_| ApiError::Store(StoreError::Corrupt))?;
     let files = doc.get_or_insert_map("files");
@@ -326,8 +326,9 @@ pub(crate) async fn list(
     Ids(room_id): Ids<RoomId>,
 ) -> Result<Json<Vec<ApprovalItem>>, ApiError> {
     crate::http::guard::room_capabilities(&app, &room_id, &user).await?;
-    let now = app.clock.now_ms();
+    let now = app.ops.clock.now_ms();
     let items = app
+        .ops
         .store
         .approvals(&room_id)
         .await?

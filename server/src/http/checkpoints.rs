@@ -55,7 +55,7 @@ async fn list(
     Ids(room_id): Ids<RoomId>,
 ) -> Result<Json<Vec<CheckpointRow>>, ApiError> {
     room_capabilities(&app, &room_id, &user).await?;
-    Ok(Json(app.store.checkpoints(&room_id).await?))
+    Ok(Json(app.ops.store.checkpoints(&room_id).await?))
 }
 
 #[derive(Deserialize)]

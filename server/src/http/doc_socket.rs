@@ -180,6 +180,7 @@ async fn join(
     outbox: &Outbox,
 ) -> Result<mpsc::Sender<RoomCmd>, CloseCode> {
     match app
+        .ops
         .rooms
         .join(room_id, conn, (&user.id, &user.email), access, outbox)
         .await

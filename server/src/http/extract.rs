@@ -67,8 +67,9 @@ impl FromRequestParts<AppState> for AuthUser {
         };
         let session_hash = hash_token(&token);
         let user = state
+            .ops
             .store
-            .live_session_user(&session_hash, state.clock.now_ms(), SESSION_IDLE_MS)
+            .live_session_user(&session_hash, state.ops.clock.now_ms(), SESSION_IDLE_MS)
             .await?
             .ok_or(ApiError::Unauthorized)?;
         // An agent's token opens its room and nothing else (no other room, no new room).
@@ -77,6 +78,7 @@ impl FromRequestParts<AppState> for AuthUser {
             .ends_with(&format!("@{}", crate::store::AGENT_DOMAIN))
         {
             let agent = state
+                .ops
                 .store
                 .agent(&user.id)
                 .await?

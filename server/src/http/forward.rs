@@ -53,14 +53,14 @@ async fn room_for(app: &AppState, path: &str) -> Result<Option<String>, crate::s
         return Ok(Some(room.to_owned()));
     }
     match deletion_of(path) {
-        Some(id) => Ok(app.store.deletion(id).await?.map(|d| d.room_id)),
+        Some(id) => Ok(app.ops.store.deletion(id).await?.map(|d| d.room_id)),
         None => Ok(None),
     }
 }
 
 /// The middleware: serves the request here unless another live server owns its room.
 pub(crate) async fn to_owner(State(app): State<AppState>, req: Request, next: Next) -> Response {
-    if app.store.backend() != crate::store::Backend::Postgres {
+    if app.ops.store.backend() != crate::store::Backend::Postgres {
         return next.run(req).await;
     }
     let room = match room_for(&app, req.uri().path()).await {
@@ -68,7 +68,7 @@ pub(crate) async fn to_owner(State(app): State<AppState>, req: Request, next: Ne
         Ok(None) => return next.run(req).await,
         Err(e) => return crate::http::ApiError::Store(e).into_response(),
     };
-    let owner = match app.store.room_owner(&room).await {
+    let owner = match app.ops.store.room_owner(&room).await {
         Ok(owner) => owner,
         Err(e) => return crate::http::ApiError::Store(e).into_response(),
     };
@@ -76,14 +76,14 @@ pub(crate) async fn to_owner(State(app): State<AppState>, req: Request, next: Ne
         // Forwarded already (or a client saying so): never a second hop, and never served by a
         // server that does not own the room (that would be a second owner).
         Some(owner)
-            if owner.server != app.server.id && req.headers().contains_key(FORWARDED_BY) =>
+            if owner.server != app.ops.server.id && req.headers().contains_key(FORWARDED_BY) =>
         {
             tracing::info!(owner = %owner.server, "a forwarded request for a room another server owns; the client retries");
             unavailable()
         }
-        Some(owner) if owner.server != app.server.id => {
+        Some(owner) if owner.server != app.ops.server.id => {
             app.metrics.requests_forwarded.inc();
-            forward(req, &owner, &app.server.id).await
+            forward(req, &owner, &app.ops.server.id).await
         }
         _ => next.run(req).await,
     }

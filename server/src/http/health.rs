@@ -2,7 +2,6 @@
 
 use crate::http::AppState;
 use crate::metrics::Metrics;
-use crate::store::Store;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
@@ -15,8 +14,8 @@ pub(crate) fn routes() -> Router<AppState> {
         .route("/metrics", get(metrics))
 }
 
-async fn healthz(State(store): State<Store>) -> impl IntoResponse {
-    match store.ping().await {
+async fn healthz(State(app): State<AppState>) -> impl IntoResponse {
+    match app.ops.store.ping().await {
         Ok(()) => (StatusCode::OK, "ok\n"),
         Err(e) => {
             tracing::warn!(error = %e, "health check: database does not answer");

@@ -87,22 +87,24 @@ pub(crate) async fn request_code(
 ) -> Result<Response, ApiError> {
     let email =
         canonicalize(&body.email).map_err(|_| ApiError::BadRequest("invalid email address"))?;
-    let now = app.clock.now_ms();
+    let now = app.ops.clock.now_ms();
     {
         let _one_at_a_time = app.issuance.lock().await;
         let recent = app
+            .ops
             .store
             .recent_issuance(&email, now - ISSUE_CAPS[1].0)
             .await?;
         let wait = issue_wait_ms(&recent, now);
         if wait > 0 {
-            app.store
+            app.ops
+                .store
                 .auth_event("code_rate_limited", Some(&email), None, &ip.to_string())
                 .await?;
             // Whole seconds, rounded up: asking again after them is taken.
             return Err(ApiError::TooManyFor((wait as u64).div_ceil(1000)));
         }
-        app.store.record_issuance(&email, now).await?;
+        app.ops.store.record_issuance(&email, now).await?;
     }
     let code = new_code();
     let hash = match app.hasher.hash(code.clone()).await {
@@ -111,11 +113,13 @@ pub(crate) async fn request_code(
     };
     // The same work for every address: known, unknown and disabled accounts all get a stored
     // code; only the mail is skipped for a disabled account (queued off the request path).
-    app.store
+    app.ops
+        .store
         .put_login_code(&email, &hash, now, now + CODE_TTL_MS)
         .await?;
-    let disabled = app.store.user_disabled(&email).await?;
-    app.store
+    let disabled = app.ops.store.user_disabled(&email).await?;
+    app.ops
+        .store
         .auth_event("code_issued", Some(&email), None, &ip.to_string())
         .await?;
     if !disabled {
@@ -142,14 +146,15 @@ pub(crate) async fn verify_code(
         return Ok(unauthorized());
     };
     let well_formed = body.code.len() == 6 && body.code.bytes().all(|b| b.is_ascii_digit());
-    let stored = app.store.login_code(&email).await?;
-    let now = app.clock.now_ms();
+    let stored = app.ops.store.login_code(&email).await?;
+    let now = app.ops.clock.now_ms();
     let checkable = well_formed && gate(stored.as_ref(), now) == Gate::Check;
     let (hash, reserved) = match (&stored, checkable) {
         // Take one try before hashing, atomically, so concurrent guesses cannot exceed five.
         (Some(c), true) => (
             c.code_hash.clone(),
-            app.store
+            app.ops
+                .store
                 .take_attempt(&email, &c.code_hash, MAX_ATTEMPTS)
                 .await?,
         ),
@@ -161,8 +166,9 @@ pub(crate) async fn verify_code(
     // read the same), so exactly one request spends the last try; unless it was right, it voids
     // the code and says so, even when hashing was refused (that try is spent all the same).
     if !ok && reserved.is_some_and(|attempts| attempts >= MAX_ATTEMPTS) {
-        app.store.void_login_code(&email, &hash).await?;
-        app.store
+        app.ops.store.void_login_code(&email, &hash).await?;
+        app.ops
+            .store
             .auth_event("code_locked", Some(&email), None, &ip)
             .await?;
     }
@@ -170,37 +176,44 @@ pub(crate) async fn verify_code(
         return Ok(hash_error(e));
     }
     if !ok {
-        app.store
+        app.ops
+            .store
             .auth_event("login_failed", Some(&email), None, &ip)
             .await?;
         return Ok(unauthorized());
     }
     // Single use: only the request that deletes the row logs in.
-    if !app.store.void_login_code(&email, &hash).await? {
-        app.store
+    if !app.ops.store.void_login_code(&email, &hash).await? {
+        app.ops
+            .store
             .auth_event("login_failed", Some(&email), None, &ip)
             .await?;
         return Ok(unauthorized());
     }
-    let user = auth::ensure_user(&app.store, &email).await?;
-    if app.store.user_disabled(&email).await? {
-        app.store
+    let user = auth::ensure_user(&app.ops.store, &email).await?;
+    if app.ops.store.user_disabled(&email).await? {
+        app.ops
+            .store
             .auth_event("login_failed", Some(&email), Some(&user.id), &ip)
             .await?;
         return Ok(unauthorized());
     }
     // Rotate: a session presented with this request ends; a new one begins.
     if let Some(old) = auth::session_cookie(&headers, &app.cookie) {
-        app.store.delete_session(&auth::hash_token(&old)).await?;
+        app.ops
+            .store
+            .delete_session(&auth::hash_token(&old))
+            .await?;
     }
     let token = auth::issue_token(
-        &app.store,
+        &app.ops.store,
         &user.id,
         auth::SESSION_ABSOLUTE_S,
-        app.clock.now_ms(),
+        app.ops.clock.now_ms(),
     )
     .await?;
-    app.store
+    app.ops
+        .store
         .auth_event("login_ok", Some(&email), Some(&user.id), &ip)
         .await?;
     let mut resp = Json(LoggedIn {
@@ -220,8 +233,9 @@ pub(crate) async fn logout(
     State(app): State<AppState>,
     user: AuthUser,
 ) -> Result<Response, ApiError> {
-    app.store.delete_session(&user.session_hash).await?;
-    app.store
+    app.ops.store.delete_session(&user.session_hash).await?;
+    app.ops
+        .store
         .auth_event("logout", Some(&user.email), Some(&user.id), "")
         .await?;
     // Sockets opened with this session end too.
@@ -238,7 +252,7 @@ pub(crate) async fn logout(
 }
 
 pub(crate) async fn me(State(app): State<AppState>, user: AuthUser) -> Json<Me> {
-    let is_admin = app.admin_emails.contains(&user.email);
+    let is_admin = app.ops.admin_emails.contains(&user.email);
     Json(Me {
         id: user.id,
         email: user.email,

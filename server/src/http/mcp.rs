@@ -350,7 +350,7 @@ impl Mcp {
     /// How the caller shows in presence and the terminal: an agent by its name, marked as one;
     /// a person by their email.
     async fn shown_name(&self, c: &Caller) -> String {
-        match self.app.store.agent(&c.user.id).await {
+        match self.app.ops.store.agent(&c.user.id).await {
             Ok(Some(a)) => format!("{} (agent)", a.name),
             _ => c.user.email.clone(),
         }
@@ -363,7 +363,7 @@ impl Mcp {
     ) -> Result<std::collections::BTreeMap<String, String>, ToolError> {
         room_capabilities(&self.app, &c.room, &c.user).await?;
         let visit = Visit::start(
-            &self.app.rooms,
+            &self.app.ops.rooms,
             &self.app.limits,
             &c.room,
             (&c.user.id, &c.user.email),
@@ -385,7 +385,7 @@ impl Mcp {
         let path = checked.as_str();
         let name = self.shown_name(c).await;
         let mut visit = Visit::start(
-            &self.app.rooms,
+            &self.app.ops.rooms,
             &self.app.limits,
             &c.room,
             (&c.user.id, &name),
@@ -548,6 +548,7 @@ impl Mcp {
                 if tool == McpTool::ListParticipants {
                     let agents = self
                         .app
+                        .ops
                         .store
                         .agents(&c.room)
                         .await
@@ -582,7 +583,11 @@ impl Mcp {
                     .await?;
                 let tail =
                     joined.scrollback[joined.scrollback.len().saturating_sub(max)..].to_vec();
-                self.app.sandboxes.leave(&c.room, &hub, joined.viewer).await;
+                self.app
+                    .ops
+                    .sandboxes
+                    .leave(&c.room, &hub, joined.viewer)
+                    .await;
                 Ok(plain(&tail))
             }
             McpTool::TerminalSend => {
@@ -633,7 +638,7 @@ impl Mcp {
         let mut typist = Typist::new(actor, hub, joined.viewer).shown_as(name);
         let mut retried = false;
         let commands = loop {
-            let may_type = rights.may_act(self.app.clock.now_ms());
+            let may_type = rights.may_act(self.app.ops.clock.now_ms());
             let typed = self
                 .app
                 .ops
@@ -747,6 +752,7 @@ impl Mcp {
         loop {
             let a = self
                 .app
+                .ops
                 .store
                 .approval(&c.room, id)
                 .await
@@ -757,7 +763,7 @@ impl Mcp {
                 Some((by, false)) => {
                     return Err(ToolError(format!("denied (by {by}): {otherwise}")))
                 }
-                None if a.expires_at <= self.app.clock.now_ms() => {
+                None if a.expires_at <= self.app.ops.clock.now_ms() => {
                     return Err(ToolError(format!("approval {id} expired: {otherwise}")))
                 }
                 None => {}
@@ -815,6 +821,7 @@ impl ServerHandler for Mcp {
         // refused, saying which budget (told to the room once, when it was reached).
         match self
             .app
+            .ops
             .spend
             .try_charge(&c.room, &c.user.id, crate::spend::Meter::ToolCalls, 1)
             .await

@@ -286,7 +286,7 @@ fn standing(p: &PreviewRow, now: i64) -> &'static str {
 fn view(app: &AppState, p: &PreviewRow) -> Value {
     let mut v = json!(p);
     v["hits"] = json!(p.hits + app.previews.unwritten_hits(&p.id));
-    v["state"] = json!(standing(p, app.clock.now_ms()));
+    v["state"] = json!(standing(p, app.ops.clock.now_ms()));
     v["url"] = json!(app.previews.origin.as_ref().map(|o| o.url(&p.id)));
     v
 }
@@ -313,6 +313,7 @@ async fn ports(
     room_capabilities(&app, &room_id, &user).await?;
     let op = coderoom_sandbox::proto::Op::Listening;
     match app
+        .ops
         .sandboxes
         .peek(room_id.as_str(), op, Duration::from_secs(5))
         .await
@@ -378,7 +379,7 @@ async fn list(
 ) -> Result<Json<Vec<Value>>, ApiError> {
     room_capabilities(&app, &room_id, &user).await?;
     let mut out = Vec::new();
-    for p in app.store.previews(&room_id).await? {
+    for p in app.ops.store.previews(&room_id).await? {
         let p = app.ops.activate_if_approved(p).await?;
         out.push(view(&app, &p));
     }
@@ -421,7 +422,7 @@ pub(crate) async fn link(
     let p = app.ops.preview(room_id, pid).await?;
     let p = app.ops.activate_if_approved(p).await?;
     let origin = app.previews.origin.as_ref().ok_or(ApiError::NotFound)?;
-    let now = app.clock.now_ms();
+    let now = app.ops.clock.now_ms();
     let url = if p.visibility == "room" {
         let token = Previews::issue(&app.previews.tokens, &p.id, &actor.id, now + TOKEN_MS, now);
         format!("{}?{TOKEN_PARAM}={token}", origin.url(&p.id))
@@ -476,7 +477,7 @@ pub(crate) fn serve(app: AppState, listener: tokio::net::TcpListener) {
                 () = counters.shutdown.cancelled() => true,
                 () = tokio::time::sleep(HITS_EVERY) => false,
             };
-            counters.previews.write_hits(&counters.store).await;
+            counters.previews.write_hits(&counters.ops.store).await;
             if stop {
                 return;
             }
@@ -548,7 +549,7 @@ async fn handle(
     let Some(id) = origin.id_of(&host) else {
         return page(StatusCode::NOT_FOUND, "No such preview.", false);
     };
-    let p = match app.store.preview(&id).await {
+    let p = match app.ops.store.preview(&id).await {
         Ok(Some(p)) => p,
         Ok(None) => return page(StatusCode::NOT_FOUND, "No such preview.", false),
         Err(_) => return page(StatusCode::SERVICE_UNAVAILABLE, "Try again shortly.", true),
@@ -556,7 +557,7 @@ async fn handle(
     let Ok(p) = app.ops.activate_if_approved(p).await else {
         return page(StatusCode::SERVICE_UNAVAILABLE, "Try again shortly.", true);
     };
-    let now = app.clock.now_ms();
+    let now = app.ops.clock.now_ms();
     match standing(&p, now) {
         "revoked" => return page(StatusCode::GONE, "This preview was revoked.", false),
         "expired" => return page(StatusCode::GONE, "This preview has expired.", false),
@@ -666,6 +667,7 @@ async fn handle(
     }
     let port = u16::try_from(p.port).unwrap_or(0);
     let conn = match app
+        .ops
         .sandboxes
         .connect(&p.room_id, port, p.visibility == "room")
         .await

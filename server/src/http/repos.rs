@@ -43,7 +43,8 @@ pub(crate) fn routes() -> Router<AppState> {
 
 fn bare(app: &AppState, room_id: &str, id: &str) -> Bare {
     Bare::at(
-        app.data_dir
+        app.ops
+            .data_dir
             .join("rooms")
             .join(room_id)
             .join("repos")
@@ -70,7 +71,8 @@ fn author(user: &AuthUser) -> Person {
 async fn remote_of(app: &AppState, room_id: &str, repo: &RepoRow) -> Result<Remote, ApiError> {
     let header = match &repo.secret {
         Some(name) => Some(
-            app.egress
+            app.ops
+                .egress
                 .secret_header(room_id, name)
                 .await
                 .map_err(|e| ApiError::Invalid(e.0))?
@@ -82,7 +84,7 @@ async fn remote_of(app: &AppState, room_id: &str, repo: &RepoRow) -> Result<Remo
         ),
         None => None,
     };
-    Ok(Remote::checked(&app.egress, &repo.url, header).await?)
+    Ok(Remote::checked(&app.ops.egress, &repo.url, header).await?)
 }
 
 #[derive(Deserialize)]
@@ -126,7 +128,7 @@ async fn connect(
         details.clone(),
     )
     .await?;
-    let existing = app.store.repos(&room_id).await?;
+    let existing = app.ops.store.repos(&room_id).await?;
     if existing.len() >= MAX_REPOS {
         return Err(ApiError::Invalid(format!(
             "a room connects at most {MAX_REPOS} repositories"
@@ -151,7 +153,7 @@ async fn connect(
         path,
         base: String::new(),
         created_by: proof.actor().to_owned(),
-        created_at: app.clock.now_ms(),
+        created_at: app.ops.clock.now_ms(),
     };
     let remote = remote_of(&app, &room_id, &repo).await?;
     let lock = app.ops.room_lock(&room_id);
@@ -176,7 +178,8 @@ async fn connect(
     let mut details = details;
     details["id"] = json!(id);
     details["head"] = json!(repo.base);
-    app.audit
+    app.ops
+        .audit
         .record(
             &room_id,
             proof.actor(),
@@ -201,7 +204,7 @@ async fn list(
     Ids(room_id): Ids<RoomId>,
 ) -> Result<Json<Vec<RepoRow>>, ApiError> {
     room_capabilities(&app, &room_id, &user).await?;
-    Ok(Json(app.store.repos(&room_id).await?))
+    Ok(Json(app.ops.store.repos(&room_id).await?))
 }
 
 /// The repository `rid` of the room, or 404.
@@ -209,7 +212,8 @@ async fn repo_of(app: &AppState, room_id: &RoomId, rid: &str) -> Result<RepoRow,
     if rid.len() > 64 {
         return Err(ApiError::NotFound);
     }
-    app.store
+    app.ops
+        .store
         .repo(room_id, rid)
         .await?
         .ok_or(ApiError::NotFound)
@@ -254,7 +258,7 @@ async fn write_changes(
             }
             None => Op::RemoveFile { path: full },
         };
-        match app.sandboxes.op(room_id, op, OP_WITHIN).await {
+        match app.ops.sandboxes.op(room_id, op, OP_WITHIN).await {
             Ok(_) => {}
             // Already gone from the workspace: nothing to remove.
             Err(crate::sandbox::SandboxError::Call(coderoom_sandbox::CallError::Agent(
@@ -273,6 +277,7 @@ async fn workspace_files(
     dir: &str,
 ) -> Result<Vec<(String, Vec<u8>)>, ApiError> {
     let listed = app
+        .ops
         .sandboxes
         .op(
             room_id,
@@ -312,7 +317,7 @@ async fn workspace_files(
             path: e.path.clone(),
             max_bytes: MAX_FILE_BYTES,
         };
-        match app.sandboxes.op(room_id, op, OP_WITHIN).await? {
+        match app.ops.sandboxes.op(room_id, op, OP_WITHIN).await? {
             Reply::File(data) => files.push((e.path[prefix.len()..].to_owned(), data.into_vec())),
             _ => return Err(ApiError::Internal),
         }
@@ -376,7 +381,8 @@ async fn pull(
     let mut details = details;
     details["from"] = json!(repo.base);
     details["to"] = json!(theirs);
-    app.audit
+    app.ops
+        .audit
         .record(
             &room_id,
             proof.actor(),
@@ -450,7 +456,8 @@ async fn push(
         (proof, String::new())
     };
     if repo.access != "push" {
-        app.audit
+        app.ops
+            .audit
             .record(
                 &room_id,
                 proof.actor(),
@@ -499,7 +506,8 @@ async fn push(
         id: repo.id.clone(),
         base: commit.clone(),
     };
-    app.audit
+    app.ops
+        .audit
         .record(
             &room_id,
             proof.actor(),
@@ -618,7 +626,8 @@ async fn disconnect(
     .await?;
     let lock = app.ops.room_lock(&room_id);
     let _held = lock.lock().await;
-    app.audit
+    app.ops
+        .audit
         .record(
             &room_id,
             proof.actor(),

@@ -44,7 +44,7 @@ pub(crate) async fn list_rooms(
     State(app): State<AppState>,
     user: AuthUser,
 ) -> Result<Json<Vec<RoomItem>>, ApiError> {
-    let rooms = app.store.room_list(&user.id).await?;
+    let rooms = app.ops.store.room_list(&user.id).await?;
     Ok(Json(
         rooms
             .into_iter()
@@ -77,10 +77,11 @@ pub(crate) async fn room_view(
     id: &RoomId,
 ) -> Result<RoomView, ApiError> {
     let mine = room_capabilities(app, id, user).await?;
-    let room = app.store.room(id).await?.ok_or(ApiError::NotFound)?;
-    let state = app.store.room_state(id).await?;
-    let now = app.clock.now_ms();
+    let room = app.ops.store.room(id).await?.ok_or(ApiError::NotFound)?;
+    let state = app.ops.store.room_state(id).await?;
+    let now = app.ops.clock.now_ms();
     let participants = app
+        .ops
         .store
         .participants(id)
         .await?
@@ -97,6 +98,7 @@ pub(crate) async fn room_view(
         .collect::<Vec<ParticipantView>>();
     // The live agents, each with its sponsor and what it holds now.
     let agents = app
+        .ops
         .store
         .agents(id)
         .await?
@@ -117,7 +119,7 @@ pub(crate) async fn room_view(
         })
         .collect();
     // An owner's request to delete the room, until an admin confirms it and it is done.
-    let pending_deletion = app.store.open_deletion(id).await?.map(|d| {
+    let pending_deletion = app.ops.store.open_deletion(id).await?.map(|d| {
         let email = participants
             .iter()
             .find(|p| p.user_id == d.requested_by)
@@ -133,22 +135,22 @@ pub(crate) async fn room_view(
         my_capabilities: mine.names(),
         repos: Vec::new(),
         secret_rules: app
-            .store
+            .ops.store
             .secret_rules(id)
             .await?
             .into_iter()
             .map(|r| serde_json::json!({ "name": r.name, "hosts": r.hosts, "header": r.header, "format": r.format }))
             .collect(),
-        egress_allowlist: app.egress.policy(id).await.in_force(),
+        egress_allowlist: app.ops.egress.policy(id).await.in_force(),
         budget: {
-            let b = app.spend.budget(id).await?;
+            let b = app.ops.spend.budget(id).await?;
             (!b.is_empty()).then(|| b.to_json())
         },
         // The readiness command and its output are for those who may run commands.
         sandbox: if mine.contains(coderoom_authz::Capability::Type) {
-            app.sandboxes.status(id).await?
+            app.ops.sandboxes.status(id).await?
         } else {
-            app.sandboxes.status(id).await?.without_readiness_details()
+            app.ops.sandboxes.status(id).await?.without_readiness_details()
         },
         parent: room
             .parent
@@ -158,10 +160,10 @@ pub(crate) async fn room_view(
             .readiness
             .filter(|_| mine.contains(coderoom_authz::Capability::Type)),
         checkpoint_policy: crate::ops::checkpoints::policy_view(
-            &app.store.checkpoint_policy(id).await?,
+            &app.ops.store.checkpoint_policy(id).await?,
         ),
-        secrets_need_approval: app.store.secrets_need_approval(id).await?,
-        moderated: app.store.room_moderated(id).await?,
+        secrets_need_approval: app.ops.store.secrets_need_approval(id).await?,
+        moderated: app.ops.store.room_moderated(id).await?,
     })
 }
 

@@ -128,7 +128,7 @@ pub(crate) async fn status(
     Ids(room_id): Ids<RoomId>,
 ) -> Result<Json<SandboxStatus>, ApiError> {
     let caps = crate::http::guard::room_capabilities(&app, &room_id, &user).await?;
-    let status = app.sandboxes.status(&room_id).await?;
+    let status = app.ops.sandboxes.status(&room_id).await?;
     Ok(Json(if caps.contains(Capability::Type) {
         status
     } else {

@@ -102,7 +102,7 @@ async fn list(
     Ids(room_id): Ids<RoomId>,
 ) -> Result<Json<Vec<SecretRule>>, ApiError> {
     room_capabilities(&app, &room_id, &user).await?;
-    Ok(Json(app.store.secret_rules(&room_id).await?))
+    Ok(Json(app.ops.store.secret_rules(&room_id).await?))
 }
 
 async fn remove(

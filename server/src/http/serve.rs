@@ -149,36 +149,34 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let admin_emails = Arc::new(admin_emails);
-    let ops = crate::ops::Ops::new(
-        (clock.clone(), store.clone(), audit.clone()),
-        (sandboxes.clone(), spend.clone(), egress.clone()),
-        (admin_emails.clone(), vault.clone()),
-        (mailer.clone(), public_origin.clone()),
-        (rooms.clone(), server.clone()),
-        (args.storage.data_dir.clone(), limits.clone()),
-    );
-    let state = AppState {
-        ops,
+    let ops = crate::ops::Ops::new(crate::ops::Parts {
         clock: clock.clone(),
         store: store.clone(),
-        rooms,
+        audit: audit.clone(),
+        sandboxes: sandboxes.clone(),
+        spend: spend.clone(),
+        egress: egress.clone(),
+        rooms: rooms.clone(),
+        vault: vault.clone(),
+        mailer: mailer.clone(),
+        admin_emails: admin_emails.clone(),
+        public_origin: public_origin.clone(),
+        server: server.clone(),
+        data_dir: args.storage.data_dir.clone(),
+        limits: limits.clone(),
+    });
+    let state = AppState {
+        ops,
         metrics,
         limits,
         shutdown: shutdown.clone(),
         tracker: tracker.clone(),
         hasher: crate::accounts::codes::Hasher::new(permits, metrics_for_hasher),
-        audit: audit.clone(),
         mailer,
         cookie: crate::accounts::sessions::CookieConfig::for_origin(&public_origin),
         public_origin,
-        admin_emails,
         trusted_proxies: crate::accounts::proxies::TrustedProxies::parse(&args.trusted_proxies)?,
-        data_dir: args.storage.data_dir.clone(),
-        server,
-        sandboxes: sandboxes.clone(),
         issuance: Arc::default(),
-        egress: egress.clone(),
-        spend: spend.clone(),
         previews: Arc::new(crate::http::previews::Previews::new(
             preview_origin,
             crate::http::previews::PreviewLimits {

@@ -188,7 +188,7 @@ async fn serve(
         Err(e) => {
             // Said only to someone still in the room (the join may have taken a while).
             if let Some((now, _)) = rights_now(&app, &room_id, &user).await {
-                if !now.may_observe(app.clock.now_ms()) {
+                if !now.may_observe(app.ops.clock.now_ms()) {
                     close(&mut sink, CloseCode::Removed).await;
                     return;
                 }
@@ -214,21 +214,21 @@ async fn serve(
         }
         None => None,
     };
-    if !rights.may_observe(app.clock.now_ms()) {
+    if !rights.may_observe(app.ops.clock.now_ms()) {
         close(&mut sink, CloseCode::Removed).await;
-        app.sandboxes.leave(&room_id, &hub, viewer).await;
+        app.ops.sandboxes.leave(&room_id, &hub, viewer).await;
         return;
     }
     if !joined.scrollback.is_empty()
         && !put(&mut sink, Message::Binary(joined.scrollback.into()), stall).await
     {
-        app.sandboxes.leave(&room_id, &hub, viewer).await;
+        app.ops.sandboxes.leave(&room_id, &hub, viewer).await;
         return;
     }
     for ev in joined.events {
         put(&mut sink, Message::Text(ev.into()), stall).await;
     }
-    if !rights.may_act(app.clock.now_ms()) {
+    if !rights.may_act(app.ops.clock.now_ms()) {
         let msg = TermEvent::ReadOnly {
             reason: "you may watch but not type".into(),
         };
@@ -241,14 +241,18 @@ async fn serve(
         // Removed from the room when `observe` lapses, unless it is held for good.
         let observe_ends = rights.observe.ends_at();
         let observe_left = Duration::from_millis(
-            u64::try_from(observe_ends.unwrap_or(0).saturating_sub(app.clock.now_ms()))
-                .unwrap_or(0),
+            u64::try_from(
+                observe_ends
+                    .unwrap_or(0)
+                    .saturating_sub(app.ops.clock.now_ms()),
+            )
+            .unwrap_or(0),
         );
         tokio::select! {
             frame = stream.next() => match frame {
                 None | Some(Ok(Message::Close(_))) | Some(Err(_)) => break,
                 Some(Ok(Message::Binary(data))) => {
-                    let may_type = rights.may_act(app.clock.now_ms());
+                    let may_type = rights.may_act(app.ops.clock.now_ms());
                     // Recorded (where it is) before the client hears of it.
                     let msg = match app.ops.type_keys(&room_id, &mut typist, may_type, data).await {
                         Ok(Typed::Sent { .. }) => None,
@@ -272,14 +276,14 @@ async fn serve(
                 Some(Ok(Message::Text(text))) => {
                     match serde_json::from_str::<Control>(&text) {
                         Ok(Control::Resize { cols, rows }) => {
-                            if rights.may_act(app.clock.now_ms()) {
+                            if rights.may_act(app.ops.clock.now_ms()) {
                                 let (c, r) = clamp_size(cols, rows);
                                 hub.resize(c, r).await;
                             }
                         }
                         Ok(Control::Floor { action, to }) => {
                             let action = match (action, to) {
-                                _ if !rights.may_act(app.clock.now_ms()) => Err("you do not hold type in this room"),
+                                _ if !rights.may_act(app.ops.clock.now_ms()) => Err("you do not hold type in this room"),
                                 (FloorControl::Take, None) => Ok(FloorAction::Take),
                                 (FloorControl::Request, None) => Ok(FloorAction::Request),
                                 (FloorControl::Release, None) => Ok(FloorAction::Release),
@@ -332,14 +336,14 @@ async fn serve(
                 if relevant {
                     // When storage cannot say, the rights are withdrawn (and no event is sent).
                     let now = rights_now(&app, &room_id, &user).await;
-                    let was_typing = rights.may_act(app.clock.now_ms());
+                    let was_typing = rights.may_act(app.ops.clock.now_ms());
                     rights = now.as_ref().map_or(Rights::NONE, |(r, _)| *r);
-                    if was_typing && !rights.may_act(app.clock.now_ms()) {
+                    if was_typing && !rights.may_act(app.ops.clock.now_ms()) {
                         hub.floor(viewer, (&user.id, &user.email), FloorAction::Revoked).await;
                         let msg = TermEvent::ReadOnly { reason: "your right to type was withdrawn".into() };
                         put(&mut sink, Message::Text(msg.text().into()), stall).await;
                     }
-                    if now.is_some() && !rights.may_observe(app.clock.now_ms()) {
+                    if now.is_some() && !rights.may_observe(app.ops.clock.now_ms()) {
                         // Removed (or lost `observe`, as storage says): closed now, measured
                         // from the decision. When storage cannot say, the terminal only turns
                         // read-only (above).
@@ -367,7 +371,7 @@ async fn serve(
             }
             () = tokio::time::sleep(observe_left), if observe_ends.is_some() => {
                 // A lapse: measured from the moment it lapsed.
-                let late = app.clock.now_ms().saturating_sub(observe_ends.unwrap_or(0)).max(0);
+                let late = app.ops.clock.now_ms().saturating_sub(observe_ends.unwrap_or(0)).max(0);
                 app.metrics.access_close_seconds.observe(late as f64 / 1000.0);
                 close(&mut sink, CloseCode::Removed).await;
                 break;
@@ -462,6 +466,7 @@ async fn download(
 ) -> Result<Response, ApiError> {
     crate::http::guard::room_capabilities(app, room_id, user).await?;
     let path = app
+        .ops
         .data_dir
         .join("rooms")
         .join(room_id.as_str())
