@@ -28,6 +28,7 @@ pub(crate) mod files;
 pub(crate) mod moderation;
 pub(crate) mod previews;
 pub(crate) mod record;
+pub(crate) mod repositories;
 pub(crate) mod rights;
 pub(crate) mod rooms;
 pub(crate) mod sandbox;

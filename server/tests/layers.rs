@@ -241,11 +241,6 @@ const LAYER_ONLY: [(&str, &str); 5] = [
     ("locked.deny(", "an audit write"),
 ];
 
-/// Edge files that still decide or write the audit chain themselves, with how many times: the
-/// application layer's issue moves them into `ops` a few at a time. This list may only shrink:
-/// a count going up, or a file not listed doing either, fails the test.
-const NOT_YET_MOVED: [(&str, usize); 1] = [("http/repos.rs", 5)];
-
 /// `(file, what)` for each act only the application layer may perform, found in the edge.
 fn edge_acts(files: &[(PathBuf, String)]) -> Vec<(String, &'static str)> {
     let mut found = Vec::new();
@@ -276,60 +271,19 @@ fn edge_acts(files: &[(PathBuf, String)]) -> Vec<(String, &'static str)> {
     found
 }
 
-/// Every file whose count differs from its allowance (see [`NOT_YET_MOVED`]), as readable
-/// lines: over it, the edge does more than it may; under it, the allowance is stale and must
-/// come down (so the list only shrinks).
-fn off_allowance(found: &[(String, &'static str)]) -> Vec<String> {
-    let mut counts = std::collections::BTreeMap::<&str, usize>::new();
-    for (file, _) in found {
-        *counts.entry(file.as_str()).or_default() += 1;
-    }
-    for (file, _) in NOT_YET_MOVED {
-        counts.entry(file).or_default();
-    }
-    counts
-        .into_iter()
-        .filter_map(|(file, n)| {
-            let allowed = NOT_YET_MOVED
-                .iter()
-                .find(|(f, _)| *f == file)
-                .map_or(0, |(_, n)| *n);
-            let what: Vec<_> = found
-                .iter()
-                .filter(|(f, _)| f == file)
-                .map(|(_, w)| *w)
-                .collect();
-            match n.cmp(&allowed) {
-                std::cmp::Ordering::Greater => Some(format!(
-                    "{file}: {n} (allowed {allowed}): {}",
-                    what.join(", ")
-                )),
-                std::cmp::Ordering::Less => Some(format!(
-                    "{file}: {n}, under its allowance of {allowed}: lower it in NOT_YET_MOVED"
-                )),
-                std::cmp::Ordering::Equal => None,
-            }
-        })
-        .collect()
-}
-
 #[test]
 fn only_the_application_layer_decides_and_records() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
     sources(&root, &root, &mut files);
-    let found = edge_acts(&files);
-    let over = off_allowance(&found);
+    let found: Vec<String> = edge_acts(&files)
+        .into_iter()
+        .map(|(file, what)| format!("{file}: {what}"))
+        .collect();
     assert!(
-        over.is_empty(),
-        "the edge decides or writes the audit chain itself (move it into `ops`), or an \
-         allowance is stale:\n{}",
-        over.join("\n")
-    );
-    eprintln!(
-        "edge acts not yet moved into ops: {} in {} files",
-        found.len(),
-        NOT_YET_MOVED.len()
+        found.is_empty(),
+        "the edge decides or writes the audit chain itself (move it into `ops`):\n{}",
+        found.join("\n")
     );
 }
 
@@ -350,25 +304,16 @@ fn an_edge_decision_or_audit_write_is_caught() {
         ),
     ];
     let found = edge_acts(&tree);
-    assert_eq!(found.len(), 2, "{found:?}");
-    let off = off_allowance(&found);
-    let about = |file: &str| off.iter().filter(|l| l.starts_with(file)).count();
-    assert!(
-        off.iter()
-            .any(|l| l.starts_with("http/files.rs") && l.contains("a decision")),
-        "{off:?}"
-    );
-    assert!(
-        off.iter()
-            .any(|l| l.starts_with("http/rooms.rs") && l.contains("an audit write")),
-        "{off:?}"
-    );
-    // The layer's own file is never reported; a listed file doing less than its allowance is.
-    assert_eq!(about("ops/"), 0, "{off:?}");
-    assert!(
-        off.iter()
-            .any(|l| l.starts_with("http/repos.rs") && l.contains("lower it")),
-        "{off:?}"
+    assert_eq!(
+        found,
+        vec![
+            ("http/rooms.rs".to_owned(), "an audit write"),
+            (
+                "http/files.rs".to_owned(),
+                "a decision (coderoom_authz::decide)"
+            ),
+        ],
+        "the layer's own file is never reported; a comment and `may_decide(` are not acts"
     );
 }
 

@@ -64,7 +64,9 @@ impl From<crate::ops::OpError> for ApiError {
             OpError::Invalid(why) => ApiError::Invalid(why),
             OpError::Gone => ApiError::Gone,
             OpError::Spent(e) => ApiError::Spent(e),
+            OpError::Conflict(why) => ApiError::Conflict(why),
             OpError::Store(e) => ApiError::Store(e),
+            OpError::Repo(e) => ApiError::Repo(e),
             OpError::Sandbox(e) => ApiError::Sandbox(e),
             OpError::Internal => ApiError::Internal,
         }

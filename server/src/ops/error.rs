@@ -25,8 +25,14 @@ pub(crate) enum OpError {
     /// Metered work past a budget.
     #[error("{0}")]
     Spent(Exhausted),
+    /// The request collides with the state of things (a merge conflict); the message says how.
+    #[error("{0}")]
+    Conflict(String),
     #[error("storage unavailable")]
     Store(#[from] StoreError),
+    /// A repository's remote or the git work on it.
+    #[error("{0}")]
+    Repo(#[from] crate::repos::RepoError),
     #[error("{0}")]
     Sandbox(#[from] SandboxError),
     #[error("internal error")]

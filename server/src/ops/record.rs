@@ -57,6 +57,10 @@ pub(crate) enum Act {
     PruneCheckpoint,
     RestoreCheckpointFailed,
     SetCheckpointPolicy,
+    ConnectRepo,
+    PullRepo,
+    PushRepo,
+    DisconnectRepo,
     ToolCall,
 }
 
@@ -80,6 +84,10 @@ impl Act {
             Act::PruneCheckpoint => "prune_checkpoint",
             Act::RestoreCheckpointFailed => "restore_checkpoint_failed",
             Act::SetCheckpointPolicy => "set_checkpoint_policy",
+            Act::ConnectRepo => "connect_repo",
+            Act::PullRepo => "pull_repo",
+            Act::PushRepo => "push_repo",
+            Act::DisconnectRepo => "disconnect_repo",
             Act::ToolCall => "tool_call",
         }
     }
