@@ -113,31 +113,13 @@ async fn revoke_invite(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct ChangeBody {
-    role: Option<String>,
-    #[serde(default)]
-    grant: Vec<String>,
-    #[serde(default)]
-    revoke: Vec<String>,
-    /// When the granted capabilities lapse (Unix ms); absent for no expiry.
-    expires_at: Option<i64>,
-}
-
 async fn change_participant(
     State(app): State<AppState>,
     user: AuthUser,
     Ids((room_id, target)): Ids<(RoomId, UserId)>,
-    Json(body): Json<ChangeBody>,
+    Json(asked): Json<RightsChange>,
 ) -> Result<Json<ParticipantRights>, ApiError> {
     let actor = user.actor(&app).await?;
-    let asked = RightsChange {
-        role: body.role,
-        grant: body.grant,
-        revoke: body.revoke,
-        expires_at: body.expires_at,
-    };
     let rights = app
         .ops
         .change_participant(&room_id, &actor, &target, asked)

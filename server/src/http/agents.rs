@@ -14,7 +14,6 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::{delete, get};
 use axum::{Json, Router};
-use serde::Deserialize;
 use serde_json::{json, Value};
 
 pub(crate) fn routes() -> Router<AppState> {
@@ -23,33 +22,13 @@ pub(crate) fn routes() -> Router<AppState> {
         .route("/api/rooms/{id}/agents/{agent}", delete(revoke))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct Create {
-    name: String,
-    capabilities: Vec<String>,
-    #[serde(default)]
-    budget: Option<Value>,
-    ttl_s: i64,
-    /// Each command it runs waits for someone's approval of exactly that command.
-    #[serde(default)]
-    approval_mode: bool,
-}
-
 async fn create(
     State(app): State<AppState>,
     user: AuthUser,
     Ids(room_id): Ids<RoomId>,
-    Json(body): Json<Create>,
+    Json(new): Json<NewAgent>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let actor = user.actor(&app).await?;
-    let new = NewAgent {
-        name: body.name,
-        capabilities: body.capabilities,
-        budget: body.budget,
-        ttl_s: body.ttl_s,
-        approval_mode: body.approval_mode,
-    };
     let (agent, token) = app.ops.create_agent(&room_id, &actor, new).await?;
     let mut v = json!(agent);
     v["token"] = json!(token);

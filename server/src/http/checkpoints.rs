@@ -86,31 +86,14 @@ async fn restore(
     Ok(render(restored))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct ForkBody {
-    #[serde(default)]
-    checkpoint: Option<String>,
-    #[serde(default)]
-    name: Option<String>,
-    /// An approval of this fork, for a caller without `export`.
-    #[serde(default)]
-    approval_id: Option<String>,
-}
-
 /// `POST /api/rooms/{id}/fork`: a new room owned by the caller (`crate::ops::Ops::fork_room`).
 async fn fork(
     State(app): State<AppState>,
     user: AuthUser,
     Ids(room_id): Ids<RoomId>,
-    Json(body): Json<ForkBody>,
+    Json(asked): Json<ForkAsked>,
 ) -> Result<Response, ApiError> {
     let actor = user.actor(&app).await?;
-    let asked = ForkAsked {
-        checkpoint: body.checkpoint,
-        name: body.name,
-        approval_id: body.approval_id,
-    };
     Ok(match app.ops.fork_room(&room_id, &actor, asked).await? {
         Outcome::Done(made) => (StatusCode::CREATED, Json(made)).into_response(),
         Outcome::Pending(id) => render::<()>(Outcome::Pending(id)),

@@ -516,7 +516,7 @@ impl Mcp {
             }
             McpTool::RequestPreview => {
                 let wait = wait_of(args)?;
-                let body: crate::http::previews::Create = serde_json::from_value(json!({
+                let body: crate::ops::previews::NewPreview = serde_json::from_value(json!({
                     "port": args.get("port"),
                     "visibility": args.get("visibility"),
                     "ttl_s": args.get("ttl_s"),
@@ -524,11 +524,7 @@ impl Mcp {
                 .map_err(|e| ToolError(format!("bad arguments: {e}")))?;
                 crate::http::previews::enabled(&self.app)?;
                 let actor = c.user.actor(&self.app).await?;
-                let p = self
-                    .app
-                    .ops
-                    .create_preview(&c.room, &actor, body.into())
-                    .await?;
+                let p = self.app.ops.create_preview(&c.room, &actor, body).await?;
                 if let Some(id) = &p.approval_id {
                     self.decided(c, id, wait, "the preview stays closed")
                         .await?;

@@ -25,7 +25,6 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
-use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -329,24 +328,6 @@ async fn ports(
     }
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct Create {
-    port: u16,
-    visibility: String,
-    ttl_s: i64,
-}
-
-impl From<Create> for NewPreview {
-    fn from(c: Create) -> NewPreview {
-        NewPreview {
-            port: c.port,
-            visibility: c.visibility,
-            ttl_s: c.ttl_s,
-        }
-    }
-}
-
 /// Previews are served only where the server has a preview origin (`--preview-url`).
 pub(crate) fn enabled(app: &AppState) -> Result<(), ApiError> {
     if app.previews.origin.is_none() {
@@ -361,14 +342,11 @@ async fn create(
     State(app): State<AppState>,
     user: AuthUser,
     Ids(room_id): Ids<RoomId>,
-    Json(body): Json<Create>,
+    Json(body): Json<NewPreview>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     enabled(&app)?;
     let actor = user.actor(&app).await?;
-    let row = app
-        .ops
-        .create_preview(&room_id, &actor, body.into())
-        .await?;
+    let row = app.ops.create_preview(&room_id, &actor, body).await?;
     Ok((StatusCode::CREATED, Json(view(&app, &row))))
 }
 

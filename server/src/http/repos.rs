@@ -30,31 +30,13 @@ pub(crate) fn routes() -> Router<AppState> {
         .route("/api/rooms/{id}/repos/{rid}/export", post(export))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct ConnectBody {
-    url: String,
-    branch: String,
-    secret: Option<String>,
-    access: String,
-    /// Where the files go in the workspace (default: the repository's name).
-    path: Option<String>,
-}
-
 async fn connect(
     State(app): State<AppState>,
     user: AuthUser,
     Ids(room_id): Ids<RoomId>,
-    Json(body): Json<ConnectBody>,
+    Json(asked): Json<Connect>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let actor = user.actor(&app).await?;
-    let asked = Connect {
-        url: body.url,
-        branch: body.branch,
-        secret: body.secret,
-        access: body.access,
-        path: body.path,
-    };
     let made = app.ops.connect_repo(&room_id, &actor, asked).await?;
     Ok((StatusCode::CREATED, Json(made)))
 }
@@ -78,31 +60,14 @@ async fn pull(
     Ok(Json(app.ops.pull_repo(&room_id, &actor, &rid).await?))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct PushBody {
-    message: String,
-    /// Replace the branch with the room's version even when it moved (needs an approval).
-    #[serde(default)]
-    force: bool,
-    /// The approval of exactly this forced push.
-    #[serde(default)]
-    approval_id: Option<String>,
-}
-
 async fn push(
     State(app): State<AppState>,
     user: AuthUser,
     Path((room, rid)): Path<(String, String)>,
-    Json(body): Json<PushBody>,
+    Json(asked): Json<Push>,
 ) -> Result<Response, ApiError> {
     let room_id = RoomId::parse(&room).ok_or(ApiError::NotFound)?;
     let actor = user.actor(&app).await?;
-    let asked = Push {
-        message: body.message,
-        force: body.force,
-        approval_id: body.approval_id,
-    };
     Ok(render(
         app.ops.push_repo(&room_id, &actor, &rid, asked).await?,
     ))

@@ -19,11 +19,14 @@ const MAX_INVITE_TTL_S: u64 = 30 * 24 * 3600;
 /// Most uses one invite may allow.
 const MAX_INVITE_USES: i64 = 1000;
 
-/// A change of a participant's rights, as asked for.
-#[derive(Debug, Clone)]
+/// A change of a participant's rights, as asked for (the body of `PATCH .../participants/ID`).
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct RightsChange {
     pub(crate) role: Option<String>,
+    #[serde(default)]
     pub(crate) grant: Vec<String>,
+    #[serde(default)]
     pub(crate) revoke: Vec<String>,
     /// When the granted capabilities lapse (Unix ms); absent for no expiry.
     pub(crate) expires_at: Option<i64>,

@@ -15,13 +15,17 @@ const MAX_TTL_S: i64 = 30 * 24 * 3600;
 /// Agents one room may have had (revoked ones included).
 const MAX_AGENTS: usize = 100;
 
-/// An agent as asked for.
-#[derive(Debug, Clone)]
+/// An agent as asked for (the body of `POST .../agents`).
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct NewAgent {
     pub(crate) name: String,
     pub(crate) capabilities: Vec<String>,
+    #[serde(default)]
     pub(crate) budget: Option<Value>,
     pub(crate) ttl_s: i64,
+    /// Each command it runs waits for someone's approval of exactly that command.
+    #[serde(default)]
     pub(crate) approval_mode: bool,
 }
 

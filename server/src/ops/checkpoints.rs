@@ -429,10 +429,15 @@ impl Ops {
 
 /// A fork as asked for: of checkpoint `checkpoint` (one made now when `None`), named `name`
 /// (the parent's name and " (fork)" when `None`), presenting `approval_id`.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct ForkAsked {
+    #[serde(default)]
     pub(crate) checkpoint: Option<String>,
+    #[serde(default)]
     pub(crate) name: Option<String>,
+    /// An approval of this fork, for a caller without `export`.
+    #[serde(default)]
     pub(crate) approval_id: Option<String>,
 }
 

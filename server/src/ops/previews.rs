@@ -18,8 +18,9 @@ const MIN_TTL_S: i64 = 10;
 /// Previews one room holds (revoked and expired ones included, until they are swept).
 const MAX_PREVIEWS: usize = 50;
 
-/// A preview as asked for.
-#[derive(Debug, Clone)]
+/// A preview as asked for (the body of `POST .../previews`, MCP `request_preview`'s arguments).
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct NewPreview {
     pub(crate) port: u16,
     pub(crate) visibility: String,

@@ -74,8 +74,9 @@ async fn remote_of(app: &Ops, room_id: &str, repo: &RepoRow) -> Result<Remote, O
     Ok(Remote::checked(&app.egress, &repo.url, header).await?)
 }
 
-/// A repository to connect.
-#[derive(Debug, Clone)]
+/// A repository to connect (the body of `POST .../repos`).
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct Connect {
     pub(crate) url: String,
     pub(crate) branch: String,
@@ -367,13 +368,16 @@ impl Ops {
     }
 }
 
-/// A push as asked for.
-#[derive(Debug, Clone)]
+/// A push as asked for (the body of `POST .../repos/ID/push`).
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub(crate) struct Push {
     pub(crate) message: String,
     /// Replace the branch with the room's version even when it moved (needs an approval).
+    #[serde(default)]
     pub(crate) force: bool,
     /// The approval of exactly this forced push.
+    #[serde(default)]
     pub(crate) approval_id: Option<String>,
 }
 
