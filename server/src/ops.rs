@@ -24,6 +24,7 @@ pub(crate) mod deletion;
 pub(crate) mod egress;
 pub(crate) mod error;
 pub(crate) mod events;
+pub(crate) mod export;
 pub(crate) mod files;
 pub(crate) mod moderation;
 pub(crate) mod previews;

@@ -1,24 +1,11 @@
-//! The edge's way to the application layer's decisions (`crate::ops::rights`) for routes that
-//! still hold their own sequence: the caller named as an actor, the outcome as an `ApiError`.
-//! Nothing is decided here.
+//! The edge's reads of the caller's standing in a room (`crate::ops::rights`): its
+//! capabilities and rights, for the routes that only read and the sockets that follow them.
+//! Nothing is decided or recorded here.
 
 use crate::http::{ApiError, AppState, AuthUser};
 use crate::ids::RoomId;
 use crate::room::task::Rights;
-use coderoom_authz::{Action, Authorized, Capability, CapabilitySet};
-use serde_json::Value;
-
-/// `crate::ops::Ops::authorize` for the caller.
-pub(crate) async fn authorize(
-    app: &AppState,
-    room_id: &RoomId,
-    user: &AuthUser,
-    action: Action,
-    details: Value,
-) -> Result<Authorized, ApiError> {
-    let actor = user.actor(app).await?;
-    Ok(app.ops.authorize(room_id, &actor, action, details).await?)
-}
+use coderoom_authz::{Capability, CapabilitySet};
 
 /// The caller's capabilities in the room (404 unless it may observe it).
 pub(crate) async fn room_capabilities(

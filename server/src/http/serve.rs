@@ -52,7 +52,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     .await?;
     tracing::info!(server = %server.id, internal_url = %server.address, "server identity for room leases");
     // Downloads a crash left half-written (each one is removed once sent).
-    let _ = tokio::fs::remove_dir_all(crate::http::approvals::exports_dir(
+    let _ = tokio::fs::remove_dir_all(crate::ops::export::exports_dir(
         &args.storage.data_dir,
         &server.id,
     ))
