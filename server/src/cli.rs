@@ -47,7 +47,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Agent { .. } => unreachable!("handled before the runtime starts"),
         Command::Serve(args) => {
             init_logging(args.log_format == crate::config::LogFormat::Json);
-            crate::http::serve::serve(*args).await
+            crate::serve::serve(*args).await
         }
         Command::Audit {
             command:

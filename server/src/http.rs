@@ -27,7 +27,6 @@ pub(crate) mod repos;
 pub(crate) mod rooms;
 pub(crate) mod sandbox;
 pub(crate) mod secrets;
-pub(crate) mod serve;
 pub(crate) mod spend;
 pub(crate) mod state;
 pub(crate) mod terminal_socket;

@@ -22,6 +22,7 @@ pub(crate) mod repos;
 pub mod room;
 pub(crate) mod sandbox;
 pub(crate) mod secrets;
+pub(crate) mod serve;
 pub(crate) mod spend;
 pub(crate) mod store;
 pub(crate) mod terminal;

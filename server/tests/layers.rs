@@ -17,7 +17,7 @@ enum Layer {
     /// The application layer (`ops`): every room operation, whichever door asks.
     App,
     Edge,
-    /// The entry points (`lib.rs`, `cli.rs`): they put the whole server together.
+    /// The entry points (`lib.rs`, `cli.rs`, `serve.rs`): they put the whole server together.
     Top,
 }
 
@@ -32,7 +32,7 @@ fn layer_of(module: &str) -> Option<Layer> {
         }
         "audit" | "store" | "config" | "metrics" | "registry" | "clock" | "close" | "ids"
         | "fault" => Layer::Below,
-        "lib" | "main" | "cli" => Layer::Top,
+        "lib" | "main" | "cli" | "serve" => Layer::Top,
         _ => return None,
     })
 }
