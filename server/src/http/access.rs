@@ -1,7 +1,7 @@
 //! Who may do what in a room (`crate::ops::access`): invites, participant changes and
 //! removals, and the audit log.
 
-use crate::http::extract::Ids;
+use crate::http::extract::{Acting, Ids};
 use crate::http::ApiError;
 use crate::http::AppState;
 use crate::http::AuthUser;
@@ -41,11 +41,10 @@ pub(crate) struct CreateInvite {
 
 async fn create_invite(
     State(app): State<AppState>,
-    user: AuthUser,
+    Acting(actor): Acting,
     Ids(room_id): Ids<RoomId>,
     Json(body): Json<CreateInvite>,
 ) -> Result<(StatusCode, Json<InviteCreated>), ApiError> {
-    let actor = user.actor(&app).await?;
     let made = app
         .ops
         .create_invite(&room_id, &actor, (&body.role, body.ttl_s, body.max_uses))
@@ -96,30 +95,27 @@ pub(crate) async fn show_invite(
 
 async fn accept_invite(
     State(app): State<AppState>,
-    user: AuthUser,
+    Acting(actor): Acting,
     Path(token): Path<String>,
 ) -> Result<Json<Joined>, ApiError> {
-    let actor = user.actor(&app).await?;
     Ok(Json(app.ops.accept_invite(&actor, &token).await?))
 }
 
 async fn revoke_invite(
     State(app): State<AppState>,
-    user: AuthUser,
+    Acting(actor): Acting,
     Path(token): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    let actor = user.actor(&app).await?;
     app.ops.revoke_invite(&actor, &token).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 async fn change_participant(
     State(app): State<AppState>,
-    user: AuthUser,
+    Acting(actor): Acting,
     Ids((room_id, target)): Ids<(RoomId, UserId)>,
     Json(asked): Json<RightsChange>,
 ) -> Result<Json<ParticipantRights>, ApiError> {
-    let actor = user.actor(&app).await?;
     let rights = app
         .ops
         .change_participant(&room_id, &actor, &target, asked)
@@ -129,10 +125,9 @@ async fn change_participant(
 
 async fn remove_participant(
     State(app): State<AppState>,
-    user: AuthUser,
+    Acting(actor): Acting,
     Ids((room_id, target)): Ids<(RoomId, UserId)>,
 ) -> Result<StatusCode, ApiError> {
-    let actor = user.actor(&app).await?;
     app.ops
         .remove_participant(&room_id, &actor, &target)
         .await?;
@@ -141,9 +136,8 @@ async fn remove_participant(
 
 async fn room_audit(
     State(app): State<AppState>,
-    user: AuthUser,
+    Acting(actor): Acting,
     Ids(room_id): Ids<RoomId>,
 ) -> Result<Json<Vec<AuditEntry>>, ApiError> {
-    let actor = user.actor(&app).await?;
     Ok(Json(app.ops.room_audit(&room_id, &actor).await?))
 }

@@ -5,6 +5,7 @@
 //! its room: its token opens nothing else. `GET` lists the room's agents, `DELETE
 //! .../agents/{agent_id}` revokes one (its sponsor, or anyone who holds `revoke`).
 
+use crate::http::extract::Acting;
 use crate::http::extract::Ids;
 use crate::http::guard::room_capabilities;
 use crate::http::{ApiError, AppState, AuthUser};
@@ -24,11 +25,10 @@ pub(crate) fn routes() -> Router<AppState> {
 
 async fn create(
     State(app): State<AppState>,
-    user: AuthUser,
+    Acting(actor): Acting,
     Ids(room_id): Ids<RoomId>,
     Json(new): Json<NewAgent>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let actor = user.actor(&app).await?;
     let (agent, token) = app.ops.create_agent(&room_id, &actor, new).await?;
     let mut v = json!(agent);
     v["token"] = json!(token);
@@ -67,10 +67,9 @@ async fn list(
 
 async fn revoke(
     State(app): State<AppState>,
-    user: AuthUser,
+    Acting(actor): Acting,
     Ids((room_id, agent_id)): Ids<(RoomId, UserId)>,
 ) -> Result<StatusCode, ApiError> {
-    let actor = user.actor(&app).await?;
     app.ops.revoke_agent(&room_id, &actor, &agent_id).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -3,7 +3,7 @@
 //! `{"workspace": true}` (the whole workspace as a `.tar.gz`), 202 `pending_approval` until
 //! someone else approves it; `GET .../approvals`; `POST .../approvals/{approval_id}/decision`.
 
-use crate::http::extract::Ids;
+use crate::http::extract::{Acting, Ids};
 use crate::http::ApiError;
 use crate::http::AppState;
 use crate::http::AuthUser;
@@ -31,11 +31,10 @@ pub(crate) fn routes() -> Router<AppState> {
 
 pub(crate) async fn export(
     State(app): State<AppState>,
-    user: AuthUser,
+    Acting(actor): Acting,
     Ids(room_id): Ids<RoomId>,
     Json(asked): Json<ExportAsked>,
 ) -> Result<Response, ApiError> {
-    let actor = user.actor(&app).await?;
     Ok(match app.ops.export(&room_id, &actor, asked).await? {
         Outcome::Done(Exported::Files(files)) => Json(Export { files }).into_response(),
         Outcome::Done(Exported::Workspace {
@@ -106,11 +105,10 @@ pub(crate) struct DecisionBody {
 
 pub(crate) async fn decide_request(
     State(app): State<AppState>,
-    user: AuthUser,
+    Acting(actor): Acting,
     Ids((room_id, id)): Ids<(RoomId, IssuedId)>,
     Json(body): Json<DecisionBody>,
 ) -> Result<Json<Decided>, ApiError> {
-    let actor = user.actor(&app).await?;
     app.ops
         .decide_approval(&room_id, &actor, &id, body.approve)
         .await?;

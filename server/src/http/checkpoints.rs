@@ -2,6 +2,7 @@
 //! `POST /api/rooms/{id}/checkpoints/{cid}/restore`, `POST /api/rooms/{id}/fork` and
 //! `PUT /api/rooms/{id}/checkpoint-policy`.
 
+use crate::http::extract::Acting;
 use crate::http::extract::Ids;
 use crate::http::guard::room_capabilities;
 use crate::http::sandbox::render;
@@ -37,11 +38,10 @@ pub(crate) struct CreateCheckpoint {
 
 async fn create(
     State(app): State<AppState>,
-    user: AuthUser,
+    Acting(actor): Acting,
     Ids(room_id): Ids<RoomId>,
     Json(body): Json<CreateCheckpoint>,
 ) -> Result<(StatusCode, Json<CheckpointRow>), ApiError> {
-    let actor = user.actor(&app).await?;
     let row = app
         .ops
         .create_checkpoint(&room_id, &actor, &body.name)
@@ -66,7 +66,7 @@ struct RestoreBody {
 
 async fn restore(
     State(app): State<AppState>,
-    user: AuthUser,
+    Acting(actor): Acting,
     Ids((room_id, cid)): Ids<(RoomId, IssuedId)>,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
@@ -78,7 +78,6 @@ async fn restore(
             .map_err(|_| ApiError::BadRequest("the body may only hold {\"approval_id\"}"))?;
         v.approval_id
     };
-    let actor = user.actor(&app).await?;
     let restored = app
         .ops
         .restore_checkpoint(&room_id, &actor, &cid, approval_id.as_deref())
@@ -89,11 +88,10 @@ async fn restore(
 /// `POST /api/rooms/{id}/fork`: a new room owned by the caller (`crate::ops::Ops::fork_room`).
 async fn fork(
     State(app): State<AppState>,
-    user: AuthUser,
+    Acting(actor): Acting,
     Ids(room_id): Ids<RoomId>,
     Json(asked): Json<ForkAsked>,
 ) -> Result<Response, ApiError> {
-    let actor = user.actor(&app).await?;
     Ok(match app.ops.fork_room(&room_id, &actor, asked).await? {
         Outcome::Done(made) => (StatusCode::CREATED, Json(made)).into_response(),
         Outcome::Pending(id) => render::<()>(Outcome::Pending(id)),
@@ -107,11 +105,10 @@ async fn fork(
 /// `approve` (owners hold it), so those a policy restrains cannot lift it. Audited.
 async fn set_policy(
     State(app): State<AppState>,
-    user: AuthUser,
+    Acting(actor): Acting,
     Ids(room_id): Ids<RoomId>,
     Json(body): Json<serde_json::Map<String, serde_json::Value>>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let actor = user.actor(&app).await?;
     Ok(Json(
         app.ops
             .set_checkpoint_policy(&room_id, &actor, body)

@@ -2,8 +2,9 @@
 //! admin confirms (`POST /api/deletions/{id}/confirm`), and anyone of them reads its receipt
 //! (`GET /api/deletions/{id}`).
 
+use crate::http::extract::Acting;
 use crate::http::extract::Ids;
-use crate::http::{ApiError, AppState, AuthUser};
+use crate::http::{ApiError, AppState};
 use crate::ids::{IssuedId, RoomId};
 use crate::ops::deletion::{Deletion, Requested};
 use axum::extract::State;
@@ -20,28 +21,25 @@ pub(crate) fn routes() -> Router<AppState> {
 
 pub(crate) async fn request(
     State(app): State<AppState>,
-    user: AuthUser,
+    Acting(actor): Acting,
     Ids(room_id): Ids<RoomId>,
 ) -> Result<(StatusCode, Json<Requested>), ApiError> {
-    let actor = user.actor(&app).await?;
     let requested = app.ops.request_deletion(&room_id, &actor).await?;
     Ok((StatusCode::ACCEPTED, Json(requested)))
 }
 
 async fn confirm(
     State(app): State<AppState>,
-    user: AuthUser,
+    Acting(actor): Acting,
     Ids(id): Ids<IssuedId>,
 ) -> Result<Json<Deletion>, ApiError> {
-    let actor = user.actor(&app).await?;
     Ok(Json(app.ops.confirm_deletion(&actor, &id).await?))
 }
 
 async fn get(
     State(app): State<AppState>,
-    user: AuthUser,
+    Acting(actor): Acting,
     Ids(id): Ids<IssuedId>,
 ) -> Result<Json<Deletion>, ApiError> {
-    let actor = user.actor(&app).await?;
     Ok(Json(app.ops.deletion(&actor, &id).await?))
 }

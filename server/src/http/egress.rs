@@ -2,9 +2,10 @@
 //! presets, recent refusals and counters), `PUT /api/rooms/{id}/egress` (the whole policy) and
 //! `POST /api/rooms/{id}/egress/allow` (one rule, at once or after someone else's approval).
 
+use crate::http::extract::Acting;
 use crate::http::extract::Ids;
 use crate::http::sandbox::render;
-use crate::http::{ApiError, AppState, AuthUser};
+use crate::http::{ApiError, AppState};
 use crate::ids::RoomId;
 use axum::extract::State;
 use axum::response::Response;
@@ -21,10 +22,9 @@ pub(crate) fn routes() -> Router<AppState> {
 
 async fn show(
     State(app): State<AppState>,
-    user: AuthUser,
+    Acting(actor): Acting,
     Ids(room_id): Ids<RoomId>,
 ) -> Result<Json<Value>, ApiError> {
-    let actor = user.actor(&app).await?;
     Ok(Json(app.ops.egress(&room_id, &actor).await?))
 }
 
@@ -38,11 +38,10 @@ pub(crate) struct ChangeEgress {
 
 async fn change(
     State(app): State<AppState>,
-    user: AuthUser,
+    Acting(actor): Acting,
     Ids(room_id): Ids<RoomId>,
     Json(body): Json<ChangeEgress>,
 ) -> Result<Json<Value>, ApiError> {
-    let actor = user.actor(&app).await?;
     let view = app
         .ops
         .set_egress(&room_id, &actor, body.allow, body.presets)
@@ -65,11 +64,10 @@ pub(crate) struct AllowRule {
 /// else who holds `approve` agrees, add it by asking again with the `approval_id`.
 async fn allow(
     State(app): State<AppState>,
-    user: AuthUser,
+    Acting(actor): Acting,
     Ids(room_id): Ids<RoomId>,
     Json(body): Json<AllowRule>,
 ) -> Result<Response, ApiError> {
-    let actor = user.actor(&app).await?;
     let added = app
         .ops
         .allow_egress(&room_id, &actor, &body.rule, body.approval_id.as_deref())

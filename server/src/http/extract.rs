@@ -169,3 +169,16 @@ impl AuthUser {
         Ok(app.ops.actor(&self.id, &self.email).await?)
     }
 }
+
+/// The authenticated caller as the application layer knows it (an [`AuthUser`] made an
+/// [`crate::ops::Actor`]): what a route that performs a room operation takes.
+pub(crate) struct Acting(pub(crate) crate::ops::Actor);
+
+impl FromRequestParts<AppState> for Acting {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let user = AuthUser::from_request_parts(parts, state).await?;
+        Ok(Acting(user.actor(state).await?))
+    }
+}

@@ -1,8 +1,9 @@
 //! Moderated rooms (`crate::ops::moderation`): `PUT /api/rooms/{id}/moderation`
 //! `{"moderated": true | false}` needs `approve`; recorded.
 
+use crate::http::extract::Acting;
 use crate::http::extract::Ids;
-use crate::http::{ApiError, AppState, AuthUser};
+use crate::http::{ApiError, AppState};
 use crate::ids::RoomId;
 use crate::ops::record::{Act, Entry, Verdict};
 use crate::store::Change;
@@ -25,7 +26,7 @@ pub(crate) struct Moderation {
 
 async fn set(
     State(app): State<AppState>,
-    user: AuthUser,
+    Acting(actor): Acting,
     Ids(room_id): Ids<RoomId>,
     Json(body): Json<Moderation>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
@@ -34,7 +35,6 @@ async fn set(
         room_id: room_id.to_string(),
         moderated: body.moderated,
     };
-    let actor = user.actor(&app).await?;
     let entry = Entry::act(Act::SetModeration, Verdict::Allow, details.clone());
     app.ops
         .use_and_record(&room_id, &actor, Capability::Approve, entry, change)

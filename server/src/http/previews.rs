@@ -13,6 +13,7 @@
 //! checked every second.
 
 use crate::http::bucket::Bucket;
+use crate::http::extract::Acting;
 use crate::http::extract::Ids;
 use crate::http::guard::room_capabilities;
 use crate::http::{ApiError, AppState, AuthUser};
@@ -340,12 +341,11 @@ pub(crate) fn enabled(app: &AppState) -> Result<(), ApiError> {
 
 async fn create(
     State(app): State<AppState>,
-    user: AuthUser,
+    Acting(actor): Acting,
     Ids(room_id): Ids<RoomId>,
     Json(body): Json<NewPreview>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     enabled(&app)?;
-    let actor = user.actor(&app).await?;
     let row = app.ops.create_preview(&room_id, &actor, body).await?;
     Ok((StatusCode::CREATED, Json(view(&app, &row))))
 }
@@ -366,11 +366,10 @@ async fn list(
 
 async fn revoke(
     State(app): State<AppState>,
-    user: AuthUser,
+    Acting(actor): Acting,
     Path((room, pid)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     let room_id = RoomId::parse(&room).ok_or(ApiError::NotFound)?;
-    let actor = user.actor(&app).await?;
     let p = app.ops.revoke_preview(&room_id, &actor, &pid).await?;
     app.previews.revoke(&p.id);
     Ok(StatusCode::NO_CONTENT)
@@ -380,11 +379,10 @@ async fn revoke(
 /// (any member who may observe), for a public one the plain URL.
 async fn open(
     State(app): State<AppState>,
-    user: AuthUser,
+    Acting(actor): Acting,
     Path((room, pid)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
     let room_id = RoomId::parse(&room).ok_or(ApiError::NotFound)?;
-    let actor = user.actor(&app).await?;
     Ok(Json(link(&app, &room_id, &actor, &pid).await?))
 }
 

@@ -2,6 +2,7 @@
 //! (list), `POST .../repos/{rid}/pull`, `.../push` and `.../export`, `DELETE .../repos/{rid}`
 //! (disconnect).
 
+use crate::http::extract::Acting;
 use crate::http::extract::Ids;
 use crate::http::guard::room_capabilities;
 use crate::http::sandbox::render;
@@ -32,11 +33,10 @@ pub(crate) fn routes() -> Router<AppState> {
 
 async fn connect(
     State(app): State<AppState>,
-    user: AuthUser,
+    Acting(actor): Acting,
     Ids(room_id): Ids<RoomId>,
     Json(asked): Json<Connect>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let actor = user.actor(&app).await?;
     let made = app.ops.connect_repo(&room_id, &actor, asked).await?;
     Ok((StatusCode::CREATED, Json(made)))
 }
@@ -52,22 +52,20 @@ async fn list(
 
 async fn pull(
     State(app): State<AppState>,
-    user: AuthUser,
+    Acting(actor): Acting,
     Path((room, rid)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
     let room_id = RoomId::parse(&room).ok_or(ApiError::NotFound)?;
-    let actor = user.actor(&app).await?;
     Ok(Json(app.ops.pull_repo(&room_id, &actor, &rid).await?))
 }
 
 async fn push(
     State(app): State<AppState>,
-    user: AuthUser,
+    Acting(actor): Acting,
     Path((room, rid)): Path<(String, String)>,
     Json(asked): Json<Push>,
 ) -> Result<Response, ApiError> {
     let room_id = RoomId::parse(&room).ok_or(ApiError::NotFound)?;
-    let actor = user.actor(&app).await?;
     Ok(render(
         app.ops.push_repo(&room_id, &actor, &rid, asked).await?,
     ))
@@ -89,12 +87,11 @@ pub(crate) struct ExportBody {
 /// every export.
 async fn export(
     State(app): State<AppState>,
-    user: AuthUser,
+    Acting(actor): Acting,
     Path((room, rid)): Path<(String, String)>,
     Json(body): Json<ExportBody>,
 ) -> Result<Response, ApiError> {
     let room_id = RoomId::parse(&room).ok_or(ApiError::NotFound)?;
-    let actor = user.actor(&app).await?;
     let what = (body.format.as_str(), body.approval_id.as_deref());
     Ok(
         match app.ops.export_repo(&room_id, &actor, &rid, what).await? {
@@ -116,11 +113,10 @@ async fn export(
 
 async fn disconnect(
     State(app): State<AppState>,
-    user: AuthUser,
+    Acting(actor): Acting,
     Path((room, rid)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     let room_id = RoomId::parse(&room).ok_or(ApiError::NotFound)?;
-    let actor = user.actor(&app).await?;
     app.ops.disconnect_repo(&room_id, &actor, &rid).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -2,7 +2,7 @@
 //! parses, calls the application layer (`crate::ops::commands`, `crate::ops::sandbox`) and
 //! renders its outcome.
 
-use crate::http::extract::Ids;
+use crate::http::extract::{Acting, Ids};
 use crate::http::ApiError;
 use crate::http::AppState;
 use crate::http::AuthUser;
@@ -81,11 +81,10 @@ pub(crate) fn render<T: Serialize>(outcome: Outcome<T>) -> Response {
 /// "pending_approval"}` until someone approves exactly this command (argv and cwd).
 pub(crate) async fn exec(
     State(app): State<AppState>,
-    user: AuthUser,
+    Acting(actor): Acting,
     Ids(room_id): Ids<RoomId>,
     Json(req): Json<ExecRequest>,
 ) -> Result<Response, ApiError> {
-    let actor = user.actor(&app).await?;
     let (cmd, approval) = req.command();
     let ran: Outcome<Executed> = app
         .ops
@@ -107,11 +106,10 @@ pub(crate) struct ReadinessBody {
 /// is ready (`crate::ops::Ops::set_readiness`: decided as a command of whoever sets it).
 pub(crate) async fn set_readiness(
     State(app): State<AppState>,
-    user: AuthUser,
+    Acting(actor): Acting,
     Ids(room_id): Ids<RoomId>,
     Json(body): Json<ReadinessBody>,
 ) -> Result<Response, ApiError> {
-    let actor = user.actor(&app).await?;
     let set = app
         .ops
         .set_readiness(&room_id, &actor, body.command, body.approval_id.as_deref())
@@ -138,18 +136,16 @@ pub(crate) async fn status(
 
 pub(crate) async fn stop(
     State(app): State<AppState>,
-    user: AuthUser,
+    Acting(actor): Acting,
     Ids(room_id): Ids<RoomId>,
 ) -> Result<Json<SandboxStatus>, ApiError> {
-    let actor = user.actor(&app).await?;
     Ok(Json(app.ops.stop_sandbox(&room_id, &actor).await?))
 }
 
 pub(crate) async fn start(
     State(app): State<AppState>,
-    user: AuthUser,
+    Acting(actor): Acting,
     Ids(room_id): Ids<RoomId>,
 ) -> Result<Json<SandboxStatus>, ApiError> {
-    let actor = user.actor(&app).await?;
     Ok(Json(app.ops.start_sandbox(&room_id, &actor).await?))
 }

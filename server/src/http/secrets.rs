@@ -1,6 +1,7 @@
 //! Secrets (`crate::ops::secrets`): `POST /api/rooms/{id}/secrets`, `GET` (their rules, never
 //! their values), `DELETE /api/rooms/{id}/secrets/{name}`, `PUT .../secrets-policy`.
 
+use crate::http::extract::Acting;
 use crate::http::extract::Ids;
 use crate::http::guard::room_capabilities;
 use crate::http::sandbox::render;
@@ -53,11 +54,10 @@ fn default_format() -> String {
 
 async fn add(
     State(app): State<AppState>,
-    user: AuthUser,
+    Acting(actor): Acting,
     Ids(room_id): Ids<RoomId>,
     Json(body): Json<AddSecret>,
 ) -> Result<Response, ApiError> {
-    let actor = user.actor(&app).await?;
     let new = NewSecret {
         name: body.name,
         value: body.value,
@@ -78,11 +78,10 @@ async fn add(
 /// `PUT /api/rooms/{id}/secrets-policy` `{"add_needs_approval": true | false}`.
 async fn set_policy(
     State(app): State<AppState>,
-    user: AuthUser,
+    Acting(actor): Acting,
     Ids(room_id): Ids<RoomId>,
     Json(body): Json<SecretsPolicy>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let actor = user.actor(&app).await?;
     let set = app
         .ops
         .set_secrets_policy(&room_id, &actor, body.add_needs_approval)
@@ -107,11 +106,10 @@ async fn list(
 
 async fn remove(
     State(app): State<AppState>,
-    user: AuthUser,
+    Acting(actor): Acting,
     Path((room, name)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     let room_id = RoomId::parse(&room).ok_or(ApiError::NotFound)?;
-    let actor = user.actor(&app).await?;
     app.ops.remove_secret(&room_id, &actor, &name).await?;
     Ok(StatusCode::NO_CONTENT)
 }

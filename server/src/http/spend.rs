@@ -2,6 +2,7 @@
 //! participant, and its budget), `PUT /api/rooms/{id}/budget` (the room's budget or an
 //! agent's: needs `spend`; a raise needs someone else's approval).
 
+use crate::http::extract::Acting;
 use crate::http::extract::Ids;
 use crate::http::guard::room_capabilities;
 use crate::http::sandbox::render;
@@ -45,11 +46,10 @@ pub(crate) struct SetBudget {
 /// a raise answers 202 with the approval it waits for.
 async fn set_budget(
     State(app): State<AppState>,
-    user: AuthUser,
+    Acting(actor): Acting,
     Ids(room_id): Ids<RoomId>,
     Json(body): Json<SetBudget>,
 ) -> Result<Response, ApiError> {
-    let actor = user.actor(&app).await?;
     let set = app
         .ops
         .set_budget(

@@ -30,6 +30,9 @@ const HUB_QUEUE: usize = 1024;
 /// far behind is dropped and catches up from the scrollback when it reconnects, so it never
 /// slows the others.
 const VIEWER_QUEUE: usize = 256;
+/// Longest keys typed at a freshly started shell wait for its first output (its prompt): a
+/// shell discards what is typed at it while it starts.
+const FIRST_OUTPUT_WAIT: Duration = Duration::from_secs(2);
 /// Input chunks queued for the PTY; past it the program in the terminal is not reading, and
 /// further keys are refused with an error event instead of piling up.
 const INPUT_QUEUE: usize = 256;
@@ -150,6 +153,8 @@ impl Hub {
             exited_early: None,
             input: None,
             queued: VecDeque::new(),
+            spoke: None,
+            hold_until: None,
             queued_bytes: 0,
             records,
             clock: config.clock,
@@ -277,6 +282,11 @@ struct Task {
     input: Option<mpsc::Sender<Op>>,
     /// Keys waiting for a PTY, with the viewer that typed them.
     queued: VecDeque<(u64, Bytes)>,
+    /// The generation whose shell has printed something (its prompt): it reads its terminal.
+    spoke: Option<u64>,
+    /// A freshly attached shell that has printed nothing yet: keys wait for its first output
+    /// (a shell still starting discards what is typed at it) until this deadline at most.
+    hold_until: Option<tokio::time::Instant>,
     queued_bytes: usize,
     records: mpsc::Sender<Record>,
     clock: Clock,
@@ -289,11 +299,18 @@ impl Task {
     async fn run(mut self, mut rx: mpsc::Receiver<Cmd>) {
         loop {
             let deadline = self.floor.deadline();
+            let hold = self.hold_until;
             let cmd = tokio::select! {
                 cmd = rx.recv() => match cmd {
                     Some(cmd) => cmd,
                     None => break,
                 },
+                () = tokio::time::sleep_until(hold.unwrap_or_else(tokio::time::Instant::now)), if hold.is_some() => {
+                    // A shell that prints nothing gets its keys all the same.
+                    self.hold_until = None;
+                    self.flush_queued();
+                    continue;
+                }
                 () = tokio::time::sleep_until(deadline.unwrap_or_else(tokio::time::Instant::now)), if deadline.is_some() => {
                     if self.floor.tick(tokio::time::Instant::now()) {
                         self.broadcast_floor();
@@ -420,7 +437,12 @@ impl Task {
             // comes from an older sandbox than the last one linked is dropped.
             Cmd::Output { generation, data } => {
                 if generation >= self.linked_generation {
+                    self.spoke = Some(generation);
                     self.output(data).await;
+                    if self.hold_until.is_some() && generation == self.linked_generation {
+                        self.hold_until = None;
+                        self.flush_queued();
+                    }
                 }
             }
             Cmd::PtyExit { generation, code } => {
@@ -453,6 +475,7 @@ impl Task {
 
     fn set_link(&mut self, link: Link) {
         self.input = None;
+        self.hold_until = None;
         if let Link::Attached { generation, input } = &link {
             self.linked_generation = *generation;
             if self.exited_early.take() == Some(*generation) {
@@ -490,13 +513,17 @@ impl Task {
                     self.tell(viewer, &reason);
                 }
             }
+            // Queued keys go once the shell has spoken (its prompt may have come first).
+            None if attached && self.spoke != Some(self.linked_generation) => {
+                self.hold_until = Some(tokio::time::Instant::now() + FIRST_OUTPUT_WAIT);
+            }
             None => self.flush_queued(),
         }
     }
 
     /// Hands queued keys to an attached PTY, in the order they were typed.
     fn flush_queued(&mut self) {
-        if self.input.is_none() {
+        if self.input.is_none() || self.hold_until.is_some() {
             return;
         }
         while let Some((viewer, data)) = self.queued.pop_front() {
@@ -534,7 +561,7 @@ impl Task {
             at_ms,
         };
         let _ = self.records.send(record).await;
-        if self.input.is_some() {
+        if self.input.is_some() && self.hold_until.is_none() {
             self.to_pty(viewer, data);
             return;
         }
@@ -830,6 +857,15 @@ mod tests {
             input,
         })
         .await;
+        // A shell still starting discards what is typed at it: the keys wait for its prompt.
+        let early = tokio::time::timeout(Duration::from_millis(300), pty.recv()).await;
+        assert!(
+            !matches!(early, Ok(Some(Op::PtyInput(_)))),
+            "keys reached a shell that had printed nothing: {early:?}"
+        );
+        let (ev_tx, ev_rx) = mpsc::channel(4);
+        tokio::spawn(pump(ev_rx, 1, 1 << 30, hub.clone()));
+        ev_tx.send(Event::PtyOutput(b"$ ".to_vec())).await.unwrap();
         let mut typed = Vec::new();
         while typed != b"echo\r" {
             match pty.recv().await {
@@ -839,8 +875,6 @@ mod tests {
             }
         }
         // The shell exits: the next key asks for a new one and waits for it.
-        let (ev_tx, ev_rx) = mpsc::channel(4);
-        tokio::spawn(pump(ev_rx, 1, 1 << 30, hub.clone()));
         ev_tx.send(Event::PtyExit { code: Some(0) }).await.unwrap();
         assert_eq!(next_event(&mut joined.rx).await["type"], "typing");
         // Attached: viewers stop showing "starting".
