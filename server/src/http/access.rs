@@ -1,7 +1,8 @@
 //! Who may do what in a room (`crate::ops::access`): invites, participant changes and
 //! removals, and the audit log.
 
-use crate::http::extract::{Acting, Ids};
+use crate::http::extract::OnRoom;
+use crate::http::extract::{Caller, Ids};
 use crate::http::ApiError;
 use crate::http::AppState;
 use crate::http::AuthUser;
@@ -40,14 +41,12 @@ pub(crate) struct CreateInvite {
 }
 
 async fn create_invite(
-    State(app): State<AppState>,
-    Acting(actor): Acting,
-    Ids(room_id): Ids<RoomId>,
+    on: OnRoom,
     Json(body): Json<CreateInvite>,
 ) -> Result<(StatusCode, Json<InviteCreated>), ApiError> {
-    let made = app
+    let made = on
         .ops
-        .create_invite(&room_id, &actor, (&body.role, body.ttl_s, body.max_uses))
+        .create_invite(&on.room, &on.actor, (&body.role, body.ttl_s, body.max_uses))
         .await?;
     Ok((StatusCode::CREATED, Json(made)))
 }
@@ -93,51 +92,37 @@ pub(crate) async fn show_invite(
     }))
 }
 
-async fn accept_invite(
-    State(app): State<AppState>,
-    Acting(actor): Acting,
-    Path(token): Path<String>,
-) -> Result<Json<Joined>, ApiError> {
-    Ok(Json(app.ops.accept_invite(&actor, &token).await?))
+async fn accept_invite(by: Caller, Path(token): Path<String>) -> Result<Json<Joined>, ApiError> {
+    Ok(Json(by.ops.accept_invite(&by.actor, &token).await?))
 }
 
-async fn revoke_invite(
-    State(app): State<AppState>,
-    Acting(actor): Acting,
-    Path(token): Path<String>,
-) -> Result<StatusCode, ApiError> {
-    app.ops.revoke_invite(&actor, &token).await?;
+async fn revoke_invite(by: Caller, Path(token): Path<String>) -> Result<StatusCode, ApiError> {
+    by.ops.revoke_invite(&by.actor, &token).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 async fn change_participant(
-    State(app): State<AppState>,
-    Acting(actor): Acting,
+    by: Caller,
     Ids((room_id, target)): Ids<(RoomId, UserId)>,
     Json(asked): Json<RightsChange>,
 ) -> Result<Json<ParticipantRights>, ApiError> {
-    let rights = app
+    let rights = by
         .ops
-        .change_participant(&room_id, &actor, &target, asked)
+        .change_participant(&room_id, &by.actor, &target, asked)
         .await?;
     Ok(Json(rights))
 }
 
 async fn remove_participant(
-    State(app): State<AppState>,
-    Acting(actor): Acting,
+    by: Caller,
     Ids((room_id, target)): Ids<(RoomId, UserId)>,
 ) -> Result<StatusCode, ApiError> {
-    app.ops
-        .remove_participant(&room_id, &actor, &target)
+    by.ops
+        .remove_participant(&room_id, &by.actor, &target)
         .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
-async fn room_audit(
-    State(app): State<AppState>,
-    Acting(actor): Acting,
-    Ids(room_id): Ids<RoomId>,
-) -> Result<Json<Vec<AuditEntry>>, ApiError> {
-    Ok(Json(app.ops.room_audit(&room_id, &actor).await?))
+async fn room_audit(on: OnRoom) -> Result<Json<Vec<AuditEntry>>, ApiError> {
+    Ok(Json(on.ops.room_audit(&on.room, &on.actor).await?))
 }

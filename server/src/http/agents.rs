@@ -5,13 +5,12 @@
 //! its room: its token opens nothing else. `GET` lists the room's agents, `DELETE
 //! .../agents/{agent_id}` revokes one (its sponsor, or anyone who holds `revoke`).
 
-use crate::http::extract::Acting;
+use crate::http::extract::Caller;
 use crate::http::extract::Ids;
-use crate::http::guard::room_capabilities;
-use crate::http::{ApiError, AppState, AuthUser};
+use crate::http::extract::{Observing, OnRoom};
+use crate::http::{ApiError, AppState};
 use crate::ids::{RoomId, UserId};
 use crate::ops::agents::NewAgent;
-use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::{delete, get};
 use axum::{Json, Router};
@@ -24,29 +23,22 @@ pub(crate) fn routes() -> Router<AppState> {
 }
 
 async fn create(
-    State(app): State<AppState>,
-    Acting(actor): Acting,
-    Ids(room_id): Ids<RoomId>,
+    on: OnRoom,
     Json(new): Json<NewAgent>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let (agent, token) = app.ops.create_agent(&room_id, &actor, new).await?;
+    let (agent, token) = on.ops.create_agent(&on.room, &on.actor, new).await?;
     let mut v = json!(agent);
     v["token"] = json!(token);
     Ok((StatusCode::CREATED, Json(v)))
 }
 
-async fn list(
-    State(app): State<AppState>,
-    user: AuthUser,
-    Ids(room_id): Ids<RoomId>,
-) -> Result<Json<Vec<Value>>, ApiError> {
-    room_capabilities(&app, &room_id, &user).await?;
-    let state = app.ops.store.room_state(&room_id).await?;
-    let now = app.ops.clock.now_ms();
-    let out = app
+async fn list(seen: Observing) -> Result<Json<Vec<Value>>, ApiError> {
+    let state = seen.ops.store.room_state(&seen.room).await?;
+    let now = seen.ops.clock.now_ms();
+    let out = seen
         .ops
         .store
-        .agents(&room_id)
+        .agents(&seen.room)
         .await?
         .into_iter()
         .map(|a| {
@@ -66,10 +58,9 @@ async fn list(
 }
 
 async fn revoke(
-    State(app): State<AppState>,
-    Acting(actor): Acting,
+    by: Caller,
     Ids((room_id, agent_id)): Ids<(RoomId, UserId)>,
 ) -> Result<StatusCode, ApiError> {
-    app.ops.revoke_agent(&room_id, &actor, &agent_id).await?;
+    by.ops.revoke_agent(&room_id, &by.actor, &agent_id).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -3,14 +3,13 @@
 //! `{"workspace": true}` (the whole workspace as a `.tar.gz`), 202 `pending_approval` until
 //! someone else approves it; `GET .../approvals`; `POST .../approvals/{approval_id}/decision`.
 
-use crate::http::extract::{Acting, Ids};
+use crate::http::extract::{Caller, Ids};
+use crate::http::extract::{Observing, OnRoom};
 use crate::http::ApiError;
 use crate::http::AppState;
-use crate::http::AuthUser;
 use crate::ids::{IssuedId, RoomId};
 use crate::ops::export::{ExportAsked, Exported};
 use crate::ops::Outcome;
-use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Json;
@@ -30,12 +29,10 @@ pub(crate) fn routes() -> Router<AppState> {
 }
 
 pub(crate) async fn export(
-    State(app): State<AppState>,
-    Acting(actor): Acting,
-    Ids(room_id): Ids<RoomId>,
+    on: OnRoom,
     Json(asked): Json<ExportAsked>,
 ) -> Result<Response, ApiError> {
-    Ok(match app.ops.export(&room_id, &actor, asked).await? {
+    Ok(match on.ops.export(&on.room, &on.actor, asked).await? {
         Outcome::Done(Exported::Files(files)) => Json(Export { files }).into_response(),
         Outcome::Done(Exported::Workspace {
             file,
@@ -60,17 +57,12 @@ pub(crate) async fn export(
     })
 }
 
-pub(crate) async fn list(
-    State(app): State<AppState>,
-    user: AuthUser,
-    Ids(room_id): Ids<RoomId>,
-) -> Result<Json<Vec<ApprovalItem>>, ApiError> {
-    crate::http::guard::room_capabilities(&app, &room_id, &user).await?;
-    let now = app.ops.clock.now_ms();
-    let items = app
+pub(crate) async fn list(seen: Observing) -> Result<Json<Vec<ApprovalItem>>, ApiError> {
+    let now = seen.ops.clock.now_ms();
+    let items = seen
         .ops
         .store
-        .approvals(&room_id)
+        .approvals(&seen.room)
         .await?
         .into_iter()
         .map(|(a, created_at)| {
@@ -104,13 +96,12 @@ pub(crate) struct DecisionBody {
 }
 
 pub(crate) async fn decide_request(
-    State(app): State<AppState>,
-    Acting(actor): Acting,
+    by: Caller,
     Ids((room_id, id)): Ids<(RoomId, IssuedId)>,
     Json(body): Json<DecisionBody>,
 ) -> Result<Json<Decided>, ApiError> {
-    app.ops
-        .decide_approval(&room_id, &actor, &id, body.approve)
+    by.ops
+        .decide_approval(&room_id, &by.actor, &id, body.approve)
         .await?;
     Ok(Json(Decided {
         id: id.to_string(),

@@ -2,16 +2,15 @@
 //! `POST /api/rooms/{id}/checkpoints/{cid}/restore`, `POST /api/rooms/{id}/fork` and
 //! `PUT /api/rooms/{id}/checkpoint-policy`.
 
-use crate::http::extract::Acting;
+use crate::http::extract::Caller;
 use crate::http::extract::Ids;
-use crate::http::guard::room_capabilities;
+use crate::http::extract::{Observing, OnRoom};
 use crate::http::sandbox::render;
-use crate::http::{ApiError, AppState, AuthUser};
+use crate::http::{ApiError, AppState};
 use crate::ids::{IssuedId, RoomId};
 use crate::ops::checkpoints::ForkAsked;
 use crate::ops::Outcome;
 use crate::store::CheckpointRow;
-use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -37,25 +36,18 @@ pub(crate) struct CreateCheckpoint {
 }
 
 async fn create(
-    State(app): State<AppState>,
-    Acting(actor): Acting,
-    Ids(room_id): Ids<RoomId>,
+    on: OnRoom,
     Json(body): Json<CreateCheckpoint>,
 ) -> Result<(StatusCode, Json<CheckpointRow>), ApiError> {
-    let row = app
+    let row = on
         .ops
-        .create_checkpoint(&room_id, &actor, &body.name)
+        .create_checkpoint(&on.room, &on.actor, &body.name)
         .await?;
     Ok((StatusCode::CREATED, Json(row)))
 }
 
-async fn list(
-    State(app): State<AppState>,
-    user: AuthUser,
-    Ids(room_id): Ids<RoomId>,
-) -> Result<Json<Vec<CheckpointRow>>, ApiError> {
-    room_capabilities(&app, &room_id, &user).await?;
-    Ok(Json(app.ops.store.checkpoints(&room_id).await?))
+async fn list(seen: Observing) -> Result<Json<Vec<CheckpointRow>>, ApiError> {
+    Ok(Json(seen.ops.store.checkpoints(&seen.room).await?))
 }
 
 #[derive(Deserialize)]
@@ -65,8 +57,7 @@ struct RestoreBody {
 }
 
 async fn restore(
-    State(app): State<AppState>,
-    Acting(actor): Acting,
+    by: Caller,
     Ids((room_id, cid)): Ids<(RoomId, IssuedId)>,
     body: axum::body::Bytes,
 ) -> Result<Response, ApiError> {
@@ -78,21 +69,16 @@ async fn restore(
             .map_err(|_| ApiError::BadRequest("the body may only hold {\"approval_id\"}"))?;
         v.approval_id
     };
-    let restored = app
+    let restored = by
         .ops
-        .restore_checkpoint(&room_id, &actor, &cid, approval_id.as_deref())
+        .restore_checkpoint(&room_id, &by.actor, &cid, approval_id.as_deref())
         .await?;
     Ok(render(restored))
 }
 
 /// `POST /api/rooms/{id}/fork`: a new room owned by the caller (`crate::ops::Ops::fork_room`).
-async fn fork(
-    State(app): State<AppState>,
-    Acting(actor): Acting,
-    Ids(room_id): Ids<RoomId>,
-    Json(asked): Json<ForkAsked>,
-) -> Result<Response, ApiError> {
-    Ok(match app.ops.fork_room(&room_id, &actor, asked).await? {
+async fn fork(on: OnRoom, Json(asked): Json<ForkAsked>) -> Result<Response, ApiError> {
+    Ok(match on.ops.fork_room(&on.room, &on.actor, asked).await? {
         Outcome::Done(made) => (StatusCode::CREATED, Json(made)).into_response(),
         Outcome::Pending(id) => render::<()>(Outcome::Pending(id)),
     })
@@ -104,14 +90,12 @@ async fn fork(
 /// pruned, and whether a restore needs someone else's approval. Room governance: needs
 /// `approve` (owners hold it), so those a policy restrains cannot lift it. Audited.
 async fn set_policy(
-    State(app): State<AppState>,
-    Acting(actor): Acting,
-    Ids(room_id): Ids<RoomId>,
+    on: OnRoom,
     Json(body): Json<serde_json::Map<String, serde_json::Value>>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     Ok(Json(
-        app.ops
-            .set_checkpoint_policy(&room_id, &actor, body)
+        on.ops
+            .set_checkpoint_policy(&on.room, &on.actor, body)
             .await?,
     ))
 }

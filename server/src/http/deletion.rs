@@ -2,12 +2,12 @@
 //! admin confirms (`POST /api/deletions/{id}/confirm`), and anyone of them reads its receipt
 //! (`GET /api/deletions/{id}`).
 
-use crate::http::extract::Acting;
+use crate::http::extract::Caller;
 use crate::http::extract::Ids;
+use crate::http::extract::OnRoom;
 use crate::http::{ApiError, AppState};
-use crate::ids::{IssuedId, RoomId};
+use crate::ids::IssuedId;
 use crate::ops::deletion::{Deletion, Requested};
-use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post;
 use axum::Json;
@@ -19,27 +19,15 @@ pub(crate) fn routes() -> Router<AppState> {
         .route("/api/deletions/{id}", axum::routing::get(get))
 }
 
-pub(crate) async fn request(
-    State(app): State<AppState>,
-    Acting(actor): Acting,
-    Ids(room_id): Ids<RoomId>,
-) -> Result<(StatusCode, Json<Requested>), ApiError> {
-    let requested = app.ops.request_deletion(&room_id, &actor).await?;
+pub(crate) async fn request(on: OnRoom) -> Result<(StatusCode, Json<Requested>), ApiError> {
+    let requested = on.ops.request_deletion(&on.room, &on.actor).await?;
     Ok((StatusCode::ACCEPTED, Json(requested)))
 }
 
-async fn confirm(
-    State(app): State<AppState>,
-    Acting(actor): Acting,
-    Ids(id): Ids<IssuedId>,
-) -> Result<Json<Deletion>, ApiError> {
-    Ok(Json(app.ops.confirm_deletion(&actor, &id).await?))
+async fn confirm(by: Caller, Ids(id): Ids<IssuedId>) -> Result<Json<Deletion>, ApiError> {
+    Ok(Json(by.ops.confirm_deletion(&by.actor, &id).await?))
 }
 
-async fn get(
-    State(app): State<AppState>,
-    Acting(actor): Acting,
-    Ids(id): Ids<IssuedId>,
-) -> Result<Json<Deletion>, ApiError> {
-    Ok(Json(app.ops.deletion(&actor, &id).await?))
+async fn get(by: Caller, Ids(id): Ids<IssuedId>) -> Result<Json<Deletion>, ApiError> {
+    Ok(Json(by.ops.deletion(&by.actor, &id).await?))
 }

@@ -2,12 +2,9 @@
 //! presets, recent refusals and counters), `PUT /api/rooms/{id}/egress` (the whole policy) and
 //! `POST /api/rooms/{id}/egress/allow` (one rule, at once or after someone else's approval).
 
-use crate::http::extract::Acting;
-use crate::http::extract::Ids;
+use crate::http::extract::OnRoom;
 use crate::http::sandbox::render;
 use crate::http::{ApiError, AppState};
-use crate::ids::RoomId;
-use axum::extract::State;
 use axum::response::Response;
 use axum::routing::get;
 use axum::{Json, Router};
@@ -20,12 +17,8 @@ pub(crate) fn routes() -> Router<AppState> {
         .route("/api/rooms/{id}/egress/allow", axum::routing::post(allow))
 }
 
-async fn show(
-    State(app): State<AppState>,
-    Acting(actor): Acting,
-    Ids(room_id): Ids<RoomId>,
-) -> Result<Json<Value>, ApiError> {
-    Ok(Json(app.ops.egress(&room_id, &actor).await?))
+async fn show(on: OnRoom) -> Result<Json<Value>, ApiError> {
+    Ok(Json(on.ops.egress(&on.room, &on.actor).await?))
 }
 
 /// The change: either list may be left out (unchanged).
@@ -36,15 +29,10 @@ pub(crate) struct ChangeEgress {
     presets: Option<Vec<String>>,
 }
 
-async fn change(
-    State(app): State<AppState>,
-    Acting(actor): Acting,
-    Ids(room_id): Ids<RoomId>,
-    Json(body): Json<ChangeEgress>,
-) -> Result<Json<Value>, ApiError> {
-    let view = app
+async fn change(on: OnRoom, Json(body): Json<ChangeEgress>) -> Result<Json<Value>, ApiError> {
+    let view = on
         .ops
-        .set_egress(&room_id, &actor, body.allow, body.presets)
+        .set_egress(&on.room, &on.actor, body.allow, body.presets)
         .await?;
     Ok(Json(view))
 }
@@ -62,15 +50,10 @@ pub(crate) struct AllowRule {
 /// `POST /api/rooms/{id}/egress/allow` `{"rule"}`: holders of `approve` add it at once;
 /// holders of `edit` get `202 {"approval_id", "state": "pending_approval"}` and, once someone
 /// else who holds `approve` agrees, add it by asking again with the `approval_id`.
-async fn allow(
-    State(app): State<AppState>,
-    Acting(actor): Acting,
-    Ids(room_id): Ids<RoomId>,
-    Json(body): Json<AllowRule>,
-) -> Result<Response, ApiError> {
-    let added = app
+async fn allow(on: OnRoom, Json(body): Json<AllowRule>) -> Result<Response, ApiError> {
+    let added = on
         .ops
-        .allow_egress(&room_id, &actor, &body.rule, body.approval_id.as_deref())
+        .allow_egress(&on.room, &on.actor, &body.rule, body.approval_id.as_deref())
         .await?;
     Ok(render(added))
 }

@@ -10,9 +10,12 @@
 use crate::accounts::proxies::TrustedProxies;
 use crate::accounts::sessions::{hash_token, session_cookie, well_formed, SESSION_IDLE_MS};
 use crate::http::{ApiError, AppState};
-use axum::extract::{ConnectInfo, FromRequestParts};
+use crate::ids::RoomId;
+use crate::ops::{Actor, Ops};
+use axum::extract::{ConnectInfo, FromRequestParts, RawPathParams};
 use axum::http::request::Parts;
 use axum::http::{Method, Request};
+use coderoom_authz::CapabilitySet;
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 use tower_governor::key_extractor::KeyExtractor;
@@ -171,14 +174,70 @@ impl AuthUser {
 }
 
 /// The authenticated caller as the application layer knows it (an [`AuthUser`] made an
-/// [`crate::ops::Actor`]): what a route that performs a room operation takes.
-pub(crate) struct Acting(pub(crate) crate::ops::Actor);
+/// [`crate::ops::Actor`]), with the layer: what a route that performs an operation takes.
+pub(crate) struct Caller {
+    pub(crate) ops: Ops,
+    pub(crate) actor: Actor,
+}
 
-impl FromRequestParts<AppState> for Acting {
+impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let user = AuthUser::from_request_parts(parts, state).await?;
-        Ok(Acting(user.actor(state).await?))
+        let actor = user.actor(state).await?;
+        Ok(Caller {
+            ops: state.ops.clone(),
+            actor,
+        })
+    }
+}
+
+/// The room a path names in its `{id}`: 404 when it has not a room id's form.
+async fn path_room(parts: &mut Parts, state: &AppState) -> Result<RoomId, ApiError> {
+    let params = RawPathParams::from_request_parts(parts, state)
+        .await
+        .map_err(|_| ApiError::NotFound)?;
+    params
+        .iter()
+        .find(|(name, _)| *name == "id")
+        .and_then(|(_, value)| RoomId::parse(value))
+        .ok_or(ApiError::NotFound)
+}
+
+/// A room operation as a route receives it: the layer, who acts, and the room the path names
+/// (`{id}`; a route's other ids come with [`Ids`]). What every route that acts on a room takes.
+pub(crate) struct OnRoom {
+    pub(crate) ops: Ops,
+    pub(crate) actor: Actor,
+    pub(crate) room: RoomId,
+}
+
+impl FromRequestParts<AppState> for OnRoom {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let Caller { ops, actor } = Caller::from_request_parts(parts, state).await?;
+        let room = path_room(parts, state).await?;
+        Ok(OnRoom { ops, actor, room })
+    }
+}
+
+/// A read of a room: an [`OnRoom`] whose caller may observe the room (404 otherwise, as for a
+/// room that does not exist), with its capabilities there.
+pub(crate) struct Observing {
+    pub(crate) ops: Ops,
+    pub(crate) room: RoomId,
+    pub(crate) caps: CapabilitySet,
+}
+
+impl FromRequestParts<AppState> for Observing {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let on = OnRoom::from_request_parts(parts, state).await?;
+        let caps = on.ops.capabilities(&on.room, &on.actor).await?;
+        let OnRoom { ops, room, .. } = on;
+        Ok(Observing { ops, room, caps })
     }
 }

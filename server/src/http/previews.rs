@@ -13,8 +13,7 @@
 //! checked every second.
 
 use crate::http::bucket::Bucket;
-use crate::http::extract::Acting;
-use crate::http::extract::Ids;
+use crate::http::extract::{Observing, OnRoom};
 use crate::http::guard::room_capabilities;
 use crate::http::{ApiError, AppState, AuthUser};
 use crate::ids::RoomId;
@@ -305,17 +304,12 @@ pub(crate) fn routes() -> Router<AppState> {
 /// `GET /api/rooms/{id}/sandbox/ports`: `{"running", "listening": [port, ...]}`, the TCP ports
 /// something in the room's sandbox listens on (any participant). It neither starts a stopped
 /// sandbox nor keeps a running one from its idle stop.
-async fn ports(
-    State(app): State<AppState>,
-    user: AuthUser,
-    Ids(room_id): Ids<RoomId>,
-) -> Result<Json<Value>, ApiError> {
-    room_capabilities(&app, &room_id, &user).await?;
+async fn ports(seen: Observing) -> Result<Json<Value>, ApiError> {
     let op = coderoom_sandbox::proto::Op::Listening;
-    match app
+    match seen
         .ops
         .sandboxes
-        .peek(room_id.as_str(), op, Duration::from_secs(5))
+        .peek(seen.room.as_str(), op, Duration::from_secs(5))
         .await
     {
         Ok(coderoom_sandbox::proto::Reply::Listening(ports)) => {
@@ -341,24 +335,18 @@ pub(crate) fn enabled(app: &AppState) -> Result<(), ApiError> {
 
 async fn create(
     State(app): State<AppState>,
-    Acting(actor): Acting,
-    Ids(room_id): Ids<RoomId>,
+    on: OnRoom,
     Json(body): Json<NewPreview>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     enabled(&app)?;
-    let row = app.ops.create_preview(&room_id, &actor, body).await?;
+    let row = on.ops.create_preview(&on.room, &on.actor, body).await?;
     Ok((StatusCode::CREATED, Json(view(&app, &row))))
 }
 
-async fn list(
-    State(app): State<AppState>,
-    user: AuthUser,
-    Ids(room_id): Ids<RoomId>,
-) -> Result<Json<Vec<Value>>, ApiError> {
-    room_capabilities(&app, &room_id, &user).await?;
+async fn list(State(app): State<AppState>, seen: Observing) -> Result<Json<Vec<Value>>, ApiError> {
     let mut out = Vec::new();
-    for p in app.ops.store.previews(&room_id).await? {
-        let p = app.ops.activate_if_approved(p).await?;
+    for p in seen.ops.store.previews(&seen.room).await? {
+        let p = seen.ops.activate_if_approved(p).await?;
         out.push(view(&app, &p));
     }
     Ok(Json(out))
@@ -366,11 +354,10 @@ async fn list(
 
 async fn revoke(
     State(app): State<AppState>,
-    Acting(actor): Acting,
-    Path((room, pid)): Path<(String, String)>,
+    on: OnRoom,
+    Path((_, pid)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
-    let room_id = RoomId::parse(&room).ok_or(ApiError::NotFound)?;
-    let p = app.ops.revoke_preview(&room_id, &actor, &pid).await?;
+    let p = on.ops.revoke_preview(&on.room, &on.actor, &pid).await?;
     app.previews.revoke(&p.id);
     Ok(StatusCode::NO_CONTENT)
 }
@@ -379,11 +366,10 @@ async fn revoke(
 /// (any member who may observe), for a public one the plain URL.
 async fn open(
     State(app): State<AppState>,
-    Acting(actor): Acting,
-    Path((room, pid)): Path<(String, String)>,
+    on: OnRoom,
+    Path((_, pid)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
-    let room_id = RoomId::parse(&room).ok_or(ApiError::NotFound)?;
-    Ok(Json(link(&app, &room_id, &actor, &pid).await?))
+    Ok(Json(link(&app, &on.room, &on.actor, &pid).await?))
 }
 
 /// `{"url", "state"}`: where `actor` opens preview `pid` (see [`open`]); MCP's

@@ -2,16 +2,15 @@
 //! (list), `POST .../repos/{rid}/pull`, `.../push` and `.../export`, `DELETE .../repos/{rid}`
 //! (disconnect).
 
-use crate::http::extract::Acting;
-use crate::http::extract::Ids;
-use crate::http::guard::room_capabilities;
+use crate::http::extract::Caller;
+use crate::http::extract::{Observing, OnRoom};
 use crate::http::sandbox::render;
-use crate::http::{ApiError, AppState, AuthUser};
+use crate::http::{ApiError, AppState};
 use crate::ids::RoomId;
 use crate::ops::repositories::{Connect, Push};
 use crate::ops::Outcome;
 use crate::store::RepoRow;
-use axum::extract::{Path, State};
+use axum::extract::Path;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -32,42 +31,33 @@ pub(crate) fn routes() -> Router<AppState> {
 }
 
 async fn connect(
-    State(app): State<AppState>,
-    Acting(actor): Acting,
-    Ids(room_id): Ids<RoomId>,
+    on: OnRoom,
     Json(asked): Json<Connect>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let made = app.ops.connect_repo(&room_id, &actor, asked).await?;
+    let made = on.ops.connect_repo(&on.room, &on.actor, asked).await?;
     Ok((StatusCode::CREATED, Json(made)))
 }
 
-async fn list(
-    State(app): State<AppState>,
-    user: AuthUser,
-    Ids(room_id): Ids<RoomId>,
-) -> Result<Json<Vec<RepoRow>>, ApiError> {
-    room_capabilities(&app, &room_id, &user).await?;
-    Ok(Json(app.ops.store.repos(&room_id).await?))
+async fn list(seen: Observing) -> Result<Json<Vec<RepoRow>>, ApiError> {
+    Ok(Json(seen.ops.store.repos(&seen.room).await?))
 }
 
 async fn pull(
-    State(app): State<AppState>,
-    Acting(actor): Acting,
+    by: Caller,
     Path((room, rid)): Path<(String, String)>,
 ) -> Result<Json<Value>, ApiError> {
     let room_id = RoomId::parse(&room).ok_or(ApiError::NotFound)?;
-    Ok(Json(app.ops.pull_repo(&room_id, &actor, &rid).await?))
+    Ok(Json(by.ops.pull_repo(&room_id, &by.actor, &rid).await?))
 }
 
 async fn push(
-    State(app): State<AppState>,
-    Acting(actor): Acting,
+    by: Caller,
     Path((room, rid)): Path<(String, String)>,
     Json(asked): Json<Push>,
 ) -> Result<Response, ApiError> {
     let room_id = RoomId::parse(&room).ok_or(ApiError::NotFound)?;
     Ok(render(
-        app.ops.push_repo(&room_id, &actor, &rid, asked).await?,
+        by.ops.push_repo(&room_id, &by.actor, &rid, asked).await?,
     ))
 }
 
@@ -86,15 +76,14 @@ pub(crate) struct ExportBody {
 /// Needs `export` and someone else's approval of exactly this export (202 until then), like
 /// every export.
 async fn export(
-    State(app): State<AppState>,
-    Acting(actor): Acting,
+    by: Caller,
     Path((room, rid)): Path<(String, String)>,
     Json(body): Json<ExportBody>,
 ) -> Result<Response, ApiError> {
     let room_id = RoomId::parse(&room).ok_or(ApiError::NotFound)?;
     let what = (body.format.as_str(), body.approval_id.as_deref());
     Ok(
-        match app.ops.export_repo(&room_id, &actor, &rid, what).await? {
+        match by.ops.export_repo(&room_id, &by.actor, &rid, what).await? {
             Outcome::Done(export) => (
                 [
                     (axum::http::header::CONTENT_TYPE, export.kind.to_owned()),
@@ -112,11 +101,10 @@ async fn export(
 }
 
 async fn disconnect(
-    State(app): State<AppState>,
-    Acting(actor): Acting,
+    by: Caller,
     Path((room, rid)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     let room_id = RoomId::parse(&room).ok_or(ApiError::NotFound)?;
-    app.ops.disconnect_repo(&room_id, &actor, &rid).await?;
+    by.ops.disconnect_repo(&room_id, &by.actor, &rid).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -2,15 +2,12 @@
 //! parses, calls the application layer (`crate::ops::commands`, `crate::ops::sandbox`) and
 //! renders its outcome.
 
-use crate::http::extract::{Acting, Ids};
+use crate::http::extract::{Observing, OnRoom};
 use crate::http::ApiError;
 use crate::http::AppState;
-use crate::http::AuthUser;
-use crate::ids::RoomId;
 use crate::ops::commands::{Command, Executed};
 use crate::ops::Outcome;
 use crate::sandbox::SandboxStatus;
-use axum::extract::State;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -79,16 +76,11 @@ pub(crate) fn render<T: Serialize>(outcome: Outcome<T>) -> Response {
 /// `POST /api/rooms/{id}/exec` `{"argv", "cwd"?, "timeout_ms"?, "approval_id"?}`: runs it and
 /// answers how it ended; an agent in approval mode gets `202 {"approval_id", "state":
 /// "pending_approval"}` until someone approves exactly this command (argv and cwd).
-pub(crate) async fn exec(
-    State(app): State<AppState>,
-    Acting(actor): Acting,
-    Ids(room_id): Ids<RoomId>,
-    Json(req): Json<ExecRequest>,
-) -> Result<Response, ApiError> {
+pub(crate) async fn exec(on: OnRoom, Json(req): Json<ExecRequest>) -> Result<Response, ApiError> {
     let (cmd, approval) = req.command();
-    let ran: Outcome<Executed> = app
+    let ran: Outcome<Executed> = on
         .ops
-        .run_command(&room_id, &actor, cmd, approval.as_deref())
+        .run_command(&on.room, &on.actor, cmd, approval.as_deref())
         .await?;
     Ok(render(ran))
 }
@@ -105,14 +97,17 @@ pub(crate) struct ReadinessBody {
 /// the room's sandbox runs (as `sh -c`) after every start or resume, before the room says it
 /// is ready (`crate::ops::Ops::set_readiness`: decided as a command of whoever sets it).
 pub(crate) async fn set_readiness(
-    State(app): State<AppState>,
-    Acting(actor): Acting,
-    Ids(room_id): Ids<RoomId>,
+    on: OnRoom,
     Json(body): Json<ReadinessBody>,
 ) -> Result<Response, ApiError> {
-    let set = app
+    let set = on
         .ops
-        .set_readiness(&room_id, &actor, body.command, body.approval_id.as_deref())
+        .set_readiness(
+            &on.room,
+            &on.actor,
+            body.command,
+            body.approval_id.as_deref(),
+        )
         .await?;
     Ok(match set {
         Outcome::Done(command) => Json(serde_json::json!({ "command": command })).into_response(),
@@ -120,32 +115,19 @@ pub(crate) async fn set_readiness(
     })
 }
 
-pub(crate) async fn status(
-    State(app): State<AppState>,
-    user: AuthUser,
-    Ids(room_id): Ids<RoomId>,
-) -> Result<Json<SandboxStatus>, ApiError> {
-    let caps = crate::http::guard::room_capabilities(&app, &room_id, &user).await?;
-    let status = app.ops.sandboxes.status(&room_id).await?;
-    Ok(Json(if caps.contains(Capability::Type) {
+pub(crate) async fn status(seen: Observing) -> Result<Json<SandboxStatus>, ApiError> {
+    let status = seen.ops.sandboxes.status(&seen.room).await?;
+    Ok(Json(if seen.caps.contains(Capability::Type) {
         status
     } else {
         status.without_readiness_details()
     }))
 }
 
-pub(crate) async fn stop(
-    State(app): State<AppState>,
-    Acting(actor): Acting,
-    Ids(room_id): Ids<RoomId>,
-) -> Result<Json<SandboxStatus>, ApiError> {
-    Ok(Json(app.ops.stop_sandbox(&room_id, &actor).await?))
+pub(crate) async fn stop(on: OnRoom) -> Result<Json<SandboxStatus>, ApiError> {
+    Ok(Json(on.ops.stop_sandbox(&on.room, &on.actor).await?))
 }
 
-pub(crate) async fn start(
-    State(app): State<AppState>,
-    Acting(actor): Acting,
-    Ids(room_id): Ids<RoomId>,
-) -> Result<Json<SandboxStatus>, ApiError> {
-    Ok(Json(app.ops.start_sandbox(&room_id, &actor).await?))
+pub(crate) async fn start(on: OnRoom) -> Result<Json<SandboxStatus>, ApiError> {
+    Ok(Json(on.ops.start_sandbox(&on.room, &on.actor).await?))
 }

@@ -1,16 +1,15 @@
 //! Secrets (`crate::ops::secrets`): `POST /api/rooms/{id}/secrets`, `GET` (their rules, never
 //! their values), `DELETE /api/rooms/{id}/secrets/{name}`, `PUT .../secrets-policy`.
 
-use crate::http::extract::Acting;
-use crate::http::extract::Ids;
-use crate::http::guard::room_capabilities;
+use crate::http::extract::Caller;
+use crate::http::extract::{Observing, OnRoom};
 use crate::http::sandbox::render;
-use crate::http::{ApiError, AppState, AuthUser};
+use crate::http::{ApiError, AppState};
 use crate::ids::RoomId;
 use crate::ops::secrets::NewSecret;
 use crate::ops::Outcome;
 use crate::store::SecretRule;
-use axum::extract::{Path, State};
+use axum::extract::Path;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get};
@@ -52,12 +51,7 @@ fn default_format() -> String {
     "Bearer {}".into()
 }
 
-async fn add(
-    State(app): State<AppState>,
-    Acting(actor): Acting,
-    Ids(room_id): Ids<RoomId>,
-    Json(body): Json<AddSecret>,
-) -> Result<Response, ApiError> {
+async fn add(on: OnRoom, Json(body): Json<AddSecret>) -> Result<Response, ApiError> {
     let new = NewSecret {
         name: body.name,
         value: body.value,
@@ -65,9 +59,9 @@ async fn add(
         header: body.header,
         format: body.format,
     };
-    let added = app
+    let added = on
         .ops
-        .add_secret(&room_id, &actor, new, body.approval_id.as_deref())
+        .add_secret(&on.room, &on.actor, new, body.approval_id.as_deref())
         .await?;
     Ok(match added {
         Outcome::Done(rule) => (StatusCode::CREATED, Json(rule)).into_response(),
@@ -77,14 +71,12 @@ async fn add(
 
 /// `PUT /api/rooms/{id}/secrets-policy` `{"add_needs_approval": true | false}`.
 async fn set_policy(
-    State(app): State<AppState>,
-    Acting(actor): Acting,
-    Ids(room_id): Ids<RoomId>,
+    on: OnRoom,
     Json(body): Json<SecretsPolicy>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let set = app
+    let set = on
         .ops
-        .set_secrets_policy(&room_id, &actor, body.add_needs_approval)
+        .set_secrets_policy(&on.room, &on.actor, body.add_needs_approval)
         .await?;
     Ok(Json(set))
 }
@@ -95,21 +87,15 @@ pub(crate) struct SecretsPolicy {
     add_needs_approval: bool,
 }
 
-async fn list(
-    State(app): State<AppState>,
-    user: AuthUser,
-    Ids(room_id): Ids<RoomId>,
-) -> Result<Json<Vec<SecretRule>>, ApiError> {
-    room_capabilities(&app, &room_id, &user).await?;
-    Ok(Json(app.ops.store.secret_rules(&room_id).await?))
+async fn list(seen: Observing) -> Result<Json<Vec<SecretRule>>, ApiError> {
+    Ok(Json(seen.ops.store.secret_rules(&seen.room).await?))
 }
 
 async fn remove(
-    State(app): State<AppState>,
-    Acting(actor): Acting,
+    by: Caller,
     Path((room, name)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     let room_id = RoomId::parse(&room).ok_or(ApiError::NotFound)?;
-    app.ops.remove_secret(&room_id, &actor, &name).await?;
+    by.ops.remove_secret(&room_id, &by.actor, &name).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -2,13 +2,9 @@
 //! participant, and its budget), `PUT /api/rooms/{id}/budget` (the room's budget or an
 //! agent's: needs `spend`; a raise needs someone else's approval).
 
-use crate::http::extract::Acting;
-use crate::http::extract::Ids;
-use crate::http::guard::room_capabilities;
+use crate::http::extract::{Observing, OnRoom};
 use crate::http::sandbox::render;
-use crate::http::{ApiError, AppState, AuthUser};
-use crate::ids::RoomId;
-use axum::extract::State;
+use crate::http::{ApiError, AppState};
 use axum::response::Response;
 use axum::routing::{get, put};
 use axum::{Json, Router};
@@ -21,13 +17,8 @@ pub(crate) fn routes() -> Router<AppState> {
         .route("/api/rooms/{id}/budget", put(set_budget))
 }
 
-async fn show(
-    State(app): State<AppState>,
-    user: AuthUser,
-    Ids(room_id): Ids<RoomId>,
-) -> Result<Json<Value>, ApiError> {
-    room_capabilities(&app, &room_id, &user).await?;
-    Ok(Json(app.ops.spend_view(&room_id).await?))
+async fn show(seen: Observing) -> Result<Json<Value>, ApiError> {
+    Ok(Json(seen.ops.spend_view(&seen.room).await?))
 }
 
 #[derive(Deserialize)]
@@ -44,17 +35,12 @@ pub(crate) struct SetBudget {
 
 /// `PUT /api/rooms/{id}/budget`: sets the room's budget (or an agent's) (`crate::ops::spend`):
 /// a raise answers 202 with the approval it waits for.
-async fn set_budget(
-    State(app): State<AppState>,
-    Acting(actor): Acting,
-    Ids(room_id): Ids<RoomId>,
-    Json(body): Json<SetBudget>,
-) -> Result<Response, ApiError> {
-    let set = app
+async fn set_budget(on: OnRoom, Json(body): Json<SetBudget>) -> Result<Response, ApiError> {
+    let set = on
         .ops
         .set_budget(
-            &room_id,
-            &actor,
+            &on.room,
+            &on.actor,
             (&body.budget, body.agent_id),
             body.approval_id.as_deref(),
         )
