@@ -86,7 +86,10 @@ impl Locked<'_> {
             details.as_object_mut(),
             self.audit.store.agent(actor).await?,
         ) {
-            obj.insert("sponsor".into(), serde_json::Value::String(agent.sponsor));
+            obj.insert(
+                "sponsor".into(),
+                serde_json::Value::String(agent.sponsor.to_string()),
+            );
         }
         let fields = Fields {
             at: self.audit.clock.now_ms(),

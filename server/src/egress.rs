@@ -16,6 +16,7 @@ pub(crate) mod tls;
 mod usage;
 
 use crate::audit::Audit;
+use crate::ids::RoomId;
 use crate::store::{Change, Store};
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -195,15 +196,15 @@ struct Inner {
     /// Bytes and tokens are charged to whoever's connection carried them.
     spend: crate::spend::Spend,
     resolver: Resolver,
-    meters: Mutex<HashMap<String, RoomMeter>>,
+    meters: Mutex<HashMap<RoomId, RoomMeter>>,
     /// Opens the secrets the proxy adds.
     vault: Arc<crate::secrets::Vault>,
     /// How upstreams' certificates are checked.
     upstream_tls: Arc<rustls::ClientConfig>,
     /// Each room's egress authority, made on first need.
-    authorities: Mutex<HashMap<String, Arc<tls::RoomCa>>>,
+    authorities: Mutex<HashMap<RoomId, Arc<tls::RoomCa>>>,
     /// Each room's connection places.
-    places: Mutex<HashMap<String, Arc<tokio::sync::Semaphore>>>,
+    places: Mutex<HashMap<RoomId, Arc<tokio::sync::Semaphore>>>,
 }
 
 /// Connections the proxy carries at once for one room.
@@ -228,7 +229,7 @@ fn attributed(actor: &str) -> String {
 /// What code inside sees in place of the room's secret `name`: `CODEROOM_SECRET_<NAME>` holds
 /// it, and the proxy swaps it for the value in requests to the secret's hosts. Not a secret
 /// (it opens nothing by itself), but distinct per room and name.
-pub(crate) fn placeholder(room_id: &str, name: &str) -> String {
+pub(crate) fn placeholder(room_id: &RoomId, name: &str) -> String {
     use sha2::Digest as _;
     let digest = sha2::Sha256::digest(format!("coderoom placeholder\0{room_id}\0{name}"));
     format!("crs_placeholder_{name}_{}", &hex::encode(digest)[..16])
@@ -293,7 +294,7 @@ impl Egress {
     }
 
     /// The room's egress authority (made on first need, kept while the server runs).
-    pub(crate) fn authority(&self, room_id: &str) -> Result<Arc<tls::RoomCa>, tls::TlsError> {
+    pub(crate) fn authority(&self, room_id: &RoomId) -> Result<Arc<tls::RoomCa>, tls::TlsError> {
         let mut all = self
             .inner
             .authorities
@@ -309,7 +310,7 @@ impl Egress {
 
     /// The variables code inside gets for the room's secrets: `CODEROOM_SECRET_<NAME>` =
     /// its placeholder.
-    pub(crate) async fn room_env(&self, room_id: &str) -> Vec<(String, String)> {
+    pub(crate) async fn room_env(&self, room_id: &RoomId) -> Vec<(String, String)> {
         match self.inner.store.secret_rules(room_id).await {
             Ok(rules) => rules
                 .iter()
@@ -321,7 +322,7 @@ impl Egress {
                 })
                 .collect(),
             Err(e) => {
-                tracing::error!(room = room_id, error = %e, "cannot read the room's secret rules");
+                tracing::error!(room = %room_id, error = %e, "cannot read the room's secret rules");
                 Vec::new()
             }
         }
@@ -329,11 +330,15 @@ impl Egress {
 
     /// The secrets the proxy adds to requests for `host` (opened now; a value that does not
     /// open is left out and logged by name).
-    pub(crate) async fn injections(&self, room_id: &str, host: &str) -> Vec<intercept::Injection> {
+    pub(crate) async fn injections(
+        &self,
+        room_id: &RoomId,
+        host: &str,
+    ) -> Vec<intercept::Injection> {
         let rules = match self.inner.store.secret_rules(room_id).await {
             Ok(r) => r,
             Err(e) => {
-                tracing::error!(room = room_id, error = %e, "cannot read the room's secret rules");
+                tracing::error!(room = %room_id, error = %e, "cannot read the room's secret rules");
                 return Vec::new();
             }
         };
@@ -353,13 +358,13 @@ impl Egress {
                 .ok()
                 .and_then(|v| String::from_utf8(v).ok())
             else {
-                tracing::error!(room = room_id, secret = %rule.name, "cannot open the secret; not added");
+                tracing::error!(room = %room_id, secret = %rule.name, "cannot open the secret; not added");
                 continue;
             };
             let header = hyper::header::HeaderName::from_bytes(rule.header.as_bytes());
             let value = hyper::header::HeaderValue::from_str(&rule.format.replace("{}", &raw));
             let (Ok(header), Ok(mut value)) = (header, value) else {
-                tracing::error!(room = room_id, secret = %rule.name, "the secret's header is not valid; not added");
+                tracing::error!(room = %room_id, secret = %rule.name, "the secret's header is not valid; not added");
                 continue;
             };
             value.set_sensitive(true);
@@ -378,7 +383,7 @@ impl Egress {
     /// the control plane's own requests (a repository's server). `None`: no such secret.
     pub(crate) async fn secret_header(
         &self,
-        room_id: &str,
+        room_id: &RoomId,
         name: &str,
     ) -> Result<Option<String>, Unreachable> {
         let unavailable = || Unreachable(format!("the secret {name} cannot be opened"));
@@ -416,23 +421,23 @@ impl Egress {
     }
 
     /// Records that the proxy added these secrets (their `last_used_at`).
-    pub(crate) async fn used_secrets(&self, room_id: &str, names: &[String]) {
+    pub(crate) async fn used_secrets(&self, room_id: &RoomId, names: &[String]) {
         let now = self.inner.clock.now_ms();
         for name in names {
             if let Err(e) = self.inner.store.touch_secret(room_id, name, now).await {
-                tracing::warn!(room = room_id, secret = %name, error = %e, "cannot record a secret's use");
+                tracing::warn!(room = %room_id, secret = %name, error = %e, "cannot record a secret's use");
             }
         }
     }
 
-    fn meters(&self) -> std::sync::MutexGuard<'_, HashMap<String, RoomMeter>> {
+    fn meters(&self) -> std::sync::MutexGuard<'_, HashMap<RoomId, RoomMeter>> {
         self.inner.meters.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// What takes room `room_id`'s outbound connections: each is served on a task of its own,
     /// at most [`MAX_PROXIED`] at once per room (a task holds its place until it ends, however
     /// its stream ended); one more is closed at once and counted as refused.
-    pub(crate) fn taker(&self, room_id: String) -> coderoom_sandbox::OutboundFn {
+    pub(crate) fn taker(&self, room_id: RoomId) -> coderoom_sandbox::OutboundFn {
         let this = self.clone();
         let places = self.places(&room_id);
         Arc::new(move |conn, actor| {
@@ -465,7 +470,7 @@ impl Egress {
     }
 
     /// The room's connection places (one semaphore per room, shared by its sandboxes).
-    fn places(&self, room_id: &str) -> Arc<tokio::sync::Semaphore> {
+    fn places(&self, room_id: &RoomId) -> Arc<tokio::sync::Semaphore> {
         let mut all = self.inner.places.lock().unwrap_or_else(|e| e.into_inner());
         all.entry(room_id.to_owned())
             .or_insert_with(|| Arc::new(tokio::sync::Semaphore::new(MAX_PROXIED)))
@@ -473,7 +478,7 @@ impl Egress {
     }
 
     /// The room's policy as stored; a room without one (or an unreadable one) allows nothing.
-    pub(crate) async fn policy(&self, room_id: &str) -> Policy {
+    pub(crate) async fn policy(&self, room_id: &RoomId) -> Policy {
         match self.inner.store.egress_policy(room_id).await {
             Ok(Some(json)) => serde_json::from_str::<Policy>(&json)
                 .ok()
@@ -481,7 +486,7 @@ impl Egress {
                 .unwrap_or_default(),
             Ok(None) => Policy::default(),
             Err(e) => {
-                tracing::error!(room = room_id, error = %e, "cannot read the egress policy; refusing");
+                tracing::error!(room = %room_id, error = %e, "cannot read the egress policy; refusing");
                 Policy::default()
             }
         }
@@ -491,7 +496,7 @@ impl Egress {
     /// tokens is used up.
     pub(crate) async fn within_budget(
         &self,
-        room_id: &str,
+        room_id: &RoomId,
         who: &str,
     ) -> Result<(), crate::spend::OverBudget> {
         use crate::spend::Meter;
@@ -504,7 +509,7 @@ impl Egress {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(crate::spend::OverBudget(e.to_string())),
             Err(e) => {
-                tracing::error!(room = room_id, error = %e, "cannot read the room's spend; refusing");
+                tracing::error!(room = %room_id, error = %e, "cannot read the room's spend; refusing");
                 Err(crate::spend::OverBudget(
                     "the room's spend cannot be read now".into(),
                 ))
@@ -513,7 +518,7 @@ impl Egress {
     }
 
     /// Counts one connection.
-    pub(crate) fn record(&self, room_id: &str, o: Outcome) {
+    pub(crate) fn record(&self, room_id: &RoomId, o: Outcome) {
         let now = self.inner.clock.now_ms();
         self.inner.spend.charge(
             room_id,
@@ -557,7 +562,7 @@ impl Egress {
     }
 
     /// `GET /api/rooms/{id}/egress`'s live part: recent refusals (newest first) and totals.
-    pub(crate) fn activity(&self, room_id: &str) -> Value {
+    pub(crate) fn activity(&self, room_id: &RoomId) -> Value {
         let meters = self.meters();
         let Some(m) = meters.get(room_id) else {
             return json!({ "recent_denied": [], "totals": {} });
@@ -569,7 +574,7 @@ impl Egress {
     }
 
     /// Counts tokens a model provider reported for the room.
-    pub(crate) fn record_tokens(&self, room_id: &str, who: &str, tokens: usage::Tokens) {
+    pub(crate) fn record_tokens(&self, room_id: &RoomId, who: &str, tokens: usage::Tokens) {
         self.inner.spend.charge(
             room_id,
             who,
@@ -583,7 +588,7 @@ impl Egress {
     }
 
     /// Forgets a deleted room's counters and its authority.
-    pub(crate) fn forget(&self, room_id: &str) {
+    pub(crate) fn forget(&self, room_id: &RoomId) {
         self.meters().remove(room_id);
         self.inner
             .authorities
@@ -594,7 +599,7 @@ impl Egress {
 
     /// Writes each room's aggregated record(s) for the window that ends now.
     pub(crate) async fn flush(&self, window_ms: u64) {
-        type Window = (String, HashMap<Key, Tally>, [Tally; 2], usage::Tokens);
+        type Window = (RoomId, HashMap<Key, Tally>, [Tally; 2], usage::Tokens);
         let windows: Vec<Window> = self
             .meters()
             .iter_mut()
@@ -664,7 +669,7 @@ impl Egress {
                     .await
                 {
                     // A room deleted meanwhile has no chain left to write to.
-                    tracing::debug!(room, error = %e, "cannot audit egress");
+                    tracing::debug!(room = %room, error = %e, "cannot audit egress");
                 }
             }
         }

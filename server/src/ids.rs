@@ -17,6 +17,37 @@ fn issued(id: &str) -> bool {
     id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
+/// A type stored as a text column (with `sqlx::Any`): `$write` makes its text, `$read` makes it
+/// from the text read (an `Err` reads as a decoding error).
+macro_rules! sql_text {
+    ($name:ty, $write:expr, $read:expr) => {
+        impl sqlx::Type<sqlx::Any> for $name {
+            fn type_info() -> sqlx::any::AnyTypeInfo {
+                <String as sqlx::Type<sqlx::Any>>::type_info()
+            }
+        }
+
+        impl<'q> sqlx::Encode<'q, sqlx::Any> for $name {
+            fn encode_by_ref(
+                &self,
+                buf: &mut <sqlx::Any as sqlx::Database>::ArgumentBuffer<'q>,
+            ) -> Result<sqlx::encode::IsNull, sqlx::error::BoxDynError> {
+                <String as sqlx::Encode<'q, sqlx::Any>>::encode(($write)(self), buf)
+            }
+        }
+
+        impl<'r> sqlx::Decode<'r, sqlx::Any> for $name {
+            fn decode(
+                value: <sqlx::Any as sqlx::Database>::ValueRef<'r>,
+            ) -> Result<Self, sqlx::error::BoxDynError> {
+                let text = <String as sqlx::Decode<'r, sqlx::Any>>::decode(value)?;
+                Ok(($read)(text)?)
+            }
+        }
+    };
+}
+pub(crate) use sql_text;
+
 /// A string id, checked once (where it enters) and carried typed from there on.
 macro_rules! checked_id {
     ($(#[$doc:meta])* $name:ident, $valid:ident, $what:literal) => {
@@ -31,6 +62,12 @@ macro_rules! checked_id {
             /// `None` unless `id` has the form of one.
             pub(crate) fn parse(id: &str) -> Option<Self> {
                 $valid(id).then(|| $name(id.to_owned()))
+            }
+
+            /// An id this server stored or has already checked (a row's, a decision's), taken
+            /// as it is.
+            pub(crate) fn known(id: impl Into<String>) -> Self {
+                $name(id.into())
             }
 
             /// A fresh id (a v4 UUID's 32 hex digits).
@@ -55,6 +92,70 @@ macro_rules! checked_id {
                 f.write_str(&self.0)
             }
         }
+
+        // Letters and digits only: a safe path component.
+        impl AsRef<std::path::Path> for $name {
+            fn as_ref(&self) -> &std::path::Path {
+                std::path::Path::new(&self.0)
+            }
+        }
+
+        impl PartialEq<&$name> for $name {
+            fn eq(&self, other: &&$name) -> bool {
+                self.0 == other.0
+            }
+        }
+
+        impl From<&$name> for String {
+            fn from(id: &$name) -> String {
+                id.0.clone()
+            }
+        }
+
+        impl From<$name> for String {
+            fn from(id: $name) -> String {
+                id.0
+            }
+        }
+
+        impl PartialEq<str> for $name {
+            fn eq(&self, other: &str) -> bool {
+                self.0 == other
+            }
+        }
+
+        impl PartialEq<&str> for $name {
+            fn eq(&self, other: &&str) -> bool {
+                self.0 == *other
+            }
+        }
+
+        impl PartialEq<String> for $name {
+            fn eq(&self, other: &String) -> bool {
+                self.0 == *other
+            }
+        }
+
+        impl PartialEq<$name> for String {
+            fn eq(&self, other: &$name) -> bool {
+                *self == other.0
+            }
+        }
+
+        impl PartialEq<$name> for &str {
+            fn eq(&self, other: &$name) -> bool {
+                *self == other.0
+            }
+        }
+
+        impl std::borrow::Borrow<str> for $name {
+            fn borrow(&self) -> &str {
+                &self.0
+            }
+        }
+
+        // Stored as text: bound and read as the string it is.
+        crate::ids::sql_text!($name, |id: &$name| id.0.clone(), |text: String| Ok::<_, std::convert::Infallible>($name(text)));
 
         impl<'de> Deserialize<'de> for $name {
             fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {

@@ -106,8 +106,11 @@ pub(crate) struct Ops {
     pub(crate) open_sessions: events::OpenSessions,
     /// One checkpoint operation (make, prune, restore, fork, a repository's import or push)
     /// at a time per room, and none while the room is being deleted.
-    room_locks:
-        Arc<std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
+    room_locks: Arc<
+        std::sync::Mutex<
+            std::collections::HashMap<crate::ids::RoomId, Arc<tokio::sync::Mutex<()>>>,
+        >,
+    >,
     /// One deletion run at a time.
     pub(crate) deletions: Arc<tokio::sync::Mutex<()>>,
     /// Local state (`--data-dir`): checkpoints, recordings, repositories, VM disks.
@@ -167,9 +170,9 @@ impl Ops {
 
     /// The room's checkpoint lock (see [`Ops`]'s `room_locks`): a prune never removes a
     /// checkpoint a restore or a fork is reading.
-    pub(crate) fn room_lock(&self, room_id: &str) -> Arc<tokio::sync::Mutex<()>> {
+    pub(crate) fn room_lock(&self, room_id: &crate::ids::RoomId) -> Arc<tokio::sync::Mutex<()>> {
         let mut locks = self.room_locks.lock().unwrap_or_else(|e| e.into_inner());
-        locks.entry(room_id.to_owned()).or_default().clone()
+        locks.entry(room_id.clone()).or_default().clone()
     }
 
     /// The time every decision is made at.

@@ -15,6 +15,7 @@
 //! workspace snapshotted: nothing made is lost).
 
 use crate::audit::Audit;
+use crate::ids::RoomId;
 use crate::store::{Change, Store, StoreError};
 use serde::Serialize;
 use serde_json::{json, Map, Value};
@@ -188,7 +189,7 @@ impl std::fmt::Display for Exhausted {
 /// A budget just reached, for the room to hear of (and, for sandbox seconds, to stop).
 #[derive(Debug, Clone)]
 pub(crate) struct Reached {
-    pub room_id: String,
+    pub room_id: RoomId,
     /// The agent whose budget it is (`None`: the room's).
     pub agent: Option<String>,
     pub exhausted: Exhausted,
@@ -265,10 +266,10 @@ struct Running {
 struct Inner {
     store: Store,
     audit: Audit,
-    rooms: Mutex<HashMap<String, RoomSpend>>,
-    running: Mutex<HashMap<String, Running>>,
+    rooms: Mutex<HashMap<RoomId, RoomSpend>>,
+    running: Mutex<HashMap<RoomId, Running>>,
     /// Deleted rooms: charges that arrive late (a sandbox's last second) are dropped.
-    gone: Mutex<HashSet<String>>,
+    gone: Mutex<HashSet<RoomId>>,
     /// One flush at a time, so what is read as written is written.
     flushing: tokio::sync::Mutex<()>,
     reached: mpsc::UnboundedSender<Reached>,
@@ -304,16 +305,16 @@ impl Spend {
         (spend, rx)
     }
 
-    fn rooms(&self) -> std::sync::MutexGuard<'_, HashMap<String, RoomSpend>> {
+    fn rooms(&self) -> std::sync::MutexGuard<'_, HashMap<RoomId, RoomSpend>> {
         self.inner.rooms.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn running(&self) -> std::sync::MutexGuard<'_, HashMap<String, Running>> {
+    fn running(&self) -> std::sync::MutexGuard<'_, HashMap<RoomId, Running>> {
         self.inner.running.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Reads the room's stored use and budget, once.
-    async fn load(&self, room_id: &str) -> Result<(), StoreError> {
+    async fn load(&self, room_id: &RoomId) -> Result<(), StoreError> {
         if self.gone(room_id) || self.rooms().get(room_id).is_some_and(|r| r.loaded) {
             return Ok(());
         }
@@ -341,7 +342,7 @@ impl Spend {
     }
 
     /// Reads `who`'s agent budget, once (people have none).
-    async fn load_agent(&self, room_id: &str, who: &str) -> Result<(), StoreError> {
+    async fn load_agent(&self, room_id: &RoomId, who: &str) -> Result<(), StoreError> {
         if who.is_empty()
             || self
                 .rooms()
@@ -370,7 +371,7 @@ impl Spend {
     /// `who`'s, for an agent) of any of them is used up. `who` empty: the room's only.
     pub(crate) async fn check(
         &self,
-        room_id: &str,
+        room_id: &RoomId,
         who: &str,
         meters: &[Meter],
     ) -> Result<Result<(), Exhausted>, StoreError> {
@@ -390,7 +391,7 @@ impl Spend {
     }
 
     /// Whether the room has a budget (then starting metered work needs `spend`).
-    pub(crate) async fn has_budget(&self, room_id: &str) -> Result<bool, StoreError> {
+    pub(crate) async fn has_budget(&self, room_id: &RoomId) -> Result<bool, StoreError> {
         self.load(room_id).await?;
         Ok(self
             .rooms()
@@ -398,7 +399,7 @@ impl Spend {
             .is_some_and(|r| !r.budget.is_empty()))
     }
 
-    fn gone(&self, room_id: &str) -> bool {
+    fn gone(&self, room_id: &RoomId) -> bool {
         self.inner
             .gone
             .lock()
@@ -413,7 +414,7 @@ impl Spend {
     }
 
     /// Charges `amount` of `meter` to `who` in the room. Announces a budget it reaches.
-    pub(crate) fn charge(&self, room_id: &str, who: &str, meter: Meter, amount: u64) {
+    pub(crate) fn charge(&self, room_id: &RoomId, who: &str, meter: Meter, amount: u64) {
         if amount == 0 || self.gone(room_id) {
             return;
         }
@@ -428,7 +429,7 @@ impl Spend {
     /// up, else charged (`amount` 0: checked only).
     pub(crate) async fn try_charge(
         &self,
-        room_id: &str,
+        room_id: &RoomId,
         who: &str,
         meter: Meter,
         amount: u64,
@@ -464,7 +465,7 @@ impl Spend {
 
     /// Takes back a charge for work that did not happen after all (when it is still unwritten;
     /// a written one stands, so the figures stay the sums of the records).
-    pub(crate) fn refund(&self, room_id: &str, who: &str, meter: Meter, amount: u64) {
+    pub(crate) fn refund(&self, room_id: &RoomId, who: &str, meter: Meter, amount: u64) {
         let mut rooms = self.rooms();
         let Some(r) = rooms.get_mut(room_id) else {
             return;
@@ -481,7 +482,7 @@ impl Spend {
     }
 
     /// Adds a charge to the room's figures; announces a budget it reaches.
-    fn add(&self, r: &mut RoomSpend, room_id: &str, (who, meter): (&str, Meter), amount: u64) {
+    fn add(&self, r: &mut RoomSpend, room_id: &RoomId, (who, meter): (&str, Meter), amount: u64) {
         let key = (who.to_owned(), meter);
         let p = r.pending.entry(key.clone()).or_default();
         *p = p.saturating_add(amount);
@@ -504,14 +505,14 @@ impl Spend {
 
     /// Announces the room's reached budget of `meter` again at its next charge (its stop
     /// failed).
-    pub(crate) fn untell(&self, room_id: &str, agent: Option<String>, meter: Meter) {
+    pub(crate) fn untell(&self, room_id: &RoomId, agent: Option<String>, meter: Meter) {
         if let Some(r) = self.rooms().get_mut(room_id) {
             r.told.remove(&(agent, meter));
         }
     }
 
     /// The room's sandbox (started as `generation`, of `tier`) runs from now.
-    pub(crate) fn sandbox_running(&self, room_id: &str, tier: &'static str, generation: u64) {
+    pub(crate) fn sandbox_running(&self, room_id: &RoomId, tier: &'static str, generation: u64) {
         self.running().insert(
             room_id.to_owned(),
             Running {
@@ -523,7 +524,7 @@ impl Spend {
     }
 
     /// The room's sandbox `generation` ended: its last moments are charged.
-    pub(crate) fn sandbox_ended(&self, room_id: &str, generation: u64) {
+    pub(crate) fn sandbox_ended(&self, room_id: &RoomId, generation: u64) {
         let ended = {
             let mut running = self.running();
             match running.get(room_id) {
@@ -537,7 +538,7 @@ impl Spend {
     }
 
     /// Charges sandbox time in whole seconds; `last`: the remainder too, rounded up.
-    fn charge_time(&self, room_id: &str, tier: &'static str, elapsed: Duration, last: bool) {
+    fn charge_time(&self, room_id: &RoomId, tier: &'static str, elapsed: Duration, last: bool) {
         if self.gone(room_id) {
             return;
         }
@@ -566,7 +567,7 @@ impl Spend {
     /// Charges every running sandbox the time since the last tick.
     fn tick(&self) {
         let now = tokio::time::Instant::now();
-        let due: Vec<(String, &'static str, Duration)> = self
+        let due: Vec<(RoomId, &'static str, Duration)> = self
             .running()
             .iter_mut()
             .map(|(room, r)| {
@@ -582,13 +583,13 @@ impl Spend {
 
     /// Writes the room's charges since the last flush: one `metered` audit record and the sums,
     /// in one transaction. On failure they stay pending for the next flush.
-    pub(crate) async fn flush(&self, room_id: &str) -> Result<(), StoreError> {
+    pub(crate) async fn flush(&self, room_id: &RoomId) -> Result<(), StoreError> {
         let _one = self.inner.flushing.lock().await;
         self.flush_locked(room_id).await
     }
 
     /// [`Spend::flush`], holding the flush lock.
-    async fn flush_locked(&self, room_id: &str) -> Result<(), StoreError> {
+    async fn flush_locked(&self, room_id: &RoomId) -> Result<(), StoreError> {
         if self.gone(room_id) {
             return Ok(());
         }
@@ -614,7 +615,7 @@ impl Spend {
                 .collect::<Vec<_>>(),
         });
         let change = Change::Spend {
-            room_id: room_id.to_owned(),
+            room_id: RoomId::known(room_id),
             charges,
         };
         let written = self
@@ -637,7 +638,7 @@ impl Spend {
 
     /// Flushes every room with charges.
     pub(crate) async fn flush_all(&self) {
-        let due: Vec<String> = self
+        let due: Vec<RoomId> = self
             .rooms()
             .iter()
             .filter(|(_, r)| !r.pending.is_empty())
@@ -672,7 +673,7 @@ impl Spend {
 
     /// At shutdown: charges what ran until now and writes every pending charge.
     pub(crate) async fn stop(&self) {
-        let running: Vec<(String, u64)> = self
+        let running: Vec<(RoomId, u64)> = self
             .running()
             .iter()
             .map(|(k, r)| (k.clone(), r.generation))
@@ -685,7 +686,7 @@ impl Spend {
 
     /// Sets the room's budget (`agent`: that agent's) after its change was recorded; caps it
     /// raised may be announced again.
-    pub(crate) fn budget_set(&self, room_id: &str, agent: Option<&str>, budget: Budget) {
+    pub(crate) fn budget_set(&self, room_id: &RoomId, agent: Option<&str>, budget: Budget) {
         let mut rooms = self.rooms();
         let r = rooms.entry(room_id.to_owned()).or_default();
         match agent {
@@ -699,7 +700,7 @@ impl Spend {
     }
 
     /// The room's budget now.
-    pub(crate) async fn budget(&self, room_id: &str) -> Result<Budget, StoreError> {
+    pub(crate) async fn budget(&self, room_id: &RoomId) -> Result<Budget, StoreError> {
         self.load(room_id).await?;
         Ok(self
             .rooms()
@@ -711,7 +712,7 @@ impl Spend {
     /// What the room used, per (who, meter), as written: everything charged so far is written
     /// first, and what is charged meanwhile is left out, so the figures are exactly the sums of
     /// the room's `metered` audit records.
-    pub(crate) async fn written(&self, room_id: &str) -> Result<Used, StoreError> {
+    pub(crate) async fn written(&self, room_id: &RoomId) -> Result<Used, StoreError> {
         let _one = self.inner.flushing.lock().await;
         self.flush_locked(room_id).await?;
         let rooms = self.rooms();
@@ -729,7 +730,7 @@ impl Spend {
     }
 
     /// Forgets a deleted room (and drops whatever is charged to it later).
-    pub(crate) fn forget(&self, room_id: &str) {
+    pub(crate) fn forget(&self, room_id: &RoomId) {
         self.inner
             .gone
             .lock()

@@ -14,6 +14,37 @@ use std::time::Duration;
 // Storage's own bookkeeping columns (created_at, updated_at) read the system clock.
 use crate::clock::system_now_ms as now_ms;
 
+/// An enum stored (and shown) by name: each variant's text, `as_str`/`parse`, and its column
+/// type, so rows read it typed and a name this build does not know reads as corrupt.
+macro_rules! stored_enum {
+    ($(#[$meta:meta])* $name:ident {
+        $($(#[$vmeta:meta])* $variant:ident = $text:literal,)+
+    }) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+        pub(crate) enum $name {
+            $($(#[$vmeta])* #[serde(rename = $text)] $variant,)+
+        }
+
+        impl $name {
+            pub(crate) fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text,)+
+                }
+            }
+
+            pub(crate) fn parse(s: &str) -> Result<Self, StoreError> {
+                match s {
+                    $($text => Ok($name::$variant),)+
+                    _ => Err(StoreError::Corrupt),
+                }
+            }
+        }
+
+        crate::ids::sql_text!($name, |v: &$name| v.as_str().to_owned(), |text: String| $name::parse(&text));
+    };
+}
+
 mod accounts;
 mod agents;
 mod approvals;
@@ -34,9 +65,10 @@ pub(crate) use accounts::{LoginCode, UserRow};
 pub(crate) use agents::{AgentRow, AGENT_DOMAIN};
 pub(crate) use changes::Change;
 pub(crate) use checkpoints::{CheckpointPolicy, CheckpointRow};
+pub(crate) use deletions::DeletionState;
 pub(crate) use docs::{StoredDoc, MAX_COMMIT_GROUP};
 pub(crate) use leases::{Claim, Lease, Owner, ServerId};
-pub(crate) use previews::PreviewRow;
+pub(crate) use previews::{PreviewRow, PreviewState};
 pub(crate) use repos::RepoRow;
 pub(crate) use rooms::InviteRow;
 pub(crate) use sandboxes::{SandboxRow, SandboxState};
@@ -348,6 +380,43 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    #[allow(clippy::unwrap_used)]
+    async fn ids_and_stored_states_bind_and_read_as_text() {
+        on_each_database(|url| async move {
+            let store = Store::connect(&url).await.unwrap();
+            let room = crate::ids::RoomId::fresh();
+            let read = |text: &'static str| {
+                let pool = store.pool.clone();
+                async move {
+                    sqlx::query(&format!("SELECT CAST('{text}' AS TEXT) AS v"))
+                        .fetch_one(&pool)
+                        .await
+                        .unwrap()
+                }
+            };
+            let row = sqlx::query("SELECT CAST($1 AS TEXT) AS v")
+                .bind(&room)
+                .fetch_one(&store.pool)
+                .await
+                .unwrap();
+            assert_eq!(row.try_get::<crate::ids::RoomId, _>("v").unwrap(), room);
+            let row = sqlx::query("SELECT CAST($1 AS TEXT) AS v")
+                .bind(PreviewState::PendingApproval)
+                .fetch_one(&store.pool)
+                .await
+                .unwrap();
+            assert_eq!(row.try_get::<String, _>("v").unwrap(), "pending_approval");
+            let done = read("done").await.try_get::<DeletionState, _>("v");
+            assert_eq!(done.unwrap(), DeletionState::Done);
+            // A state this build does not know is an error, never a default.
+            let unknown = read("paused").await.try_get::<PreviewState, _>("v");
+            assert!(unknown.is_err(), "{unknown:?}");
+            store.close().await;
+        })
+        .await;
+    }
 
     #[test]
     fn sqlite_paths() {

@@ -77,7 +77,7 @@ test('agents work in the room through real MCP clients, seen live and audited', 
 
   // The Python SDK: tools listed, a file written.
   const py = await python(url, token, [['write_file', { path: 'hello.py', content: 'print("hi from the agent")\n' }]])
-  for (const name of ['list_files', 'read_file', 'write_file', 'edit_file', 'search', 'exec', 'terminal_send', 'terminal_read', 'allow_host', 'request_preview', 'list_participants', 'read_manifest', 'read_spend']) {
+  for (const name of ['list_files', 'read_file', 'write_file', 'edit_file', 'search', 'exec', 'terminal_send', 'terminal_read', 'allow_host', 'request_preview', 'list_participants', 'read_manifest', 'read_spend', 'export_files']) {
     assert.ok(py.tools.includes(name), `no ${name} in ${py.tools}`)
   }
   assert.deepEqual(py.results.map((r) => r.error), [false], JSON.stringify(py.results))

@@ -11,7 +11,7 @@ import { spawnSync } from 'node:child_process'
 import WebSocket from 'ws'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
-import { cleanups, createStorage, startServer, mintToken, api, createRoom, waitFor, skipUnless, freePort } from './lib/server.mjs'
+import { cleanups, createStorage, startServer, mintToken, api, createRoom, waitFor, skipUnless, freePort, joinByInvite } from './lib/server.mjs'
 
 const HAVE_BWRAP = spawnSync('bwrap', ['--version'], { stdio: 'ignore' }).status === 0
 const skip = skipUnless(HAVE_BWRAP, 'BWRAP', 'no bubblewrap: the sandbox tier these acts run in is missing (apt-get install bubblewrap)')
@@ -77,7 +77,7 @@ test('each act gets one decision and one audit entry on every door', { skip, tim
     assert.equal(r.status, 201, JSON.stringify(r.body))
     return r.body
   }
-  const careful = await made({ name: 'careful', capabilities: ['observe', 'edit', 'type', 'publish'], approval_mode: true })
+  const careful = await made({ name: 'careful', capabilities: ['observe', 'edit', 'type', 'publish', 'export'], approval_mode: true })
   const watcher = await made({ name: 'watcher', capabilities: ['observe'] })
   const inside = async (script) => (await api(server, ana, 'POST', `/api/rooms/${roomId}/exec`,
     { argv: ['sh', '-c', script], timeout_ms: 30000 })).body.stdout
@@ -135,6 +135,15 @@ test('each act gets one decision and one audit entry on every door', { skip, tim
   assert.equal(previewMcp.isError, true)
   assert.deepEqual(await decisions(server, ana, roomId, watcher.agent_id, from, 'publish', 2), ['deny', 'deny'])
 
+  // Exporting, refused alike: one `export` refusal each.
+  from = await head(server, ana, roomId)
+  const exported = { files: ['notes.txt'] }
+  assert.equal((await api(server, watcher.token, 'POST', `/api/rooms/${roomId}/exports`, exported)).status, 403)
+  const exportMcp = await watcherMcp.callTool({ name: 'export_files', arguments: exported })
+  assert.equal(exportMcp.isError, true)
+  assert.match(text(exportMcp), /refused: missing capability export/)
+  assert.deepEqual(await decisions(server, ana, roomId, watcher.agent_id, from, 'export', 2), ['deny', 'deny'])
+
   // A readiness step is a command: refused to an agent that may not run commands.
   from = await head(server, ana, roomId)
   const ready = await api(server, watcher.token, 'PUT', `/api/rooms/${roomId}/readiness`, { command: 'touch readied' })
@@ -185,6 +194,30 @@ test('each act gets one decision and one audit entry on every door', { skip, tim
   const previewRecords = (await recordsOf(server, ana, roomId, careful.agent_id, from)).filter((r) => r.action === 'public_preview')
   assert.deepEqual(previewRecords.map((r) => r.decision), ['needs_approval', 'allow', 'needs_approval', 'allow'])
   assert.ok(previewRecords.every((r) => r.action === 'public_preview'))
+  // An export waits for someone else's approval on both doors, recorded as one act; once
+  // approved, it is spent by the door that presents it, once.
+  const wrote = await carefulMcp.callTool({ name: 'write_file', arguments: { path: 'notes.txt', content: 'for the record\n' } })
+  assert.equal(wrote.isError, false, text(wrote))
+  from = await head(server, ana, roomId)
+  const restExport = await api(server, careful.token, 'POST', `/api/rooms/${roomId}/exports`, exported)
+  assert.equal(restExport.status, 202, JSON.stringify(restExport.body))
+  const mcpExport = await carefulMcp.callTool({ name: 'export_files', arguments: { ...exported, wait_s: 0 } })
+  assert.equal(mcpExport.isError, true)
+  assert.match(text(mcpExport), /no decision yet/)
+  assert.deepEqual(await decisions(server, ana, roomId, careful.agent_id, from, 'export', 2), ['needs_approval', 'needs_approval'])
+  const exportAsk = (await pending(server, ana, roomId)).find((a) => a.action === 'export')
+  assert.ok(exportAsk, 'no pending approval for the export')
+  // Decided by another owner: the agent's sponsor is not someone else to its own agent.
+  const ben = await joinByInvite(server, storage, roomId, ana, 'ben@example.com', 'owner')
+  assert.equal((await api(server, ben.token, 'POST', `/api/rooms/${roomId}/approvals/${exportAsk.id}/decision`, { approve: true })).status, 200)
+  from = await head(server, ana, roomId)
+  const approvedMcp = await carefulMcp.callTool({ name: 'export_files', arguments: { ...exported, approval_id: exportAsk.id } })
+  assert.equal(approvedMcp.isError, false, text(approvedMcp))
+  assert.deepEqual(JSON.parse(text(approvedMcp)), { files: { 'notes.txt': 'for the record\n' } })
+  const spent = await api(server, careful.token, 'POST', `/api/rooms/${roomId}/exports`, { ...exported, approval_id: exportAsk.id })
+  assert.equal(spent.status, 403, 'an approval was spent twice: ' + JSON.stringify(spent.body))
+  assert.match(spent.body.error, /used/, JSON.stringify(spent.body))
+  assert.deepEqual(await decisions(server, ana, roomId, careful.agent_id, from, 'export', 2), ['allow', 'deny'])
   // The readiness step waits the same way.
   assert.equal((await api(server, careful.token, 'PUT', `/api/rooms/${roomId}/readiness`, { command: 'touch readied' })).status, 202)
   assert.equal(await inside('ls by-* readied 2>/dev/null; echo none'), 'none\n', 'something ran without its approval')

@@ -5,6 +5,7 @@
 //! `Host` match the tunnel's).
 
 use super::Egress;
+use crate::ids::RoomId;
 use bytes::Bytes;
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use hyper::body::Incoming;
@@ -137,7 +138,7 @@ fn redact<B>(resp: &mut Response<B>, secrets: &[Injection]) {
 /// answered here and goes nowhere.
 pub(crate) async fn serve<C, U>(
     egress: &Egress,
-    (room_id, who): (&str, &str),
+    (room_id, who): (&RoomId, &str),
     (host, port): (&str, u16),
     client: C,
     upstream: U,
@@ -156,7 +157,7 @@ pub(crate) async fn serve<C, U>(
     let sender = Arc::new(tokio::sync::Mutex::new(sender));
     let (egress, room_id, host, who) = (
         egress.clone(),
-        room_id.to_owned(),
+        room_id.clone(),
         host.to_owned(),
         who.to_owned(),
     );

@@ -3,6 +3,7 @@
 
 use super::addr::{self, Host};
 use super::{Answer, Egress, Outcome};
+use crate::ids::RoomId;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -72,7 +73,7 @@ fn fail(status: &'static str, reason: impl Into<String>) -> Refusal {
     }
 }
 
-pub(super) async fn serve<S>(egress: &Egress, room_id: &str, who: &str, mut conn: S)
+pub(super) async fn serve<S>(egress: &Egress, room_id: &RoomId, who: &str, mut conn: S)
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
@@ -116,7 +117,7 @@ where
         Err(r) => {
             outcome.allowed = !r.denied;
             outcome.reason = r.reason.clone();
-            tracing::info!(room = room_id, host = %host_raw, port, reason = %r.reason, "egress refused");
+            tracing::info!(room = %room_id, host = %host_raw, port, reason = %r.reason, "egress refused");
             let _ = answer(&mut conn, r.status, &r.reason).await;
             egress.record(room_id, outcome);
             return;
@@ -270,7 +271,7 @@ async fn told<S: AsyncWrite + Unpin>(conn: &mut S, r: Refusal) -> Result<(), Ref
 /// inside gets the tunnel, and TLS from the room's authority once its TLS names `host` too.
 async fn intercepted<S>(
     egress: &Egress,
-    (room_id, who): (&str, &str),
+    (room_id, who): (&RoomId, &str),
     (host, port): (&str, u16),
     mut conn: S,
     rest: Vec<u8>,
@@ -311,7 +312,7 @@ where
     {
         Ok(c) => c,
         Err(e) => {
-            tracing::error!(room = room_id, error = %e, "cannot make the room's certificate");
+            tracing::error!(room = %room_id, error = %e, "cannot make the room's certificate");
             return told(
                 &mut conn,
                 fail(
@@ -357,7 +358,7 @@ where
 /// Applies the room's policy and the address checks, then connects to the checked address.
 async fn judge_and_connect(
     egress: &Egress,
-    room_id: &str,
+    room_id: &RoomId,
     host_raw: &str,
     port: u16,
 ) -> Result<(Host, tokio::net::TcpStream), Refusal> {

@@ -83,7 +83,7 @@ pub(crate) async fn show_invite(
         .ok_or(ApiError::Gone)?;
     let invited_by = app.ops.store.user_email(&invite.created_by).await?;
     Ok(Json(InviteShown {
-        room_id: invite.room_id,
+        room_id: invite.room_id.to_string(),
         room_name: room.name,
         invited_by,
         role: invite.role,

@@ -119,7 +119,7 @@ pub(crate) struct AdminDeletion {
     /// `null` once the room is gone.
     room_name: Option<String>,
     /// `pending_confirmation`, `confirmed` (under way) or `done`.
-    state: String,
+    state: crate::store::DeletionState,
     requested_by: String,
     requested_by_email: Option<String>,
     requested_at: i64,
@@ -139,7 +139,7 @@ pub(crate) async fn deletions(
         rows.into_iter()
             .map(|d| AdminDeletion {
                 id: d.id,
-                room_id: d.room_id,
+                room_id: d.room_id.to_string(),
                 room_name: d.room_name,
                 state: d.state,
                 requested_by: d.requested_by,

@@ -91,7 +91,7 @@ async fn serve(app: AppState, room_id: RoomId, user: AuthUser, access: Rights, s
         }
     };
     // In the room while this connection lasts (moderated rooms ask who is).
-    let _here = app.ops.present.hold((room_id.to_string(), user.id.clone()));
+    let _here = app.ops.present.hold((room_id.clone(), user.id.clone()));
     let _open = app.ops.open_sessions.hold(user.session_hash.clone());
 
     // Rights may have changed between the check before the upgrade and the join; the room only

@@ -16,6 +16,7 @@
 //! Only on PostgreSQL: an SQLite database has one server.
 
 use crate::http::AppState;
+use crate::ids::RoomId;
 use crate::store::Owner;
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -48,9 +49,10 @@ fn deletion_of(path: &str) -> Option<&str> {
 }
 
 /// The room a request is about, if it is about one.
-async fn room_for(app: &AppState, path: &str) -> Result<Option<String>, crate::store::StoreError> {
+async fn room_for(app: &AppState, path: &str) -> Result<Option<RoomId>, crate::store::StoreError> {
     if let Some(room) = room_of(path) {
-        return Ok(Some(room.to_owned()));
+        // A path whose id has not a room id's form names no room (the route answers 404).
+        return Ok(RoomId::parse(room));
     }
     match deletion_of(path) {
         Some(id) => Ok(app.ops.store.deletion(id).await?.map(|d| d.room_id)),

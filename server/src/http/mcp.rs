@@ -12,6 +12,7 @@ use crate::http::extract::Ids;
 use crate::http::guard::room_capabilities;
 use crate::http::{ApiError, AppState, AuthUser};
 use crate::ids::RoomId;
+use crate::ops::export::{ExportAsked, Exported};
 use crate::ops::record::{Act, Entry, Verdict};
 use crate::ops::typing::{Typed, Typist};
 use crate::ops::Outcome;
@@ -215,10 +216,11 @@ enum McpTool {
     ReadSpend,
     TerminalRead,
     TerminalSend,
+    ExportFiles,
 }
 
 impl McpTool {
-    const ALL: [McpTool; 13] = [
+    const ALL: [McpTool; 14] = [
         McpTool::ListFiles,
         McpTool::ReadFile,
         McpTool::WriteFile,
@@ -232,6 +234,7 @@ impl McpTool {
         McpTool::ReadSpend,
         McpTool::TerminalRead,
         McpTool::TerminalSend,
+        McpTool::ExportFiles,
     ];
 
     /// Its name on the wire.
@@ -250,6 +253,7 @@ impl McpTool {
             McpTool::ReadSpend => "read_spend",
             McpTool::TerminalRead => "terminal_read",
             McpTool::TerminalSend => "terminal_send",
+            McpTool::ExportFiles => "export_files",
         }
     }
 
@@ -314,6 +318,14 @@ fn tools() -> Vec<Tool> {
                 "visibility": { "type": "string", "enum": ["room", "public"] },
                 "ttl_s": { "type": "integer", "minimum": 10, "maximum": 604800 },
                 "wait_s": { "type": "integer", "minimum": 0, "maximum": 300 } }, "required": ["port", "visibility", "ttl_s"] }),
+        ),
+        tool(
+            McpTool::ExportFiles,
+            "Take text files of the room out of it, as they are now. Needs export and someone else's approval of exactly these files: waits wait_s (default 60) for it; call again with approval_id once it is approved. Answers {\"files\": {path: text or null}}.",
+            json!({ "type": "object", "properties": {
+                "files": { "type": "array", "items": { "type": "string" }, "minItems": 1, "maxItems": 100 },
+                "approval_id": { "type": "string", "description": "An approval of exactly this export, from an earlier call" },
+                "wait_s": { "type": "integer", "minimum": 0, "maximum": 300 } }, "required": ["files"] }),
         ),
         tool(
             McpTool::TerminalRead,
@@ -538,6 +550,34 @@ impl Mcp {
                     json!(url)
                 ))
             }
+            McpTool::ExportFiles => {
+                let wait = wait_of(args)?;
+                let asked = |approval: Option<&str>| {
+                    serde_json::from_value::<ExportAsked>(json!({
+                        "files": args.get("files"),
+                        "approval_id": approval,
+                    }))
+                    .map_err(|e| ToolError(format!("bad arguments: {e}")))
+                };
+                let presented = args.get("approval_id").and_then(Value::as_str);
+                let actor = c.user.actor(&self.app).await?;
+                let ops = &self.app.ops;
+                let mut exported = ops.export(&c.room, &actor, asked(presented)?).await?;
+                if let Outcome::Pending(id) = &exported {
+                    self.decided(c, id, wait, "nothing was exported").await?;
+                    exported = ops.export(&c.room, &actor, asked(Some(id))?).await?;
+                }
+                match exported {
+                    Outcome::Done(Exported::Files(files)) => {
+                        serde_json::to_string_pretty(&json!({ "files": files }))
+                            .map_err(|e| ToolError(e.to_string()))
+                    }
+                    Outcome::Done(Exported::Workspace { .. }) => {
+                        Err("the workspace archive downloads over REST only".into())
+                    }
+                    Outcome::Pending(_) => Err("the export still needs an approval".into()),
+                }
+            }
             McpTool::ListParticipants | McpTool::ReadManifest => {
                 let room = crate::http::rooms::room_view(&self.app, &c.user, &c.room).await?;
                 let mut v = serde_json::to_value(&room).map_err(|e| ToolError(e.to_string()))?;
@@ -667,15 +707,11 @@ impl Mcp {
         while out.len() < MAX_READ_BYTES {
             match tokio::time::timeout_at(until, joined.rx.recv()).await {
                 Ok(Some(crate::terminal::TermOut::Output(b))) => out.extend_from_slice(&b),
-                Ok(Some(crate::terminal::TermOut::Event(e))) => {
+                Ok(Some(crate::terminal::TermOut::Event(said))) => {
                     // Someone else has the terminal: nothing was typed.
-                    let e: Value = serde_json::from_str(&e).unwrap_or_default();
-                    if e["type"] == "floor_refused" {
+                    if let crate::terminal::TermEvent::FloorRefused { reason, .. } = &said.event {
                         self.app.ops.untyped(&c.room, &typist, commands);
                         self.app.ops.leave_terminal(&c.room, typist).await;
-                        let reason = e["reason"]
-                            .as_str()
-                            .unwrap_or("someone else has the terminal");
                         return Err(format!("refused: {reason}; nothing was typed").into());
                     }
                 }

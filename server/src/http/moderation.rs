@@ -27,7 +27,7 @@ async fn set(
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let details = json!({ "moderated": body.moderated });
     let change = Change::SetModerated {
-        room_id: on.room.to_string(),
+        room_id: on.room.clone(),
         moderated: body.moderated,
     };
     let entry = Entry::act(Act::SetModeration, Verdict::Allow, details.clone());

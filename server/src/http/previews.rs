@@ -18,7 +18,7 @@ use crate::http::guard::room_capabilities;
 use crate::http::{ApiError, AppState, AuthUser};
 use crate::ids::RoomId;
 use crate::ops::previews::NewPreview;
-use crate::store::PreviewRow;
+use crate::store::{PreviewRow, PreviewState};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
@@ -274,11 +274,10 @@ impl Previews {
 
 /// How a preview stands now.
 fn standing(p: &PreviewRow, now: i64) -> &'static str {
-    match p.state.as_str() {
-        "revoked" => "revoked",
-        "pending_approval" => "pending_approval",
-        _ if p.expires_at <= now => "expired",
-        _ => "active",
+    match p.state {
+        PreviewState::Revoked | PreviewState::PendingApproval => p.state.as_str(),
+        PreviewState::Active if p.expires_at <= now => "expired",
+        PreviewState::Active => "active",
     }
 }
 
@@ -309,7 +308,7 @@ async fn ports(seen: Observing) -> Result<Json<Value>, ApiError> {
     match seen
         .ops
         .sandboxes
-        .peek(seen.room.as_str(), op, Duration::from_secs(5))
+        .peek(&seen.room, op, Duration::from_secs(5))
         .await
     {
         Ok(coderoom_sandbox::proto::Reply::Listening(ports)) => {
@@ -483,7 +482,7 @@ fn cookie_of(req: &hyper::Request<hyper::body::Incoming>) -> Option<String> {
 }
 
 /// Whether `user` may still observe the preview's room.
-async fn may_observe(app: &AppState, room_id: &str, user: &str) -> bool {
+async fn may_observe(app: &AppState, room_id: &RoomId, user: &str) -> bool {
     let Some(room) = RoomId::parse(room_id) else {
         return false;
     };

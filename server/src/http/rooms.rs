@@ -111,9 +111,9 @@ pub(crate) async fn room_view(
                 .map(|p| p.email.clone())
                 .unwrap_or_default(),
             capabilities: state.capabilities_of(&a.agent_id, now).names(),
-            agent_id: a.agent_id,
+            agent_id: a.agent_id.to_string(),
             name: a.name,
-            sponsor: a.sponsor,
+            sponsor: a.sponsor.to_string(),
             approval_mode: a.approval_mode,
             expires_at: a.expires_at,
         })

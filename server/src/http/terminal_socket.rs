@@ -134,8 +134,8 @@ async fn deliver(
                     return false;
                 }
             }
-            TermOut::Event(text) => {
-                if !put(sink, Message::Text(text.into()), stall).await {
+            TermOut::Event(said) => {
+                if !put(sink, Message::Text(said.text.as_str().into()), stall).await {
                     return false;
                 }
             }
@@ -202,7 +202,7 @@ async fn serve(
     let viewer = joined.viewer;
     let mut rx = joined.rx;
     // In the room while this connection lasts (moderated rooms ask who is).
-    let _here = app.ops.present.hold((room_id.to_string(), user.id.clone()));
+    let _here = app.ops.present.hold((room_id.clone(), user.id.clone()));
     let _open = app.ops.open_sessions.hold(user.session_hash.clone());
     let mut typist = Typist::new(actor, hub.clone(), viewer);
     // Rights as they are now, after the join (a removal meanwhile closes with 4003 below);
@@ -226,7 +226,7 @@ async fn serve(
         return;
     }
     for ev in joined.events {
-        put(&mut sink, Message::Text(ev.into()), stall).await;
+        put(&mut sink, Message::Text(ev.text.as_str().into()), stall).await;
     }
     if !rights.may_act(app.ops.clock.now_ms()) {
         let msg = TermEvent::ReadOnly {

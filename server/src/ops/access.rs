@@ -100,9 +100,9 @@ impl Ops {
         let ttl_ms = i64::try_from(ttl_s * 1000).unwrap_or(i64::MAX);
         let change = Change::CreateInvite {
             token_hash: hash_token(&token),
-            room_id: room_id.to_string(),
+            room_id: room_id.clone(),
             role: role.as_str().into(),
-            created_by: proof.actor().to_owned(),
+            created_by: UserId::known(proof.actor()),
             expires_at: self.now_ms() + ttl_ms,
             max_uses,
         };
@@ -132,10 +132,10 @@ impl Ops {
             .parse()
             .map_err(|_| OpError::Store(StoreError::Corrupt))?;
         let state = self.store.room_state(&invite.room_id).await?;
-        if state.participants.contains_key(&actor.id) {
+        if state.participants.contains_key(actor.id.as_str()) {
             // Already in: an invite never changes existing rights.
             return Ok(Joined {
-                room_id: invite.room_id,
+                room_id: invite.room_id.to_string(),
             });
         }
         let action = Action::AcceptInvite {
@@ -155,8 +155,8 @@ impl Ops {
         };
         let change = Change::AcceptInvite {
             token_hash,
-            room_id: invite.room_id.to_string(),
-            user_id: proof.actor().to_owned(),
+            room_id: RoomId::known(invite.room_id.clone()),
+            user_id: UserId::known(proof.actor()),
             participant: Participant::with_role(role),
             now,
         };
@@ -177,7 +177,7 @@ impl Ops {
                 )
                 .await;
                 Ok(Joined {
-                    room_id: invite.room_id,
+                    room_id: invite.room_id.to_string(),
                 })
             }
             // Used up, revoked, or the user was removed after the link was made.
@@ -272,8 +272,8 @@ impl Ops {
             .authorize_locked(&locked, room_id, actor, action, details.clone())
             .await?;
         let change = Change::SetParticipant {
-            room_id: room_id.to_string(),
-            user_id: target.to_string(),
+            room_id: room_id.clone(),
+            user_id: target.clone(),
             participant: after.clone(),
         };
         let entry = Entry::of(proof.action(), Verdict::Allow, details);
@@ -307,8 +307,8 @@ impl Ops {
             .authorize_locked(&locked, room_id, actor, action, details.clone())
             .await?;
         let change = Change::RemoveParticipant {
-            room_id: room_id.to_string(),
-            user_id: target.to_string(),
+            room_id: room_id.clone(),
+            user_id: target.clone(),
             now: self.now_ms(),
         };
         let entry = Entry::of(proof.action(), Verdict::Allow, details);
@@ -331,7 +331,7 @@ impl Ops {
         rights: crate::room::task::Rights,
         by: Option<String>,
     ) {
-        crate::ops::events::access_changed(self, room_id.to_string(), target.to_string(), by).await;
+        crate::ops::events::access_changed(self, room_id.clone(), target.to_string(), by).await;
         self.rooms
             .notify(
                 room_id,

@@ -15,7 +15,7 @@ pub(crate) struct Sponsored {
 /// whose account is its token's) and, for an agent, its sponsor.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Actor {
-    pub(crate) id: String,
+    pub(crate) id: crate::ids::UserId,
     pub(crate) email: String,
     pub(crate) agent: Option<Sponsored>,
     pub(crate) is_admin: bool,
@@ -25,7 +25,7 @@ impl Actor {
     /// As `coderoom_authz` knows it.
     pub(crate) fn principal(&self) -> Principal {
         Principal {
-            user: self.id.clone(),
+            user: self.id.to_string(),
             is_admin: self.is_admin,
         }
     }
@@ -45,11 +45,11 @@ impl Ops {
     /// one (its sponsor and mode read now).
     pub(crate) async fn actor(&self, id: &str, email: &str) -> Result<Actor, OpError> {
         let agent = self.store.agent(id).await?.map(|a| Sponsored {
-            sponsor: a.sponsor,
+            sponsor: a.sponsor.to_string(),
             approval_mode: a.approval_mode,
         });
         Ok(Actor {
-            id: id.to_owned(),
+            id: crate::ids::UserId::known(id),
             email: email.to_owned(),
             // An agent is never an admin, whatever its token's account is called.
             is_admin: agent.is_none() && self.admin_emails.iter().any(|e| e == email),

@@ -92,10 +92,10 @@ impl Ops {
         let now = self.now_ms();
         let token = crate::accounts::sessions::fresh_token();
         let agent = AgentRow {
-            agent_id: UserId::fresh().to_string(),
-            room_id: room_id.to_string(),
+            agent_id: UserId::fresh(),
+            room_id: room_id.clone(),
             name: name.to_owned(),
-            sponsor: proof.actor().to_owned(),
+            sponsor: UserId::known(proof.actor()),
             capabilities: given.names().into_iter().map(str::to_owned).collect(),
             budget,
             created_at: now,
@@ -136,13 +136,13 @@ impl Ops {
             .authorize(room_id, actor, Action::Use(need), details.clone())
             .await?;
         let change = Change::RevokeAgent {
-            room_id: room_id.to_string(),
+            room_id: room_id.clone(),
             agent_id: agent.agent_id.clone(),
             now: self.now_ms(),
         };
         let entry = Entry::act(Act::RevokeAgent, Verdict::Allow, details);
         self.record(room_id, proof.actor(), entry, change).await?;
-        self.agents_changed(room_id, std::slice::from_ref(&agent.agent_id))
+        self.agents_changed(room_id, &[agent.agent_id.to_string()])
             .await;
         Ok(())
     }
@@ -155,7 +155,7 @@ impl Ops {
             .map(|all| {
                 all.into_iter()
                     .filter(|a| a.sponsor == sponsor)
-                    .map(|a| a.agent_id)
+                    .map(|a| a.agent_id.to_string())
                     .collect()
             })
             .unwrap_or_default()
@@ -165,8 +165,7 @@ impl Ops {
     /// they ended): open connections follow at once, as for people.
     pub(crate) async fn agents_changed(&self, room_id: &RoomId, agents: &[String]) {
         for agent in agents {
-            crate::ops::events::access_changed(self, room_id.to_string(), agent.clone(), None)
-                .await;
+            crate::ops::events::access_changed(self, room_id.clone(), agent.clone(), None).await;
         }
         crate::ops::events::refresh_rights(self, room_id, agents).await;
     }

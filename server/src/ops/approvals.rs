@@ -4,7 +4,7 @@
 //! parameters, before the request expires, once (its record spends it in the same
 //! transaction).
 
-use crate::ids::{IssuedId, RoomId};
+use crate::ids::{IssuedId, RoomId, UserId};
 use crate::ops::record::{Entry, Verdict};
 use crate::ops::{Actor, OpError, Ops, Outcome};
 use crate::store::Change;
@@ -43,7 +43,7 @@ impl Ops {
                 let id = IssuedId::fresh().to_string();
                 let change = Change::CreateApproval {
                     id: id.clone(),
-                    room_id: room_id.to_string(),
+                    room_id: room_id.clone(),
                     requester: actor.id.clone(),
                     action: request.action.to_owned(),
                     params: request.params,
@@ -158,7 +158,7 @@ impl Ops {
             .await?;
         let change = Change::DecideApproval {
             id: id.to_owned(),
-            by: proof.actor().to_owned(),
+            by: UserId::known(proof.actor()),
             approved: approve,
         };
         let verdict = if approve {

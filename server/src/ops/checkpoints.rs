@@ -40,7 +40,7 @@ fn checked_name(name: &str) -> Result<(), OpError> {
 }
 
 /// Where a room's checkpoints are.
-pub(crate) fn dir_of(app: &Ops, room_id: &str) -> PathBuf {
+pub(crate) fn dir_of(app: &Ops, room_id: &RoomId) -> PathBuf {
     app.data_dir.join("rooms").join(room_id).join("checkpoints")
 }
 
@@ -97,7 +97,7 @@ async fn make(
     let details =
         json!({ "checkpoint": id, "name": name, "bytes": row.bytes, "scheduled": row.scheduled });
     let change = Change::AddCheckpoint {
-        room_id: room_id.to_string(),
+        room_id: room_id.clone(),
         row: row.clone(),
     };
     let entry = Entry::act(Act::CreateCheckpoint, Verdict::Allow, details);
@@ -165,7 +165,7 @@ async fn prune(app: &Ops, room_id: &RoomId) -> Result<(), OpError> {
             "kept": MAX_CHECKPOINTS, "keep_ms": keep_ms,
         });
         let change = Change::RemoveCheckpoint {
-            room_id: room_id.to_string(),
+            room_id: room_id.clone(),
             id: old.id.clone(),
         };
         let entry = Entry::act(Act::PruneCheckpoint, Verdict::Allow, details);
@@ -279,7 +279,7 @@ impl Ops {
                 crate::sandbox::supervisor::Rewind {
                     archive: dir.join(WORKSPACE_FILE),
                     texts,
-                    who: (actor.id.clone(), actor.email.clone()),
+                    who: (actor.id.to_string(), actor.email.clone()),
                     what: format!("checkpoint {:?}", row.name),
                     meta,
                 },
@@ -404,7 +404,7 @@ impl Ops {
             "dropped": dropped,
         });
         let change = Change::ForkRoom {
-            id: new_id.to_string(),
+            id: new_id.clone(),
             name: name.clone(),
             owner: actor.id.clone(),
             parent: parentage.to_string(),
@@ -519,7 +519,7 @@ impl Ops {
                 .map_or(now_policy.restore_needs_approval, |a| a.unwrap_or(false)),
         };
         let change = Change::SetCheckpointPolicy {
-            room_id: room_id.to_string(),
+            room_id: room_id.clone(),
             policy,
         };
         let entry = Entry::act(Act::SetCheckpointPolicy, Verdict::Allow, details);

@@ -217,7 +217,7 @@ impl Ops {
             };
             let entry = Entry::of(&cleared, Verdict::Allow, details);
             let change = Change::SetReadiness {
-                room_id: room_id.to_string(),
+                room_id: room_id.clone(),
                 command: None,
             };
             self.use_and_record(room_id, actor, Capability::Type, entry, change)
@@ -245,7 +245,7 @@ impl Ops {
             Outcome::Pending(id) => return Ok(Outcome::Pending(id)),
         };
         let change = Change::SetReadiness {
-            room_id: room_id.to_string(),
+            room_id: room_id.clone(),
             command: Some(c.clone()),
         };
         self.commit_commands(room_id, allowed, details, 1, change)

@@ -5,11 +5,11 @@
 //! reported done before its last step. Confirmed deletions left unfinished by a crash resume
 //! when the server starts. The audit chain keeps a tombstone with the receipt's hash.
 
-use crate::ids::{IssuedId, RoomId};
+use crate::ids::{IssuedId, RoomId, UserId};
 use crate::ops::record::{Act, Entry, Verdict};
 use crate::ops::{Actor, OpError, Ops};
 use crate::room::RoomCmd;
-use crate::store::{Change, StoreError};
+use crate::store::{Change, DeletionState, StoreError};
 use coderoom_authz::{decide, Action, Decision, RoomState};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -82,8 +82,8 @@ impl Ops {
                 let id = IssuedId::fresh().to_string();
                 let change = Change::CreateDeletion {
                     id: id.to_string(),
-                    room_id: room_id.to_string(),
-                    requested_by: proof.actor().to_owned(),
+                    room_id: room_id.clone(),
+                    requested_by: UserId::known(proof.actor()),
                 };
                 let details = json!({ "deletion_id": id });
                 let entry = Entry::of(proof.action(), Verdict::Allow, details);
@@ -94,7 +94,7 @@ impl Ops {
         };
         Ok(Requested {
             deletion_id: id,
-            state: "pending_confirmation",
+            state: DeletionState::PendingConfirmation,
         })
     }
 
@@ -120,7 +120,7 @@ impl Ops {
         }
         let _one_deletion_at_a_time = self.deletions.lock().await;
         let deletion = self.store.deletion(id).await?.ok_or(OpError::NotFound)?;
-        if deletion.state == "pending_confirmation" {
+        if deletion.state == DeletionState::PendingConfirmation {
             // The request stands only while its requester may still delete the room.
             let state = self.store.room_state(&deletion.room_id).await?;
             let requester = coderoom_authz::Principal {
@@ -140,7 +140,7 @@ impl Ops {
             self.record("system", &actor.id, entry, Change::None)
                 .await?;
         }
-        if deletion.state != "done" {
+        if deletion.state != DeletionState::Done {
             self.store
                 .confirm_deletion(id, &actor.id, &self.server.id, claim_ms(self))
                 .await?;
@@ -174,7 +174,7 @@ async fn receipt_of(app: &Ops, id: &str) -> Result<Deletion, OpError> {
 }
 
 fn receipt_body(
-    room_id: &str,
+    room_id: &RoomId,
     id: &str,
     steps: &[(String, String, i64)],
     complete: bool,
@@ -190,7 +190,7 @@ fn receipt_body(
             .collect(),
         complete,
         deletion_id: id.to_owned(),
-        room_id: room_id.to_owned(),
+        room_id: room_id.to_string(),
     }
 }
 
@@ -198,14 +198,14 @@ fn receipt_body(
 #[derive(Serialize)]
 pub(crate) struct Requested {
     deletion_id: String,
-    state: &'static str,
+    state: DeletionState,
 }
 
 /// `GET /api/deletions/{id}` and the confirmation's answer.
 #[derive(Serialize)]
 pub(crate) struct Deletion {
     deletion_id: String,
-    state: String,
+    state: DeletionState,
     receipt: Receipt,
 }
 
@@ -253,7 +253,7 @@ async fn claim(app: &Ops, id: &str) -> Result<bool, StoreError> {
 /// Carries out confirmed deletion `id` of `room_id`, from the first step not yet done, while
 /// this server holds its claim (renewed after every step); returns without doing anything when
 /// another live server carries it out.
-pub(crate) async fn run(app: &Ops, id: &str, room_id: &str) -> Result<(), OpError> {
+pub(crate) async fn run(app: &Ops, id: &str, room_id: &RoomId) -> Result<(), OpError> {
     if !claim(app, id).await? {
         tracing::info!(deletion = %id, room = %room_id, "another server carries out this deletion");
         return Ok(());

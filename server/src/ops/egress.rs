@@ -35,7 +35,7 @@ fn diff(before: &Policy, after: &Policy) -> Value {
 
 fn stored(room_id: &RoomId, p: &Policy) -> Result<Change, OpError> {
     Ok(Change::SetEgress {
-        room_id: room_id.to_string(),
+        room_id: room_id.clone(),
         policy: serde_json::to_string(p).map_err(|_| OpError::Internal)?,
     })
 }

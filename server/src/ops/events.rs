@@ -14,6 +14,7 @@
 //!
 //! On SQLite there is one server and nothing to announce.
 
+use crate::ids::RoomId;
 use crate::ops::Ops;
 use crate::room::RoomCmd;
 use serde::{Deserialize, Serialize};
@@ -40,7 +41,7 @@ pub(crate) struct SessionEnded {
 /// A participant's rights in a room changed, announced to the open terminals.
 #[derive(Clone, Debug)]
 pub(crate) struct AccessChanged {
-    pub room: String,
+    pub room: RoomId,
     pub user: String,
     /// Who changed them (their email), when someone did: the viewer is told.
     pub by: Option<String>,
@@ -56,7 +57,7 @@ pub(crate) enum Event {
         hash: String,
     },
     AccessChanged {
-        room: String,
+        room: RoomId,
         user: String,
         by: Option<String>,
     },
@@ -89,7 +90,7 @@ pub(crate) async fn announce(app: &Ops, event: Event) {
 
 /// A participant's rights in a room changed: the sockets here are told at once, and the other
 /// servers through [`announce`].
-pub(crate) async fn access_changed(app: &Ops, room: String, user: String, by: Option<String>) {
+pub(crate) async fn access_changed(app: &Ops, room: RoomId, user: String, by: Option<String>) {
     let _ = app.access_changed.send(AccessChanged {
         room: room.clone(),
         user: user.clone(),
@@ -209,11 +210,11 @@ async fn act(app: &Ops, event: Event) {
 
 /// Gives a room loaded here `users`' rights as stored (none, once removed): what every
 /// change of rights ends with, on the server where it happened and on the others.
-pub(crate) async fn refresh_rights(app: &Ops, room: &str, users: &[String]) {
+pub(crate) async fn refresh_rights(app: &Ops, room: &RoomId, users: &[String]) {
     let state = match app.store.room_state(room).await {
         Ok(state) => state,
         Err(e) => {
-            tracing::warn!(room, error = %e, "cannot read a room's rights to give them to it");
+            tracing::warn!(room = %room, error = %e, "cannot read a room's rights to give them to it");
             return;
         }
     };
@@ -271,7 +272,7 @@ mod tests {
         for event in [
             Event::SessionEnded { hash: "h".into() },
             Event::AccessChanged {
-                room: "r".into(),
+                room: RoomId::known("r"),
                 user: "u".into(),
                 by: Some("ana@example.com".into()),
             },

@@ -210,7 +210,7 @@ fn store_io(e: std::io::Error) -> OpError {
 /// The named files' text as stored (what every peer has been sent).
 async fn read_files(
     app: &Ops,
-    room_id: &str,
+    room_id: &RoomId,
     names: &[String],
 ) -> Result<BTreeMap<String, Option<String>>, OpError> {
     let all = doc_texts(app, room_id).await?;
@@ -221,7 +221,7 @@ async fn read_files(
 }
 
 /// Every file the room's document holds (path -> text), as stored: what every peer was sent.
-async fn doc_texts(app: &Ops, room_id: &str) -> Result<BTreeMap<String, String>, OpError> {
+async fn doc_texts(app: &Ops, room_id: &RoomId) -> Result<BTreeMap<String, String>, OpError> {
     let stored = app.store.load_doc(room_id).await?;
     let (doc, _) = crate::room::task::doc_from_stored(&stored)
         .map_err(|_| OpError::Store(StoreError::Corrupt))?;

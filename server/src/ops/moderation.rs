@@ -7,10 +7,10 @@ use crate::ops::{Actor, OpError, Ops};
 use coderoom_authz::Capability;
 
 /// Who has a room open now: connections per (room, user).
-pub(crate) type Present = crate::ops::counted::Counted<(String, String)>;
+pub(crate) type Present = crate::ops::counted::Counted<(RoomId, String)>;
 
 /// Who has the room open now.
-fn in_room(present: &Present, room_id: &str) -> Vec<String> {
+fn in_room(present: &Present, room_id: &RoomId) -> Vec<String> {
     present
         .keys()
         .into_iter()

@@ -3,11 +3,11 @@
 //! everyone with someone else's approval as well (it waits as `pending_approval`, its
 //! approvers told by mail, and becomes active once approved, its lifetime starting then).
 
-use crate::ids::RoomId;
+use crate::ids::{RoomId, UserId};
 use crate::ops::approvals::Allowed;
 use crate::ops::record::{Act, Entry, Verdict};
 use crate::ops::{Actor, OpError, Ops, Outcome};
-use crate::store::{Change, PreviewRow};
+use crate::store::{Change, PreviewRow, PreviewState};
 use coderoom_authz::{Action, Capability};
 use serde_json::json;
 
@@ -78,14 +78,16 @@ impl Ops {
                     (actor.id.clone(), Some(id), action)
                 }
                 // Never without an approval; kept total for the type.
-                Outcome::Done(Allowed { proof, .. }) => (proof.actor().to_owned(), None, action),
+                Outcome::Done(Allowed { proof, .. }) => {
+                    (UserId::known(proof.actor()), None, action)
+                }
             }
         } else {
             let action = Action::Use(Capability::Publish);
             let proof = self
                 .authorize(room_id, actor, action.clone(), details.clone())
                 .await?;
-            (proof.actor().to_owned(), None, action)
+            (UserId::known(proof.actor()), None, action)
         };
         if self.store.previews(room_id).await?.len() >= MAX_PREVIEWS {
             return Err(OpError::Invalid(format!(
@@ -97,18 +99,17 @@ impl Ops {
         rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut id);
         let row = PreviewRow {
             id: hex::encode(id),
-            room_id: room_id.to_string(),
+            room_id: room_id.clone(),
             port: i64::from(new.port),
             visibility: new.visibility,
             state: if approval.is_some() {
-                "pending_approval"
+                PreviewState::PendingApproval
             } else {
-                "active"
-            }
-            .into(),
+                PreviewState::Active
+            },
             approval_id: approval,
             ttl_ms: new.ttl_s * 1000,
-            created_by: by.clone(),
+            created_by: by.to_string(),
             created_at: now,
             expires_at: now + new.ttl_s * 1000,
             hits: 0,
@@ -191,7 +192,7 @@ impl Ops {
         let entry = Entry::act(Act::RevokePreview, Verdict::Allow, details);
         let change = Change::SetPreviewState {
             id: p.id.clone(),
-            state: "revoked".into(),
+            state: PreviewState::Revoked,
             expires_at: p.expires_at,
         };
         self.record(room_id, proof.actor(), entry, change).await?;
@@ -201,11 +202,10 @@ impl Ops {
     /// A public preview waiting for an approval that has been given becomes active now (its
     /// lifetime starts then); the approval is spent with the change.
     pub(crate) async fn activate_if_approved(&self, p: PreviewRow) -> Result<PreviewRow, OpError> {
-        let (Some(approval), "pending_approval") = (&p.approval_id, p.state.as_str()) else {
+        let (Some(approval), PreviewState::PendingApproval) = (&p.approval_id, p.state) else {
             return Ok(p);
         };
-        let room_id = RoomId::parse(&p.room_id).ok_or(OpError::NotFound)?;
-        let Some(a) = self.store.approval(&room_id, approval).await? else {
+        let Some(a) = self.store.approval(&p.room_id, approval).await? else {
             return Ok(p);
         };
         let approved = matches!(&a.decided, Some((by, true)) if *by != a.requester) && !a.used;
@@ -215,7 +215,7 @@ impl Ops {
         let expires_at = self.now_ms() + p.ttl_ms;
         let change = Change::SetPreviewState {
             id: p.id.clone(),
-            state: "active".into(),
+            state: PreviewState::Active,
             expires_at,
         }
         .spending(approval.clone());

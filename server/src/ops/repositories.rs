@@ -25,7 +25,7 @@ const OP_WITHIN: Duration = Duration::from_secs(30);
 /// Longest commit message.
 const MAX_MESSAGE: usize = 10_000;
 
-fn bare(app: &Ops, room_id: &str, id: &str) -> Bare {
+fn bare(app: &Ops, room_id: &RoomId, id: &str) -> Bare {
     Bare::at(
         app.data_dir
             .join("rooms")
@@ -36,7 +36,7 @@ fn bare(app: &Ops, room_id: &str, id: &str) -> Bare {
 }
 
 /// The room as committer: pushes carry the person as author and the room as committer.
-fn committer(room_id: &str) -> Person {
+fn committer(room_id: &RoomId) -> Person {
     Person {
         name: "Coderoom room".into(),
         email: format!("room-{room_id}@coderoom.invalid"),
@@ -56,7 +56,7 @@ fn author(actor: &Actor) -> Person {
 }
 
 /// The remote of a stored repository, with its credential.
-async fn remote_of(app: &Ops, room_id: &str, repo: &RepoRow) -> Result<Remote, OpError> {
+async fn remote_of(app: &Ops, room_id: &RoomId, repo: &RepoRow) -> Result<Remote, OpError> {
     let header = match &repo.secret {
         Some(name) => Some(
             app.egress
@@ -171,7 +171,7 @@ impl Ops {
         details["id"] = json!(id);
         details["head"] = json!(repo.base);
         let change = Change::PutRepo {
-            room_id: room_id.to_string(),
+            room_id: room_id.clone(),
             repo: repo.clone(),
         };
         let entry = Entry::act(Act::ConnectRepo, Verdict::Allow, details);
@@ -194,7 +194,7 @@ async fn repo_of(app: &Ops, room_id: &RoomId, rid: &str) -> Result<RepoRow, OpEr
 /// big to place are left out and named.
 async fn write_changes(
     app: &Ops,
-    room_id: &str,
+    room_id: &RoomId,
     git: &Bare,
     dir: &str,
     from: &str,
@@ -244,7 +244,7 @@ async fn write_changes(
 /// The room's files of the repository (under its directory), as they are now.
 async fn workspace_files(
     app: &Ops,
-    room_id: &str,
+    room_id: &RoomId,
     dir: &str,
 ) -> Result<Vec<(String, Vec<u8>)>, OpError> {
     let listed = app
@@ -356,7 +356,7 @@ impl Ops {
         details["from"] = json!(repo.base);
         details["to"] = json!(theirs);
         let change = Change::SetRepoBase {
-            room_id: room_id.to_string(),
+            room_id: room_id.clone(),
             id: repo.id.clone(),
             base: theirs.clone(),
         };
@@ -463,7 +463,7 @@ impl Ops {
         details["author"] = json!(actor.email);
         details["approval_id"] = json!(approval);
         let change = Change::SetRepoBase {
-            room_id: room_id.to_string(),
+            room_id: room_id.clone(),
             id: repo.id.clone(),
             base: commit.clone(),
         };
@@ -581,7 +581,7 @@ impl Ops {
         let lock = app.room_lock(room_id);
         let _held = lock.lock().await;
         let change = Change::RemoveRepo {
-            room_id: room_id.to_string(),
+            room_id: room_id.clone(),
             id: repo.id.clone(),
         };
         let entry = Entry::act(Act::DisconnectRepo, Verdict::Allow, details);

@@ -35,7 +35,7 @@ impl crate::ops::Ops {
         }
         let id = crate::ids::RoomId::fresh();
         let change = crate::store::Change::CreateRoom {
-            id: id.to_string(),
+            id: id.clone(),
             name: name.to_owned(),
             owner: actor.id.clone(),
         };

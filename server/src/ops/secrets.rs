@@ -153,7 +153,7 @@ impl Ops {
         details["replaced"] = json!(replaces);
         details["approval_id"] = json!(approval);
         let change = Change::PutSecret {
-            room_id: room_id.to_string(),
+            room_id: room_id.clone(),
             rule: rule.clone(),
             sealed,
         };
@@ -187,7 +187,7 @@ impl Ops {
             .await?;
         let entry = Entry::act(Act::RemoveSecret, Verdict::Allow, details);
         let change = Change::RemoveSecret {
-            room_id: room_id.to_string(),
+            room_id: room_id.clone(),
             name: name.to_owned(),
         };
         match self.record(room_id, proof.actor(), entry, change).await {
@@ -210,7 +210,7 @@ impl Ops {
     ) -> Result<serde_json::Value, OpError> {
         let details = json!({ "add_needs_approval": needs_approval });
         let change = Change::SetSecretsPolicy {
-            room_id: room_id.to_string(),
+            room_id: room_id.clone(),
             needs_approval,
         };
         let entry = Entry::act(Act::SetSecretsPolicy, Verdict::Allow, details.clone());

@@ -2,7 +2,7 @@
 //! budget or an agent's (`spend`; a raise also someone else's approval); and what happens when
 //! a budget is reached (see `crate::spend`).
 
-use crate::ids::RoomId;
+use crate::ids::{RoomId, UserId};
 use crate::ops::approvals::Allowed;
 use crate::ops::record::{Act, Entry, Verdict};
 use crate::ops::{Actor, OpError, Ops, Outcome};
@@ -130,11 +130,11 @@ impl Ops {
         let stored = after.to_json().to_string();
         let change = match &agent {
             None => Change::SetBudget {
-                room_id: room_id.to_string(),
+                room_id: room_id.clone(),
                 budget: (!after.is_empty()).then_some(stored),
             },
             Some(id) => Change::SetAgentBudget {
-                user_id: id.clone(),
+                user_id: UserId::known(id.clone()),
                 budget: stored,
             },
         };

@@ -2,6 +2,7 @@
 //! unloads, fails or panics. A panic in one room ends that room's task only; the next join
 //! reloads it from storage.
 
+use crate::ids::RoomId;
 use crate::registry::Registry;
 use crate::room::task::{Room, RoomCmd, RoomDeps, ROOM_QUEUE};
 use std::sync::Arc;
@@ -34,7 +35,7 @@ impl Drop for LoadedGuard {
 impl Rooms {
     /// Whether another live server holds `room_id` (scale-out: it moved there, or was loaded
     /// there first). `false` when the database does not answer.
-    pub(crate) async fn held_elsewhere(&self, room_id: &str) -> bool {
+    pub(crate) async fn held_elsewhere(&self, room_id: &RoomId) -> bool {
         matches!(
             self.inner.deps.store.room_owner(room_id).await,
             Ok(Some(owner)) if owner.server != self.inner.deps.server.id
@@ -57,7 +58,7 @@ impl Rooms {
     }
 
     /// The command channel of the room's task, starting the task when the room is not loaded.
-    pub(crate) fn handle(&self, room_id: &str) -> mpsc::Sender<RoomCmd> {
+    pub(crate) fn handle(&self, room_id: &RoomId) -> mpsc::Sender<RoomCmd> {
         self.inner
             .registry
             .get_or_start(room_id, ROOM_QUEUE, |_, rx, generation| {
@@ -76,7 +77,7 @@ impl Rooms {
             })
     }
 
-    async fn room_main(self, id: String, generation: u64, mut rx: mpsc::Receiver<RoomCmd>) {
+    async fn room_main(self, id: RoomId, generation: u64, mut rx: mpsc::Receiver<RoomCmd>) {
         let deps = self.inner.deps.clone();
         deps.metrics.rooms_loaded.inc();
         let _loaded = LoadedGuard(deps.metrics.clone());
@@ -105,7 +106,7 @@ impl Rooms {
     /// Sends `cmd` to the room's task if the room is loaded (a room that is not loaded has no
     /// connections to tell).
     /// Returns whether the room took the command.
-    pub(crate) async fn notify(&self, room_id: &str, cmd: RoomCmd) -> bool {
+    pub(crate) async fn notify(&self, room_id: &RoomId, cmd: RoomCmd) -> bool {
         match self.inner.registry.get(room_id) {
             Some(tx) => tx.send(cmd).await.is_ok(),
             None => false,
@@ -116,7 +117,7 @@ impl Rooms {
     /// loading it if needed. `Err(None)`: the room could not be loaded.
     pub(crate) async fn join(
         &self,
-        room_id: &str,
+        room_id: &RoomId,
         conn: crate::room::ConnId,
         (user_id, name): (&str, &str),
         rights: crate::room::task::Rights,
@@ -177,9 +178,9 @@ mod tests {
         store.upsert_user("u", "u@example.com").await.unwrap();
         for id in ["a", "b"] {
             let change = crate::store::Change::CreateRoom {
-                id: id.into(),
+                id: crate::ids::RoomId::known(id),
                 name: id.into(),
-                owner: "u".into(),
+                owner: crate::ids::UserId::known("u"),
             };
             let fields = coderoom_authz::audit::Fields {
                 at: 0,
@@ -210,14 +211,14 @@ mod tests {
 
     async fn join(
         rooms: &Rooms,
-        room: &str,
+        room: &crate::ids::RoomId,
     ) -> (ConnId, mpsc::Sender<RoomCmd>, crate::room::outbox::OutboxRx) {
         join_with(rooms, room, crate::room::task::Rights::FULL).await
     }
 
     async fn join_with(
         rooms: &Rooms,
-        room: &str,
+        room: &crate::ids::RoomId,
         rights: crate::room::task::Rights,
     ) -> (ConnId, mpsc::Sender<RoomCmd>, crate::room::outbox::OutboxRx) {
         let conn = next_conn_id();
@@ -250,7 +251,7 @@ mod tests {
         }]
     }
 
-    async fn wait_logged(store: &Store, room: &str) {
+    async fn wait_logged(store: &Store, room: &crate::ids::RoomId) {
         for _ in 0..200 {
             if !store.load_doc(room).await.unwrap().updates.is_empty() {
                 return;
@@ -273,14 +274,14 @@ mod tests {
             act: Until::At(start + 3_600_000),
             observe: Until::Forever,
         };
-        let (conn, room, _rx) = join_with(&rooms, "a", rights).await;
+        let (conn, room, _rx) = join_with(&rooms, &crate::ids::RoomId::known("a"), rights).await;
         room.send(RoomCmd::Inbound {
             conn,
             messages: edit("before"),
         })
         .await
         .unwrap();
-        wait_logged(&store, "a").await;
+        wait_logged(&store, &crate::ids::RoomId::known("a")).await;
         clock.advance(3_600_000);
         room.send(RoomCmd::Inbound {
             conn,
@@ -300,21 +301,29 @@ mod tests {
         let denied = denied.expect("the lapsed edit was not refused");
         assert_eq!(denied.fields.action, "edit");
         assert_eq!(denied.fields.at, start + 3_600_000);
-        assert_eq!(store.load_doc("a").await.unwrap().updates.len(), 1);
+        assert_eq!(
+            store
+                .load_doc(&crate::ids::RoomId::known("a"))
+                .await
+                .unwrap()
+                .updates
+                .len(),
+            1
+        );
     }
 
     #[tokio::test]
     async fn a_panicking_room_takes_down_nothing_else() {
         let (rooms, store, _dir) = rooms().await;
-        let (a_conn, a, mut a_rx) = join(&rooms, "a").await;
-        let (b_conn, b, _b_rx) = join(&rooms, "b").await;
+        let (a_conn, a, mut a_rx) = join(&rooms, &crate::ids::RoomId::known("a")).await;
+        let (b_conn, b, _b_rx) = join(&rooms, &crate::ids::RoomId::known("b")).await;
         a.send(RoomCmd::Inbound {
             conn: a_conn,
             messages: edit("kept"),
         })
         .await
         .unwrap();
-        wait_logged(&store, "a").await;
+        wait_logged(&store, &crate::ids::RoomId::known("a")).await;
         a.send(RoomCmd::Panic).await.unwrap();
         // The panicking room's connections see their room go away...
         loop {
@@ -330,11 +339,22 @@ mod tests {
         })
         .await
         .unwrap();
-        wait_logged(&store, "b").await;
-        assert_eq!(store.load_doc("b").await.unwrap().updates.len(), 1);
+        wait_logged(&store, &crate::ids::RoomId::known("b")).await;
+        assert_eq!(
+            store
+                .load_doc(&crate::ids::RoomId::known("b"))
+                .await
+                .unwrap()
+                .updates
+                .len(),
+            1
+        );
         // The panicked room reloads from storage on the next join, with what was logged.
-        let (_, _a2, mut rx2) = join(&rooms, "a").await;
-        let stored = store.load_doc("a").await.unwrap();
+        let (_, _a2, mut rx2) = join(&rooms, &crate::ids::RoomId::known("a")).await;
+        let stored = store
+            .load_doc(&crate::ids::RoomId::known("a"))
+            .await
+            .unwrap();
         assert_eq!(
             stored.updates.len(),
             1,

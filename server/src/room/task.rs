@@ -9,6 +9,7 @@
 use crate::audit::Audit;
 use crate::close::CloseCode;
 use crate::config::Limits;
+use crate::ids::RoomId;
 use crate::metrics::Metrics;
 use crate::room::outbox::Outbox;
 use crate::room::protocol::Inbound;
@@ -259,7 +260,7 @@ pub(crate) enum Exit {
 }
 
 pub(crate) struct Room {
-    id: String,
+    id: RoomId,
     deps: RoomDeps,
     /// This server's lease on the room: every append and compaction carries its token.
     lease: crate::store::Lease,

@@ -4,6 +4,7 @@
 //! ordinary update (checked, logged and broadcast like a keystroke) made by whoever asked.
 
 use crate::config::Limits;
+use crate::ids::RoomId;
 use crate::room::outbox::{Outbound, Outbox, OutboxRx};
 use crate::room::protocol::Inbound;
 use crate::room::{ConnId, RoomCmd, Rooms};
@@ -50,7 +51,7 @@ impl Visit {
     pub(crate) async fn start(
         rooms: &Rooms,
         limits: &Limits,
-        room_id: &str,
+        room_id: &RoomId,
         who: (&str, &str),
     ) -> Result<Self, VisitError> {
         let conn = crate::room::task::next_conn_id();

@@ -24,6 +24,7 @@
 //! the document keeps them and they are written back.
 
 use crate::config::Limits;
+use crate::ids::RoomId;
 use crate::room::merge::merge;
 use crate::room::outbox::{Outbound, Outbox};
 use crate::room::protocol::Inbound;
@@ -130,7 +131,7 @@ impl Agreed {
 pub(crate) struct SyncCtx {
     pub rooms: Rooms,
     pub limits: Arc<Limits>,
-    pub room_id: String,
+    pub room_id: RoomId,
     pub sandbox: Sandbox,
     pub cancel: CancellationToken,
     /// What the sync mirrors, for the room's sandbox panel.

@@ -14,6 +14,7 @@
 
 use crate::audit::Audit;
 use crate::config::SandboxArgs;
+use crate::ids::RoomId;
 use crate::sandbox::snapshots::{Meta, Snapshots};
 use crate::store::{SandboxRow, SandboxState, Store, StoreError};
 use crate::terminal::{Hub, Joined, TermEvent};
@@ -331,7 +332,7 @@ impl Sandboxes {
         self.inner.backend.tier().name()
     }
 
-    fn supervisor(&self, room_id: &str) -> mpsc::Sender<Cmd> {
+    fn supervisor(&self, room_id: &RoomId) -> mpsc::Sender<Cmd> {
         let owner = self.clone();
         self.inner
             .supervisors
@@ -342,21 +343,21 @@ impl Sandboxes {
     }
 
     /// Tells a running sandbox of the room that its secrets changed (nothing when none runs).
-    pub(crate) async fn egress_changed(&self, room_id: &str) {
+    pub(crate) async fn egress_changed(&self, room_id: &RoomId) {
         if let Some(tx) = self.inner.supervisors.get(room_id) {
             let _ = tx.send(Cmd::Egress).await;
         }
     }
 
     /// Sends a command without waiting for an answer.
-    async fn send(&self, room_id: &str, make: impl Fn() -> Cmd) {
+    async fn send(&self, room_id: &RoomId, make: impl Fn() -> Cmd) {
         let _ = self.supervisor(room_id).send(make()).await;
     }
 
     /// Sends a command and waits for its answer, retrying when the supervisor was exiting.
     async fn ask<T>(
         &self,
-        room_id: &str,
+        room_id: &RoomId,
         make: impl Fn(oneshot::Sender<T>) -> Cmd,
     ) -> Result<T, SandboxError> {
         for _ in 0..SEND_ATTEMPTS {
@@ -374,7 +375,7 @@ impl Sandboxes {
     /// Runs a typed operation inside the room's sandbox, starting it if needed.
     pub(crate) async fn op(
         &self,
-        room_id: &str,
+        room_id: &RoomId,
         op: Op,
         within: Duration,
     ) -> Result<Reply, SandboxError> {
@@ -385,7 +386,7 @@ impl Sandboxes {
     /// [`SandboxError::Stopped`]), without counting it as use.
     pub(crate) async fn peek(
         &self,
-        room_id: &str,
+        room_id: &RoomId,
         op: Op,
         within: Duration,
     ) -> Result<Reply, SandboxError> {
@@ -394,7 +395,7 @@ impl Sandboxes {
 
     async fn run_op(
         &self,
-        room_id: &str,
+        room_id: &RoomId,
         op: Op,
         within: Duration,
         peek: bool,
@@ -413,7 +414,7 @@ impl Sandboxes {
     /// (a member opening a preview), else a stopped sandbox is an error.
     pub(crate) async fn connect(
         &self,
-        room_id: &str,
+        room_id: &RoomId,
         port: u16,
         start: bool,
     ) -> Result<tokio::io::DuplexStream, SandboxError> {
@@ -422,14 +423,14 @@ impl Sandboxes {
     }
 
     /// `{"tier", "state", "limits", "receipt", ...}` of the room's sandbox.
-    pub(crate) async fn status(&self, room_id: &str) -> Result<SandboxStatus, SandboxError> {
+    pub(crate) async fn status(&self, room_id: &RoomId) -> Result<SandboxStatus, SandboxError> {
         self.ask(room_id, |reply| Cmd::Status { reply }).await
     }
 
     /// Snapshots and stops the room's sandbox.
     pub(crate) async fn stop(
         &self,
-        room_id: &str,
+        room_id: &RoomId,
         actor: &str,
     ) -> Result<SandboxStatus, SandboxError> {
         self.ask(room_id, |reply| Cmd::Stop {
@@ -444,7 +445,7 @@ impl Sandboxes {
     /// moved to another server), where it runs.
     pub(crate) async fn stop_because(
         &self,
-        room_id: &str,
+        room_id: &RoomId,
         actor: &str,
         why: String,
     ) -> Result<SandboxStatus, SandboxError> {
@@ -457,7 +458,7 @@ impl Sandboxes {
     }
 
     /// Ends the room's sandbox here without writing its shared record (see `Cmd::Abandon`).
-    pub(crate) async fn abandon(&self, room_id: &str, why: &str) {
+    pub(crate) async fn abandon(&self, room_id: &RoomId, why: &str) {
         if let Some(tx) = self.inner.supervisors.get(room_id) {
             let _ = tx
                 .send(Cmd::Abandon {
@@ -468,7 +469,7 @@ impl Sandboxes {
     }
 
     /// Tells everyone watching the room's terminal.
-    pub(crate) async fn notice(&self, room_id: &str, event: TermEvent) {
+    pub(crate) async fn notice(&self, room_id: &RoomId, event: TermEvent) {
         let _ = self
             .ask(room_id, |done| Cmd::Notice {
                 event: event.clone(),
@@ -480,7 +481,7 @@ impl Sandboxes {
     /// Starts (resumes, or restarts after a failure) the room's sandbox.
     pub(crate) async fn start(
         &self,
-        room_id: &str,
+        room_id: &RoomId,
         actor: &str,
     ) -> Result<SandboxStatus, SandboxError> {
         self.ask(room_id, |reply| Cmd::Start {
@@ -495,7 +496,7 @@ impl Sandboxes {
     /// of it (what it agreed with the document on, the readiness command completed in it).
     pub(crate) async fn archive(
         &self,
-        room_id: &str,
+        room_id: &RoomId,
         dest: PathBuf,
     ) -> Result<(u64, Meta), SandboxError> {
         self.ask(room_id, |reply| Cmd::Archive {
@@ -509,7 +510,7 @@ impl Sandboxes {
     /// (what its document agrees on), resumed from when its sandbox first starts.
     pub(crate) async fn seed(
         &self,
-        room_id: &str,
+        room_id: &RoomId,
         archive: PathBuf,
         meta: Meta,
     ) -> Result<(), SandboxError> {
@@ -523,7 +524,11 @@ impl Sandboxes {
     }
 
     /// Restores a checkpoint into the room (see [`Actor::rewind`]).
-    pub(crate) async fn rewind(&self, room_id: &str, rewind: Rewind) -> Result<(), SandboxError> {
+    pub(crate) async fn rewind(
+        &self,
+        room_id: &RoomId,
+        rewind: Rewind,
+    ) -> Result<(), SandboxError> {
         let rewind = Arc::new(rewind);
         self.ask(room_id, |reply| Cmd::Rewind(rewind.clone(), reply))
             .await?
@@ -532,7 +537,7 @@ impl Sandboxes {
     /// Joins the terminal (starting the sandbox and its PTY if needed).
     pub(crate) async fn join(
         &self,
-        room_id: &str,
+        room_id: &RoomId,
         cols: u16,
         rows: u16,
         start: bool,
@@ -548,7 +553,7 @@ impl Sandboxes {
 
     /// A viewer left `hub`: it is told first, then the supervisor (which may start the idle
     /// timer).
-    pub(crate) async fn leave(&self, room_id: &str, hub: &Hub, viewer: u64) {
+    pub(crate) async fn leave(&self, room_id: &RoomId, hub: &Hub, viewer: u64) {
         hub.leave(viewer).await;
         self.send(room_id, || Cmd::Left).await;
     }
@@ -570,7 +575,7 @@ impl Sandboxes {
 
     /// Room deletion: kills the sandbox without a snapshot and closes its terminals. Returns
     /// whether a sandbox was running.
-    pub(crate) async fn destroy(&self, room_id: &str) -> Destroyed {
+    pub(crate) async fn destroy(&self, room_id: &RoomId) -> Destroyed {
         let tx = self.inner.supervisors.get(room_id);
         let Some(tx) = tx else {
             return Destroyed::default();
@@ -610,7 +615,7 @@ enum Life {
 }
 
 struct Actor {
-    room_id: String,
+    room_id: RoomId,
     owner: Sandboxes,
     me: mpsc::WeakSender<Cmd>,
     life: Life,

@@ -1,6 +1,7 @@
 //! Agents: participants sponsored by a person (see `crate::http::agents`).
 
 use super::*;
+use crate::ids::{RoomId, UserId};
 use coderoom_authz::{Agent, CapabilitySet};
 
 /// The domain of agents' own user rows: never a mailbox, never able to log in.
@@ -10,12 +11,12 @@ pub(crate) const AGENT_DOMAIN: &str = "agents.invalid";
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub(crate) struct AgentRow {
     /// Its user id (the actor of everything it does).
-    pub agent_id: String,
+    pub agent_id: UserId,
     #[serde(skip)]
-    pub room_id: String,
+    pub room_id: RoomId,
     pub name: String,
     /// Who brought it in.
-    pub sponsor: String,
+    pub sponsor: UserId,
     /// What it was given (it holds no more than its sponsor holds now).
     pub capabilities: Vec<String>,
     pub budget: serde_json::Value,
@@ -30,7 +31,7 @@ impl AgentRow {
     /// Its entry in the room's authorization state.
     pub(crate) fn agent(&self) -> Agent {
         Agent {
-            sponsor: self.sponsor.clone(),
+            sponsor: self.sponsor.to_string(),
             capabilities: CapabilitySet::parse_names(&self.capabilities).unwrap_or_default(),
             expires_at: self.expires_at,
             approval_mode: self.approval_mode,
@@ -60,7 +61,7 @@ const COLUMNS: &str = "user_id, room_id, name, sponsor, capabilities, budget, cr
 
 impl Store {
     /// The room's agents (revoked ones included), oldest first.
-    pub(crate) async fn agents(&self, room_id: &str) -> Result<Vec<AgentRow>, StoreError> {
+    pub(crate) async fn agents(&self, room_id: &RoomId) -> Result<Vec<AgentRow>, StoreError> {
         let rows = sqlx::query(&format!(
             "SELECT {COLUMNS} FROM agents WHERE room_id = $1 ORDER BY created_at, user_id"
         ))
@@ -82,7 +83,7 @@ impl Store {
     /// The room's live agents, for its authorization state.
     pub(super) async fn live_agents(
         &self,
-        room_id: &str,
+        room_id: &RoomId,
     ) -> Result<Vec<(String, Agent)>, StoreError> {
         let rows = sqlx::query(&format!(
             "SELECT {COLUMNS} FROM agents WHERE room_id = $1 AND revoked_at IS NULL"
@@ -91,7 +92,7 @@ impl Store {
         .fetch_all(&self.pool)
         .await?;
         rows.iter()
-            .map(|r| row_of(r).map(|a| (a.agent_id.clone(), a.agent())))
+            .map(|r| row_of(r).map(|a| (a.agent_id.to_string(), a.agent())))
             .collect()
     }
 }
@@ -139,7 +140,7 @@ pub(super) async fn insert(
 /// live: revoked at `now`, their tokens gone.
 pub(super) async fn revoke(
     tx: &mut sqlx::Transaction<'_, sqlx::Any>,
-    room_id: &str,
+    room_id: &RoomId,
     column: &str,
     who: &str,
     now: i64,

@@ -1,6 +1,7 @@
 //! Approvals bound to exact parameters.
 
 use super::*;
+use crate::ids::RoomId;
 
 pub(super) fn approval_row(r: &sqlx::any::AnyRow) -> Result<Approval, StoreError> {
     let decided_by: Option<String> = r.try_get("decided_by")?;
@@ -19,7 +20,7 @@ pub(super) fn approval_row(r: &sqlx::any::AnyRow) -> Result<Approval, StoreError
 impl Store {
     pub(crate) async fn approval(
         &self,
-        room_id: &str,
+        room_id: &RoomId,
         id: &str,
     ) -> Result<Option<Approval>, StoreError> {
         let row = sqlx::query(
@@ -35,7 +36,7 @@ impl Store {
 
     pub(crate) async fn approvals(
         &self,
-        room_id: &str,
+        room_id: &RoomId,
     ) -> Result<Vec<(Approval, i64)>, StoreError> {
         let rows = sqlx::query(
             "SELECT id, requester, action, params, expires_at, decided_by, approved, used_at, created_at \

@@ -2,6 +2,7 @@
 
 use super::rooms::participant_columns;
 use super::*;
+use crate::ids::{RoomId, UserId};
 
 /// A state change recorded together with its audit record.
 #[derive(Debug, Clone)]
@@ -10,48 +11,48 @@ pub(crate) enum Change {
     None,
     /// Add a `metered` record's charges (who, meter, amount) to the room's sums.
     Spend {
-        room_id: String,
+        room_id: RoomId,
         charges: Vec<(String, String, i64)>,
     },
     /// Set the room's budget (JSON; `None`: no budget).
     SetBudget {
-        room_id: String,
+        room_id: RoomId,
         budget: Option<String>,
     },
     /// Set an agent's budget (JSON).
     SetAgentBudget {
-        user_id: String,
+        user_id: UserId,
         budget: String,
     },
     /// Whether agents type only while a person who holds `approve` is in the room.
     SetModerated {
-        room_id: String,
+        room_id: RoomId,
         moderated: bool,
     },
     /// Store a participant's rights (insert or replace).
     SetParticipant {
-        room_id: String,
-        user_id: String,
+        room_id: RoomId,
+        user_id: UserId,
         participant: Participant,
     },
     RemoveParticipant {
-        room_id: String,
-        user_id: String,
+        room_id: RoomId,
+        user_id: UserId,
         now: i64,
     },
     CreateInvite {
         token_hash: String,
-        room_id: String,
+        room_id: RoomId,
         role: String,
-        created_by: String,
+        created_by: UserId,
         expires_at: i64,
         max_uses: i64,
     },
     /// Spend one use of an invite and add its participant (unless already one).
     AcceptInvite {
         token_hash: String,
-        room_id: String,
-        user_id: String,
+        room_id: RoomId,
+        user_id: UserId,
         participant: Participant,
         now: i64,
     },
@@ -61,16 +62,16 @@ pub(crate) enum Change {
     },
     /// A new room and its owner.
     CreateRoom {
-        id: String,
+        id: RoomId,
         name: String,
-        owner: String,
+        owner: UserId,
     },
     /// A fork: a new room, its owner, its parentage (JSON) and its first document (one Yjs
     /// update: the files it was forked with).
     ForkRoom {
-        id: String,
+        id: RoomId,
         name: String,
-        owner: String,
+        owner: UserId,
         parent: String,
         doc: Vec<u8>,
         /// The parent's readiness command (setup, not authority: a fork keeps it).
@@ -79,13 +80,13 @@ pub(crate) enum Change {
     /// A pending deletion request.
     CreateDeletion {
         id: String,
-        room_id: String,
-        requested_by: String,
+        room_id: RoomId,
+        requested_by: UserId,
     },
     CreateApproval {
         id: String,
-        room_id: String,
-        requester: String,
+        room_id: RoomId,
+        requester: UserId,
         action: String,
         params: String,
         expires_at: i64,
@@ -93,7 +94,7 @@ pub(crate) enum Change {
     /// Records a decision on a request nobody decided yet.
     DecideApproval {
         id: String,
-        by: String,
+        by: UserId,
         approved: bool,
     },
     /// Spends an approved request (single use).
@@ -102,58 +103,58 @@ pub(crate) enum Change {
     },
     /// A sandbox lifecycle transition: the room's whole sandbox row afterwards.
     SandboxState {
-        room_id: String,
+        room_id: RoomId,
         row: SandboxRow,
     },
     /// A new checkpoint (its files are already written).
     AddCheckpoint {
-        room_id: String,
+        room_id: RoomId,
         row: super::CheckpointRow,
     },
     /// Adds a secret, or replaces the one of that name.
     PutSecret {
-        room_id: String,
+        room_id: RoomId,
         rule: super::SecretRule,
         sealed: super::SealedSecret,
     },
     RemoveSecret {
-        room_id: String,
+        room_id: RoomId,
         name: String,
     },
     /// The room's readiness command (`None`: no readiness step).
     SetReadiness {
-        room_id: String,
+        room_id: RoomId,
         command: Option<String>,
     },
     /// The room's checkpoint policy.
     SetCheckpointPolicy {
-        room_id: String,
+        room_id: RoomId,
         policy: super::CheckpointPolicy,
     },
     /// A checkpoint pruned by the room's retention (its files go after the record).
     RemoveCheckpoint {
-        room_id: String,
+        room_id: RoomId,
         id: String,
     },
     /// A repository connected to the room.
     PutRepo {
-        room_id: String,
+        room_id: RoomId,
         repo: super::RepoRow,
     },
     /// The commit a repository's files are now in step with (a pull or a push).
     SetRepoBase {
-        room_id: String,
+        room_id: RoomId,
         id: String,
         base: String,
     },
     /// A repository disconnected.
     RemoveRepo {
-        room_id: String,
+        room_id: RoomId,
         id: String,
     },
     /// Whether adding a secret needs an approval.
     SetSecretsPolicy {
-        room_id: String,
+        room_id: RoomId,
         needs_approval: bool,
     },
     /// A preview made.
@@ -165,21 +166,21 @@ pub(crate) enum Change {
     },
     /// An agent ended: revoked, its token gone.
     RevokeAgent {
-        room_id: String,
-        agent_id: String,
+        room_id: RoomId,
+        agent_id: UserId,
         now: i64,
     },
     /// A preview's state (and its expiry: an approved public preview's lifetime starts then).
     SetPreviewState {
         id: String,
-        state: String,
+        state: super::PreviewState,
         expires_at: i64,
     },
     /// Two changes in the one transaction (an action and the approval it spends).
     Both(Box<Change>, Box<Change>),
     /// The room's egress policy (JSON, checked by the egress proxy's policy).
     SetEgress {
-        room_id: String,
+        room_id: RoomId,
         policy: String,
     },
 }

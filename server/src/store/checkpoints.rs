@@ -1,6 +1,7 @@
 //! Rooms' named checkpoints (their files live under `DATA_DIR/rooms/<room>/checkpoints/`).
 
 use super::*;
+use crate::ids::RoomId;
 
 /// A checkpoint as stored.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -45,7 +46,7 @@ impl Store {
     /// The room's checkpoints, oldest first.
     pub(crate) async fn checkpoints(
         &self,
-        room_id: &str,
+        room_id: &RoomId,
     ) -> Result<Vec<CheckpointRow>, StoreError> {
         let rows = sqlx::query(
             "SELECT id, name, author, at, bytes, scheduled FROM checkpoints WHERE room_id = $1 \
@@ -59,7 +60,7 @@ impl Store {
 
     pub(crate) async fn checkpoint(
         &self,
-        room_id: &str,
+        room_id: &RoomId,
         id: &str,
     ) -> Result<Option<CheckpointRow>, StoreError> {
         let row = sqlx::query(
@@ -75,7 +76,7 @@ impl Store {
 
     pub(crate) async fn checkpoint_policy(
         &self,
-        room_id: &str,
+        room_id: &RoomId,
     ) -> Result<CheckpointPolicy, StoreError> {
         let row = sqlx::query(
             "SELECT checkpoint_every_ms, checkpoint_keep_ms, checkpoint_due_at, \
@@ -108,7 +109,7 @@ impl Store {
     /// When the room's next scheduled checkpoint is due. Not audited: the checkpoint is.
     pub(crate) async fn set_checkpoint_due(
         &self,
-        room_id: &str,
+        room_id: &RoomId,
         at: i64,
     ) -> Result<(), StoreError> {
         sqlx::query("UPDATE rooms SET checkpoint_due_at = $1 WHERE id = $2")

@@ -1,23 +1,35 @@
 //! Room deletions and their step-by-step receipts.
 
 use super::*;
+use crate::ids::RoomId;
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub(crate) struct DeletionRow {
     pub id: String,
-    pub room_id: String,
-    pub state: String,
+    pub room_id: RoomId,
+    pub state: DeletionState,
     pub requested_by: String,
     pub receipt: Option<String>,
+}
+
+stored_enum! {
+    /// Where a deletion stands, as stored.
+    DeletionState {
+        /// Asked by an owner; an admin confirms it.
+        PendingConfirmation = "pending_confirmation",
+        /// Confirmed; its steps run (and resume after a crash).
+        Confirmed = "confirmed",
+        Done = "done",
+    }
 }
 
 /// A deletion as the admin console lists it.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub(crate) struct ListedDeletion {
     pub id: String,
-    pub room_id: String,
+    pub room_id: RoomId,
     pub room_name: Option<String>,
-    pub state: String,
+    pub state: DeletionState,
     pub requested_by: String,
     pub requested_by_email: Option<String>,
     pub requested_at: i64,
@@ -29,7 +41,7 @@ impl Store {
     /// The deletion of `room_id` in progress or pending, if any.
     pub(crate) async fn open_deletion(
         &self,
-        room_id: &str,
+        room_id: &RoomId,
     ) -> Result<Option<DeletionRow>, StoreError> {
         Ok(sqlx::query_as::<_, DeletionRow>(
             "SELECT id, room_id, state, requested_by, receipt FROM deletions \
@@ -164,7 +176,7 @@ impl Store {
     pub(crate) async fn deletion_step(
         &self,
         deletion_id: &str,
-        room_id: &str,
+        room_id: &RoomId,
         artifact: &str,
         delete_sql: Option<&str>,
         status_if_none: &str,

@@ -1,6 +1,7 @@
 //! Rooms' documents: the update log and its snapshots.
 
 use super::*;
+use crate::ids::RoomId;
 
 /// A room's stored document: the snapshot (if any) and the log entries after it, in order.
 #[derive(Debug, Default)]
@@ -11,7 +12,7 @@ pub(crate) struct StoredDoc {
 }
 
 impl Store {
-    pub(crate) async fn load_doc(&self, room_id: &str) -> Result<StoredDoc, StoreError> {
+    pub(crate) async fn load_doc(&self, room_id: &RoomId) -> Result<StoredDoc, StoreError> {
         let mut conn = self.pool.acquire().await?;
         let snap = sqlx::query("SELECT upto_seq, data FROM doc_snapshots WHERE room_id = $1")
             .bind(room_id)
@@ -51,13 +52,13 @@ impl Store {
     /// no longer the room's current one is refused whole (`StoreError::Fenced`).
     pub(crate) async fn append_updates(
         &self,
-        room_id: &str,
+        room_id: &RoomId,
         lease: Lease,
         batch: &[(i64, &[u8])],
     ) -> Result<(), StoreError> {
         let (done, result) = tokio::sync::oneshot::channel();
         let append = Append {
-            room: room_id.to_owned(),
+            room: room_id.clone(),
             token: lease.token,
             rows: batch.iter().map(|(seq, d)| (*seq, d.to_vec())).collect(),
             done,
@@ -87,7 +88,7 @@ impl Store {
     /// `StoreError::Fenced`, and nothing changes).
     pub(crate) async fn compact(
         &self,
-        room_id: &str,
+        room_id: &RoomId,
         lease: Lease,
         upto_seq: i64,
         data: &[u8],
@@ -141,7 +142,7 @@ pub(crate) const MAX_COMMIT_GROUP: usize = 256;
 /// One room's batch waiting for the writer.
 #[derive(Debug)]
 pub(crate) struct Append {
-    room: String,
+    room: RoomId,
     /// The room's fencing token.
     token: i64,
     rows: Vec<(i64, Vec<u8>)>,
@@ -310,7 +311,9 @@ mod tests {
 
     async fn grouped_appends(url: &str) {
         let store = super::super::with_user(url).await;
-        let rooms: Vec<String> = (0..30).map(|i| format!("r{i}")).collect();
+        let rooms: Vec<crate::ids::RoomId> = (0..30)
+            .map(|i| crate::ids::RoomId::known(format!("r{i}")))
+            .collect();
         for r in &rooms {
             sqlx::query(
                 "INSERT INTO rooms (id, name, created_by, created_at) VALUES ($1, $1, 'u', 0)",
@@ -333,13 +336,21 @@ mod tests {
             leases.insert(r.clone(), lease);
         }
         // r2 is claimed again (a claim raises the token): the lease kept for it is stale.
-        let super::super::Claim::Won(_) = store.claim_room("r2", &me, 60_000).await.unwrap() else {
+        let super::super::Claim::Won(_) = store
+            .claim_room(&crate::ids::RoomId::known("r2"), &me, 60_000)
+            .await
+            .unwrap()
+        else {
             panic!("not claimed")
         };
         let data = |room: &str, seq: i64| format!("{room}:{seq}").into_bytes();
         // r0 holds seq 1 already: its batch below (seq 1-3) collides.
         store
-            .append_updates("r0", leases["r0"], &[(1, b"first".as_slice())])
+            .append_updates(
+                &crate::ids::RoomId::known("r0"),
+                leases["r0"],
+                &[(1, b"first".as_slice())],
+            )
             .await
             .unwrap();
         let big = ROWS_PER_STATEMENT * 2 + 7;

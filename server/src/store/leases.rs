@@ -11,6 +11,7 @@
 //! Expiry is judged by the database's clock, the one clock every server shares.
 
 use super::*;
+use crate::ids::RoomId;
 
 /// A claim that succeeded: the fencing token every write of this room's log must carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,7 +55,7 @@ impl Store {
     /// Claims `room_id` for `me` for `ttl_ms`.
     pub(crate) async fn claim_room(
         &self,
-        room_id: &str,
+        room_id: &RoomId,
         me: &ServerId,
         ttl_ms: i64,
     ) -> Result<Claim, StoreError> {
@@ -91,7 +92,7 @@ impl Store {
     /// longer this token's (another server took the room over).
     pub(crate) async fn renew_room(
         &self,
-        room_id: &str,
+        room_id: &RoomId,
         lease: Lease,
         ttl_ms: i64,
     ) -> Result<bool, StoreError> {
@@ -111,7 +112,11 @@ impl Store {
     /// Gives the room up (when it unloads), so another server may load it at once. The row
     /// stays, expired: the next claim raises its token, so a token is never handed out twice
     /// (a deleted row would start again at 1, and a stale owner holding 1 would pass).
-    pub(crate) async fn release_room(&self, room_id: &str, lease: Lease) -> Result<(), StoreError> {
+    pub(crate) async fn release_room(
+        &self,
+        room_id: &RoomId,
+        lease: Lease,
+    ) -> Result<(), StoreError> {
         sqlx::query("UPDATE room_leases SET expires_at = 0 WHERE room_id = $1 AND token = $2")
             .bind(room_id)
             .bind(lease.token)
@@ -121,7 +126,7 @@ impl Store {
     }
 
     /// The server holding a live lease on `room_id`, if one does.
-    pub(crate) async fn room_owner(&self, room_id: &str) -> Result<Option<Owner>, StoreError> {
+    pub(crate) async fn room_owner(&self, room_id: &RoomId) -> Result<Option<Owner>, StoreError> {
         let now = db_now(self.backend);
         let sql = format!(
             "SELECT owner, address FROM room_leases WHERE room_id = $1 AND expires_at > {now}"
@@ -167,23 +172,49 @@ mod tests {
     /// appends and compactions are refused by the database, the new one's land.
     async fn leases_fence(url: &str) {
         let store = with_room(url).await;
-        let a = match store.claim_room("r", &me("a"), 60_000).await.unwrap() {
+        let a = match store
+            .claim_room(&crate::ids::RoomId::known("r"), &me("a"), 60_000)
+            .await
+            .unwrap()
+        {
             Claim::Won(l) => l,
             other => panic!("{other:?}"),
         };
         assert_eq!(
-            store.claim_room("r", &me("b"), 60_000).await.unwrap(),
+            store
+                .claim_room(&crate::ids::RoomId::known("r"), &me("b"), 60_000)
+                .await
+                .unwrap(),
             Claim::Held(Owner {
                 server: "a".into(),
                 address: "http://a:8080".into()
             })
         );
-        store.append_updates("r", a, &[(1, b"one")]).await.unwrap();
-        assert!(store.renew_room("r", a, 60_000).await.unwrap());
+        store
+            .append_updates(&crate::ids::RoomId::known("r"), a, &[(1, b"one")])
+            .await
+            .unwrap();
+        assert!(store
+            .renew_room(&crate::ids::RoomId::known("r"), a, 60_000)
+            .await
+            .unwrap());
         // `a` stops renewing: its lease lapses and `b` takes the room.
-        assert!(store.renew_room("r", a, -1).await.unwrap());
-        assert_eq!(store.room_owner("r").await.unwrap(), None);
-        let b = match store.claim_room("r", &me("b"), 60_000).await.unwrap() {
+        assert!(store
+            .renew_room(&crate::ids::RoomId::known("r"), a, -1)
+            .await
+            .unwrap());
+        assert_eq!(
+            store
+                .room_owner(&crate::ids::RoomId::known("r"))
+                .await
+                .unwrap(),
+            None
+        );
+        let b = match store
+            .claim_room(&crate::ids::RoomId::known("r"), &me("b"), 60_000)
+            .await
+            .unwrap()
+        {
             Claim::Won(l) => l,
             other => panic!("{other:?}"),
         };
@@ -191,38 +222,81 @@ mod tests {
         // The stale owner: refused, whatever seq it writes, and nothing of it lands.
         for seq in [2, 1000] {
             let e = store
-                .append_updates("r", a, &[(seq, b"stale")])
+                .append_updates(&crate::ids::RoomId::known("r"), a, &[(seq, b"stale")])
                 .await
                 .unwrap_err();
             assert!(matches!(e, StoreError::Fenced), "{e:?}");
         }
         assert!(matches!(
-            store.compact("r", a, 1, b"stale snapshot").await,
+            store
+                .compact(&crate::ids::RoomId::known("r"), a, 1, b"stale snapshot")
+                .await,
             Err(StoreError::Fenced)
         ));
-        assert!(!store.renew_room("r", a, 60_000).await.unwrap());
+        assert!(!store
+            .renew_room(&crate::ids::RoomId::known("r"), a, 60_000)
+            .await
+            .unwrap());
         // Releasing with the old token leaves the new owner's lease alone.
-        store.release_room("r", a).await.unwrap();
-        assert_eq!(store.room_owner("r").await.unwrap().unwrap().server, "b");
-        store.append_updates("r", b, &[(2, b"two")]).await.unwrap();
-        store.compact("r", b, 2, b"snapshot").await.unwrap();
-        let doc = store.load_doc("r").await.unwrap();
+        store
+            .release_room(&crate::ids::RoomId::known("r"), a)
+            .await
+            .unwrap();
+        assert_eq!(
+            store
+                .room_owner(&crate::ids::RoomId::known("r"))
+                .await
+                .unwrap()
+                .unwrap()
+                .server,
+            "b"
+        );
+        store
+            .append_updates(&crate::ids::RoomId::known("r"), b, &[(2, b"two")])
+            .await
+            .unwrap();
+        store
+            .compact(&crate::ids::RoomId::known("r"), b, 2, b"snapshot")
+            .await
+            .unwrap();
+        let doc = store
+            .load_doc(&crate::ids::RoomId::known("r"))
+            .await
+            .unwrap();
         assert_eq!(
             (doc.snapshot.as_deref(), doc.snapshot_seq, doc.updates.len()),
             (Some(b"snapshot".as_slice()), 2, 0)
         );
-        store.release_room("r", b).await.unwrap();
-        assert_eq!(store.room_owner("r").await.unwrap(), None);
+        store
+            .release_room(&crate::ids::RoomId::known("r"), b)
+            .await
+            .unwrap();
+        assert_eq!(
+            store
+                .room_owner(&crate::ids::RoomId::known("r"))
+                .await
+                .unwrap(),
+            None
+        );
         // Released, the room is claimed again: never with a token handed out before, so the
         // first owner, still holding its old one, stays refused.
-        let c = match store.claim_room("r", &me("c"), 60_000).await.unwrap() {
+        let c = match store
+            .claim_room(&crate::ids::RoomId::known("r"), &me("c"), 60_000)
+            .await
+            .unwrap()
+        {
             Claim::Won(l) => l,
             other => panic!("{other:?}"),
         };
         assert!(c.token > b.token, "{c:?} after {b:?}");
-        assert!(!store.renew_room("r", a, 60_000).await.unwrap());
+        assert!(!store
+            .renew_room(&crate::ids::RoomId::known("r"), a, 60_000)
+            .await
+            .unwrap());
         assert!(matches!(
-            store.append_updates("r", a, &[(3, b"stale")]).await,
+            store
+                .append_updates(&crate::ids::RoomId::known("r"), a, &[(3, b"stale")])
+                .await,
             Err(StoreError::Fenced)
         ));
         store.close().await;

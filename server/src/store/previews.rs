@@ -1,18 +1,29 @@
 //! Rooms' previews (see `crate::http::previews`).
 
 use super::*;
+use crate::ids::RoomId;
+
+stored_enum! {
+    /// Where a preview stands, as stored.
+    PreviewState {
+        Active = "active",
+        /// A public preview waiting for someone else's approval.
+        PendingApproval = "pending_approval",
+        Revoked = "revoked",
+    }
+}
 
 /// A preview, as stored and shown (without its URL, which the edge makes).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub(crate) struct PreviewRow {
     pub id: String,
     #[serde(skip)]
-    pub room_id: String,
+    pub room_id: RoomId,
     pub port: i64,
     /// `room` or `public`.
     pub visibility: String,
-    /// `active`, `pending_approval` or `revoked` (an active one past `expires_at` is expired).
-    pub state: String,
+    /// An active one past `expires_at` is expired.
+    pub state: PreviewState,
     pub approval_id: Option<String>,
     pub ttl_ms: i64,
     pub created_by: String,
@@ -46,7 +57,7 @@ const READ: &str = "id, room_id, port, visibility, state, approval_id, ttl_ms, c
 
 impl Store {
     /// The room's previews, newest first.
-    pub(crate) async fn previews(&self, room_id: &str) -> Result<Vec<PreviewRow>, StoreError> {
+    pub(crate) async fn previews(&self, room_id: &RoomId) -> Result<Vec<PreviewRow>, StoreError> {
         let rows = sqlx::query(&format!(
             "SELECT {READ} FROM previews WHERE room_id = $1 ORDER BY created_at DESC, id"
         ))
@@ -91,7 +102,7 @@ pub(super) async fn insert(
     .bind(&p.room_id)
     .bind(p.port)
     .bind(&p.visibility)
-    .bind(&p.state)
+    .bind(p.state)
     .bind(p.approval_id.as_deref())
     .bind(p.ttl_ms)
     .bind(&p.created_by)

@@ -1,6 +1,7 @@
 //! Rooms' repositories (see `crate::repos`).
 
 use super::*;
+use crate::ids::RoomId;
 
 /// A connected repository, as stored and shown.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -38,7 +39,7 @@ const COLUMNS: &str = "id, url, branch, secret, access, path, base, created_by, 
 
 impl Store {
     /// The room's repositories, oldest first.
-    pub(crate) async fn repos(&self, room_id: &str) -> Result<Vec<RepoRow>, StoreError> {
+    pub(crate) async fn repos(&self, room_id: &RoomId) -> Result<Vec<RepoRow>, StoreError> {
         let rows = sqlx::query(&format!(
             "SELECT {COLUMNS} FROM repos WHERE room_id = $1 ORDER BY created_at, id"
         ))
@@ -51,7 +52,7 @@ impl Store {
     /// One of the room's repositories.
     pub(crate) async fn repo(
         &self,
-        room_id: &str,
+        room_id: &RoomId,
         id: &str,
     ) -> Result<Option<RepoRow>, StoreError> {
         let row = sqlx::query(&format!(
@@ -67,7 +68,7 @@ impl Store {
 
 pub(super) async fn insert(
     tx: &mut sqlx::Transaction<'_, sqlx::Any>,
-    room_id: &str,
+    room_id: &RoomId,
     r: &RepoRow,
 ) -> Result<(), StoreError> {
     sqlx::query(

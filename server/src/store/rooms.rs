@@ -1,6 +1,7 @@
 //! Rooms, their participants (with their grants) and invites.
 
 use super::*;
+use crate::ids::RoomId;
 
 /// A room as its participant's room list shows it.
 #[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
@@ -37,7 +38,7 @@ pub(crate) struct ParticipantRow {
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub(crate) struct InviteRow {
-    pub room_id: String,
+    pub room_id: RoomId,
     pub role: String,
     pub created_by: String,
     pub expires_at: i64,
@@ -92,7 +93,7 @@ pub(super) fn participant_from(
 
 impl Store {
     /// The room's participants with their grants.
-    pub(crate) async fn room_state(&self, room_id: &str) -> Result<RoomState, StoreError> {
+    pub(crate) async fn room_state(&self, room_id: &RoomId) -> Result<RoomState, StoreError> {
         let rows = sqlx::query(
             "SELECT user_id, role, extra, removed FROM participants WHERE room_id = $1",
         )
@@ -114,7 +115,10 @@ impl Store {
     }
 
     /// The room's egress policy as stored (JSON), `None` for an unknown room.
-    pub(crate) async fn egress_policy(&self, room_id: &str) -> Result<Option<String>, StoreError> {
+    pub(crate) async fn egress_policy(
+        &self,
+        room_id: &RoomId,
+    ) -> Result<Option<String>, StoreError> {
         let row = sqlx::query("SELECT egress FROM rooms WHERE id = $1")
             .bind(room_id)
             .fetch_optional(&self.pool)
@@ -169,7 +173,7 @@ impl Store {
     }
 
     /// How many invites of the room were not revoked (spent or expired ones included).
-    pub(crate) async fn invite_count(&self, room_id: &str) -> Result<i64, StoreError> {
+    pub(crate) async fn invite_count(&self, room_id: &RoomId) -> Result<i64, StoreError> {
         let row = sqlx::query(
             "SELECT COUNT(*) AS n FROM invites WHERE room_id = $1 AND revoked_at IS NULL",
         )
@@ -181,7 +185,7 @@ impl Store {
 
     pub(crate) async fn participants(
         &self,
-        room_id: &str,
+        room_id: &RoomId,
     ) -> Result<Vec<ParticipantRow>, StoreError> {
         Ok(sqlx::query_as::<_, ParticipantRow>(
             "SELECT p.user_id, u.email, p.role FROM participants p \

@@ -1,42 +1,21 @@
 //! Rooms' sandboxes: lifecycle state, latest snapshot, the durable idle timer.
 
 use super::*;
+use crate::ids::RoomId;
 
-/// Where a room's sandbox is in its lifecycle (stored and shown by these names).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum SandboxState {
-    /// Never started.
-    #[default]
-    Absent,
-    Running,
-    /// Snapshotted and stopped at a server shutdown; resumes on first need.
-    Suspended,
-    Stopped,
-    /// Failed (OOM, killed agent...); waits for an explicit restart.
-    Failed,
-}
-
-impl SandboxState {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            SandboxState::Absent => "absent",
-            SandboxState::Running => "running",
-            SandboxState::Suspended => "suspended",
-            SandboxState::Stopped => "stopped",
-            SandboxState::Failed => "failed",
-        }
-    }
-
-    fn parse(s: &str) -> Result<Self, StoreError> {
-        Ok(match s {
-            "absent" => SandboxState::Absent,
-            "running" => SandboxState::Running,
-            "suspended" => SandboxState::Suspended,
-            "stopped" => SandboxState::Stopped,
-            "failed" => SandboxState::Failed,
-            _ => return Err(StoreError::Corrupt),
-        })
+stored_enum! {
+    /// Where a room's sandbox is in its lifecycle (stored and shown by these names).
+    #[derive(Default)]
+    SandboxState {
+        /// Never started.
+        #[default]
+        Absent = "absent",
+        Running = "running",
+        /// Snapshotted and stopped at a server shutdown; resumes on first need.
+        Suspended = "suspended",
+        Stopped = "stopped",
+        /// Failed (OOM, killed agent...); waits for an explicit restart.
+        Failed = "failed",
     }
 }
 
@@ -57,7 +36,7 @@ pub(crate) struct SandboxRow {
 
 impl Store {
     /// The room's sandbox row, if it ever had a sandbox.
-    pub(crate) async fn sandbox(&self, room_id: &str) -> Result<Option<SandboxRow>, StoreError> {
+    pub(crate) async fn sandbox(&self, room_id: &RoomId) -> Result<Option<SandboxRow>, StoreError> {
         let row = sqlx::query(
             "SELECT state, reason, receipt, snapshot, snapshot_at, stop_at FROM sandboxes WHERE room_id = $1",
         )
@@ -80,7 +59,7 @@ impl Store {
     /// Arms (or with `None` disarms) a sandbox's idle timer. Not audited: the stop it leads to is.
     pub(crate) async fn set_idle_timer(
         &self,
-        room_id: &str,
+        room_id: &RoomId,
         stop_at: Option<i64>,
     ) -> Result<(), StoreError> {
         sqlx::query("UPDATE sandboxes SET stop_at = $1 WHERE room_id = $2")
@@ -94,7 +73,7 @@ impl Store {
     /// Points the room's sandbox at a newer snapshot (a periodic one, taken while running).
     pub(crate) async fn set_snapshot(
         &self,
-        room_id: &str,
+        room_id: &RoomId,
         name: &str,
         at: i64,
     ) -> Result<(), StoreError> {
@@ -112,7 +91,7 @@ impl Store {
         &self,
         now: i64,
         me: &str,
-    ) -> Result<Vec<String>, StoreError> {
+    ) -> Result<Vec<RoomId>, StoreError> {
         // A room another live server holds is left to it (its sandbox may run there).
         let db_now = super::leases::db_now(self.backend);
         let sql = format!(

@@ -1,6 +1,7 @@
 //! Rooms' secrets: their rules in the clear, their values sealed (see `crate::secrets`).
 
 use super::*;
+use crate::ids::RoomId;
 
 /// A value as sealed: the key that sealed it (by id), the nonce, the ciphertext.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,7 +27,10 @@ pub(crate) struct SecretRule {
 
 impl Store {
     /// The room's secrets, by name, without their values.
-    pub(crate) async fn secret_rules(&self, room_id: &str) -> Result<Vec<SecretRule>, StoreError> {
+    pub(crate) async fn secret_rules(
+        &self,
+        room_id: &RoomId,
+    ) -> Result<Vec<SecretRule>, StoreError> {
         let rows = sqlx::query(
             "SELECT name, hosts, header, format, created_by, created_at, last_used_at \
              FROM secrets WHERE room_id = $1",
@@ -57,7 +61,7 @@ impl Store {
     /// The sealed value of the room's secret `name`, if it has one.
     pub(crate) async fn sealed_secret(
         &self,
-        room_id: &str,
+        room_id: &RoomId,
         name: &str,
     ) -> Result<Option<SealedSecret>, StoreError> {
         let row = sqlx::query(
@@ -80,7 +84,7 @@ impl Store {
     /// Records that the egress proxy added the room's secret `name` to a request at `at`.
     pub(crate) async fn touch_secret(
         &self,
-        room_id: &str,
+        room_id: &RoomId,
         name: &str,
         at: i64,
     ) -> Result<(), StoreError> {
@@ -94,7 +98,7 @@ impl Store {
     }
 
     /// Whether adding a secret to the room needs an approval.
-    pub(crate) async fn secrets_need_approval(&self, room_id: &str) -> Result<bool, StoreError> {
+    pub(crate) async fn secrets_need_approval(&self, room_id: &RoomId) -> Result<bool, StoreError> {
         let row = sqlx::query("SELECT secrets_need_approval FROM rooms WHERE id = $1")
             .bind(room_id)
             .fetch_optional(&self.pool)

@@ -2,13 +2,14 @@
 //! `crate::spend`).
 
 use super::*;
+use crate::ids::RoomId;
 
 /// The room's rows: use per (who, meter, amount), and its budget (JSON; `None`: none).
 pub(crate) type StoredSpend = (Vec<(String, String, i64)>, Option<String>);
 
 impl Store {
     /// The room's use per (who, meter) and its budget (JSON), as written.
-    pub(crate) async fn spend_of(&self, room_id: &str) -> Result<StoredSpend, StoreError> {
+    pub(crate) async fn spend_of(&self, room_id: &RoomId) -> Result<StoredSpend, StoreError> {
         let rows = sqlx::query("SELECT who, meter, amount FROM spend WHERE room_id = $1")
             .bind(room_id)
             .fetch_all(&self.pool)
@@ -28,7 +29,7 @@ impl Store {
 
 impl Store {
     /// Whether the room is moderated (agents type only while an approver is in it).
-    pub(crate) async fn room_moderated(&self, room_id: &str) -> Result<bool, StoreError> {
+    pub(crate) async fn room_moderated(&self, room_id: &RoomId) -> Result<bool, StoreError> {
         let v: Option<i64> = sqlx::query_scalar("SELECT moderated FROM rooms WHERE id = $1")
             .bind(room_id)
             .fetch_optional(&self.pool)
@@ -40,7 +41,7 @@ impl Store {
 /// Adds the charges of one `metered` record to the room's sums.
 pub(super) async fn add(
     tx: &mut sqlx::Transaction<'_, sqlx::Any>,
-    room_id: &str,
+    room_id: &RoomId,
     charges: &[(String, String, i64)],
 ) -> Result<(), StoreError> {
     for (who, meter, amount) in charges {

@@ -4,6 +4,7 @@
 use crate::close::CloseCode;
 use bytes::Bytes;
 use serde::Serialize;
+use std::sync::Arc;
 use tokio::sync::mpsc;
 
 /// A JSON event on the terminal socket, `{"type": ..., ...}`.
@@ -62,10 +63,24 @@ pub(crate) enum TermEvent {
     },
 }
 
+/// An event as every viewer is sent it: the typed value, for consumers in this process (MCP),
+/// and its text frame for the socket, made once however many viewers are sent it.
+#[derive(Debug)]
+pub(crate) struct Said {
+    pub(crate) event: TermEvent,
+    pub(crate) text: String,
+}
+
 impl TermEvent {
     /// The event as a text frame.
     pub(crate) fn text(&self) -> String {
         serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// The event, with its text frame, to send.
+    pub(crate) fn said(self) -> Arc<Said> {
+        let text = self.text();
+        Arc::new(Said { event: self, text })
     }
 
     pub(crate) fn error(reason: impl Into<String>) -> Self {
@@ -80,8 +95,8 @@ impl TermEvent {
 pub(crate) enum TermOut {
     /// Terminal output bytes.
     Output(Bytes),
-    /// A JSON event (text frame).
-    Event(String),
+    /// An event (a text frame on the socket).
+    Event(Arc<Said>),
     /// Close the socket with this code (and its reason).
     Close(CloseCode),
 }
@@ -92,6 +107,6 @@ pub(crate) struct Joined {
     /// Output so far, replayed first.
     pub scrollback: Vec<u8>,
     /// Events to send after the scrollback (state of the sandbox).
-    pub events: Vec<String>,
+    pub events: Vec<Arc<Said>>,
     pub rx: mpsc::Receiver<TermOut>,
 }

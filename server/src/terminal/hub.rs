@@ -12,7 +12,7 @@
 
 use crate::clock::Clock;
 use crate::close::CloseCode;
-use crate::terminal::events::{Joined, TermEvent, TermOut};
+use crate::terminal::events::{Joined, Said, TermEvent, TermOut};
 use crate::terminal::floor::{Floor, Person};
 use crate::terminal::recorder::Recorder;
 use bytes::Bytes;
@@ -93,7 +93,7 @@ enum Cmd {
         code: Option<i32>,
     },
     Link(Link),
-    Event(String),
+    Event(Arc<Said>),
     CloseAll(CloseCode),
     Size {
         reply: oneshot::Sender<(u16, u16)>,
@@ -217,7 +217,7 @@ impl Hub {
 
     /// An event for every viewer.
     pub(crate) async fn event(&self, event: TermEvent) {
-        let _ = self.tx.send(Cmd::Event(event.text())).await;
+        let _ = self.tx.send(Cmd::Event(event.said())).await;
     }
 
     /// Takes, asks for, releases or hands on the terminal's floor; a refusal is told to
@@ -339,19 +339,19 @@ impl Task {
                     Link::Pending => Some("starting"),
                     Link::Down(_) => None,
                 };
-                let mut events: Vec<String> = state
+                let mut events: Vec<Arc<Said>> = state
                     .map(|state| {
                         TermEvent::Sandbox {
                             state,
                             reason: None,
                         }
-                        .text()
+                        .said()
                     })
                     .into_iter()
                     .collect();
                 let floor = self.floor.view();
                 if floor.holder.is_some() || !floor.requests.is_empty() {
-                    events.push(TermEvent::Floor(floor).text());
+                    events.push(TermEvent::Floor(floor).said());
                 }
                 let joined = Joined {
                     viewer,
@@ -449,7 +449,7 @@ impl Task {
                 if generation < self.linked_generation {
                     return;
                 }
-                self.broadcast(TermEvent::ShellExit { code }.text());
+                self.broadcast(TermEvent::ShellExit { code }.said());
                 match &self.link {
                     Link::Attached { generation: g, .. } if *g == generation => {
                         self.set_link(Link::Idle);
@@ -459,7 +459,7 @@ impl Task {
                 }
             }
             Cmd::Link(link) => self.set_link(link),
-            Cmd::Event(text) => self.broadcast(text),
+            Cmd::Event(said) => self.broadcast(said),
             Cmd::CloseAll(code) => {
                 for (_, tx) in self.viewers.drain() {
                     let _ = tx.try_send(TermOut::Close(code));
@@ -501,7 +501,7 @@ impl Task {
                 state: "running",
                 reason: None,
             };
-            self.broadcast(running.text());
+            self.broadcast(running.said());
         }
         match refused {
             // Keys typed for a sandbox that is not coming are refused, each typist told once.
@@ -618,7 +618,7 @@ impl Task {
             user_id: user_id.to_owned(),
             email: email.to_owned(),
         };
-        self.broadcast(typing.text());
+        self.broadcast(typing.said());
     }
 
     /// Keys queued by viewers that are gone are not sent to a shell later.
@@ -630,7 +630,7 @@ impl Task {
 
     fn tell(&self, viewer: u64, reason: &str) {
         if let Some(tx) = self.viewers.get(&viewer) {
-            let _ = tx.try_send(TermOut::Event(TermEvent::error(reason).text()));
+            let _ = tx.try_send(TermOut::Event(TermEvent::error(reason).said()));
         }
     }
 
@@ -645,18 +645,18 @@ impl Task {
                 reason: refused.reason(),
                 holder,
             };
-            let _ = tx.try_send(TermOut::Event(event.text()));
+            let _ = tx.try_send(TermOut::Event(event.said()));
         }
     }
 
     fn broadcast_floor(&mut self) {
-        let view = TermEvent::Floor(self.floor.view()).text();
+        let view = TermEvent::Floor(self.floor.view()).said();
         self.broadcast(view);
     }
 
-    fn broadcast(&mut self, text: String) {
+    fn broadcast(&mut self, said: Arc<Said>) {
         self.viewers
-            .retain(|_, tx| tx.try_send(TermOut::Event(text.clone())).is_ok());
+            .retain(|_, tx| tx.try_send(TermOut::Event(said.clone())).is_ok());
     }
 }
 
@@ -791,7 +791,7 @@ mod tests {
     async fn next_event(rx: &mut mpsc::Receiver<TermOut>) -> serde_json::Value {
         loop {
             match rx.recv().await {
-                Some(TermOut::Event(e)) => return serde_json::from_str(&e).unwrap(),
+                Some(TermOut::Event(e)) => return serde_json::from_str(&e.text).unwrap(),
                 Some(_) => continue,
                 None => panic!("the viewer was dropped"),
             }
@@ -846,7 +846,17 @@ mod tests {
         let (hub, mut wanted) = hub(dir.path());
         hub.link(Link::Pending).await;
         let mut joined = hub.join(80, 24).await.unwrap();
-        assert!(joined.events[0].contains("starting"), "{:?}", joined.events);
+        assert!(
+            matches!(
+                joined.events[0].event,
+                TermEvent::Sandbox {
+                    state: "starting",
+                    ..
+                }
+            ),
+            "{:?}",
+            joined.events
+        );
         hub.input(joined.viewer, ("u1", "a@x"), Bytes::from_static(b"ec"))
             .await;
         hub.input(joined.viewer, ("u1", "a@x"), Bytes::from_static(b"ho\r"))

@@ -2,6 +2,7 @@
 //! log, and the observer that collects what each transaction changes.
 
 use super::{lease_duration, Room, RoomDeps, Tombstones};
+use crate::ids::RoomId;
 use crate::store::{StoreError, StoredDoc};
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -86,7 +87,7 @@ pub(crate) fn doc_from_stored(stored: &StoredDoc) -> Result<(Doc, usize), DocErr
 
 impl Room {
     /// Loads the room's document from storage.
-    pub(crate) async fn load(id: String, deps: RoomDeps) -> Result<Room, LoadError> {
+    pub(crate) async fn load(id: RoomId, deps: RoomDeps) -> Result<Room, LoadError> {
         // Ownership first, then the log: whatever a previous owner appended under its lease is
         // in the log before this load reads it (its later appends are refused).
         let asked = Instant::now();

@@ -6,6 +6,7 @@ use super::{
     Usage,
 };
 use crate::close::CloseCode;
+use crate::ids::RoomId;
 use crate::sandbox::snapshots::{self, Meta, Snapshots};
 use crate::store::{Change, SandboxRow, SandboxState};
 use crate::terminal::hub::{pump, HubConfig};
@@ -41,7 +42,7 @@ enum RestoreError {
 impl Actor {
     /// The supervisor and its hub; the receiver hears when a key needs a PTY.
     pub(super) fn new(
-        room_id: String,
+        room_id: RoomId,
         owner: Sandboxes,
         me: mpsc::WeakSender<Cmd>,
     ) -> (Self, mpsc::Receiver<()>) {
@@ -528,7 +529,7 @@ impl Actor {
         };
         // From now on the sandbox's way out is this room's egress policy (a pooled sandbox had
         // none: its connections were closed).
-        sandbox.on_outbound(self.deps().egress.taker(self.room_id.to_string()));
+        sandbox.on_outbound(self.deps().egress.taker(self.room_id.clone()));
         self.configure_egress(&sandbox).await;
         self.generation = self
             .owner
@@ -668,7 +669,7 @@ impl Actor {
                 "",
                 details,
                 Change::SandboxState {
-                    room_id: self.room_id.clone(),
+                    room_id: crate::ids::RoomId::known(self.room_id.clone()),
                     row: row.clone(),
                 },
             )

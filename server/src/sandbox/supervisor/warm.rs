@@ -2,6 +2,7 @@
 //! sandbox starts in the time of a restore, not a boot; each is given to one room once.
 
 use super::Sandboxes;
+use crate::ids::RoomId;
 use coderoom_sandbox::Backend;
 use std::time::Duration;
 
@@ -63,7 +64,7 @@ impl Sandboxes {
     /// a new one. The flag says it came from the pool.
     pub(super) async fn take_sandbox(
         &self,
-        room_id: &str,
+        room_id: &RoomId,
         tag: Option<&str>,
     ) -> Result<(coderoom_sandbox::Started, bool), coderoom_sandbox::StartError> {
         let inner = &self.inner;
