@@ -26,3 +26,6 @@ pub(crate) mod serve;
 pub(crate) mod spend;
 pub(crate) mod store;
 pub(crate) mod terminal;
+#[cfg(test)]
+#[path = "../tests/common/skip_log.rs"]
+mod test_skip;

@@ -349,18 +349,55 @@ pub(crate) async fn with_user(url: &str) -> Store {
     store
 }
 
-/// Runs `test` on a fresh SQLite database, then on a fresh PostgreSQL database where the test
-/// run has one (`CODEROOM_TEST_POSTGRES_URL`; created for the test and dropped after it).
+/// A test of storage on each backend: `$name::sqlite` and `$name::postgres`, each running
+/// `$run(url)` on a fresh database of its own. Without PostgreSQL
+/// (`CODEROOM_TEST_POSTGRES_URL`) the `postgres` test reports itself skipped, never passes
+/// silently (see `crate::test_skip`).
+#[cfg(test)]
+macro_rules! each_database {
+    ($(#[$meta:meta])* $name:ident, $run:expr) => {
+        $(#[$meta])*
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            #[tokio::test]
+            async fn sqlite() {
+                let dir = tempfile::tempdir().unwrap();
+                ($run)(format!("sqlite://{}/t.db", dir.path().display())).await;
+            }
+
+            #[tokio::test]
+            async fn postgres() {
+                let Some(db) = crate::store::PostgresDb::make().await else {
+                    return;
+                };
+                ($run)(db.url.clone()).await;
+                db.drop().await;
+            }
+        }
+    };
+}
+#[cfg(test)]
+pub(crate) use each_database;
+
+/// A PostgreSQL database of a test's own, on the server `CODEROOM_TEST_POSTGRES_URL` names.
+#[cfg(test)]
+pub(crate) struct PostgresDb {
+    pub(crate) url: String,
+    name: String,
+    root: Store,
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
-pub(crate) async fn on_each_database<F, Fut>(test: F)
-where
-    F: Fn(String) -> Fut,
-    Fut: std::future::Future<Output = ()>,
-{
-    let dir = tempfile::tempdir().unwrap();
-    test(format!("sqlite://{}/t.db", dir.path().display())).await;
-    if let Ok(admin) = std::env::var("CODEROOM_TEST_POSTGRES_URL") {
+impl PostgresDb {
+    /// A fresh database, or `None` after reporting the test skipped (no PostgreSQL).
+    pub(crate) async fn make() -> Option<PostgresDb> {
+        let Ok(admin) = std::env::var("CODEROOM_TEST_POSTGRES_URL") else {
+            crate::test_skip::skip("POSTGRES", "CODEROOM_TEST_POSTGRES_URL is not set");
+            return None;
+        };
         let name = format!("coderoom_u_{}", uuid::Uuid::new_v4().simple());
         let root = Store::connect(&admin).await.unwrap();
         sqlx::query(&format!("CREATE DATABASE {name}"))
@@ -368,12 +405,19 @@ where
             .await
             .unwrap();
         let base = admin.rsplit_once('/').unwrap().0;
-        test(format!("{base}/{name}")).await;
-        sqlx::query(&format!("DROP DATABASE {name} WITH (FORCE)"))
-            .execute(&root.pool)
+        Some(PostgresDb {
+            url: format!("{base}/{name}"),
+            name,
+            root,
+        })
+    }
+
+    pub(crate) async fn drop(self) {
+        sqlx::query(&format!("DROP DATABASE {} WITH (FORCE)", self.name))
+            .execute(&self.root.pool)
             .await
             .unwrap();
-        root.close().await;
+        self.root.close().await;
     }
 }
 
@@ -381,10 +425,10 @@ where
 mod tests {
     use super::*;
 
-    #[tokio::test]
-    #[allow(clippy::unwrap_used)]
-    async fn ids_and_stored_states_bind_and_read_as_text() {
-        on_each_database(|url| async move {
+    each_database!(
+        /// Ids and stored states bind and read as text on both backends.
+        ids_and_stored_states_bind_and_read_as_text,
+        |url: String| async move {
             let store = Store::connect(&url).await.unwrap();
             let room = crate::ids::RoomId::fresh();
             let read = |text: &'static str| {
@@ -414,9 +458,8 @@ mod tests {
             let unknown = read("paused").await.try_get::<PreviewState, _>("v");
             assert!(unknown.is_err(), "{unknown:?}");
             store.close().await;
-        })
-        .await;
-    }
+        }
+    );
 
     #[test]
     fn sqlite_paths() {

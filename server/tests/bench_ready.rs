@@ -134,11 +134,16 @@ async fn time_to_a_ready_sandbox() {
     let pool_ready = |server: &Server| {
         let url = server.url("/metrics");
         async move {
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
             loop {
                 let m = http(&url, "GET", None, None).await.1;
                 if m.lines().any(|l| l == "coderoom_sandbox_pool_ready 1") {
                     return;
                 }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the warm pool was not ready within 60 s"
+                );
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }

@@ -98,18 +98,20 @@ async fn open_idle(target: &Target, rooms: &[String], n: usize) -> Vec<Ws> {
 }
 
 /// Waits until the process's memory has stopped moving (what was opened has settled), then
-/// returns it.
+/// returns it; fails when it is still moving after 30 s (a reading taken mid-growth would
+/// make the per-connection figure look smaller than it is).
 async fn settled_rss(pid: u32) -> u64 {
-    let mut last = rss_kib(pid);
-    for _ in 0..50 {
+    let mut readings = vec![rss_kib(pid)];
+    for _ in 0..300 {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let now = rss_kib(pid);
+        let last = readings[readings.len() - 1];
         if now.abs_diff(last) < 64 {
             return now;
         }
-        last = now;
+        readings.push(now);
     }
-    last
+    panic!("the memory of {pid} never settled (KiB, every 100 ms): {readings:?}");
 }
 
 async fn coderoom_rooms(server: &Server, token: &str, n: usize) -> Vec<String> {

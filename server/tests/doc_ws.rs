@@ -239,7 +239,12 @@ async fn a_deletion_held_by_the_once_a_second_rule_frees_space_without_another_c
     b.synced().await;
     let before = server.metric("coderoom_compactions_total").await;
     b.remove("fill.txt", 0, 1000).await;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     while server.metric("coderoom_compactions_total").await < before + 1.0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the first deletion did not compact within 10 s"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
     // Full again, and a second deletion at once: held by the once-a-second rule. Nothing else

@@ -366,7 +366,11 @@ async fn the_sandbox_reaches_only_what_the_room_allows() {
             "resolves to this server's own address",
         ));
     } else {
-        eprintln!("SKIPPED (part): this machine has no non-loopback address to try");
+        // The rows above still run: the test is counted skipped for the rows it cannot try.
+        skip(
+            Need::HostAddress,
+            "this machine has no non-loopback address: its own address's rows were not tried",
+        );
     }
     let mut allow: Vec<String> = vec!["*".into()];
     allow.extend(

@@ -83,14 +83,30 @@ async fn vm_exec(server: &Server, token: &str, room: &str, script: &str) -> serd
     }
 }
 
-/// The pid of the QEMU process running `room`'s VM (its `-name` says whose it is).
+/// The pid of the VMM running `room`'s VM, whichever VMM it is: QEMU's `-name` says whose it
+/// is; cloud-hypervisor is named by nothing on its command line (`--api-socket fd=N`) but holds
+/// its disk open, under the VM's directory (`<state dir>/<room>-<server pid>-<n>/`).
 fn vmm_pid(room: &str) -> Option<i32> {
-    let wanted = format!("coderoom-{room},process=coderoom-vm");
+    let qemu = format!("coderoom-{room},process=coderoom-vm");
+    let vm_dir = format!("/{room}-");
     std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
         let pid: i32 = e.file_name().to_str()?.parse().ok()?;
         let cmdline = std::fs::read(e.path().join("cmdline")).ok()?;
         let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-        args.contains(&wanted.as_bytes()).then_some(pid)
+        if args.contains(&qemu.as_bytes()) {
+            return Some(pid);
+        }
+        if !args.first()?.ends_with(b"cloud-hypervisor") {
+            return None;
+        }
+        let holds_its_disk = std::fs::read_dir(e.path().join("fd"))
+            .ok()?
+            .flatten()
+            .any(|fd| {
+                std::fs::read_link(fd.path())
+                    .is_ok_and(|target| target.to_string_lossy().contains(&vm_dir))
+            });
+        holds_its_disk.then_some(pid)
     })
 }
 
@@ -509,21 +525,22 @@ fn cloud_hypervisor() -> Option<PathBuf> {
     bin
 }
 
-/// The driver's REST client against the real cloud-hypervisor: ping, create, info, boot,
-/// shutdown, delete, with the guest image and a workspace disk; and a refusal read as one.
-#[tokio::test]
-async fn the_cloud_hypervisor_api_against_the_real_binary() {
+/// A cloud-hypervisor answering its API with a VM created from the guest image and a workspace
+/// disk (checked on the way: ping, a refusal read as one, create, info, delete, create again),
+/// or `None` after reporting the test skipped.
+#[allow(clippy::unwrap_used)]
+async fn cloud_hypervisor_with_a_vm() -> Option<(
+    tokio::process::Child,
+    coderoom_sandbox::vm::ch::Api,
+    tempfile::TempDir,
+)> {
     use coderoom_sandbox::vm::ch::{vm_config, Api, ApiError};
-    let Some(bin) = cloud_hypervisor() else {
-        return;
-    };
-    let Some((image, _)) = guest_image() else {
-        return;
-    };
+    let bin = cloud_hypervisor()?;
+    let (image, _) = guest_image()?;
     let hash = std::fs::read_to_string(image.join("current")).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let api_path = dir.path().join("api.sock");
-    let mut vmm = cloud_hypervisor_with_api(&bin, &api_path);
+    let vmm = cloud_hypervisor_with_api(&bin, &api_path);
     let api = Api::new(&api_path);
     let ping = tokio::time::timeout(Duration::from_secs(30), async {
         loop {
@@ -565,52 +582,88 @@ async fn the_cloud_hypervisor_api_against_the_real_binary() {
     api.delete().await.expect("vm.delete of a created VM");
     api.create(&config).await.expect("vm.create again");
 
-    let kvm = std::fs::OpenOptions::new()
+    Some((vmm, api, dir))
+}
+
+/// Whether `/dev/kvm` opens for reading and writing, as a VMM opens it.
+fn kvm_opens() -> bool {
+    std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .open("/dev/kvm")
-        .is_ok();
-    if kvm {
-        api.boot().await.expect("vm.boot");
-        // The guest may fail on a nested, software KVM: whether it runs is read from vm.info
-        // (never from the VMM's exit code), and a VMM that ended must say why in its log.
-        match api.info().await {
-            Ok(info) => {
-                assert!(
-                    ["Running", "Shutdown"].contains(&info.state.as_str()),
-                    "{}",
-                    info.state
-                );
-                let _ = api.shutdown().await;
-                api.delete().await.expect("vm.delete");
-                api.shutdown_vmm(Duration::from_secs(5))
-                    .await
-                    .expect("vmm.shutdown");
-            }
-            Err(e) => {
-                let _ = vmm.start_kill();
-                let out = vmm.wait_with_output().await.unwrap();
-                let log = String::from_utf8_lossy(&out.stderr);
-                assert!(!log.trim().is_empty(), "the VMM ended ({e}) without a word");
-                eprintln!("SKIPPED-PART: the guest did not run under this KVM: {e}; log: {log}");
-                return;
-            }
-        }
-    } else {
-        match api.boot().await {
-            Err(ApiError::Refused { .. }) => {}
-            other => panic!("vm.boot without KVM: {other:?}"),
-        }
-        api.delete().await.expect("vm.delete");
-        api.shutdown_vmm(Duration::from_secs(5))
-            .await
-            .expect("vmm.shutdown");
-    }
+        .is_ok()
+}
+
+/// Ends `vmm` through its API and sees it exit cleanly.
+#[allow(clippy::unwrap_used)]
+async fn shut_down(mut vmm: tokio::process::Child, api: &coderoom_sandbox::vm::ch::Api) {
+    api.delete().await.expect("vm.delete");
+    api.shutdown_vmm(Duration::from_secs(5))
+        .await
+        .expect("vmm.shutdown");
     let status = tokio::time::timeout(Duration::from_secs(10), vmm.wait())
         .await
         .expect("the VMM exits after vmm.shutdown")
         .unwrap();
     assert!(status.success(), "{status}");
+}
+
+/// The driver's REST client against the real cloud-hypervisor: ping, create, info, delete, with
+/// the guest image and a workspace disk, a refusal read as one, and the VMM shut down through
+/// its API. Without KVM, `vm.boot` is a refusal. Whether a guest runs is
+/// [`a_guest_boots_under_cloud_hypervisor`]'s.
+#[tokio::test]
+async fn the_cloud_hypervisor_api_against_the_real_binary() {
+    use coderoom_sandbox::vm::ch::ApiError;
+    let Some((vmm, api, _dir)) = cloud_hypervisor_with_a_vm().await else {
+        return;
+    };
+    if !kvm_opens() {
+        match api.boot().await {
+            Err(ApiError::Refused { .. }) => {}
+            other => panic!("vm.boot without KVM: {other:?}"),
+        }
+    }
+    shut_down(vmm, &api).await;
+}
+
+/// A guest boots under cloud-hypervisor through the driver's client: `vm.boot`, then `vm.info`
+/// reads it running (or shut down), and the VM is shut down and deleted. Where the guest cannot
+/// run (no KVM, or a nested, software KVM), the VMM must say why in its log, and the test
+/// reports itself skipped.
+#[tokio::test]
+async fn a_guest_boots_under_cloud_hypervisor() {
+    if !kvm_opens() {
+        skip(Need::Kvm, "/dev/kvm cannot be opened");
+        return;
+    }
+    let Some((mut vmm, api, _dir)) = cloud_hypervisor_with_a_vm().await else {
+        return;
+    };
+    api.boot().await.expect("vm.boot");
+    // The guest may fail on a nested, software KVM: whether it runs is read from vm.info
+    // (never from the VMM's exit code), and a VMM that ended must say why in its log.
+    match api.info().await {
+        Ok(info) => {
+            assert!(
+                ["Running", "Shutdown"].contains(&info.state.as_str()),
+                "{}",
+                info.state
+            );
+            let _ = api.shutdown().await;
+            shut_down(vmm, &api).await;
+        }
+        Err(e) => {
+            let _ = vmm.start_kill();
+            let out = vmm.wait_with_output().await.unwrap();
+            let log = String::from_utf8_lossy(&out.stderr);
+            assert!(!log.trim().is_empty(), "the VMM ended ({e}) without a word");
+            skip(
+                Need::Kvm,
+                &format!("the guest did not run under this KVM: {e}; log: {log}"),
+            );
+        }
+    }
 }
 
 /// `auto` boots a real probe guest under cloud-hypervisor before picking it. Where the guest

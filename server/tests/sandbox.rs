@@ -969,15 +969,19 @@ async fn inherited_descriptors_never_reach_the_sandbox() {
     )
     .await;
     let room = create_room(&server, &token).await;
-    let (_, out) = exec(
+    let (status, out) = exec(
         &server,
         &token,
         &room,
         "for fd in 7 8; do [ -e /proc/$$/fd/$fd ] && echo open-$fd; done; \
-         cat <&8; echo written >&7; ls /proc/1/fd /proc/2/fd 2>/dev/null | tr '\n' ' '; true",
+         cat <&8; echo written >&7; ls /proc/1/fd /proc/2/fd 2>/dev/null | tr '\n' ' '; \
+         echo END-$((40+2))",
     )
     .await;
+    // The script ran to its end (an exec that failed, or answered nothing, proves nothing).
+    assert_eq!(status, 200, "{out}");
     let stdout = out["stdout"].as_str().unwrap_or_default();
+    assert!(stdout.contains("END-42"), "{out}");
     assert!(!stdout.contains("open-"), "{out}");
     assert!(!stdout.contains("SECRET-7f3a"), "{out}");
     for pid_fds in stdout.split(':').skip(1) {

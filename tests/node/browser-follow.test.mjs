@@ -64,8 +64,9 @@ test('following someone keeps your view on theirs until you type or press Esc', 
   assert.equal(await inView(1), false, 'the top scrolled out of view')
 
   // Ana types: her name shows over her caret on Ben's screen for a few seconds, then goes.
+  // Her name's label: its opacity, or null while it is not on the page (never read as faded).
   const nameOpacity = () => ben.page.locator('.cm-ySelectionInfo', { hasText: 'ana@example.com' }).first()
-    .evaluate((el) => Number(getComputedStyle(el).opacity)).catch(() => 0)
+    .evaluate((el) => Number(getComputedStyle(el).opacity), null, { timeout: 1000 }).catch(() => null)
   await ana.page.keyboard.type('// edited')
   await waitFor(async () => (await nameOpacity()) === 1, 10_000, 'Ana\'s name did not show after her edit')
   await waitFor(async () => (await nameOpacity()) === 0, 10_000, 'Ana\'s name stayed shown')
@@ -74,7 +75,8 @@ test('following someone keeps your view on theirs until you type or press Esc', 
   await ben.page.keyboard.type('x')
   await ben.page.getByTestId('following').waitFor({ state: 'hidden' })
   await ana.page.locator('.tabs .tab-name', { hasText: 'b.md' }).click()
-  await ana.page.waitForTimeout(300)
+  // Her move has reached Ben (her avatar says where she is) before his view is looked at.
+  await waitFor(async () => (await avatar.getAttribute('title'))?.includes('b.md'), 10_000, 'Ana\'s move never reached Ben')
   assert.equal(await ben.page.locator('.tab.active .tab-name').innerText(), 'long.txt', 'Ben\'s view stayed')
 
   // Following again, then Esc ends it.

@@ -129,10 +129,11 @@ test('two people share a room in real browsers: editor, cursors, terminal, downg
     assert.equal((await patched).status(), 200)
     await ben.page.locator('.cm-content[contenteditable="false"]').waitFor({ timeout: 5000 })
     await ben.page.getByTestId('terminal-view-only').waitFor({ state: 'visible', timeout: 5000 })
-    // The figure is reported, not asserted: a busy machine's browser can miss any bound. What
-    // the server does is measured by the server (coderoom_access_close_seconds, server tests).
+    // The README's claim, held where Ben sees it: from the owner's change to his editor and
+    // terminal turning read-only, within a second.
     const took = (await ben.page.evaluate(() => window.__readOnlyAt)) - t0
     t.diagnostic(`Ben's editor and terminal were read-only ${took} ms after the owner's change`)
+    assert.ok(took <= 1000, `Ben's view turned read-only ${took} ms after the owner's change`)
     const docBefore = await serverText(server, roomId, anaToken, 'main.rs')
     // Ben's keys now change nothing on the server.
     await ben.page.locator('.cm-content').click()

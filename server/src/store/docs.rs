@@ -300,14 +300,14 @@ where
 mod tests {
     use super::*;
 
-    /// Batches of many rooms appended at once all land, in order: groups that fit one
-    /// multi-row `INSERT`, a batch larger than one statement takes (a transaction of several),
-    /// and a batch that collides with a stored row fails alone while the others of its group
-    /// land.
-    #[tokio::test]
-    async fn grouped_appends_land_whole_and_a_bad_batch_fails_alone() {
-        super::super::on_each_database(|url| async move { grouped_appends(&url).await }).await;
-    }
+    crate::store::each_database!(
+        /// Batches of many rooms appended at once all land, in order: groups that fit one
+        /// multi-row `INSERT`, a batch larger than one statement takes (a transaction of
+        /// several), and a batch that collides with a stored row fails alone while the others
+        /// of its group land.
+        grouped_appends_land_whole_and_a_bad_batch_fails_alone,
+        |url: String| async move { super::grouped_appends(&url).await }
+    );
 
     async fn grouped_appends(url: &str) {
         let store = super::super::with_user(url).await;

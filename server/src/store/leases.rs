@@ -329,13 +329,12 @@ mod tests {
         store.close().await;
     }
 
-    #[tokio::test]
-    async fn a_stale_owner_cannot_write() {
-        super::super::on_each_database(|url| async move { leases_fence(&url).await }).await;
-    }
+    crate::store::each_database!(a_stale_owner_cannot_write, |url: String| async move {
+        super::leases_fence(&url).await
+    });
 
-    #[tokio::test]
-    async fn servers_racing_for_a_chain_never_fork_it() {
-        super::super::on_each_database(|url| async move { racing_chain_appends(&url).await }).await;
-    }
+    crate::store::each_database!(
+        servers_racing_for_a_chain_never_fork_it,
+        |url: String| async move { super::racing_chain_appends(&url).await }
+    );
 }

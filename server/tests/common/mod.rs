@@ -37,6 +37,9 @@ pub enum Need {
     Qemu,
     /// cloud-hypervisor's binary (built by `.ci/run` from `../shared/vendor`).
     CloudHypervisor,
+    /// A non-loopback address of this machine (the egress matrix's "this server's own address"
+    /// rows).
+    HostAddress,
     /// A KVM that boots a stock guest kernel (hardware virtualisation; `CODEROOM_KVM_TESTS=1`
     /// forces the tests that need it).
     Kvm,
@@ -53,36 +56,17 @@ impl Need {
             Need::Qemu => "QEMU",
             Need::CloudHypervisor => "CLOUD_HYPERVISOR",
             Need::Kvm => "KVM",
+            Need::HostAddress => "HOST_ADDRESS",
         }
     }
 }
 
-/// Reports the running test as skipped for want of `need`: a line on stderr and one in the skip
-/// log (`$CODEROOM_SKIP_LOG`, which `tests/run` counts in its summary), because libtest itself
-/// counts an early return as a pass. When the run promised the dependency
-/// (`CODEROOM_REQUIRE_<NEED>=1`) the test fails instead.
+mod skip_log;
+
+/// Reports the running test as skipped for want of `need` (see `skip_log.rs`, shared with the
+/// unit tests): counted in the run's summary, or a failure when the run promised it.
 pub fn skip(need: Need, reason: &str) {
-    let var = format!("CODEROOM_REQUIRE_{}", need.name());
-    assert!(
-        std::env::var(&var).as_deref() != Ok("1"),
-        "{reason}, but {var}=1 says this run provides it"
-    );
-    let test = std::thread::current()
-        .name()
-        .unwrap_or("unnamed test")
-        .to_owned();
-    eprintln!("SKIPPED: {test}: {reason}");
-    if let Some(log) = std::env::var_os("CODEROOM_SKIP_LOG") {
-        use std::io::Write;
-        let line = format!("{}\t{test}\t{reason}\n", env!("CARGO_CRATE_NAME"));
-        let mut file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .unwrap();
-        // One write per line: appends from parallel tests never interleave.
-        file.write_all(line.as_bytes()).unwrap();
-    }
+    skip_log::skip(need.name(), reason);
 }
 
 /// The PostgreSQL backend, or `None` after reporting the test skipped.
@@ -525,6 +509,32 @@ pub async fn request(
     request_within(url, method, headers, body, TIMEOUT).await
 }
 
+/// Whether `buf` holds a whole HTTP/1.1 answer by its framing: a head, and a body as long as
+/// its `Content-Length` or chunks up to the last one. (An answer framed by the connection's
+/// end is whole when the connection ends.)
+fn answer_complete(buf: &[u8]) -> bool {
+    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return false;
+    };
+    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+    let body = &buf[end + 4..];
+    let header = |name: &str| {
+        head.lines()
+            .filter_map(|l| l.split_once(':'))
+            .find(|(k, _)| k.trim() == name)
+            .map(|(_, v)| v.trim().to_owned())
+    };
+    if let Some(len) = header("content-length").and_then(|v| v.parse::<usize>().ok()) {
+        return body.len() >= len;
+    }
+    if header("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
+        return body.ends_with(b"0\r\n\r\n");
+    }
+    // No body by its status (1xx, 204, 304).
+    let status = head.get(9..12).unwrap_or("");
+    status.starts_with('1') || status == "204" || status == "304"
+}
+
 /// [`request`], waiting up to `within` for the answer (a command run by the server may take
 /// its own timeout).
 pub async fn request_within(
@@ -560,8 +570,10 @@ pub async fn request_within(
     req.push_str(&format!("Content-Length: {}\r\n\r\n{body}", body.len()));
     s.write_all(req.as_bytes()).await.unwrap();
     let mut buf = Vec::new();
-    // An upgraded (101) connection stays open: stop once its head is in.
-    let _ = tokio::time::timeout(within, async {
+    // An upgraded (101) connection stays open: stop once its head is in. Any other answer ends
+    // with the connection or is complete by its framing; one that is neither within `within`
+    // (a head and then nothing) fails the test, whatever its status.
+    let ended = tokio::time::timeout(within, async {
         let mut chunk = [0u8; 8192];
         loop {
             match s.read(&mut chunk).await {
@@ -571,9 +583,17 @@ pub async fn request_within(
             if buf.starts_with(b"HTTP/1.1 101") && buf.windows(4).any(|w| w == b"\r\n\r\n") {
                 break;
             }
+            if answer_complete(&buf) {
+                break;
+            }
         }
     })
     .await;
+    assert!(
+        ended.is_ok() || answer_complete(&buf),
+        "{method} {path}: no whole answer within {within:?}: {:?}",
+        String::from_utf8_lossy(&buf)
+    );
     let raw = buf
         .windows(4)
         .position(|w| w == b"\r\n\r\n")
