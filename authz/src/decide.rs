@@ -221,6 +221,8 @@ pub enum DenyReason {
     AdminOnly,
     /// A requester cannot approve its own request.
     SelfApproval,
+    /// A sponsor cannot approve its agent's request where someone else's approval is needed.
+    SponsorApproval,
     /// Agents never decide approvals.
     AgentApproval,
     /// The approval has expired.
@@ -279,6 +281,10 @@ impl fmt::Display for DenyReason {
             }
             DenyReason::AdminOnly => f.write_str("system admins only"),
             DenyReason::SelfApproval => f.write_str("a requester cannot approve its own request"),
+            DenyReason::SponsorApproval => f.write_str(
+                "an agent's request needs another person who holds approve: its sponsor's approval \
+                 is its own",
+            ),
             DenyReason::AgentApproval => f.write_str("an agent cannot decide approvals"),
             DenyReason::ApprovalExpired => f.write_str("the request has expired"),
             DenyReason::AlreadyDecided => f.write_str("the request was already decided or used"),
@@ -453,6 +459,10 @@ pub fn decide(principal: &Principal, action: &Action, room: &RoomState, now: i64
         Action::DecideApproval { approval } => need(Capability::Approve).and_then(|()| {
             if approval.requester == principal.user {
                 Err(DenyReason::SelfApproval)
+            } else if needs_another_person(&approval.action)
+                && room.same_party(&approval.requester, &principal.user)
+            {
+                Err(DenyReason::SponsorApproval)
             } else if room.agents.contains_key(&principal.user) {
                 // An approval is a person's judgement: an agent holding `approve` through its
                 // sponsor would otherwise approve its sponsor's requests, or its own budget.
@@ -514,7 +524,14 @@ pub fn decide(principal: &Principal, action: &Action, room: &RoomState, now: i64
     let mut rested_on = None;
     let result = match (result, gated) {
         (Ok(()), Some((params, approval))) => {
-            match approved(principal, action.name(), params, approval.as_ref(), now) {
+            match approved(
+                principal,
+                action.name(),
+                params,
+                approval.as_ref(),
+                room,
+                now,
+            ) {
                 Some(r) => {
                     rested_on = approval.as_ref().map(|a| a.id.clone());
                     r
@@ -540,6 +557,37 @@ pub fn decide(principal: &Principal, action: &Action, room: &RoomState, now: i64
     }
 }
 
+/// Whether an approval of `action` must come from another person than the requester's own
+/// party (the requester, and an agent's sponsor): the acts that need someone else's approval
+/// whoever asks (an export, a restore where the room asks for one, a forced push, a public
+/// preview, a secret where the room asks for one, a budget raise). Not the approvals that stand
+/// in for a right the requester lacks (an egress ask without `approve`, a fork without
+/// `export`), which a sponsor holding it may give, nor a command an agent in approval mode waits
+/// on, which its sponsor, watching it, may approve.
+pub fn needs_another_person(action: &str) -> bool {
+    matches!(
+        action,
+        "export"
+            | "restore_checkpoint"
+            | "force_push"
+            | "public_preview"
+            | "add_secret"
+            | "set_budget"
+    )
+}
+
+/// Whether `a` was approved by someone its rules accept: never its requester, nor, where the
+/// action needs another person, the requester's own party ([`RoomState::same_party`]).
+pub fn granted_by_another(a: &Approval, room: &RoomState) -> bool {
+    match &a.decided {
+        Some((by, true)) => {
+            *by != a.requester
+                && !(needs_another_person(&a.action) && room.same_party(&a.requester, by))
+        }
+        _ => false,
+    }
+}
+
 /// Whether `approval` lets `principal` do `action` with `params` now: `None` when there is none
 /// (one must be asked for), else the verdict.
 fn approved(
@@ -547,10 +595,11 @@ fn approved(
     action: &str,
     params: &str,
     approval: Option<&Approval>,
+    room: &RoomState,
     now: i64,
 ) -> Option<Result<(), DenyReason>> {
     let a = approval?;
-    let granted = matches!(&a.decided, Some((by, true)) if *by != a.requester);
+    let granted = granted_by_another(a, room);
     Some(if a.expires_at <= now {
         Err(DenyReason::ApprovalExpired)
     } else if a.used {
@@ -901,6 +950,76 @@ mod tests {
             decide(&user("ben"), &restore(Some(other), true), &r, 50),
             Decision::Deny(DenyReason::ApprovalMismatch)
         );
+    }
+
+    /// An agent's request is its sponsor's: where someone else's approval is needed, its
+    /// sponsor cannot give it (neither by deciding nor as an approval presented), another owner
+    /// can; an approval-mode command, which waits for a person, its sponsor may approve.
+    #[test]
+    fn an_agents_sponsor_is_not_someone_else() {
+        let mut r = room(&[("ana", Role::Owner), ("ben", Role::Owner)]);
+        r.agents.insert(
+            "bot".into(),
+            crate::Agent {
+                sponsor: "ana".into(),
+                capabilities: CapabilitySet::of(&Capability::ALL),
+                expires_at: 1_000,
+                approval_mode: true,
+            },
+        );
+        let pending = |action: &str| Approval {
+            id: "1".into(),
+            requester: "bot".into(),
+            action: action.into(),
+            params: "{}".into(),
+            expires_at: 100,
+            decided: None,
+            used: false,
+        };
+        let decide_it = |by: &str, a: Approval| {
+            decide(&user(by), &Action::DecideApproval { approval: a }, &r, 0)
+        };
+        for action in [
+            "public_preview",
+            "export",
+            "set_budget",
+            "restore_checkpoint",
+        ] {
+            assert_eq!(
+                decide_it("ana", pending(action)),
+                Decision::Deny(DenyReason::SponsorApproval),
+                "{action}"
+            );
+            assert!(allowed(&decide_it("ben", pending(action))), "{action}");
+        }
+        for action in ["run_command", "allow_egress"] {
+            assert!(allowed(&decide_it("ana", pending(action))), "{action}");
+        }
+        // An approval its sponsor granted (stored before this rule, say) lets nothing run.
+        let by_sponsor = Approval {
+            action: "export".into(),
+            decided: Some(("ana".into(), true)),
+            ..pending("export")
+        };
+        assert!(!granted_by_another(&by_sponsor, &r));
+        let export = Action::Export {
+            params: "{}".into(),
+            approval: Some(by_sponsor.clone()),
+        };
+        assert_eq!(
+            decide(&user("bot"), &export, &r, 0),
+            Decision::Deny(DenyReason::ApprovalMismatch)
+        );
+        let by_ben = Approval {
+            decided: Some(("ben".into(), true)),
+            ..by_sponsor
+        };
+        assert!(granted_by_another(&by_ben, &r));
+        let export = Action::Export {
+            params: "{}".into(),
+            approval: Some(by_ben),
+        };
+        assert!(allowed(&decide(&user("bot"), &export, &r, 0)));
     }
 
     #[test]

@@ -180,6 +180,17 @@ pub struct RoomState {
 }
 
 impl RoomState {
+    /// Whether `other` is `requester`'s own party for a rule that asks for someone else's
+    /// approval: the requester itself or, for an agent, its sponsor (an agent acts for the
+    /// person who brought it in, so its sponsor's approval is its own).
+    pub fn same_party(&self, requester: &str, other: &str) -> bool {
+        requester == other
+            || self
+                .agents
+                .get(requester)
+                .is_some_and(|a| a.sponsor == other)
+    }
+
     /// The capabilities `user` holds at `now` (empty for non-participants). An agent's are
     /// what it was given that its sponsor holds now: none once the sponsor is gone or the
     /// agent has expired. `type` counts only with `edit`, for agents as for people.

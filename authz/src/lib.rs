@@ -11,7 +11,8 @@ mod decide;
 mod grants;
 
 pub use decide::{
-    decide, Action, Approval, ApprovalRequest, Authorized, Decision, DenyReason, Principal,
+    decide, granted_by_another, needs_another_person, Action, Approval, ApprovalRequest,
+    Authorized, Decision, DenyReason, Principal,
 };
 pub use grants::{Agent, Grant, Participant, RoomState, Until};
 

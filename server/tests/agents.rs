@@ -207,3 +207,44 @@ async fn sponsored(backend: &Backend) {
         drop(term);
     }
 }
+
+/// From where a sponsor alone in a room stands (issue 38): its agent asks to export files, which
+/// needs someone else's approval; the sponsor's approval is its own, refused with a clear
+/// reason, and nothing is exported. Another person who holds approve can give it.
+#[tokio::test]
+async fn a_sponsor_alone_cannot_approve_its_own_agents_export() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let t = team(&storage).await;
+    let (server, room) = (&t.server, &t.room);
+    let body = r#"{"name":"exporter","capabilities":["observe","export"],"ttl_s":3600}"#;
+    let (status, a) = post(server, &t.ana, &format!("/api/rooms/{room}/agents"), body).await;
+    assert_eq!(status, 201, "{a}");
+    let agent = a["token"].as_str().unwrap().to_owned();
+    let exports = format!("/api/rooms/{room}/exports");
+    let asked = r#"{"files":["main.rs"]}"#;
+    let (status, pending) = post(server, &agent, &exports, asked).await;
+    assert_eq!(status, 202, "{pending}");
+    let id = pending["approval_id"].as_str().unwrap().to_owned();
+    let decision = format!("/api/rooms/{room}/approvals/{id}/decision");
+    let (status, refused) = post(server, &t.ana, &decision, r#"{"approve":true}"#).await;
+    assert_eq!(status, 403, "{refused}");
+    assert!(
+        refused["error"]
+            .as_str()
+            .unwrap()
+            .contains("needs another person who holds approve"),
+        "{refused}"
+    );
+    let presented = format!(r#"{{"files":["main.rs"],"approval_id":"{id}"}}"#);
+    let (status, v) = post(server, &agent, &exports, &presented).await;
+    assert_ne!(status, 200, "exported on its sponsor's approval: {v}");
+
+    // Ben, made an owner, is someone else.
+    let owner = r#"{"role":"owner"}"#;
+    assert_eq!(set_role(server, &t.ana, room, &t.ben_id, owner).await, 200);
+    let (status, v) = post(server, &t.ben, &decision, r#"{"approve":true}"#).await;
+    assert_eq!(status, 200, "{v}");
+    let (status, v) = post(server, &agent, &exports, &presented).await;
+    assert_eq!(status, 200, "{v}");
+    assert!(v["files"].get("main.rs").is_some(), "{v}");
+}

@@ -13,7 +13,7 @@ import { fileURLToPath } from 'node:url'
 import WebSocket from 'ws'
 import { Client } from '@modelcontextprotocol/sdk/client/index.js'
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js'
-import { cleanups, createStorage, startServer, mintToken, api, createRoom, openProvider, waitSynced, waitFor, skipUnless, freePort, Y } from './lib/server.mjs'
+import { cleanups, createStorage, startServer, mintToken, api, createRoom, openProvider, waitSynced, waitFor, skipUnless, freePort, joinByInvite, Y } from './lib/server.mjs'
 
 const run = promisify(execFile)
 const PY_CLIENT = fileURLToPath(new URL('../python/mcp_client.py', import.meta.url))
@@ -184,7 +184,7 @@ async function pendingApproval (server, token, roomId, action, match = () => tru
 
 test('an agent\'s commands, hosts and public previews wait for a human\'s decision', { skip, timeout: 180_000 }, async (t) => {
   const previewPort = await freePort()
-  const { defer, server, ana, roomId } = await anasRoom(t, {
+  const { defer, storage, server, ana, roomId } = await anasRoom(t, {
     extraArgs: ['--preview-url', `http://{id}.preview.localhost:${previewPort}`, '--preview-listen', `127.0.0.1:${previewPort}`]
   })
   const made = await api(server, ana, 'POST', `/api/rooms/${roomId}/agents`,
@@ -242,7 +242,13 @@ test('an agent\'s commands, hosts and public previews wait for a human\'s decisi
   const previewCall = client.callTool({ name: 'request_preview', arguments: { port: 8000, visibility: 'public', ttl_s: 600, wait_s: 60 } })
   const fourth = await pendingApproval(server, ana, roomId, 'public_preview')
   assert.equal((await api(server, agent.token, 'POST', `/api/rooms/${roomId}/approvals/${fourth}/decision`, { approve: true })).status, 403)
-  assert.equal((await decide(fourth, true)).status, 200)
+  // Its sponsor's approval is its own (a public preview needs someone else's, whoever asks);
+  // another owner's counts.
+  const bySponsor = await decide(fourth, true)
+  assert.equal(bySponsor.status, 403)
+  assert.match(bySponsor.body.error, /needs another person who holds approve/)
+  const ben = await joinByInvite(server, storage, roomId, ana, 'ben@example.com', 'owner')
+  assert.equal((await api(server, ben.token, 'POST', `/api/rooms/${roomId}/approvals/${fourth}/decision`, { approve: true })).status, 200)
   const preview = await previewCall
   assert.equal(preview.isError, false, text(preview))
   assert.match(text(preview), /is "active"/)

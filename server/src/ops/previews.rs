@@ -123,7 +123,7 @@ impl Ops {
         Ok(row)
     }
 
-    /// Mails everyone who may approve a public preview (the requester aside) that one waits for
+    /// Mails everyone who may approve a public preview (the requester's own party aside) that one waits for
     /// them; the room shows it in its Approvals and Previews panels.
     async fn tell_approvers(
         &self,
@@ -145,7 +145,8 @@ impl Ops {
             let may = state
                 .capabilities_of(&p.user_id, now)
                 .contains(Capability::Approve);
-            if p.user_id == requester.id || !may {
+            // Not the requester's own party (an agent's sponsor cannot approve for it).
+            if state.same_party(&requester.id, &p.user_id) || !may {
                 continue;
             }
             self.mailer.send(crate::accounts::mail::Mail {
@@ -208,7 +209,9 @@ impl Ops {
         let Some(a) = self.store.approval(&p.room_id, approval).await? else {
             return Ok(p);
         };
-        let approved = matches!(&a.decided, Some((by, true)) if *by != a.requester) && !a.used;
+        // Approved by someone the rule accepts: not the requester, nor an agent's sponsor.
+        let state = self.store.room_state(&p.room_id).await?;
+        let approved = coderoom_authz::granted_by_another(&a, &state) && !a.used;
         if !approved {
             return Ok(p);
         }
