@@ -47,6 +47,9 @@ test('an admin revokes an account everywhere and confirms a deletion from the li
     await p.getByTestId('room-ended').waitFor({ timeout: 10_000 })
   }
   await account.filter({ hasText: 'In no room.' }).waitFor()
+  // The console says he cannot log in, and offers to restore him instead of revoking again.
+  await account.getByTestId('revoked-ben@example.com').filter({ hasText: 'cannot log in' }).waitFor()
+  assert.equal(await account.getByTestId('revoke-ben@example.com').count(), 0)
   await waitFor(async () => (await metric(server, 'coderoom_access_close_seconds_count')) >= closesBefore + 2, 5_000, 'the closes were not measured')
   const count = await metric(server, 'coderoom_access_close_seconds_count')
   const within = await metric(server, 'coderoom_access_close_seconds_bucket{le="1.0"}')
@@ -66,7 +69,12 @@ test('an admin revokes an account everywhere and confirms a deletion from the li
   // The system chain, verified in the browser, says who revoked whom.
   await root.page.getByTestId('admin-chain').filter({ hasText: 'Chain verified in this browser' }).waitFor()
   await root.page.locator('.audit-sentence', { hasText: 'root@example.com revoked ben@example.com everywhere: removed from 2 room(s)' }).waitFor()
-  await row.getByRole('link', { name: 'Receipt' }).click()
+  // Restored from the console: he may log in again, and the chain says who let him.
+  await account.getByTestId('restore-ben@example.com').click()
+  await account.getByTestId('revoked-ben@example.com').waitFor({ state: 'detached' })
+  await root.page.reload()
+  await root.page.locator('.audit-sentence', { hasText: 'root@example.com restored ben@example.com: it may log in again.' }).waitFor()
+  await root.page.getByTestId(`deletion-${asked.body.deletion_id}`).getByRole('link', { name: 'Receipt' }).click()
   await root.page.getByTestId('receipt').waitFor()
   assert.equal((await api(server, ana, 'GET', `/api/rooms/${rooms[1]}`)).status, 404)
 })

@@ -172,6 +172,8 @@ export interface AdminUser {
   created_at: number
   last_login: number | null
   rooms: { id: string, name: string, role: string }[]
+  /** When it was revoked everywhere (null: it may log in). */
+  revoked_at: number | null
 }
 
 /** A room deletion as the admin console lists it. */
@@ -343,6 +345,7 @@ export const api = {
   deletion: (id: string) => call<Deletion>('GET', `/api/deletions/${id}`),
   adminUsers: (q: string) => call<AdminUser[]>('GET', `/api/admin/users?q=${encodeURIComponent(q)}`),
   revokeUser: (id: string) => call<{ user_id: string, email: string, rooms: string[], sessions: number }>('POST', `/api/admin/users/${id}/revoke`),
+  restoreUser: (id: string) => call<{ user_id: string, email: string }>('POST', `/api/admin/users/${id}/restore`),
   adminDeletions: () => call<AdminDeletion[]>('GET', '/api/admin/deletions'),
   adminAudit: () => call<AuditRecord[]>('GET', '/api/admin/audit'),
   confirmDeletion: (id: string) => call<Deletion>('POST', `/api/deletions/${id}/confirm`),

@@ -88,6 +88,7 @@ export function auditSentence (r: AuditRecord, name: (id: string) => string): st
     case 'request_deletion': return `${who} asked for the room to be deleted.`
     case 'confirm_deletion': return `${who} confirmed the room's deletion.`
     case 'audit_anchor': return 'The server anchored the log\'s head.'
+    case 'restore_user': return `${who} restored ${str(d.email) ?? 'an account'}: it may log in again.`
     case 'revoke_user': return `${who} revoked ${str(d.email) ?? 'an account'} everywhere: removed from ${Array.isArray(d.rooms) ? d.rooms.length : 0} room(s), ${typeof d.sessions === 'number' ? d.sessions : 0} session(s) ended.`
     default: return `${who}: ${r.action.replace(/_/g, ' ')}${r.decision !== 'allow' && r.decision !== 'system' ? ` (${r.decision})` : ''}.`
   }

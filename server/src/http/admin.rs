@@ -4,7 +4,7 @@
 use crate::http::extract::Ids;
 use crate::http::{ApiError, AppState, AuthUser};
 use crate::ids::UserId;
-use crate::ops::admin::Revoked;
+use crate::ops::admin::{Restored, Revoked};
 use axum::extract::{Query, State};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -21,6 +21,7 @@ pub(crate) fn routes() -> Router<AppState> {
     Router::new()
         .route("/api/admin/users", get(users))
         .route("/api/admin/users/{id}/revoke", post(revoke))
+        .route("/api/admin/users/{id}/restore", post(restore))
         .route("/api/admin/deletions", get(deletions))
         .route("/api/admin/audit", get(system_audit))
 }
@@ -51,6 +52,17 @@ pub(crate) struct UsersQuery {
     q: String,
 }
 
+/// `POST /api/admin/users/{id}/restore` (`crate::ops::Ops::restore_user`).
+pub(crate) async fn restore(
+    State(app): State<AppState>,
+    user: AuthUser,
+    Ids(target): Ids<UserId>,
+) -> Result<Json<Restored>, ApiError> {
+    admin_only(&app, &user).await?;
+    let actor = user.actor(&app).await?;
+    Ok(Json(app.ops.restore_user(&actor, &target).await?))
+}
+
 #[derive(Serialize)]
 pub(crate) struct AdminUser {
     id: String,
@@ -58,6 +70,8 @@ pub(crate) struct AdminUser {
     created_at: i64,
     /// When its newest live session began; `null` when it has none.
     last_login: Option<i64>,
+    /// When it was revoked everywhere (null: it may log in).
+    revoked_at: Option<i64>,
     rooms: Vec<Membership>,
 }
 
@@ -96,6 +110,7 @@ pub(crate) async fn users(
                 email: r.email,
                 created_at: r.created_at,
                 last_login: r.last_login,
+                revoked_at: r.revoked_at,
             })
             .collect(),
     ))

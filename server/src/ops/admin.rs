@@ -8,6 +8,13 @@ use crate::store::Change;
 use serde::Serialize;
 use serde_json::json;
 
+/// `POST /api/admin/users/{id}/restore`'s answer.
+#[derive(Serialize)]
+pub(crate) struct Restored {
+    user_id: String,
+    email: String,
+}
+
 #[derive(Serialize)]
 pub(crate) struct Revoked {
     user_id: String,
@@ -21,8 +28,9 @@ pub(crate) struct Revoked {
 impl Ops {
     /// Removes account `target` from every room (each removal authorized as `actor` and
     /// recorded in that room's chain, its sockets there closed), ends every session it has
-    /// (every socket it opened closes), and records the whole in the system chain. The account
-    /// stays: it may log in again, into no room. System admins only; not their own account.
+    /// (every socket it opened closes), and disables it, recorded with the whole in the system
+    /// chain: it logs in no more (a login answers as for any address) until an admin restores it
+    /// ([`Ops::restore_user`]). System admins only; not their own account.
     pub(crate) async fn revoke_user(
         &self,
         actor: &Actor,
@@ -61,14 +69,55 @@ impl Ops {
             "sessions": ended.len(),
         });
         let entry = Entry::act(Act::RevokeUser, Verdict::Allow, details);
-        self.record("system", &actor.id, entry, Change::None)
-            .await?;
+        let change = Change::SetUserDisabled {
+            user_id: target.clone(),
+            at: Some(self.now_ms()),
+        };
+        self.record("system", &actor.id, entry, change).await?;
+        // A session that began while the rooms were being left ends too.
+        for hash in self.store.delete_sessions_of(target).await? {
+            crate::ops::events::session_ended(self, hash, std::time::Instant::now()).await;
+        }
         tracing::info!(admin = %actor.email, user = %email, rooms = rooms.len(), sessions = ended.len(), "account revoked everywhere");
         Ok(Revoked {
             user_id: target.to_string(),
             email,
             rooms,
             sessions: ended.len(),
+        })
+    }
+
+    /// Lets account `target`, revoked everywhere, log in again (into no room: its rooms were
+    /// left when it was revoked), recorded in the system chain. System admins only.
+    pub(crate) async fn restore_user(
+        &self,
+        actor: &Actor,
+        target: &UserId,
+    ) -> Result<Restored, OpError> {
+        if !actor.is_admin {
+            return Err(OpError::Refused(
+                coderoom_authz::DenyReason::AdminOnly.to_string(),
+            ));
+        }
+        let email = self
+            .store
+            .user_email(target)
+            .await?
+            .ok_or(OpError::NotFound)?;
+        if !self.store.user_disabled(&email).await? {
+            return Err(OpError::Bad("this account is not revoked"));
+        }
+        let details = json!({ "target": target, "email": email });
+        let entry = Entry::act(Act::RestoreUser, Verdict::Allow, details);
+        let change = Change::SetUserDisabled {
+            user_id: target.clone(),
+            at: None,
+        };
+        self.record("system", &actor.id, entry, change).await?;
+        tracing::info!(admin = %actor.email, user = %email, "account restored");
+        Ok(Restored {
+            user_id: target.to_string(),
+            email,
         })
     }
 }

@@ -16,6 +16,8 @@ pub(crate) struct AdminUserRow {
     pub created_at: i64,
     /// When its newest session began (`None`: no session left).
     pub last_login: Option<i64>,
+    /// When an admin revoked it everywhere (`None`: it may log in).
+    pub revoked_at: Option<i64>,
 }
 
 /// A live login code: only its hash is ever stored.
@@ -115,7 +117,7 @@ impl Store {
         limit: i64,
     ) -> Result<Vec<AdminUserRow>, StoreError> {
         Ok(sqlx::query_as::<_, AdminUserRow>(
-            "SELECT u.id, u.email, u.created_at, \
+            "SELECT u.id, u.email, u.created_at, u.disabled_at AS revoked_at, \
              (SELECT MAX(s.created_at) FROM sessions s WHERE s.user_id = u.id) AS last_login \
              FROM users u WHERE LOWER(u.email) LIKE $1 ESCAPE '\\' ORDER BY u.email LIMIT $2",
         )

@@ -178,6 +178,11 @@ pub(crate) enum Change {
     },
     /// Two changes in the one transaction (an action and the approval it spends).
     Both(Box<Change>, Box<Change>),
+    /// An account revoked everywhere (`Some(when)`: it logs in no more) or restored (`None`).
+    SetUserDisabled {
+        user_id: UserId,
+        at: Option<i64>,
+    },
     /// The room's egress policy (JSON, checked by the egress proxy's policy).
     SetEgress {
         room_id: RoomId,
@@ -444,6 +449,13 @@ pub(super) async fn apply_change(
         Change::Both(first, second) => {
             Box::pin(apply_change(tx, first)).await?;
             Box::pin(apply_change(tx, second)).await?;
+        }
+        Change::SetUserDisabled { user_id, at } => {
+            sqlx::query("UPDATE users SET disabled_at = $1 WHERE id = $2")
+                .bind(*at)
+                .bind(user_id)
+                .execute(&mut **tx)
+                .await?;
         }
         Change::SetEgress { room_id, policy } => {
             sqlx::query("UPDATE rooms SET egress = $1 WHERE id = $2")

@@ -39,7 +39,17 @@ export function adminPage (app: App): () => void {
     replace(users, h('ul', { class: 'people' }, list.map((u) => {
       const self = u.id === app.me?.id
       const confirming = `Confirm: remove ${u.email} from ${u.rooms.length} room${u.rooms.length === 1 ? '' : 's'} and end every session`
-      const revoke = self ? null : confirmButton('Revoke everywhere…', confirming, async () => {
+      const restore = u.revoked_at === null ? null : h('button', { type: 'button', class: 'small', 'data-testid': `restore-${u.email}` }, 'Restore account')
+      restore?.addEventListener('click', async () => {
+        try {
+          const r = await api.restoreUser(u.id)
+          toast(`${r.email} may log in again (into no room).`)
+        } catch (e) {
+          toast(errorText(e), 'error')
+        }
+        await loadUsers()
+      })
+      const revoke = self || u.revoked_at !== null ? null : confirmButton('Revoke everywhere…', confirming, async () => {
         let r
         try {
           r = await api.revokeUser(u.id)
@@ -51,11 +61,12 @@ export function adminPage (app: App): () => void {
         await loadUsers()
       }, { class: 'danger small', 'data-testid': `revoke-${u.email}` })
       return h('li', { class: 'person', 'data-testid': `account-${u.email}` },
-        h('div', { class: 'person-head' }, h('strong', null, u.email), self ? h('span', { class: 'hint' }, ' (you)') : null),
+        h('div', { class: 'person-head' }, h('strong', null, u.email), self ? h('span', { class: 'hint' }, ' (you)') : null,
+          u.revoked_at !== null ? h('span', { class: 'badge danger', 'data-testid': `revoked-${u.email}` }, `Revoked ${when(u.revoked_at)}: cannot log in`) : null),
         h('p', { class: 'meaning' }, u.rooms.length
           ? `In ${u.rooms.map((r) => `${r.name} (${r.role})`).join(', ')}.`
           : 'In no room.', ' ', u.last_login ? `Last logged in ${when(u.last_login)}.` : 'No session.'),
-        revoke)
+        revoke, restore)
     })))
   }
   const loadDeletions = async (): Promise<void> => {
