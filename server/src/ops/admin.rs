@@ -26,6 +26,20 @@ pub(crate) struct Revoked {
 }
 
 impl Ops {
+    /// The email of account `target`, for an admin's act on it (system admins only; 404 for no
+    /// such account).
+    async fn admins_target(&self, actor: &Actor, target: &UserId) -> Result<String, OpError> {
+        if !actor.is_admin {
+            return Err(OpError::Refused(
+                coderoom_authz::DenyReason::AdminOnly.to_string(),
+            ));
+        }
+        self.store
+            .user_email(target)
+            .await?
+            .ok_or(OpError::NotFound)
+    }
+
     /// Removes account `target` from every room (each removal authorized as `actor` and
     /// recorded in that room's chain, its sockets there closed), ends every session it has
     /// (every socket it opened closes), and disables it, recorded with the whole in the system
@@ -36,16 +50,7 @@ impl Ops {
         actor: &Actor,
         target: &UserId,
     ) -> Result<Revoked, OpError> {
-        if !actor.is_admin {
-            return Err(OpError::Refused(
-                coderoom_authz::DenyReason::AdminOnly.to_string(),
-            ));
-        }
-        let email = self
-            .store
-            .user_email(target)
-            .await?
-            .ok_or(OpError::NotFound)?;
+        let email = self.admins_target(actor, target).await?;
         if target.as_str() == actor.id {
             return Err(OpError::Bad("you cannot revoke your own account"));
         }
@@ -94,16 +99,7 @@ impl Ops {
         actor: &Actor,
         target: &UserId,
     ) -> Result<Restored, OpError> {
-        if !actor.is_admin {
-            return Err(OpError::Refused(
-                coderoom_authz::DenyReason::AdminOnly.to_string(),
-            ));
-        }
-        let email = self
-            .store
-            .user_email(target)
-            .await?
-            .ok_or(OpError::NotFound)?;
+        let email = self.admins_target(actor, target).await?;
         if !self.store.user_disabled(&email).await? {
             return Err(OpError::Bad("this account is not revoked"));
         }
