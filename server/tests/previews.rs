@@ -202,8 +202,12 @@ async fn previews_are_for_members_or_approved_and_end_when_revoked() {
         r = get(port, &preview_url, Some(&cy_cookie)).await;
     }
     assert_eq!(r.status, 200, "{}", r.body);
-    // The app gets its own cookies, never the preview origin's.
-    let both = format!("{cy_cookie}; theme=dark");
+    // The app gets its own cookies, never the preview origin's, nor the app's session cookie
+    // (a deployment that gives it a Domain has the browser send it to preview hosts too).
+    let both = format!(
+        "{cy_cookie}; coderoom_session=app-session-token; theme=dark; \
+         __Host-coderoom_session=app-session-token"
+    );
     let r = get(port, &preview_url, Some(&both)).await;
     assert!(
         r.body.contains("app saw cookies: theme=dark<"),

@@ -25,15 +25,19 @@ pub(crate) struct CookieConfig {
     secure: bool,
 }
 
+/// The names the app's session cookie has (HTTPS deployments take the `__Host-` one): never
+/// forwarded to a preview's app, whatever scope a deployment gave the cookie.
+pub(crate) const SESSION_COOKIE_NAMES: [&str; 2] = ["__Host-coderoom_session", "coderoom_session"];
+
 impl CookieConfig {
     /// HTTPS deployments get `Secure` and the `__Host-` prefix (no Domain, Path=/, Secure).
     pub(crate) fn for_origin(origin: &str) -> Self {
         let secure = origin.starts_with("https://");
         CookieConfig {
             name: if secure {
-                "__Host-coderoom_session"
+                SESSION_COOKIE_NAMES[0]
             } else {
-                "coderoom_session"
+                SESSION_COOKIE_NAMES[1]
             },
             secure,
         }

@@ -668,7 +668,12 @@ async fn handle(
             () = watched.cancelled() => {}
         }
     });
-    // The app gets its own cookies, never this origin's.
+    // The app gets its own cookies, never this origin's, nor the app's session cookie (which
+    // a deployment that gave it a `Domain` would have the browser send here too).
+    let ours = |c: &str| {
+        let name = c.split('=').next().unwrap_or_default().trim();
+        name == COOKIE || crate::accounts::sessions::SESSION_COOKIE_NAMES.contains(&name)
+    };
     let kept: Vec<String> = req
         .headers()
         .get_all(hyper::header::COOKIE)
@@ -676,7 +681,7 @@ async fn handle(
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .map(str::trim)
-        .filter(|c| !c.is_empty() && !c.starts_with(&format!("{COOKIE}=")))
+        .filter(|c| !c.is_empty() && !ours(c))
         .map(str::to_owned)
         .collect();
     req.headers_mut().remove(hyper::header::COOKIE);
