@@ -12,6 +12,7 @@ pub(crate) mod addr;
 mod intercept;
 pub(crate) mod policy;
 mod proxy;
+mod redact;
 pub(crate) mod tls;
 mod usage;
 
@@ -160,6 +161,8 @@ struct RoomMeter {
     window_more: [Tally; 2],
     /// Model tokens reported since the last audit record (the durable record spend reads).
     window_tokens: usage::Tokens,
+    /// Secrets' values taken out of answers since the last audit record, by secret name.
+    window_redacted: BTreeMap<String, u64>,
     /// Since the server started, per participant.
     totals: BTreeMap<String, Totals>,
     recent_denied: VecDeque<Value>,
@@ -587,6 +590,20 @@ impl Egress {
         m.window_tokens.add(tokens);
     }
 
+    /// Counts the secrets' values taken out of an answer (`counts`: per secret name; never the
+    /// values), for the room's next egress record.
+    pub(crate) fn record_redacted(&self, room_id: &RoomId, counts: Vec<(String, u64)>) {
+        if counts.is_empty() {
+            return;
+        }
+        let mut meters = self.meters();
+        let m = meters.entry(room_id.to_owned()).or_default();
+        for (name, n) in counts {
+            tracing::info!(room = %room_id, secret = %name, times = n, "a secret's value was taken out of an answer");
+            *m.window_redacted.entry(name).or_default() += n;
+        }
+    }
+
     /// Forgets a deleted room's counters and its authority.
     pub(crate) fn forget(&self, room_id: &RoomId) {
         self.meters().remove(room_id);
@@ -599,7 +616,13 @@ impl Egress {
 
     /// Writes each room's aggregated record(s) for the window that ends now.
     pub(crate) async fn flush(&self, window_ms: u64) {
-        type Window = (RoomId, HashMap<Key, Tally>, [Tally; 2], usage::Tokens);
+        type Window = (
+            RoomId,
+            HashMap<Key, Tally>,
+            [Tally; 2],
+            usage::Tokens,
+            BTreeMap<String, u64>,
+        );
         let windows: Vec<Window> = self
             .meters()
             .iter_mut()
@@ -607,6 +630,7 @@ impl Egress {
                 !m.window.is_empty()
                     || m.window_more != [Tally::default(); 2]
                     || m.window_tokens != usage::Tokens::default()
+                    || !m.window_redacted.is_empty()
             })
             .map(|(room, m)| {
                 (
@@ -614,17 +638,19 @@ impl Egress {
                     std::mem::take(&mut m.window),
                     std::mem::take(&mut m.window_more),
                     std::mem::take(&mut m.window_tokens),
+                    std::mem::take(&mut m.window_redacted),
                 )
             })
             .collect();
-        for (room, window, more, tokens) in windows {
+        for (room, window, more, tokens, redacted) in windows {
             for allowed in [true, false] {
                 let slot = usize::from(!allowed);
                 let mut entries: Vec<(&Key, &Tally)> = window
                     .iter()
                     .filter(|(k, _)| k.allowed == allowed)
                     .collect();
-                let no_tokens = !allowed || tokens == usage::Tokens::default();
+                let no_tokens =
+                    !allowed || (tokens == usage::Tokens::default() && redacted.is_empty());
                 if entries.is_empty() && more[slot] == Tally::default() && no_tokens {
                     continue;
                 }
@@ -648,6 +674,9 @@ impl Egress {
                     json!({ "window_ms": window_ms, "connections": listed, "more": rest });
                 if allowed {
                     details["model_tokens"] = json!(tokens);
+                    if !redacted.is_empty() {
+                        details["secrets_redacted"] = json!(redacted);
+                    }
                 }
                 let (decision, reason) = if allowed {
                     ("allow", "")

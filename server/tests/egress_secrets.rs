@@ -68,8 +68,36 @@ fn reply(status: &str, headers: &str, body: &str) -> String {
 const OPENAI: &str = r#"{"id":"chatcmpl-1","choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":11,"completion_tokens":7,"total_tokens":18}}"#;
 const ANTHROPIC: &str = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\nevent: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":15}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
 
-/// The model provider: answers whether the request carried `Bearer <value>`, and redirects
-/// `/redirect` to `evil.test`. Keeps every request head.
+/// Every request header echoed back as JSON, gzip-compressed whatever the client asked for, in
+/// chunks of 7 bytes: the answer of a host that quotes a credential back.
+fn echoed(head: &str) -> Vec<u8> {
+    use std::io::Write as _;
+    let headers: serde_json::Map<String, Value> = head
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_ascii_lowercase(), Value::from(v.trim())))
+        .collect();
+    let body = serde_json::json!({ "headers": headers }).to_string();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    gz.write_all(body.as_bytes()).unwrap();
+    let gz = gz.finish().unwrap();
+    let mut out =
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Encoding: gzip\r\n\
+Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+            .to_vec();
+    for chunk in gz.chunks(7) {
+        out.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+        out.extend_from_slice(chunk);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"0\r\n\r\n");
+    out
+}
+
+/// The model provider: answers whether the request carried `Bearer <value>`, echoes `/echo`'s
+/// headers back ([`echoed`]), and redirects `/redirect` to `evil.test`. Keeps every request
+/// head.
 async fn upstream(config: Arc<rustls::ServerConfig>, value: String) -> (u16, Seen) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -89,7 +117,11 @@ async fn upstream(config: Arc<rustls::ServerConfig>, value: String) -> (u16, See
                 heads.lock().unwrap().push(head.clone());
                 let authorized = head.contains(&format!("\r\nauthorization: Bearer {value}\r\n"))
                     || head.contains(&format!("\r\nAuthorization: Bearer {value}\r\n"));
-                let answer = if head.starts_with("GET /redirect ") {
+                let answer = if head.starts_with("GET /echo ") {
+                    let _ = tls.write_all(&echoed(&head)).await;
+                    let _ = tls.shutdown().await;
+                    return;
+                } else if head.starts_with("GET /redirect ") {
                     reply("302 Found", "Location: http://evil.test/steal\r\n", "")
                 } else if authorized && head.starts_with("POST /v1/chat/completions ") {
                     reply("200 OK", "Content-Type: application/json\r\n", OPENAI)
@@ -227,6 +259,70 @@ async fn secrets_reach_only_their_hosts_and_never_the_sandbox() {
         .unwrap()
         .iter()
         .all(|h| !h.contains("crs_placeholder_")));
+    // A host that echoes the request back (gzip-compressed though nobody asked, in chunks of
+    // 7 bytes) hands back the placeholder, not the value: from an exec, and in the shared
+    // terminal (whose recording is searched below).
+    let out = inside(
+        &server,
+        &ana,
+        &room,
+        "curl -sS https://api.models.test/echo 2>&1",
+        &mut seen,
+    )
+    .await;
+    assert!(
+        out.contains(&format!("\"authorization\":\"Bearer {placeholder}\"")),
+        "{out}"
+    );
+    let mut t = term(&server, &room, &ana).await;
+    t.send(b"curl -sS https://api.models.test/echo; echo; echo ECHO-$((6*7))\r")
+        .await;
+    t.output_contains("ECHO-42").await;
+    assert!(t.output.contains(&placeholder), "{}", tail(&t.output));
+    seen.push_str(&t.output);
+    drop(t);
+    // Code inside cannot frame the value: the placeholder only as the rule's format, in the
+    // rule's header; anything else is refused and sent nowhere.
+    let before = up_seen.lock().unwrap().len();
+    let out = inside(
+        &server,
+        &ana,
+        &room,
+        "curl -sS -H \"Authorization: x${CODEROOM_SECRET_MODEL_KEY}x\" https://api.models.test/v1/chat 2>&1; echo; \
+         curl -sS -H \"X-Api-Key: $CODEROOM_SECRET_MODEL_KEY\" https://api.models.test/v1/chat 2>&1; echo; \
+         curl -sS \"https://api.models.test/v1/chat?key=$CODEROOM_SECRET_MODEL_KEY\" 2>&1",
+        &mut seen,
+    )
+    .await;
+    assert_eq!(
+        out.matches("coderoom egress proxy: the placeholder")
+            .count(),
+        3,
+        "{out}"
+    );
+    assert_eq!(
+        up_seen.lock().unwrap().len(),
+        before,
+        "a misframed request was sent"
+    );
+    // What was taken out is counted in the room's chain, by the secret's name (never its value).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let redacted: u64 = audit(&server, &ana, &room)
+            .await
+            .iter()
+            .filter(|r| r["action"] == "egress")
+            .filter_map(|r| r["details"]["secrets_redacted"]["MODEL_KEY"].as_u64())
+            .sum();
+        if redacted >= 2 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the redactions were not audited ({redacted})"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     // A model provider's answers, whole and streamed: their token counts reach the meter.
     let out = inside(
         &server,

@@ -4,6 +4,7 @@
 //! room's secrets for that host, and only if the client asked for that very host (its SNI and
 //! `Host` match the tunnel's).
 
+use super::redact::{RedactError, Redacted, Swap};
 use super::Egress;
 use crate::ids::RoomId;
 use bytes::Bytes;
@@ -35,7 +36,7 @@ impl std::fmt::Debug for Injection {
     }
 }
 
-type Body = BoxBody<Bytes, hyper::Error>;
+type Body = BoxBody<Bytes, RedactError>;
 
 fn answer(status: StatusCode, reason: &str) -> Response<Body> {
     let body = format!("coderoom egress proxy: {reason}\n");
@@ -74,34 +75,51 @@ fn names_host<B>(req: &Request<B>, host: &str, port: u16) -> bool {
     header_ok && uri_ok
 }
 
-/// Adds the secrets, each in its rule's header only: a placeholder code inside wrote there is
-/// replaced by the value; otherwise the header is set as the rule says. A placeholder in any
-/// other header stays a placeholder (a header the upstream might echo back must not carry the
-/// value).
-fn inject<B>(req: &mut Request<B>, secrets: &[Injection]) -> Vec<String> {
+/// Whether `bytes` holds `needle`.
+fn holds(bytes: &[u8], needle: &str) -> bool {
+    !needle.is_empty() && bytes.windows(needle.len()).any(|w| w == needle.as_bytes())
+}
+
+/// Adds the secrets, each in its rule's header only, as the rule formats it (whatever code inside
+/// set that header to). Code inside never frames the value: a placeholder anywhere but as
+/// exactly the rule's format (`Bearer <placeholder>`) in the rule's header (framed otherwise,
+/// `x<placeholder>x`; in another header; in the URL) refuses the request, since it could make
+/// the credential invalid and have the host quote it back.
+fn inject<B>(req: &mut Request<B>, secrets: &[Injection]) -> Result<Vec<String>, String> {
+    for s in secrets {
+        if holds(req.uri().to_string().as_bytes(), &s.placeholder) {
+            return Err(format!(
+                "the placeholder of secret {} may only stand as the whole value of its header",
+                s.name
+            ));
+        }
+        for (name, v) in req.headers() {
+            if *name != s.header && holds(v.as_bytes(), &s.placeholder) {
+                return Err(format!(
+                    "the placeholder of secret {} may only stand in its header, {}",
+                    s.name, s.header
+                ));
+            }
+        }
+        let framed = String::from_utf8_lossy(s.value.as_bytes()).replace(&s.raw, &s.placeholder);
+        let misframed = req
+            .headers()
+            .get_all(&s.header)
+            .iter()
+            .any(|v| holds(v.as_bytes(), &s.placeholder) && v.as_bytes() != framed.as_bytes());
+        if misframed {
+            return Err(format!(
+                "the placeholder of secret {} may only stand as \"{framed}\" in {}",
+                s.name, s.header
+            ));
+        }
+    }
     let mut used = Vec::new();
     for s in secrets {
-        let values: Vec<_> = req.headers().get_all(&s.header).iter().cloned().collect();
-        let holds = |v: &hyper::header::HeaderValue| {
-            v.as_bytes()
-                .windows(s.placeholder.len())
-                .any(|w| w == s.placeholder.as_bytes())
-        };
-        if values.iter().any(holds) {
-            req.headers_mut().remove(&s.header);
-            for v in values {
-                let text = String::from_utf8_lossy(v.as_bytes()).replace(&s.placeholder, &s.raw);
-                if let Ok(mut v) = hyper::header::HeaderValue::from_str(&text) {
-                    v.set_sensitive(true);
-                    req.headers_mut().append(s.header.clone(), v);
-                }
-            }
-        } else {
-            req.headers_mut().insert(s.header.clone(), s.value.clone());
-        }
+        req.headers_mut().insert(s.header.clone(), s.value.clone());
         used.push(s.name.clone());
     }
-    used
+    Ok(used)
 }
 
 /// Takes every secret's value out of the answer's headers (an upstream that echoes a request
@@ -181,7 +199,10 @@ pub(crate) async fn serve<C, U>(
                 ));
             }
             let secrets = egress.injections(&room_id, &host).await;
-            let used = inject(&mut req, &secrets);
+            let used = match inject(&mut req, &secrets) {
+                Ok(used) => used,
+                Err(why) => return Ok(answer(StatusCode::FORBIDDEN, &why)),
+            };
             // Uncompressed answers, so their token usage can be read on the way back.
             req.headers_mut().remove(hyper::header::ACCEPT_ENCODING);
             egress.used_secrets(&room_id, &used).await;
@@ -201,9 +222,32 @@ pub(crate) async fn serve<C, U>(
                         .and_then(|v| v.to_str().ok())
                         .unwrap_or_default()
                         .to_owned();
+                    // The body, decoded and with every value taken out, as it streams.
+                    let encoding = resp
+                        .headers()
+                        .get(hyper::header::CONTENT_ENCODING)
+                        .map(|v| v.to_str().unwrap_or("(not text)").to_owned());
+                    let swaps = secrets
+                        .iter()
+                        .map(|s| Swap {
+                            name: s.name.clone(),
+                            value: s.raw.as_bytes().to_vec(),
+                            placeholder: s.placeholder.as_bytes().to_vec(),
+                        })
+                        .collect();
+                    let (mut parts, body) = resp.into_parts();
+                    let told = (egress.clone(), room_id.clone());
+                    let tell = move |counts| told.0.record_redacted(&told.1, counts);
+                    let body = match Redacted::new(body, encoding.as_deref(), swaps, tell) {
+                        Ok(b) => b,
+                        Err(e) => return Ok(answer(StatusCode::BAD_GATEWAY, &e.to_string())),
+                    };
+                    parts.headers.remove(hyper::header::CONTENT_ENCODING);
+                    parts.headers.remove(hyper::header::CONTENT_LENGTH);
                     let (egress, room_id) = (egress.clone(), room_id.clone());
                     let report = move |t| egress.record_tokens(&room_id, &who, t);
-                    Ok(resp.map(|b| super::usage::Metered::new(b, &kind, report).boxed()))
+                    let body = super::usage::Metered::new(body, &kind, report).boxed();
+                    Ok(Response::from_parts(parts, body))
                 }
                 Err(e) => Ok(answer(
                     StatusCode::BAD_GATEWAY,
@@ -270,19 +314,27 @@ mod tests {
 
     #[test]
     fn placeholders_are_swapped_and_missing_headers_set() {
-        let mut r = req("api.example.com", "/");
-        r.headers_mut().insert(
-            "authorization",
-            hyper::header::HeaderValue::from_static("token crs_placeholder_KEY_0123"),
-        );
-        // Elsewhere it stays a placeholder: an echoed header must not carry the value.
-        r.headers_mut().insert(
-            "origin",
-            hyper::header::HeaderValue::from_static("crs_placeholder_KEY_0123"),
-        );
-        assert_eq!(inject(&mut r, &[secret()]), vec!["KEY".to_owned()]);
-        assert_eq!(r.headers()["authorization"], "token real-value");
-        assert_eq!(r.headers()["origin"], "crs_placeholder_KEY_0123");
+        let with = |name: &'static str, value: &'static str| {
+            let mut r = req("api.example.com", "/");
+            r.headers_mut()
+                .insert(name, hyper::header::HeaderValue::from_static(value));
+            r
+        };
+        // The rule's format with the placeholder in it: the value.
+        let mut r = with("authorization", "Bearer crs_placeholder_KEY_0123");
+        assert_eq!(inject(&mut r, &[secret()]), Ok(vec!["KEY".to_owned()]));
+        assert_eq!(r.headers()["authorization"], "Bearer real-value");
+        // Framed otherwise, or anywhere else: refused, nothing sent.
+        for (name, value) in [
+            ("authorization", "token crs_placeholder_KEY_0123"),
+            ("authorization", "Bearer xcrs_placeholder_KEY_0123x"),
+            ("origin", "crs_placeholder_KEY_0123"),
+        ] {
+            let mut r = with(name, value);
+            assert!(inject(&mut r, &[secret()]).is_err(), "{name}: {value}");
+        }
+        let mut r = req("api.example.com", "/v1?key=crs_placeholder_KEY_0123");
+        assert!(inject(&mut r, &[secret()]).is_err());
         let mut echoed = Response::new(());
         echoed.headers_mut().insert(
             "x-echo",
@@ -298,7 +350,7 @@ mod tests {
             "authorization",
             hyper::header::HeaderValue::from_static("Bearer something-else"),
         );
-        inject(&mut r, &[secret()]);
+        assert!(inject(&mut r, &[secret()]).is_ok());
         assert_eq!(r.headers()["authorization"], "Bearer real-value");
     }
 }
