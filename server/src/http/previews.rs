@@ -719,12 +719,25 @@ async fn handle(
                 hyper_util::rt::TokioIo::new(b),
             );
             let watch = async {
-                // A room preview's viewer who loses access loses the socket within a second.
+                // A room preview's viewer who loses access loses the socket as soon as their
+                // rights change (removal, a role change, an account revoked everywhere), and in
+                // any case within a second (an expiry is noticed by the recheck).
                 let Some(user) = viewer else {
                     return std::future::pending::<()>().await;
                 };
+                let mut changes = app2.ops.access_changed.subscribe();
                 loop {
-                    tokio::time::sleep(RECHECK).await;
+                    tokio::select! {
+                        () = tokio::time::sleep(RECHECK) => {}
+                        changed = changes.recv() => match changed {
+                            Ok(c) if c.room != room || c.user != user => continue,
+                            // Theirs, or some missed: look now.
+                            Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                            Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                                tokio::time::sleep(RECHECK).await;
+                            }
+                        },
+                    }
                     if !may_observe(&app2, &room, &user).await {
                         return;
                     }
