@@ -75,6 +75,21 @@ fn names_host<B>(req: &Request<B>, host: &str, port: u16) -> bool {
     header_ok && uri_ok
 }
 
+/// A request whose placeholder stands where the value must not go: refused, sent nowhere.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+enum Misframed {
+    #[error("the placeholder of secret {0} may only stand as the whole value of its header")]
+    InUrl(String),
+    #[error("the placeholder of secret {secret} may only stand in its header, {header}")]
+    OtherHeader { secret: String, header: String },
+    #[error("the placeholder of secret {secret} may only stand as \"{framed}\" in {header}")]
+    Framed {
+        secret: String,
+        framed: String,
+        header: String,
+    },
+}
+
 /// Whether `bytes` holds `needle`.
 fn holds(bytes: &[u8], needle: &str) -> bool {
     !needle.is_empty() && bytes.windows(needle.len()).any(|w| w == needle.as_bytes())
@@ -85,20 +100,17 @@ fn holds(bytes: &[u8], needle: &str) -> bool {
 /// exactly the rule's format (`Bearer <placeholder>`) in the rule's header (framed otherwise,
 /// `x<placeholder>x`; in another header; in the URL) refuses the request, since it could make
 /// the credential invalid and have the host quote it back.
-fn inject<B>(req: &mut Request<B>, secrets: &[Injection]) -> Result<Vec<String>, String> {
+fn inject<B>(req: &mut Request<B>, secrets: &[Injection]) -> Result<Vec<String>, Misframed> {
     for s in secrets {
         if holds(req.uri().to_string().as_bytes(), &s.placeholder) {
-            return Err(format!(
-                "the placeholder of secret {} may only stand as the whole value of its header",
-                s.name
-            ));
+            return Err(Misframed::InUrl(s.name.clone()));
         }
         for (name, v) in req.headers() {
             if *name != s.header && holds(v.as_bytes(), &s.placeholder) {
-                return Err(format!(
-                    "the placeholder of secret {} may only stand in its header, {}",
-                    s.name, s.header
-                ));
+                return Err(Misframed::OtherHeader {
+                    secret: s.name.clone(),
+                    header: s.header.to_string(),
+                });
             }
         }
         let framed = String::from_utf8_lossy(s.value.as_bytes()).replace(&s.raw, &s.placeholder);
@@ -108,10 +120,11 @@ fn inject<B>(req: &mut Request<B>, secrets: &[Injection]) -> Result<Vec<String>,
             .iter()
             .any(|v| holds(v.as_bytes(), &s.placeholder) && v.as_bytes() != framed.as_bytes());
         if misframed {
-            return Err(format!(
-                "the placeholder of secret {} may only stand as \"{framed}\" in {}",
-                s.name, s.header
-            ));
+            return Err(Misframed::Framed {
+                secret: s.name.clone(),
+                framed,
+                header: s.header.to_string(),
+            });
         }
     }
     let mut used = Vec::new();
@@ -201,7 +214,7 @@ pub(crate) async fn serve<C, U>(
             let secrets = egress.injections(&room_id, &host).await;
             let used = match inject(&mut req, &secrets) {
                 Ok(used) => used,
-                Err(why) => return Ok(answer(StatusCode::FORBIDDEN, &why)),
+                Err(why) => return Ok(answer(StatusCode::FORBIDDEN, &why.to_string())),
             };
             // Uncompressed answers, so their token usage can be read on the way back.
             req.headers_mut().remove(hyper::header::ACCEPT_ENCODING);
