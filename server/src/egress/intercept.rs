@@ -4,7 +4,7 @@
 //! room's secrets for that host, and only if the client asked for that very host (its SNI and
 //! `Host` match the tunnel's).
 
-use super::redact::{RedactError, Redacted, Swap};
+use super::redact::{by_name, swap_all, RedactError, Redacted, Swap};
 use super::Egress;
 use crate::ids::RoomId;
 use bytes::Bytes;
@@ -101,8 +101,9 @@ fn holds(bytes: &[u8], needle: &str) -> bool {
 /// `x<placeholder>x`; in another header; in the URL) refuses the request, since it could make
 /// the credential invalid and have the host quote it back.
 fn inject<B>(req: &mut Request<B>, secrets: &[Injection]) -> Result<Vec<String>, Misframed> {
+    let uri = req.uri().to_string();
     for s in secrets {
-        if holds(req.uri().to_string().as_bytes(), &s.placeholder) {
+        if holds(uri.as_bytes(), &s.placeholder) {
             return Err(Misframed::InUrl(s.name.clone()));
         }
         for (name, v) in req.headers() {
@@ -135,33 +136,43 @@ fn inject<B>(req: &mut Request<B>, secrets: &[Injection]) -> Result<Vec<String>,
     Ok(used)
 }
 
+/// What stands in for each secret's value in an answer.
+fn swaps(secrets: &[Injection]) -> Vec<Swap> {
+    secrets
+        .iter()
+        .map(|s| Swap {
+            name: s.name.clone(),
+            value: s.raw.as_bytes().to_vec(),
+            placeholder: s.placeholder.as_bytes().to_vec(),
+        })
+        .collect()
+}
+
 /// Takes every secret's value out of the answer's headers (an upstream that echoes a request
-/// header back must not hand the value to code inside): the placeholder stands in for it.
-fn redact<B>(resp: &mut Response<B>, secrets: &[Injection]) {
+/// header back must not hand the value to code inside): the placeholder stands in for it. How
+/// many of each were taken out (`counts[i]` for `swaps[i]`).
+fn redact<B>(resp: &mut Response<B>, swaps: &[Swap]) -> Vec<u64> {
+    let mut counts = vec![0; swaps.len()];
     let names: Vec<_> = resp.headers().keys().cloned().collect();
     for name in names {
-        let values: Vec<_> = resp.headers().get_all(&name).iter().cloned().collect();
-        let leaks = values.iter().any(|v| {
-            secrets.iter().any(|s| {
-                v.as_bytes()
-                    .windows(s.raw.len().max(1))
-                    .any(|w| w == s.raw.as_bytes())
-            })
-        });
-        if !leaks {
+        let before: u64 = counts.iter().sum();
+        let swapped: Vec<Vec<u8>> = resp
+            .headers()
+            .get_all(&name)
+            .iter()
+            .map(|v| swap_all(v.as_bytes(), swaps, &mut counts))
+            .collect();
+        if counts.iter().sum::<u64>() == before {
             continue;
         }
         resp.headers_mut().remove(&name);
-        for v in values {
-            let mut text = String::from_utf8_lossy(v.as_bytes()).into_owned();
-            for s in secrets {
-                text = text.replace(&s.raw, &s.placeholder);
-            }
-            if let Ok(v) = hyper::header::HeaderValue::from_str(&text) {
+        for v in swapped {
+            if let Ok(v) = hyper::header::HeaderValue::from_bytes(&v) {
                 resp.headers_mut().append(name.clone(), v);
             }
         }
     }
+    counts
 }
 
 /// Serves the decrypted side of a tunnel to `host:port`: each request that names the host gets
@@ -228,7 +239,9 @@ pub(crate) async fn serve<C, U>(
             }
             match sender.send_request(req).await {
                 Ok(mut resp) => {
-                    redact(&mut resp, &secrets);
+                    let swaps = swaps(&secrets);
+                    let in_headers = redact(&mut resp, &swaps);
+                    egress.record_redacted(&room_id, by_name(&swaps, &in_headers));
                     let kind = resp
                         .headers()
                         .get(hyper::header::CONTENT_TYPE)
@@ -240,14 +253,6 @@ pub(crate) async fn serve<C, U>(
                         .headers()
                         .get(hyper::header::CONTENT_ENCODING)
                         .map(|v| v.to_str().unwrap_or("(not text)").to_owned());
-                    let swaps = secrets
-                        .iter()
-                        .map(|s| Swap {
-                            name: s.name.clone(),
-                            value: s.raw.as_bytes().to_vec(),
-                            placeholder: s.placeholder.as_bytes().to_vec(),
-                        })
-                        .collect();
                     let (mut parts, body) = resp.into_parts();
                     let told = (egress.clone(), room_id.clone());
                     let tell = move |counts| told.0.record_redacted(&told.1, counts);
@@ -353,7 +358,7 @@ mod tests {
             "x-echo",
             hyper::header::HeaderValue::from_static("you sent Bearer real-value"),
         );
-        redact(&mut echoed, &[secret()]);
+        assert_eq!(redact(&mut echoed, &swaps(&[secret()])), vec![1]);
         assert_eq!(
             echoed.headers()["x-echo"],
             "you sent Bearer crs_placeholder_KEY_0123"

@@ -100,8 +100,9 @@ impl Decoder {
     }
 }
 
-/// Replaces every value in `buf` by its placeholder, counting each.
-fn swap_all(buf: &[u8], swaps: &[Swap], counts: &mut [u64]) -> Vec<u8> {
+/// Replaces every value in `buf` by its placeholder, counting each (`counts[i]` for
+/// `swaps[i]`): what the body below and the answer's headers (`intercept::redact`) both do.
+pub(crate) fn swap_all(buf: &[u8], swaps: &[Swap], counts: &mut [u64]) -> Vec<u8> {
     let mut out = Vec::with_capacity(buf.len());
     let mut i = 0;
     'scan: while i < buf.len() {
@@ -117,6 +118,16 @@ fn swap_all(buf: &[u8], swaps: &[Swap], counts: &mut [u64]) -> Vec<u8> {
         i += 1;
     }
     out
+}
+
+/// The counts by secret name, those that took something out.
+pub(crate) fn by_name(swaps: &[Swap], counts: &[u64]) -> Vec<(String, u64)> {
+    swaps
+        .iter()
+        .zip(counts)
+        .filter(|(_, n)| **n > 0)
+        .map(|(s, n)| (s.name.clone(), *n))
+        .collect()
 }
 
 /// A response body with the secrets' values taken out (see the module's text).
@@ -186,14 +197,7 @@ impl<B, F: FnOnce(Vec<(String, u64)>)> Redacted<B, F> {
 
     fn tell(&mut self) {
         if let Some(report) = self.report.take() {
-            let counted: Vec<(String, u64)> = self
-                .swaps
-                .iter()
-                .zip(&self.counts)
-                .filter(|(_, n)| **n > 0)
-                .map(|(s, n)| (s.name.clone(), *n))
-                .collect();
-            report(counted);
+            report(by_name(&self.swaps, &self.counts));
         }
     }
 }
