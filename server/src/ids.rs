@@ -100,24 +100,6 @@ macro_rules! checked_id {
             }
         }
 
-        impl PartialEq<&$name> for $name {
-            fn eq(&self, other: &&$name) -> bool {
-                self.0 == other.0
-            }
-        }
-
-        impl From<&$name> for String {
-            fn from(id: &$name) -> String {
-                id.0.clone()
-            }
-        }
-
-        impl From<$name> for String {
-            fn from(id: $name) -> String {
-                id.0
-            }
-        }
-
         impl PartialEq<str> for $name {
             fn eq(&self, other: &str) -> bool {
                 self.0 == other

@@ -352,7 +352,7 @@ impl Spend {
             return Ok(());
         }
         let budget = match self.inner.store.agent(who).await? {
-            Some(a) if a.room_id == room_id => {
+            Some(a) if a.room_id == *room_id => {
                 Some(Budget::parse(&a.budget).map_err(|_| StoreError::Corrupt)?)
             }
             _ => None,
@@ -615,7 +615,7 @@ impl Spend {
                 .collect::<Vec<_>>(),
         });
         let change = Change::Spend {
-            room_id: RoomId::known(room_id),
+            room_id: room_id.clone(),
             charges,
         };
         let written = self

@@ -155,7 +155,7 @@ impl Ops {
         };
         let change = Change::AcceptInvite {
             token_hash,
-            room_id: RoomId::known(invite.room_id.clone()),
+            room_id: invite.room_id.clone(),
             user_id: UserId::known(proof.actor()),
             participant: Participant::with_role(role),
             now,

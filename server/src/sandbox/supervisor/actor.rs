@@ -669,7 +669,7 @@ impl Actor {
                 "",
                 details,
                 Change::SandboxState {
-                    room_id: crate::ids::RoomId::known(self.room_id.clone()),
+                    room_id: self.room_id.clone(),
                     row: row.clone(),
                 },
             )
