@@ -679,8 +679,8 @@ mod tests {
         assert!(allowed(&decide(&user("ana"), &leave("ana"), &two, 0)));
     }
 
-    #[test]
-    fn agents_never_decide_approvals() {
+    /// Two owners, ana and ben, and `bot`, ana's agent given everything.
+    fn owners_and_anas_bot(approval_mode: bool) -> RoomState {
         let mut r = room(&[("ana", Role::Owner), ("ben", Role::Owner)]);
         r.agents.insert(
             "bot".into(),
@@ -688,9 +688,15 @@ mod tests {
                 sponsor: "ana".into(),
                 capabilities: CapabilitySet::of(&Capability::ALL),
                 expires_at: 1_000,
-                approval_mode: false,
+                approval_mode,
             },
         );
+        r
+    }
+
+    #[test]
+    fn agents_never_decide_approvals() {
+        let r = owners_and_anas_bot(false);
         let mut pending = approved_by_ana("set_budget", "{}");
         pending.requester = "ana".into();
         pending.decided = None;
@@ -957,16 +963,7 @@ mod tests {
     /// can; an approval-mode command, which waits for a person, its sponsor may approve.
     #[test]
     fn an_agents_sponsor_is_not_someone_else() {
-        let mut r = room(&[("ana", Role::Owner), ("ben", Role::Owner)]);
-        r.agents.insert(
-            "bot".into(),
-            crate::Agent {
-                sponsor: "ana".into(),
-                capabilities: CapabilitySet::of(&Capability::ALL),
-                expires_at: 1_000,
-                approval_mode: true,
-            },
-        );
+        let r = owners_and_anas_bot(true);
         let pending = |action: &str| Approval {
             id: "1".into(),
             requester: "bot".into(),

@@ -913,12 +913,7 @@ async fn cloud_hypervisor_saves_a_running_machine_and_restores_it_elsewhere() {
     let Some(bin) = cloud_hypervisor() else {
         return;
     };
-    if std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/kvm")
-        .is_err()
-    {
+    if !kvm_opens() {
         skip(Need::Kvm, "/dev/kvm cannot be opened");
         return;
     }

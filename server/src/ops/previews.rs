@@ -209,10 +209,12 @@ impl Ops {
         let Some(a) = self.store.approval(&p.room_id, approval).await? else {
             return Ok(p);
         };
+        if a.used || !matches!(a.decided, Some((_, true))) {
+            return Ok(p);
+        }
         // Approved by someone the rule accepts: not the requester, nor an agent's sponsor.
         let state = self.store.room_state(&p.room_id).await?;
-        let approved = coderoom_authz::granted_by_another(&a, &state) && !a.used;
-        if !approved {
+        if !coderoom_authz::granted_by_another(&a, &state) {
             return Ok(p);
         }
         let expires_at = self.now_ms() + p.ttl_ms;
