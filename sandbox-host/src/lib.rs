@@ -28,6 +28,9 @@ pub mod proto;
 #[cfg(feature = "remote")]
 pub mod remote;
 pub mod seccomp;
+#[cfg(test)]
+#[path = "../../server/tests/common/skip_log.rs"]
+mod test_skip;
 mod userns;
 pub mod vm;
 

@@ -348,6 +348,37 @@ async fn fork_bombs_memory_hogs_and_disk_fillers_are_contained() {
         !dirs.is_empty() && dirs.iter().all(|d| d.exists()),
         "{dirs:?}"
     );
+    // ...and its CPU is held to the limit: half a CPU is 50 ms of every 100 ms period, and
+    // two busy loops (up to two CPUs' worth) are throttled to it.
+    let cpu = |file: &str| {
+        dirs.iter()
+            .find_map(|d| std::fs::read_to_string(d.join(file)).ok())
+            .map(|v| v.trim().to_owned())
+    };
+    match (
+        cpu("cpu.max"),
+        cpu("cpu.cfs_quota_us"),
+        cpu("cpu.cfs_period_us"),
+    ) {
+        (Some(max), _, _) => assert_eq!(max, "50000 100000"),
+        (None, Some(quota), Some(period)) => {
+            assert_eq!((quota.as_str(), period.as_str()), ("50000", "100000"))
+        }
+        other => panic!("no CPU limit in {dirs:?}: {other:?}"),
+    }
+    let (code, _, _) = sh(
+        &sb,
+        "for i in 1 2; do timeout 2 sh -c 'while :; do :; done' & done; wait",
+    )
+    .await;
+    assert_eq!(code, Some(0));
+    let stat = cpu("cpu.stat").expect("cpu.stat");
+    let throttled: u64 = stat
+        .lines()
+        .find_map(|l| l.strip_prefix("nr_throttled "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    assert!(throttled > 0, "busy loops were never throttled: {stat}");
     // kill -9 of the serving agent (pid 2 inside) from the host ends the sandbox, observed.
     let agent = sandbox_pids(&n)
         .into_iter()

@@ -359,6 +359,11 @@ pub(crate) struct ServeArgs {
     /// SMTP relay (lettre URL syntax); without it mail goes to DATA_DIR/outbox.
     #[arg(long, env = "CODEROOM_SMTP_URL")]
     pub smtp_url: Option<String>,
+    /// PEM certificates of authorities the mailer trusts for the SMTP relay's certificate,
+    /// besides the Mozilla roots (a relay with a private authority's certificate; for
+    /// `smtps://` and `smtp://...?tls=required`).
+    #[arg(long, env = "CODEROOM_SMTP_CA_FILE")]
+    pub smtp_ca_file: Option<PathBuf>,
     /// Comma-separated system admin emails.
     #[arg(long, env = "CODEROOM_ADMIN_EMAILS", value_delimiter = ',')]
     pub admin_emails: Vec<String>,
@@ -442,7 +447,10 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "CODEROOM_EGRESS_EXTRA_CA")]
     pub egress_extra_ca: Option<PathBuf>,
     /// For tests: `NAME=ADDR[+ADDR...]` makes the egress proxy resolve NAME to those addresses
-    /// (checked like any DNS answer), `NAME=IP:PORT` to a stand-in server (not checked).
+    /// (checked like any DNS answer), `NAME=IP:PORT` to a stand-in server (not checked). Only
+    /// in builds with the `egress-test-resolve` feature (the tests' own): a production build
+    /// has no flag that skips an egress check.
+    #[cfg(feature = "egress-test-resolve")]
     #[arg(long, value_delimiter = ',', hide = true)]
     pub egress_test_resolve: Vec<String>,
     /// Log format (logs go to stderr).

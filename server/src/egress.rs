@@ -36,18 +36,21 @@ const MAX_AUDITED_ENTRIES: usize = 50;
 /// Refusals kept per room for the Network panel.
 const MAX_RECENT_DENIED: usize = 20;
 
-/// What a test or an operator made a name resolve to (`--egress-test-resolve`).
+/// What a test made a name resolve to (`--egress-test-resolve`, the tests' builds only).
+#[cfg(feature = "egress-test-resolve")]
 #[derive(Debug, Clone)]
 enum Override {
     /// DNS answers: checked like any others.
     Answers(Vec<IpAddr>),
-    /// A stand-in server for the name: connections go there, unchecked (the operator chose it).
+    /// A stand-in server for the name: connections go there, unchecked (the test chose it).
     StandIn(SocketAddr),
 }
 
-/// Resolves names for the proxy: the system resolver, unless overridden.
+/// Resolves names for the proxy: the system resolver (in the tests' builds, unless a test
+/// overrode the name).
 #[derive(Debug, Default)]
 pub(crate) struct Resolver {
+    #[cfg(feature = "egress-test-resolve")]
     overrides: HashMap<String, Override>,
 }
 
@@ -56,12 +59,15 @@ pub(crate) struct Resolver {
 pub(crate) enum Answer {
     /// Addresses to check, then connect to (on the requested port).
     Addrs(Vec<IpAddr>),
-    /// A stand-in set by the operator.
+    /// A stand-in a test set (the tests' builds only).
+    #[cfg(feature = "egress-test-resolve")]
     StandIn(SocketAddr),
 }
 
 impl Resolver {
-    /// A resolver with `NAME=ADDR[+ADDR...]` (answers) or `NAME=IP:PORT` (a stand-in) entries.
+    /// A resolver with `NAME=ADDR[+ADDR...]` (answers) or `NAME=IP:PORT` (a stand-in) entries
+    /// (the tests' builds only: see `--egress-test-resolve`).
+    #[cfg(feature = "egress-test-resolve")]
     pub(crate) fn with_overrides(entries: &[String]) -> anyhow::Result<Resolver> {
         let mut overrides = HashMap::new();
         for entry in entries.iter().filter(|e| !e.trim().is_empty()) {
@@ -95,17 +101,17 @@ impl Resolver {
 
     /// What `name` leads to.
     pub(crate) async fn resolve(&self, name: &str, port: u16) -> std::io::Result<Answer> {
+        #[cfg(feature = "egress-test-resolve")]
         match self.overrides.get(name) {
-            Some(Override::Answers(a)) => Ok(Answer::Addrs(a.clone())),
-            Some(Override::StandIn(s)) => Ok(Answer::StandIn(*s)),
-            None => {
-                let addrs: Vec<IpAddr> = tokio::net::lookup_host((name, port))
-                    .await?
-                    .map(|a| a.ip())
-                    .collect();
-                Ok(Answer::Addrs(addrs))
-            }
+            Some(Override::Answers(a)) => return Ok(Answer::Addrs(a.clone())),
+            Some(Override::StandIn(s)) => return Ok(Answer::StandIn(*s)),
+            None => {}
         }
+        let addrs: Vec<IpAddr> = tokio::net::lookup_host((name, port))
+            .await?
+            .map(|a| a.ip())
+            .collect();
+        Ok(Answer::Addrs(addrs))
     }
 }
 

@@ -20,6 +20,8 @@ pub(crate) struct Inner {
     pub requests_forwarded: Counter,
     /// Rooms closed here because another server took them over (a lapsed lease).
     pub rooms_moved: Counter,
+    /// Passes of the deletion sweeper (each picks up deletions a dead server left part way).
+    pub deletion_sweeps: Counter,
     /// Started sandboxes waiting in the warm pool.
     pub sandbox_pool_ready: Gauge,
     pub connections: Gauge,
@@ -58,6 +60,12 @@ impl Metrics {
         let rooms_loaded = Gauge::default();
         let requests_forwarded = Counter::default();
         let rooms_moved = Counter::default();
+        let deletion_sweeps = Counter::default();
+        registry.register(
+            "deletion_sweeps",
+            "Passes of the sweeper that picks up deletions a dead server left part way",
+            deletion_sweeps.clone(),
+        );
         let sandbox_pool_ready = Gauge::default();
         let connections = Gauge::default();
         let updates_applied = Counter::default();
@@ -232,6 +240,7 @@ impl Metrics {
                 rooms_loaded,
                 requests_forwarded,
                 rooms_moved,
+                deletion_sweeps,
                 sandbox_pool_ready,
                 connections,
                 updates_applied,

@@ -99,6 +99,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .map_err(|_| anyhow::anyhow!("cannot build a sender address from --public-url"))?;
     let mailer = crate::accounts::mail::Mailer::start(
         args.smtp_url.as_deref(),
+        args.smtp_ca_file.as_deref(),
         args.storage.data_dir.join("outbox"),
         from,
         &tracker,
@@ -125,7 +126,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let egress = crate::egress::Egress::new(
         (store.clone(), audit.clone(), clock.clone()),
         spend.clone(),
-        crate::egress::Resolver::with_overrides(&args.egress_test_resolve)?,
+        resolver(&args)?,
         vault.clone(),
         crate::egress::tls::client_config(extra_ca.as_deref())?,
     );
@@ -193,7 +194,11 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     );
     // Deletions a crash interrupted are finished before anything else touches those rooms.
     crate::ops::deletion::resume(&state.ops).await?;
-    crate::ops::deletion::start_sweeper(state.ops.clone(), shutdown.clone());
+    crate::ops::deletion::start_sweeper(
+        state.ops.clone(),
+        state.metrics.deletion_sweeps.clone(),
+        shutdown.clone(),
+    );
     sandboxes.start_idle_scheduler();
     sandboxes.start_warm_pool();
     crate::ops::checkpoints::start_scheduler(state.ops.clone(), shutdown.clone());
@@ -275,6 +280,18 @@ async fn wait_for_signal(signals: Signals) {
         _ = term.recv() => {}
         _ = int.recv() => {}
     }
+}
+
+/// The egress proxy's resolver: the system's, or in the tests' builds the names they set.
+#[cfg(feature = "egress-test-resolve")]
+fn resolver(args: &ServeArgs) -> anyhow::Result<crate::egress::Resolver> {
+    crate::egress::Resolver::with_overrides(&args.egress_test_resolve)
+}
+
+/// The egress proxy's resolver: the system's.
+#[cfg(not(feature = "egress-test-resolve"))]
+fn resolver(_: &ServeArgs) -> anyhow::Result<crate::egress::Resolver> {
+    Ok(crate::egress::Resolver::default())
 }
 
 async fn sandboxes(

@@ -10,6 +10,35 @@ use std::process::Stdio;
 use std::time::Duration;
 use tokio::process::{Child, Command};
 
+/// The first Python that has aiosmtpd: Debian's own (`python3-aiosmtpd`, what `.ci/run`
+/// installs), then whatever `python3` the PATH names; `None` after reporting the test skipped.
+async fn aiosmtpd_python() -> Option<&'static str> {
+    for candidate in ["/usr/bin/python3", "python3"] {
+        let have = Command::new(candidate)
+            .args(["-c", "import aiosmtpd"])
+            .stderr(Stdio::null())
+            .status()
+            .await
+            .is_ok_and(|s| s.success());
+        if have {
+            return Some(candidate);
+        }
+    }
+    skip(
+        Need::Smtp,
+        "no Python with aiosmtpd (apt-get install python3-aiosmtpd)",
+    );
+    None
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// A real SMTP server that stores every message it accepts in a maildir.
 struct Smtp {
     _child: Child,
@@ -22,31 +51,8 @@ impl Smtp {
     /// Starts `aiosmtpd` with the first Python that has it: Debian's own (`python3-aiosmtpd`,
     /// what `.ci/run` installs), then whatever `python3` the PATH names.
     async fn start() -> Option<Smtp> {
-        let mut python = None;
-        for candidate in ["/usr/bin/python3", "python3"] {
-            let have = Command::new(candidate)
-                .args(["-c", "import aiosmtpd"])
-                .stderr(Stdio::null())
-                .status()
-                .await
-                .is_ok_and(|s| s.success());
-            if have {
-                python = Some(candidate);
-                break;
-            }
-        }
-        let Some(python) = python else {
-            skip(
-                Need::Smtp,
-                "no Python with aiosmtpd (apt-get install python3-aiosmtpd)",
-            );
-            return None;
-        };
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let python = aiosmtpd_python().await?;
+        let port = free_port();
         let dir = tempfile::tempdir().unwrap();
         let maildir = dir.path().join("maildir");
         let child = Command::new(python)
@@ -753,4 +759,183 @@ async fn a_revoked_account_stays_revoked_until_an_admin_restores_it() {
         "{acts:?}"
     );
     server.terminate().await;
+}
+
+/// An SMTP relay that takes mail only over TLS (`starttls`: STARTTLS is required before
+/// anything else; `smtps`: TLS from the first byte) and only from the user
+/// `mailer@example.com` with the password `p@ss:w/rd`; says what it saw as JSON lines.
+const TLS_RELAY: &str = r#"
+import json, signal, ssl, sys
+from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import AuthResult, LoginPassword
+mode, cert, key, port = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+ctx.load_cert_chain(cert, key)
+def say(**kw):
+    print(json.dumps(kw), flush=True)
+def authenticator(server, session, envelope, mechanism, data):
+    ok = isinstance(data, LoginPassword) and data.login == b"mailer@example.com" and data.password == b"p@ss:w/rd"
+    say(event="auth", mechanism=mechanism, ok=ok)
+    return AuthResult(success=ok)
+class Handler:
+    async def handle_DATA(self, server, session, envelope):
+        say(event="mail", authenticated=bool(session.authenticated), to=envelope.rcpt_tos,
+            body=envelope.content.decode(errors="replace"))
+        return "250 OK"
+common = dict(hostname="127.0.0.1", port=port, authenticator=authenticator, auth_required=True)
+if mode == "starttls":
+    relay = Controller(Handler(), tls_context=ctx, require_starttls=True, auth_require_tls=True, **common)
+else:
+    # Implicit TLS: the connection is TLS before AUTH is offered.
+    relay = Controller(Handler(), ssl_context=ctx, auth_require_tls=False, **common)
+relay.start()
+say(event="ready")
+signal.pause()
+"#;
+
+/// The TLS relay of [`TLS_RELAY`], its port and what it says.
+async fn tls_relay(
+    python: &str,
+    mode: &str,
+    dir: &std::path::Path,
+) -> (
+    Child,
+    u16,
+    tokio::sync::mpsc::UnboundedReceiver<serde_json::Value>,
+) {
+    use tokio::io::AsyncBufReadExt as _;
+    let port = free_port();
+    let mut child = Command::new(python)
+        .args(["-c", TLS_RELAY, mode])
+        .arg(dir.join("relay.pem"))
+        .arg(dir.join("relay.key"))
+        .arg(port.to_string())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok(Some(l)) = lines.next_line().await {
+            let _ = tx.send(serde_json::from_str::<serde_json::Value>(&l).unwrap());
+        }
+    });
+    let ready = tokio::time::timeout(TIMEOUT, rx.recv()).await;
+    assert!(
+        matches!(&ready, Ok(Some(v)) if v["event"] == "ready"),
+        "the {mode} relay did not start: {ready:?}"
+    );
+    (child, port, rx)
+}
+
+/// The next thing the relay says.
+async fn heard(
+    said: &mut tokio::sync::mpsc::UnboundedReceiver<serde_json::Value>,
+) -> serde_json::Value {
+    let next = tokio::time::timeout(TIMEOUT, said.recv()).await;
+    next.expect("the relay said nothing")
+        .expect("the relay exited")
+}
+
+/// Mail goes out through a relay that needs TLS and credentials, both ways lettre speaks it:
+/// STARTTLS (`smtp://...?tls=required`) and TLS from the start (`smtps://`), with the user and
+/// password from the URL (percent-decoded) and the relay's certificate from a private authority
+/// (`--smtp-ca-file`). Without that authority the relay's certificate is not trusted: the mail
+/// is not sent, and the credentials never reach the relay.
+#[tokio::test]
+async fn mail_goes_out_over_starttls_and_tls_with_credentials() {
+    let Some(python) = aiosmtpd_python().await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_coderoom"))
+        .args(["certs", "--dir"])
+        .arg(dir.path())
+        .args([
+            "--name",
+            "relay",
+            "--role",
+            "sandbox-host",
+            "--san",
+            "127.0.0.1",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ca = dir.path().join("ca.pem");
+    let ca = ca.to_str().unwrap();
+    let credentials = "mailer%40example.com:p%40ss%3Aw%2Frd";
+    for (mode, scheme, query) in [
+        ("starttls", "smtp", "?tls=required"),
+        ("smtps", "smtps", ""),
+    ] {
+        let (_relay, port, mut said) = tls_relay(python, mode, dir.path()).await;
+        let url = format!("{scheme}://{credentials}@127.0.0.1:{port}{query}");
+        let storage = Storage::new(&Backend::Sqlite).await;
+        let server = Server::start(&storage, &["--smtp-url", &url, "--smtp-ca-file", ca]).await;
+        assert_eq!(ask_code(&server, "ana@example.com").await.status, 202);
+        let auth = heard(&mut said).await;
+        assert_eq!(auth["event"], "auth", "{mode}: {auth}");
+        assert_eq!(auth["ok"], true, "{mode}: the URL's credentials: {auth}");
+        let mail = heard(&mut said).await;
+        assert_eq!(mail["event"], "mail", "{mode}: {mail}");
+        assert_eq!(mail["authenticated"], true, "{mode}: {mail}");
+        assert_eq!(mail["to"], serde_json::json!(["ana@example.com"]), "{mode}");
+        assert!(
+            mail["body"].as_str().unwrap().contains("code is "),
+            "{mode}: {mail}"
+        );
+        drop(server);
+
+        // The same relay, its authority not given: nothing is sent, and the log says why.
+        let storage = Storage::new(&Backend::Sqlite).await;
+        let log = dir.path().join(format!("{mode}.log"));
+        let server = Server::start_logging_with(&storage, &log, &["--smtp-url", &url]).await;
+        assert_eq!(ask_code(&server, "ana@example.com").await.status, 202);
+        let waited = std::time::Instant::now();
+        let logged = loop {
+            let logged = std::fs::read_to_string(&log).unwrap_or_default();
+            if logged.contains("mail could not be sent") {
+                break logged;
+            }
+            assert!(
+                waited.elapsed() < TIMEOUT * 2,
+                "no failure logged: {logged}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert!(
+            logged.to_lowercase().contains("certificate"),
+            "{mode}: the failure names the certificate: {logged}"
+        );
+        assert!(
+            !logged.contains("p@ss") && !logged.contains("p%40ss"),
+            "{logged}"
+        );
+        // Every attempt has ended (logged above) before the relay's account is read.
+        assert!(
+            said.try_recv().is_err(),
+            "{mode}: the relay heard from an untrusted client"
+        );
+    }
+    // A CA file for a relay reached without TLS is a mistake said at once.
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let (ok, text) = storage
+        .cli(&[
+            "serve",
+            "--smtp-url",
+            "smtp://127.0.0.1:25",
+            "--smtp-ca-file",
+            ca,
+        ])
+        .await;
+    assert!(
+        !ok && text.contains("--smtp-ca-file is for a relay reached over TLS"),
+        "{text}"
+    );
 }

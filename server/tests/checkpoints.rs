@@ -38,9 +38,13 @@ async fn wait_for_texts(c: &mut Client, want: &BTreeMap<String, String>) {
     assert!(r.is_ok(), "the files read {:?}, not {want:?}", texts(c));
 }
 
-#[tokio::test]
-async fn a_restore_brings_back_the_files_in_every_client_and_on_disk() {
-    let storage = Storage::new(&Backend::Sqlite).await;
+on_each_backend!(
+    a_restore_brings_back_the_files_in_every_client_and_on_disk,
+    a_restore_brings_back_the_files_in_every_client_and_on_disk_on
+);
+
+async fn a_restore_brings_back_the_files_in_every_client_and_on_disk_on(backend: &Backend) {
+    let storage = Storage::new(backend).await;
     let t = team(&storage).await;
     let (server, room) = (&t.server, &t.room);
     let mut ana = Client::connect(server, room, &t.ana).await;
@@ -159,12 +163,16 @@ async fn a_restore_brings_back_the_files_in_every_client_and_on_disk() {
         .any(|r| r["action"] == "create_checkpoint" && r["actor"] == ana_id.as_str()));
 }
 
+on_each_backend!(
+    a_fork_copies_files_never_authority_and_outlives_its_parent,
+    a_fork_copies_files_never_authority_and_outlives_its_parent_on
+);
+
 /// A fork copies files, never authority: the new room has the parent's files (document and
 /// workspace) and only its creator; the parent's chain records the fork and the fork's chain
 /// starts with the parent's id and chain head; both verify; deleting the parent leaves the fork.
-#[tokio::test]
-async fn a_fork_copies_files_never_authority_and_outlives_its_parent() {
-    let storage = Storage::new(&Backend::Sqlite).await;
+async fn a_fork_copies_files_never_authority_and_outlives_its_parent_on(backend: &Backend) {
+    let storage = Storage::new(backend).await;
     let root = storage.token("root@example.com").await;
     let t = team_with(&storage, &["--admin-emails", "root@example.com"]).await;
     let (server, room) = (&t.server, &t.room);
@@ -482,13 +490,19 @@ async fn readiness_runs_after_start_shows_failures_and_ready_workspaces_skip_it(
         .any(|r| r["action"] == "set_readiness" && r["details"]["program"] == "sh"));
 }
 
+on_each_backend!(
+    a_checkpoint_of_a_sleeping_room_keeps_the_edits_made_since_its_snapshot,
+    a_checkpoint_of_a_sleeping_room_keeps_the_edits_made_since_its_snapshot_on
+);
+
 /// A checkpoint of a sleeping room whose document moved on since its last snapshot keeps the
 /// document's text: restored (and forked), the files read as the document did, not as the
 /// older workspace archive did. (The archive's record once claimed it agreed with the newer
 /// document, and the restored workspace's older text was taken in as a change inside.)
-#[tokio::test]
-async fn a_checkpoint_of_a_sleeping_room_keeps_the_edits_made_since_its_snapshot() {
-    let storage = Storage::new(&Backend::Sqlite).await;
+async fn a_checkpoint_of_a_sleeping_room_keeps_the_edits_made_since_its_snapshot_on(
+    backend: &Backend,
+) {
+    let storage = Storage::new(backend).await;
     let t = team(&storage).await;
     let (server, room) = (&t.server, &t.room);
     let mut ana = Client::connect(server, room, &t.ana).await;
@@ -541,12 +555,16 @@ async fn a_checkpoint_of_a_sleeping_room_keeps_the_edits_made_since_its_snapshot
     assert_eq!(c.file_content("main.rs").as_deref(), Some("v1 then v2"));
 }
 
+on_each_backend!(
+    a_schedule_makes_checkpoints_and_old_ones_are_pruned_by_age,
+    a_schedule_makes_checkpoints_and_old_ones_are_pruned_by_age_on
+);
+
 /// A room's checkpoint policy: a schedule makes checkpoints (by `system`, kept apart from the
 /// ones people make, so they never push those out), and an age past which checkpoints are
 /// pruned, recorded as such.
-#[tokio::test]
-async fn a_schedule_makes_checkpoints_and_old_ones_are_pruned_by_age() {
-    let storage = Storage::new(&Backend::Sqlite).await;
+async fn a_schedule_makes_checkpoints_and_old_ones_are_pruned_by_age_on(backend: &Backend) {
+    let storage = Storage::new(backend).await;
     let ana = storage.token("ana@example.com").await;
     let server = Server::start(&storage, &["--checkpoint-min-every-ms", "1000"]).await;
     let room = create_room(&server, &ana).await;
@@ -652,11 +670,15 @@ async fn a_schedule_makes_checkpoints_and_old_ones_are_pruned_by_age() {
         .any(|r| r["action"] == "create_checkpoint" && r["actor"] == "system"));
 }
 
+on_each_backend!(
+    a_room_can_ask_for_an_approval_before_a_restore,
+    a_room_can_ask_for_an_approval_before_a_restore_on
+);
+
 /// Where the room's policy says so, a restore waits for someone else's approval, bound to that
 /// checkpoint and spent once.
-#[tokio::test]
-async fn a_room_can_ask_for_an_approval_before_a_restore() {
-    let storage = Storage::new(&Backend::Sqlite).await;
+async fn a_room_can_ask_for_an_approval_before_a_restore_on(backend: &Backend) {
+    let storage = Storage::new(backend).await;
     let t = team(&storage).await;
     let (server, room) = (&t.server, &t.room);
     let mut ana = Client::connect(server, room, &t.ana).await;
@@ -805,13 +827,17 @@ async fn download_workspace(
     (resp, dir)
 }
 
+on_each_backend!(
+    the_workspace_downloads_as_an_archive_after_an_approval,
+    the_workspace_downloads_as_an_archive_after_an_approval_on
+);
+
 /// Issue 19 (downloads): the whole workspace as a `.tar.gz`, behind `export` and someone
 /// else's approval like every export: what the sandbox made (binaries included) from its disk,
 /// the texts as the document holds them (edits a sleeping sandbox has not taken in yet
 /// included, files deleted in the room left out), recorded with its size.
-#[tokio::test]
-async fn the_workspace_downloads_as_an_archive_after_an_approval() {
-    let storage = Storage::new(&Backend::Sqlite).await;
+async fn the_workspace_downloads_as_an_archive_after_an_approval_on(backend: &Backend) {
+    let storage = Storage::new(backend).await;
     let t = team(&storage).await;
     let (server, room) = (&t.server, &t.room);
     let exports = server.url(&format!("/api/rooms/{room}/exports"));

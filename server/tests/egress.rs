@@ -1,8 +1,12 @@
 //! The egress proxy (issue 16), tested from inside a room's sandbox: nothing leaves by
 //! default; an owner's audited allowlist opens named hosts; and no allowlist, however wide,
 //! opens loopback, link-local, private or this server's own addresses in any spelling, or a name
-//! that resolves to one. Names resolve through `--egress-test-resolve`: `allowed.test` leads to
-//! a stand-in server on loopback, the others to the addresses a hostile DNS would answer.
+//! that resolves to one. Most names resolve through `--egress-test-resolve` (a flag only the
+//! tests' build has, feature `egress-test-resolve`): `allowed.test` leads to a stand-in server
+//! on loopback, the others to the addresses a hostile DNS would answer. The last test needs no
+//! such flag: in network namespaces of its own, the system resolver answers, and an allowed
+//! connection takes the production path end to end (and this server's own addresses are its
+//! own there, whatever the machine has).
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -47,14 +51,6 @@ async fn stand_in() -> (u16, Arc<Mutex<Vec<String>>>) {
         }
     });
     (port, seen)
-}
-
-/// One of this machine's own non-loopback addresses, if it has one.
-fn own_address() -> Option<String> {
-    let s = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
-    s.connect("10.255.255.255:9").ok()?;
-    let ip = s.local_addr().ok()?.ip();
-    (!ip.is_loopback() && !ip.is_unspecified()).then(|| ip.to_string())
 }
 
 /// Asks the room's proxy (from inside, as code there would) for each target: `connect HOST:PORT`
@@ -134,22 +130,22 @@ async fn egress_audited(
     panic!("no {decision} egress record for all of {hosts:?}: {records:?}");
 }
 
-#[tokio::test]
-async fn the_sandbox_reaches_only_what_the_room_allows() {
-    let storage = Storage::new(&Backend::Sqlite).await;
+on_each_backend!(
+    the_sandbox_reaches_only_what_the_room_allows,
+    the_sandbox_reaches_only_what_the_room_allows_on
+);
+
+async fn the_sandbox_reaches_only_what_the_room_allows_on(backend: &Backend) {
+    let storage = Storage::new(backend).await;
     let (port, seen) = stand_in().await;
-    let own = own_address();
-    let mut resolve = vec![
+    let resolve = [
         format!("allowed.test=127.0.0.1:{port}"),
         "private.test=10.1.2.3".to_owned(),
         "mixed.test=93.184.216.34+192.168.1.1".to_owned(),
         "metadata.test=169.254.169.254".to_owned(),
         "mapped.test=::ffff:127.0.0.1".to_owned(),
-    ];
-    if let Some(ip) = &own {
-        resolve.push(format!("self.test={ip}"));
-    }
-    let resolve = resolve.join(",");
+    ]
+    .join(",");
     let t = team_with(
         &storage,
         &[
@@ -304,7 +300,7 @@ async fn the_sandbox_reaches_only_what_the_room_allows() {
     // Now the owner allows every name, and spells out every address literal below: the
     // address checks alone must stop each of them.
     let server_port = server.addr.rsplit(':').next().unwrap().to_owned();
-    let mut matrix: Vec<(String, &str)> = vec![
+    let matrix: Vec<(String, &str)> = vec![
         (format!("127.0.0.1:{server_port}"), "a loopback address"),
         ("2130706433:80".into(), "a loopback address"),
         ("0x7f.1:80".into(), "a loopback address"),
@@ -359,19 +355,6 @@ async fn the_sandbox_reaches_only_what_the_room_allows() {
             "resolves to a loopback address (127.0.0.1)",
         ),
     ];
-    if let Some(ip) = &own {
-        matrix.push((format!("{ip}:{server_port}"), "this server's own address"));
-        matrix.push((
-            "self.test:443".into(),
-            "resolves to this server's own address",
-        ));
-    } else {
-        // The rows above still run: the test is counted skipped for the rows it cannot try.
-        skip(
-            Need::HostAddress,
-            "this machine has no non-loopback address: its own address's rows were not tried",
-        );
-    }
     let mut allow: Vec<String> = vec!["*".into()];
     allow.extend(
         matrix
@@ -415,13 +398,10 @@ async fn the_sandbox_reaches_only_what_the_room_allows() {
     );
 
     // Connections that skip the proxy find no network at all.
-    let mut direct = vec![
-        format!("('1.1.1.1', 80)"),
+    let direct = [
+        "('1.1.1.1', 80)".to_owned(),
         format!("('127.0.0.1', {server_port})"),
     ];
-    if let Some(ip) = &own {
-        direct.push(format!("('{ip}', {server_port})"));
-    }
     let script = format!(
         "python3 -c \"\nimport socket\nfor a in [{}]:\n  try:\n    socket.create_connection(a, timeout=5); print('CONNECTED', a)\n  except OSError as e: print('refused', a, e.errno)\n\"",
         direct.join(", ")
@@ -482,4 +462,139 @@ async fn the_sandbox_reaches_only_what_the_room_allows() {
     );
     assert_eq!(totals[&t.ben_id]["allowed"]["connections"], 1, "{view}");
     assert_eq!(totals["sandbox"]["allowed"]["connections"], 1, "{view}");
+}
+
+/// The upstream host of the namespace test: answers every GET with what it saw and from where,
+/// and says `ready` once it listens.
+const UPSTREAM_PY: &str = r#"
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = ("upstream saw %s from %s\n" % (self.path, self.client_address[0])).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+server = http.server.HTTPServer((sys.argv[1], 80), H)
+print("ready", flush=True)
+server.serve_forever()
+"#;
+
+/// The path production takes, with nothing in the server's build for tests: in network
+/// namespaces of the test's own (`common::netns`), the system resolver answers `allowed.test`
+/// (from the namespace's `/etc/hosts`) with a public address on a link of its own; the proxy
+/// checks that answer, pins it and connects, and code inside reads the upstream's page, through
+/// a plain request and through a tunnel. The same server refuses its own addresses however they
+/// are named: a public one on its loopback interface, as a literal and as a name's answer, and
+/// the private one it listens on.
+#[tokio::test]
+async fn an_allowed_connection_takes_the_real_resolve_check_pin_connect_path() {
+    use common::netns::{Netns, OWN_PUBLIC, UPSTREAM};
+    use tokio::io::AsyncBufReadExt;
+    let Some(ns) = Netns::new(&[("allowed.test", UPSTREAM), ("self.test", OWN_PUBLIC)]) else {
+        return;
+    };
+    let mut upstream = ns
+        .in_upstream("python3")
+        .args(["-c", UPSTREAM_PY, UPSTREAM])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut said = tokio::io::BufReader::new(upstream.stdout.take().unwrap()).lines();
+    let ready = tokio::time::timeout(TIMEOUT, said.next_line()).await;
+    assert!(
+        matches!(ready, Ok(Ok(Some(ref l))) if l == "ready"),
+        "the upstream did not start: {ready:?}"
+    );
+
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let (ana, ben, cy) = (
+        storage.token("ana@example.com").await,
+        storage.token("ben@example.com").await,
+        storage.token("cy@example.com").await,
+    );
+    let server = Server::start_in(&ns, &storage, &["--egress-audit-every-ms", "200"]).await;
+    let t = team_at(server, ana, ben, cy).await;
+    let (server, room) = (&t.server, &t.room);
+    let port = server.addr.rsplit(':').next().unwrap().to_owned();
+    let listening = format!("{}:{port}", ns.server_addr);
+    let own_public = format!("{OWN_PUBLIC}:{port}");
+    let allow = serde_json::json!({ "allow": ["allowed.test", "*", own_public, listening] });
+    let (status, body) = put(
+        server,
+        &t.ana,
+        &format!("/api/rooms/{room}/egress"),
+        &allow.to_string(),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+
+    let targets = [
+        "get http://allowed.test/through-the-proxy".to_owned(),
+        "connect allowed.test:80".to_owned(),
+        "connect self.test:443".to_owned(),
+        format!("connect {own_public}"),
+        format!("connect {listening}"),
+        format!("get http://{listening}/api/rooms"),
+    ];
+    let answers = probe(server, &t.ana, room, &targets).await;
+    let reply = answers[&targets[0]].as_str().unwrap();
+    assert!(
+        reply.starts_with("HTTP/1.1 200") || reply.starts_with("HTTP/1.0 200"),
+        "{reply}"
+    );
+    // The connection came from the server's side of the link: the proxy, not code inside.
+    assert!(
+        reply.contains("upstream saw /through-the-proxy from 5.5.6.1"),
+        "{reply}"
+    );
+    let reply = answers[&targets[1]].as_str().unwrap();
+    assert!(
+        reply.starts_with("HTTP/1.1 200 Connection established"),
+        "{reply}"
+    );
+    assert!(
+        reply.contains("upstream saw /through-the-tunnel from 5.5.6.1"),
+        "{reply}"
+    );
+    for (target, why) in [
+        (
+            &targets[2],
+            format!("resolves to this server's own address ({OWN_PUBLIC})"),
+        ),
+        (&targets[3], "is this server's own address".to_owned()),
+        (&targets[4], "is this server's own address".to_owned()),
+        (&targets[5], "is this server's own address".to_owned()),
+    ] {
+        let reply = answers[target].as_str().unwrap();
+        assert!(reply.starts_with("HTTP/1.1 403"), "{target}: {reply}");
+        assert!(
+            reply.contains(&why),
+            "{target}: wanted {why:?}, got {reply}"
+        );
+    }
+    // Code inside that skips the proxy reaches neither the upstream nor the server.
+    let script = format!(
+        "python3 -c \"\nimport socket\nfor a in [('{UPSTREAM}', 80), ('{}', {port})]:\n  try:\n    socket.create_connection(a, timeout=5); print('CONNECTED', a)\n  except OSError as e: print('refused', a)\n\"",
+        ns.server_addr
+    );
+    let (status, out) = exec(server, &t.ana, room, &script).await;
+    assert_eq!(status, 200, "{out}");
+    let stdout = out["stdout"].as_str().unwrap();
+    assert_eq!(stdout.matches("refused").count(), 2, "{out}");
+    assert!(!stdout.contains("CONNECTED"), "{out}");
+    // Both allowed connections are counted and audited, with what came back.
+    let allowed = egress_audited(server, &t.ana, room, "allow", &["allowed.test"]).await;
+    let bytes_in: u64 = allowed
+        .iter()
+        .flat_map(|r| r["details"]["connections"].as_array().cloned().unwrap())
+        .filter(|c| c["host"] == "allowed.test")
+        .map(|c| c["bytes_in"].as_u64().unwrap_or(0))
+        .sum();
+    assert!(bytes_in > 0, "{allowed:?}");
+    drop(t);
+    drop(upstream);
 }

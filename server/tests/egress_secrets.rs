@@ -162,9 +162,13 @@ async fn evil() -> (u16, Seen) {
     (port, seen)
 }
 
-#[tokio::test]
-async fn secrets_reach_only_their_hosts_and_never_the_sandbox() {
-    let storage = Storage::new(&Backend::Sqlite).await;
+on_each_backend!(
+    secrets_reach_only_their_hosts_and_never_the_sandbox,
+    secrets_reach_only_their_hosts_and_never_the_sandbox_on
+);
+
+async fn secrets_reach_only_their_hosts_and_never_the_sandbox_on(backend: &Backend) {
+    let storage = Storage::new(backend).await;
     let log = storage.dir.path().join("server.log");
     let value = format!("sk-live-{}", uuid::Uuid::new_v4().simple());
     let (ca_pem, config) = authority("api.models.test");

@@ -279,6 +279,43 @@ async fn a_room_runs_in_a_qemu_microvm() {
         cgroup.is_some() || !as_root,
         "a server running as root puts each VMM in a memory cgroup"
     );
+    // The VMM runs under a uid of its own (a root server's room range), real, effective and
+    // saved alike, as its receipt says; QEMU's own seccomp filter is on, as the arguments ask.
+    let vmm_status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let uids: Vec<u32> = vmm_status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .unwrap()
+        .split_whitespace()
+        .map(|u| u.parse().unwrap())
+        .collect();
+    let receipt = get_json(server, &t.ana, &format!("/api/rooms/{room}/sandbox")).await;
+    let host_uid = receipt["receipt"]["host_uid"].as_u64().unwrap();
+    assert!(
+        uids[..3].iter().all(|u| u64::from(*u) == host_uid),
+        "{uids:?} vs the receipt's {host_uid}"
+    );
+    if as_root {
+        assert!(
+            (0x7000_0000..0x7001_0000).contains(&host_uid),
+            "a root server's VMM runs as a room uid, not {host_uid}"
+        );
+    }
+    assert!(
+        vmm_status.lines().any(|l| l == "Seccomp:\t2"),
+        "QEMU runs under its seccomp filter: {vmm_status}"
+    );
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+    let at = args
+        .iter()
+        .position(|a| *a == b"-sandbox")
+        .expect("-sandbox");
+    assert!(
+        args[at + 1].starts_with(b"on,obsolete=deny,elevateprivileges=deny,spawn=deny"),
+        "{}",
+        String::from_utf8_lossy(args[at + 1])
+    );
     if let Some((limit, peak)) = cgroup {
         assert!(
             limit <= (256 + 512) << 20,

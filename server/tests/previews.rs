@@ -80,13 +80,16 @@ async fn trade(port: u16, link: &str) -> String {
     assert_eq!(r.status, 303, "{}", r.body);
     assert_eq!(r.header("location"), Some("/"));
     assert_eq!(r.header("referrer-policy"), Some("no-referrer"));
-    let cookie = r
-        .header("set-cookie")
-        .unwrap()
-        .split(';')
-        .next()
-        .unwrap()
-        .to_owned();
+    let set = r.header("set-cookie").unwrap();
+    // Host-only (no Domain), script cannot read it, and on `*.localhost` (as on https) it is
+    // partitioned: the preview pane's frame holds it under the app's site and no other's. No
+    // lifetime of its own: the browser drops it with its session; the server ends it sooner.
+    let attrs = set.split_once(';').map_or("", |(_, a)| a);
+    assert_eq!(
+        attrs, " Path=/; HttpOnly; SameSite=None; Secure; Partitioned",
+        "{set}"
+    );
+    let cookie = set.split(';').next().unwrap().to_owned();
     assert!(cookie.starts_with("coderoom_preview="), "{cookie}");
     assert_eq!(get(port, link, None).await.status, 404, "a link works once");
     cookie
@@ -112,9 +115,13 @@ async fn write_app(t: &Room) {
     inside(&t.server, &t.ana, &t.room, &script, &mut String::new()).await;
 }
 
-#[tokio::test]
-async fn previews_are_for_members_or_approved_and_end_when_revoked() {
-    let storage = Storage::new(&Backend::Sqlite).await;
+on_each_backend!(
+    previews_are_for_members_or_approved_and_end_when_revoked,
+    previews_are_for_members_or_approved_and_end_when_revoked_on
+);
+
+async fn previews_are_for_members_or_approved_and_end_when_revoked_on(backend: &Backend) {
+    let storage = Storage::new(backend).await;
     let extra = [
         "--admin-emails",
         "root@example.com",
@@ -202,6 +209,12 @@ async fn previews_are_for_members_or_approved_and_end_when_revoked() {
         r = get(port, &preview_url, Some(&cy_cookie)).await;
     }
     assert_eq!(r.status, 200, "{}", r.body);
+    // Only the room (its preview pane, on the app's origin) may frame a room preview.
+    assert_eq!(
+        r.header("content-security-policy"),
+        Some(format!("frame-ancestors 'self' http://{}", server.addr).as_str()),
+        "a room preview's answers say who may frame them"
+    );
     // The app gets its own cookies, never the preview origin's, nor the app's session cookie
     // (a deployment that gives it a Domain has the browser send it to preview hosts too).
     let both = format!(
@@ -311,6 +324,8 @@ async fn previews_are_for_members_or_approved_and_end_when_revoked() {
     let r = get(port, &public, None).await;
     assert_eq!(r.status, 200);
     assert!(r.body.contains("app saw cookies: None<"), "{}", r.body);
+    // A public preview is for anyone, framed or not: the app's own answer decides.
+    assert_eq!(r.header("content-security-policy"), None);
     let mut anon = ws(port, &public, None).await;
     echoes(&mut anon, "anyone").await;
     // Bounded: a burst of requests meets 429 with Retry-After (2 a second, a burst of 20)...

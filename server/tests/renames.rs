@@ -12,8 +12,11 @@ use yrs::{GetString, Map, ReadTxn, Text, TextPrelim, Transact};
 
 /// A room with `files` set up, and three connected clients: `a` renames, `b` edits without
 /// seeing it, `c` watches.
-async fn room_with(files: &[(&str, &str)]) -> (Storage, Server, String, String, [Client; 3]) {
-    let storage = Storage::new(&Backend::Sqlite).await;
+async fn room_with(
+    backend: &Backend,
+    files: &[(&str, &str)],
+) -> (Storage, Server, String, String, [Client; 3]) {
+    let storage = Storage::new(backend).await;
     let token = storage.token("ana@example.com").await;
     let server = Server::start(&storage, &[]).await;
     let room = create_room(&server, &token).await;
@@ -156,10 +159,14 @@ async fn server_listing(server: &Server, room: &str, token: &str, expected: &[(&
     panic!("the room never held {want:?}; last {last:?}");
 }
 
-#[tokio::test]
-async fn typing_into_a_file_renamed_meanwhile_lands_in_the_new_name() {
+on_each_backend!(
+    typing_into_a_file_renamed_meanwhile_lands_in_the_new_name,
+    typing_into_a_file_renamed_meanwhile_lands_in_the_new_name_on
+);
+
+async fn typing_into_a_file_renamed_meanwhile_lands_in_the_new_name_on(backend: &Backend) {
     let (_storage, server, room, token, [mut a, mut b, mut c]) =
-        room_with(&[("a.txt", "hello world")]).await;
+        room_with(backend, &[("a.txt", "hello world")]).await;
     // b types before it hears of the rename: its update is built on the old text.
     let typed = edit_unsent(&b, "a.txt", 5, ", dear", 0);
     rename(&mut a, &[("a.txt", "b.txt")]).await;
@@ -179,10 +186,14 @@ async fn typing_into_a_file_renamed_meanwhile_lands_in_the_new_name() {
     assert_eq!(server.metric("coderoom_edits_unplaced_total").await, 0.0);
 }
 
-#[tokio::test]
-async fn an_offline_client_coming_back_after_renames_keeps_its_edits() {
+on_each_backend!(
+    an_offline_client_coming_back_after_renames_keeps_its_edits,
+    an_offline_client_coming_back_after_renames_keeps_its_edits_on
+);
+
+async fn an_offline_client_coming_back_after_renames_keeps_its_edits_on(backend: &Backend) {
     let (_storage, server, room, token, [mut a, b, mut c]) =
-        room_with(&[("a.txt", "one two three")]).await;
+        room_with(backend, &[("a.txt", "one two three")]).await;
     // b goes offline and edits: typing, a deletion, more typing after its own text.
     let _ = edit_unsent(&b, "a.txt", 3, " and a half", 0);
     let _ = edit_unsent(&b, "a.txt", 14, "", 4);
@@ -209,10 +220,17 @@ async fn an_offline_client_coming_back_after_renames_keeps_its_edits() {
     server_listing(&server, &room, &token, &want).await;
 }
 
-#[tokio::test]
-async fn a_folder_rename_carries_edits_to_each_file() {
-    let (_storage, server, room, token, [mut a, mut b, mut c]) =
-        room_with(&[("src/x.rs", "fn x() {}"), ("src/y.rs", "fn y() {}")]).await;
+on_each_backend!(
+    a_folder_rename_carries_edits_to_each_file,
+    a_folder_rename_carries_edits_to_each_file_on
+);
+
+async fn a_folder_rename_carries_edits_to_each_file_on(backend: &Backend) {
+    let (_storage, server, room, token, [mut a, mut b, mut c]) = room_with(
+        backend,
+        &[("src/x.rs", "fn x() {}"), ("src/y.rs", "fn y() {}")],
+    )
+    .await;
     let x = edit_unsent(&b, "src/x.rs", 8, "1", 0);
     let y = edit_unsent(&b, "src/y.rs", 8, "2", 0);
     rename(
@@ -229,10 +247,14 @@ async fn a_folder_rename_carries_edits_to_each_file() {
     server_listing(&server, &room, &token, &want).await;
 }
 
-#[tokio::test]
-async fn an_edit_to_a_deleted_file_brings_it_back() {
+on_each_backend!(
+    an_edit_to_a_deleted_file_brings_it_back,
+    an_edit_to_a_deleted_file_brings_it_back_on
+);
+
+async fn an_edit_to_a_deleted_file_brings_it_back_on(backend: &Backend) {
     let (_storage, server, room, token, [mut a, mut b, mut c]) =
-        room_with(&[("notes.md", "keep this"), ("other.md", "x")]).await;
+        room_with(backend, &[("notes.md", "keep this"), ("other.md", "x")]).await;
     let typed = edit_unsent(&b, "notes.md", 9, " too", 0);
     delete_file(&mut a, "notes.md").await;
     wait_listing(&mut c, &[("other.md", "x")]).await;
@@ -259,10 +281,14 @@ async fn an_edit_to_a_deleted_file_brings_it_back() {
     server_listing(&server, &room, &token, &want).await;
 }
 
-#[tokio::test]
-async fn deletions_made_in_the_old_file_are_carried_too() {
+on_each_backend!(
+    deletions_made_in_the_old_file_are_carried_too,
+    deletions_made_in_the_old_file_are_carried_too_on
+);
+
+async fn deletions_made_in_the_old_file_are_carried_too_on(backend: &Backend) {
     let (_storage, server, room, token, [mut a, mut b, mut c]) =
-        room_with(&[("a.txt", "keep DROP keep")]).await;
+        room_with(backend, &[("a.txt", "keep DROP keep")]).await;
     let typed = edit_unsent(&b, "a.txt", 5, "", 5);
     rename(&mut a, &[("a.txt", "b.txt")]).await;
     c.wait_for_file("b.txt", "keep DROP keep").await;
@@ -272,10 +298,14 @@ async fn deletions_made_in_the_old_file_are_carried_too() {
     server_listing(&server, &room, &token, &want).await;
 }
 
-#[tokio::test]
-async fn carried_edits_survive_a_restart() {
+on_each_backend!(
+    carried_edits_survive_a_restart,
+    carried_edits_survive_a_restart_on
+);
+
+async fn carried_edits_survive_a_restart_on(backend: &Backend) {
     let (storage, server, room, token, [mut a, mut b, mut c]) =
-        room_with(&[("a.txt", "abc")]).await;
+        room_with(backend, &[("a.txt", "abc")]).await;
     let typed = edit_unsent(&b, "a.txt", 3, "def", 0);
     rename(&mut a, &[("a.txt", "b.txt")]).await;
     c.wait_for_file("b.txt", "abc").await;
@@ -287,11 +317,16 @@ async fn carried_edits_survive_a_restart() {
     server_listing(&server, &room, &token, &[("b.txt", "abcdef")]).await;
 }
 
+on_each_backend!(
+    an_edit_with_nowhere_known_to_go_is_kept_in_recovered,
+    an_edit_with_nowhere_known_to_go_is_kept_in_recovered_on
+);
+
 /// The room forgets departed files when it unloads; an edit that arrives for one after that has
 /// nowhere known to go, and is kept in `recovered/`, not dropped.
-#[tokio::test]
-async fn an_edit_with_nowhere_known_to_go_is_kept_in_recovered() {
-    let (storage, server, room, token, [mut a, b, mut c]) = room_with(&[("a.txt", "abc")]).await;
+async fn an_edit_with_nowhere_known_to_go_is_kept_in_recovered_on(backend: &Backend) {
+    let (storage, server, room, token, [mut a, b, mut c]) =
+        room_with(backend, &[("a.txt", "abc")]).await;
     let _ = edit_unsent(&b, "a.txt", 3, "XYZ", 0);
     rename(&mut a, &[("a.txt", "b.txt")]).await;
     c.wait_for_file("b.txt", "abc").await;
@@ -318,13 +353,17 @@ async fn an_edit_with_nowhere_known_to_go_is_kept_in_recovered() {
     assert_eq!(server.metric("coderoom_edits_unplaced_total").await, 1.0);
 }
 
+on_each_backend!(
+    a_rename_or_deletion_built_without_someones_typing_keeps_it,
+    a_rename_or_deletion_built_without_someones_typing_keeps_it_on
+);
+
 /// The other order: the typing reaches the room first, then a rename (or a deletion) by someone
 /// who had not seen it. The rename copies only what its author saw; the typing is carried into
 /// the new file, and a deleted file with unseen typing in it comes back.
-#[tokio::test]
-async fn a_rename_or_deletion_built_without_someones_typing_keeps_it() {
+async fn a_rename_or_deletion_built_without_someones_typing_keeps_it_on(backend: &Backend) {
     let (_storage, server, room, token, [mut a, mut b, mut c]) =
-        room_with(&[("a.txt", "hello world"), ("gone.txt", "old")]).await;
+        room_with(backend, &[("a.txt", "hello world"), ("gone.txt", "old")]).await;
     b.edit_file("a.txt", 5, ", dear").await;
     b.edit_file("a.txt", 0, "> ").await;
     b.edit_file("gone.txt", 3, " but edited").await;
@@ -349,13 +388,17 @@ async fn a_rename_or_deletion_built_without_someones_typing_keeps_it() {
     server_listing(&server, &room, &token, &[("b.txt", "> hello, dear world")]).await;
 }
 
+on_each_backend!(
+    a_huge_stale_edit_is_carried_up_to_a_bound_and_the_rest_recovered,
+    a_huge_stale_edit_is_carried_up_to_a_bound_and_the_rest_recovered_on
+);
+
 /// One update carries a bounded number of runs one by one (each is placed by a walk of its
 /// text); the rest of its lost text is kept in `recovered/`, in one file.
-#[tokio::test]
-async fn a_huge_stale_edit_is_carried_up_to_a_bound_and_the_rest_recovered() {
+async fn a_huge_stale_edit_is_carried_up_to_a_bound_and_the_rest_recovered_on(backend: &Backend) {
     let base = "x".repeat(1200);
     let (_storage, server, room, token, [mut a, mut b, mut c]) =
-        room_with(&[("a.txt", base.as_str())]).await;
+        room_with(backend, &[("a.txt", base.as_str())]).await;
     // 1100 separate insertions, one after each of the first 1100 characters, in one update.
     let typed = {
         let text = b.file("a.txt").unwrap();
@@ -396,11 +439,16 @@ async fn a_huge_stale_edit_is_carried_up_to_a_bound_and_the_rest_recovered() {
     .await;
 }
 
+on_each_backend!(
+    a_path_created_twice_at_once_resolves_as_yjs_does,
+    a_path_created_twice_at_once_resolves_as_yjs_does_on
+);
+
 /// Two people creating one path at the same moment is not a departure: Yjs keeps one of the two
 /// texts (the same on every replica), whichever arrives first, and the room adds nothing.
-#[tokio::test]
-async fn a_path_created_twice_at_once_resolves_as_yjs_does() {
-    let (_storage, server, room, token, [_, _, mut c]) = room_with(&[("x.txt", "x")]).await;
+async fn a_path_created_twice_at_once_resolves_as_yjs_does_on(backend: &Backend) {
+    let (_storage, server, room, token, [_, _, mut c]) =
+        room_with(backend, &[("x.txt", "x")]).await;
     // Yjs keeps the text of the higher client id: 2's. Both orders of arrival.
     for (first, second, path) in [(2u64, 1u64, "n1.md"), (1, 2, "n2.md")] {
         let mut clients = Vec::new();

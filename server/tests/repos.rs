@@ -176,9 +176,15 @@ async fn cgi(
     r
 }
 
-#[tokio::test]
-async fn repositories_are_cloned_pulled_and_pushed_without_the_token_entering_the_room() {
-    let storage = Storage::new(&Backend::Sqlite).await;
+on_each_backend!(
+    repositories_are_cloned_pulled_and_pushed_without_the_token_entering_the_room,
+    repositories_are_cloned_pulled_and_pushed_without_the_token_entering_the_room_on
+);
+
+async fn repositories_are_cloned_pulled_and_pushed_without_the_token_entering_the_room_on(
+    backend: &Backend,
+) {
+    let storage = Storage::new(backend).await;
     let log = storage.dir.path().join("server.log");
     let upstream = tempfile::tempdir().unwrap();
     let seed = origin(upstream.path());

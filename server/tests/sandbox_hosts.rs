@@ -88,10 +88,15 @@ async fn host_with(dir: &Path, id: &str, cert: &str, capacity: usize, extra: &[&
 }
 
 fn server_flags(dir: &Path, hosts: &[&Host]) -> Vec<String> {
+    server_flags_for("namespace", dir, hosts)
+}
+
+/// [`server_flags`] for rooms of the sandbox tier `tier`.
+fn server_flags_for(tier: &str, dir: &Path, hosts: &[&Host]) -> Vec<String> {
     let addresses: Vec<&str> = hosts.iter().map(|h| h.address.as_str()).collect();
     vec![
         "--sandbox-tier".into(),
-        "namespace".into(),
+        tier.into(),
         "--sandbox-hosts".into(),
         addresses.join(","),
         "--sandbox-host-ca".into(),
@@ -101,6 +106,16 @@ fn server_flags(dir: &Path, hosts: &[&Host]) -> Vec<String> {
         "--sandbox-host-key".into(),
         dir.join("server.key").display().to_string(),
     ]
+}
+
+/// The line of the server's log (`log`) that says why a sandbox did not start.
+fn failed_start(log: &Path) -> String {
+    let logged = std::fs::read_to_string(log).unwrap();
+    logged
+        .lines()
+        .find(|l| l.contains("sandbox start failed"))
+        .unwrap_or_else(|| panic!("{logged}"))
+        .to_owned()
 }
 
 /// The sandbox host a room's sandbox runs on, as its receipt says (its `--id`).
@@ -240,11 +255,7 @@ async fn hosts_serve_only_their_authority_and_placement_says_why_it_failed() {
     let (status, out) = exec(&server, &ana, &room, "true").await;
     assert_eq!(status, 503, "{out}");
     assert_eq!(out["error"], "the sandbox could not start");
-    let logged = std::fs::read_to_string(&log).unwrap();
-    let line = logged
-        .lines()
-        .find(|l| l.contains("sandbox start failed"))
-        .unwrap_or_else(|| panic!("{logged}"));
+    let line = failed_start(&log);
     assert!(line.contains(&a.address), "{line}");
     drop(server);
 
@@ -263,14 +274,58 @@ async fn hosts_serve_only_their_authority_and_placement_says_why_it_failed() {
     let second = create_room(&server, &ana).await;
     let (status, out) = exec(&server, &ana, &second, "echo ok").await;
     assert_eq!(status, 503, "{out}");
-    let logged = std::fs::read_to_string(&log).unwrap();
-    let line = logged
-        .lines()
-        .find(|l| l.contains("sandbox start failed"))
-        .unwrap_or_else(|| panic!("{logged}"));
+    let line = failed_start(&log);
     assert!(line.contains("no sandbox host can take it"), "{line}");
     assert!(line.contains("full (1 of 1)"), "{line}");
     assert!(line.contains(&x.address) && line.contains("TLS"), "{line}");
+}
+
+/// Placement by load and tier: each sandbox goes to the host with the smallest share of its
+/// capacity in use, and never to a host of another tier than the room's (the start fails,
+/// saying so, rather than run the room in a weaker sandbox).
+#[tokio::test]
+async fn placement_follows_the_load_and_never_crosses_tiers() {
+    let dir = tempfile::tempdir().unwrap();
+    certs(dir.path(), "host-a", &["127.0.0.1"]);
+    certs(dir.path(), "host-b", &["127.0.0.1"]);
+    certs(dir.path(), "server", &[]);
+    let a = host(dir.path(), "host-a", "host-a", 2).await;
+    let b = host(dir.path(), "host-b", "host-b", 4).await;
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let flags = server_flags(dir.path(), &[&a, &b]);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let server = Server::start(&storage, &flags).await;
+    let ana = storage.token("ana@example.com").await;
+    let mut placed = Vec::new();
+    for _ in 0..3 {
+        let room = create_room(&server, &ana).await;
+        let (status, out) = exec(&server, &ana, &room, "echo ok").await;
+        assert_eq!(status, 200, "{out}");
+        placed.push(placed_on(&server, &ana, &room).await);
+    }
+    // Both empty: either first; the second goes to the other (nothing in use beats a share);
+    // the third to host-b (1 of 4 in use beats 1 of 2).
+    assert_ne!(placed[0], placed[1], "{placed:?}");
+    assert!(placed[2].starts_with("host-b"), "{placed:?}");
+    drop(server);
+
+    // A room server whose rooms are microVMs finds only namespace hosts: no start.
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let log = dir.path().join("microvm.log");
+    let flags = server_flags_for("microvm", dir.path(), &[&a, &b]);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let server = Server::start_logging_with(&storage, &log, &flags).await;
+    let ana = storage.token("ana@example.com").await;
+    let room = create_room(&server, &ana).await;
+    let (status, out) = exec(&server, &ana, &room, "echo ok").await;
+    assert_eq!(status, 503, "{out}");
+    let line = failed_start(&log);
+    for h in [&a, &b] {
+        assert!(
+            line.contains(&format!("{}: runs the namespace tier", h.address)),
+            "{line}"
+        );
+    }
 }
 
 /// Asks the host at `address` for its status over TLS, trusting the authority in `ca_dir` and

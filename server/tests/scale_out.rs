@@ -443,8 +443,19 @@ async fn a_deletion_left_part_way_by_a_dead_server_is_finished_by_a_running_one(
     });
     crashing.stopped_at("deletion_after_steps_2").await;
     let lease = Duration::from_millis(LEASE_MS.parse().unwrap());
-    // Paused, not dead: for a lease and more, the other server leaves its deletion alone.
-    tokio::time::sleep(lease + lease / 2).await;
+    // Paused, not dead: the other server leaves its deletion alone. Its sweeper passes once
+    // a lease; two passes after the pause, a claim nobody renewed would have lapsed and been
+    // taken (the positive event the refusal is read after, not a fixed time).
+    let sweeps = || other.metric("coderoom_deletion_sweeps_total");
+    let from = sweeps().await;
+    let waited = Instant::now();
+    while sweeps().await < from + 2.0 {
+        assert!(
+            waited.elapsed() < lease * 2 + TIMEOUT,
+            "the other server's deletion sweeper did not run"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let state = |d: &serde_json::Value| d["state"].as_str().unwrap_or_default().to_owned();
     let root = storage.token("root@example.com").await;
     let path = format!("/api/deletions/{id}");

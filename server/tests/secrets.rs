@@ -307,6 +307,59 @@ async fn secrets_are_sealed_listed_by_rule_and_rotated_on(backend: &Backend) {
     );
     assert!(!text.contains(&value));
 
+    // An interrupted rotation is finished by running it again, whichever side of its
+    // transaction it stopped on. Before the transaction: the new key is beside the current
+    // one, the secrets still under the current one; the rerun takes that new key.
+    let next = storage.dir.path().join("secret.key.next");
+    let before = storage.dir.path().join("before.key");
+    std::fs::copy(&key, &before).unwrap();
+    let pending = format!("{}\n", "ab".repeat(32));
+    std::fs::write(&next, &pending).unwrap();
+    let rotated_again = || async {
+        let (ok, text) = storage.cli(&["secrets", "rotate-key"]).await;
+        assert!(
+            ok && text.contains("ok: 2 secret(s) sealed again"),
+            "{text}"
+        );
+    };
+    rotated_again().await;
+    assert_eq!(std::fs::read_to_string(&key).unwrap(), pending);
+    assert!(!next.exists());
+    let (ok, text) = storage.cli(&["secrets", "verify"]).await;
+    assert!(ok, "{text}");
+    let verify_with = |k: &std::path::Path| {
+        let k = k.to_str().unwrap().to_owned();
+        let storage = &storage;
+        async move {
+            storage
+                .cli(&["secrets", "verify", "--secret-key-file", &k])
+                .await
+        }
+    };
+    assert!(
+        !verify_with(&before).await.0,
+        "the key before still opens them"
+    );
+    // After the transaction, before the new key took the current one's place: the secrets are
+    // under the new key, which the server and `verify` find beside the current one; the rerun
+    // puts it in place.
+    std::fs::copy(&key, &before).unwrap();
+    let (ok, text) = storage.cli(&["secrets", "rotate-key"]).await;
+    assert!(ok, "{text}");
+    let sealed_under = std::fs::read_to_string(&key).unwrap();
+    std::fs::rename(&key, &next).unwrap();
+    std::fs::copy(&before, &key).unwrap();
+    let (ok, text) = storage.cli(&["secrets", "verify"]).await;
+    assert!(ok, "the new key beside the current one opens them: {text}");
+    rotated_again().await;
+    assert_eq!(std::fs::read_to_string(&key).unwrap(), sealed_under);
+    assert!(!next.exists());
+    assert!(
+        !verify_with(&before).await.0,
+        "the key before still opens them"
+    );
+    assert!(storage.cli(&["secrets", "verify"]).await.0);
+
     // Without its key, a server holding secrets does not start (a new key would open none).
     let aside = storage.dir.path().join("aside.key");
     std::fs::rename(&key, &aside).unwrap();

@@ -57,6 +57,14 @@ test('a member previews the room\'s app in the pane and a tab; nobody else can',
   const inner = ana.page.frames().find((f) => f.url().includes('.preview.localhost'))
   assert.ok(inner, 'no frame on the preview origin')
   assert.match(inner.url(), new RegExp(`^http://[0-9a-f]{32}\\.preview\\.localhost:${previewPort}/$`))
+  // The frame as the room makes it: sandboxed without top navigation, no permissions policy
+  // features, no referrer; script in it cannot read the preview's session cookie.
+  const frameEl = ana.page.getByTestId('preview-frame')
+  assert.equal(await frameEl.getAttribute('sandbox'),
+    'allow-scripts allow-same-origin allow-forms allow-popups allow-popups-to-escape-sandbox allow-modals allow-downloads')
+  assert.equal(await frameEl.getAttribute('referrerpolicy'), 'no-referrer')
+  assert.equal(await frameEl.getAttribute('allow'), null)
+  assert.equal(await inner.evaluate(() => document.cookie.includes('coderoom_preview')), false)
   await shot(ana.page, '21-preview-pane')
 
   // The Previews panel (Alt+0) lists it; a tab of its own shows the app too.

@@ -143,6 +143,16 @@ fn find_port(name: &str) -> Option<PathBuf> {
 /// whatever their family, so the accepted socket is served like the namespace tier's. The
 /// listener stays open for the stream a restored VM gets next.
 fn accept_vsock(port: u32) -> std::io::Result<(OwnedFd, OwnedFd)> {
+    let listener = listen_vsock(port)?;
+    loop {
+        if let Some(stream) = accept_from_host(&listener)? {
+            return Ok((listener, stream));
+        }
+    }
+}
+
+/// A vsock listener on `port`, any CID, once the transport is there.
+fn listen_vsock(port: u32) -> std::io::Result<OwnedFd> {
     let deadline = std::time::Instant::now() + DEVICE_WITHIN;
     // The transport's module may still be loading: socket() fails until it has.
     let listener = loop {
@@ -171,11 +181,7 @@ fn accept_vsock(port: u32) -> std::io::Result<(OwnedFd, OwnedFd)> {
     {
         return Err(std::io::Error::last_os_error());
     }
-    loop {
-        if let Some(stream) = accept_from_host(&listener)? {
-            return Ok((listener, stream));
-        }
-    }
+    Ok(listener)
 }
 
 /// The two halves of the control stream.
@@ -257,5 +263,72 @@ impl tokio::io::AsyncWrite for Device {
         _cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
         std::task::Poll::Ready(Ok(()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsRawFd as _;
+
+    /// Connects to vsock `cid`:`port`, or says why not.
+    fn connect_vsock(cid: u32, port: u32) -> std::io::Result<OwnedFd> {
+        // SAFETY: plain socket call; the result is checked and owned at once.
+        let fd = unsafe { libc::socket(libc::AF_VSOCK, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just created and is owned by nothing else.
+        let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+        // SAFETY: an all-zero sockaddr_vm is a valid value, then filled in.
+        let mut addr: libc::sockaddr_vm = unsafe { std::mem::zeroed() };
+        addr.svm_family = libc::AF_VSOCK as libc::sa_family_t;
+        addr.svm_port = port;
+        addr.svm_cid = cid;
+        let len = std::mem::size_of::<libc::sockaddr_vm>() as libc::socklen_t;
+        // SAFETY: `addr` is a valid sockaddr_vm of `len` bytes; the descriptor is ours.
+        if unsafe { libc::connect(sock.as_raw_fd(), std::ptr::addr_of!(addr).cast(), len) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(sock)
+    }
+
+    /// Code inside a guest reaching the agent's own vsock listener over vsock's loopback (the
+    /// local context id, 1) is refused: its connection is closed unanswered, and the listener
+    /// waits on for the host. Needs a kernel with vsock's loopback transport (a guest's, or a
+    /// host with `vsock_loopback` loaded); elsewhere the test reports itself skipped.
+    #[test]
+    fn a_vsock_peer_other_than_the_host_is_refused() {
+        let port = 0x4000_0000 + std::process::id() % 0x1000_0000;
+        // SAFETY: plain socket call, closed at once.
+        let probe =
+            unsafe { libc::socket(libc::AF_VSOCK, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+        if probe < 0 {
+            crate::test_skip::skip("VSOCK", "this kernel has no vsock sockets");
+            return;
+        }
+        // SAFETY: `probe` is ours and closed once.
+        unsafe { libc::close(probe) };
+        let listener = listen_vsock(port).unwrap();
+        let connecting = std::thread::spawn(move || connect_vsock(libc::VMADDR_CID_LOCAL, port));
+        let client = match connecting.join().unwrap() {
+            Ok(c) => c,
+            Err(e) => {
+                crate::test_skip::skip(
+                    "VSOCK",
+                    &format!("no vsock loopback here (connecting to context id 1: {e})"),
+                );
+                return;
+            }
+        };
+        assert!(
+            accept_from_host(&listener).unwrap().is_none(),
+            "a connection from context id 1 was taken as the host's"
+        );
+        // Closed unanswered: the peer reads the end, not a greeting.
+        let mut buf = [0u8; 16];
+        // SAFETY: reading into our own buffer from our own socket.
+        let n = unsafe { libc::read(client.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+        assert!(n <= 0, "the refused peer read {n} bytes");
     }
 }

@@ -2,13 +2,13 @@
 //!
 //! Requests hand a [`Mail`] to a bounded queue and return at once; one task sends it through
 //! the SMTP relay given by `--smtp-url` (lettre: plain, STARTTLS or TLS, credentials from the
-//! URL) or, without one, writes it as an RFC 5322 `.eml` file under `DATA_DIR/outbox/` with one
+//! URL; `--smtp-ca-file` adds authorities to the Mozilla roots for a relay's certificate) or, without one, writes it as an RFC 5322 `.eml` file under `DATA_DIR/outbox/` with one
 //! log line saying where. Failures are retried with backoff and end in one clear log line.
 //! Message bodies (which carry login codes) are never logged.
 
 use lettre::message::{header::ContentType, Mailbox};
 use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -33,6 +33,47 @@ pub(crate) enum MailError {
     Url(#[from] lettre::transport::smtp::Error),
     #[error("cannot create the outbox directory")]
     Io(#[from] std::io::Error),
+    #[error("--smtp-ca-file {0}: {1}")]
+    CaFile(PathBuf, std::io::Error),
+    #[error("--smtp-ca-file {0}: no PEM certificate in it")]
+    BadCa(PathBuf),
+    #[error(
+        "--smtp-ca-file is for a relay reached over TLS: smtps://, or smtp:// with ?tls=required \
+         (or ?tls=opportunistic)"
+    )]
+    CaWithoutTls,
+}
+
+/// The relay `url` names, trusting the authorities in `ca` (PEM) besides the Mozilla roots
+/// lettre ships with (a relay with a private authority's certificate).
+fn smtp_transport(
+    url: &str,
+    ca: Option<&Path>,
+) -> Result<AsyncSmtpTransport<Tokio1Executor>, MailError> {
+    use lettre::transport::smtp::client::{Certificate, Tls, TlsParameters};
+    let mut builder =
+        AsyncSmtpTransport::<Tokio1Executor>::from_url(url)?.timeout(Some(SMTP_TIMEOUT));
+    if let Some(ca) = ca {
+        let pem = std::fs::read(ca).map_err(|e| MailError::CaFile(ca.to_owned(), e))?;
+        let roots = Certificate::from_pem(&pem).map_err(|_| MailError::BadCa(ca.to_owned()))?;
+        // lettre read the same URL above: it parses, and names a host.
+        let parsed = url::Url::parse(url).map_err(|_| MailError::CaWithoutTls)?;
+        let host = parsed.host_str().unwrap_or_default().to_owned();
+        let params = TlsParameters::builder(host)
+            .add_root_certificate(roots)
+            .build()?;
+        let tls = parsed
+            .query_pairs()
+            .find(|(k, _)| k == "tls")
+            .map(|(_, v)| v.into_owned());
+        builder = builder.tls(match (parsed.scheme(), tls.as_deref()) {
+            ("smtps", _) => Tls::Wrapper(params),
+            ("smtp", Some("required")) => Tls::Required(params),
+            ("smtp", Some("opportunistic")) => Tls::Opportunistic(params),
+            _ => return Err(MailError::CaWithoutTls),
+        });
+    }
+    Ok(builder.build())
 }
 
 enum Transport {
@@ -49,17 +90,14 @@ impl Mailer {
     /// Starts the sending task. `from` is the sender address.
     pub(crate) fn start(
         smtp_url: Option<&str>,
+        smtp_ca: Option<&Path>,
         outbox: PathBuf,
         from: Mailbox,
         tracker: &TaskTracker,
         shutdown: CancellationToken,
     ) -> Result<Mailer, MailError> {
         let transport = match smtp_url {
-            Some(url) => Transport::Smtp(
-                AsyncSmtpTransport::<Tokio1Executor>::from_url(url)?
-                    .timeout(Some(SMTP_TIMEOUT))
-                    .build(),
-            ),
+            Some(url) => Transport::Smtp(smtp_transport(url, smtp_ca)?),
             None => {
                 std::fs::create_dir_all(&outbox)?;
                 Transport::Outbox(outbox)

@@ -422,6 +422,7 @@ pub(super) async fn checked_address(
         }
     };
     let to: SocketAddr = match answer {
+        #[cfg(feature = "egress-test-resolve")]
         Answer::StandIn(s) => s,
         Answer::Addrs(addrs) => {
             if addrs.is_empty() {

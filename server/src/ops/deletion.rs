@@ -421,7 +421,12 @@ pub(crate) async fn resume(app: &Ops) -> Result<(), OpError> {
 
 /// Picks up, while the server runs, deletions another server left part way (it died): every
 /// room lease period, a claim on each unfinished deletion whose runner's claim has lapsed.
-pub(crate) fn start_sweeper(app: Ops, shutdown: tokio_util::sync::CancellationToken) {
+/// `sweeps` counts the passes (`coderoom_deletion_sweeps_total`).
+pub(crate) fn start_sweeper(
+    app: Ops,
+    sweeps: prometheus_client::metrics::counter::Counter,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
     let every = std::time::Duration::from_millis(
         u64::try_from(app.rooms.lease_ms())
             .unwrap_or(10_000)
@@ -436,6 +441,7 @@ pub(crate) fn start_sweeper(app: Ops, shutdown: tokio_util::sync::CancellationTo
             if let Err(e) = resume(&app).await {
                 tracing::warn!(error = %e, "resuming deletions failed; trying again later");
             }
+            sweeps.inc();
         }
     });
 }

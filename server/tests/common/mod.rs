@@ -37,9 +37,8 @@ pub enum Need {
     Qemu,
     /// cloud-hypervisor's binary (built by `.ci/run` from `../shared/vendor`).
     CloudHypervisor,
-    /// A non-loopback address of this machine (the egress matrix's "this server's own address"
-    /// rows).
-    HostAddress,
+    /// Network namespaces of the test's own (root and iproute2; see `netns.rs`).
+    NetNamespace,
     /// A KVM that boots a stock guest kernel (hardware virtualisation; `CODEROOM_KVM_TESTS=1`
     /// forces the tests that need it).
     Kvm,
@@ -56,11 +55,12 @@ impl Need {
             Need::Qemu => "QEMU",
             Need::CloudHypervisor => "CLOUD_HYPERVISOR",
             Need::Kvm => "KVM",
-            Need::HostAddress => "HOST_ADDRESS",
+            Need::NetNamespace => "NETNS",
         }
     }
 }
 
+pub mod netns;
 mod skip_log;
 
 /// Reports the running test as skipped for want of `need` (see `skip_log.rs`, shared with the
@@ -297,6 +297,15 @@ impl Server {
         Self::start_command(Command::new(BIN), storage, extra, env, None).await
     }
 
+    /// Starts the server in the test's network namespace `ns` (listening on its address
+    /// there, reading its `/etc/hosts`).
+    pub async fn start_in(ns: &netns::Netns, storage: &Storage, extra: &[&str]) -> Server {
+        let listen = format!("{}:0", ns.server_addr);
+        let mut args = vec!["--listen", &listen];
+        args.extend_from_slice(extra);
+        Self::start_command(ns.in_server(BIN), storage, &args, &[], None).await
+    }
+
     /// Starts a server that stops at the test hook `point` before it listens (work it does at
     /// startup, such as resuming a deletion, reaches the point). It has no address; kill it.
     pub async fn start_stopping_at(storage: &Storage, point: &str) -> Server {
@@ -384,10 +393,13 @@ impl Server {
         env: &[(&str, &str)],
         stop_at: Option<&str>,
     ) -> Server {
+        if !extra.contains(&"--listen") {
+            cmd.args(["serve", "--listen", "127.0.0.1:0"]);
+        } else {
+            cmd.arg("serve");
+        }
         let mut child = cmd
             .envs(env.iter().copied())
-            .arg("serve")
-            .args(["--listen", "127.0.0.1:0"])
             .args(storage.args())
             .args(extra)
             // CODEROOM_TEST_LOG=debug shows the server's reasoning when a test fails.
@@ -1023,6 +1035,11 @@ pub async fn team_with(storage: &Storage, extra: &[&str]) -> Room {
     let ben = storage.token("ben@example.com").await;
     let cy = storage.token("cy@example.com").await;
     let server = Server::start(storage, extra).await;
+    team_at(server, ana, ben, cy).await
+}
+
+/// [`team`] on a server the caller started, for the three people's tokens.
+pub async fn team_at(server: Server, ana: String, ben: String, cy: String) -> Room {
     let room = create_room(&server, &ana).await;
     let (status, inv) = invite(&server, &ana, &room, "editor", 1).await;
     assert_eq!(status, 201);
