@@ -753,6 +753,14 @@ async fn approvals_bind_to_another_approver_and_the_exact_parameters_on(backend:
         .as_str()
         .unwrap()
         .to_owned();
+    // An approval asked for lives an hour.
+    let lives = storage
+        .query_i64(
+            "SELECT expires_at - created_at FROM approvals WHERE id = $1",
+            &[(&late).into()],
+        )
+        .await;
+    assert_eq!(lives, 60 * 60 * 1000);
     storage
         .execute(
             "UPDATE approvals SET expires_at = 1 WHERE id = $1",

@@ -13,6 +13,11 @@ on_each_backend!(
     sponsored
 );
 
+/// The observe-only agent's typed keys must be refused and recorded as a `type` refusal of
+/// its own, besides the edit's and the command's. Shown failing once on purpose: with
+/// `record_denials` in `Ops::type_keys` (`server/src/ops/typing.rs`) commented out,
+/// `cargo test -p coderoom-server --test agents -- an_agent` failed with
+/// `not every refusal was recorded: ["edit", "run_command"]`.
 async fn sponsored(backend: &Backend) {
     {
         let storage = Storage::new(backend).await;

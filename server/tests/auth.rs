@@ -181,6 +181,14 @@ async fn login_once(backend: &Backend) {
     assert_eq!(rcpt[0].1, "ana@example.com");
     assert!(!headers.iter().any(|(k, _)| k == "bcc" || k == "cc"));
     let code = code_in(&mail);
+    // A code lives ten minutes.
+    let lives = storage
+        .query_i64(
+            "SELECT expires_at - created_at FROM login_codes WHERE email = $1",
+            &[Arg::Text("ana@example.com".into())],
+        )
+        .await;
+    assert_eq!(lives, 10 * 60 * 1000);
 
     let ok = verify(&server, "ana@example.com", &code).await;
     assert_eq!(ok.status, 200, "{}", ok.body);
@@ -191,6 +199,12 @@ async fn login_once(backend: &Backend) {
         set_cookie.contains("HttpOnly") && set_cookie.contains("SameSite=Lax"),
         "{set_cookie}"
     );
+    // A session lives thirty days at most, in the browser and in the database.
+    assert!(set_cookie.contains("Max-Age=2592000"), "{set_cookie}");
+    let lives = storage
+        .query_i64("SELECT MAX(expires_at - created_at) FROM sessions", &[])
+        .await;
+    assert_eq!(lives, 30 * 24 * 3600 * 1000);
     let cookie = cookie_of(&ok);
     let me = request(&server.url("/api/me"), "GET", &[("Cookie", &cookie)], None).await;
     assert_eq!(me.status, 200);
@@ -440,6 +454,45 @@ async fn one_ip_is_limited_before_any_hashing() {
     }
     server.terminate().await;
 
+    // The burst is exact: ten answered, the eleventh refused (nothing comes back within ten
+    // minutes here).
+    let server = Server::start(&storage, &["--auth-replenish-ms", "600000"]).await;
+    for i in 0..10 {
+        let r = verify(&server, "x@example.com", "000000").await;
+        assert_eq!(r.status, 401, "request {i} of the burst of 10");
+    }
+    let r = verify(&server, "x@example.com", "000000").await;
+    assert_eq!(r.status, 429, "the eleventh");
+    assert!(r.header("retry-after").is_some(), "{:?}", r.headers);
+    server.terminate().await;
+    // And one more comes back every --auth-replenish-ms: not sooner, and not much later.
+    let server = Server::start(
+        &storage,
+        &["--auth-burst", "1", "--auth-replenish-ms", "1000"],
+    )
+    .await;
+    let asked = std::time::Instant::now();
+    assert_eq!(verify(&server, "x@example.com", "000000").await.status, 401);
+    assert_eq!(verify(&server, "x@example.com", "000000").await.status, 429);
+    loop {
+        let status = verify(&server, "x@example.com", "000000").await.status;
+        if status == 401 {
+            break;
+        }
+        assert_eq!(status, 429);
+        assert!(
+            asked.elapsed() < Duration::from_secs(3),
+            "no request came back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        asked.elapsed() >= Duration::from_millis(1000),
+        "one came back after {:?}",
+        asked.elapsed()
+    );
+    server.terminate().await;
+
     // Behind a trusted proxy the forwarded address is the key: distinct clients are distinct.
     let server = Server::start(
         &storage,
@@ -586,23 +639,46 @@ async fn idle_sessions_die() {
         200
     );
     let mut conn = storage.sqlite().await;
-    // Last used eight days ago: past the seven-day idle limit.
-    let eight_days_ago = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-        - 8 * 24 * 3600 * 1000;
+    let now = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as i64
+    };
+    let (minute, week) = (60 * 1000, 7 * 24 * 3600 * 1000);
+    let me = || async {
+        http(&server.url("/api/me"), "GET", Some(&token), None)
+            .await
+            .0
+    };
+    // Last used a minute short of the seven-day idle limit: alive (and used again now).
     sqlx::query("UPDATE sessions SET last_seen_at = $1")
-        .bind(eight_days_ago)
+        .bind(now() - week + minute)
         .execute(&mut conn)
         .await
         .unwrap();
-    assert_eq!(
+    assert_eq!(me().await, 200);
+    // Last used a minute past it: gone.
+    sqlx::query("UPDATE sessions SET last_seen_at = $1")
+        .bind(now() - week - minute)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(me().await, 401);
+    // However recently used, a session ends at its absolute expiry.
+    let token = storage.token("ben@example.com").await;
+    let me = || async {
         http(&server.url("/api/me"), "GET", Some(&token), None)
             .await
-            .0,
-        401
-    );
+            .0
+    };
+    assert_eq!(me().await, 200);
+    sqlx::query("UPDATE sessions SET expires_at = $1")
+        .bind(now() - 1000)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(me().await, 401);
     server.terminate().await;
 }
 

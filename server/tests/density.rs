@@ -101,8 +101,13 @@ async fn open_idle(target: &Target, rooms: &[String], n: usize) -> Vec<Ws> {
 /// returns it; fails when it is still moving after 30 s (a reading taken mid-growth would
 /// make the per-connection figure look smaller than it is).
 async fn settled_rss(pid: u32) -> u64 {
+    settled_rss_within(pid, 300).await
+}
+
+/// [`settled_rss`], reading at most `tries` more times.
+async fn settled_rss_within(pid: u32, tries: usize) -> u64 {
     let mut readings = vec![rss_kib(pid)];
-    for _ in 0..300 {
+    for _ in 0..tries {
         tokio::time::sleep(Duration::from_millis(100)).await;
         let now = rss_kib(pid);
         let last = readings[readings.len() - 1];
@@ -214,6 +219,27 @@ async fn idle_connections_stay_small() {
 }
 
 /// The server raises its soft open-file limit to the hard one at start.
+/// The settling check itself fails on memory that keeps growing (a process that allocates and
+/// writes a MiB every 20 ms), instead of returning a reading taken mid-growth.
+#[tokio::test]
+#[should_panic(expected = "never settled")]
+async fn memory_that_keeps_growing_never_counts_as_settled() {
+    let mut grower = tokio::process::Command::new("python3")
+        .args([
+            "-c",
+            "import sys, time\nheld = []\nprint('growing', flush=True)\nwhile True:\n    held.append(b'x' * (1 << 20))\n    time.sleep(0.02)",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut said =
+        tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(grower.stdout.take().unwrap()));
+    let first = tokio::time::timeout(TIMEOUT, said.next_line()).await;
+    assert!(matches!(first, Ok(Ok(Some(_)))), "{first:?}");
+    settled_rss_within(grower.id().unwrap(), 20).await;
+}
+
 #[tokio::test]
 async fn the_open_file_limit_is_raised_to_the_hard_limit() {
     let storage = Storage::new(&Backend::Sqlite).await;

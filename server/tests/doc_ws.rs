@@ -125,24 +125,36 @@ async fn a_far_oversized_message_still_closes_1009() {
     server.terminate().await;
 }
 
+/// The frame of an update that pastes `text` at the start of `main.rs` in `c`'s document.
+fn paste_frame(c: &Client, text: &str) -> Vec<u8> {
+    use yrs::{Text, Transact};
+    let t = c.text("main.rs");
+    let mut txn = c.doc.transact_mut();
+    t.insert(&mut txn, 0, text);
+    YMessage::Sync(SyncMessage::Update(txn.encode_update_v1())).encode_v1()
+}
+
 #[tokio::test]
 async fn oversized_message_closes_1009() {
     let storage = Storage::new(&Backend::Sqlite).await;
     let (server, token, room) = seeded(&storage, &["--max-message-bytes", "65536"]).await;
     let mut c = Client::connect(&server, &room, &token).await;
     c.synced().await;
-    let big = "x".repeat(70_000);
-    let update = {
-        use yrs::{Text, Transact};
-        let t = c.text("main.rs");
-        let mut txn = c.doc.transact_mut();
-        t.insert(&mut txn, 0, &big);
-        txn.encode_update_v1()
-    };
-    c.send_raw(YMessage::Sync(SyncMessage::Update(update)).encode_v1())
-        .await;
+    c.send_raw(paste_frame(&c, &"x".repeat(70_000))).await;
     assert_eq!(c.closed().await, Some(1009));
     assert_unchanged(&server, &room, &token).await;
+    // A paste whose message is just under the cap fits, whole.
+    let mut c = Client::connect(&server, &room, &token).await;
+    c.synced().await;
+    let paste = "a".repeat(65_400);
+    let frame = paste_frame(&c, &paste);
+    assert!(
+        frame.len() > 65_000 && frame.len() <= 65_536,
+        "{}",
+        frame.len()
+    );
+    c.send_raw(frame).await;
+    eventually(&server, &room, &token, "main.rs", &format!("{paste}seed")).await;
     server.terminate().await;
 }
 
@@ -343,11 +355,17 @@ async fn awareness_limits() {
         }
     }
 
-    // Entry over 4 KiB.
+    // An entry of exactly 4 KiB is someone's presence; one byte more closes the connection.
     let mut c = Client::connect(&server, &room, &token).await;
     c.synced().await;
-    let big = format!(r#"{{"pad":"{}"}}"#, "p".repeat(5000));
-    c.send(awareness(&[(10, 1, &big)])).await;
+    let full = format!(r#"{{"pad":"{}"}}"#, "p".repeat(4096 - 10));
+    assert_eq!(full.len(), 4096);
+    c.send(awareness(&[(10, 1, &full)])).await;
+    let mut watcher = Client::connect(&server, &room, &token).await;
+    watcher.synced().await;
+    eventually_presence(&mut watcher, 10).await;
+    let big = format!(r#"{{"pad":"{}"}}"#, "p".repeat(4096 - 9));
+    c.send(awareness(&[(10, 2, &big)])).await;
     assert_eq!(c.closed().await, Some(1008));
 
     // More client ids than one connection may own.

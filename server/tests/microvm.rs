@@ -318,8 +318,8 @@ async fn a_room_runs_in_a_qemu_microvm() {
     );
     if let Some((limit, peak)) = cgroup {
         assert!(
-            limit <= (256 + 512) << 20,
-            "the VMM's limit is the guest's RAM plus overhead: {limit}"
+            limit == (256 + 320) << 20,
+            "the VMM's limit is the guest's RAM plus 320 MiB: {limit}"
         );
         assert!(peak <= limit, "peak {peak} within limit {limit}");
     }

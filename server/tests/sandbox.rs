@@ -951,6 +951,11 @@ async fn file_names_straddling_the_temporary_name_cut_are_written_whole() {
 /// careless parent would, with descriptor 7 appending to a root-only file and 8 reading
 /// another; from inside (an exec'd command, the terminal) neither is open, and on the host no
 /// process but the server itself holds either file.
+///
+/// Shown failing once on purpose: with both `close_on_exec_from(3)` calls (the sandbox's
+/// spawn in `sandbox-host/src/process.rs`, the agent in `agent.rs`) commented out,
+/// `cargo test -p coderoom-server --test sandbox -- inherited_descriptors` failed at the
+/// `open-` check with `"stdout":"open-7\nopen-8\nSECRET-7f3a\nEND-42\n"`.
 #[tokio::test]
 async fn inherited_descriptors_never_reach_the_sandbox() {
     use std::os::unix::fs::PermissionsExt;

@@ -114,3 +114,29 @@ async fn the_app_shell_and_its_assets_are_served_with_a_strict_policy() {
     assert_eq!(post.status, 405);
     assert_eq!(server.terminate().await.code(), Some(0));
 }
+
+/// The harness's own check: an answer that is not whole in time fails the test whatever its
+/// status, so a server that sends a head and then hangs cannot pass a status-only check.
+#[tokio::test]
+#[should_panic(expected = "no whole answer within")]
+async fn a_head_then_silence_fails_the_harness_request() {
+    use tokio::io::AsyncWriteExt as _;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let (mut conn, _) = listener.accept().await.unwrap();
+        let _ = conn
+            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf")
+            .await;
+        // Holds the connection open, saying nothing more.
+        std::future::pending::<()>().await;
+    });
+    request_within(
+        &url,
+        "GET",
+        &[],
+        None,
+        std::time::Duration::from_millis(500),
+    )
+    .await;
+}

@@ -46,10 +46,15 @@ pub(crate) fn routes(state: &AppState) -> Router<AppState> {
                 limiter.shrink_to_fit();
             }
         });
-        // Refused before any handler (so before any argon2 work) runs.
+        // Refused before any handler (so before any argon2 work) runs, saying when to come
+        // back (the limiter's own wait, at least a second).
         auth = auth.layer(
-            tower_governor::GovernorLayer::new(config)
-                .error_handler(|_| ApiError::TooMany.into_response()),
+            tower_governor::GovernorLayer::new(config).error_handler(|e| match e {
+                tower_governor::GovernorError::TooManyRequests { wait_time, .. } => {
+                    ApiError::TooManyFor(wait_time.max(1)).into_response()
+                }
+                _ => ApiError::TooMany.into_response(),
+            }),
         );
     }
     auth.route("/api/auth/logout", post(logout))
