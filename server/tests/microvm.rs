@@ -708,6 +708,11 @@ async fn a_guest_boots_under_cloud_hypervisor() {
 /// is stopped at its deadline, the VMM's own log is in the reason, nothing is left running,
 /// and `auto` falls back to the namespace tier. Where it boots (hardware KVM, or
 /// `CODEROOM_KVM_TESTS=1`), a room runs in a cloud-hypervisor guest end to end.
+///
+/// `vmm_pid` must see the probe's cloud-hypervisor while it runs, or "none left" proves
+/// nothing. Shown failing once on purpose: with `vmm_pid` made QEMU-only again,
+/// `CODEROOM_TEST_IMAGE_DIR=... cargo test -p coderoom-server --test microvm -- auto_picks`
+/// failed with `vmm_pid never saw the probe's cloud-hypervisor: {"/usr/bin/qemu-system-x86_64"}`.
 #[tokio::test]
 async fn auto_picks_cloud_hypervisor_only_when_a_guest_reaches_its_agent() {
     let Some(bin) = cloud_hypervisor() else {
@@ -718,6 +723,24 @@ async fn auto_picks_cloud_hypervisor_only_when_a_guest_reaches_its_agent() {
     };
     let data = tempfile::tempdir().unwrap();
     let started = std::time::Instant::now();
+    // What `vmm_pid` sees while the probes run: the "none left" check below means something
+    // only if it finds a running cloud-hypervisor at all (it once knew only QEMU).
+    let probing = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let watcher = {
+        let probing = probing.clone();
+        tokio::spawn(async move {
+            let mut seen = std::collections::BTreeSet::new();
+            while probing.load(std::sync::atomic::Ordering::Relaxed) {
+                if let Some(pid) = vmm_pid("probe") {
+                    if let Ok(exe) = std::fs::read_link(format!("/proc/{pid}/exe")) {
+                        seen.insert(exe.display().to_string());
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            seen
+        })
+    };
     let out = tokio::time::timeout(
         Duration::from_secs(180),
         tokio::process::Command::new(env!("CARGO_BIN_EXE_coderoom"))
@@ -734,6 +757,12 @@ async fn auto_picks_cloud_hypervisor_only_when_a_guest_reaches_its_agent() {
     .await
     .expect("doctor finishes: every probe has a deadline")
     .unwrap();
+    probing.store(false, std::sync::atomic::Ordering::Relaxed);
+    let seen = watcher.await.unwrap();
+    assert!(
+        seen.iter().any(|exe| exe.ends_with("cloud-hypervisor")),
+        "vmm_pid never saw the probe's cloud-hypervisor: {seen:?}"
+    );
     assert!(out.status.success());
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(text.contains("cloud-hypervisor: yes: v54"), "{text}");

@@ -801,16 +801,20 @@ export function roomPage (app: App, id: string): () => void {
       const r = await api.approvals(id)
       const list = Array.isArray(r) ? r : r.approvals
       const mine = list.filter((a) => a.requester === me.id)
+      let decided = false
       if (seen !== null) {
         for (const a of mine) {
           const before = seen.get(a.id)
           if (before !== undefined && before !== 'pending') continue
           const by = a.decided_by ? (room?.participants.find((p) => p.user_id === a.decided_by)?.email ?? null) : null
           const said = decisionNotice(a.action, a.state, by)
-          if (said) notice(said, `decision-${a.id}`)
+          if (said) { notice(said, `decision-${a.id}`); decided = true }
         }
       }
       seen = new Map(mine.map((a) => [a.id, a.state]))
+      // An open Approvals panel shows the decision (and what it now lets one do) without a
+      // Refresh: a decision on one's own request is what that panel is read for.
+      if (decided && panel === 'Approvals') renderSide()
     } catch { /* the next poll tries again */ }
   }
   // A deletion asked for: everyone here is told, until it is confirmed (the room then ends).
