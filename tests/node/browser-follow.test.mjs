@@ -65,6 +65,10 @@ test('following someone keeps your view on theirs until you type or press Esc', 
 
   // Ana types: her name shows over her caret on Ben's screen for a few seconds, then goes.
   // Her name's label: its opacity, or null while it is not on the page (never read as faded).
+  // Shown failing once on purpose: with the selector changed to a class nothing has
+  // (`.cm-ySelectionInfo-missing`), `node --test browser-follow.test.mjs` failed with
+  // "timed out after 10000 ms: Ana's name did not show after her edit" (it used to pass, a
+  // missing label read as a faded one).
   const nameOpacity = () => ben.page.locator('.cm-ySelectionInfo', { hasText: 'ana@example.com' }).first()
     .evaluate((el) => Number(getComputedStyle(el).opacity), null, { timeout: 1000 }).catch(() => null)
   await ana.page.keyboard.type('// edited')
