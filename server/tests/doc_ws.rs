@@ -487,15 +487,21 @@ async fn idle_room_unloads_and_reloads_on(backend: &Backend) {
     eventually(&server, &room, &token, "main.rs", "seed9876543210").await;
     let _ = c.ws.close(None).await;
     drop(c);
-    let mut unloaded = false;
+    // Unloaded after --room-idle-ms without a connection, not sooner.
+    let closed = std::time::Instant::now();
+    let mut unloaded = None;
     for _ in 0..100 {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(10)).await;
         if server.metric("coderoom_rooms_loaded").await == 0.0 {
-            unloaded = true;
+            unloaded = Some(closed.elapsed());
             break;
         }
     }
-    assert!(unloaded, "idle room was not unloaded");
+    let unloaded = unloaded.expect("idle room was not unloaded");
+    assert!(
+        unloaded >= Duration::from_millis(200) && unloaded < Duration::from_secs(3),
+        "unloaded {unloaded:?} after the last connection closed"
+    );
     assert!(server.metric("coderoom_compactions_total").await >= 1.0);
     let (text, _) = snapshot(&server, &room, &token, "main.rs").await;
     assert_eq!(text, "seed9876543210");

@@ -492,6 +492,17 @@ async fn wait_for_state(server: &Server, token: &str, room: &str, want: &str) ->
     panic!("the sandbox never became {want}: {state}");
 }
 
+/// This machine's clock, as the server stamps its records.
+fn now_ms() -> i64 {
+    i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap()
+}
+
 #[tokio::test]
 async fn idle_sandboxes_stop_and_the_timer_survives_a_restart() {
     let storage = Storage::new(&Backend::Sqlite).await;
@@ -501,6 +512,7 @@ async fn idle_sandboxes_stop_and_the_timer_survives_a_restart() {
     let file = |server: &Server, p: &str| server.url(&format!("/api/rooms/{room}/files/{p}"));
 
     // Idle stop while the server runs: snapshot, stopped, resumed on the next use.
+    let used_at = now_ms();
     assert_eq!(
         http(
             &file(&t.server, "a.txt"),
@@ -521,6 +533,12 @@ async fn idle_sandboxes_stop_and_the_timer_survives_a_restart() {
     );
     let state = wait_for_state(&t.server, &t.ana, &room, "stopped").await;
     assert!(state["reason"].as_str().unwrap().starts_with("idle"));
+    // Stopped after --sandbox-idle-ms of no use, not sooner (its snapshot says when).
+    let idle_for = state["snapshot_at"].as_i64().unwrap() - used_at;
+    assert!(
+        (1500..1500 + 5000).contains(&idle_for),
+        "stopped {idle_for} ms after its last use"
+    );
     assert_eq!(state["resumed_from"], Value::Null, "not running: {state}");
     assert_eq!(
         http(&file(&t.server, "a.txt"), "GET", Some(&t.ana), None).await,
@@ -835,18 +853,28 @@ async fn periodic_snapshots_bound_what_a_crash_loses() {
     )
     .await;
     assert_eq!(out["stdout"], "ok\n");
-    let first = sandbox_status(&t.server, &t.ana, &room).await["snapshot_at"].clone();
-    let mut later = first.clone();
-    for _ in 0..60 {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        later = sandbox_status(&t.server, &t.ana, &room).await["snapshot_at"].clone();
-        if later.is_i64() && later != first {
-            break;
+    // Two periodic snapshots in a row are a period apart (and the time one takes): what a
+    // crash loses is bounded by that.
+    let next_snapshot = |after: Value| {
+        let (server, ana, room) = (&t.server, &t.ana, &room);
+        async move {
+            for _ in 0..100 {
+                let at = sandbox_status(server, ana, room).await["snapshot_at"].clone();
+                if at.is_i64() && at != after {
+                    return at.as_i64().unwrap();
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            panic!("no periodic snapshot after {after}");
         }
-    }
+    };
+    let first = sandbox_status(&t.server, &t.ana, &room).await["snapshot_at"].clone();
+    let one = next_snapshot(first).await;
+    let two = next_snapshot(Value::from(one)).await;
     assert!(
-        later.is_i64() && later != first,
-        "no periodic snapshot: {later}"
+        (950..=2000).contains(&(two - one)),
+        "snapshots {} ms apart at a 1000 ms period",
+        two - one
     );
     t.server.kill9().await;
     let server = Server::start(&storage, &every).await;
