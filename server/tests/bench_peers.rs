@@ -719,7 +719,15 @@ async fn peers_side_by_side() {
         for round in 0..repeat {
             for which in peers.split(',') {
                 let Some(peer) = start(which).await else {
-                    println!("SKIPPED {which}: not installed (tests/bench/peers: npm ci) or no CODEROOM_TEST_POSTGRES_URL");
+                    let need = if which == "coderoom-pg" {
+                        Need::Postgres
+                    } else {
+                        Need::BenchPeers
+                    };
+                    skip(
+                        need,
+                        &format!("{which}: not installed (tests/bench/peers: npm ci) or no CODEROOM_TEST_POSTGRES_URL"),
+                    );
                     continue;
                 };
                 let eps = peer.rooms(shape.rooms).await;

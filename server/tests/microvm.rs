@@ -2,7 +2,7 @@
 //! emulation, which runs everywhere), and the cloud-hypervisor driver against its real binary.
 //!
 //! The guest image comes from `CODEROOM_TEST_IMAGE_DIR` (`tests/run` builds it with
-//! `coderoom image build`); without it, or without QEMU, the tests say SKIPPED.
+//! `coderoom image build`); without it, or without QEMU, the tests report themselves skipped.
 
 mod common;
 
@@ -972,7 +972,7 @@ async fn answering(api: &coderoom_sandbox::vm::ch::Api) {
 /// `vm.restore` runs it on: the next letter it prints follows the last one before the save.
 /// Where this host's KVM cannot save a vCPU (the nested, software KVM of this project's CI
 /// hosts refuses KVM_GET_NESTED_STATE), the refusal must be the VMM's own words, nothing is
-/// left, and the rest prints SKIPPED.
+/// left, and the test reports the rest skipped (`Need::Kvm`).
 #[tokio::test]
 async fn cloud_hypervisor_saves_a_running_machine_and_restores_it_elsewhere() {
     use coderoom_sandbox::vm::ch::{repoint, save_memory, vm_config, Api};
