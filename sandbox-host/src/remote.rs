@@ -133,6 +133,9 @@ pub struct Host {
     id: String,
     capacity: usize,
     running: Arc<AtomicUsize>,
+    /// The names of the sandboxes here (running, detached or still ending): a name is one
+    /// sandbox, so a peer cannot start a second one under a room's name beside (or over) it.
+    names: Names,
     tls: tokio_rustls::TlsAcceptor,
     /// Sandboxes whose room server's connection broke, by attach token, for `grace`.
     detached: std::sync::Mutex<std::collections::HashMap<String, Session>>,
@@ -152,6 +155,8 @@ struct Session {
     /// Counts the session's detaches: a grace timer ends only the detach it was set for.
     detaches: u64,
     _slot: Slot,
+    /// Released last, once the sandbox has ended.
+    _name: NameHeld,
 }
 
 /// How a relay on one connection ended.
@@ -181,6 +186,7 @@ impl Host {
             id,
             capacity,
             running: Arc::default(),
+            names: Names::default(),
             tls: tokio_rustls::TlsAcceptor::from(tls),
             detached: std::sync::Mutex::default(),
             grace: Duration::from_secs(120),
@@ -322,6 +328,17 @@ impl Host {
     where
         S: AsyncWrite + Unpin,
     {
+        // One sandbox per name: a second start of a room's sandbox (a peer claiming it, or a
+        // start racing its own end) is refused, never run beside it.
+        let Some(held) = NameHeld::take(&self.names, name) else {
+            let _ = refuse(
+                conn,
+                format!("a sandbox named {name} is already here"),
+                false,
+            )
+            .await;
+            return None;
+        };
         // A slot, or a refusal the room server takes to the next host.
         let taken = self
             .running
@@ -368,6 +385,7 @@ impl Host {
             last_id: 0,
             detaches: 0,
             _slot: slot,
+            _name: held,
         })
     }
 
@@ -429,6 +447,12 @@ where
                 let frame = match read_raw_frame(&mut rd, &mut buf).await {
                     Ok(Some(f)) => f,
                     Ok(None) => return Relay::Closed,
+                    // A frame the protocol forbids is no broken network: the peer that sent it
+                    // gets no attach, and its sandbox ends now rather than after the grace.
+                    Err(e) if e.kind() == std::io::ErrorKind::InvalidData => {
+                        tracing::warn!(error = %e, "a room server broke the protocol; its sandbox ends");
+                        return Relay::Closed;
+                    }
                     Err(_) => return Relay::Broken,
                 };
                 if let Some(id) = request_id(&frame).filter(|id| *id != 0) {
@@ -507,6 +531,32 @@ struct Slot(Arc<AtomicUsize>);
 impl Drop for Slot {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// The sandbox names a host holds.
+type Names = Arc<std::sync::Mutex<std::collections::HashSet<String>>>;
+
+/// A sandbox name held on this host until the session that holds it is gone.
+struct NameHeld(Names, String);
+
+impl NameHeld {
+    /// Holds `name`, unless a sandbox of that name is here already.
+    fn take(names: &Names, name: &str) -> Option<NameHeld> {
+        let mut held = names
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        held.insert(name.to_owned())
+            .then(|| NameHeld(names.clone(), name.to_owned()))
+    }
+}
+
+impl Drop for NameHeld {
+    fn drop(&mut self) {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&self.1);
     }
 }
 

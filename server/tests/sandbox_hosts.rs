@@ -10,6 +10,7 @@ use common::*;
 use serde_json::Value;
 use std::path::Path;
 use std::process::Stdio;
+use std::time::Duration;
 use tokio::io::AsyncBufReadExt as _;
 
 /// A running `coderoom sandbox-host`.
@@ -328,16 +329,15 @@ async fn placement_follows_the_load_and_never_crosses_tiers() {
     }
 }
 
-/// Asks the host at `address` for its status over TLS, trusting the authority in `ca_dir` and
+/// A TLS connection to the host at `address`, trusting the authority in `ca_dir` and
 /// presenting `client` (`dir`, `name`: a certificate `coderoom certs` issued), or nothing.
-async fn status_as(
+async fn peer_of(
     ca_dir: &Path,
     client: Option<(&Path, &str)>,
     address: &str,
-) -> Result<Value, String> {
+) -> Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, String> {
     use rustls::pki_types::pem::PemObject as _;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
     let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
     for c in CertificateDer::pem_file_iter(ca_dir.join("ca.pem")).unwrap() {
@@ -361,10 +361,21 @@ async fn status_as(
     let connector = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config));
     let tcp = tokio::net::TcpStream::connect(address).await.unwrap();
     let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
-    let mut tls = connector
+    connector
         .connect(name, tcp)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string())
+}
+
+/// Asks the host at `address` for its status over TLS, trusting the authority in `ca_dir` and
+/// presenting `client` (`dir`, `name`: a certificate `coderoom certs` issued), or nothing.
+async fn status_as(
+    ca_dir: &Path,
+    client: Option<(&Path, &str)>,
+    address: &str,
+) -> Result<Value, String> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut tls = peer_of(ca_dir, client, address).await?;
     // TLS 1.3: a refused client certificate shows on the first read.
     tls.write_all(b"{\"op\":\"status\"}\n")
         .await
@@ -376,6 +387,36 @@ async fn status_as(
         .map_err(|e| e.to_string())?;
     let v: Value = serde_json::from_slice(&answer).map_err(|e| format!("{e}: {answer:?}"))?;
     Ok(v["status"].clone())
+}
+
+/// A rogue room server's connection: this directory's room-server certificate, every byte as
+/// the test writes it. Sends `bytes`, then reads what the host answers until it closes (or
+/// 10 s pass: a host that keeps a hostile connection open fails the test).
+async fn rogue(dir: &Path, address: &str, bytes: &[u8]) -> String {
+    use tokio::io::AsyncReadExt as _;
+    let mut tls = rogue_sent(dir, address, bytes).await;
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(Duration::from_secs(10), tls.read_to_end(&mut answer)).await;
+    assert!(
+        read.is_ok(),
+        "the host kept a hostile connection open after {:?}: {:?}",
+        String::from_utf8_lossy(&bytes[..bytes.len().min(80)]),
+        String::from_utf8_lossy(&answer)
+    );
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// [`rogue`]'s connection once `bytes` are sent.
+async fn rogue_sent(
+    dir: &Path,
+    address: &str,
+    bytes: &[u8],
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    use tokio::io::AsyncWriteExt as _;
+    let mut tls = peer_of(dir, Some((dir, "server")), address).await.unwrap();
+    let _ = tls.write_all(bytes).await;
+    let _ = tls.flush().await;
+    tls
 }
 
 /// How many sandboxes the host at `address` runs, as it answers this directory's room server.
@@ -459,12 +500,19 @@ async fn a_host_answers_only_room_servers_of_its_authority_and_frees_slots() {
     until_running(0).await;
 }
 
-/// A room server that dies (kill -9) leaves its sandboxes running on their hosts, which keep
-/// them for the server to attach again: restarted, it carries on with the same sandbox (the
-/// terminal's shell and a process started before, a file no snapshot has); one whose server
-/// never comes back is killed when the grace runs out.
-#[tokio::test]
-async fn a_restarted_room_server_attaches_again_to_its_running_sandbox() {
+/// One sandbox host (`host-a`, keeping a broken connection's sandbox `grace` ms) and a room
+/// server using it, whose new room ran `command` there.
+struct OneHost {
+    dir: tempfile::TempDir,
+    a: Host,
+    storage: Storage,
+    flags: Vec<String>,
+    ana: String,
+    server: Server,
+    room: String,
+}
+
+async fn one_host(grace: &str, command: &str) -> OneHost {
     let dir = tempfile::tempdir().unwrap();
     certs(dir.path(), "host-a", &["127.0.0.1"]);
     certs(dir.path(), "server", &[]);
@@ -473,17 +521,46 @@ async fn a_restarted_room_server_attaches_again_to_its_running_sandbox() {
         "host-a",
         "host-a",
         4,
-        &["--attach-grace-ms", "3000"],
+        &["--attach-grace-ms", grace],
     )
     .await;
     let storage = Storage::new(&Backend::Sqlite).await;
     let flags = server_flags(dir.path(), &[&a]);
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let ana = storage.token("ana@example.com").await;
-    let server = Server::start(&storage, &flags).await;
+    let server = {
+        let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+        Server::start(&storage, &flags).await
+    };
     let room = create_room(&server, &ana).await;
-    let (status, out) = exec(&server, &ana, &room, "echo unsaved > /workspace/live.txt").await;
+    let (status, out) = exec(&server, &ana, &room, command).await;
     assert_eq!(status, 200, "{out}");
+    OneHost {
+        dir,
+        a,
+        storage,
+        flags,
+        ana,
+        server,
+        room,
+    }
+}
+
+/// A room server that dies (kill -9) leaves its sandboxes running on their hosts, which keep
+/// them for the server to attach again: restarted, it carries on with the same sandbox (the
+/// terminal's shell and a process started before, a file no snapshot has); one whose server
+/// never comes back is killed when the grace runs out.
+#[tokio::test]
+async fn a_restarted_room_server_attaches_again_to_its_running_sandbox() {
+    let OneHost {
+        dir,
+        a,
+        storage,
+        flags,
+        ana,
+        server,
+        room,
+    } = one_host("3000", "echo unsaved > /workspace/live.txt").await;
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let mut typer = term(&server, &room, &ana).await;
     let pid = leave_a_shell_running(&mut typer, "kept-in-the-shell").await;
     drop(typer);
@@ -555,4 +632,129 @@ async fn a_restarted_room_server_attaches_again_to_its_running_sandbox() {
         "ended {:?} after its server died, inside the grace",
         killed.elapsed()
     );
+}
+
+/// A peer holding a valid room server's certificate is a room server, no more: it cannot take
+/// another room's running sandbox (by starting one of the same name, by attaching with a wrong
+/// token, or with that room's own token under another name, or by replaying the attach its
+/// room server already made), and malformed, oversized and out-of-order lines and frames end
+/// its own connection, not the host. The room's sandbox carries on throughout.
+#[tokio::test]
+async fn a_rogue_room_server_takes_nothing_and_breaks_nothing() {
+    let OneHost {
+        dir,
+        a,
+        storage,
+        flags,
+        ana,
+        server,
+        room,
+    } = one_host("30000", "echo mine > /workspace/mine.txt").await;
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let running = || host_running(dir.path(), &a.address);
+    assert_eq!(running().await, 1);
+    let (d, address) = (dir.path(), a.address.as_str());
+    let line = |v: Value| format!("{v}\n").into_bytes();
+    let limits = serde_json::json!({"memory_bytes": 268435456, "pids": 64, "cpu_millis": 500,
+        "workspace_bytes": 16777216});
+
+    // A start under the room's own name is refused: one sandbox per name on a host.
+    let answer = rogue(
+        d,
+        address,
+        &line(serde_json::json!({"op": "start", "name": room, "limits": limits})),
+    )
+    .await;
+    assert!(
+        answer.contains("\"refused\"") && answer.contains("is already here"),
+        "{answer}"
+    );
+    // Attaching to it without its token, or under another name with it, is refused.
+    let record = storage
+        .dir
+        .path()
+        .join("sandbox-hosts")
+        .read_dir()
+        .unwrap()
+        .flatten()
+        .map(|server_dir| server_dir.path().join(format!("{room}.json")))
+        .find(|p| p.is_file())
+        .expect("the room server's attach record");
+    let token = serde_json::from_slice::<Value>(&std::fs::read(&record).unwrap()).unwrap()["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    for (name, token) in [
+        (room.as_str(), "0".repeat(32)),
+        ("someoneelse", token.clone()),
+    ] {
+        let answer = rogue(
+            d,
+            address,
+            &line(serde_json::json!({"op": "attach", "name": name, "token": token})),
+        )
+        .await;
+        assert!(answer.contains("waits here"), "{answer}");
+    }
+    // Malformed and overlong first lines: refused, or the connection ends.
+    let answer = rogue(d, address, b"{\"op\":\"start\",\"name\":\n").await;
+    assert!(answer.contains("a malformed request"), "{answer}");
+    let answer = rogue(d, address, &vec![b'x'; (64 << 10) + 1]).await;
+    assert!(!answer.contains("started"), "{answer}");
+    // Its own sandbox, then frames the protocol never sends: an oversized length, then
+    // garbage of a plausible length. Each ends its connection and its sandbox, nothing else.
+    let start =
+        |name: &str| line(serde_json::json!({"op": "start", "name": name, "limits": limits}));
+    let mut bytes = start("rogue1");
+    bytes.extend(((64u32 << 20) + 1).to_be_bytes());
+    let answer = rogue(d, address, &bytes).await;
+    assert!(answer.contains("\"started\""), "{answer}");
+    // Garbage in a frame of a plausible length reaches only its own agent, which refuses it;
+    // the rogue then leaves, and its sandbox ends with its connection.
+    let mut bytes = start("rogue2");
+    bytes.extend(12u32.to_be_bytes());
+    bytes.extend([0xff; 12]);
+    let mut conn = rogue_sent(d, address, &bytes).await;
+    let mut answer = String::new();
+    let read = tokio::time::timeout(
+        TIMEOUT,
+        tokio::io::AsyncBufReadExt::read_line(
+            &mut tokio::io::BufReader::new(&mut conn),
+            &mut answer,
+        ),
+    )
+    .await;
+    assert!(matches!(read, Ok(Ok(n)) if n > 0), "{read:?}");
+    assert!(answer.contains("\"started\""), "{answer}");
+    // Leaving cleanly (close_notify) ends it; a dropped connection would wait for an attach.
+    let _ = tokio::io::AsyncWriteExt::shutdown(&mut conn).await;
+    drop(conn);
+    // The room's sandbox is the only one left, and it is as it was.
+    let waited = std::time::Instant::now();
+    while running().await != 1 {
+        assert!(
+            waited.elapsed() < TIMEOUT,
+            "the rogue's sandboxes were not ended"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (_, out) = exec(&server, &ana, &room, "cat /workspace/mine.txt").await;
+    assert_eq!(out["stdout"], "mine\n", "{out}");
+
+    // The room server dies and comes back: it attaches again with its record; a replay of that
+    // attach finds nothing waiting.
+    server.kill9().await;
+    let server = Server::start(&storage, &flags).await;
+    let (_, out) = exec(&server, &ana, &room, "cat /workspace/mine.txt").await;
+    assert_eq!(out["stdout"], "mine\n", "{out}");
+    let answer = rogue(
+        d,
+        address,
+        &line(serde_json::json!({"op": "attach", "name": room, "token": token})),
+    )
+    .await;
+    assert!(answer.contains("waits here"), "a replayed attach: {answer}");
+    let (_, out) = exec(&server, &ana, &room, "echo still").await;
+    assert_eq!(out["stdout"], "still\n", "{out}");
+    assert_eq!(running().await, 1);
 }

@@ -258,6 +258,34 @@ async fn revoking_through_a_non_owner_closes_sockets_within_a_second() {
     .await;
     assert_eq!(spoofed.status, 503, "{}", spoofed.body);
     assert_eq!(servers[1].metric("coderoom_rooms_loaded").await, 0.0);
+    // At the owner the header is no credential either: a forged "forwarded" request is
+    // authenticated and decided as any other (no token: 401; a token without the right: 403).
+    let exec_at_owner = servers[0].url(&format!("/api/rooms/{room}/exec"));
+    let forged = request(
+        &exec_at_owner,
+        "POST",
+        &[("x-coderoom-forwarded-by", "x")],
+        Some(r#"{"argv":["true"]}"#),
+    )
+    .await;
+    assert_eq!(forged.status, 401, "{}", forged.body);
+    let carol = storage.token("carol@example.com").await;
+    let forged = request(
+        &exec_at_owner,
+        "POST",
+        &[
+            ("Authorization", &format!("Bearer {carol}")),
+            ("x-coderoom-forwarded-by", "x"),
+        ],
+        Some(r#"{"argv":["true"]}"#),
+    )
+    .await;
+    assert!(
+        forged.status == 403 || forged.status == 404,
+        "a stranger's forged request: {} {}",
+        forged.status,
+        forged.body
+    );
     let started = Instant::now();
     let url = servers[2].url(&format!("/api/rooms/{room}/participants/{ben_id}"));
     let (status, body) = http(&url, "DELETE", Some(&ana), None).await;
