@@ -273,7 +273,12 @@ struct State {
     /// Between [`Op::Quiesce`] and [`Op::Resumed`]: the VM may be saved and restored, and a
     /// new control stream may come.
     quiesced: bool,
+    /// Commands running, by request id: [`Op::Cancel`] ends one.
+    running: Running,
 }
+
+/// Running commands' cancel switches, by request id.
+type Running = Arc<Mutex<HashMap<u64, tokio::sync::oneshot::Sender<()>>>>;
 
 /// Open connections' write queues by stream id, shared with the egress forwarder.
 type Streams = Arc<Mutex<HashMap<u32, Carried>>>;
@@ -384,6 +389,7 @@ async fn serve_on(opened: Opened, relisten: Option<Relisten>) -> std::io::Result
         quiet,
         resumed,
         quiesced: false,
+        running: Arc::default(),
     };
     // The system's roots until the control plane names the room's authority (a sandbox of
     // the warm pool has no room yet). Without the directory (a test harness), none.
@@ -507,10 +513,30 @@ async fn handle(state: &mut State, req: Request) {
             actor,
         } => {
             let out = state.out.clone();
+            let (cancel, cancelled) = tokio::sync::oneshot::channel();
+            let running = state.running.clone();
+            running
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(id, cancel);
             tokio::spawn(async move {
-                let r = exec(argv, cwd, timeout_ms, max_output as usize, actor).await;
+                let r = exec(argv, cwd, timeout_ms, max_output as usize, actor, cancelled).await;
+                running
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&id);
                 send(&out, &reply(id, r)).await;
             });
+        }
+        Op::Cancel { id: which } => {
+            let switch = state
+                .running
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&which);
+            if let Some(switch) = switch {
+                let _ = switch.send(());
+            }
         }
         // File operations run beside the loop: a slow one (a huge directory, a stuck file
         // system) never holds up the terminal or other requests.

@@ -73,6 +73,10 @@ pub enum CallError {
     /// No answer in time.
     #[error("the sandbox did not answer in time")]
     Timeout,
+    /// The caller stopped waiting ([`Sandbox::call_until`]); the agent was told to end the
+    /// command.
+    #[error("the command was stopped")]
+    Cancelled,
     /// The answer had the wrong shape (the sandbox is then killed).
     #[error("the sandbox answered out of protocol")]
     Protocol,
@@ -322,7 +326,20 @@ impl Sandbox {
 
     /// Sends `op` and waits up to `within` for its reply.
     pub async fn call(&self, op: Op, within: Duration) -> Result<Reply, CallError> {
-        self.call_with_chunks(op, within, None).await
+        self.call_with_chunks(op, within, None, std::future::pending())
+            .await
+    }
+
+    /// [`Sandbox::call`], unless `stop` resolves first: then the agent is told to end the
+    /// command ([`Op::Cancel`]: its process group is killed) and the call fails with
+    /// [`CallError::Cancelled`] at once.
+    pub async fn call_until(
+        &self,
+        op: Op,
+        within: Duration,
+        stop: impl std::future::Future<Output = ()>,
+    ) -> Result<Reply, CallError> {
+        self.call_with_chunks(op, within, None, stop).await
     }
 
     async fn call_with_chunks(
@@ -330,6 +347,7 @@ impl Sandbox {
         op: Op,
         within: Duration,
         chunks: Option<mpsc::Sender<Vec<u8>>>,
+        stop: impl std::future::Future<Output = ()>,
     ) -> Result<Reply, CallError> {
         let (id, rx) = self.register(chunks)?;
         let frame = match proto::encode(&Request { id, op }) {
@@ -339,15 +357,22 @@ impl Sandbox {
                 return Err(CallError::Agent(AgentError::TooLarge));
             }
         };
-        let result = tokio::time::timeout(within, async {
+        let answered = tokio::time::timeout(within, async {
             self.inner
                 .requests
                 .send(frame)
                 .await
                 .map_err(|_| CallError::Gone)?;
             rx.await.map_err(|_| CallError::Gone)
-        })
-        .await;
+        });
+        let result = tokio::select! {
+            r = answered => r,
+            () = stop => {
+                self.forget(id);
+                let _ = self.send(Op::Cancel { id }).await;
+                return Err(CallError::Cancelled);
+            }
+        };
         self.forget(id);
         match result {
             Ok(Ok(r)) => r.map_err(CallError::Agent),
@@ -395,7 +420,12 @@ impl Sandbox {
         within: Duration,
     ) -> Result<u64, CallError> {
         let (tx, mut rx) = mpsc::channel::<Vec<u8>>(MAX_PENDING_CHUNKS);
-        let call = self.call_with_chunks(Op::Snapshot { max_bytes }, within, Some(tx));
+        let call = self.call_with_chunks(
+            Op::Snapshot { max_bytes },
+            within,
+            Some(tx),
+            std::future::pending(),
+        );
         tokio::pin!(call);
         let mut stored = Stored {
             written: 0,

@@ -10,7 +10,7 @@ use serde_bytes::ByteBuf;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Protocol version the agent announces in [`Reply::Hello`]; the server refuses any other.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// Largest frame body either side accepts: a reply carrying a whole file (the API reads up to
 /// 16 MiB) or two captured output streams. Streamed data (terminal output, snapshots, port
@@ -170,6 +170,13 @@ pub enum Op {
         /// The host's time.
         now_ms: u64,
     },
+    /// Ends the command of request `id` (an [`Op::Exec`] still running): its whole process
+    /// group is killed and that request answered [`AgentError::Cancelled`]. Sent with id 0
+    /// (no reply of its own); a request already answered is left alone.
+    Cancel {
+        /// The request whose command ends.
+        id: u64,
+    },
 }
 
 /// The trust bundle room code's TLS clients are pointed at (`SSL_CERT_FILE` and friends): the
@@ -322,6 +329,9 @@ pub enum AgentError {
     /// An I/O or process error inside the sandbox.
     #[error("{0}")]
     Failed(String),
+    /// The command was ended on the control plane's word ([`Op::Cancel`]).
+    #[error("the command was stopped")]
+    Cancelled,
 }
 
 /// Errors reading or writing frames.

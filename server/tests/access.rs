@@ -753,14 +753,18 @@ async fn approvals_bind_to_another_approver_and_the_exact_parameters_on(backend:
         .as_str()
         .unwrap()
         .to_owned();
-    // An approval asked for lives an hour.
+    // An approval asked for lives an hour (from its decision; its row is stamped when written,
+    // a moment later).
     let lives = storage
         .query_i64(
             "SELECT expires_at - created_at FROM approvals WHERE id = $1",
             &[(&late).into()],
         )
         .await;
-    assert_eq!(lives, 60 * 60 * 1000);
+    assert!(
+        (60 * 60 * 1000 - 1000..=60 * 60 * 1000).contains(&lives),
+        "{lives}"
+    );
     storage
         .execute(
             "UPDATE approvals SET expires_at = 1 WHERE id = $1",

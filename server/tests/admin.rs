@@ -191,3 +191,67 @@ async fn revoking_an_account_closes_everything_it_had_postgres() {
     };
     revoking_closes_everything_on(&postgres).await;
 }
+
+/// Revocation reaches a call already running: an editor's command is stopped, not finished,
+/// once an admin revokes the account. The caller hears why within a second of the revoke; the
+/// command's processes are gone, so what it would have done next (leave a mark) never happens.
+#[tokio::test]
+async fn revoking_an_account_stops_its_running_command() {
+    use std::time::{Duration, Instant};
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let root = storage.token("root@example.com").await;
+    let t = team_with(&storage, &["--admin-emails", "root@example.com"]).await;
+    let (server, room) = (&t.server, &t.room);
+    let url = server.url(&format!("/api/rooms/{room}/exec"));
+    let auth = format!("Bearer {}", t.ben);
+    let running = tokio::spawn(async move {
+        let body = r#"{"argv":["sh","-c","echo started > started.txt; sleep 8; touch marker"],"timeout_ms":30000}"#;
+        let r = request_within(
+            &url,
+            "POST",
+            &[("Authorization", &auth)],
+            Some(body),
+            Duration::from_secs(60),
+        )
+        .await;
+        (r, Instant::now())
+    });
+    // It runs (the file it writes first is there), then Ben is revoked.
+    let started = format!("/api/rooms/{room}/files/started.txt");
+    let waited = Instant::now();
+    while get(server, &t.ana, &started).await.0 != 200 {
+        assert!(waited.elapsed() < TIMEOUT, "the command never started");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let asked = Instant::now();
+    let revoke = format!("/api/admin/users/{}/revoke", t.ben_id);
+    let (status, body) = post(server, &root, &revoke, "").await;
+    assert_eq!(status, 200, "{body}");
+    let (answer, answered) = running.await.unwrap();
+    assert_eq!(answer.status, 403, "{}", answer.body);
+    assert!(
+        answer.body.contains("ended while the command ran"),
+        "{}",
+        answer.body
+    );
+    let took = answered - asked;
+    assert!(
+        took < Duration::from_secs(1),
+        "answered {took:?} after the revoke"
+    );
+    // Its processes are gone, and no mark was left.
+    let (status, out) = exec(
+        server,
+        &t.ana,
+        room,
+        "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\0' ' '; echo; ls",
+    )
+    .await;
+    assert_eq!(status, 200, "{out}");
+    let stdout = out["stdout"].as_str().unwrap();
+    assert!(!stdout.contains("sleep 8"), "{stdout}");
+    assert!(
+        stdout.contains("started.txt") && !stdout.contains("marker"),
+        "{stdout}"
+    );
+}

@@ -144,6 +144,7 @@ pub(super) async fn exec(
     timeout_ms: u64,
     max_output: usize,
     actor: String,
+    cancelled: tokio::sync::oneshot::Receiver<()>,
 ) -> Result<Reply, AgentError> {
     let Some((prog, args)) = argv.split_first() else {
         return Err(AgentError::Invalid("empty argv".into()));
@@ -187,11 +188,20 @@ pub(super) async fn exec(
     let stderr = child.stderr.take();
     let out_task = tokio::spawn(capture(stdout, max_output));
     let err_task = tokio::spawn(capture(stderr, max_output));
-    let (status, timed_out) =
-        match tokio::time::timeout(Duration::from_millis(timeout_ms), child.wait()).await {
-            Ok(s) => (s.ok(), false),
-            Err(_) => (None, true),
-        };
+    // Until it exits, its time runs out, or the control plane ends it ([`Op::Cancel`]; a
+    // dropped switch, the request forgotten, is no cancel).
+    let cancel = async {
+        if cancelled.await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    let (status, timed_out, was_cancelled) = tokio::select! {
+        waited = tokio::time::timeout(Duration::from_millis(timeout_ms), child.wait()) => match waited {
+            Ok(s) => (s.ok(), false, false),
+            Err(_) => (None, true, false),
+        },
+        () = cancel => (None, false, true),
+    };
     // The command is over: whatever it left running in its group goes with it.
     if let Some(pgid) = pgid {
         let _ = rustix::process::kill_process_group(
@@ -199,8 +209,11 @@ pub(super) async fn exec(
             rustix::process::Signal::KILL,
         );
     }
-    if timed_out {
+    if timed_out || was_cancelled {
         let _ = child.wait().await;
+    }
+    if was_cancelled {
+        return Err(AgentError::Cancelled);
     }
     let (stdout, t1) = tokio::time::timeout(DRAIN_GRACE, out_task)
         .await

@@ -93,9 +93,10 @@ pub(crate) fn agent_error(e: &AgentError) -> ErrorBody {
         AgentError::TooLarge => "too large",
         AgentError::Invalid(_) => "the operation is not possible in the sandbox now",
         AgentError::Failed(_) => "the operation failed inside the sandbox",
+        AgentError::Cancelled => "the command was stopped",
     };
     let error_id = match e {
-        AgentError::NotFound | AgentError::TooLarge => None,
+        AgentError::NotFound | AgentError::TooLarge | AgentError::Cancelled => None,
         AgentError::InvalidPath(_) | AgentError::Invalid(_) | AgentError::Failed(_) => {
             let id = crate::ids::error_id();
             tracing::info!(error_id = %id, agent_said = ?e.to_string(), "sandbox operation refused");
@@ -129,6 +130,8 @@ fn sandbox_status(e: &SandboxError) -> StatusCode {
             CallError::Agent(AgentError::Failed(_)) => StatusCode::UNPROCESSABLE_ENTITY,
             CallError::Timeout => StatusCode::GATEWAY_TIMEOUT,
             CallError::Gone | CallError::Protocol => StatusCode::SERVICE_UNAVAILABLE,
+            // Stopped because its caller lost the right (ops say so before this is reached).
+            CallError::Agent(AgentError::Cancelled) | CallError::Cancelled => StatusCode::FORBIDDEN,
         },
     }
 }

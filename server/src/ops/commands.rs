@@ -162,6 +162,8 @@ impl Ops {
             Outcome::Done(a) => a,
             Outcome::Pending(id) => return Ok(Outcome::Pending(id)),
         };
+        // Listening before the command is recorded and sent: a removal from then on ends it.
+        let lapsed = self.when_type_lapses(room_id, actor);
         let proof = self
             .commit_commands(room_id, allowed, details, 1, Change::None)
             .await?;
@@ -175,7 +177,19 @@ impl Ops {
         };
         // The agent enforces the timeout; the extra margin covers a start from a snapshot.
         let within = Duration::from_millis(timeout_ms) + Duration::from_secs(30);
-        match self.sandboxes.op(room_id, op, within).await? {
+        let ran = self.sandboxes.op_until(room_id, op, within, &lapsed).await;
+        lapsed.cancel_watch();
+        let reply = match ran {
+            Err(crate::sandbox::SandboxError::Call(coderoom_sandbox::CallError::Cancelled)) => {
+                return Err(OpError::Refused(
+                    "your right to run commands in this room ended while the command ran: it \
+                     was stopped"
+                        .into(),
+                ))
+            }
+            r => r?,
+        };
+        match reply {
             Reply::Exec {
                 exit_code,
                 stdout,
@@ -251,5 +265,69 @@ impl Ops {
         self.commit_commands(room_id, allowed, details, 1, change)
             .await?;
         Ok(Outcome::Done(Some(c)))
+    }
+}
+
+/// A command's stop switch, cancelled when its caller may no longer run commands in the room;
+/// the watch ends with the command ([`Lapse::cancel_watch`]) or with the switch.
+pub(crate) struct Lapse {
+    stop: tokio_util::sync::CancellationToken,
+    watch: tokio::task::JoinHandle<()>,
+}
+
+impl std::ops::Deref for Lapse {
+    type Target = tokio_util::sync::CancellationToken;
+    fn deref(&self) -> &Self::Target {
+        &self.stop
+    }
+}
+
+impl Lapse {
+    /// Stops watching (the command is over).
+    pub(crate) fn cancel_watch(&self) {
+        self.watch.abort();
+    }
+}
+
+impl Drop for Lapse {
+    fn drop(&mut self) {
+        self.watch.abort();
+    }
+}
+
+impl Ops {
+    /// A switch cancelled once `actor` may no longer run commands in the room: removed, its
+    /// account revoked (which removes it everywhere), `type` taken away, or, for an agent, its
+    /// sponsor gone. Subscribed at once, so no change after this call is missed; each change of
+    /// the actor's rights there is looked up as every door decides it.
+    pub(crate) fn when_type_lapses(&self, room_id: &RoomId, actor: &Actor) -> Lapse {
+        let mut changes = self.access_changed.subscribe();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let (ops, room, actor, switch) =
+            (self.clone(), room_id.clone(), actor.clone(), stop.clone());
+        let watch = tokio::spawn(async move {
+            use tokio::sync::broadcast::error::RecvError;
+            loop {
+                match changes.recv().await {
+                    Ok(c) if c.room == room && c.user == actor.id.as_str() => {}
+                    Ok(_) => continue,
+                    // Some changes were missed: look.
+                    Err(RecvError::Lagged(_)) => {}
+                    Err(RecvError::Closed) => return,
+                }
+                let may = match ops.rights(&room, &actor, Capability::Type).await {
+                    Ok((rights, _)) => rights.may_act(ops.now_ms()),
+                    Err(OpError::NotFound) => false,
+                    // Storage cannot say now: the command goes on until the next change.
+                    Err(_) => true,
+                };
+                if !may {
+                    tracing::info!(room = %room, user = %actor.id, "a command's caller lost the right to run it; stopping it");
+                    switch.cancel();
+                    return;
+                }
+            }
+        });
+        Lapse { stop, watch }
     }
 }

@@ -180,6 +180,8 @@ enum Cmd {
         /// Only where the sandbox runs already, and not counted as use (the idle timer is
         /// left alone): a look that must neither start nor keep alive a sandbox.
         peek: bool,
+        /// Ends the command when cancelled (its caller lost the right to run it).
+        stop: Option<tokio_util::sync::CancellationToken>,
         reply: oneshot::Sender<Result<Reply, SandboxError>>,
     },
     Status {
@@ -405,6 +407,27 @@ impl Sandboxes {
             op: (*op).clone(),
             within,
             peek,
+            stop: None,
+            reply,
+        })
+        .await?
+    }
+
+    /// [`Sandboxes::op`], ended once `stop` is cancelled: the agent kills the command's
+    /// process group and the call fails with [`CallError::Cancelled`] at once.
+    pub(crate) async fn op_until(
+        &self,
+        room_id: &RoomId,
+        op: Op,
+        within: Duration,
+        stop: &tokio_util::sync::CancellationToken,
+    ) -> Result<Reply, SandboxError> {
+        let op = Arc::new(op);
+        self.ask(room_id, |reply| Cmd::Op {
+            op: (*op).clone(),
+            within,
+            peek: false,
+            stop: Some(stop.clone()),
             reply,
         })
         .await?

@@ -194,6 +194,7 @@ impl Actor {
                 op,
                 within,
                 peek,
+                stop,
                 reply,
             } => {
                 let sandbox = match (&self.life, peek) {
@@ -212,8 +213,11 @@ impl Actor {
                     self.touch().await;
                 }
                 tokio::spawn(async move {
-                    let r = sandbox.call(op, within).await.map_err(SandboxError::from);
-                    let _ = reply.send(r);
+                    let r = match stop {
+                        Some(stop) => sandbox.call_until(op, within, stop.cancelled_owned()).await,
+                        None => sandbox.call(op, within).await,
+                    };
+                    let _ = reply.send(r.map_err(SandboxError::from));
                 });
             }
             Cmd::Status { reply } => {
