@@ -106,6 +106,17 @@ test('a member previews the room\'s app in the pane and a tab; nobody else can',
   await ben.page.getByTestId('room-ended').filter({ hasText: 'not in it' }).waitFor()
   assert.doesNotMatch(await ben.page.content(), /echo:/)
 
+  // A port that opens is offered; once it closes again the offer goes (it used to stay,
+  // offering a dead port).
+  const run = (cmd) => api(server, anaToken, 'POST', `/api/rooms/${roomId}/exec`, { argv: ['sh', '-c', cmd], timeout_ms: 30000 })
+  // (setsid: out of the command's group, which ends with the command; the command waits until
+  // the server listens, 8001 being 1F41 in /proc/net/tcp.)
+  await run('setsid python3 -m http.server 8001 >/dev/null 2>&1 & echo $! > port.pid; ' +
+    'for i in $(seq 100); do grep -qi ":1F41 " /proc/net/tcp /proc/net/tcp6 && break; sleep 0.1; done')
+  await notice.filter({ hasText: 'Port 8001 is open' }).waitFor({ timeout: 30_000 })
+  await run('kill "$(cat port.pid)"')
+  await notice.waitFor({ state: 'hidden', timeout: 15_000 })
+
   // Revoked from the panel: the pane's app goes, its socket with it.
   await ana.page.keyboard.press('Alt+0')
   await ana.page.getByTestId('preview-revoke-8000').click()

@@ -155,7 +155,11 @@ export class PortWatch {
   private seen = new Set<number>()
   private timer: ReturnType<typeof setInterval> | null = null
 
-  constructor (private readonly room: string, private readonly offer: (port: number, preview: Preview | null) => void) {}
+  constructor (
+    private readonly room: string,
+    private readonly offer: (port: number, preview: Preview | null) => void,
+    private readonly closed: (port: number) => void = () => {},
+  ) {}
 
   start (everyMs: number): void {
     this.timer = setInterval(() => { void this.look() }, everyMs)
@@ -164,18 +168,24 @@ export class PortWatch {
 
   stop (): void {
     if (this.timer) clearInterval(this.timer)
+    this.timer = null
   }
 
   private async look (): Promise<void> {
-    if (document.hidden) return
+    if (document.hidden || this.timer === null) return
     let listening: number[]
     try {
       listening = (await api.ports(this.room)).listening
     } catch {
       return
     }
-    // A port that closes and opens again is offered again.
-    for (const p of [...this.seen]) if (!listening.includes(p)) this.seen.delete(p)
+    // A port that closes is taken back, and offered again if it opens again.
+    for (const p of [...this.seen]) {
+      if (!listening.includes(p)) {
+        this.seen.delete(p)
+        this.closed(p)
+      }
+    }
     const fresh = listening.filter((p) => !this.seen.has(p))
     if (fresh.length === 0) return
     for (const p of fresh) this.seen.add(p)

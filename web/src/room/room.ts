@@ -61,6 +61,8 @@ export function roomPage (app: App, id: string): () => void {
   /** Set when the page is left: late timers and answers must not touch what was torn down. */
   let disposed = false
   let ended = false
+  // What stops when the room ends here (removed, deleted): nothing keeps asking the server.
+  const onEnd: Array<() => void> = []
   let room: Room | null = null
   let caps: Capability[] = []
   /** Counts pushed rights changes, so an older poll answer cannot undo a newer push. */
@@ -835,6 +837,7 @@ export function roomPage (app: App, id: string): () => void {
   function end (message: string): void {
     if (ended) return
     ended = true
+    for (const stop of onEnd) stop()
     if (lostAccess) clearTimeout(lostAccess)
     conn.end(message)
     showConn()
@@ -972,10 +975,13 @@ export function roomPage (app: App, id: string): () => void {
   window.addEventListener('keydown', quickKey, true)
   disposers.push(() => { window.removeEventListener('keydown', quickKey, true); closePalette() })
 
-  // Something started listening in the sandbox: offer its preview.
+  // Something started listening in the sandbox: offer its preview (and take the offer back
+  // when that port closes).
+  let offeredPort: number | null = null
   const ports = new PortWatch(id, (port, live) => {
     const can = abilities(caps)
     if (ended || (!live && !can.publish)) return
+    offeredPort = port
     const open = live
       ? action('Open its preview', async () => { portNotice.hidden = true; await pane.show(live) }, { class: 'primary', 'data-testid': 'port-notice-open' })
       : action('Preview it (room only)', async () => {
@@ -987,9 +993,12 @@ export function roomPage (app: App, id: string): () => void {
     replace(portNotice, h('span', null, `Port ${port} is open${live ? '' : ': preview it?'}`), open,
       action('Dismiss', () => { portNotice.hidden = true }))
     portNotice.hidden = false
+  }, (port) => {
+    if (port === offeredPort) { portNotice.hidden = true; offeredPort = null }
   })
   ports.start(PORTS_MS)
   disposers.push(() => ports.stop())
+  onEnd.push(() => ports.stop())
 
   renderNav()
   void reload()
