@@ -830,7 +830,7 @@ async fn expiry_removal_and_logout_hold_on_open_sockets_on(backend: &Backend) {
         404
     );
     // An expiry applies to granted capabilities only.
-    let in_a_minute = store_now() + 60_000;
+    let in_a_minute = now_ms() + 60_000;
     let body = format!(r#"{{"role":"editor","expires_at":{in_a_minute}}}"#);
     assert_eq!(
         http(&url(&cy_id), "PATCH", Some(&t.ana), Some(&body))
@@ -859,7 +859,7 @@ async fn expiry_removal_and_logout_hold_on_open_sockets_on(backend: &Backend) {
     );
 
     // Cy may edit for 1.5 s; an open socket loses the right when it lapses.
-    let soon = store_now() + 1500;
+    let soon = now_ms() + 1500;
     let body = format!(r#"{{"grant":["edit"],"expires_at":{soon}}}"#);
     assert_eq!(
         http(&url(&cy_id), "PATCH", Some(&t.ana), Some(&body))
@@ -873,7 +873,7 @@ async fn expiry_removal_and_logout_hold_on_open_sockets_on(backend: &Backend) {
     cy.synced().await;
     cy.insert("notes", 0, "early").await;
     eventually(&t.server, &t.room, &t.ana, "notes", "early").await;
-    while store_now() <= soon + 50 {
+    while now_ms() <= soon + 50 {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     cy.insert("notes", 5, " late").await;
@@ -906,13 +906,6 @@ on_each_backend!(
     expiry_removal_and_logout_hold_on_open_sockets,
     expiry_removal_and_logout_hold_on_open_sockets_on
 );
-
-fn store_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as i64
-}
 
 /// Anyone may leave a room (and it is recorded as their own removal); the room's last owner
 /// may not. The room list says what each room is to its reader.

@@ -641,12 +641,6 @@ async fn idle_sessions_die() {
         200
     );
     let mut conn = storage.sqlite().await;
-    let now = || {
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis() as i64
-    };
     let (minute, week) = (60 * 1000, 7 * 24 * 3600 * 1000);
     let me = || async {
         http(&server.url("/api/me"), "GET", Some(&token), None)
@@ -655,14 +649,14 @@ async fn idle_sessions_die() {
     };
     // Last used a minute short of the seven-day idle limit: alive (and used again now).
     sqlx::query("UPDATE sessions SET last_seen_at = $1")
-        .bind(now() - week + minute)
+        .bind(now_ms() - week + minute)
         .execute(&mut conn)
         .await
         .unwrap();
     assert_eq!(me().await, 200);
     // Last used a minute past it: gone.
     sqlx::query("UPDATE sessions SET last_seen_at = $1")
-        .bind(now() - week - minute)
+        .bind(now_ms() - week - minute)
         .execute(&mut conn)
         .await
         .unwrap();
@@ -676,7 +670,7 @@ async fn idle_sessions_die() {
     };
     assert_eq!(me().await, 200);
     sqlx::query("UPDATE sessions SET expires_at = $1")
-        .bind(now() - 1000)
+        .bind(now_ms() - 1000)
         .execute(&mut conn)
         .await
         .unwrap();

@@ -492,17 +492,6 @@ async fn wait_for_state(server: &Server, token: &str, room: &str, want: &str) ->
     panic!("the sandbox never became {want}: {state}");
 }
 
-/// This machine's clock, as the server stamps its records.
-fn now_ms() -> i64 {
-    i64::try_from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_millis(),
-    )
-    .unwrap()
-}
-
 #[tokio::test]
 async fn idle_sandboxes_stop_and_the_timer_survives_a_restart() {
     let storage = Storage::new(&Backend::Sqlite).await;

@@ -2,8 +2,9 @@
 //!
 //! Requests hand a [`Mail`] to a bounded queue and return at once; one task sends it through
 //! the SMTP relay given by `--smtp-url` (lettre: plain, STARTTLS or TLS, credentials from the
-//! URL; `--smtp-ca-file` adds authorities to the Mozilla roots for a relay's certificate) or, without one, writes it as an RFC 5322 `.eml` file under `DATA_DIR/outbox/` with one
-//! log line saying where. Failures are retried with backoff and end in one clear log line.
+//! URL; `--smtp-ca-file` adds authorities to the Mozilla roots for a relay's certificate) or,
+//! without one, writes it as an RFC 5322 `.eml` file under `DATA_DIR/outbox/` with one log
+//! line saying where. Failures are retried with backoff and end in one clear log line.
 //! Message bodies (which carry login codes) are never logged.
 
 use lettre::message::{header::ContentType, Mailbox};

@@ -177,8 +177,11 @@ impl Ops {
         };
         // The agent enforces the timeout; the extra margin covers a start from a snapshot.
         let within = Duration::from_millis(timeout_ms) + Duration::from_secs(30);
-        let ran = self.sandboxes.op_until(room_id, op, within, &lapsed).await;
-        lapsed.cancel_watch();
+        let ran = self
+            .sandboxes
+            .op_until(room_id, op, within, &lapsed.stop)
+            .await;
+        drop(lapsed);
         let reply = match ran {
             Err(crate::sandbox::SandboxError::Call(coderoom_sandbox::CallError::Cancelled)) => {
                 return Err(OpError::Refused(
@@ -269,24 +272,10 @@ impl Ops {
 }
 
 /// A command's stop switch, cancelled when its caller may no longer run commands in the room;
-/// the watch ends with the command ([`Lapse::cancel_watch`]) or with the switch.
+/// the watch ends when this is dropped (the command is over) or with the switch.
 pub(crate) struct Lapse {
-    stop: tokio_util::sync::CancellationToken,
+    pub(crate) stop: tokio_util::sync::CancellationToken,
     watch: tokio::task::JoinHandle<()>,
-}
-
-impl std::ops::Deref for Lapse {
-    type Target = tokio_util::sync::CancellationToken;
-    fn deref(&self) -> &Self::Target {
-        &self.stop
-    }
-}
-
-impl Lapse {
-    /// Stops watching (the command is over).
-    pub(crate) fn cancel_watch(&self) {
-        self.watch.abort();
-    }
 }
 
 impl Drop for Lapse {

@@ -381,7 +381,7 @@ impl Sandboxes {
         op: Op,
         within: Duration,
     ) -> Result<Reply, SandboxError> {
-        self.run_op(room_id, op, within, false).await
+        self.run_op(room_id, op, within, false, None).await
     }
 
     /// Runs a typed operation where the room's sandbox is running already (else
@@ -392,25 +392,7 @@ impl Sandboxes {
         op: Op,
         within: Duration,
     ) -> Result<Reply, SandboxError> {
-        self.run_op(room_id, op, within, true).await
-    }
-
-    async fn run_op(
-        &self,
-        room_id: &RoomId,
-        op: Op,
-        within: Duration,
-        peek: bool,
-    ) -> Result<Reply, SandboxError> {
-        let op = Arc::new(op);
-        self.ask(room_id, |reply| Cmd::Op {
-            op: (*op).clone(),
-            within,
-            peek,
-            stop: None,
-            reply,
-        })
-        .await?
+        self.run_op(room_id, op, within, true, None).await
     }
 
     /// [`Sandboxes::op`], ended once `stop` is cancelled: the agent kills the command's
@@ -422,12 +404,23 @@ impl Sandboxes {
         within: Duration,
         stop: &tokio_util::sync::CancellationToken,
     ) -> Result<Reply, SandboxError> {
+        self.run_op(room_id, op, within, false, Some(stop)).await
+    }
+
+    async fn run_op(
+        &self,
+        room_id: &RoomId,
+        op: Op,
+        within: Duration,
+        peek: bool,
+        stop: Option<&tokio_util::sync::CancellationToken>,
+    ) -> Result<Reply, SandboxError> {
         let op = Arc::new(op);
         self.ask(room_id, |reply| Cmd::Op {
             op: (*op).clone(),
             within,
-            peek: false,
-            stop: Some(stop.clone()),
+            peek,
+            stop: stop.cloned(),
             reply,
         })
         .await?

@@ -281,6 +281,17 @@ async fn psql(url: &str, sql: &str) {
     sqlx::Executor::execute(&mut conn, sql).await.unwrap();
 }
 
+/// This machine's clock in milliseconds since the epoch, as the server stamps its rows.
+pub fn now_ms() -> i64 {
+    i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap()
+}
+
 pub struct Server {
     pub child: Child,
     pub addr: String,

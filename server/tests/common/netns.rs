@@ -124,9 +124,9 @@ impl Netns {
         }
     }
 
-    /// `cmd` (a program and its arguments) run in the server's namespace, seeing the test's
-    /// `/etc/hosts` (a mount namespace of its own, slave to the host's: the cgroup and other
-    /// mounts stay as they are).
+    /// `program` run in the server's namespace (its arguments are the caller's), seeing the
+    /// test's `/etc/hosts` (a mount namespace of its own, slave to the host's: the cgroup and
+    /// other mounts stay as they are).
     pub fn in_server(&self, program: &str) -> tokio::process::Command {
         let mut c = tokio::process::Command::new("nsenter");
         c.arg(format!("--net=/run/netns/{}", self.server))
