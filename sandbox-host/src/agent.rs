@@ -12,6 +12,7 @@ mod env;
 mod files;
 mod run;
 mod streams;
+mod units;
 
 use crate::proto::{self, AgentError, Message, Op, Reply, Request, PROTOCOL_VERSION};
 use portable_pty::{MasterPty, PtySize};
@@ -55,37 +56,6 @@ pub const SKIP_DIRS: [&str; 6] = [
     "__pycache__",
     ".cache",
 ];
-/// Whom each running exec's session belongs to (session id -> actor), for attributing
-/// outbound connections.
-static SESSIONS: Mutex<std::collections::BTreeMap<i32, String>> =
-    Mutex::new(std::collections::BTreeMap::new());
-/// The actor of the terminal's session.
-const TERMINAL: &str = "terminal";
-
-/// An exec's entry in [`SESSIONS`], removed when the exec is over.
-struct Attributed(i32);
-
-impl Attributed {
-    fn new(sid: i32, actor: String) -> Attributed {
-        if !actor.is_empty() {
-            SESSIONS
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(sid, actor);
-        }
-        Attributed(sid)
-    }
-}
-
-impl Drop for Attributed {
-    fn drop(&mut self) {
-        SESSIONS
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&self.0);
-    }
-}
-
 /// Room code's uid and gid inside when the agent runs as root there (the server made the
 /// sandbox's users: see `userns.rs`); otherwise room code runs as the agent does.
 const ROOM_ID: u32 = 1000;
@@ -122,23 +92,93 @@ fn become_user(id: u32) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Entry point of `coderoom agent --exec-as UID -- ARGV`: becomes `UID` (real, effective and
-/// saved, group too; no capabilities survive the exec) and runs ARGV. Returns only on failure.
+/// Signals a unit's keeper ignores: the terminal's job control and interrupts are for its
+/// program (which gets them back at their defaults).
+const KEEPER_IGNORES: [libc::c_int; 6] = [
+    libc::SIGINT,
+    libc::SIGQUIT,
+    libc::SIGTSTP,
+    libc::SIGTTIN,
+    libc::SIGTTOU,
+    libc::SIGHUP,
+];
+
+/// Entry point of `coderoom agent --exec-as UID -- ARGV`: keeps a unit (see [`units`]). This
+/// process stays the agent's user, becomes a child subreaper and starts ARGV as `UID` (real,
+/// effective and saved, group too; no capabilities survive the exec); it reaps the unit's
+/// orphans, and once ARGV ends it ends whatever the unit still runs and exits as ARGV did.
 pub fn exec_as(uid: u32, argv: &[String]) -> i32 {
     use std::os::unix::process::CommandExt as _;
     let Some((prog, args)) = argv.split_first() else {
         return 64;
     };
-    if become_user(uid).is_err() {
-        return 77;
+    // A session of its own for a command's unit (the terminal's keeper leads one already, with
+    // the PTY as its controlling terminal): nothing of the unit shares the agent's.
+    if rustix::process::getsid(None).ok() != Some(rustix::process::getpid()) {
+        let _ = rustix::process::setsid();
     }
-    let err = std::process::Command::new(prog).args(args).exec();
-    eprintln!("{prog}: {err}");
-    if err.kind() == std::io::ErrorKind::NotFound {
-        127
-    } else {
-        126
+    // SAFETY: prctl and signal with constant arguments, before any thread exists.
+    unsafe {
+        if libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0 {
+            return 71;
+        }
+        libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
+        for sig in KEEPER_IGNORES {
+            libc::signal(sig, libc::SIG_IGN);
+        }
     }
+    // SAFETY: single-threaded here (the keeper runs before any thread is made), so the child
+    // may run any code.
+    let program = unsafe { libc::fork() };
+    if program < 0 {
+        return 71;
+    }
+    if program == 0 {
+        // SAFETY: as above; restoring dispositions this process set.
+        unsafe {
+            for sig in KEEPER_IGNORES {
+                libc::signal(sig, libc::SIG_DFL);
+            }
+        }
+        if become_user(uid).is_err() {
+            // SAFETY: ends the forked child without running the parent's exit handlers.
+            unsafe { libc::_exit(77) };
+        }
+        let err = std::process::Command::new(prog).args(args).exec();
+        eprintln!("{prog}: {err}");
+        let code = if err.kind() == std::io::ErrorKind::NotFound {
+            127
+        } else {
+            126
+        };
+        // SAFETY: as above.
+        unsafe { libc::_exit(code) };
+    }
+    let status = loop {
+        let mut status = 0;
+        // SAFETY: plain waitpid on any child with a valid out-pointer.
+        let pid = unsafe { libc::waitpid(-1, &mut status, 0) };
+        if pid == program {
+            break status;
+        }
+        if pid < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD) {
+            return 70;
+        }
+    };
+    units::end_below(std::process::id() as i32);
+    // SAFETY: plain waitpid until no child is left (the killed ones, now zombies).
+    while unsafe { libc::waitpid(-1, std::ptr::null_mut(), 0) } > 0 {}
+    if libc::WIFSIGNALED(status) {
+        let sig = libc::WTERMSIG(status);
+        // SAFETY: restores a default disposition and signals this process, as its program
+        // ended; if it survives that, the exit code says which signal.
+        unsafe {
+            libc::signal(sig, libc::SIG_DFL);
+            libc::kill(libc::getpid(), sig);
+        }
+        return 128 + sig;
+    }
+    libc::WEXITSTATUS(status)
 }
 
 /// Entry point of `coderoom agent --fd N` (and of the VM guest's `coderoom-agent --port NAME`
@@ -488,13 +528,12 @@ async fn handle(state: &mut State, req: Request) {
             };
             send(&state.out, &reply(id, Ok(r))).await;
         }
-        Op::PtyInput(data) => {
-            let guard = state.pty.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(pty) = guard.as_ref() {
-                // A full queue means the program is not reading; dropping keeps us bounded.
-                let _ = pty.input.try_send(data.into_vec());
-            }
-        }
+        Op::PtyInput(data) => typed(state, data.into_vec(), None),
+        Op::PtyTyped { data, actor } => typed(state, data.into_vec(), Some(&actor)),
+        Op::StopUnits { actor } => spawn_reply(&state.out, id, move || {
+            let processes = u32::try_from(units::stop(&actor)).unwrap_or(u32::MAX);
+            Ok(Reply::Stopped { processes })
+        }),
         Op::PtyResize { cols, rows } => {
             let guard = state.pty.lock().unwrap_or_else(|e| e.into_inner());
             if let Some(pty) = guard.as_ref() {
@@ -628,6 +667,18 @@ async fn handle(state: &mut State, req: Request) {
                 send(&state.out, &reply(id, r)).await;
             }
         }
+    }
+}
+
+/// Hands typed bytes to the terminal; a line they end runs for `actor` (see [`units`]).
+fn typed(state: &State, data: Vec<u8>, actor: Option<&str>) {
+    let guard = state.pty.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(pty) = guard.as_ref() {
+        if units::ends_line(&data) {
+            units::line_typed(actor.unwrap_or(units::TERMINAL));
+        }
+        // A full queue means the program is not reading; dropping keeps us bounded.
+        let _ = pty.input.try_send(data);
     }
 }
 

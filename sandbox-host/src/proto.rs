@@ -10,7 +10,7 @@ use serde_bytes::ByteBuf;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Protocol version the agent announces in [`Reply::Hello`]; the server refuses any other.
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;
 
 /// Largest frame body either side accepts: a reply carrying a whole file (the API reads up to
 /// 16 MiB) or two captured output streams. Streamed data (terminal output, snapshots, port
@@ -177,6 +177,20 @@ pub enum Op {
         /// The request whose command ends.
         id: u64,
     },
+    /// Bytes typed into the PTY by `actor` (no reply): the terminal's jobs started after a
+    /// line `actor` ended run for `actor` (see the agent's units).
+    PtyTyped {
+        /// Bytes.
+        data: ByteBuf,
+        /// Who typed them.
+        actor: String,
+    },
+    /// Ends every process that runs for `actor`: its commands' and the terminal's jobs it
+    /// started (the terminal's program stays). Answers [`Reply::Stopped`].
+    StopUnits {
+        /// The participant.
+        actor: String,
+    },
 }
 
 /// The trust bundle room code's TLS clients are pointed at (`SSL_CERT_FILE` and friends): the
@@ -289,6 +303,11 @@ pub enum Reply {
     },
     /// Answer to [`Op::Listening`]: ascending, at most [`MAX_LISTENING`].
     Listening(Vec<u16>),
+    /// Answer to [`Op::StopUnits`].
+    Stopped {
+        /// Processes ended.
+        processes: u32,
+    },
     /// Answer to [`Op::Resumed`].
     Resumed {
         /// The terminal opened before the save is still open (its program kept running).

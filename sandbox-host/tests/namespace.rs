@@ -23,6 +23,20 @@ fn name(tag: &str) -> String {
     format!("t{}{}", tag, std::process::id())
 }
 
+/// Asserts a command ran to exit code 0.
+fn ran(r: &Reply) {
+    assert!(
+        matches!(
+            r,
+            Reply::Exec {
+                exit_code: Some(0),
+                ..
+            }
+        ),
+        "{r:?}"
+    );
+}
+
 async fn sh(sb: &Sandbox, script: &str) -> (Option<i32>, String, String) {
     let op = Op::Exec {
         argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
@@ -431,6 +445,148 @@ async fn orphans_are_reaped() {
     sb.ended().await;
 }
 
+/// What each connection out counts to, seen by the control plane.
+fn counted(sb: &Sandbox) -> std::sync::Arc<std::sync::Mutex<Vec<String>>> {
+    use tokio::io::AsyncWriteExt;
+    let actors = std::sync::Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let seen = actors.clone();
+    sb.on_outbound(std::sync::Arc::new(move |mut conn, actor| {
+        seen.lock().unwrap().push(actor);
+        tokio::spawn(async move {
+            let _ = conn.write_all(b"ok\n").await;
+        });
+    }));
+    actors
+}
+
+/// Waits until `actors` holds `n` connections, and takes them.
+async fn taken(actors: &std::sync::Mutex<Vec<String>>, n: usize) -> Vec<String> {
+    tokio::time::timeout(T, async {
+        loop {
+            if actors.lock().unwrap().len() >= n {
+                return std::mem::take(&mut *actors.lock().unwrap());
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("connections seen: {:?}", actors.lock().unwrap()))
+}
+
+/// Every process runs for someone: a command's whole unit (`setsid`, `nohup`, a double fork)
+/// for its caller, and none of it outlives the command; a terminal job for whoever ended the
+/// line it started after, however it detaches; and stopping a participant ends exactly what
+/// runs for them, the terminal's shell aside.
+#[tokio::test]
+async fn every_process_runs_for_its_participant_and_stops_with_it() {
+    let ns = backend();
+    let (sb, mut events, _) = ns.start(&name("w"), &Limits::default()).await.unwrap();
+    let actors = counted(&sb);
+    sh(
+        &sb,
+        "echo 'import socket; print(socket.create_connection((\"127.0.0.1\", 3128)).recv(9))' > /workspace/c.py",
+    )
+    .await;
+    let connect = "python3 /workspace/c.py";
+    let as_ana = |script: String| Op::Exec {
+        argv: vec!["/bin/sh".into(), "-c".into(), script],
+        cwd: String::new(),
+        timeout_ms: 20_000,
+        max_output: 1 << 20,
+        actor: "ana".into(),
+    };
+    for script in [
+        format!("setsid {connect}"),
+        format!("nohup {connect}"),
+        format!("( {connect} > /tmp/df & ) ; while ! grep -q ok /tmp/df 2>/dev/null; do sleep 0.02; done"),
+        format!("setsid -f sh -c 'sleep 0.2; {connect} > /tmp/sf' ; while ! grep -q ok /tmp/sf 2>/dev/null; do sleep 0.02; done"),
+    ] {
+        let r = sb.call(as_ana(script.clone()), T).await.unwrap();
+        assert!(matches!(r, Reply::Exec { exit_code: Some(0), .. }), "{script}: {r:?}");
+    }
+    assert_eq!(taken(&actors, 4).await, vec!["ana"; 4]);
+    // Nothing a command started outlives it, detached or not.
+    let r = sb
+        .call(
+            as_ana("setsid sleep 1001 & nohup sleep 1002 & (sleep 1003 &) ; echo started".into()),
+            T,
+        )
+        .await
+        .unwrap();
+    ran(&r);
+    let (_, left, _) = sh(&sb, "pgrep -f 'sleep 100[123]' || echo none").await;
+    assert_eq!(left, "none\n");
+    // The terminal: lines ended by bo, then by cy.
+    let open = Op::PtyOpen {
+        argv: vec!["/bin/sh".into()],
+        cols: 80,
+        rows: 24,
+    };
+    sb.call(open, T).await.unwrap();
+    let typed = |actor: &str, line: String| Op::PtyTyped {
+        data: ByteBuf::from(format!("{line}\n").into_bytes()),
+        actor: actor.into(),
+    };
+    sb.send(typed("bo", connect.into())).await.unwrap();
+    assert_eq!(taken(&actors, 1).await, vec!["bo"]);
+    sb.send(typed(
+        "bo",
+        "setsid sh -c 'while :; do echo x >> /workspace/tick; sleep 0.05; done' &".into(),
+    ))
+    .await
+    .unwrap();
+    // (Once it runs: a job counts to whoever ended the last line before it started, told
+    // apart to the clock tick of its start: lines ended within one tick count to the later.)
+    let wait =
+        "while [ \"$(wc -l < /workspace/tick 2>/dev/null || echo 0)\" -lt 3 ]; do sleep 0.02; done";
+    let (code, _, _) = sh(&sb, wait).await;
+    assert_eq!(code, Some(0));
+    sb.send(typed(
+        "cy",
+        format!("setsid -f sh -c 'sleep 0.3; {connect}'; sleep 1004 &"),
+    ))
+    .await
+    .unwrap();
+    assert_eq!(taken(&actors, 1).await, vec!["cy"]);
+    // Stopping bo ends bo's loop and nothing of cy's, nor the shell.
+    let r = sb
+        .call(Op::StopUnits { actor: "bo".into() }, T)
+        .await
+        .unwrap();
+    assert!(
+        matches!(r, Reply::Stopped { processes } if processes >= 1),
+        "{r:?}"
+    );
+    let (_, ticks, _) = sh(&sb, "wc -l < /workspace/tick; sleep 0.5; wc -l < /workspace/tick; pgrep -f 'sleep 100[4]' >/dev/null && echo cy-runs").await;
+    let lines: Vec<&str> = ticks.lines().collect();
+    assert_eq!(lines.len(), 3, "{ticks}");
+    assert_eq!(lines[0], lines[1], "bo's loop went on: {ticks}");
+    assert_eq!(lines[2], "cy-runs");
+    sb.send(typed("cy", "echo shell-$((6*7))".into()))
+        .await
+        .unwrap();
+    let mut seen = String::new();
+    while !seen.contains("shell-42") {
+        match tokio::time::timeout(T, events.recv()).await {
+            Ok(Some(Event::PtyOutput(b))) => seen.push_str(&String::from_utf8_lossy(&b)),
+            Ok(Some(_)) => {}
+            _ => panic!("the terminal said {seen:?}"),
+        }
+    }
+    let r = sb
+        .call(Op::StopUnits { actor: "cy".into() }, T)
+        .await
+        .unwrap();
+    assert!(
+        matches!(r, Reply::Stopped { processes } if processes >= 1),
+        "{r:?}"
+    );
+    let (_, left, _) = sh(&sb, "pgrep -f 'sleep 100[4]' || echo none").await;
+    assert_eq!(left, "none\n");
+    sb.kill();
+    sb.ended().await;
+}
+
 /// A port inside the sandbox is reachable through the agent only (the sandbox has no network).
 #[tokio::test]
 async fn ports_inside_are_reached_through_the_agent() {
@@ -644,8 +800,8 @@ sys.stdout.write(got.decode())
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(out, "control plane got: hello from inside\n");
     assert_eq!(taken.load(std::sync::atomic::Ordering::SeqCst), 1);
-    // Connections are attributed to the actor of the exec whose session opened them; a process
-    // that leaves its session loses the attribution, and cannot take another's.
+    // Connections are attributed to the actor of the exec whose unit opened them; a process
+    // that leaves its session stays in its unit.
     let as_ana = |script: &str| Op::Exec {
         argv: vec!["/bin/sh".into(), "-c".into(), script.into()],
         cwd: String::new(),
@@ -657,33 +813,15 @@ sys.stdout.write(got.decode())
         .call(as_ana("python3 /workspace/client.py"), T)
         .await
         .unwrap();
-    assert!(
-        matches!(
-            r,
-            Reply::Exec {
-                exit_code: Some(0),
-                ..
-            }
-        ),
-        "{r:?}"
-    );
+    ran(&r);
     let r = sb
         .call(as_ana("setsid python3 /workspace/client.py"), T)
         .await
         .unwrap();
-    assert!(
-        matches!(
-            r,
-            Reply::Exec {
-                exit_code: Some(0),
-                ..
-            }
-        ),
-        "{r:?}"
-    );
+    ran(&r);
     assert_eq!(
         *actors.lock().unwrap(),
-        vec![String::new(), "ana".to_owned(), String::new()]
+        vec![String::new(), "ana".to_owned(), "ana".to_owned()]
     );
 
     // What code inside is told, and what happens when it ignores it.

@@ -214,6 +214,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         shutdown.clone(),
     );
     crate::ops::spend::announce(state.ops.clone(), reached);
+    state.ops.stop_units_that_lapse();
     // The handlers are in place before anyone can know where to send a signal: a SIGTERM right
     // after the line below still shuts down gracefully.
     let signals = install_signal_handlers();

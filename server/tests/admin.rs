@@ -255,3 +255,104 @@ async fn revoking_an_account_stops_its_running_command() {
         "{stdout}"
     );
 }
+
+/// From where a revoked user stands (issue 38, item 4, export): a workspace download they
+/// were sending themselves, approved and part read, stops within a second of the revoke,
+/// short of its length (never a shorter archive that looks whole). Before, the rest arrived.
+#[tokio::test]
+async fn revoking_an_account_cuts_its_download() {
+    use std::time::{Duration, Instant};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let root = storage.token("root@example.com").await;
+    let t = team_with(&storage, &["--admin-emails", "root@example.com"]).await;
+    let (server, room) = (&t.server, &t.room);
+    // Ben, an owner too, exports; Ana approves. The workspace does not compress.
+    assert_eq!(
+        set_role(server, &t.ana, room, &t.ben_id, r#"{"role":"owner"}"#).await,
+        200
+    );
+    let (status, out) = exec(
+        server,
+        &t.ana,
+        room,
+        "head -c 24000000 /dev/urandom > big.bin",
+    )
+    .await;
+    assert_eq!((status, &out["exit_code"]), (200, &Value::from(0)), "{out}");
+    let exports = format!("/api/rooms/{room}/exports");
+    let (status, pending) = post(server, &t.ben, &exports, r#"{"workspace":true}"#).await;
+    assert_eq!(status, 202, "{pending}");
+    let id = pending["approval_id"].as_str().unwrap();
+    let decision = format!("/api/rooms/{room}/approvals/{id}/decision");
+    let (status, v) = post(server, &t.ana, &decision, r#"{"approve":true}"#).await;
+    assert_eq!(status, 200, "{v}");
+
+    // Ben's download starts; Ben reads its head and a little, then nothing for now.
+    let body = format!(r#"{{"workspace":true,"approval_id":"{id}"}}"#);
+    let host = server
+        .url("")
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_owned();
+    let mut conn = tokio::net::TcpStream::connect(&host).await.unwrap();
+    let ask = format!(
+        "POST {exports} HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        t.ben,
+        body.len()
+    );
+    conn.write_all(ask.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = vec![0u8; 64 << 10];
+    let head_end = tokio::time::timeout(TIMEOUT, async {
+        loop {
+            let n = conn.read(&mut buf).await.unwrap();
+            assert!(
+                n > 0,
+                "closed before its head: {}",
+                String::from_utf8_lossy(&got)
+            );
+            got.extend_from_slice(&buf[..n]);
+            if let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                return end + 4;
+            }
+        }
+    })
+    .await
+    .expect("the download's head");
+    let head = String::from_utf8_lossy(&got[..head_end]).to_ascii_lowercase();
+    assert!(head.starts_with("http/1.1 200"), "{head}");
+    let length: usize = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap();
+    assert!(length > 20_000_000, "{head}");
+
+    let revoke = format!("/api/admin/users/{}/revoke", t.ben_id);
+    let (status, v) = post(server, &root, &revoke, "").await;
+    assert_eq!(status, 200, "{v}");
+    let revoked = Instant::now();
+    // Reading again: the rest of what was in flight, then the end, short of the length.
+    let ended = tokio::time::timeout(TIMEOUT, async {
+        while got.len() - head_end < length {
+            match conn.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+        Instant::now()
+    })
+    .await
+    .expect("the download never ended");
+    let received = got.len() - head_end;
+    assert!(
+        received < length,
+        "the whole download arrived ({received} bytes)"
+    );
+    let took = ended - revoked;
+    assert!(
+        took < Duration::from_secs(1),
+        "cut {took:?} after the revoke"
+    );
+}

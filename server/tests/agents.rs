@@ -253,3 +253,164 @@ async fn a_sponsor_alone_cannot_approve_its_own_agents_export() {
     assert_eq!(status, 200, "{v}");
     assert!(v["files"].get("main.rs").is_some(), "{v}");
 }
+
+/// An agent's run of requests (`codes`, one status each) was held to its 2,000 bytes: some
+/// went out, then none (each refused with 402, or its process stopped once the budget was
+/// reached); another `request` of its own is refused; and what it was charged is the budget
+/// and at most one request more (the one that reached it).
+async fn held_to_its_budget(
+    t: &Room,
+    way: &str,
+    (token, id): (&str, &str),
+    codes: &str,
+    request: &str,
+) {
+    let codes: Vec<&str> = codes.split_whitespace().collect();
+    let sent = codes.iter().take_while(|c| **c == "200").count();
+    assert!(sent >= 1, "{way}: refused from the start: {codes:?}");
+    assert!(
+        codes[sent..].iter().all(|c| *c == "402"),
+        "{way}: {codes:?}"
+    );
+    assert!(
+        codes.len() < 20 || sent < 20,
+        "{way}: never stopped: {codes:?}"
+    );
+    let (status, out) = exec(&t.server, token, &t.room, request).await;
+    assert_eq!(status, 200, "{way}: {out}");
+    assert_eq!(out["stdout"], "402\n", "{way}: another request went out");
+    let spend = get_json(&t.server, &t.ana, &format!("/api/rooms/{}/spend", t.room)).await;
+    let used = spend["participants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["who"] == id)
+        .map(|p| p["used"]["egress_bytes"].as_u64().unwrap_or(0))
+        .unwrap_or_else(|| panic!("{way}: the agent is not in {spend}"));
+    let each = 2000 / u64::try_from(sent).unwrap() + 1;
+    assert!(
+        (2000..2000 + each * 2).contains(&used),
+        "{way}: charged {used} bytes: {spend}"
+    );
+}
+
+/// Where an agent stands with an egress budget (issue 38, item 3): whatever it starts counts to
+/// it, however detached (`setsid`, `nohup`, a double fork) or typed into the shared terminal,
+/// so each way stops at its 2,000 bytes; and its revoke ends, within a second, what it left
+/// running in the terminal (a `setsid` loop) and the command it is running (with a detached
+/// child). Before units, a `setsid` curl and a terminal curl were charged to the room: 200
+/// every time.
+#[tokio::test]
+async fn an_agents_budget_and_revoke_reach_everything_it_started() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let (port, _seen) = stand_in().await;
+    let resolve = format!("allowed.test=127.0.0.1:{port}");
+    let t = team_with(&storage, &["--egress-test-resolve", &resolve]).await;
+    let (server, room) = (&t.server, &t.room);
+    let egress = format!("/api/rooms/{room}/egress");
+    let (status, v) = put(server, &t.ana, &egress, r#"{"allow":["allowed.test"]}"#).await;
+    assert_eq!(status, 200, "{v}");
+    let agents = format!("/api/rooms/{room}/agents");
+    let new_agent = |name: &str| {
+        serde_json::json!({
+            "name": name,
+            "capabilities": ["observe", "edit", "type", "spend"],
+            "ttl_s": 3600,
+            "budget": { "egress_bytes": 2000 },
+        })
+        .to_string()
+    };
+    let curl = "curl -s -o /dev/null -w '%{http_code}\\n' http://allowed.test/";
+    let ways = [
+        ("setsid", format!("setsid -w {curl}")),
+        ("nohup", format!("nohup {curl} 2>/dev/null")),
+        ("double-fork", format!("f=$(mktemp -u); ( ( {curl} > $f.part; mv $f.part $f ) & ) ; while [ ! -e $f ]; do sleep 0.02; done; cat $f")),
+    ];
+    for (way, script) in &ways {
+        let (status, a) = post(server, &t.ana, &agents, &new_agent(way)).await;
+        assert_eq!(status, 201, "{a}");
+        let (token, id) = (
+            a["token"].as_str().unwrap(),
+            a["agent_id"].as_str().unwrap(),
+        );
+        let looped = format!("for i in $(seq 20); do {script}; done");
+        let (status, out) = exec(server, token, room, &looped).await;
+        assert_eq!(status, 200, "{way}: {out}");
+        let codes = out["stdout"].as_str().unwrap().to_owned();
+        held_to_its_budget(&t, way, (token, id), &codes, &format!("{script} || true")).await;
+    }
+    // The shared terminal: the agent's lines, and what they start, are its own.
+    let (status, a) = post(server, &t.ana, &agents, &new_agent("typist")).await;
+    assert_eq!(status, 201, "{a}");
+    let (typist, id) = (
+        a["token"].as_str().unwrap(),
+        a["agent_id"].as_str().unwrap(),
+    );
+    let mut term = common::term(server, room, typist).await;
+    term.send(format!("for i in $(seq 20); do setsid -w {curl} >> /workspace/codes; done; echo typed-$((6*7))\r").as_bytes())
+        .await;
+    term.output_contains("typed-42").await;
+    let codes = inside(
+        server,
+        &t.ana,
+        room,
+        "cat /workspace/codes",
+        &mut String::new(),
+    )
+    .await;
+    held_to_its_budget(&t, "terminal", (typist, id), &codes, curl).await;
+
+    // Revoked, everything it started ends within a second: a loop it left in the terminal and
+    // the command it is running, with the child that command detached.
+    let (status, a) = post(server, &t.ana, &agents, &new_agent("leaver")).await;
+    assert_eq!(status, 201, "{a}");
+    let (leaver, leaver_id) = (
+        a["token"].as_str().unwrap().to_owned(),
+        a["agent_id"].as_str().unwrap().to_owned(),
+    );
+    let mut term = common::term(server, room, &leaver).await;
+    term.send(b"setsid sh -c 'while :; do echo >> /workspace/loop-a; sleep 0.05; done' & echo left-$((6*7))\r")
+        .await;
+    term.output_contains("left-42").await;
+    let running = {
+        let script =
+            "setsid sh -c 'while :; do echo >> /workspace/loop-b; sleep 0.05; done' & sleep 120";
+        let body = serde_json::json!({ "argv": ["sh", "-c", script], "timeout_ms": 150_000 });
+        let url = server.url(&format!("/api/rooms/{room}/exec"));
+        let auth = format!("Bearer {leaver}");
+        tokio::spawn(async move {
+            let headers = [("Authorization", auth.as_str())];
+            let body = body.to_string();
+            request_within(
+                &url,
+                "POST",
+                &headers,
+                Some(&body),
+                Duration::from_secs(150),
+            )
+            .await
+        })
+    };
+    let both = "[ -s /workspace/loop-a ] && [ -s /workspace/loop-b ] && echo both";
+    assert_eq!(
+        stdout_until(server, &t.ana, room, both, "both").await,
+        "both\n"
+    );
+    let url = server.url(&format!("{agents}/{leaver_id}"));
+    let (status, v) = http(&url, "DELETE", Some(&t.ana), None).await;
+    assert!(status == 204 || status == 200, "{v}");
+    let revoked = Instant::now();
+    let answer = running.await.unwrap();
+    assert_eq!(answer.status, 403, "{}", answer.body);
+    // At one second after the revoke: no loop is left.
+    tokio::time::sleep_until((revoked + Duration::from_secs(1)).into()).await;
+    let left = inside(
+        server,
+        &t.ana,
+        room,
+        "pgrep -f 'loop-[ab]' || echo none",
+        &mut String::new(),
+    )
+    .await;
+    assert_eq!(left, "none\n", "still running a second after the revoke");
+}

@@ -2,10 +2,8 @@
 //! output captured.
 
 use super::env::room_env;
-use super::{
-    become_user, failed, room_uid, size, Attributed, Pty, State, SELF_COMMAND, SESSIONS, TERMINAL,
-    WORKSPACE,
-};
+use super::units::Unit;
+use super::{failed, room_uid, size, Pty, State, SELF_COMMAND, WORKSPACE};
 use crate::path::WorkspacePath;
 use crate::proto::{self, AgentError, Message, Reply};
 use portable_pty::CommandBuilder;
@@ -60,19 +58,11 @@ pub(super) fn open_pty(
     if let Some(fd) = pair.master.as_raw_fd() {
         no_xoff(fd);
     }
-    // Room code runs as room code: through this binary's `--exec-as` when the agent is root
-    // (the PTY's child is made by portable-pty, which cannot change users itself).
-    let mut cmd = match (room_uid(), SELF_COMMAND.get()) {
-        (Some(uid), Some((exe, self_args))) => {
-            let mut c = CommandBuilder::new(exe);
-            c.args(self_args);
-            c.args(["--exec-as".to_string(), uid.to_string(), "--".into()]);
-            c.arg(prog);
-            c
-        }
-        (Some(_), None) => return Err(AgentError::Failed("cannot start room code".into())),
-        (None, _) => CommandBuilder::new(prog),
-    };
+    // Room code runs as room code, in the terminal's unit: through this binary's `--exec-as`
+    // (the PTY's child is made by portable-pty, which can neither change users nor keep a
+    // unit itself).
+    let mut cmd = CommandBuilder::new(keeper()?);
+    cmd.args(keeper_args(prog));
     cmd.args(args);
     cmd.cwd(WORKSPACE);
     cmd.env_clear();
@@ -81,12 +71,7 @@ pub(super) fn open_pty(
     }
     let mut child = pair.slave.spawn_command(cmd).map_err(failed)?;
     drop(pair.slave);
-    // The terminal's program leads a session of its own (its controlling terminal).
-    if let Some(pid) = child.process_id() {
-        let mut all = SESSIONS.lock().unwrap_or_else(|e| e.into_inner());
-        all.retain(|_, who| who != TERMINAL);
-        all.insert(pid as i32, TERMINAL.to_owned());
-    }
+    let unit = child.process_id().map(|pid| Unit::terminal(pid as i32));
     let mut reader = pair.master.try_clone_reader().map_err(failed)?;
     let mut writer = pair.master.take_writer().map_err(failed)?;
     let (input, input_rx) = std::sync::mpsc::sync_channel::<Vec<u8>>(PTY_INPUT_QUEUE);
@@ -125,6 +110,7 @@ pub(super) fn open_pty(
                 .wait()
                 .ok()
                 .map(|s| i32::try_from(s.exit_code()).unwrap_or(i32::MAX));
+            drop(unit);
             *pty_slot.lock().unwrap_or_else(|e| e.into_inner()) = None;
             if let Ok(frame) = proto::encode(&Message::PtyExit { code }) {
                 let _ = out.blocking_send(frame);
@@ -155,8 +141,13 @@ pub(super) async fn exec(
         let p = WorkspacePath::parse(&cwd).map_err(|e| AgentError::InvalidPath(e.to_string()))?;
         Path::new(WORKSPACE).join(p.as_str())
     };
-    let mut cmd = tokio::process::Command::new(prog);
-    cmd.args(args)
+    // Said now, as the keeper would only say it as the command's exit.
+    if !on_path(prog, &dir) {
+        return Err(AgentError::NotFound);
+    }
+    let mut cmd = tokio::process::Command::new(keeper()?);
+    cmd.args(keeper_args(prog))
+        .args(args)
         .current_dir(&dir)
         .env_clear()
         .envs(room_env())
@@ -164,26 +155,10 @@ pub(super) async fn exec(
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .kill_on_drop(true);
-    let uid = room_uid();
-    // A session of its own (and so a process group: killed as one below). Its processes'
-    // connections out are attributed to `actor` by that session, which they cannot trade for
-    // another exec's.
-    // SAFETY: `setsid` and `become_user` only make system calls, as the child of a fork may.
-    unsafe {
-        cmd.pre_exec(move || {
-            rustix::process::setsid().map_err(std::io::Error::from)?;
-            match uid {
-                Some(id) => become_user(id),
-                None => Ok(()),
-            }
-        });
-    }
-    let mut child = cmd.spawn().map_err(|e| match e.kind() {
-        std::io::ErrorKind::NotFound => AgentError::NotFound,
-        _ => failed(e),
-    })?;
-    let pgid = child.id().map(|p| p as i32);
-    let _attributed = pgid.map(|sid| Attributed::new(sid, actor));
+    let mut child = cmd.spawn().map_err(failed)?;
+    // A unit of its own: its processes' connections out count to `actor`, and none of them
+    // outlives the command.
+    let unit = child.id().map(|pid| Unit::command(pid as i32, actor));
     let stdout = child.stdout.take();
     let stderr = child.stderr.take();
     let out_task = tokio::spawn(capture(stdout, max_output));
@@ -202,12 +177,10 @@ pub(super) async fn exec(
         },
         () = cancel => (None, false, true),
     };
-    // The command is over: whatever it left running in its group goes with it.
-    if let Some(pgid) = pgid {
-        let _ = rustix::process::kill_process_group(
-            rustix::process::Pid::from_raw(pgid).ok_or_else(|| failed("bad pid"))?,
-            rustix::process::Signal::KILL,
-        );
+    // Stopped before its end: whatever it runs goes (its keeper then ends, as it does by
+    // itself after a command that ended, ending what that left running).
+    if let (Some(keeper), true) = (unit.as_ref().map(Unit::keeper), timed_out || was_cancelled) {
+        let _ = tokio::task::spawn_blocking(move || super::units::end_below(keeper)).await;
     }
     if timed_out || was_cancelled {
         let _ = child.wait().await;
@@ -232,6 +205,44 @@ pub(super) async fn exec(
         truncated: t1 || t2,
         timed_out,
     })
+}
+
+/// The unit keeper: this binary, as it was started.
+fn keeper() -> Result<PathBuf, AgentError> {
+    SELF_COMMAND
+        .get()
+        .map(|(exe, _)| exe.clone())
+        .ok_or_else(|| AgentError::Failed("cannot start room code".into()))
+}
+
+/// The keeper's arguments up to `prog` (room code's user: its own when the agent is not root).
+fn keeper_args(prog: &str) -> Vec<String> {
+    let uid = room_uid().unwrap_or_else(|| rustix::process::getuid().as_raw());
+    let mut args = SELF_COMMAND
+        .get()
+        .map(|(_, a)| a.clone())
+        .unwrap_or_default();
+    args.extend([
+        "--exec-as".into(),
+        uid.to_string(),
+        "--".into(),
+        prog.into(),
+    ]);
+    args
+}
+
+/// Whether `prog` names a program: a path (from `dir` when relative), or a name found on
+/// room code's `PATH`.
+fn on_path(prog: &str, dir: &Path) -> bool {
+    if prog.contains('/') {
+        return dir.join(prog).is_file();
+    }
+    let path = room_env()
+        .into_iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v)
+        .unwrap_or_default();
+    std::env::split_paths(&path).any(|d| d.join(prog).is_file())
 }
 
 async fn capture(pipe: Option<impl tokio::io::AsyncRead + Unpin>, max: usize) -> (Vec<u8>, bool) {

@@ -1,7 +1,7 @@
 //! Connections carried over the control stream: to ports inside, and out through the egress
-//! forwarder, each attributed to the session that opened it.
+//! forwarder, each attributed to whom the process that opened it runs for.
 
-use super::{send, streams_of, Carried, Out, State, Streams, SESSIONS};
+use super::{send, streams_of, units, Carried, Out, State, Streams};
 use crate::proto::{self, AgentError, Message, Reply};
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -11,8 +11,8 @@ const MAX_STREAMS: usize = 256;
 /// Of those, connections out through the egress forwarder (port connections keep the rest).
 const MAX_OUTBOUND: usize = 64;
 
-/// Who opened the connection from local port `peer_port` to the forwarder: the actor of its
-/// process's session, found through the kernel's socket table and each process's descriptors
+/// Who opened the connection from local port `peer_port` to the forwarder: whom the unit of
+/// the process holding it runs for ([`units::owner_of`]), that process found through the kernel's socket table and each process's descriptors
 /// (read with room code's file identity, which is allowed for room code's processes). Empty
 /// when it cannot be told.
 fn actor_of_peer(peer_port: u16) -> String {
@@ -51,17 +51,7 @@ fn actor_of_peer(peer_port: u16) -> String {
         if !holds {
             continue;
         }
-        // The session is the sixth field of `stat`, counted after the command's closing `)`.
-        let sid = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|stat| {
-                let rest = stat.rsplit_once(')')?.1;
-                rest.split_whitespace().nth(3)?.parse::<i32>().ok()
-            });
-        let sessions = SESSIONS.lock().unwrap_or_else(|e| e.into_inner());
-        return sid
-            .and_then(|s| sessions.get(&s).cloned())
-            .unwrap_or_default();
+        return units::owner_of(pid);
     }
     String::new()
 }

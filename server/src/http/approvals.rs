@@ -38,6 +38,7 @@ pub(crate) async fn export(
             file,
             bytes,
             file_name,
+            lapse,
         }) => (
             [
                 (
@@ -50,10 +51,31 @@ pub(crate) async fn export(
                     format!("attachment; filename=\"{file_name}\""),
                 ),
             ],
-            axum::body::Body::from_stream(tokio_util::io::ReaderStream::new(file)),
+            axum::body::Body::from_stream(until_lapsed(file, lapse)),
         )
             .into_response(),
         Outcome::Pending(id) => crate::http::sandbox::render::<()>(Outcome::Pending(id)),
+    })
+}
+
+/// The file's bytes until `lapse` is cancelled; then an error, which cuts the response short
+/// of its length (a client sees a failed download, never a shorter one that looks whole).
+fn until_lapsed(
+    file: tokio::fs::File,
+    lapse: crate::ops::commands::Lapse,
+) -> impl futures_util::Stream<Item = std::io::Result<bytes::Bytes>> {
+    use futures_util::StreamExt as _;
+    let chunks = tokio_util::io::ReaderStream::new(file);
+    futures_util::stream::unfold(Some((chunks, lapse)), |state| async move {
+        let (mut chunks, lapse) = state?;
+        tokio::select! {
+            biased;
+            () = lapse.stop.cancelled() => {
+                let why = std::io::Error::other(crate::ops::export::LAPSED);
+                Some((Err(why), None))
+            }
+            next = chunks.next() => next.map(|chunk| (chunk, Some((chunks, lapse)))),
+        }
     })
 }
 

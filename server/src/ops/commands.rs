@@ -163,7 +163,7 @@ impl Ops {
             Outcome::Pending(id) => return Ok(Outcome::Pending(id)),
         };
         // Listening before the command is recorded and sent: a removal from then on ends it.
-        let lapsed = self.when_type_lapses(room_id, actor);
+        let lapsed = self.when_right_lapses(room_id, actor, Capability::Type);
         let proof = self
             .commit_commands(room_id, allowed, details, 1, Change::None)
             .await?;
@@ -271,8 +271,10 @@ impl Ops {
     }
 }
 
-/// A command's stop switch, cancelled when its caller may no longer run commands in the room;
-/// the watch ends when this is dropped (the command is over) or with the switch.
+/// A call's stop switch, cancelled when its caller may no longer do what it asked in the room
+/// (run a command, export); the watch ends when this is dropped (the call is over) or with the
+/// switch.
+#[derive(Debug)]
 pub(crate) struct Lapse {
     pub(crate) stop: tokio_util::sync::CancellationToken,
     watch: tokio::task::JoinHandle<()>,
@@ -285,11 +287,16 @@ impl Drop for Lapse {
 }
 
 impl Ops {
-    /// A switch cancelled once `actor` may no longer run commands in the room: removed, its
-    /// account revoked (which removes it everywhere), `type` taken away, or, for an agent, its
+    /// A switch cancelled once `actor` may no longer use `cap` in the room: removed, its
+    /// account revoked (which removes it everywhere), `cap` taken away, or, for an agent, its
     /// sponsor gone. Subscribed at once, so no change after this call is missed; each change of
     /// the actor's rights there is looked up as every door decides it.
-    pub(crate) fn when_type_lapses(&self, room_id: &RoomId, actor: &Actor) -> Lapse {
+    pub(crate) fn when_right_lapses(
+        &self,
+        room_id: &RoomId,
+        actor: &Actor,
+        cap: Capability,
+    ) -> Lapse {
         let mut changes = self.access_changed.subscribe();
         let stop = tokio_util::sync::CancellationToken::new();
         let (ops, room, actor, switch) =
@@ -304,19 +311,80 @@ impl Ops {
                     Err(RecvError::Lagged(_)) => {}
                     Err(RecvError::Closed) => return,
                 }
-                let may = match ops.rights(&room, &actor, Capability::Type).await {
+                let may = match ops.rights(&room, &actor, cap).await {
                     Ok((rights, _)) => rights.may_act(ops.now_ms()),
                     Err(OpError::NotFound) => false,
                     // Storage cannot say now: the command goes on until the next change.
                     Err(_) => true,
                 };
                 if !may {
-                    tracing::info!(room = %room, user = %actor.id, "a command's caller lost the right to run it; stopping it");
+                    tracing::info!(room = %room, user = %actor.id, right = cap.as_str(), "a call's caller lost the right to make it; stopping it");
                     switch.cancel();
                     return;
                 }
             }
         });
         Lapse { stop, watch }
+    }
+}
+
+/// How long the sandbox has to end a participant's processes.
+const STOP_UNITS_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl Ops {
+    /// Ends what participants run in a room's sandbox once they may no longer run anything
+    /// there (removed, revoked, `type` taken away, an agent whose sponsor is gone): their
+    /// commands' processes and the terminal jobs they started (see the agent's units). Runs
+    /// for the server's life, on every change of anyone's rights.
+    pub(crate) fn stop_units_that_lapse(&self) {
+        let mut changes = self.access_changed.subscribe();
+        let ops = self.clone();
+        tokio::spawn(async move {
+            use tokio::sync::broadcast::error::RecvError;
+            loop {
+                match changes.recv().await {
+                    Ok(c) => {
+                        let ops = ops.clone();
+                        tokio::spawn(async move { ops.stop_if_lapsed(&c.room, &c.user).await });
+                    }
+                    Err(RecvError::Lagged(n)) => {
+                        tracing::warn!(missed = n, "changes of rights missed: processes of those who lost them are not stopped");
+                    }
+                    Err(RecvError::Closed) => return,
+                }
+            }
+        });
+    }
+
+    async fn stop_if_lapsed(&self, room_id: &RoomId, user: &str) {
+        let Ok(actor) = self.actor(user, "").await else {
+            return;
+        };
+        let may = match self.rights(room_id, &actor, Capability::Type).await {
+            Ok((rights, _)) => rights.may_act(self.now_ms()),
+            Err(OpError::NotFound) => false,
+            // Storage cannot say now: nothing is stopped on a guess.
+            Err(_) => true,
+        };
+        if !may {
+            self.stop_units(room_id, user, "its right to run commands ended")
+                .await;
+        }
+    }
+
+    /// Ends every process that runs for `user` in the room's sandbox, if it is running.
+    pub(crate) async fn stop_units(&self, room_id: &RoomId, user: &str, why: &str) {
+        let op = Op::StopUnits {
+            actor: user.to_owned(),
+        };
+        match self.sandboxes.peek(room_id, op, STOP_UNITS_WITHIN).await {
+            Ok(Reply::Stopped { processes }) if processes > 0 => {
+                tracing::info!(room = %room_id, user, processes, why, "stopped what a participant ran");
+            }
+            Ok(_) | Err(crate::sandbox::SandboxError::Stopped) => {}
+            Err(e) => {
+                tracing::warn!(room = %room_id, user, error = %e, "cannot stop what a participant ran");
+            }
+        }
     }
 }

@@ -5,6 +5,7 @@
 
 use crate::ids::{IssuedId, RoomId};
 use crate::ops::approvals::Allowed;
+use crate::ops::commands::Lapse;
 use crate::ops::record::{Entry, Verdict};
 use crate::ops::{Actor, OpError, Ops, Outcome};
 use crate::store::{Change, StoreError};
@@ -33,11 +34,13 @@ pub(crate) struct ExportAsked {
 pub(crate) enum Exported {
     /// Each named file's text (`None`: not in the room).
     Files(BTreeMap<String, Option<String>>),
-    /// The workspace archive: an open file already unlinked, its size, the name to offer.
+    /// The workspace archive: an open file already unlinked, its size, the name to offer, and
+    /// the switch that ends its sending once the caller may no longer export.
     Workspace {
         file: tokio::fs::File,
         bytes: u64,
         file_name: String,
+        lapse: Lapse,
     },
 }
 
@@ -92,9 +95,24 @@ impl Ops {
                 Outcome::Pending(id) => return Ok(Outcome::Pending(id)),
             };
         let Some(names) = &asked.files else {
-            return workspace_download(self, room_id, &proof, details, &approval)
-                .await
-                .map(Outcome::Done);
+            // Written, then sent, only while the caller may export: a revoke or removal stops
+            // it wherever it is.
+            let lapse = self.when_right_lapses(room_id, actor, Capability::Export);
+            let written = tokio::select! {
+                w = workspace_download(self, room_id, &proof, details, &approval) => w?,
+                () = lapse.stop.cancelled() => return Err(OpError::Refused(LAPSED.into())),
+            };
+            let WrittenDownload {
+                file,
+                bytes,
+                file_name,
+            } = written;
+            return Ok(Outcome::Done(Exported::Workspace {
+                file,
+                bytes,
+                file_name,
+                lapse,
+            }));
         };
         let details = json!({ "approval_id": approval, "params": details });
         let entry = Entry::of(proof.action(), Verdict::Allow, details);
@@ -103,6 +121,17 @@ impl Ops {
         let files = read_files(self, room_id, names).await?;
         Ok(Outcome::Done(Exported::Files(files)))
     }
+}
+
+/// Why a workspace download stopped part way.
+pub(crate) const LAPSED: &str =
+    "your right to export from this room ended during the download: it was stopped";
+
+/// A written workspace download, ready to send.
+struct WrittenDownload {
+    file: tokio::fs::File,
+    bytes: u64,
+    file_name: String,
 }
 
 /// Removes the files named when dropped (a download's scratch files, however it ends).
@@ -126,7 +155,7 @@ async fn workspace_download(
     proof: &Authorized,
     params: Value,
     approval_id: &str,
-) -> Result<Exported, OpError> {
+) -> Result<WrittenDownload, OpError> {
     let dir = exports_dir(&app.data_dir, &app.server.id);
     tokio::fs::create_dir_all(&dir).await.map_err(store_io)?;
     let id = IssuedId::fresh();
@@ -168,7 +197,7 @@ async fn workspace_download(
     let file = tokio::fs::File::open(&out).await.map_err(store_io)?;
     let room = app.store.room(room_id).await?;
     let name = download_name(room.as_ref().map_or("", |r| r.name.as_str()));
-    Ok(Exported::Workspace {
+    Ok(WrittenDownload {
         file,
         bytes: bundled.bytes,
         file_name: format!("{name}.tar.gz"),

@@ -189,6 +189,10 @@ async fn reached_one(app: Ops, r: Reached) {
         reason: message.clone(),
     };
     app.sandboxes.notice(&room_id, event).await;
+    if let Some(agent) = &r.agent {
+        // An agent out of budget runs nothing more: what it started stops.
+        app.stop_units(&room_id, agent, "its budget ran out").await;
+    }
     if r.agent.is_none() && r.exhausted.meter == Meter::SandboxSeconds {
         if let Err(e) = app
             .sandboxes

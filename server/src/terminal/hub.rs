@@ -281,7 +281,7 @@ struct Task {
     /// The forwarder of the attached PTY.
     input: Option<mpsc::Sender<Op>>,
     /// Keys waiting for a PTY, with the viewer that typed them.
-    queued: VecDeque<(u64, Bytes)>,
+    queued: VecDeque<(u64, String, Bytes)>,
     /// The generation whose shell has printed something (its prompt): it reads its terminal.
     spoke: Option<u64>,
     /// A freshly attached shell that has printed nothing yet: keys wait for its first output
@@ -507,7 +507,7 @@ impl Task {
             // Keys typed for a sandbox that is not coming are refused, each typist told once.
             Some(reason) => {
                 let typists: std::collections::BTreeSet<u64> =
-                    self.queued.drain(..).map(|(v, _)| v).collect();
+                    self.queued.drain(..).map(|(v, _, _)| v).collect();
                 self.queued_bytes = 0;
                 for viewer in typists {
                     self.tell(viewer, &reason);
@@ -526,17 +526,21 @@ impl Task {
         if self.input.is_none() || self.hold_until.is_some() {
             return;
         }
-        while let Some((viewer, data)) = self.queued.pop_front() {
+        while let Some((viewer, user_id, data)) = self.queued.pop_front() {
             self.queued_bytes -= data.len();
-            self.to_pty(viewer, data);
+            self.to_pty(viewer, user_id, data);
         }
     }
 
-    /// Hands keys to the attached PTY's forwarder; tells the typist when it takes no more (the
+    /// Hands keys to the attached PTY's forwarder, as typed by `user_id` (a line they end runs
+    /// for them: its processes count to them); tells the typist when it takes no more (the
     /// program in the terminal is not reading).
-    fn to_pty(&self, viewer: u64, data: Bytes) {
+    fn to_pty(&self, viewer: u64, user_id: String, data: Bytes) {
         let Some(input) = &self.input else { return };
-        let op = Op::PtyInput(serde_bytes::ByteBuf::from(Vec::from(data)));
+        let op = Op::PtyTyped {
+            data: serde_bytes::ByteBuf::from(Vec::from(data)),
+            actor: user_id,
+        };
         if input.try_send(op).is_err() {
             self.tell(
                 viewer,
@@ -556,13 +560,13 @@ impl Task {
         }
         let at_ms = self.clock.now_ms();
         let record = Record::Input {
-            user_id,
+            user_id: user_id.clone(),
             data: data.clone(),
             at_ms,
         };
         let _ = self.records.send(record).await;
         if self.input.is_some() && self.hold_until.is_none() {
-            self.to_pty(viewer, data);
+            self.to_pty(viewer, user_id, data);
             return;
         }
         if self.queued_bytes + data.len() > MAX_QUEUED_INPUT {
@@ -573,7 +577,7 @@ impl Task {
             return;
         }
         self.queued_bytes += data.len();
-        self.queued.push_back((viewer, data));
+        self.queued.push_back((viewer, user_id, data));
         if matches!(self.link, Link::Idle) {
             // The shell is gone: ask the supervisor for a new one; keys wait for it.
             self.link = Link::Pending;
@@ -624,8 +628,8 @@ impl Task {
     /// Keys queued by viewers that are gone are not sent to a shell later.
     fn forget_keys_of_gone_viewers(&mut self) {
         let viewers = &self.viewers;
-        self.queued.retain(|(v, _)| viewers.contains_key(v));
-        self.queued_bytes = self.queued.iter().map(|(_, d)| d.len()).sum();
+        self.queued.retain(|(v, _, _)| viewers.contains_key(v));
+        self.queued_bytes = self.queued.iter().map(|(_, _, d)| d.len()).sum();
     }
 
     fn tell(&self, viewer: u64, reason: &str) {
@@ -870,7 +874,7 @@ mod tests {
         // A shell still starting discards what is typed at it: the keys wait for its prompt.
         let early = tokio::time::timeout(Duration::from_millis(300), pty.recv()).await;
         assert!(
-            !matches!(early, Ok(Some(Op::PtyInput(_)))),
+            !matches!(early, Ok(Some(Op::PtyTyped { .. }))),
             "keys reached a shell that had printed nothing: {early:?}"
         );
         let (ev_tx, ev_rx) = mpsc::channel(4);
@@ -879,7 +883,7 @@ mod tests {
         let mut typed = Vec::new();
         while typed != b"echo\r" {
             match pty.recv().await {
-                Some(Op::PtyInput(d)) => typed.extend_from_slice(&d),
+                Some(Op::PtyTyped { data, .. }) => typed.extend_from_slice(&data),
                 Some(Op::PtyResize { .. }) => {}
                 other => panic!("unexpected {other:?} after {typed:?}"),
             }
