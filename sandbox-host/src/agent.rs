@@ -551,21 +551,39 @@ async fn handle(state: &mut State, req: Request) {
             max_output,
             actor,
         } => {
-            let out = state.out.clone();
-            let (cancel, cancelled) = tokio::sync::oneshot::channel();
-            let running = state.running.clone();
-            running
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(id, cancel);
-            tokio::spawn(async move {
-                let r = exec(argv, cwd, timeout_ms, max_output as usize, actor, cancelled).await;
-                running
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&id);
-                send(&out, &reply(id, r)).await;
-            });
+            let cmd = run::Cmd {
+                argv,
+                cwd,
+                envs: Vec::new(),
+                timeout_ms,
+                actor,
+            };
+            start_command(state, id, cmd, run::Output::Kept(max_output as usize));
+        }
+        Op::Run {
+            argv,
+            cwd,
+            envs,
+            timeout_ms,
+            actor,
+        } => {
+            if !proto::run_envs_ok(&envs) {
+                let bad = AgentError::Invalid("bad environment variables".into());
+                send(&state.out, &reply(id, Err(bad))).await;
+                return;
+            }
+            let cmd = run::Cmd {
+                argv,
+                cwd,
+                envs,
+                timeout_ms,
+                actor,
+            };
+            let output = run::Output::Streamed {
+                out: state.out.clone(),
+                id,
+            };
+            start_command(state, id, cmd, output);
         }
         Op::Cancel { id: which } => {
             let switch = state
@@ -668,6 +686,25 @@ async fn handle(state: &mut State, req: Request) {
             }
         }
     }
+}
+
+/// Runs a command beside the loop, cancellable by request id ([`Op::Cancel`]).
+fn start_command(state: &State, id: u64, cmd: run::Cmd, output: run::Output) {
+    let out = state.out.clone();
+    let (cancel, cancelled) = tokio::sync::oneshot::channel();
+    let running = state.running.clone();
+    running
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(id, cancel);
+    tokio::spawn(async move {
+        let r = exec(cmd, output, cancelled).await;
+        running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&id);
+        send(&out, &reply(id, r)).await;
+    });
 }
 
 /// Hands typed bytes to the terminal; a line they end runs for `actor` (see [`units`]).

@@ -84,7 +84,16 @@ pub enum CallError {
 
 struct Pending {
     reply: oneshot::Sender<Result<Reply, AgentError>>,
-    chunks: Option<mpsc::Sender<Vec<u8>>>,
+    chunks: Option<Chunks>,
+}
+
+/// Where a request's chunks go.
+#[derive(Clone)]
+struct Chunks {
+    sink: mpsc::Sender<Vec<u8>>,
+    /// A full sink loses the chunk (a command's output for a reader that fell behind) instead
+    /// of holding up everything the agent sends (a snapshot's chunks wait: they must all land).
+    lossy: bool,
 }
 
 struct Inner {
@@ -342,11 +351,28 @@ impl Sandbox {
         self.call_with_chunks(op, within, None, stop).await
     }
 
+    /// [`Sandbox::call_until`] for an [`Op::Run`]: the command's output chunks go to `output`
+    /// as they come (each a stream number, 1 or 2, then the bytes); one that finds `output`
+    /// full is dropped, so a reader that falls behind loses output but holds up nothing else.
+    pub async fn call_streaming(
+        &self,
+        op: Op,
+        within: Duration,
+        output: mpsc::Sender<Vec<u8>>,
+        stop: impl std::future::Future<Output = ()>,
+    ) -> Result<Reply, CallError> {
+        let chunks = Chunks {
+            sink: output,
+            lossy: true,
+        };
+        self.call_with_chunks(op, within, Some(chunks), stop).await
+    }
+
     async fn call_with_chunks(
         &self,
         op: Op,
         within: Duration,
-        chunks: Option<mpsc::Sender<Vec<u8>>>,
+        chunks: Option<Chunks>,
         stop: impl std::future::Future<Output = ()>,
     ) -> Result<Reply, CallError> {
         let (id, rx) = self.register(chunks)?;
@@ -385,7 +411,7 @@ impl Sandbox {
     /// agent's stream has ended, since no reply would ever come.
     fn register(
         &self,
-        chunks: Option<mpsc::Sender<Vec<u8>>>,
+        chunks: Option<Chunks>,
     ) -> Result<(u64, oneshot::Receiver<Result<Reply, AgentError>>), CallError> {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = oneshot::channel();
@@ -420,10 +446,14 @@ impl Sandbox {
         within: Duration,
     ) -> Result<u64, CallError> {
         let (tx, mut rx) = mpsc::channel::<Vec<u8>>(MAX_PENDING_CHUNKS);
+        let chunks = Chunks {
+            sink: tx,
+            lossy: false,
+        };
         let call = self.call_with_chunks(
             Op::Snapshot { max_bytes },
             within,
-            Some(tx),
+            Some(chunks),
             std::future::pending(),
         );
         tokio::pin!(call);
@@ -874,8 +904,14 @@ async fn read_loop<R: AsyncRead + Unpin>(
                     .get(&id)
                     .and_then(|p| p.chunks.clone());
                 // Chunks of a request that timed out are dropped, not treated as hostile.
-                if let Some(sink) = sink {
-                    let _ = sink.send(data.into_vec()).await;
+                match sink {
+                    Some(Chunks { sink, lossy: false }) => {
+                        let _ = sink.send(data.into_vec()).await;
+                    }
+                    Some(Chunks { sink, lossy: true }) => {
+                        let _ = sink.try_send(data.into_vec());
+                    }
+                    None => {}
                 }
             }
         }

@@ -185,6 +185,21 @@ pub enum Op {
         /// Who typed them.
         actor: String,
     },
+    /// [`Op::Exec`] with its output streamed as it is printed: each read of standard output or
+    /// error goes out as a [`Message::Chunk`] of this request (its first byte 1 or 2 says
+    /// which), then the reply, a [`Reply::Exec`] with nothing kept in it.
+    Run {
+        /// Program and arguments (`argv[0]` is looked up in `PATH`).
+        argv: Vec<String>,
+        /// Working directory relative to `/workspace` (empty for the workspace itself).
+        cwd: String,
+        /// Variables added to room code's environment (the room's own win over them).
+        envs: Vec<(String, String)>,
+        /// The command's unit is ended after this long.
+        timeout_ms: u64,
+        /// Whom it runs for (see [`Op::Exec`]).
+        actor: String,
+    },
     /// Ends every process that runs for `actor`: its commands' and the terminal's jobs it
     /// started (the terminal's program stays). Answers [`Reply::Stopped`].
     StopUnits {
@@ -313,6 +328,26 @@ pub enum Reply {
         /// The terminal opened before the save is still open (its program kept running).
         pty_open: bool,
     },
+}
+
+/// Most variables [`Op::Run`] may add, and the longest name and value.
+pub const MAX_RUN_ENVS: usize = 128;
+/// See [`MAX_RUN_ENVS`].
+pub const MAX_RUN_ENV_BYTES: usize = 32 << 10;
+
+/// Whether [`Op::Run`]'s variables are well formed: at most [`MAX_RUN_ENVS`], names of letters,
+/// digits and `_` not starting with a digit, no NUL in a value, none longer than
+/// [`MAX_RUN_ENV_BYTES`].
+pub fn run_envs_ok(envs: &[(String, String)]) -> bool {
+    envs.len() <= MAX_RUN_ENVS
+        && envs.iter().all(|(k, v)| {
+            !k.is_empty()
+                && k.len() <= 256
+                && !k.starts_with(|c: char| c.is_ascii_digit())
+                && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+                && v.len() <= MAX_RUN_ENV_BYTES
+                && !v.contains('\0')
+        })
 }
 
 /// Most ports [`Reply::Listening`] names.

@@ -11,6 +11,7 @@ pub(crate) mod bucket;
 pub(crate) mod checkpoints;
 pub(crate) mod deletion;
 pub(crate) mod doc_socket;
+pub(crate) mod e2b;
 pub(crate) mod egress;
 pub(crate) mod error;
 pub(crate) mod extract;
@@ -64,6 +65,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .merge(spend::routes())
         .merge(moderation::routes())
         .merge(agents::routes())
+        .merge(e2b::routes())
         .layer(DefaultBodyLimit::max(MAX_API_BODY))
         // File contents are bigger than API bodies.
         .merge(files::routes())

@@ -185,7 +185,9 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 bandwidth: args.preview_bandwidth,
             },
         )),
+        e2b: Arc::default(),
     };
+    crate::http::e2b::start_sweeper(state.clone());
     // What other servers on the same PostgreSQL announce (scale-out).
     crate::ops::events::start_listening(
         &state.ops,

@@ -124,14 +124,36 @@ pub(super) fn open_pty(
     Ok(Reply::Done)
 }
 
+/// A command to run: [`Op::Exec`](crate::proto::Op::Exec) or
+/// [`Op::Run`](crate::proto::Op::Run).
+pub(super) struct Cmd {
+    pub(super) argv: Vec<String>,
+    pub(super) cwd: String,
+    pub(super) envs: Vec<(String, String)>,
+    pub(super) timeout_ms: u64,
+    pub(super) actor: String,
+}
+
+/// What becomes of a command's output.
+pub(super) enum Output {
+    /// Kept, up to this many bytes of each stream, for the reply.
+    Kept(usize),
+    /// Sent as it is read, as chunks of request `id`.
+    Streamed { out: super::Out, id: u64 },
+}
+
 pub(super) async fn exec(
-    argv: Vec<String>,
-    cwd: String,
-    timeout_ms: u64,
-    max_output: usize,
-    actor: String,
+    cmd: Cmd,
+    output: Output,
     cancelled: tokio::sync::oneshot::Receiver<()>,
 ) -> Result<Reply, AgentError> {
+    let Cmd {
+        argv,
+        cwd,
+        envs,
+        timeout_ms,
+        actor,
+    } = cmd;
     let Some((prog, args)) = argv.split_first() else {
         return Err(AgentError::Invalid("empty argv".into()));
     };
@@ -150,6 +172,7 @@ pub(super) async fn exec(
         .args(args)
         .current_dir(&dir)
         .env_clear()
+        .envs(envs)
         .envs(room_env())
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
@@ -161,8 +184,16 @@ pub(super) async fn exec(
     let unit = child.id().map(|pid| Unit::command(pid as i32, actor));
     let stdout = child.stdout.take();
     let stderr = child.stderr.take();
-    let out_task = tokio::spawn(capture(stdout, max_output));
-    let err_task = tokio::spawn(capture(stderr, max_output));
+    let (out_task, err_task) = match &output {
+        Output::Kept(max) => (
+            tokio::spawn(capture(stdout, *max, None)),
+            tokio::spawn(capture(stderr, *max, None)),
+        ),
+        Output::Streamed { out, id } => (
+            tokio::spawn(capture(stdout, 0, Some((out.clone(), *id, 1)))),
+            tokio::spawn(capture(stderr, 0, Some((out.clone(), *id, 2)))),
+        ),
+    };
     // Until it exits, its time runs out, or the control plane ends it ([`Op::Cancel`]; a
     // dropped switch, the request forgotten, is no cancel).
     let cancel = async {
@@ -245,7 +276,13 @@ fn on_path(prog: &str, dir: &Path) -> bool {
     std::env::split_paths(&path).any(|d| d.join(prog).is_file())
 }
 
-async fn capture(pipe: Option<impl tokio::io::AsyncRead + Unpin>, max: usize) -> (Vec<u8>, bool) {
+/// Reads `pipe` to its end: keeps up to `max` bytes, or sends each read on as a chunk of
+/// `forward`'s request, its first byte the stream's number.
+async fn capture(
+    pipe: Option<impl tokio::io::AsyncRead + Unpin>,
+    max: usize,
+    forward: Option<(super::Out, u64, u8)>,
+) -> (Vec<u8>, bool) {
     let Some(mut pipe) = pipe else {
         return (Vec::new(), false);
     };
@@ -255,6 +292,18 @@ async fn capture(pipe: Option<impl tokio::io::AsyncRead + Unpin>, max: usize) ->
     loop {
         match pipe.read(&mut buf).await {
             Ok(0) | Err(_) => break,
+            Ok(n) if forward.is_some() => {
+                if let Some((out, id, fd)) = &forward {
+                    let mut data = Vec::with_capacity(n + 1);
+                    data.push(*fd);
+                    data.extend_from_slice(&buf[..n]);
+                    let chunk = Message::Chunk {
+                        id: *id,
+                        data: ByteBuf::from(data),
+                    };
+                    super::send(out, &chunk).await;
+                }
+            }
             Ok(n) => {
                 let room = max.saturating_sub(kept.len());
                 if n > room {

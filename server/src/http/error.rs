@@ -136,8 +136,9 @@ fn sandbox_status(e: &SandboxError) -> StatusCode {
     }
 }
 
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
+impl ApiError {
+    /// The status and the body a client is told: what every door answers, in its own shape.
+    pub(crate) fn status_and_body(&self) -> (StatusCode, ErrorBody) {
         let status = match &self {
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden => StatusCode::FORBIDDEN,
@@ -185,6 +186,13 @@ impl IntoResponse for ApiError {
                 error_id: None,
             },
         };
+        (status, body)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, body) = self.status_and_body();
         if let Some(id) = &body.error_id {
             tracing::warn!(error_id = %id, error = ?self, "request failed");
         }

@@ -68,38 +68,58 @@ impl FromRequestParts<AppState> for AuthUser {
                 t
             }
         };
-        let session_hash = hash_token(&token);
-        let user = state
-            .ops
-            .store
-            .live_session_user(&session_hash, state.ops.clock.now_ms(), SESSION_IDLE_MS)
-            .await?
-            .ok_or(ApiError::Unauthorized)?;
+        let (user, bound) = token_user(state, &token).await?;
         // An agent's token opens its room and nothing else (no other room, no new room).
-        if user
-            .email
-            .ends_with(&format!("@{}", crate::store::AGENT_DOMAIN))
-        {
-            let agent = state
-                .ops
-                .store
-                .agent(&user.id)
-                .await?
-                .filter(|a| a.revoked_at.is_none())
-                .ok_or(ApiError::Unauthorized)?;
-            let own = format!("/api/rooms/{}", agent.room_id);
+        if let Some(room) = bound {
+            let own = format!("/api/rooms/{room}");
             let path = parts.uri.path();
             let inside = path == own || path.starts_with(&format!("{own}/"));
             if !inside && path != "/api/me" {
                 return Err(ApiError::Forbidden);
             }
         }
-        Ok(AuthUser {
+        Ok(user)
+    }
+}
+
+/// The user a bearer token belongs to (a live session), and for an agent's token the room it
+/// is bound to (a revoked agent's token is no token).
+pub(crate) async fn token_user(
+    state: &AppState,
+    token: &str,
+) -> Result<(AuthUser, Option<RoomId>), ApiError> {
+    if !well_formed(token) {
+        return Err(ApiError::Unauthorized);
+    }
+    let session_hash = hash_token(token);
+    let user = state
+        .ops
+        .store
+        .live_session_user(&session_hash, state.ops.clock.now_ms(), SESSION_IDLE_MS)
+        .await?
+        .ok_or(ApiError::Unauthorized)?;
+    let mut bound = None;
+    if user
+        .email
+        .ends_with(&format!("@{}", crate::store::AGENT_DOMAIN))
+    {
+        let agent = state
+            .ops
+            .store
+            .agent(&user.id)
+            .await?
+            .filter(|a| a.revoked_at.is_none())
+            .ok_or(ApiError::Unauthorized)?;
+        bound = Some(agent.room_id);
+    }
+    Ok((
+        AuthUser {
             id: user.id,
             email: user.email,
             session_hash,
-        })
-    }
+        },
+        bound,
+    ))
 }
 
 /// The caller's address as the limits see it.

@@ -42,11 +42,7 @@ pub(crate) struct ExecRequest {
 
 impl ExecRequest {
     pub(crate) fn command(self) -> (Command, Option<String>) {
-        let cmd = Command {
-            argv: self.argv,
-            cwd: self.cwd,
-            timeout_ms: self.timeout_ms,
-        };
+        let cmd = Command::new(self.argv, self.cwd, self.timeout_ms);
         (cmd, self.approval_id)
     }
 }

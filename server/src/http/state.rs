@@ -34,4 +34,7 @@ pub(crate) struct AppState {
     /// The preview origin's tokens, sessions and cancellations.
     #[from_ref(skip)]
     pub previews: Arc<crate::http::previews::Previews>,
+    /// The E2B door's sessions (a caller's "sandbox" in a room).
+    #[from_ref(skip)]
+    pub e2b: Arc<crate::http::e2b::Sessions>,
 }

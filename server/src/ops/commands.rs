@@ -35,16 +35,38 @@ pub(crate) struct Command {
     pub(crate) argv: Vec<String>,
     pub(crate) cwd: String,
     pub(crate) timeout_ms: Option<u64>,
+    /// Variables added to its environment (part of what an approval covers).
+    pub(crate) envs: Vec<(String, String)>,
+    /// Where its output goes as it is printed (chunks: a stream number, 1 or 2, then bytes;
+    /// a reader that falls behind loses some); `None`: kept for the answer.
+    pub(crate) output: Option<tokio::sync::mpsc::Sender<Vec<u8>>>,
+    /// Told once the command is decided, recorded and on its way to the sandbox.
+    pub(crate) started: Option<std::sync::Arc<tokio::sync::Notify>>,
 }
 
-/// How a command ended and what it printed (as text; invalid UTF-8 replaced).
+impl Command {
+    /// `argv` in the workspace, with the default timeout, its output kept.
+    pub(crate) fn new(argv: Vec<String>, cwd: String, timeout_ms: Option<u64>) -> Command {
+        Command {
+            argv,
+            cwd,
+            timeout_ms,
+            envs: Vec::new(),
+            output: None,
+            started: None,
+        }
+    }
+}
+
+/// How a command ended and what it printed (as text; invalid UTF-8 replaced; nothing when its
+/// output was streamed).
 #[derive(Debug, Serialize)]
 pub(crate) struct Executed {
-    exit_code: Option<i32>,
-    stdout: String,
-    stderr: String,
-    truncated: bool,
-    timed_out: bool,
+    pub(crate) exit_code: Option<i32>,
+    pub(crate) stdout: String,
+    pub(crate) stderr: String,
+    pub(crate) truncated: bool,
+    pub(crate) timed_out: bool,
 }
 
 /// A workspace path as the layer takes it: checked before anything reaches the sandbox.
@@ -144,6 +166,12 @@ impl Ops {
         if !cmd.cwd.is_empty() {
             workspace_path(&cmd.cwd)?;
         }
+        if !coderoom_sandbox::proto::run_envs_ok(&cmd.envs) {
+            return Err(OpError::Bad(
+                "environment variables: at most 128, names of letters, digits and _, values \
+                 without NUL and under 32 KiB",
+            ));
+        }
         let timeout_ms = cmd.timeout_ms.unwrap_or(DEFAULT_EXEC_MS);
         if timeout_ms == 0 || timeout_ms > MAX_EXEC_MS {
             return Err(OpError::Bad("timeout_ms must be between 1 and 600000"));
@@ -155,7 +183,11 @@ impl Ops {
         // the program and the shape, not the arguments.
         let details = json!({ "program": cmd.argv[0], "args": cmd.argv.len() - 1, "cwd": cmd.cwd });
         // The exact command, for an approval (it is shown to whoever decides, and only there).
-        let params = json!({ "argv": cmd.argv, "cwd": cmd.cwd }).to_string();
+        let mut params = json!({ "argv": cmd.argv, "cwd": cmd.cwd });
+        if !cmd.envs.is_empty() {
+            params["envs"] = json!(cmd.envs);
+        }
+        let params = params.to_string();
         let approval = self.presented(room_id, approval_id).await?;
         let action = Action::RunCommand { params, approval };
         let allowed = match self.ask(room_id, actor, action, details.clone()).await? {
@@ -167,20 +199,39 @@ impl Ops {
         let proof = self
             .commit_commands(room_id, allowed, details, 1, Change::None)
             .await?;
-        let op = Op::Exec {
-            argv: cmd.argv,
-            cwd: cmd.cwd,
-            timeout_ms,
-            max_output: MAX_EXEC_OUTPUT,
-            // Its connections out count to whoever ran it.
-            actor: proof.actor().to_owned(),
-        };
+        // Its connections out count to whoever ran it.
+        let actor_id = proof.actor().to_owned();
+        if let Some(started) = &cmd.started {
+            started.notify_one();
+        }
         // The agent enforces the timeout; the extra margin covers a start from a snapshot.
         let within = Duration::from_millis(timeout_ms) + Duration::from_secs(30);
-        let ran = self
-            .sandboxes
-            .op_until(room_id, op, within, &lapsed.stop)
-            .await;
+        let ran = match cmd.output {
+            None => {
+                let op = Op::Exec {
+                    argv: cmd.argv,
+                    cwd: cmd.cwd,
+                    timeout_ms,
+                    max_output: MAX_EXEC_OUTPUT,
+                    actor: actor_id,
+                };
+                self.sandboxes
+                    .op_until(room_id, op, within, &lapsed.stop)
+                    .await
+            }
+            Some(output) => {
+                let op = Op::Run {
+                    argv: cmd.argv,
+                    cwd: cmd.cwd,
+                    envs: cmd.envs,
+                    timeout_ms,
+                    actor: actor_id,
+                };
+                self.sandboxes
+                    .op_streaming(room_id, op, within, &lapsed.stop, output)
+                    .await
+            }
+        };
         drop(lapsed);
         let reply = match ran {
             Err(crate::sandbox::SandboxError::Call(coderoom_sandbox::CallError::Cancelled)) => {

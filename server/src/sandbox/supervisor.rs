@@ -100,6 +100,11 @@ pub(crate) enum Readiness {
 
 impl SandboxStatus {
     /// Whether the sandbox runs (its workspace may change at any moment).
+    /// The limits the sandbox runs (or would run) under.
+    pub(crate) fn limits(&self) -> &coderoom_sandbox::Limits {
+        &self.limits
+    }
+
     pub(crate) fn running(&self) -> bool {
         self.state == SandboxState::Running
     }
@@ -182,6 +187,8 @@ enum Cmd {
         peek: bool,
         /// Ends the command when cancelled (its caller lost the right to run it).
         stop: Option<tokio_util::sync::CancellationToken>,
+        /// Where an [`Op::Run`]'s output goes as it is printed.
+        output: Option<tokio::sync::mpsc::Sender<Vec<u8>>>,
         reply: oneshot::Sender<Result<Reply, SandboxError>>,
     },
     Status {
@@ -381,7 +388,7 @@ impl Sandboxes {
         op: Op,
         within: Duration,
     ) -> Result<Reply, SandboxError> {
-        self.run_op(room_id, op, within, false, None).await
+        self.run_op(room_id, op, within, false, None, None).await
     }
 
     /// Runs a typed operation where the room's sandbox is running already (else
@@ -392,7 +399,7 @@ impl Sandboxes {
         op: Op,
         within: Duration,
     ) -> Result<Reply, SandboxError> {
-        self.run_op(room_id, op, within, true, None).await
+        self.run_op(room_id, op, within, true, None, None).await
     }
 
     /// [`Sandboxes::op`], ended once `stop` is cancelled: the agent kills the command's
@@ -404,7 +411,22 @@ impl Sandboxes {
         within: Duration,
         stop: &tokio_util::sync::CancellationToken,
     ) -> Result<Reply, SandboxError> {
-        self.run_op(room_id, op, within, false, Some(stop)).await
+        self.run_op(room_id, op, within, false, Some(stop), None)
+            .await
+    }
+
+    /// [`Sandboxes::op_until`] for an [`Op::Run`]: its output chunks go to `output` as they
+    /// come (see `Sandbox::call_streaming`).
+    pub(crate) async fn op_streaming(
+        &self,
+        room_id: &RoomId,
+        op: Op,
+        within: Duration,
+        stop: &tokio_util::sync::CancellationToken,
+        output: tokio::sync::mpsc::Sender<Vec<u8>>,
+    ) -> Result<Reply, SandboxError> {
+        self.run_op(room_id, op, within, false, Some(stop), Some(output))
+            .await
     }
 
     async fn run_op(
@@ -414,6 +436,7 @@ impl Sandboxes {
         within: Duration,
         peek: bool,
         stop: Option<&tokio_util::sync::CancellationToken>,
+        output: Option<tokio::sync::mpsc::Sender<Vec<u8>>>,
     ) -> Result<Reply, SandboxError> {
         let op = Arc::new(op);
         self.ask(room_id, |reply| Cmd::Op {
@@ -421,6 +444,7 @@ impl Sandboxes {
             within,
             peek,
             stop: stop.cloned(),
+            output: output.clone(),
             reply,
         })
         .await?

@@ -42,6 +42,8 @@ pub enum Need {
     /// A KVM that boots a stock guest kernel (hardware virtualisation; `CODEROOM_KVM_TESTS=1`
     /// forces the tests that need it).
     Kvm,
+    /// The stock E2B Python SDK (`CODEROOM_E2B_PYTHON`, pinned by `.ci/run`).
+    E2bSdk,
 }
 
 impl Need {
@@ -56,6 +58,7 @@ impl Need {
             Need::CloudHypervisor => "CLOUD_HYPERVISOR",
             Need::Kvm => "KVM",
             Need::NetNamespace => "NETNS",
+            Need::E2bSdk => "E2B_SDK",
         }
     }
 }

@@ -195,6 +195,7 @@ impl Actor {
                 within,
                 peek,
                 stop,
+                output,
                 reply,
             } => {
                 let sandbox = match (&self.life, peek) {
@@ -213,9 +214,16 @@ impl Actor {
                     self.touch().await;
                 }
                 tokio::spawn(async move {
-                    let r = match stop {
-                        Some(stop) => sandbox.call_until(op, within, stop.cancelled_owned()).await,
-                        None => sandbox.call(op, within).await,
+                    let r = match (stop, output) {
+                        (Some(stop), Some(output)) => {
+                            sandbox
+                                .call_streaming(op, within, output, stop.cancelled_owned())
+                                .await
+                        }
+                        (Some(stop), None) => {
+                            sandbox.call_until(op, within, stop.cancelled_owned()).await
+                        }
+                        (None, _) => sandbox.call(op, within).await,
                     };
                     let _ = reply.send(r.map_err(SandboxError::from));
                 });

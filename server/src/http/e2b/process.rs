@@ -1,0 +1,241 @@
+//! envd's `process.Process` service: `Start` runs a command as the room's command operation
+//! (`Ops::run_command`: the caller's rights, approval mode, budget, moderation, audit) and
+//! streams its output as it is printed.
+
+use super::connect::{self, Code, ConnectError};
+use super::{workspace_path, EnvdCaller};
+use crate::http::{ApiError, AppState};
+use crate::ops::commands::Command;
+use crate::ops::Outcome;
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::Response;
+use axum::routing::post;
+use axum::Router;
+use base64::Engine as _;
+use bytes::Bytes;
+use serde_json::{json, Value};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Longest a command runs (the room's cap on any command), and the default for a call with no
+/// deadline.
+const MAX_RUN_MS: u64 = 10 * 60 * 1000;
+/// Keepalives when the client names no interval, and the bounds on what it may name.
+const DEFAULT_KEEPALIVE_S: u64 = 30;
+/// Output chunks waiting for a slow client before more are dropped.
+const OUTPUT_QUEUE: usize = 256;
+
+/// Process ids this door hands out (not the sandbox's own: they name a command's stream).
+static NEXT_PID: AtomicU32 = AtomicU32::new(1000);
+
+pub(super) fn routes() -> Router<AppState> {
+    Router::new().route("/api/e2b/envd/process.Process/Start", post(start))
+}
+
+/// What `Start` asks for.
+struct Asked {
+    argv: Vec<String>,
+    cwd: String,
+    envs: Vec<(String, String)>,
+}
+
+fn asked(req: &Value) -> Result<Asked, ConnectError> {
+    let bad = |why: &str| ConnectError::new(Code::InvalidArgument, why);
+    if req.get("pty").is_some_and(|p| !p.is_null()) {
+        return Err(ConnectError::new(
+            Code::Unimplemented,
+            "PTYs through process.Process/Start are not supported yet (see docs/e2b.md)",
+        ));
+    }
+    let process = req.get("process").ok_or_else(|| bad("no process"))?;
+    let cmd = process
+        .get("cmd")
+        .and_then(Value::as_str)
+        .filter(|c| !c.is_empty())
+        .ok_or_else(|| bad("no process.cmd"))?;
+    let mut argv = vec![cmd.to_owned()];
+    for a in process
+        .get("args")
+        .and_then(Value::as_array)
+        .map_or(&[][..], Vec::as_slice)
+    {
+        argv.push(
+            a.as_str()
+                .ok_or_else(|| bad("process.args must be strings"))?
+                .to_owned(),
+        );
+    }
+    let cwd = match process.get("cwd").and_then(Value::as_str) {
+        Some(c) if !c.is_empty() => workspace_path(c)?,
+        _ => String::new(),
+    };
+    let mut envs = Vec::new();
+    if let Some(map) = process.get("envs").and_then(Value::as_object) {
+        for (k, v) in map {
+            let v = v
+                .as_str()
+                .ok_or_else(|| bad("process.envs values must be strings"))?;
+            envs.push((k.clone(), v.to_owned()));
+        }
+    }
+    Ok(Asked { argv, cwd, envs })
+}
+
+/// How long the call may run (`Connect-Timeout-Ms`, none or 0: the longest a command runs),
+/// and how often a keepalive goes out (`Keepalive-Ping-Interval`, seconds).
+fn deadlines(headers: &HeaderMap) -> (u64, Duration) {
+    let number = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    };
+    let run_ms = match number("connect-timeout-ms") {
+        Some(ms) if ms > 0 => ms.min(MAX_RUN_MS),
+        _ => MAX_RUN_MS,
+    };
+    let keepalive = number("keepalive-ping-interval")
+        .unwrap_or(DEFAULT_KEEPALIVE_S)
+        .clamp(1, 3600);
+    (run_ms, Duration::from_secs(keepalive))
+}
+
+/// `process.Process/Start`: a server stream of the command's `start` (once it is decided and
+/// sent), `data` as printed, `keepalive`s, and its `end`; a refusal is the stream's error.
+async fn start(
+    State(app): State<AppState>,
+    caller: Result<EnvdCaller, ConnectError>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let (frames, rx) = tokio::sync::mpsc::channel::<Bytes>(64);
+    let asked = caller.and_then(|c| {
+        let req = connect::enveloped(&body)?;
+        Ok((c, asked(&req)?))
+    });
+    let (caller, asked) = match asked {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = frames.try_send(connect::end(Some(&e)));
+            return connect::streaming(rx);
+        }
+    };
+    let (run_ms, keepalive) = deadlines(&headers);
+    tokio::spawn(run(app, caller, asked, (run_ms, keepalive), frames));
+    connect::streaming(rx)
+}
+
+/// Runs the command and tells the stream. A client that went away does not stop it (as
+/// envd's processes outlive their stream): it runs to its end or its deadline.
+async fn run(
+    app: AppState,
+    caller: EnvdCaller,
+    asked: Asked,
+    (run_ms, keepalive): (u64, Duration),
+    frames: tokio::sync::mpsc::Sender<Bytes>,
+) {
+    let pid = NEXT_PID.fetch_add(1, Ordering::Relaxed);
+    let (output, mut printed) = tokio::sync::mpsc::channel::<Vec<u8>>(OUTPUT_QUEUE);
+    let started = Arc::new(tokio::sync::Notify::new());
+    let mut cmd = Command::new(asked.argv, asked.cwd, Some(run_ms));
+    cmd.envs = asked.envs;
+    cmd.output = Some(output);
+    cmd.started = Some(started.clone());
+    let ran = app.ops.run_command(&caller.room, &caller.actor, cmd, None);
+    tokio::pin!(ran);
+    let send = |v: Value| {
+        let frames = frames.clone();
+        async move {
+            let _ = frames.send(connect::frame(&json!({ "event": v }))).await;
+        }
+    };
+    let mut announced = false;
+    let mut ticks = tokio::time::interval(keepalive);
+    ticks.tick().await;
+    let result = loop {
+        tokio::select! {
+            r = &mut ran => break r,
+            () = started.notified(), if !announced => {
+                announced = true;
+                send(json!({ "start": { "pid": pid } })).await;
+            }
+            Some(chunk) = printed.recv() => {
+                if !announced {
+                    announced = true;
+                    send(json!({ "start": { "pid": pid } })).await;
+                }
+                send(data_event(&chunk)).await;
+            }
+            _ = ticks.tick() => {
+                if announced {
+                    send(json!({ "keepalive": {} })).await;
+                }
+            }
+        }
+    };
+    let end = match result {
+        Ok(Outcome::Done(done)) => {
+            if !announced {
+                send(json!({ "start": { "pid": pid } })).await;
+            }
+            while let Ok(chunk) = printed.try_recv() {
+                send(data_event(&chunk)).await;
+            }
+            send(end_event(done.exit_code, done.timed_out)).await;
+            None
+        }
+        Ok(Outcome::Pending(id)) => Some(ConnectError::new(
+            Code::FailedPrecondition,
+            format!("the command waits for a person's approval (approval {id})"),
+        )),
+        Err(e) => Some(ConnectError::from(ApiError::from(e))),
+    };
+    let _ = frames.send(connect::end(end.as_ref())).await;
+}
+
+/// A `data` event: standard output or error (the chunk's first byte), base64 as proto3 JSON
+/// carries bytes.
+fn data_event(chunk: &[u8]) -> Value {
+    let (which, bytes) = match chunk.split_first() {
+        Some((2, rest)) => ("stderr", rest),
+        Some((_, rest)) => ("stdout", rest),
+        None => ("stdout", &[][..]),
+    };
+    let encoded = base64::engine::general_purpose::STANDARD.encode(bytes);
+    json!({ "data": { which: encoded } })
+}
+
+/// The `end` event: the exit code (proto3 JSON leaves a zero out), or -1 for a process that
+/// was killed (its timeout, a signal).
+fn end_event(exit_code: Option<i32>, timed_out: bool) -> Value {
+    let mut end = match exit_code {
+        Some(code) => json!({ "exited": true, "status": format!("exit status {code}") }),
+        None => json!({ "exitCode": -1, "exited": false, "status": "signal: killed" }),
+    };
+    if let Some(code) = exit_code.filter(|c| *c != 0) {
+        end["exitCode"] = json!(code);
+    }
+    if timed_out {
+        end["error"] = json!("the command ran out of time and was killed");
+    }
+    json!({ "end": end })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_are_proto3_json() {
+        assert_eq!(data_event(b"\x01hi"), json!({"data": {"stdout": "aGk="}}));
+        assert_eq!(data_event(b"\x02hi"), json!({"data": {"stderr": "aGk="}}));
+        assert_eq!(
+            end_event(Some(0), false),
+            json!({"end": {"exited": true, "status": "exit status 0"}})
+        );
+        assert_eq!(end_event(Some(3), false)["end"]["exitCode"], 3);
+        assert_eq!(end_event(None, true)["end"]["exitCode"], -1);
+    }
+}

@@ -1,0 +1,215 @@
+//! The E2B-compatible door (issue 39), driven by the stock Python SDK (`e2b`, pinned in
+//! `.ci/run`) as a harness would: only `E2B_API_KEY`, `E2B_API_URL` and `E2B_SANDBOX_URL` are
+//! set. The SDK's Python comes from `CODEROOM_E2B_PYTHON` (a virtual environment), else
+//! `python3` if it has the SDK; without it the tests are skipped (or fail where `.ci/run`
+//! promised it: `CODEROOM_REQUIRE_E2B_SDK=1`).
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use serde_json::Value;
+use std::time::Duration;
+
+/// The Python that has the SDK, or `None` (the test is then reported skipped).
+fn sdk_python() -> Option<String> {
+    let python = std::env::var("CODEROOM_E2B_PYTHON").unwrap_or_else(|_| "python3".into());
+    let ok = std::process::Command::new(&python)
+        .args(["-c", "import e2b"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if ok {
+        Some(python)
+    } else {
+        skip(Need::E2bSdk, &format!("{python} cannot import the e2b SDK"));
+        None
+    }
+}
+
+/// Runs `script` with the SDK against `server` as `key`; the JSON object its last line prints.
+async fn harness(python: &str, server: &Server, key: &str, script: &str) -> Value {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("harness.py");
+    std::fs::write(&path, script).unwrap();
+    let out = tokio::time::timeout(
+        Duration::from_secs(120),
+        tokio::process::Command::new(python)
+            .arg(&path)
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .env("E2B_API_KEY", key)
+            .env("E2B_API_URL", server.url("/api/e2b"))
+            .env("E2B_SANDBOX_URL", server.url("/api/e2b/envd"))
+            .output(),
+    )
+    .await
+    .expect("the harness hung")
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let last = stdout.lines().last().unwrap_or_default();
+    serde_json::from_str(last).unwrap_or_else(|_| {
+        panic!("the harness printed no result:\nstdout: {stdout}\nstderr: {stderr}")
+    })
+}
+
+/// An agent's key, its room, and what its sponsor (Ana, the owner) sees: the stock SDK creates
+/// the room's sandbox, runs commands with their output streamed as printed (a chunk arrives
+/// while the command still sleeps), exit codes (a failing command raises the SDK's
+/// `CommandExitException`), environment and working directory, and writes and reads files
+/// under `/home/user`, the room's workspace: the file it wrote is in the room's document. An
+/// observe-only agent reads but is refused running and writing, with the SDK's own errors.
+/// `kill()` ends the agent's session, not the room.
+#[tokio::test]
+async fn the_stock_python_sdk_drives_a_room() {
+    let Some(python) = sdk_python() else { return };
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let t = team(&storage).await;
+    let (server, room) = (&t.server, &t.room);
+    let agents = format!("/api/rooms/{room}/agents");
+    let body = r#"{"name":"harness","capabilities":["observe","edit","type"],"ttl_s":3600}"#;
+    let (status, a) = post(server, &t.ana, &agents, body).await;
+    assert_eq!(status, 201, "{a}");
+    let key = a["token"].as_str().unwrap().to_owned();
+
+    let script = r#"
+import json, time
+from e2b import Sandbox, CommandExitException
+sbx = Sandbox.create()
+seen = []
+start = time.time()
+def on_out(d):
+    seen.append((round(time.time() - start, 2), d))
+r = sbx.commands.run("echo one; sleep 1.5; echo two", on_stdout=on_out)
+out = {"id": sbx.sandbox_id, "stdout": r.stdout, "exit": r.exit_code, "seen": seen}
+try:
+    sbx.commands.run("echo bad >&2; exit 3")
+    out["failed"] = None
+except CommandExitException as e:
+    out["failed"] = [e.exit_code, e.stderr]
+r = sbx.commands.run("echo $GREETING from $(pwd)", envs={"GREETING": "hello"}, cwd="/home/user/sub")
+out["env"] = r.stdout
+sbx.files.write("/home/user/hello.py", "print(6 * 7)\n")
+out["read"] = sbx.files.read("/home/user/hello.py")
+out["ran"] = sbx.commands.run("python3 hello.py").stdout
+out["killed"] = sbx.kill()
+print(json.dumps(out))
+"#;
+    // (The working directory must exist.)
+    let (status, v) = exec(server, &t.ana, room, "mkdir -p sub").await;
+    assert_eq!(status, 200, "{v}");
+    let out = harness(&python, server, &key, script).await;
+    assert_eq!(out["id"], room.as_str(), "{out}");
+    assert_eq!(out["stdout"], "one\ntwo\n", "{out}");
+    assert_eq!(out["exit"], 0, "{out}");
+    // Streamed: the first line came a good while before the second.
+    let seen = out["seen"].as_array().unwrap();
+    assert_eq!(seen.len(), 2, "{out}");
+    let gap = seen[1][0].as_f64().unwrap() - seen[0][0].as_f64().unwrap();
+    assert!(gap > 1.0, "output came at the end, not as printed: {out}");
+    assert_eq!(out["failed"], serde_json::json!([3, "bad\n"]), "{out}");
+    assert_eq!(out["env"], "hello from /workspace/sub\n", "{out}");
+    assert_eq!(out["read"], "print(6 * 7)\n", "{out}");
+    assert_eq!(out["ran"], "42\n", "{out}");
+    assert_eq!(out["killed"], true, "{out}");
+    // What it wrote is in the room's document, as people see it in the editor.
+    let mut doc = Client::connect(server, room, &t.ana).await;
+    doc.synced().await;
+    doc.wait_for_file("hello.py", "print(6 * 7)\n").await;
+    // Its commands are the room's commands: audited, naming the agent.
+    let records = audit(server, &t.ana, room).await;
+    let ran = records
+        .iter()
+        .filter(|r| r["action"] == "run_command" && r["decision"] == "allow")
+        .count();
+    assert!(ran >= 4, "{records:?}");
+
+    // Parity with REST: the same command, through `POST /exec` and through the SDK, is one
+    // decision and one audit entry of the same shape (the door is not in it).
+    let argv = serde_json::json!({ "argv": ["/bin/bash", "-l", "-c", "echo parity"] }).to_string();
+    let (status, v) = post(server, &key, &format!("/api/rooms/{room}/exec"), &argv).await;
+    assert_eq!(status, 200, "{v}");
+    let script = r#"
+import json
+from e2b import Sandbox
+print(json.dumps({"out": Sandbox.create().commands.run("echo parity").stdout}))
+"#;
+    assert_eq!(
+        harness(&python, server, &key, script).await["out"],
+        "parity\n"
+    );
+    let records = audit(server, &t.ana, room).await;
+    let shape = |r: &Value| {
+        let mut r = r.clone();
+        for volatile in ["id", "seq", "at", "at_ms", "hash", "prev_hash", "prev"] {
+            r.as_object_mut().unwrap().remove(volatile);
+        }
+        r
+    };
+    let runs: Vec<Value> = records
+        .iter()
+        .filter(|r| r["action"] == "run_command" && r.to_string().contains("/bin/bash"))
+        .map(shape)
+        .collect();
+    assert!(runs.len() >= 2, "{records:?}");
+    assert_eq!(runs[runs.len() - 1], runs[runs.len() - 2], "{runs:?}");
+
+    // An observe-only agent may read, never run or write.
+    let body = r#"{"name":"watcher","capabilities":["observe"],"ttl_s":3600}"#;
+    let (status, a) = post(server, &t.ana, &agents, body).await;
+    assert_eq!(status, 201, "{a}");
+    let watcher = a["token"].as_str().unwrap().to_owned();
+    let script = r#"
+import json
+from e2b import Sandbox
+sbx = Sandbox.create()
+out = {"read": sbx.files.read("/home/user/hello.py")}
+for name, call in [("run", lambda: sbx.commands.run("touch /home/user/nope")),
+                   ("write", lambda: sbx.files.write("/home/user/nope", "x"))]:
+    try:
+        call()
+        out[name] = "allowed"
+    except Exception as e:
+        out[name] = [type(e).__name__, str(e)]
+print(json.dumps(out))
+"#;
+    let out = harness(&python, server, &watcher, script).await;
+    assert_eq!(out["read"], "print(6 * 7)\n", "{out}");
+    for name in ["run", "write"] {
+        let refused = out[name]
+            .as_array()
+            .unwrap_or_else(|| panic!("{name}: {out}"));
+        assert!(
+            refused[0].as_str().unwrap().ends_with("Exception"),
+            "{name}: {out}"
+        );
+    }
+    let (_, v) = exec(server, &t.ana, room, "ls nope 2>&1 || true").await;
+    assert!(
+        v["stdout"].as_str().unwrap().contains("No such file"),
+        "{v}"
+    );
+
+    // A person's key names the room; anything else is a clear 400.
+    let script = r#"
+import json, os
+from e2b import Sandbox
+out = {}
+try:
+    Sandbox.create()
+except Exception as e:
+    out["unnamed"] = [type(e).__name__, str(e)]
+sbx = Sandbox.create(metadata={"room": os.environ["ROOM"]})
+out["id"] = sbx.sandbox_id
+out["who"] = sbx.commands.run("echo $((6*7))").stdout
+print(json.dumps(out))
+"#
+    .replace("os.environ[\"ROOM\"]", &format!("{room:?}"));
+    let out = harness(&python, server, &t.ben, &script).await;
+    assert!(
+        out["unnamed"][1].as_str().unwrap().contains("metadata"),
+        "{out}"
+    );
+    assert_eq!(out["id"], room.as_str(), "{out}");
+    assert_eq!(out["who"], "42\n", "{out}");
+}
