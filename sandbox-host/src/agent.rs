@@ -28,7 +28,7 @@ use archive::{restore_chunk, snapshot};
 pub use channel::Channel;
 use channel::{halves, Opened, Relisten, QUIESCED_WITHIN};
 use env::{set_egress, write_trust};
-use files::{list_files, read_file, remove_file, write_file};
+use files::{list_dir, list_files, make_dir, move_entry, read_file, remove_file, stat, write_file};
 use run::{exec, open_pty};
 use streams::{connect, forward_outbound, listening};
 
@@ -605,6 +605,14 @@ async fn handle(state: &mut State, req: Request) {
         }),
         Op::RemoveFile { path } => spawn_reply(&state.out, id, move || {
             remove_file(&path).map(|()| Reply::Done)
+        }),
+        Op::Stat { path } => spawn_reply(&state.out, id, move || stat(&path)),
+        Op::ListDir { path, depth } => spawn_reply(&state.out, id, move || list_dir(&path, depth)),
+        Op::MakeDir { path } => spawn_reply(&state.out, id, move || {
+            make_dir(&path).map(|()| Reply::Done)
+        }),
+        Op::Move { from, to } => spawn_reply(&state.out, id, move || {
+            move_entry(&from, &to).map(|()| Reply::Done)
         }),
         Op::Listening => spawn_reply(&state.out, id, || Ok(Reply::Listening(listening()))),
         Op::ListFiles { max_entries } => {

@@ -200,6 +200,31 @@ pub enum Op {
         /// Whom it runs for (see [`Op::Exec`]).
         actor: String,
     },
+    /// What `path` is (the workspace itself when empty); a symlink is described, not followed.
+    Stat {
+        /// Workspace-relative path, or empty.
+        path: String,
+    },
+    /// The entries under directory `path` (the workspace when empty), `depth` levels down
+    /// (1: its own entries); symlinks are listed, never followed. Answers [`Reply::Entries`].
+    ListDir {
+        /// Workspace-relative path, or empty.
+        path: String,
+        /// Levels listed, at least 1.
+        depth: u32,
+    },
+    /// Makes directory `path` and any parents missing; [`AgentError::Exists`] when it is there.
+    MakeDir {
+        /// Workspace-relative path.
+        path: String,
+    },
+    /// Renames `from` to `to` (parents of `to` made as needed).
+    Move {
+        /// Workspace-relative path.
+        from: String,
+        /// Workspace-relative path.
+        to: String,
+    },
     /// Ends every process that runs for `actor`: its commands' and the terminal's jobs it
     /// started (the terminal's program stays). Answers [`Reply::Stopped`].
     StopUnits {
@@ -318,6 +343,15 @@ pub enum Reply {
     },
     /// Answer to [`Op::Listening`]: ascending, at most [`MAX_LISTENING`].
     Listening(Vec<u16>),
+    /// Answer to [`Op::Stat`].
+    Entry(Entry),
+    /// Answer to [`Op::ListDir`].
+    Entries {
+        /// What was found, sorted by path.
+        entries: Vec<Entry>,
+        /// More was there than [`MAX_ENTRIES`].
+        truncated: bool,
+    },
     /// Answer to [`Op::StopUnits`].
     Stopped {
         /// Processes ended.
@@ -328,6 +362,43 @@ pub enum Reply {
         /// The terminal opened before the save is still open (its program kept running).
         pty_open: bool,
     },
+}
+
+/// Most entries [`Op::ListDir`] answers.
+pub const MAX_ENTRIES: usize = 10_000;
+
+/// What a workspace entry is.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub enum EntryKind {
+    /// A regular file.
+    File,
+    /// A directory.
+    Dir,
+    /// A symbolic link (not followed).
+    Symlink,
+    /// Anything else (a FIFO, a socket, a device).
+    Other,
+}
+
+/// One workspace entry, as [`Op::Stat`] and [`Op::ListDir`] describe it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Entry {
+    /// Workspace-relative path (empty: the workspace).
+    pub path: String,
+    /// What it is.
+    pub kind: EntryKind,
+    /// Size in bytes.
+    pub size: u64,
+    /// Permission bits (`0o7777` of `st_mode`).
+    pub mode: u32,
+    /// Owner and group ids inside the sandbox.
+    pub uid: u32,
+    /// See `uid`.
+    pub gid: u32,
+    /// Modification time, nanoseconds since the epoch.
+    pub mtime_ns: i128,
+    /// A symlink's target, as written.
+    pub target: Option<String>,
 }
 
 /// Most variables [`Op::Run`] may add, and the longest name and value.
@@ -377,6 +448,9 @@ pub enum AgentError {
     /// The file or output is larger than allowed.
     #[error("too large")]
     TooLarge,
+    /// What would be made is there already.
+    #[error("already exists")]
+    Exists,
     /// The operation is not valid now (e.g. a second PTY).
     #[error("{0}")]
     Invalid(String),

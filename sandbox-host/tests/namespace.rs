@@ -1123,3 +1123,53 @@ async fn a_quiesced_agent_holds_its_replies_until_resumed() {
     sb.kill();
     sb.ended().await;
 }
+
+/// The file system operations the E2B door uses, from where hostile workspace contents stand:
+/// a symlink out of the workspace is described, never followed (neither listed through nor
+/// opened as a directory), and making, moving and listing stay beneath the workspace.
+#[tokio::test]
+async fn entries_are_described_and_moved_beneath_the_workspace_only() {
+    use coderoom_sandbox::proto::{AgentError, EntryKind};
+    use coderoom_sandbox::CallError;
+    let ns = backend();
+    let (sb, _events, _) = ns.start(&name("e"), &Limits::default()).await.unwrap();
+    sh(&sb, "mkdir -p src && echo hi > src/a.txt && ln -s /etc out").await;
+    let r = sb.call(Op::Stat { path: "out".into() }, T).await.unwrap();
+    let Reply::Entry(e) = r else { panic!("{r:?}") };
+    assert_eq!((e.kind, e.target.as_deref()), (EntryKind::Symlink, Some("/etc")));
+    let r = sb.call(Op::Stat { path: String::new() }, T).await.unwrap();
+    assert!(matches!(r, Reply::Entry(ref e) if e.kind == EntryKind::Dir), "{r:?}");
+    let list = |path: &str, depth| Op::ListDir {
+        path: path.into(),
+        depth,
+    };
+    let r = sb.call(list("", 5), T).await.unwrap();
+    let Reply::Entries { entries, truncated } = r else { panic!("{r:?}") };
+    let paths: Vec<&str> = entries.iter().map(|e| e.path.as_str()).collect();
+    assert_eq!((paths, truncated), (vec!["out", "src", "src/a.txt"], false));
+    let r = sb.call(list("out", 1), T).await;
+    assert!(
+        matches!(r, Err(CallError::Agent(AgentError::InvalidPath(_)))),
+        "{r:?}"
+    );
+    let mk = |path: &str| Op::MakeDir { path: path.into() };
+    assert_eq!(sb.call(mk("a/b"), T).await.unwrap(), Reply::Done);
+    let r = sb.call(mk("a/b"), T).await;
+    assert!(matches!(r, Err(CallError::Agent(AgentError::Exists))), "{r:?}");
+    let r = sb.call(mk("out/evil"), T).await;
+    assert!(r.is_err(), "made a directory through the symlink: {r:?}");
+    let mv = Op::Move {
+        from: "src/a.txt".into(),
+        to: "c/d.txt".into(),
+    };
+    assert_eq!(sb.call(mv, T).await.unwrap(), Reply::Done);
+    let mv = Op::Move {
+        from: "c/d.txt".into(),
+        to: "out/d.txt".into(),
+    };
+    assert!(sb.call(mv, T).await.is_err(), "moved through the symlink");
+    let (_, left, _) = sh(&sb, "cat c/d.txt; ls /etc/d.txt 2>&1 | head -1").await;
+    assert!(left.starts_with("hi\n") && left.contains("No such file"), "{left}");
+    sb.kill();
+    sb.ended().await;
+}

@@ -186,6 +186,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             },
         )),
         e2b: Arc::default(),
+        e2b_running: Arc::default(),
     };
     crate::http::e2b::start_sweeper(state.clone());
     // What other servers on the same PostgreSQL announce (scale-out).

@@ -53,6 +53,25 @@ async fn harness(python: &str, server: &Server, key: &str, script: &str) -> Valu
     })
 }
 
+/// A new agent's key in `t`'s room, holding `caps` (a JSON list), sponsored by Ana.
+async fn agent_key(t: &Room, name: &str, caps: &str) -> String {
+    let agents = format!("/api/rooms/{}/agents", t.room);
+    let body = format!(r#"{{"name":"{name}","capabilities":{caps},"ttl_s":3600}}"#);
+    let (status, a) = post(&t.server, &t.ana, &agents, &body).await;
+    assert_eq!(status, 201, "{a}");
+    a["token"].as_str().unwrap().to_owned()
+}
+
+/// The SDK's Python, a team's room (kept with its storage) and an agent's key that may
+/// observe, edit and type there; `None` when the SDK is missing (reported skipped).
+async fn harnessed() -> Option<(String, Storage, Room, String)> {
+    let python = sdk_python()?;
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let t = team(&storage).await;
+    let key = agent_key(&t, "harness", r#"["observe","edit","type"]"#).await;
+    Some((python, storage, t, key))
+}
+
 /// An agent's key, its room, and what its sponsor (Ana, the owner) sees: the stock SDK creates
 /// the room's sandbox, runs commands with their output streamed as printed (a chunk arrives
 /// while the command still sleeps), exit codes (a failing command raises the SDK's
@@ -62,15 +81,10 @@ async fn harness(python: &str, server: &Server, key: &str, script: &str) -> Valu
 /// `kill()` ends the agent's session, not the room.
 #[tokio::test]
 async fn the_stock_python_sdk_drives_a_room() {
-    let Some(python) = sdk_python() else { return };
-    let storage = Storage::new(&Backend::Sqlite).await;
-    let t = team(&storage).await;
+    let Some((python, _storage, t, key)) = harnessed().await else {
+        return;
+    };
     let (server, room) = (&t.server, &t.room);
-    let agents = format!("/api/rooms/{room}/agents");
-    let body = r#"{"name":"harness","capabilities":["observe","edit","type"],"ttl_s":3600}"#;
-    let (status, a) = post(server, &t.ana, &agents, body).await;
-    assert_eq!(status, 201, "{a}");
-    let key = a["token"].as_str().unwrap().to_owned();
 
     let script = r#"
 import json, time
@@ -155,10 +169,7 @@ print(json.dumps({"out": Sandbox.create().commands.run("echo parity").stdout}))
     assert_eq!(runs[runs.len() - 1], runs[runs.len() - 2], "{runs:?}");
 
     // An observe-only agent may read, never run or write.
-    let body = r#"{"name":"watcher","capabilities":["observe"],"ttl_s":3600}"#;
-    let (status, a) = post(server, &t.ana, &agents, body).await;
-    assert_eq!(status, 201, "{a}");
-    let watcher = a["token"].as_str().unwrap().to_owned();
+    let watcher = agent_key(&t, "watcher", r#"["observe"]"#).await;
     let script = r#"
 import json
 from e2b import Sandbox
@@ -212,4 +223,113 @@ print(json.dumps(out))
     );
     assert_eq!(out["id"], room.as_str(), "{out}");
     assert_eq!(out["who"], "42\n", "{out}");
+}
+
+/// The SDK's file system calls and commands addressed by pid, on the room's workspace: list
+/// (with depth), exists, get_info, make_dir (False when it is there), rename, remove; a
+/// background command listed, killed (its wait raises with exit code -1), gone from the list.
+/// Each is the room's operation: an observe-only key lists but cannot make, move or remove.
+#[tokio::test]
+async fn the_sdk_files_and_processes_calls_work_on_the_workspace() {
+    let Some((python, _storage, t, key)) = harnessed().await else {
+        return;
+    };
+    let (server, room) = (&t.server, &t.room);
+    let script = r#"
+import json, time
+from e2b import Sandbox, CommandExitException
+sbx = Sandbox.create()
+out = {}
+sbx.files.write("/home/user/src/app.py", "x = 1\n")
+out["made"] = sbx.files.make_dir("/home/user/data/raw")
+out["made_again"] = sbx.files.make_dir("/home/user/data/raw")
+out["list1"] = sorted((e.name, e.type.value, e.path) for e in sbx.files.list("/home/user"))
+out["list2"] = sorted(e.path for e in sbx.files.list("/home/user", depth=2))
+out["exists"] = [sbx.files.exists("/home/user/src/app.py"), sbx.files.exists("/home/user/nope")]
+info = sbx.files.get_info("/home/user/src/app.py")
+out["info"] = [info.name, info.type.value, info.size]
+moved = sbx.files.rename("/home/user/src/app.py", "/home/user/src/main.py")
+out["moved"] = moved.path
+out["read_moved"] = sbx.files.read("/home/user/src/main.py")
+sbx.files.remove("/home/user/data/raw")
+out["after_remove"] = sbx.files.exists("/home/user/data/raw")
+try:
+    sbx.files.read("/etc/passwd")
+    out["outside"] = "read"
+except Exception as e:
+    out["outside"] = type(e).__name__
+h = sbx.commands.run("echo started; sleep 60", background=True)
+time.sleep(0.5)
+out["listed"] = [p.pid == h.pid for p in sbx.commands.list()]
+out["killed"] = sbx.commands.kill(h.pid)
+try:
+    h.wait()
+    out["waited"] = "finished"
+except CommandExitException as e:
+    out["waited"] = e.exit_code
+out["listed_after"] = len(sbx.commands.list())
+out["kill_again"] = sbx.commands.kill(h.pid)
+print(json.dumps(out))
+"#;
+    let out = harness(&python, server, &key, script).await;
+    assert_eq!(out["made"], true, "{out}");
+    assert_eq!(out["made_again"], false, "{out}");
+    let list1 = serde_json::json!([
+        ["data", "dir", "/home/user/data"],
+        ["src", "dir", "/home/user/src"]
+    ]);
+    assert_eq!(out["list1"], list1, "{out}");
+    let list2 = serde_json::json!([
+        "/home/user/data",
+        "/home/user/data/raw",
+        "/home/user/src",
+        "/home/user/src/app.py"
+    ]);
+    assert_eq!(out["list2"], list2, "{out}");
+    assert_eq!(out["exists"], serde_json::json!([true, false]), "{out}");
+    assert_eq!(
+        out["info"],
+        serde_json::json!(["app.py", "file", 6]),
+        "{out}"
+    );
+    assert_eq!(out["moved"], "/home/user/src/main.py", "{out}");
+    assert_eq!(out["read_moved"], "x = 1\n", "{out}");
+    assert_eq!(out["after_remove"], false, "{out}");
+    assert!(
+        out["outside"].as_str().unwrap().ends_with("Exception"),
+        "{out}"
+    );
+    assert_eq!(out["listed"], serde_json::json!([true]), "{out}");
+    assert_eq!(out["killed"], true, "{out}");
+    assert_eq!(out["waited"], -1, "{out}");
+    assert_eq!(out["listed_after"], 0, "{out}");
+    assert_eq!(out["kill_again"], false, "{out}");
+    // The killed command's unit is gone.
+    let (_, v) = exec(server, &t.ana, room, "pgrep -f 'sleep 6[0]' || echo none").await;
+    assert_eq!(v["stdout"], "none\n", "{v}");
+
+    let watcher = agent_key(&t, "watcher", r#"["observe"]"#).await;
+    let script = r#"
+import json
+from e2b import Sandbox
+sbx = Sandbox.create()
+out = {"list": sorted(e.name for e in sbx.files.list("/home/user"))}
+for name, call in [("make_dir", lambda: sbx.files.make_dir("/home/user/x")),
+                   ("rename", lambda: sbx.files.rename("/home/user/src", "/home/user/y")),
+                   ("remove", lambda: sbx.files.remove("/home/user/src"))]:
+    try:
+        call()
+        out[name] = "allowed"
+    except Exception as e:
+        out[name] = type(e).__name__
+print(json.dumps(out))
+"#;
+    let out = harness(&python, server, &watcher, script).await;
+    assert_eq!(out["list"], serde_json::json!(["data", "src"]), "{out}");
+    for name in ["make_dir", "rename", "remove"] {
+        assert!(
+            out[name].as_str().unwrap().ends_with("Exception"),
+            "{name}: {out}"
+        );
+    }
 }

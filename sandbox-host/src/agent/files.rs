@@ -3,7 +3,7 @@
 
 use super::{failed, MAX_DEPTH, SKIP_DIRS, WORKSPACE};
 use crate::path::WorkspacePath;
-use crate::proto::{AgentError, FileEntry, Reply};
+use crate::proto::{AgentError, Entry, EntryKind, FileEntry, Reply, MAX_ENTRIES};
 use std::io::{Read as _, Write as _};
 use std::os::fd::{AsFd as _, OwnedFd};
 use std::path::PathBuf;
@@ -139,6 +139,131 @@ pub(super) fn remove_file(path: &str) -> Result<(), AgentError> {
         }
         r => r.map_err(io_error),
     }
+}
+
+/// Opens `path` (the workspace when empty) beneath the workspace with `flags`.
+fn open_entry(path: &str, flags: rustix::fs::OFlags) -> Result<OwnedFd, AgentError> {
+    if path.is_empty() {
+        workspace_dir()
+    } else {
+        open_beneath(path, flags)
+    }
+}
+
+fn entry_of(path: String, st: &rustix::fs::Stat, target: Option<String>) -> Entry {
+    let kind = match rustix::fs::FileType::from_raw_mode(st.st_mode) {
+        rustix::fs::FileType::RegularFile => EntryKind::File,
+        rustix::fs::FileType::Directory => EntryKind::Dir,
+        rustix::fs::FileType::Symlink => EntryKind::Symlink,
+        _ => EntryKind::Other,
+    };
+    Entry {
+        path,
+        kind,
+        size: u64::try_from(st.st_size).unwrap_or(0),
+        mode: st.st_mode & 0o7777,
+        uid: st.st_uid,
+        gid: st.st_gid,
+        mtime_ns: i128::from(st.st_mtime) * 1_000_000_000 + i128::from(st.st_mtime_nsec),
+        target,
+    }
+}
+
+/// A symlink's target, read through `dir` and `name` (a descriptor of the link itself with
+/// an empty name).
+fn link_target(dir: &OwnedFd, name: &str) -> Option<String> {
+    rustix::fs::readlinkat(dir, name, Vec::new())
+        .ok()
+        .and_then(|t| t.into_string().ok())
+}
+
+pub(super) fn stat(path: &str) -> Result<Reply, AgentError> {
+    let fd = open_entry(
+        path,
+        rustix::fs::OFlags::PATH | rustix::fs::OFlags::NOFOLLOW,
+    )?;
+    let st = rustix::fs::fstat(&fd).map_err(failed)?;
+    let target = (rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Symlink)
+        .then(|| link_target(&fd, ""))
+        .flatten();
+    Ok(Reply::Entry(entry_of(path.to_owned(), &st, target)))
+}
+
+pub(super) fn list_dir(path: &str, depth: u32) -> Result<Reply, AgentError> {
+    let dir = open_entry(
+        path,
+        rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::RDONLY,
+    )?;
+    let mut entries = Vec::new();
+    let mut truncated = false;
+    let depth = usize::try_from(depth)
+        .unwrap_or(MAX_DEPTH)
+        .clamp(1, MAX_DEPTH);
+    walk(&dir, path, depth, &mut entries, &mut truncated);
+    entries.sort_by(|a, b| a.path.cmp(&b.path));
+    Ok(Reply::Entries { entries, truncated })
+}
+
+/// Lists `dir` (workspace path `rel`) into `out`, `depth` levels down, never through a
+/// symlink, at most [`MAX_ENTRIES`] in all.
+fn walk(dir: &OwnedFd, rel: &str, depth: usize, out: &mut Vec<Entry>, truncated: &mut bool) {
+    let Ok(mut listing) = rustix::fs::Dir::read_from(dir) else {
+        return;
+    };
+    while let Some(Ok(e)) = listing.next() {
+        let Ok(name) = e.file_name().to_str().map(str::to_owned) else {
+            continue;
+        };
+        if name == "." || name == ".." {
+            continue;
+        }
+        if out.len() >= MAX_ENTRIES {
+            *truncated = true;
+            return;
+        }
+        let Ok(st) = rustix::fs::statat(dir, name.as_str(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+        else {
+            continue;
+        };
+        let path = if rel.is_empty() {
+            name.clone()
+        } else {
+            format!("{rel}/{name}")
+        };
+        let kind = rustix::fs::FileType::from_raw_mode(st.st_mode);
+        let target = (kind == rustix::fs::FileType::Symlink)
+            .then(|| link_target(dir, &name))
+            .flatten();
+        out.push(entry_of(path.clone(), &st, target));
+        if kind == rustix::fs::FileType::Directory && depth > 1 {
+            let child = rustix::fs::openat(
+                dir,
+                name.as_str(),
+                rustix::fs::OFlags::DIRECTORY
+                    | rustix::fs::OFlags::RDONLY
+                    | rustix::fs::OFlags::NOFOLLOW
+                    | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            );
+            if let Ok(child) = child {
+                walk(&child, &path, depth - 1, out, truncated);
+            }
+        }
+    }
+}
+
+pub(super) fn make_dir(path: &str) -> Result<(), AgentError> {
+    let (dir, name) = parent_of(path)?;
+    match rustix::fs::mkdirat(&dir, name.as_str(), rustix::fs::Mode::from_raw_mode(0o755)) {
+        Err(rustix::io::Errno::EXIST) => Err(AgentError::Exists),
+        r => r.map_err(io_error),
+    }
+}
+
+pub(super) fn move_entry(from: &str, to: &str) -> Result<(), AgentError> {
+    let (from_dir, from_name) = parent_of(from)?;
+    let (to_dir, to_name) = parent_of(to)?;
+    rustix::fs::renameat(&from_dir, from_name.as_str(), &to_dir, to_name.as_str()).map_err(io_error)
 }
 
 pub(super) fn list_files(max: usize) -> Reply {

@@ -15,7 +15,10 @@
 //! `E2b-Sandbox-Id` header).
 
 mod connect;
+mod filesystem;
 mod process;
+
+pub(crate) use process::Running;
 
 use crate::http::extract::{token_user, AuthUser};
 use crate::http::{ApiError, AppState};
@@ -55,6 +58,7 @@ pub(crate) fn routes() -> Router<AppState> {
         .route("/api/e2b/envd/health", get(health))
         .merge(files::routes())
         .merge(process::routes())
+        .merge(filesystem::routes())
         .route("/api/e2b/envd/{service}/{method}", post(unimplemented))
 }
 

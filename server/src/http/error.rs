@@ -94,9 +94,13 @@ pub(crate) fn agent_error(e: &AgentError) -> ErrorBody {
         AgentError::Invalid(_) => "the operation is not possible in the sandbox now",
         AgentError::Failed(_) => "the operation failed inside the sandbox",
         AgentError::Cancelled => "the command was stopped",
+        AgentError::Exists => "already exists",
     };
     let error_id = match e {
-        AgentError::NotFound | AgentError::TooLarge | AgentError::Cancelled => None,
+        AgentError::NotFound
+        | AgentError::TooLarge
+        | AgentError::Cancelled
+        | AgentError::Exists => None,
         AgentError::InvalidPath(_) | AgentError::Invalid(_) | AgentError::Failed(_) => {
             let id = crate::ids::error_id();
             tracing::info!(error_id = %id, agent_said = ?e.to_string(), "sandbox operation refused");
@@ -126,7 +130,7 @@ fn sandbox_status(e: &SandboxError) -> StatusCode {
             CallError::Agent(AgentError::NotFound) => StatusCode::NOT_FOUND,
             CallError::Agent(AgentError::InvalidPath(_)) => StatusCode::BAD_REQUEST,
             CallError::Agent(AgentError::TooLarge) => StatusCode::PAYLOAD_TOO_LARGE,
-            CallError::Agent(AgentError::Invalid(_)) => StatusCode::CONFLICT,
+            CallError::Agent(AgentError::Invalid(_) | AgentError::Exists) => StatusCode::CONFLICT,
             CallError::Agent(AgentError::Failed(_)) => StatusCode::UNPROCESSABLE_ENTITY,
             CallError::Timeout => StatusCode::GATEWAY_TIMEOUT,
             CallError::Gone | CallError::Protocol => StatusCode::SERVICE_UNAVAILABLE,

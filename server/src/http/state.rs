@@ -37,4 +37,7 @@ pub(crate) struct AppState {
     /// The E2B door's sessions (a caller's "sandbox" in a room).
     #[from_ref(skip)]
     pub e2b: Arc<crate::http::e2b::Sessions>,
+    /// The E2B door's running commands, by the pid it gave them.
+    #[from_ref(skip)]
+    pub e2b_running: Arc<crate::http::e2b::Running>,
 }

@@ -42,6 +42,8 @@ pub(crate) struct Command {
     pub(crate) output: Option<tokio::sync::mpsc::Sender<Vec<u8>>>,
     /// Told once the command is decided, recorded and on its way to the sandbox.
     pub(crate) started: Option<std::sync::Arc<tokio::sync::Notify>>,
+    /// Its caller's kill switch: cancelled, the command's unit ends and it answers as killed.
+    pub(crate) kill: Option<tokio_util::sync::CancellationToken>,
 }
 
 impl Command {
@@ -54,6 +56,7 @@ impl Command {
             envs: Vec::new(),
             output: None,
             started: None,
+            kill: None,
         }
     }
 }
@@ -194,8 +197,15 @@ impl Ops {
             Outcome::Done(a) => a,
             Outcome::Pending(id) => return Ok(Outcome::Pending(id)),
         };
-        // Listening before the command is recorded and sent: a removal from then on ends it.
-        let lapsed = self.when_right_lapses(room_id, actor, Capability::Type);
+        // Listening before the command is recorded and sent: a removal from then on ends it, as
+        // does its caller's kill switch.
+        let stop = cmd
+            .kill
+            .as_ref()
+            .map_or_else(tokio_util::sync::CancellationToken::new, |k| {
+                k.child_token()
+            });
+        let lapsed = self.when_right_lapses_into(room_id, actor, Capability::Type, stop);
         let proof = self
             .commit_commands(room_id, allowed, details, 1, Change::None)
             .await?;
@@ -233,7 +243,20 @@ impl Ops {
             }
         };
         drop(lapsed);
+        let killed = cmd.kill.as_ref().is_some_and(|k| k.is_cancelled());
         let reply = match ran {
+            // Its caller killed it: it ended as a killed process does.
+            Err(crate::sandbox::SandboxError::Call(coderoom_sandbox::CallError::Cancelled))
+                if killed =>
+            {
+                return Ok(Outcome::Done(Executed {
+                    exit_code: None,
+                    stdout: String::new(),
+                    stderr: String::new(),
+                    truncated: false,
+                    timed_out: false,
+                }))
+            }
             Err(crate::sandbox::SandboxError::Call(coderoom_sandbox::CallError::Cancelled)) => {
                 return Err(OpError::Refused(
                     "your right to run commands in this room ended while the command ran: it \
@@ -348,8 +371,19 @@ impl Ops {
         actor: &Actor,
         cap: Capability,
     ) -> Lapse {
-        let mut changes = self.access_changed.subscribe();
         let stop = tokio_util::sync::CancellationToken::new();
+        self.when_right_lapses_into(room_id, actor, cap, stop)
+    }
+
+    /// [`Ops::when_right_lapses`], cancelling `stop` (which others may cancel too).
+    fn when_right_lapses_into(
+        &self,
+        room_id: &RoomId,
+        actor: &Actor,
+        cap: Capability,
+        stop: tokio_util::sync::CancellationToken,
+    ) -> Lapse {
+        let mut changes = self.access_changed.subscribe();
         let (ops, room, actor, switch) =
             (self.clone(), room_id.clone(), actor.clone(), stop.clone());
         let watch = tokio::spawn(async move {

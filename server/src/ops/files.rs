@@ -48,6 +48,55 @@ impl Ops {
     ) -> Result<Reply, OpError> {
         let path = self.may_touch_file(room_id, actor, raw, cap, bytes).await?;
         let op = make(path.as_str().to_owned());
+        self.in_workspace(room_id, actor, op).await
+    }
+
+    /// [`Ops::file_op`] where the path may also be the workspace itself (empty): asking what
+    /// is there, listing it.
+    pub(crate) async fn entry_op(
+        &self,
+        room_id: &RoomId,
+        actor: &Actor,
+        (raw, cap): (&str, Capability),
+        make: impl FnOnce(String) -> Op,
+    ) -> Result<Reply, OpError> {
+        if !raw.is_empty() {
+            return self.file_op(room_id, actor, (raw, cap, None), make).await;
+        }
+        self.authorize(room_id, actor, Action::Use(cap), json!({ "path": "" }))
+            .await?;
+        self.in_workspace(room_id, actor, make(String::new())).await
+    }
+
+    /// Renames workspace entry `from` to `to`: `edit` on both.
+    pub(crate) async fn move_entry(
+        &self,
+        room_id: &RoomId,
+        actor: &Actor,
+        from: &str,
+        to: &str,
+    ) -> Result<Reply, OpError> {
+        let from = self
+            .may_touch_file(room_id, actor, from, Capability::Edit, None)
+            .await?;
+        let to = self
+            .may_touch_file(room_id, actor, to, Capability::Edit, None)
+            .await?;
+        let op = Op::Move {
+            from: from.as_str().to_owned(),
+            to: to.as_str().to_owned(),
+        };
+        self.in_workspace(room_id, actor, op).await
+    }
+
+    /// Runs a decided file operation: a stopped sandbox is started only for someone who may
+    /// start it.
+    async fn in_workspace(
+        &self,
+        room_id: &RoomId,
+        actor: &Actor,
+        op: Op,
+    ) -> Result<Reply, OpError> {
         Ok(if self.may_start_sandbox(room_id, actor).await {
             self.sandboxes.op(room_id, op, FILE_WITHIN).await?
         } else {

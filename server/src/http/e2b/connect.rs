@@ -20,6 +20,7 @@ pub(crate) enum Code {
     Unauthenticated,
     PermissionDenied,
     NotFound,
+    AlreadyExists,
     FailedPrecondition,
     ResourceExhausted,
     Unimplemented,
@@ -35,6 +36,7 @@ impl Code {
             Code::Unauthenticated => "unauthenticated",
             Code::PermissionDenied => "permission_denied",
             Code::NotFound => "not_found",
+            Code::AlreadyExists => "already_exists",
             Code::FailedPrecondition => "failed_precondition",
             Code::ResourceExhausted => "resource_exhausted",
             Code::Unimplemented => "unimplemented",
@@ -50,6 +52,7 @@ impl Code {
             Code::Unauthenticated => StatusCode::UNAUTHORIZED,
             Code::PermissionDenied => StatusCode::FORBIDDEN,
             Code::NotFound => StatusCode::NOT_FOUND,
+            Code::AlreadyExists => StatusCode::CONFLICT,
             Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
             Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
             Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
@@ -96,8 +99,21 @@ impl ConnectError {
 
 impl From<crate::http::ApiError> for ConnectError {
     fn from(e: crate::http::ApiError) -> ConnectError {
+        use coderoom_sandbox::proto::AgentError;
+        use coderoom_sandbox::CallError;
+        let exists = matches!(
+            e,
+            crate::http::ApiError::Sandbox(crate::sandbox::SandboxError::Call(CallError::Agent(
+                AgentError::Exists
+            )))
+        );
         let (status, body) = e.status_and_body();
-        ConnectError::new(Code::of_status(status), body.error)
+        let code = if exists {
+            Code::AlreadyExists
+        } else {
+            Code::of_status(status)
+        };
+        ConnectError::new(code, body.error)
     }
 }
 
@@ -106,6 +122,20 @@ impl IntoResponse for ConnectError {
     fn into_response(self) -> Response {
         (self.code.status(), axum::Json(self.body())).into_response()
     }
+}
+
+/// A unary call's answer.
+pub(crate) fn unary(v: Value) -> Response {
+    axum::Json(v).into_response()
+}
+
+/// Reads a unary call's request (an empty body is `{}`).
+pub(crate) fn plain(body: &[u8]) -> Result<Value, ConnectError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(json!({}));
+    }
+    serde_json::from_slice(body)
+        .map_err(|_| ConnectError::new(Code::InvalidArgument, "the request is not JSON"))
 }
 
 /// Reads a streaming call's request: one frame (flags, length, JSON).
@@ -173,5 +203,6 @@ mod tests {
         assert!(enveloped(b"\x00\x00\x00\x00\x09{}").is_err());
         assert!(enveloped(b"\x01\x00\x00\x00\x02{}").is_err());
         assert!(enveloped(b"{}").is_err());
+        assert_eq!(plain(b"  ").unwrap(), json!({}));
     }
 }

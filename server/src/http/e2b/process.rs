@@ -9,7 +9,7 @@ use crate::ops::commands::Command;
 use crate::ops::Outcome;
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::Router;
 use base64::Engine as _;
@@ -31,7 +31,92 @@ const OUTPUT_QUEUE: usize = 256;
 static NEXT_PID: AtomicU32 = AtomicU32::new(1000);
 
 pub(super) fn routes() -> Router<AppState> {
-    Router::new().route("/api/e2b/envd/process.Process/Start", post(start))
+    Router::new()
+        .route("/api/e2b/envd/process.Process/Start", post(start))
+        .route("/api/e2b/envd/process.Process/List", post(list))
+        .route("/api/e2b/envd/process.Process/SendSignal", post(signal))
+}
+
+/// Commands started through this door and still running, by the pid it gave them.
+#[derive(Default)]
+pub(crate) struct Running {
+    all: std::sync::Mutex<std::collections::HashMap<u32, Started>>,
+}
+
+struct Started {
+    room: crate::ids::RoomId,
+    user: String,
+    /// What `List` shows of it (`ProcessConfig`).
+    config: Value,
+    kill: tokio_util::sync::CancellationToken,
+}
+
+impl Running {
+    fn locked(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u32, Started>> {
+        self.all.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Takes a command out of [`Running`] when it ends, however its task ends.
+struct Registered<'a>(&'a Running, u32);
+
+impl Drop for Registered<'_> {
+    fn drop(&mut self) {
+        self.0.locked().remove(&self.1);
+    }
+}
+
+/// `process.Process/List`: the caller's commands running in this room.
+async fn list(State(app): State<AppState>, caller: Result<EnvdCaller, ConnectError>) -> Response {
+    let caller = match caller {
+        Ok(c) => c,
+        Err(e) => return e.into_response(),
+    };
+    let processes: Vec<Value> = app
+        .e2b_running
+        .locked()
+        .iter()
+        .filter(|(_, s)| s.room == caller.room && s.user == caller.actor.id.as_str())
+        .map(|(pid, s)| json!({ "pid": pid, "config": s.config }))
+        .collect();
+    connect::unary(json!({ "processes": processes }))
+}
+
+/// `process.Process/SendSignal`: `SIGKILL` or `SIGTERM` ends one of the caller's commands
+/// (its whole unit; it answers as killed, exit code -1). Another's, or none: `not_found`.
+async fn signal(
+    State(app): State<AppState>,
+    caller: Result<EnvdCaller, ConnectError>,
+    body: Bytes,
+) -> Response {
+    let asked = caller.and_then(|c| Ok((c, connect::plain(&body)?)));
+    let (caller, req) = match asked {
+        Ok(a) => a,
+        Err(e) => return e.into_response(),
+    };
+    let pid = req
+        .pointer("/process/pid")
+        .and_then(Value::as_u64)
+        .and_then(|p| u32::try_from(p).ok());
+    let sig = req
+        .get("signal")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    if !matches!(sig, "SIGNAL_SIGKILL" | "SIGNAL_SIGTERM") {
+        return ConnectError::new(Code::InvalidArgument, "only SIGKILL and SIGTERM are sent")
+            .into_response();
+    }
+    let running = app.e2b_running.locked();
+    let mine = pid
+        .and_then(|p| running.get(&p))
+        .filter(|s| s.room == caller.room && s.user == caller.actor.id.as_str());
+    match mine {
+        Some(s) => {
+            s.kill.cancel();
+            connect::unary(json!({}))
+        }
+        None => ConnectError::new(Code::NotFound, "no such process of yours").into_response(),
+    }
 }
 
 /// What `Start` asks for.
@@ -139,10 +224,28 @@ async fn run(
     let pid = NEXT_PID.fetch_add(1, Ordering::Relaxed);
     let (output, mut printed) = tokio::sync::mpsc::channel::<Vec<u8>>(OUTPUT_QUEUE);
     let started = Arc::new(tokio::sync::Notify::new());
+    let kill = tokio_util::sync::CancellationToken::new();
+    let config = json!({
+        "cmd": asked.argv[0],
+        "args": asked.argv[1..],
+        "envs": asked.envs.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<String, Value>>(),
+        "cwd": format!("/home/user/{}", asked.cwd).trim_end_matches('/'),
+    });
+    app.e2b_running.locked().insert(
+        pid,
+        Started {
+            room: caller.room.clone(),
+            user: caller.actor.id.to_string(),
+            config,
+            kill: kill.clone(),
+        },
+    );
+    let _registered = Registered(&app.e2b_running, pid);
     let mut cmd = Command::new(asked.argv, asked.cwd, Some(run_ms));
     cmd.envs = asked.envs;
     cmd.output = Some(output);
     cmd.started = Some(started.clone());
+    cmd.kill = Some(kill);
     let ran = app.ops.run_command(&caller.room, &caller.actor, cmd, None);
     tokio::pin!(ran);
     let send = |v: Value| {
