@@ -1136,15 +1136,31 @@ async fn entries_are_described_and_moved_beneath_the_workspace_only() {
     sh(&sb, "mkdir -p src && echo hi > src/a.txt && ln -s /etc out").await;
     let r = sb.call(Op::Stat { path: "out".into() }, T).await.unwrap();
     let Reply::Entry(e) = r else { panic!("{r:?}") };
-    assert_eq!((e.kind, e.target.as_deref()), (EntryKind::Symlink, Some("/etc")));
-    let r = sb.call(Op::Stat { path: String::new() }, T).await.unwrap();
-    assert!(matches!(r, Reply::Entry(ref e) if e.kind == EntryKind::Dir), "{r:?}");
+    assert_eq!(
+        (e.kind, e.target.as_deref()),
+        (EntryKind::Symlink, Some("/etc"))
+    );
+    let r = sb
+        .call(
+            Op::Stat {
+                path: String::new(),
+            },
+            T,
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(r, Reply::Entry(ref e) if e.kind == EntryKind::Dir),
+        "{r:?}"
+    );
     let list = |path: &str, depth| Op::ListDir {
         path: path.into(),
         depth,
     };
     let r = sb.call(list("", 5), T).await.unwrap();
-    let Reply::Entries { entries, truncated } = r else { panic!("{r:?}") };
+    let Reply::Entries { entries, truncated } = r else {
+        panic!("{r:?}")
+    };
     let paths: Vec<&str> = entries.iter().map(|e| e.path.as_str()).collect();
     assert_eq!((paths, truncated), (vec!["out", "src", "src/a.txt"], false));
     let r = sb.call(list("out", 1), T).await;
@@ -1155,7 +1171,10 @@ async fn entries_are_described_and_moved_beneath_the_workspace_only() {
     let mk = |path: &str| Op::MakeDir { path: path.into() };
     assert_eq!(sb.call(mk("a/b"), T).await.unwrap(), Reply::Done);
     let r = sb.call(mk("a/b"), T).await;
-    assert!(matches!(r, Err(CallError::Agent(AgentError::Exists))), "{r:?}");
+    assert!(
+        matches!(r, Err(CallError::Agent(AgentError::Exists))),
+        "{r:?}"
+    );
     let r = sb.call(mk("out/evil"), T).await;
     assert!(r.is_err(), "made a directory through the symlink: {r:?}");
     let mv = Op::Move {
@@ -1169,7 +1188,10 @@ async fn entries_are_described_and_moved_beneath_the_workspace_only() {
     };
     assert!(sb.call(mv, T).await.is_err(), "moved through the symlink");
     let (_, left, _) = sh(&sb, "cat c/d.txt; ls /etc/d.txt 2>&1 | head -1").await;
-    assert!(left.starts_with("hi\n") && left.contains("No such file"), "{left}");
+    assert!(
+        left.starts_with("hi\n") && left.contains("No such file"),
+        "{left}"
+    );
     sb.kill();
     sb.ended().await;
 }

@@ -333,3 +333,88 @@ print(json.dumps(out))
         );
     }
 }
+
+/// The pending approval of a command whose argv holds `needle`, once someone can see it.
+async fn pending_command(t: &Room, needle: &str) -> String {
+    let path = format!("/api/rooms/{}/approvals", t.room);
+    for _ in 0..400 {
+        let items = get_json(&t.server, &t.ana, &path).await;
+        let found = items.as_array().unwrap().iter().find(|a| {
+            a["state"] == "pending"
+                && a["action"] == "run_command"
+                && a["params"].to_string().contains(needle)
+        });
+        if let Some(a) = found {
+            return a["id"].as_str().unwrap().to_owned();
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("no pending approval for a command with {needle}");
+}
+
+/// Ana decides approval `id`.
+async fn decide(t: &Room, id: &str, approve: bool) {
+    let path = format!("/api/rooms/{}/approvals/{id}/decision", t.room);
+    let body = format!(r#"{{"approve":{approve}}}"#);
+    let (status, v) = post(&t.server, &t.ana, &path, &body).await;
+    assert_eq!(status, 200, "{v}");
+}
+
+/// An agent in approval mode, through the stock SDK: `commands.run` waits (it has no "ask
+/// again later") until a person decides on exactly that command; approved, it runs and the
+/// call answers its output; denied, it never runs and the SDK raises.
+#[tokio::test]
+async fn an_approval_mode_agents_command_waits_for_a_person() {
+    let Some((python, _storage, t, _)) = harnessed().await else {
+        return;
+    };
+    let (server, room) = (&t.server, &t.room);
+    let agents = format!("/api/rooms/{room}/agents");
+    let body = r#"{"name":"careful","capabilities":["observe","edit","type"],"ttl_s":3600,"approval_mode":true}"#;
+    let (status, a) = post(server, &t.ana, &agents, body).await;
+    assert_eq!(status, 201, "{a}");
+    let key = a["token"].as_str().unwrap().to_owned();
+    let script = r#"
+import json
+from e2b import Sandbox
+sbx = Sandbox.create()
+out = {"ran": sbx.commands.run("echo yes > approved.txt; echo ran").stdout}
+try:
+    sbx.commands.run("touch denied.txt")
+    out["denied"] = "ran"
+except Exception as e:
+    out["denied"] = [type(e).__name__, str(e)]
+print(json.dumps(out))
+"#;
+    let harnessing = harness(&python, server, &key, script);
+    let deciding = async {
+        let first = pending_command(&t, "approved.txt").await;
+        // Nothing ran while it waited.
+        let (_, v) = exec(server, &t.ana, room, "ls approved.txt 2>&1 || true").await;
+        assert!(
+            v["stdout"].as_str().unwrap().contains("No such file"),
+            "{v}"
+        );
+        decide(&t, &first, true).await;
+        let second = pending_command(&t, "denied.txt").await;
+        decide(&t, &second, false).await;
+    };
+    let (out, ()) = tokio::join!(harnessing, deciding);
+    assert_eq!(out["ran"], "ran\n", "{out}");
+    assert!(
+        out["denied"][1].as_str().unwrap().contains("denied"),
+        "{out}"
+    );
+    let (_, v) = exec(
+        server,
+        &t.ana,
+        room,
+        "cat approved.txt; ls denied.txt 2>&1 || true",
+    )
+    .await;
+    let stdout = v["stdout"].as_str().unwrap();
+    assert!(
+        stdout.starts_with("yes\n") && stdout.contains("No such file"),
+        "{v}"
+    );
+}

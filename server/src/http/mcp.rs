@@ -49,8 +49,6 @@ const RESOURCE_PREFIX: &str = "room:///";
 /// How long a call waits for an approval when it does not say (`wait_s`), and at most.
 const WAIT_S: u64 = 60;
 const MAX_WAIT_S: u64 = 300;
-/// How often a waiting call looks at its approval.
-const WAIT_STEP: Duration = Duration::from_millis(250);
 /// Terminal output `terminal_read` answers by default, and at most.
 const READ_BYTES: usize = 8 << 10;
 const MAX_READ_BYTES: usize = 64 << 10;
@@ -780,33 +778,24 @@ impl Mcp {
         wait: Duration,
         otherwise: &str,
     ) -> Result<(), ToolError> {
-        let until = tokio::time::Instant::now() + wait;
-        loop {
-            let a = self
-                .app
-                .ops
-                .store
-                .approval(&c.room, id)
-                .await
-                .map_err(|e| ToolError::from(ApiError::from(e)))?
-                .ok_or_else(|| ToolError(format!("approval {id} is gone")))?;
-            match a.decided {
-                Some((_, true)) => return Ok(()),
-                Some((by, false)) => {
-                    return Err(ToolError(format!("denied (by {by}): {otherwise}")))
-                }
-                None if a.expires_at <= self.app.ops.clock.now_ms() => {
-                    return Err(ToolError(format!("approval {id} expired: {otherwise}")))
-                }
-                None => {}
-            }
-            if tokio::time::Instant::now() >= until {
-                return Err(ToolError(format!(
-                    "no decision yet: approval {id} waits for someone who holds approve; \
-                     call again with approval_id {id} once it is approved"
-                )));
-            }
-            tokio::time::sleep(WAIT_STEP).await;
+        use crate::ops::approvals::Waited;
+        let waited = self
+            .app
+            .ops
+            .wait_for_decision(&c.room, id, wait)
+            .await
+            .map_err(|e| match e {
+                crate::ops::OpError::NotFound => ToolError(format!("approval {id} is gone")),
+                e => ToolError::from(ApiError::from(e)),
+            })?;
+        match waited {
+            Waited::Approved => Ok(()),
+            Waited::Denied(by) => Err(ToolError(format!("denied (by {by}): {otherwise}"))),
+            Waited::Expired => Err(ToolError(format!("approval {id} expired: {otherwise}"))),
+            Waited::Undecided => Err(ToolError(format!(
+                "no decision yet: approval {id} waits for someone who holds approve; \
+                 call again with approval_id {id} once it is approved"
+            ))),
         }
     }
 }

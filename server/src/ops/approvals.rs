@@ -11,6 +11,20 @@ use crate::store::Change;
 use coderoom_authz::{Action, Approval, Authorized};
 use serde_json::{json, Value};
 
+/// How often a caller waiting for a decision looks again.
+const WAIT_STEP: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// How an approval a caller waited for turned out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Waited {
+    Approved,
+    /// Denied, by this person.
+    Denied(String),
+    Expired,
+    /// Nobody decided within the wait.
+    Undecided,
+}
+
 /// A request waits this long for a decision; an approval lapses with it.
 pub(crate) const APPROVAL_TTL_MS: i64 = 60 * 60 * 1000;
 
@@ -171,5 +185,35 @@ impl Ops {
             .await
             .map_err(OpError::spent_approval)?;
         Ok(())
+    }
+}
+
+impl Ops {
+    /// Waits at most `wait` for approval `id` to be decided: a door whose callers cannot be
+    /// told "ask again later" (an MCP tool call, an E2B command) holds the call meanwhile.
+    pub(crate) async fn wait_for_decision(
+        &self,
+        room_id: &RoomId,
+        id: &str,
+        wait: std::time::Duration,
+    ) -> Result<Waited, OpError> {
+        let until = tokio::time::Instant::now() + wait;
+        loop {
+            let a = self
+                .store
+                .approval(room_id, id)
+                .await?
+                .ok_or(OpError::NotFound)?;
+            match a.decided {
+                Some((_, true)) => return Ok(Waited::Approved),
+                Some((by, false)) => return Ok(Waited::Denied(by)),
+                None if a.expires_at <= self.clock.now_ms() => return Ok(Waited::Expired),
+                None => {}
+            }
+            if tokio::time::Instant::now() >= until {
+                return Ok(Waited::Undecided);
+            }
+            tokio::time::sleep(WAIT_STEP).await;
+        }
     }
 }

@@ -5,8 +5,9 @@
 use super::connect::{self, Code, ConnectError};
 use super::{workspace_path, EnvdCaller};
 use crate::http::{ApiError, AppState};
-use crate::ops::commands::Command;
-use crate::ops::Outcome;
+use crate::ops::approvals::Waited;
+use crate::ops::commands::{Command, Executed};
+use crate::ops::{OpError, Outcome};
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
@@ -246,56 +247,114 @@ async fn run(
     cmd.output = Some(output);
     cmd.started = Some(started.clone());
     cmd.kill = Some(kill);
-    let ran = app.ops.run_command(&caller.room, &caller.actor, cmd, None);
-    tokio::pin!(ran);
-    let send = |v: Value| {
-        let frames = frames.clone();
-        async move {
-            let _ = frames.send(connect::frame(&json!({ "event": v }))).await;
-        }
+    let mut stream = Stream {
+        frames: frames.clone(),
+        pid,
+        announced: false,
     };
-    let mut announced = false;
-    let mut ticks = tokio::time::interval(keepalive);
-    ticks.tick().await;
-    let result = loop {
-        tokio::select! {
-            r = &mut ran => break r,
-            () = started.notified(), if !announced => {
-                announced = true;
-                send(json!({ "start": { "pid": pid } })).await;
-            }
-            Some(chunk) = printed.recv() => {
-                if !announced {
-                    announced = true;
-                    send(json!({ "start": { "pid": pid } })).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(run_ms);
+    let mut approval: Option<String> = None;
+    let end = loop {
+        let ran = app.ops.run_command(
+            &caller.room,
+            &caller.actor,
+            cmd.clone(),
+            approval.as_deref(),
+        );
+        let result = stream.follow(ran, &started, &mut printed, keepalive).await;
+        match result {
+            Ok(Outcome::Done(done)) => {
+                stream.announce().await;
+                while let Ok(chunk) = printed.try_recv() {
+                    stream.send(data_event(&chunk)).await;
                 }
-                send(data_event(&chunk)).await;
+                stream.send(end_event(done.exit_code, done.timed_out)).await;
+                break None;
             }
-            _ = ticks.tick() => {
-                if announced {
-                    send(json!({ "keepalive": {} })).await;
+            // An agent in approval mode: the call waits (the SDK has no "ask again later")
+            // for a person's decision on exactly this command, then runs it.
+            Ok(Outcome::Pending(id)) if approval.is_none() => {
+                let wait = deadline.saturating_duration_since(tokio::time::Instant::now());
+                match app.ops.wait_for_decision(&caller.room, &id, wait).await {
+                    Ok(Waited::Approved) => approval = Some(id),
+                    Ok(Waited::Denied(by)) => {
+                        break Some(ConnectError::new(
+                            Code::PermissionDenied,
+                            format!("denied (by {by}): the command did not run"),
+                        ))
+                    }
+                    Ok(Waited::Expired | Waited::Undecided) => {
+                        break Some(ConnectError::new(
+                            Code::DeadlineExceeded,
+                            format!("approval {id} was not given in time: the command did not run"),
+                        ))
+                    }
+                    Err(e) => break Some(ConnectError::from(ApiError::from(e))),
                 }
             }
-        }
-    };
-    let end = match result {
-        Ok(Outcome::Done(done)) => {
-            if !announced {
-                send(json!({ "start": { "pid": pid } })).await;
+            Ok(Outcome::Pending(id)) => {
+                break Some(ConnectError::new(
+                    Code::FailedPrecondition,
+                    format!("the command still needs an approval (approval {id})"),
+                ))
             }
-            while let Ok(chunk) = printed.try_recv() {
-                send(data_event(&chunk)).await;
-            }
-            send(end_event(done.exit_code, done.timed_out)).await;
-            None
+            Err(e) => break Some(ConnectError::from(ApiError::from(e))),
         }
-        Ok(Outcome::Pending(id)) => Some(ConnectError::new(
-            Code::FailedPrecondition,
-            format!("the command waits for a person's approval (approval {id})"),
-        )),
-        Err(e) => Some(ConnectError::from(ApiError::from(e))),
     };
     let _ = frames.send(connect::end(end.as_ref())).await;
+}
+
+/// A command's stream to the SDK: its `start` goes first, once.
+struct Stream {
+    frames: tokio::sync::mpsc::Sender<Bytes>,
+    pid: u32,
+    announced: bool,
+}
+
+impl Stream {
+    async fn send(&self, event: Value) {
+        // A client that went away leaves the command to run on.
+        let _ = self
+            .frames
+            .send(connect::frame(&json!({ "event": event })))
+            .await;
+    }
+
+    async fn announce(&mut self) {
+        if !self.announced {
+            self.announced = true;
+            self.send(json!({ "start": { "pid": self.pid } })).await;
+        }
+    }
+
+    /// Follows one run of the command: its `start` once it is sent to the sandbox, its output
+    /// as printed, keepalives; what the run answered.
+    async fn follow(
+        &mut self,
+        ran: impl std::future::Future<Output = Result<Outcome<Executed>, OpError>>,
+        started: &tokio::sync::Notify,
+        printed: &mut tokio::sync::mpsc::Receiver<Vec<u8>>,
+        keepalive: Duration,
+    ) -> Result<Outcome<Executed>, OpError> {
+        tokio::pin!(ran);
+        let mut ticks = tokio::time::interval(keepalive);
+        ticks.tick().await;
+        loop {
+            tokio::select! {
+                r = &mut ran => return r,
+                () = started.notified(), if !self.announced => self.announce().await,
+                Some(chunk) = printed.recv() => {
+                    self.announce().await;
+                    self.send(data_event(&chunk)).await;
+                }
+                _ = ticks.tick() => {
+                    if self.announced {
+                        self.send(json!({ "keepalive": {} })).await;
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// A `data` event: standard output or error (the chunk's first byte), base64 as proto3 JSON
