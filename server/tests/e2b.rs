@@ -418,3 +418,94 @@ print(json.dumps(out))
         "{v}"
     );
 }
+
+/// From where an agent's key stands: its budget stops a loop of SDK commands (the refusal the
+/// SDK raises names the budget), and revoking the agent ends the command it is running
+/// through the SDK at once (the call fails; the command's processes are gone).
+#[tokio::test]
+async fn budgets_and_revocation_reach_the_sdks_commands() {
+    let Some((python, _storage, t, _)) = harnessed().await else {
+        return;
+    };
+    let (server, room) = (&t.server, &t.room);
+    let agents = format!("/api/rooms/{room}/agents");
+    let body = r#"{"name":"frugal","capabilities":["observe","edit","type","spend"],"ttl_s":3600,"budget":{"execs":3}}"#;
+    let (status, a) = post(server, &t.ana, &agents, body).await;
+    assert_eq!(status, 201, "{a}");
+    let key = a["token"].as_str().unwrap().to_owned();
+    let script = r#"
+import json
+from e2b import Sandbox
+sbx = Sandbox.create()
+ran = 0
+refused = None
+for i in range(10):
+    try:
+        sbx.commands.run("true")
+        ran += 1
+    except Exception as e:
+        refused = [type(e).__name__, str(e)]
+        break
+print(json.dumps({"ran": ran, "refused": refused}))
+"#;
+    let out = harness(&python, server, &key, script).await;
+    assert_eq!(out["ran"], 3, "{out}");
+    assert!(
+        out["refused"][1].as_str().unwrap().contains("budget"),
+        "{out}"
+    );
+
+    let (status, a) = post(
+        server,
+        &t.ana,
+        &agents,
+        r#"{"name":"leaver","capabilities":["observe","edit","type"],"ttl_s":3600}"#,
+    )
+    .await;
+    assert_eq!(status, 201, "{a}");
+    let (key, agent_id) = (
+        a["token"].as_str().unwrap().to_owned(),
+        a["agent_id"].as_str().unwrap().to_owned(),
+    );
+    let script = r#"
+import json, time
+from e2b import Sandbox
+sbx = Sandbox.create()
+start = time.time()
+try:
+    sbx.commands.run("echo started > started.txt; sleep 30; touch finished.txt")
+    out = {"ended": "finished"}
+except Exception as e:
+    out = {"ended": [type(e).__name__, str(e)]}
+out["took"] = time.time() - start
+print(json.dumps(out))
+"#;
+    let harnessing = harness(&python, server, &key, script);
+    let revoking = async {
+        let started = server.url(&format!("/api/rooms/{room}/files/started.txt"));
+        for _ in 0..400 {
+            if http(&started, "GET", Some(&t.ana), None).await.0 == 200 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let url = server.url(&format!("{agents}/{agent_id}"));
+        let (status, v) = http(&url, "DELETE", Some(&t.ana), None).await;
+        assert!(status == 204 || status == 200, "{v}");
+    };
+    let (out, ()) = tokio::join!(harnessing, revoking);
+    assert!(out["ended"].is_array(), "the command ran to its end: {out}");
+    assert!(out["took"].as_f64().unwrap() < 15.0, "{out}");
+    let (_, v) = exec(
+        server,
+        &t.ana,
+        room,
+        "pgrep -f 'sleep 3[0]' || echo none; ls finished.txt 2>&1 || true",
+    )
+    .await;
+    let stdout = v["stdout"].as_str().unwrap();
+    assert!(
+        stdout.starts_with("none\n") && stdout.contains("No such file"),
+        "{v}"
+    );
+}
