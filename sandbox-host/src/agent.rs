@@ -103,11 +103,17 @@ const KEEPER_IGNORES: [libc::c_int; 6] = [
     libc::SIGHUP,
 ];
 
-/// Entry point of `coderoom agent --exec-as UID -- ARGV`: keeps a unit (see [`units`]). This
-/// process stays the agent's user, becomes a child subreaper and starts ARGV as `UID` (real,
-/// effective and saved, group too; no capabilities survive the exec); it reaps the unit's
-/// orphans, and once ARGV ends it ends whatever the unit still runs and exits as ARGV did.
-pub fn exec_as(uid: u32, argv: &[String]) -> i32 {
+/// Entry point of `coderoom agent --exec-as UID [--status-fd N] -- ARGV`: keeps a unit (see
+/// [`units`]). This process stays the agent's user, becomes a child subreaper and starts ARGV
+/// as `UID` (real, effective and saved, group too; no capabilities survive the exec).
+///
+/// With `status_fd` (a command): ARGV leads a session of its own; once it ends, its process
+/// group goes with it, its wait status (4 bytes, native order) is written to `status_fd`, and
+/// the keeper stays, reaping, while what the command detached (`setsid`, a daemon) runs on:
+/// those still count to the unit's participant, and are ended when it is stopped. Without (the
+/// terminal's program): once ARGV ends, whatever the unit still runs is ended and the keeper
+/// exits as ARGV did.
+pub fn exec_as(uid: u32, argv: &[String], status_fd: Option<i32>) -> i32 {
     use std::os::unix::process::CommandExt as _;
     let Some((prog, args)) = argv.split_first() else {
         return 64;
@@ -134,10 +140,15 @@ pub fn exec_as(uid: u32, argv: &[String]) -> i32 {
         return 71;
     }
     if program == 0 {
-        // SAFETY: as above; restoring dispositions this process set.
+        // SAFETY: as above; restoring dispositions this process set, closing the status
+        // descriptor (the command never holds it), and leading a group the end can kill.
         unsafe {
             for sig in KEEPER_IGNORES {
                 libc::signal(sig, libc::SIG_DFL);
+            }
+            if let Some(fd) = status_fd {
+                libc::close(fd);
+                libc::setsid();
             }
         }
         if become_user(uid).is_err() {
@@ -165,6 +176,20 @@ pub fn exec_as(uid: u32, argv: &[String]) -> i32 {
             return 70;
         }
     };
+    if let Some(fd) = status_fd {
+        // SAFETY: killing the command's own process group (it led one), then writing four
+        // bytes from a local to a descriptor this process owns, and closing it.
+        unsafe {
+            libc::kill(-program, libc::SIGKILL);
+            let bytes = status.to_ne_bytes();
+            libc::write(fd, bytes.as_ptr().cast(), bytes.len());
+            libc::close(fd);
+        }
+        // What it detached runs on under this keeper until it ends (or is stopped).
+        // SAFETY: plain waitpid until no child is left.
+        while unsafe { libc::waitpid(-1, std::ptr::null_mut(), 0) } > 0 {}
+        return 0;
+    }
     units::end_below(std::process::id() as i32);
     // SAFETY: plain waitpid until no child is left (the killed ones, now zombies).
     while unsafe { libc::waitpid(-1, std::ptr::null_mut(), 0) } > 0 {}

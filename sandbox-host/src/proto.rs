@@ -10,7 +10,7 @@ use serde_bytes::ByteBuf;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Protocol version the agent announces in [`Reply::Hello`]; the server refuses any other.
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;
 
 /// Largest frame body either side accepts: a reply carrying a whole file (the API reads up to
 /// 16 MiB) or two captured output streams. Streamed data (terminal output, snapshots, port

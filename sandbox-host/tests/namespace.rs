@@ -474,7 +474,8 @@ async fn taken(actors: &std::sync::Mutex<Vec<String>>, n: usize) -> Vec<String> 
 }
 
 /// Every process runs for someone: a command's whole unit (`setsid`, `nohup`, a double fork)
-/// for its caller, and none of it outlives the command; a terminal job for whoever ended the
+/// for its caller, what it detached too, after the command (and stopped with its caller),
+/// while what stayed in its group ends with it; a terminal job for whoever ended the
 /// line it started after, however it detaches; and stopping a participant ends exactly what
 /// runs for them, the terminal's shell aside.
 #[tokio::test]
@@ -505,16 +506,34 @@ async fn every_process_runs_for_its_participant_and_stops_with_it() {
         assert!(matches!(r, Reply::Exec { exit_code: Some(0), .. }), "{script}: {r:?}");
     }
     assert_eq!(taken(&actors, 4).await, vec!["ana"; 4]);
-    // Nothing a command started outlives it, detached or not.
+    // What a command leaves in its group ends with it; what it detached runs on (a server it
+    // started), still ana's: its connections count to her, and stopping her ends it.
     let r = sb
         .call(
-            as_ana("setsid sleep 1001 & nohup sleep 1002 & (sleep 1003 &) ; echo started".into()),
+            as_ana(format!("setsid sleep 1001 >/dev/null 2>&1 & nohup sleep 1002 >/dev/null 2>&1 & (sleep 1003 &) ; setsid sh -c 'touch /tmp/up; sleep 0.3; {connect}' >/dev/null 2>&1 & while [ ! -e /tmp/up ] || ! pgrep -f '^sleep 1001' >/dev/null; do sleep 0.01; done")),
             T,
         )
         .await
         .unwrap();
     ran(&r);
-    let (_, left, _) = sh(&sb, "pgrep -f 'sleep 100[123]' || echo none").await;
+    let (_, left, _) = sh(&sb, "pgrep -f '^sleep 100[123]' || echo none").await;
+    assert_eq!(left.lines().count(), 1, "{left}");
+    assert_ne!(left, "none\n");
+    assert_eq!(taken(&actors, 1).await, vec!["ana"]);
+    let r = sb
+        .call(
+            Op::StopUnits {
+                actor: "ana".into(),
+            },
+            T,
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(r, Reply::Stopped { processes } if processes >= 1),
+        "{r:?}"
+    );
+    let (_, left, _) = sh(&sb, "pgrep -f '^sleep 100[123]' || echo none").await;
     assert_eq!(left, "none\n");
     // The terminal: lines ended by bo, then by cy.
     let open = Op::PtyOpen {

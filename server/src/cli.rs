@@ -25,9 +25,15 @@ pub fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     // The agent forks into a reaper and a server before any thread exists, so it runs before
     // (and without) the server's runtime.
-    if let Command::Agent { fd, exec_as, argv } = cli.command {
+    if let Command::Agent {
+        fd,
+        exec_as,
+        status_fd,
+        argv,
+    } = cli.command
+    {
         std::process::exit(match (exec_as, fd) {
-            (Some(uid), _) => coderoom_sandbox::agent::exec_as(uid, &argv),
+            (Some(uid), _) => coderoom_sandbox::agent::exec_as(uid, &argv, status_fd),
             (None, Some(fd)) => {
                 coderoom_sandbox::agent::main(coderoom_sandbox::agent::Channel::Fd(fd))
             }

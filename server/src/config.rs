@@ -82,6 +82,10 @@ pub(crate) enum Command {
         /// terminal when it runs as root inside).
         #[arg(long)]
         exec_as: Option<u32>,
+        /// With `--exec-as`: the descriptor the command's wait status is written to (the unit
+        /// keeper then stays while what the command detached runs on).
+        #[arg(long, requires = "exec_as")]
+        status_fd: Option<i32>,
         #[arg(last = true)]
         argv: Vec<String>,
     },

@@ -62,7 +62,7 @@ pub(super) fn open_pty(
     // (the PTY's child is made by portable-pty, which can neither change users nor keep a
     // unit itself).
     let mut cmd = CommandBuilder::new(keeper()?);
-    cmd.args(keeper_args(prog));
+    cmd.args(keeper_args(prog, None));
     cmd.args(args);
     cmd.cwd(WORKSPACE);
     cmd.env_clear();
@@ -167,8 +167,12 @@ pub(super) async fn exec(
     if !on_path(prog, &dir) {
         return Err(AgentError::NotFound);
     }
+    // The keeper tells the command's end on a pipe (its own exit waits for what the command
+    // detached).
+    let (status_rd, status_wr) =
+        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(failed)?;
     let mut cmd = tokio::process::Command::new(keeper()?);
-    cmd.args(keeper_args(prog))
+    cmd.args(keeper_args(prog, Some(STATUS_FD)))
         .args(args)
         .current_dir(&dir)
         .env_clear()
@@ -176,11 +180,25 @@ pub(super) async fn exec(
         .envs(room_env())
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true);
+        .stderr(std::process::Stdio::piped());
+    {
+        use std::os::fd::AsRawFd as _;
+        let wr = status_wr.as_raw_fd();
+        // SAFETY: dup2 only, as the child of a fork may: the write end becomes descriptor 3,
+        // open across the exec (dup2 clears close-on-exec on the copy).
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::dup2(wr, STATUS_FD) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
     let mut child = cmd.spawn().map_err(failed)?;
-    // A unit of its own: its processes' connections out count to `actor`, and none of them
-    // outlives the command.
+    drop(status_wr);
+    // A unit of its own: its processes' connections out count to `actor` for as long as any
+    // of them runs.
     let unit = child.id().map(|pid| Unit::command(pid as i32, actor));
     let stdout = child.stdout.take();
     let stderr = child.stderr.take();
@@ -202,19 +220,27 @@ pub(super) async fn exec(
         }
     };
     let (status, timed_out, was_cancelled) = tokio::select! {
-        waited = tokio::time::timeout(Duration::from_millis(timeout_ms), child.wait()) => match waited {
-            Ok(s) => (s.ok(), false, false),
+        waited = tokio::time::timeout(Duration::from_millis(timeout_ms), ended(status_rd)) => match waited {
+            Ok(s) => (s, false, false),
             Err(_) => (None, true, false),
         },
         () = cancel => (None, false, true),
     };
-    // Stopped before its end: whatever it runs goes (its keeper then ends, as it does by
-    // itself after a command that ended, ending what that left running).
-    if let (Some(keeper), true) = (unit.as_ref().map(Unit::keeper), timed_out || was_cancelled) {
-        let _ = tokio::task::spawn_blocking(move || super::units::end_below(keeper)).await;
-    }
+    let keeper_pid = unit.as_ref().map(Unit::keeper);
     if timed_out || was_cancelled {
+        // Stopped before its end: the whole unit goes, detached or not; its keeper then ends.
+        if let Some(keeper) = keeper_pid {
+            let _ = tokio::task::spawn_blocking(move || super::units::end_below(keeper)).await;
+        }
         let _ = child.wait().await;
+        drop(unit);
+    } else {
+        // What it detached runs on, still its caller's, until it ends or is stopped: the
+        // unit is forgotten when its keeper exits.
+        tokio::spawn(async move {
+            let _ = child.wait().await;
+            drop(unit);
+        });
     }
     if was_cancelled {
         return Err(AgentError::Cancelled);
@@ -230,12 +256,27 @@ pub(super) async fn exec(
         .and_then(Result::ok)
         .unwrap_or_default();
     Ok(Reply::Exec {
-        exit_code: status.and_then(|s| s.code()),
+        exit_code: status
+            .filter(|s| libc::WIFEXITED(*s))
+            .map(|s| libc::WEXITSTATUS(s)),
         stdout: stdout.into(),
         stderr: stderr.into(),
         truncated: t1 || t2,
         timed_out,
     })
+}
+
+/// Where a command's keeper writes its wait status.
+const STATUS_FD: i32 = 3;
+
+/// The command's wait status, as its keeper writes it once the command ends (`None`: the
+/// keeper ended without saying, so the command was killed with it).
+async fn ended(status: std::os::fd::OwnedFd) -> Option<i32> {
+    use tokio::io::AsyncReadExt as _;
+    let mut pipe = tokio::net::unix::pipe::Receiver::from_owned_fd(status).ok()?;
+    let mut bytes = [0u8; 4];
+    pipe.read_exact(&mut bytes).await.ok()?;
+    Some(i32::from_ne_bytes(bytes))
 }
 
 /// The unit keeper: this binary, as it was started.
@@ -247,18 +288,17 @@ fn keeper() -> Result<PathBuf, AgentError> {
 }
 
 /// The keeper's arguments up to `prog` (room code's user: its own when the agent is not root).
-fn keeper_args(prog: &str) -> Vec<String> {
+fn keeper_args(prog: &str, status_fd: Option<i32>) -> Vec<String> {
     let uid = room_uid().unwrap_or_else(|| rustix::process::getuid().as_raw());
     let mut args = SELF_COMMAND
         .get()
         .map(|(_, a)| a.clone())
         .unwrap_or_default();
-    args.extend([
-        "--exec-as".into(),
-        uid.to_string(),
-        "--".into(),
-        prog.into(),
-    ]);
+    args.extend(["--exec-as".into(), uid.to_string()]);
+    if let Some(fd) = status_fd {
+        args.extend(["--status-fd".into(), fd.to_string()]);
+    }
+    args.extend(["--".into(), prog.into()]);
     args
 }
 
