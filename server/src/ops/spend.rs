@@ -189,8 +189,11 @@ async fn reached_one(app: Ops, r: Reached) {
         reason: message.clone(),
     };
     app.sandboxes.notice(&room_id, event).await;
-    if let Some(agent) = &r.agent {
-        // An agent out of budget runs nothing more: what it started stops.
+    // An agent out of egress or model tokens (charged after the fact, as they are used) has
+    // what it started stopped: its code uses no more. Commands and tool calls are charged
+    // before they run, so the one that reached the budget was allowed and goes on; the next
+    // is refused.
+    if let (Some(agent), Meter::EgressBytes | Meter::ModelTokens) = (&r.agent, r.exhausted.meter) {
         app.stop_units(&room_id, agent, "its budget ran out").await;
     }
     if r.agent.is_none() && r.exhausted.meter == Meter::SandboxSeconds {
