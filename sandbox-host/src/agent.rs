@@ -165,16 +165,8 @@ pub fn exec_as(uid: u32, argv: &[String], status_fd: Option<i32>) -> i32 {
         // SAFETY: as above.
         unsafe { libc::_exit(code) };
     }
-    let status = loop {
-        let mut status = 0;
-        // SAFETY: plain waitpid on any child with a valid out-pointer.
-        let pid = unsafe { libc::waitpid(-1, &mut status, 0) };
-        if pid == program {
-            break status;
-        }
-        if pid < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD) {
-            return 70;
-        }
+    let Some(status) = reap_all_until(program) else {
+        return 70;
     };
     if let Some(fd) = status_fd {
         // SAFETY: killing the command's own process group (it led one), then writing four
@@ -186,13 +178,12 @@ pub fn exec_as(uid: u32, argv: &[String], status_fd: Option<i32>) -> i32 {
             libc::close(fd);
         }
         // What it detached runs on under this keeper until it ends (or is stopped).
-        // SAFETY: plain waitpid until no child is left.
-        while unsafe { libc::waitpid(-1, std::ptr::null_mut(), 0) } > 0 {}
+        reap_rest();
         return 0;
     }
     units::end_below(std::process::id() as i32);
-    // SAFETY: plain waitpid until no child is left (the killed ones, now zombies).
-    while unsafe { libc::waitpid(-1, std::ptr::null_mut(), 0) } > 0 {}
+    // The killed ones, now zombies.
+    reap_rest();
     if libc::WIFSIGNALED(status) {
         let sig = libc::WTERMSIG(status);
         // SAFETY: restores a default disposition and signals this process, as its program
@@ -298,19 +289,31 @@ pub fn main(channel: Channel) -> i32 {
 
 /// PID 1's loop: reap every child, and exit with the serving agent's status when it ends.
 fn reap_until(main_child: libc::pid_t) -> i32 {
+    match reap_all_until(main_child) {
+        Some(status) if libc::WIFEXITED(status) => libc::WEXITSTATUS(status),
+        Some(status) => 128 + libc::WTERMSIG(status),
+        None => 1,
+    }
+}
+
+/// Reaps every child until none is left.
+fn reap_rest() {
+    // SAFETY: plain waitpid on any child, its status not kept.
+    while unsafe { libc::waitpid(-1, std::ptr::null_mut(), 0) } > 0 {}
+}
+
+/// Reaps every child (orphans included) until `main_child` ends: its wait status, or `None`
+/// once there is no child left to wait for.
+fn reap_all_until(main_child: libc::pid_t) -> Option<i32> {
     loop {
         let mut status = 0;
         // SAFETY: plain waitpid on any child with a valid out-pointer.
         let pid = unsafe { libc::waitpid(-1, &mut status, 0) };
         if pid == main_child {
-            return if libc::WIFEXITED(status) {
-                libc::WEXITSTATUS(status)
-            } else {
-                128 + libc::WTERMSIG(status)
-            };
+            return Some(status);
         }
         if pid < 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD) {
-            return 1;
+            return None;
         }
     }
 }

@@ -130,11 +130,12 @@ fn freeze_and_kill(member: impl Fn(&Table, i32) -> bool) -> usize {
     let mut stopped: HashSet<i32> = HashSet::new();
     for _ in 0..MAX_ROUNDS {
         let table = Table::read();
+        let keepers: HashSet<i32> = units().keys().copied().collect();
         let new: Vec<i32> = table
             .procs
             .keys()
             .copied()
-            .filter(|&p| p != me && !stopped.contains(&p) && !units().contains_key(&p))
+            .filter(|&p| p != me && !stopped.contains(&p) && !keepers.contains(&p))
             .filter(|&p| member(&table, p) || table.chain(p).any(|a| stopped.contains(&a)))
             .collect();
         if new.is_empty() {

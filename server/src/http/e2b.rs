@@ -252,12 +252,7 @@ async fn create(
             ))
         }
     };
-    let (room, actor) = caller.room(&app, &room).await?;
-    if app.ops.may_start_sandbox(&room, &actor).await {
-        app.ops.start_sandbox(&room, &actor).await?;
-    }
-    let (session, token) = open_session(&app, &room, &caller.user, &asked)?;
-    Ok((StatusCode::CREATED, Json(created(&room, &session, &token))).into_response())
+    attach(&app, &caller, &room, &asked).await
 }
 
 /// `POST /v2/sandboxes/{id}/connect`: the caller's session in that room, made or extended.
@@ -268,11 +263,20 @@ async fn reconnect(
     body: axum::body::Bytes,
 ) -> Result<Response, PlaneError> {
     let asked: Create = serde_json::from_slice(&body).unwrap_or_default();
-    let (room, actor) = caller.room(&app, &id).await?;
-    if app.ops.may_start_sandbox(&room, &actor).await {
-        app.ops.start_sandbox(&room, &actor).await?;
-    }
-    let (session, token) = open_session(&app, &room, &caller.user, &asked)?;
+    attach(&app, &caller, &id, &asked).await
+}
+
+/// The caller's session in room `id` (its sandbox started when the caller may start it),
+/// answered as the create call's 201.
+async fn attach(
+    app: &AppState,
+    caller: &E2bCaller,
+    id: &str,
+    asked: &Create,
+) -> Result<Response, PlaneError> {
+    let (room, actor) = caller.room(app, id).await?;
+    app.ops.attach_sandbox(&room, &actor).await?;
+    let (session, token) = open_session(app, &room, &caller.user, asked)?;
     Ok((StatusCode::CREATED, Json(created(&room, &session, &token))).into_response())
 }
 

@@ -186,9 +186,7 @@ impl Ops {
             .map_err(OpError::spent_approval)?;
         Ok(())
     }
-}
 
-impl Ops {
     /// Waits at most `wait` for approval `id` to be decided: a door whose callers cannot be
     /// told "ask again later" (an MCP tool call, an E2B command) holds the call meanwhile.
     pub(crate) async fn wait_for_decision(

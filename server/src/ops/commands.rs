@@ -396,13 +396,7 @@ impl Ops {
                     Err(RecvError::Lagged(_)) => {}
                     Err(RecvError::Closed) => return,
                 }
-                let may = match ops.rights(&room, &actor, cap).await {
-                    Ok((rights, _)) => rights.may_act(ops.now_ms()),
-                    Err(OpError::NotFound) => false,
-                    // Storage cannot say now: the command goes on until the next change.
-                    Err(_) => true,
-                };
-                if !may {
+                if !ops.may_still(&room, &actor, cap).await {
                     tracing::info!(room = %room, user = %actor.id, right = cap.as_str(), "a call's caller lost the right to make it; stopping it");
                     switch.cancel();
                     return;
@@ -445,15 +439,19 @@ impl Ops {
         let Ok(actor) = self.actor(user, "").await else {
             return;
         };
-        let may = match self.rights(room_id, &actor, Capability::Type).await {
-            Ok((rights, _)) => rights.may_act(self.now_ms()),
-            Err(OpError::NotFound) => false,
-            // Storage cannot say now: nothing is stopped on a guess.
-            Err(_) => true,
-        };
-        if !may {
+        if !self.may_still(room_id, &actor, Capability::Type).await {
             self.stop_units(room_id, user, "its right to run commands ended")
                 .await;
+        }
+    }
+
+    /// Whether `actor` may still use `cap` in the room, as every door decides it; when storage
+    /// cannot say now, yes (nothing is stopped on a guess: the next change looks again).
+    async fn may_still(&self, room_id: &RoomId, actor: &Actor, cap: Capability) -> bool {
+        match self.rights(room_id, actor, cap).await {
+            Ok((rights, _)) => rights.may_act(self.now_ms()),
+            Err(OpError::NotFound) => false,
+            Err(_) => true,
         }
     }
 

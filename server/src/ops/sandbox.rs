@@ -42,6 +42,20 @@ impl Ops {
         Ok(self.sandboxes.stop(room_id, proof.actor()).await?)
     }
 
+    /// Attaches `actor` to the room's sandbox (an E2B "create"): started, as
+    /// [`Ops::start_sandbox`] does, when the actor may start it; anyone else finds what is
+    /// there (a stopped sandbox stays stopped), as with the terminal and files.
+    pub(crate) async fn attach_sandbox(
+        &self,
+        room_id: &RoomId,
+        actor: &Actor,
+    ) -> Result<(), OpError> {
+        if self.may_start_sandbox(room_id, actor).await {
+            self.start_sandbox(room_id, actor).await?;
+        }
+        Ok(())
+    }
+
     /// Whether `actor` may start the sandbox now, asked without recording anything (a viewer
     /// opening the terminal attempts nothing): the same rights as [`Ops::start_sandbox`].
     pub(crate) async fn may_start_sandbox(&self, room_id: &RoomId, actor: &Actor) -> bool {

@@ -5,6 +5,7 @@
 use super::connect::{self, Code, ConnectError};
 use super::{rfc3339, workspace_path, EnvdCaller};
 use crate::http::{ApiError, AppState};
+use crate::ops::OpError;
 use axum::extract::{Path, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -47,13 +48,13 @@ async fn answer(
     req: &Value,
 ) -> Result<Value, ConnectError> {
     let (room, actor) = (&caller.room, &caller.actor);
-    let reply = match method {
+    let refused = |e: OpError| ConnectError::from(ApiError::from(e));
+    match method {
         "Stat" => {
             let path = path_of(req, "path")?;
-            let make = |path| Op::Stat { path };
-            app.ops
-                .entry_op(room, actor, (&path, Capability::Observe), make)
-                .await
+            Ok(entry_json(
+                &describe(app, caller, &path).await.map_err(refused)?,
+            ))
         }
         "ListDir" => {
             let path = path_of(req, "path")?;
@@ -62,24 +63,39 @@ async fn answer(
                 .and_then(Value::as_u64)
                 .map_or(1, |d| u32::try_from(d.max(1)).unwrap_or(u32::MAX));
             let make = |path| Op::ListDir { path, depth };
-            app.ops
+            let reply = app
+                .ops
                 .entry_op(room, actor, (&path, Capability::Observe), make)
                 .await
+                .map_err(refused)?;
+            Ok(match reply {
+                Reply::Entries { entries, .. } => {
+                    json!({ "entries": entries.iter().map(entry_info).collect::<Vec<_>>() })
+                }
+                _ => json!({}),
+            })
         }
+        // What was made or moved is described afresh (nothing, if it cannot be).
         "MakeDir" => {
             let path = path_of(req, "path")?;
             let make = |path| Op::MakeDir { path };
             app.ops
                 .file_op(room, actor, (&path, Capability::Edit, None), make)
                 .await
-                .map(|_| Reply::Entry(blank(path)))
+                .map_err(refused)?;
+            Ok(describe(app, caller, &path)
+                .await
+                .map_or(json!({}), |r| entry_json(&r)))
         }
         "Move" => {
             let (from, to) = (path_of(req, "source")?, path_of(req, "destination")?);
             app.ops
                 .move_entry(room, actor, &from, &to)
                 .await
-                .map(|_| Reply::Entry(blank(to)))
+                .map_err(refused)?;
+            Ok(describe(app, caller, &to)
+                .await
+                .map_or(json!({}), |r| entry_json(&r)))
         }
         "Remove" => {
             let path = path_of(req, "path")?;
@@ -87,50 +103,37 @@ async fn answer(
             app.ops
                 .file_op(room, actor, (&path, Capability::Edit, None), make)
                 .await
+                .map_err(refused)?;
+            Ok(json!({}))
         }
-        _ => {
-            return Err(ConnectError::new(
-                Code::Unimplemented,
-                format!(
-                    "filesystem.Filesystem/{} is not supported by this server (see docs/e2b.md)",
-                    method.chars().take(60).collect::<String>()
-                ),
-            ))
-        }
-    };
-    let reply = reply.map_err(|e| ConnectError::from(ApiError::from(e)))?;
-    Ok(match (method, reply) {
-        ("ListDir", Reply::Entries { entries, .. }) => {
-            json!({ "entries": entries.iter().map(entry_info).collect::<Vec<_>>() })
-        }
-        ("MakeDir" | "Move", Reply::Entry(e)) => {
-            // What was made or moved, described afresh.
-            let make = |path| Op::Stat { path };
-            match app
-                .ops
-                .entry_op(room, actor, (&e.path, Capability::Observe), make)
-                .await
-            {
-                Ok(Reply::Entry(found)) => json!({ "entry": entry_info(&found) }),
-                _ => json!({ "entry": entry_info(&e) }),
-            }
-        }
-        (_, Reply::Entry(e)) => json!({ "entry": entry_info(&e) }),
-        _ => json!({}),
-    })
+        _ => Err(ConnectError::new(
+            Code::Unimplemented,
+            format!(
+                "filesystem.Filesystem/{} is not supported by this server (see docs/e2b.md)",
+                method.chars().take(60).collect::<String>()
+            ),
+        )),
+    }
 }
 
-/// An entry known only by its path (described afresh once made).
-fn blank(path: String) -> Entry {
-    Entry {
-        path,
-        kind: EntryKind::Dir,
-        size: 0,
-        mode: 0o755,
-        uid: 0,
-        gid: 0,
-        mtime_ns: 0,
-        target: None,
+/// What is at workspace path `path` (`Stat`, needing `observe`).
+async fn describe(app: &AppState, caller: &EnvdCaller, path: &str) -> Result<Reply, OpError> {
+    let make = |path| Op::Stat { path };
+    app.ops
+        .entry_op(
+            &caller.room,
+            &caller.actor,
+            (path, Capability::Observe),
+            make,
+        )
+        .await
+}
+
+/// A `Stat`-shaped answer: `{"entry": EntryInfo}`, or nothing for another reply.
+fn entry_json(reply: &Reply) -> Value {
+    match reply {
+        Reply::Entry(e) => json!({ "entry": entry_info(e) }),
+        _ => json!({}),
     }
 }
 
