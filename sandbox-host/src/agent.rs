@@ -149,6 +149,11 @@ pub fn exec_as(uid: u32, argv: &[String], status_fd: Option<i32>) -> i32 {
             if let Some(fd) = status_fd {
                 libc::close(fd);
                 libc::setsid();
+                // A command on a terminal of its own: it is the session's controlling
+                // terminal, so the program gets its job control and its ^C.
+                if libc::isatty(0) == 1 {
+                    libc::ioctl(0, libc::TIOCSCTTY, 0);
+                }
             }
         }
         if become_user(uid).is_err() {
@@ -345,8 +350,14 @@ struct State {
     running: Running,
 }
 
-/// Running commands' cancel switches, by request id.
-type Running = Arc<Mutex<HashMap<u64, tokio::sync::oneshot::Sender<()>>>>;
+/// Running commands, by request id: their cancel switches, and where [`Op::RunInput`] for
+/// them goes (a command started with input).
+type Running = Arc<Mutex<HashMap<u64, Started>>>;
+
+struct Started {
+    cancel: tokio::sync::oneshot::Sender<()>,
+    input: Option<mpsc::Sender<proto::RunInput>>,
+}
 
 /// Open connections' write queues by stream id, shared with the egress forwarder.
 type Streams = Arc<Mutex<HashMap<u32, Carried>>>;
@@ -585,6 +596,8 @@ async fn handle(state: &mut State, req: Request) {
                 envs: Vec::new(),
                 timeout_ms,
                 actor,
+                stdin: false,
+                pty: None,
             };
             start_command(state, id, cmd, run::Output::Kept(max_output as usize));
         }
@@ -594,6 +607,8 @@ async fn handle(state: &mut State, req: Request) {
             envs,
             timeout_ms,
             actor,
+            stdin,
+            pty,
         } => {
             if !proto::run_envs_ok(&envs) {
                 let bad = AgentError::Invalid("bad environment variables".into());
@@ -606,6 +621,8 @@ async fn handle(state: &mut State, req: Request) {
                 envs,
                 timeout_ms,
                 actor,
+                stdin,
+                pty,
             };
             let output = run::Output::Streamed {
                 out: state.out.clone(),
@@ -613,14 +630,26 @@ async fn handle(state: &mut State, req: Request) {
             };
             start_command(state, id, cmd, output);
         }
+        Op::RunInput { id: which, input } => {
+            let to = state
+                .running
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(&which)
+                .and_then(|s| s.input.clone());
+            // A full queue means the command is not reading; dropping keeps us bounded.
+            if let Some(to) = to {
+                let _ = to.try_send(input);
+            }
+        }
         Op::Cancel { id: which } => {
-            let switch = state
+            let started = state
                 .running
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .remove(&which);
-            if let Some(switch) = switch {
-                let _ = switch.send(());
+            if let Some(started) = started {
+                let _ = started.cancel.send(());
             }
         }
         // File operations run beside the loop: a slow one (a huge directory, a stuck file
@@ -728,13 +757,19 @@ async fn handle(state: &mut State, req: Request) {
 fn start_command(state: &State, id: u64, cmd: run::Cmd, output: run::Output) {
     let out = state.out.clone();
     let (cancel, cancelled) = tokio::sync::oneshot::channel();
+    let (input, input_rx) = if cmd.stdin || cmd.pty.is_some() {
+        let (tx, rx) = mpsc::channel(run::INPUT_QUEUE);
+        (Some(tx), Some(rx))
+    } else {
+        (None, None)
+    };
     let running = state.running.clone();
     running
         .lock()
         .unwrap_or_else(|e| e.into_inner())
-        .insert(id, cancel);
+        .insert(id, Started { cancel, input });
     tokio::spawn(async move {
-        let r = exec(cmd, output, cancelled).await;
+        let r = exec(cmd, output, input_rx, cancelled).await;
         running
             .lock()
             .unwrap_or_else(|e| e.into_inner())

@@ -354,18 +354,21 @@ impl Sandbox {
     /// [`Sandbox::call_until`] for an [`Op::Run`]: the command's output chunks go to `output`
     /// as they come (each a stream number, 1 or 2, then the bytes); one that finds `output`
     /// full is dropped, so a reader that falls behind loses output but holds up nothing else.
+    ///
+    /// What `input` yields goes to the command as [`Op::RunInput`] while it runs.
     pub async fn call_streaming(
         &self,
         op: Op,
         within: Duration,
         output: mpsc::Sender<Vec<u8>>,
+        input: Option<mpsc::Receiver<crate::proto::RunInput>>,
         stop: impl std::future::Future<Output = ()>,
     ) -> Result<Reply, CallError> {
         let chunks = Chunks {
             sink: output,
             lossy: true,
         };
-        self.call_with_chunks(op, within, Some(chunks), stop).await
+        self.call_fed(op, within, Some(chunks), input, stop).await
     }
 
     async fn call_with_chunks(
@@ -373,6 +376,17 @@ impl Sandbox {
         op: Op,
         within: Duration,
         chunks: Option<Chunks>,
+        stop: impl std::future::Future<Output = ()>,
+    ) -> Result<Reply, CallError> {
+        self.call_fed(op, within, chunks, None, stop).await
+    }
+
+    async fn call_fed(
+        &self,
+        op: Op,
+        within: Duration,
+        chunks: Option<Chunks>,
+        mut input: Option<mpsc::Receiver<crate::proto::RunInput>>,
         stop: impl std::future::Future<Output = ()>,
     ) -> Result<Reply, CallError> {
         let (id, rx) = self.register(chunks)?;
@@ -383,20 +397,32 @@ impl Sandbox {
                 return Err(CallError::Agent(AgentError::TooLarge));
             }
         };
-        let answered = tokio::time::timeout(within, async {
-            self.inner
-                .requests
-                .send(frame)
-                .await
-                .map_err(|_| CallError::Gone)?;
-            rx.await.map_err(|_| CallError::Gone)
-        });
-        let result = tokio::select! {
-            r = answered => r,
-            () = stop => {
-                self.forget(id);
-                let _ = self.send(Op::Cancel { id }).await;
-                return Err(CallError::Cancelled);
+        // Sent before anything else is (input for it must reach the agent after it).
+        let deadline = tokio::time::Instant::now() + within;
+        let sent = tokio::time::timeout_at(deadline, self.inner.requests.send(frame)).await;
+        let answered = async {
+            match sent {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return Ok(Err(CallError::Gone)),
+                Err(e) => return Err(e),
+            }
+            tokio::time::timeout_at(deadline, async { rx.await.map_err(|_| CallError::Gone) }).await
+        };
+        tokio::pin!(answered, stop);
+        let result = loop {
+            tokio::select! {
+                r = &mut answered => break r,
+                () = &mut stop => {
+                    self.forget(id);
+                    let _ = self.send(Op::Cancel { id }).await;
+                    return Err(CallError::Cancelled);
+                }
+                given = async { input.as_mut()?.recv().await }, if input.is_some() => match given {
+                    Some(given) => {
+                        let _ = self.send(Op::RunInput { id, input: given }).await;
+                    }
+                    None => input = None,
+                },
             }
         };
         self.forget(id);

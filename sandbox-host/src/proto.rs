@@ -10,7 +10,7 @@ use serde_bytes::ByteBuf;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Protocol version the agent announces in [`Reply::Hello`]; the server refuses any other.
-pub const PROTOCOL_VERSION: u32 = 7;
+pub const PROTOCOL_VERSION: u32 = 8;
 
 /// Largest frame body either side accepts: a reply carrying a whole file (the API reads up to
 /// 16 MiB) or two captured output streams. Streamed data (terminal output, snapshots, port
@@ -199,6 +199,19 @@ pub enum Op {
         timeout_ms: u64,
         /// Whom it runs for (see [`Op::Exec`]).
         actor: String,
+        /// Its standard input is a pipe fed by [`Op::RunInput`] (otherwise it reads as empty).
+        stdin: bool,
+        /// It runs on a terminal of its own of this size (columns, rows): its output comes as
+        /// chunks whose first byte is 3, and its input, when `stdin`, is typed into it.
+        pty: Option<(u16, u16)>,
+    },
+    /// Input for the command of request `id` (an [`Op::Run`] still running). No reply; for a
+    /// request that is not running it is dropped.
+    RunInput {
+        /// The request whose command it is for.
+        id: u64,
+        /// What.
+        input: RunInput,
     },
     /// What `path` is (the workspace itself when empty); a symlink is described, not followed.
     Stat {
@@ -232,6 +245,24 @@ pub enum Op {
         actor: String,
     },
 }
+
+/// Input for a running [`Op::Run`].
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub enum RunInput {
+    /// Bytes for its standard input (or typed into its terminal).
+    Data(ByteBuf),
+    /// Its standard input ends (a terminal's stays open: its program reads on).
+    Close,
+    /// Its terminal's new size (columns, rows).
+    Resize(u16, u16),
+}
+
+/// The first byte of an [`Op::Run`]'s output chunk: which stream it is from.
+pub const RUN_STDOUT: u8 = 1;
+/// See [`RUN_STDOUT`].
+pub const RUN_STDERR: u8 = 2;
+/// See [`RUN_STDOUT`]: the command's terminal.
+pub const RUN_PTY: u8 = 3;
 
 /// The trust bundle room code's TLS clients are pointed at (`SSL_CERT_FILE` and friends): the
 /// system's roots, plus the room's egress authority once [`Op::Egress`] names it.

@@ -7,4 +7,4 @@ pub(crate) mod hosts;
 pub(crate) mod snapshots;
 pub(crate) mod supervisor;
 
-pub(crate) use supervisor::{Deps, SandboxError, SandboxStatus, Sandboxes};
+pub(crate) use supervisor::{Deps, SandboxError, SandboxStatus, Sandboxes, Streamed};

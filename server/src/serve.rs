@@ -187,6 +187,8 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         )),
         e2b: Arc::default(),
         e2b_running: Arc::default(),
+        e2b_watchers: Arc::default(),
+        e2b_kernels: Arc::default(),
     };
     crate::http::e2b::start_sweeper(state.clone());
     // What other servers on the same PostgreSQL announce (scale-out).

@@ -62,6 +62,17 @@ async fn agent_key(t: &Room, name: &str, caps: &str) -> String {
     a["token"].as_str().unwrap().to_owned()
 }
 
+/// Commands typed in the room (into the terminal or into commands' input) as its audit log
+/// counts them.
+async fn typed_commands(server: &Server, token: &str, room: &str) -> u64 {
+    audit(server, token, room)
+        .await
+        .iter()
+        .filter(|r| r["action"] == "run_command" && r["details"]["terminal"] == true)
+        .map(|r| r["details"]["commands"].as_u64().unwrap())
+        .sum()
+}
+
 /// The SDK's Python, a team's room (kept with its storage) and an agent's key that may
 /// observe, edit and type there; `None` when the SDK is missing (reported skipped).
 async fn harnessed() -> Option<(String, Storage, Room, String)> {
@@ -332,6 +343,250 @@ print(json.dumps(out))
             "{name}: {out}"
         );
     }
+}
+
+/// A command's standard input (`stdin=True`, `send_stdin`, `close_stdin`), attaching to a
+/// running command (`commands.connect`: its output from then on, and its end), and a PTY
+/// (`pty.create`, `resize`, keys typed with `send_stdin`: the shell in it sees the new size
+/// and runs what was typed; `kill`), through the stock SDK. What the agent typed was charged
+/// as commands, one per line, as at the room's terminal.
+#[tokio::test]
+async fn the_sdk_feeds_commands_and_drives_ptys() {
+    let Some((python, _storage, t, key)) = harnessed().await else {
+        return;
+    };
+    let (server, room) = (&t.server, &t.room);
+    let script = r#"
+import json, time
+from e2b import Sandbox, CommandExitException
+from e2b.sandbox.commands.command_handle import PtySize
+sbx = Sandbox.create()
+out = {}
+h = sbx.commands.run("cat; echo done >&2", background=True, stdin=True)
+sbx.commands.send_stdin(h.pid, "hello\n")
+sbx.commands.send_stdin(h.pid, "world\n")
+sbx.commands.close_stdin(h.pid)
+r = h.wait()
+out["cat"] = [r.stdout, r.stderr, r.exit_code]
+try:
+    sbx.commands.send_stdin(sbx.commands.run("sleep 5", background=True).pid, "x")
+    out["no_stdin"] = "sent"
+except Exception as e:
+    out["no_stdin"] = type(e).__name__
+h2 = sbx.commands.run("echo one; sleep 1.5; echo two; exit 3", background=True)
+time.sleep(0.5)
+c = sbx.commands.connect(h2.pid)
+try:
+    c.wait()
+    out["connected"] = "exit 0"
+except CommandExitException as e:
+    out["connected"] = [e.stdout, e.exit_code]
+p = sbx.pty.create(PtySize(rows=24, cols=80))
+sbx.pty.resize(p.pid, PtySize(rows=30, cols=100))
+sbx.pty.send_stdin(p.pid, b"stty size; echo $((6*7))x\n")
+seen = ""
+deadline = time.time() + 30
+for _, _, data in p:
+    if data:
+        seen += data.decode(errors="replace")
+    if "30 100" in seen and "42x" in seen or time.time() > deadline:
+        break
+out["pty"] = ["30 100" in seen, "42x" in seen]
+out["pty_listed"] = any(x.pid == p.pid for x in sbx.commands.list())
+out["pty_killed"] = sbx.pty.kill(p.pid)
+print(json.dumps(out))
+"#;
+    let out = harness(&python, server, &key, script).await;
+    assert_eq!(
+        out["cat"],
+        serde_json::json!(["hello\nworld\n", "done\n", 0]),
+        "{out}"
+    );
+    assert!(
+        out["no_stdin"].as_str().unwrap().ends_with("Exception"),
+        "{out}"
+    );
+    assert_eq!(out["connected"], serde_json::json!(["two\n", 3]), "{out}");
+    assert_eq!(out["pty"], serde_json::json!([true, true]), "{out}");
+    assert_eq!(out["pty_listed"], true, "{out}");
+    assert_eq!(out["pty_killed"], true, "{out}");
+    // The PTY's shell is gone with its unit.
+    let (_, v) = exec(server, &t.ana, room, "pgrep -f 'bash -[i] -l' || echo none").await;
+    assert_eq!(v["stdout"], "none\n", "{v}");
+    // Each line the agent typed (the two into `cat`, the one into the PTY) was decided and
+    // charged as a command typed at a terminal is.
+    let typed = typed_commands(server, &t.ana, room).await;
+    assert_eq!(typed, 3);
+}
+
+/// `files.watch_dir`, both ways the SDKs watch: the sync SDK's watcher (`CreateWatcher`, then
+/// `GetWatcherEvents`) and the async SDK's stream (`WatchDir`). What the agent writes, renames
+/// and removes, and what its commands do to the workspace, are its events, named relative to the
+/// watched directory; a recursive watch sees below it.
+#[tokio::test]
+async fn the_sdk_watches_the_workspace() {
+    let Some((python, _storage, t, key)) = harnessed().await else {
+        return;
+    };
+    let (server, room) = (&t.server, &t.room);
+    let script = r#"
+import json, time, asyncio
+from e2b import Sandbox, AsyncSandbox
+sbx = Sandbox.create()
+sbx.files.make_dir("/home/user/src/deep")
+w = sbx.files.watch_dir("/home/user/src")
+r = sbx.files.watch_dir("/home/user", recursive=True)
+sbx.files.write("/home/user/src/a.txt", "a")
+sbx.files.write("/home/user/src/deep/b.txt", "b")
+sbx.commands.run("touch src/c.txt")
+def drain(watcher, want):
+    seen = []
+    deadline = time.time() + 20
+    while time.time() < deadline and not all(x in seen for x in want):
+        seen += [[e.name, e.type.name] for e in watcher.get_new_events()]
+        time.sleep(0.2)
+    return seen
+out = {}
+out["flat"] = drain(w, [["a.txt", "CREATE"], ["c.txt", "CREATE"]])
+out["deep"] = drain(r, [["src/deep/b.txt", "CREATE"]])
+sbx.files.rename("/home/user/src/a.txt", "/home/user/src/a2.txt")
+sbx.files.remove("/home/user/src/c.txt")
+out["flat2"] = drain(w, [["a.txt", "REMOVE"], ["a2.txt", "CREATE"], ["c.txt", "REMOVE"]])
+w.stop()
+r.stop()
+try:
+    w.get_new_events()
+    out["after_stop"] = "events"
+except Exception as e:
+    out["after_stop"] = type(e).__name__
+
+async def stream():
+    a = await AsyncSandbox.connect(sbx.sandbox_id)
+    got = []
+    h = await a.files.watch_dir("/home/user/src", lambda e: got.append([e.name, e.type.name]))
+    await a.files.write("/home/user/src/s.txt", "s")
+    for _ in range(100):
+        if ["s.txt", "CREATE"] in got:
+            break
+        await asyncio.sleep(0.2)
+    await h.stop()
+    return got
+out["stream"] = asyncio.run(stream())
+print(json.dumps(out))
+"#;
+    let out = harness(&python, server, &key, script).await;
+    let has = |list: &str, name: &str, kind: &str| {
+        out[list]
+            .as_array()
+            .unwrap()
+            .contains(&serde_json::json!([name, kind]))
+    };
+    assert!(has("flat", "a.txt", "CREATE"), "{out}");
+    assert!(has("flat", "c.txt", "CREATE"), "{out}");
+    // Not recursive: what is below `deep` is not its business.
+    assert!(!has("flat", "deep/b.txt", "CREATE"), "{out}");
+    assert!(has("deep", "src/deep/b.txt", "CREATE"), "{out}");
+    assert!(has("flat2", "a.txt", "REMOVE"), "{out}");
+    assert!(has("flat2", "a2.txt", "CREATE"), "{out}");
+    assert!(has("flat2", "c.txt", "REMOVE"), "{out}");
+    assert!(
+        out["after_stop"].as_str().unwrap().ends_with("Exception"),
+        "{out}"
+    );
+    assert!(has("stream", "s.txt", "CREATE"), "{out}");
+    let _ = room;
+}
+
+/// `e2b_code_interpreter`'s `run_code`: Python inside the room's sandbox, stateful (a name
+/// defined in one call is there in the next), stdout and stderr streamed as printed, the last
+/// expression's value as the result's `text`, an exception as `error` (name, value,
+/// traceback), `envs`, and separate contexts (created, listed, restarted: names gone,
+/// removed). Each cell was decided and charged as a command the agent typed. An observe-only
+/// agent's `run_code` is refused with the SDK's exception; `kill()` ends the interpreter.
+#[tokio::test]
+async fn the_code_interpreter_runs_python_statefully() {
+    let Some((python, _storage, t, key)) = harnessed().await else {
+        return;
+    };
+    let (server, room) = (&t.server, &t.room);
+    let script = r#"
+import json, time
+from e2b_code_interpreter import Sandbox
+sbx = Sandbox.create()
+out = {}
+e = sbx.run_code("x = 41\nprint('hi')\nx + 1")
+out["first"] = [e.logs.stdout, e.text, e.error is None]
+out["state"] = sbx.run_code("x * 2").text
+e = sbx.run_code("import sys\nprint('oops', file=sys.stderr)\n1/0")
+out["error"] = [e.error.name, e.error.value, "ZeroDivisionError" in e.error.traceback, e.logs.stderr]
+seen = []
+sbx.run_code("import time\nfor i in range(3):\n    print(i)\n    time.sleep(0.7)",
+             on_stdout=lambda m: seen.append(time.time()))
+out["spread"] = seen[-1] - seen[0] if len(seen) >= 2 else 0
+out["env"] = sbx.run_code("import os\nos.environ.get('GREETING')", envs={"GREETING": "hey"}).text
+ctx = sbx.create_code_context()
+sbx.run_code("y = 5", context=ctx)
+out["contexts"] = [sbx.run_code("y", context=ctx).text,
+                   sbx.run_code("'y' in globals()").text,
+                   sorted(c.id == ctx.id for c in sbx.list_code_contexts())]
+sbx.restart_code_context(ctx)
+out["restarted"] = sbx.run_code("'y' in globals()", context=ctx).text
+sbx.remove_code_context(ctx)
+out["after_remove"] = [c.id for c in sbx.list_code_contexts()] == ["default"] or len(sbx.list_code_contexts())
+print(json.dumps(out))
+"#;
+    let out = harness(&python, server, &key, script).await;
+    assert_eq!(
+        out["first"],
+        serde_json::json!([["hi\n"], "42", true]),
+        "{out}"
+    );
+    assert_eq!(out["state"], "82", "{out}");
+    assert_eq!(
+        out["error"],
+        serde_json::json!(["ZeroDivisionError", "division by zero", true, ["oops\n"]]),
+        "{out}"
+    );
+    // Printed 0.7 s apart, seen apart: streamed, not sent at the end.
+    assert!(out["spread"].as_f64().unwrap() > 1.0, "{out}");
+    assert_eq!(out["env"], "'hey'", "{out}");
+    assert_eq!(
+        out["contexts"],
+        serde_json::json!(["5", "False", [false, true]]),
+        "{out}"
+    );
+    assert_eq!(out["restarted"], "False", "{out}");
+    assert_eq!(out["after_remove"], true, "{out}");
+    // Each cell, one line typed into the interpreter, was decided and charged as a command.
+    let typed = typed_commands(server, &t.ana, room).await;
+    assert_eq!(typed, 9);
+
+    let watcher = agent_key(&t, "watcher", r#"["observe"]"#).await;
+    let script = r#"
+import json
+from e2b_code_interpreter import Sandbox
+sbx = Sandbox.create()
+try:
+    sbx.run_code("1 + 1")
+    out = "ran"
+except Exception as e:
+    out = type(e).__name__
+print(json.dumps({"run": out}))
+"#;
+    let out = harness(&python, server, &watcher, script).await;
+    assert!(out["run"].as_str().unwrap().ends_with("Exception"), "{out}");
+
+    let script = r#"
+import json
+from e2b_code_interpreter import Sandbox
+sbx = Sandbox.create()
+sbx.run_code("z = 1")
+sbx.kill()
+sbx = Sandbox.create()
+print(json.dumps({"z": sbx.run_code("'z' in globals()").text}))
+"#;
+    let out = harness(&python, server, &key, script).await;
+    assert_eq!(out["z"], "False", "{out}");
 }
 
 /// The pending approval of a command whose argv holds `needle`, once someone can see it.

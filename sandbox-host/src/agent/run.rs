@@ -8,7 +8,7 @@ use crate::path::WorkspacePath;
 use crate::proto::{self, AgentError, Message, Reply};
 use portable_pty::CommandBuilder;
 use serde_bytes::ByteBuf;
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd as _, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::io::AsyncReadExt as _;
@@ -132,7 +132,14 @@ pub(super) struct Cmd {
     pub(super) envs: Vec<(String, String)>,
     pub(super) timeout_ms: u64,
     pub(super) actor: String,
+    /// Its standard input is fed by [`Op::RunInput`](crate::proto::Op::RunInput).
+    pub(super) stdin: bool,
+    /// It runs on a terminal of its own, this many columns and rows.
+    pub(super) pty: Option<(u16, u16)>,
 }
+
+/// Input chunks queued for a command before more are dropped.
+pub(super) const INPUT_QUEUE: usize = 256;
 
 /// What becomes of a command's output.
 pub(super) enum Output {
@@ -145,6 +152,7 @@ pub(super) enum Output {
 pub(super) async fn exec(
     cmd: Cmd,
     output: Output,
+    input: Option<tokio::sync::mpsc::Receiver<proto::RunInput>>,
     cancelled: tokio::sync::oneshot::Receiver<()>,
 ) -> Result<Reply, AgentError> {
     let Cmd {
@@ -153,6 +161,8 @@ pub(super) async fn exec(
         envs,
         timeout_ms,
         actor,
+        stdin,
+        pty,
     } = cmd;
     let Some((prog, args)) = argv.split_first() else {
         return Err(AgentError::Invalid("empty argv".into()));
@@ -177,10 +187,34 @@ pub(super) async fn exec(
         .current_dir(&dir)
         .env_clear()
         .envs(envs)
-        .envs(room_env())
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped());
+        .envs(room_env());
+    // Its terminal's master end, when it runs on one.
+    let master = match pty {
+        Some((cols, rows)) => {
+            let (master, slave) = open_terminal(cols, rows)?;
+            let dup = |fd: &OwnedFd| {
+                fd.try_clone()
+                    .map(std::process::Stdio::from)
+                    .map_err(failed)
+            };
+            cmd.stdin(dup(&slave)?)
+                .stdout(dup(&slave)?)
+                .stderr(std::process::Stdio::from(slave));
+            cmd.env("TERM", "xterm-256color");
+            Some(master)
+        }
+        None => {
+            let stdin = if stdin {
+                std::process::Stdio::piped()
+            } else {
+                std::process::Stdio::null()
+            };
+            cmd.stdin(stdin)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped());
+            None
+        }
+    };
     {
         use std::os::fd::AsRawFd as _;
         let wr = status_wr.as_raw_fd();
@@ -196,11 +230,22 @@ pub(super) async fn exec(
         }
     }
     let mut child = cmd.spawn().map_err(failed)?;
+    // Our copies of the terminal's slave end go: its output ends when the command's do.
+    drop(cmd);
     drop(status_wr);
     // A unit of its own: its processes' connections out count to `actor` for as long as any
     // of them runs.
     let unit = child.id().map(|pid| Unit::command(pid as i32, actor));
-    let stdout = child.stdout.take();
+    let (stdout, terminal) = match &master {
+        Some(m) => {
+            let reader = m.try_clone().map_err(failed)?;
+            (
+                None,
+                Some(tokio::fs::File::from_std(std::fs::File::from(reader))),
+            )
+        }
+        None => (child.stdout.take(), None),
+    };
     let stderr = child.stderr.take();
     let (out_task, err_task) = match &output {
         Output::Kept(max) => (
@@ -208,10 +253,26 @@ pub(super) async fn exec(
             tokio::spawn(capture(stderr, *max, None)),
         ),
         Output::Streamed { out, id } => (
-            tokio::spawn(capture(stdout, 0, Some((out.clone(), *id, 1)))),
-            tokio::spawn(capture(stderr, 0, Some((out.clone(), *id, 2)))),
+            match terminal {
+                Some(t) => tokio::spawn(capture(
+                    Some(t),
+                    0,
+                    Some((out.clone(), *id, proto::RUN_PTY)),
+                )),
+                None => tokio::spawn(capture(
+                    stdout,
+                    0,
+                    Some((out.clone(), *id, proto::RUN_STDOUT)),
+                )),
+            },
+            tokio::spawn(capture(
+                stderr,
+                0,
+                Some((out.clone(), *id, proto::RUN_STDERR)),
+            )),
         ),
     };
+    let feeding = input.map(|input| tokio::spawn(feed(input, child.stdin.take(), master)));
     // Until it exits, its time runs out, or the control plane ends it ([`Op::Cancel`]; a
     // dropped switch, the request forgotten, is no cancel).
     let cancel = async {
@@ -242,6 +303,9 @@ pub(super) async fn exec(
             drop(unit);
         });
     }
+    if let Some(feeding) = feeding {
+        feeding.abort();
+    }
     if was_cancelled {
         return Err(AgentError::Cancelled);
     }
@@ -264,6 +328,85 @@ pub(super) async fn exec(
         truncated: t1 || t2,
         timed_out,
     })
+}
+
+/// A terminal's size, within bounds.
+fn winsize(cols: u16, rows: u16) -> libc::winsize {
+    let sized = size(cols, rows);
+    libc::winsize {
+        ws_row: sized.rows,
+        ws_col: sized.cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    }
+}
+
+/// A terminal of `cols` x `rows` for a command: its master and slave ends.
+fn open_terminal(cols: u16, rows: u16) -> Result<(OwnedFd, OwnedFd), AgentError> {
+    use std::os::fd::FromRawFd as _;
+    let winsize = winsize(cols, rows);
+    let (mut master, mut slave) = (-1, -1);
+    // SAFETY: openpty writes two descriptors it opened into the locals; `winsize` is read only.
+    let r = unsafe {
+        libc::openpty(
+            &mut master,
+            &mut slave,
+            std::ptr::null_mut(),
+            std::ptr::null(),
+            &winsize,
+        )
+    };
+    if r != 0 {
+        return Err(failed(std::io::Error::last_os_error()));
+    }
+    // SAFETY: both descriptors were just opened by openpty and are owned by nothing else.
+    let (master, slave) = unsafe { (OwnedFd::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    for fd in [&master, &slave] {
+        let _ = rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::CLOEXEC);
+    }
+    no_xoff(master.as_raw_fd());
+    Ok((master, slave))
+}
+
+/// Hands [`Op::RunInput`](crate::proto::Op::RunInput) to a command: its standard input, or
+/// its terminal (typed into it, resized).
+async fn feed(
+    mut input: tokio::sync::mpsc::Receiver<proto::RunInput>,
+    mut stdin: Option<tokio::process::ChildStdin>,
+    master: Option<OwnedFd>,
+) {
+    use tokio::io::AsyncWriteExt as _;
+    let mut terminal = match &master {
+        Some(m) => m
+            .try_clone()
+            .ok()
+            .map(|fd| tokio::fs::File::from_std(std::fs::File::from(fd))),
+        None => None,
+    };
+    while let Some(what) = input.recv().await {
+        match what {
+            proto::RunInput::Data(data) => {
+                let wrote = match (&mut terminal, &mut stdin) {
+                    (Some(t), _) => t.write_all(&data).await.and(t.flush().await),
+                    (None, Some(s)) => s.write_all(&data).await,
+                    (None, None) => Ok(()),
+                };
+                if wrote.is_err() {
+                    // It stopped reading (it ended, or closed its input): no more to give.
+                    stdin = None;
+                    terminal = None;
+                }
+            }
+            proto::RunInput::Close => stdin = None,
+            proto::RunInput::Resize(cols, rows) => {
+                if let Some(m) = &master {
+                    let winsize = winsize(cols, rows);
+                    // SAFETY: TIOCSWINSZ on a terminal master this task holds, reading a local.
+                    unsafe { libc::ioctl(m.as_raw_fd(), libc::TIOCSWINSZ, &winsize) };
+                }
+            }
+        }
+    }
 }
 
 /// Where a command's keeper writes its wait status.

@@ -16,9 +16,13 @@
 
 mod connect;
 mod filesystem;
+mod interpreter;
 mod process;
+mod watch;
 
+pub(crate) use interpreter::Kernels;
 pub(crate) use process::Running;
+pub(crate) use watch::Watchers;
 
 use crate::http::extract::{token_user, AuthUser};
 use crate::http::{ApiError, AppState};
@@ -39,9 +43,9 @@ use std::sync::Mutex;
 mod files;
 
 /// The envd version this door answers: the features it implements (the SDKs compare it: stdin
-/// 0.3.0, a default user 0.4.0, closing stdin 0.5.2, octet-stream uploads 0.5.7). Below 0.3.0
-/// the SDK sends the user and uploads multipart, which is what is served.
-const ENVD_VERSION: &str = "0.2.0";
+/// 0.3.0, a default user 0.4.0, closing stdin 0.5.2, octet-stream uploads 0.5.7; not file
+/// metadata, 0.6.2, nor entry info in watch events, 0.6.3).
+const ENVD_VERSION: &str = "0.5.7";
 /// A session's life when the create call names none (E2B's default), and the longest.
 const DEFAULT_TIMEOUT_S: u64 = 300;
 const MAX_TIMEOUT_S: u64 = 24 * 3600;
@@ -58,6 +62,8 @@ pub(crate) fn routes() -> Router<AppState> {
         .route("/api/e2b/envd/health", get(health))
         .merge(files::routes())
         .merge(process::routes())
+        .merge(watch::routes())
+        .merge(interpreter::routes())
         .merge(filesystem::routes())
         .route("/api/e2b/envd/{service}/{method}", post(unimplemented))
 }
@@ -91,6 +97,13 @@ impl Sessions {
             .iter()
             .find(|(_, s)| s.token_hash == hash && s.end_ms > now_ms)
             .map(|((r, u), s)| (r.clone(), u.clone(), s.email.clone()))
+    }
+
+    /// Whether `user` has a live session in `room`.
+    fn alive(&self, room: &RoomId, user: &str, now_ms: i64) -> bool {
+        self.locked()
+            .get(&(room.clone(), user.to_owned()))
+            .is_some_and(|s| s.end_ms > now_ms)
     }
 
     /// Sessions past their end, taken out.
@@ -324,6 +337,8 @@ fn created(room: &RoomId, session: &Session, token: &str) -> Value {
         "clientID": "coderoom",
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": token,
+        // What the code interpreter's calls carry (they send no envd token).
+        "trafficAccessToken": token,
     })
 }
 
@@ -476,7 +491,10 @@ impl FromRequestParts<AppState> for EnvdCaller {
                 "no live sandbox session for this access token: create or connect the sandbox",
             )
         };
-        let token = header("x-access-token").ok_or_else(unauthenticated)?;
+        // The code interpreter's calls carry the session's token as the traffic token.
+        let token = header("x-access-token")
+            .or_else(|| header("e2b-traffic-access-token"))
+            .ok_or_else(unauthenticated)?;
         let hash = crate::accounts::sessions::hash_token(token.trim());
         let (room, user, email) = state
             .e2b

@@ -40,4 +40,10 @@ pub(crate) struct AppState {
     /// The E2B door's running commands, by the pid it gave them.
     #[from_ref(skip)]
     pub e2b_running: Arc<crate::http::e2b::Running>,
+    /// E2B directory watchers (the sync SDK's), by id.
+    #[from_ref(skip)]
+    pub e2b_watchers: Arc<crate::http::e2b::Watchers>,
+    /// E2B code interpreters, by room, user and context.
+    #[from_ref(skip)]
+    pub e2b_kernels: Arc<crate::http::e2b::Kernels>,
 }

@@ -44,7 +44,18 @@ pub(crate) struct Command {
     pub(crate) started: Option<std::sync::Arc<tokio::sync::Notify>>,
     /// Its caller's kill switch: cancelled, the command's unit ends and it answers as killed.
     pub(crate) kill: Option<tokio_util::sync::CancellationToken>,
+    /// It takes input while it runs (with `output` only): what arrives here is its standard
+    /// input, or keys typed into its terminal. Whoever feeds it types through
+    /// [`Ops::type_keys`] (the door's own typist), so an agent's lines are decided there.
+    pub(crate) input: Option<InputPort>,
+    /// It runs on a terminal of its own, this many columns and rows (with `output` only).
+    pub(crate) pty: Option<(u16, u16)>,
 }
+
+/// Where a running command's input comes from (taken by the call that runs it).
+pub(crate) type InputPort = std::sync::Arc<
+    std::sync::Mutex<Option<tokio::sync::mpsc::Receiver<coderoom_sandbox::proto::RunInput>>>,
+>;
 
 impl Command {
     /// `argv` in the workspace, with the default timeout, its output kept.
@@ -57,6 +68,8 @@ impl Command {
             output: None,
             started: None,
             kill: None,
+            input: None,
+            pty: None,
         }
     }
 }
@@ -190,6 +203,13 @@ impl Ops {
         if !cmd.envs.is_empty() {
             params["envs"] = json!(cmd.envs);
         }
+        // Whoever approves sees that it takes input (what is typed into it later is decided
+        // as typing is).
+        if let Some((cols, rows)) = cmd.pty {
+            params["terminal"] = json!([cols, rows]);
+        } else if cmd.input.is_some() {
+            params["stdin"] = json!(true);
+        }
         let params = params.to_string();
         let approval = self.presented(room_id, approval_id).await?;
         let action = Action::RunCommand { params, approval };
@@ -236,9 +256,15 @@ impl Ops {
                     envs: cmd.envs,
                     timeout_ms,
                     actor: actor_id,
+                    stdin: cmd.input.is_some(),
+                    pty: cmd.pty,
+                };
+                let streamed = crate::sandbox::Streamed {
+                    output,
+                    input: cmd.input.unwrap_or_default(),
                 };
                 self.sandboxes
-                    .op_streaming(room_id, op, within, &lapsed.stop, output)
+                    .op_streaming(room_id, op, within, &lapsed.stop, streamed)
                     .await
             }
         };

@@ -17,6 +17,7 @@ use crate::terminal::lines::{LineScanner, INTERRUPT};
 use crate::terminal::Hub;
 use bytes::Bytes;
 use coderoom_authz::{Action, Capability};
+use coderoom_sandbox::proto::RunInput;
 use serde_json::json;
 use std::time::Duration;
 
@@ -32,8 +33,7 @@ pub(crate) struct Typist {
     pub(crate) actor: Actor,
     /// How the typist's keys are attributed in the terminal and its recording.
     name: String,
-    hub: Hub,
-    viewer: u64,
+    seat: Seat,
     scanner: LineScanner,
     /// An agent in approval mode: its line so far, not yet typed.
     held: Vec<u8>,
@@ -53,13 +53,31 @@ pub(crate) enum Typed {
     Pending(String),
 }
 
+/// Where a typist's keys go.
+enum Seat {
+    /// The room's shared terminal, through the floor.
+    Terminal { hub: Hub, viewer: u64 },
+    /// A command of the typist's own that takes input (its standard input or its terminal).
+    Command(tokio::sync::mpsc::Sender<RunInput>),
+}
+
 impl Typist {
     pub(crate) fn new(actor: Actor, hub: Hub, viewer: u64) -> Typist {
+        Typist::at(actor, Seat::Terminal { hub, viewer })
+    }
+
+    /// Typing into a command of the typist's own that runs with input (`to` feeds it): the
+    /// same decisions as at the room's terminal (an agent's lines charged as commands, and in
+    /// approval mode each one typed only once approved).
+    pub(crate) fn at_command(actor: Actor, to: tokio::sync::mpsc::Sender<RunInput>) -> Typist {
+        Typist::at(actor, Seat::Command(to))
+    }
+
+    fn at(actor: Actor, seat: Seat) -> Typist {
         Typist {
             name: actor.email.clone(),
             actor,
-            hub,
-            viewer,
+            seat,
             scanner: LineScanner::default(),
             held: Vec::new(),
             denials: Denials::default(),
@@ -73,9 +91,15 @@ impl Typist {
     }
 
     async fn send(&self, data: Bytes) {
-        self.hub
-            .input(self.viewer, (&self.actor.id, &self.name), data)
-            .await;
+        match &self.seat {
+            Seat::Terminal { hub, viewer } => {
+                hub.input(*viewer, (&self.actor.id, &self.name), data).await;
+            }
+            Seat::Command(to) => {
+                // A command that ended, or is not reading, takes no more.
+                let _ = to.send(RunInput::Data(data.to_vec().into())).await;
+            }
+        }
     }
 }
 
@@ -222,9 +246,9 @@ impl Ops {
     /// The typist is done: refusals not yet recorded are.
     pub(crate) async fn leave_terminal(&self, room_id: &RoomId, mut typist: Typist) {
         self.record_denials(room_id, &mut typist).await;
-        self.sandboxes
-            .leave(room_id, &typist.hub, typist.viewer)
-            .await;
+        if let Seat::Terminal { hub, viewer } = &typist.seat {
+            self.sandboxes.leave(room_id, hub, *viewer).await;
+        }
     }
 
     async fn record_denials(&self, room_id: &RoomId, typist: &mut Typist) {

@@ -18,7 +18,7 @@ use crate::ids::RoomId;
 use crate::sandbox::snapshots::{Meta, Snapshots};
 use crate::store::{SandboxRow, SandboxState, Store, StoreError};
 use crate::terminal::{Hub, Joined, TermEvent};
-use coderoom_sandbox::proto::{Op, Reply};
+use coderoom_sandbox::proto::{Op, Reply, RunInput};
 use coderoom_sandbox::{Backend, CallError, Ended, Receipt, Sandbox};
 use serde::Serialize;
 use serde_json::Value;
@@ -178,6 +178,21 @@ pub(crate) enum SandboxError {
     Budget(crate::spend::Exhausted),
 }
 
+/// An [`Op::Run`]'s ends on this side: where its output goes as it is printed, and where its
+/// input (standard input, terminal keys and size) comes from, taken by the one call that runs
+/// it.
+#[derive(Clone, Debug)]
+pub(crate) struct Streamed {
+    pub(crate) output: tokio::sync::mpsc::Sender<Vec<u8>>,
+    pub(crate) input: Arc<std::sync::Mutex<Option<tokio::sync::mpsc::Receiver<RunInput>>>>,
+}
+
+impl Streamed {
+    pub(super) fn take_input(&self) -> Option<tokio::sync::mpsc::Receiver<RunInput>> {
+        self.input.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+}
+
 enum Cmd {
     Op {
         op: Op,
@@ -187,8 +202,8 @@ enum Cmd {
         peek: bool,
         /// Ends the command when cancelled (its caller lost the right to run it).
         stop: Option<tokio_util::sync::CancellationToken>,
-        /// Where an [`Op::Run`]'s output goes as it is printed.
-        output: Option<tokio::sync::mpsc::Sender<Vec<u8>>>,
+        /// Where an [`Op::Run`]'s output goes as it is printed, and its input comes from.
+        output: Option<Streamed>,
         reply: oneshot::Sender<Result<Reply, SandboxError>>,
     },
     Status {
@@ -416,14 +431,14 @@ impl Sandboxes {
     }
 
     /// [`Sandboxes::op_until`] for an [`Op::Run`]: its output chunks go to `output` as they
-    /// come (see `Sandbox::call_streaming`).
+    /// come, and its input comes from it (see `Sandbox::call_streaming`).
     pub(crate) async fn op_streaming(
         &self,
         room_id: &RoomId,
         op: Op,
         within: Duration,
         stop: &tokio_util::sync::CancellationToken,
-        output: tokio::sync::mpsc::Sender<Vec<u8>>,
+        output: Streamed,
     ) -> Result<Reply, SandboxError> {
         self.run_op(room_id, op, within, false, Some(stop), Some(output))
             .await
@@ -436,7 +451,7 @@ impl Sandboxes {
         within: Duration,
         peek: bool,
         stop: Option<&tokio_util::sync::CancellationToken>,
-        output: Option<tokio::sync::mpsc::Sender<Vec<u8>>>,
+        output: Option<Streamed>,
     ) -> Result<Reply, SandboxError> {
         let op = Arc::new(op);
         self.ask(room_id, |reply| Cmd::Op {

@@ -191,6 +191,46 @@ pub(crate) fn streaming(frames: tokio::sync::mpsc::Receiver<Bytes>) -> Response 
         .into_response()
 }
 
+/// Reads a client stream's messages (enveloped, as [`enveloped`] reads one) as they arrive.
+pub(crate) struct FrameReader {
+    body: axum::body::BodyDataStream,
+    buf: BytesMut,
+}
+
+impl FrameReader {
+    pub(crate) fn new(body: axum::body::Body) -> FrameReader {
+        FrameReader {
+            body: body.into_data_stream(),
+            buf: BytesMut::new(),
+        }
+    }
+
+    /// The next message, or `None` once the client's stream ended between messages.
+    pub(crate) async fn next(&mut self) -> Result<Option<Value>, ConnectError> {
+        use futures_util::StreamExt as _;
+        let bad = |why: &str| ConnectError::new(Code::InvalidArgument, why);
+        loop {
+            if self.buf.len() >= 5 {
+                let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]])
+                    as usize;
+                if len > MAX_MESSAGE {
+                    return Err(bad("a message of the stream is too large"));
+                }
+                if self.buf.len() >= 5 + len {
+                    let frame = self.buf.split_to(5 + len);
+                    return enveloped(&frame).map(Some);
+                }
+            }
+            match self.body.next().await {
+                Some(Ok(chunk)) => self.buf.extend_from_slice(&chunk),
+                Some(Err(_)) => return Err(bad("the request stream broke off")),
+                None if self.buf.is_empty() => return Ok(None),
+                None => return Err(bad("the request stream ended inside a message")),
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -215,9 +215,16 @@ impl Actor {
                 }
                 tokio::spawn(async move {
                     let r = match (stop, output) {
-                        (Some(stop), Some(output)) => {
+                        (Some(stop), Some(streamed)) => {
+                            let input = streamed.take_input();
                             sandbox
-                                .call_streaming(op, within, output, stop.cancelled_owned())
+                                .call_streaming(
+                                    op,
+                                    within,
+                                    streamed.output,
+                                    input,
+                                    stop.cancelled_owned(),
+                                )
                                 .await
                         }
                         (Some(stop), None) => {
