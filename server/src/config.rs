@@ -401,6 +401,13 @@ pub(crate) struct ServeArgs {
     /// certificate, on another host than the app). Previews are off without it.
     #[arg(long, env = "CODEROOM_PREVIEW_URL")]
     pub preview_url: Option<String>,
+    /// The E2B SDKs' own address shape (`docs/e2b.md`): with `e2b.example.com`, a harness sets
+    /// only `E2B_API_KEY` and `E2B_DOMAIN=e2b.example.com`; `api.e2b.example.com` is the
+    /// control plane, `49983-{room}.e2b.example.com` a room's envd, `{port}-{room}....` its
+    /// ports (`get_host`). Wildcard DNS and a wildcard certificate for it point at this server
+    /// (TLS ends at the proxy in front, as for previews). Off without it.
+    #[arg(long, env = "CODEROOM_E2B_DOMAIN")]
+    pub e2b_domain: Option<String>,
     /// Where the preview origin listens (default: 127.0.0.1 and the port of `--preview-url`).
     #[arg(long, env = "CODEROOM_PREVIEW_LISTEN")]
     pub preview_listen: Option<String>,

@@ -46,7 +46,7 @@ const MAX_API_BODY: usize = 64 << 10;
 
 /// Every route of the server.
 pub(crate) fn router(state: AppState) -> Router {
-    Router::new()
+    let routes = Router::new()
         .merge(login::routes(&state))
         .merge(health::routes())
         .merge(rooms::routes())
@@ -80,5 +80,9 @@ pub(crate) fn router(state: AppState) -> Router {
             state.clone(),
             forward::to_owner,
         ))
-        .with_state(state)
+        .with_state(state.clone());
+    // The E2B SDKs' own host shape is mapped onto the routes above before they are matched.
+    Router::new()
+        .fallback_service(routes)
+        .layer(axum::middleware::from_fn_with_state(state, e2b::wildcard))
 }

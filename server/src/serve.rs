@@ -166,6 +166,10 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         data_dir: args.storage.data_dir.clone(),
         limits: limits.clone(),
     });
+    let e2b = Arc::new(crate::http::e2b::Sessions::for_domain(
+        args.e2b_domain.as_deref(),
+        &public_origin,
+    )?);
     let state = AppState {
         ops,
         metrics,
@@ -185,7 +189,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 bandwidth: args.preview_bandwidth,
             },
         )),
-        e2b: Arc::default(),
+        e2b,
         e2b_running: Arc::default(),
         e2b_watchers: Arc::default(),
         e2b_kernels: Arc::default(),

@@ -589,6 +589,112 @@ print(json.dumps({"z": sbx.run_code("'z' in globals()").text}))
     assert_eq!(out["z"], "False", "{out}");
 }
 
+/// The control plane's other calls, through the stock SDK: `Sandbox.connect(id)` (a fresh
+/// access token: the old one opens nothing), `get_info()`, `Sandbox.list()`, `set_timeout()`
+/// (the session's end moves), and a session that times out ends what it ran.
+#[tokio::test]
+async fn connect_info_list_and_timeouts_work_through_the_sdk() {
+    let Some((python, _storage, t, key)) = harnessed().await else {
+        return;
+    };
+    let (server, room) = (&t.server, &t.room);
+    let script = r#"
+import json, time
+from datetime import datetime
+from e2b import Sandbox
+sbx = Sandbox.create(timeout=120)
+out = {}
+info = sbx.get_info()
+out["info"] = [info.sandbox_id, info.state.value if hasattr(info.state, "value") else str(info.state)]
+out["life"] = round((info.end_at - info.started_at).total_seconds())
+sbx.set_timeout(600)
+info = sbx.get_info()
+out["life_after"] = round((info.end_at - datetime.now(info.end_at.tzinfo)).total_seconds())
+out["listed"] = [s.sandbox_id for s in Sandbox.list().next_items()]
+again = Sandbox.connect(sbx.sandbox_id)
+out["again"] = again.commands.run("echo connected").stdout
+try:
+    sbx.commands.run("echo old token")
+    out["old_token"] = "worked"
+except Exception as e:
+    out["old_token"] = type(e).__name__
+again.commands.run("sleep 300", background=True)
+again.set_timeout(2)
+print(json.dumps(out))
+"#;
+    let out = harness(&python, server, &key, script).await;
+    assert_eq!(out["info"], serde_json::json!([room, "running"]), "{out}");
+    assert_eq!(out["life"], 120, "{out}");
+    let after = out["life_after"].as_i64().unwrap();
+    assert!((590..=600).contains(&after), "{out}");
+    assert_eq!(out["listed"], serde_json::json!([room]), "{out}");
+    assert_eq!(out["again"], "connected\n", "{out}");
+    assert!(
+        out["old_token"].as_str().unwrap().ends_with("Exception"),
+        "{out}"
+    );
+    // What the door does not serve says so (never the app's pages).
+    let pause = format!("/api/e2b/sandboxes/{room}/pause");
+    let (status, body) = post(server, &key, &pause, "{}").await;
+    assert_eq!(status, 501, "{body}");
+    assert!(body.to_string().contains("not supported"), "{body}");
+    // The session timed out: what it ran goes, the room's sandbox does not.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, v) = exec(server, &t.ana, room, "pgrep -f 'sleep 30[0]' || echo none").await;
+        if v["stdout"] == "none\n" {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "still running: {v}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// `get_host(port)` with the URL variables: the app's own host is the sandboxes' domain, and
+/// `{port}-{room}.<host>` is that port of the room's sandbox under the preview rules: nobody
+/// without the session's token reaches a port that is not public; the session does (as a room
+/// preview, made for it: the agent holds `publish`).
+#[tokio::test]
+async fn get_host_names_a_port_the_session_reaches() {
+    let Some(python) = sdk_python() else {
+        return;
+    };
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let t = team(&storage).await;
+    let key = agent_key(&t, "harness", r#"["observe","edit","type","publish"]"#).await;
+    let (server, room) = (&t.server, &t.room);
+    let script = r#"
+import json, os, time, httpx
+from e2b import Sandbox
+sbx = Sandbox.create()
+sbx.files.write("/home/user/site/hello.txt", "served\n")
+sbx.commands.run("cd site && exec python3 -m http.server 3000 --bind 127.0.0.1", background=True)
+host = sbx.get_host(3000)
+base = os.environ["E2B_API_URL"].rsplit("/api/e2b", 1)[0]
+def get(headers):
+    for _ in range(100):
+        r = httpx.get(base + "/hello.txt", headers={"Host": host, **headers})
+        if r.status_code not in (502, 503):
+            return [r.status_code, r.text]
+        time.sleep(0.2)
+    return ["never up"]
+out = {"host": host, "stranger": get({})[0],
+       "mine": get({"E2B-Traffic-Access-Token": sbx.traffic_access_token})}
+print(json.dumps(out))
+"#;
+    let out = harness(&python, server, &key, script).await;
+    let authority = server
+        .url("")
+        .split("://")
+        .nth(1)
+        .unwrap()
+        .trim_end_matches('/')
+        .to_owned();
+    assert_eq!(out["host"], format!("3000-{room}.{authority}"), "{out}");
+    assert_eq!(out["stranger"], 403, "{out}");
+    assert_eq!(out["mine"], serde_json::json!([200, "served\n"]), "{out}");
+}
+
 /// The pending approval of a command whose argv holds `needle`, once someone can see it.
 async fn pending_command(t: &Room, needle: &str) -> String {
     let path = format!("/api/rooms/{}/approvals", t.room);

@@ -66,6 +66,17 @@ pub(crate) fn routes() -> Router<AppState> {
         .merge(interpreter::routes())
         .merge(filesystem::routes())
         .route("/api/e2b/envd/{service}/{method}", post(unimplemented))
+        .route("/api/e2b/{*rest}", axum::routing::any(plane_unimplemented))
+}
+
+/// A control-plane call this door does not serve (pausing, snapshots, metrics, templates...):
+/// a 501 that says so (never the app's pages).
+async fn plane_unimplemented(Path(rest): Path<String>) -> PlaneError {
+    let name: String = rest.chars().take(100).collect();
+    PlaneError(
+        StatusCode::NOT_IMPLEMENTED,
+        format!("/{name} is not supported by this server (see docs/e2b.md)"),
+    )
 }
 
 /// Callers' sessions in rooms, by (room, user): when each started and when it ends, and the
@@ -74,7 +85,17 @@ pub(crate) fn routes() -> Router<AppState> {
 #[derive(Default)]
 pub(crate) struct Sessions {
     all: Mutex<HashMap<(RoomId, String), Session>>,
+    /// `--e2b-domain` was given: its hosts are the door's alone.
+    explicit: bool,
+    /// The sandboxes' domain (lowercase, no port): `--e2b-domain`, else the app's host.
+    domain: String,
+    /// What create answers as `domain` (the SDKs build `{port}-{id}.{domain}` from it): the
+    /// domain, with the app's port when it is the app's host.
+    answered: String,
 }
+
+/// Domains of E2B's own, never answered as a sandbox's domain (the SDK would send there).
+const E2B_DOMAINS: [&str; 3] = ["e2b.app", "e2b.dev", "e2b-staging.dev"];
 
 #[derive(Debug, Clone)]
 struct Session {
@@ -87,6 +108,60 @@ struct Session {
 }
 
 impl Sessions {
+    /// Sessions served under `--e2b-domain` `domain` too (checked: a DNS name, not E2B's own,
+    /// not the app's host).
+    pub(crate) fn for_domain(domain: Option<&str>, app_origin: &str) -> anyhow::Result<Sessions> {
+        let authority = app_origin
+            .split_once("://")
+            .map_or(app_origin, |(_, a)| a)
+            .to_ascii_lowercase();
+        let Some(domain) = domain else {
+            let host = authority
+                .rsplit_once(':')
+                .map_or(authority.as_str(), |(h, _)| h);
+            return Ok(Sessions {
+                all: Mutex::default(),
+                explicit: false,
+                domain: host.to_owned(),
+                answered: authority.clone(),
+            });
+        };
+        let domain = domain.trim().trim_end_matches('.').to_ascii_lowercase();
+        let label_ok = |l: &str| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+        };
+        if domain.len() > 200
+            || !domain.contains('.') && domain != "localhost"
+            || !domain.split('.').all(label_ok)
+        {
+            anyhow::bail!("--e2b-domain must be a DNS name like e2b.example.com, not {domain:?}");
+        }
+        if E2B_DOMAINS
+            .iter()
+            .any(|d| domain == *d || domain.ends_with(&format!(".{d}")))
+        {
+            anyhow::bail!("--e2b-domain must be a domain of yours, not E2B's ({domain})");
+        }
+        let app_host = app_origin
+            .split_once("://")
+            .map(|(_, a)| a.rsplit_once(':').map_or(a, |(h, _)| h))
+            .unwrap_or_default()
+            .to_ascii_lowercase();
+        if domain == app_host {
+            anyhow::bail!("--e2b-domain must differ from the app's host ({app_host})");
+        }
+        Ok(Sessions {
+            all: Mutex::default(),
+            explicit: true,
+            answered: domain.clone(),
+            domain,
+        })
+    }
+
     fn locked(&self) -> std::sync::MutexGuard<'_, HashMap<(RoomId, String), Session>> {
         self.all.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -290,7 +365,11 @@ async fn attach(
     let (room, actor) = caller.room(app, id).await?;
     app.ops.attach_sandbox(&room, &actor).await?;
     let (session, token) = open_session(app, &room, &caller.user, asked)?;
-    Ok((StatusCode::CREATED, Json(created(&room, &session, &token))).into_response())
+    Ok((
+        StatusCode::CREATED,
+        Json(created(app, &room, &session, &token)),
+    )
+        .into_response())
 }
 
 /// Opens (or extends) `user`'s session in `room`, with a fresh envd access token.
@@ -330,8 +409,8 @@ fn open_session(
 }
 
 /// The create answer: the room is the sandbox; envd calls carry `token` as `X-Access-Token`.
-fn created(room: &RoomId, session: &Session, token: &str) -> Value {
-    json!({
+fn created(app: &AppState, room: &RoomId, session: &Session, token: &str) -> Value {
+    let mut v = json!({
         "templateID": session.template,
         "sandboxID": room.as_str(),
         "clientID": "coderoom",
@@ -339,7 +418,11 @@ fn created(room: &RoomId, session: &Session, token: &str) -> Value {
         "envdAccessToken": token,
         // What the code interpreter's calls carry (they send no envd token).
         "trafficAccessToken": token,
-    })
+    });
+    // Where the SDK finds the sandbox's envd and ports when no E2B_SANDBOX_URL says (never
+    // left out: the SDK would fall back to E2B's own).
+    v["domain"] = json!(app.e2b.answered);
+    v
 }
 
 /// `GET /sandboxes/{id}`.
@@ -472,6 +555,112 @@ async fn unimplemented(Path((service, method)): Path<(String, String)>) -> Respo
     .into_response()
 }
 
+/// The E2B SDKs' own address shape under `--e2b-domain` D (before routing): `api.D` is the
+/// control plane (`/api/e2b`), `49983-{room}.D` and `49999-{room}.D` the room's envd and code
+/// interpreter (`/api/e2b/envd`, the room named as `E2b-Sandbox-Id`), and `{port}-{room}.D`
+/// another port (`previews::e2b_port`). A request for such a host reaches nothing else.
+/// Without `--e2b-domain` the app's own host plays D for `{port}-{room}.` names only (what
+/// `get_host` answers then; `*.localhost` reaches it from a browser on the same machine).
+pub(crate) async fn wildcard(
+    State(app): State<AppState>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let (domain, explicit) = (app.e2b.domain.as_str(), app.e2b.explicit);
+    if domain.is_empty() {
+        return next.run(req).await;
+    }
+    let host = req
+        .headers()
+        .get(axum::http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| req.uri().host())
+        .unwrap_or_default();
+    let host = host
+        .rsplit_once(':')
+        .map_or(host, |(h, _)| h)
+        .to_ascii_lowercase();
+    let Some(sub) = host
+        .strip_suffix(domain)
+        .and_then(|s| s.strip_suffix('.'))
+        .map(str::to_owned)
+    else {
+        return next.run(req).await;
+    };
+    let not_found =
+        || PlaneError(StatusCode::NOT_FOUND, "no such sandbox host".into()).into_response();
+    if sub == "api" && explicit {
+        return match rewritten(req, "/api/e2b", None) {
+            Some(req) => next.run(req).await,
+            None => not_found(),
+        };
+    }
+    let Some((port, room)) = sub
+        .split_once('-')
+        .and_then(|(p, r)| Some((p.parse::<u16>().ok()?, RoomId::parse(r)?)))
+    else {
+        // Under the app's own host, other names are the app's (`www.`, ...).
+        return if explicit {
+            not_found()
+        } else {
+            next.run(req).await
+        };
+    };
+    if matches!(port, ENVD_PORT | INTERPRETER_PORT) {
+        return match rewritten(req, "/api/e2b/envd", Some(&room)) {
+            Some(req) => next.run(req).await,
+            None => not_found(),
+        };
+    }
+    // Another port: the caller, if the request carries a live session's token for this room.
+    let Some(mut req) = rewritten(req, "", Some(&room)) else {
+        return not_found();
+    };
+    let (mut parts, body) = req.into_parts();
+    let caller = EnvdCaller::from_request_parts(&mut parts, &app)
+        .await
+        .ok()
+        .filter(|c| c.room == room)
+        .map(|c| c.actor);
+    req = axum::extract::Request::from_parts(parts, body);
+    crate::http::previews::e2b_port(&app, &room, port, caller, req)
+        .await
+        .map(axum::body::Body::new)
+}
+
+/// envd's port and the code interpreter's, as the SDKs name them.
+const ENVD_PORT: u16 = 49983;
+const INTERPRETER_PORT: u16 = 49999;
+
+/// `req` with `prefix` before its path, the room named in `E2b-Sandbox-Id` (whatever it
+/// said), and no `Cookie` (the app's session never rides along to a sandbox's host).
+fn rewritten(
+    req: axum::extract::Request,
+    prefix: &str,
+    room: Option<&RoomId>,
+) -> Option<axum::extract::Request> {
+    let (mut parts, body) = req.into_parts();
+    // No way out of the prefix.
+    if parts.uri.path().split('/').any(|s| s == "..") {
+        return None;
+    }
+    let path_and_query = parts
+        .uri
+        .path_and_query()
+        .map_or("/", axum::http::uri::PathAndQuery::as_str);
+    parts.uri = format!("{prefix}{path_and_query}").parse().ok()?;
+    if let Some(room) = room {
+        parts.headers.insert(
+            "e2b-sandbox-id",
+            axum::http::HeaderValue::from_str(room.as_str()).ok()?,
+        );
+    }
+    if !prefix.is_empty() {
+        parts.headers.remove(axum::http::header::COOKIE);
+    }
+    Some(axum::extract::Request::from_parts(parts, body))
+}
+
 /// The caller of an envd call and the room its `E2b-Sandbox-Id` names.
 pub(crate) struct EnvdCaller {
     pub(crate) room: RoomId,
@@ -550,6 +739,33 @@ fn shown(raw: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_sandboxes_domain_is_ours_and_answered_whole() {
+        let d = Sessions::for_domain(None, "http://127.0.0.1:8080").unwrap();
+        assert_eq!(
+            (d.domain.as_str(), d.answered.as_str(), d.explicit),
+            ("127.0.0.1", "127.0.0.1:8080", false)
+        );
+        let d = Sessions::for_domain(Some("E2B.Example.com."), "https://app.example.com").unwrap();
+        assert_eq!(
+            (d.domain.as_str(), d.answered.as_str(), d.explicit),
+            ("e2b.example.com", "e2b.example.com", true)
+        );
+        for bad in [
+            "e2b.app",
+            "x.e2b.dev",
+            "app.example.com",
+            "no_underscores.example",
+            "-a.example",
+            "nodot",
+        ] {
+            assert!(
+                Sessions::for_domain(Some(bad), "https://app.example.com").is_err(),
+                "{bad}"
+            );
+        }
+    }
 
     #[test]
     fn paths_map_into_the_workspace_and_nowhere_else() {

@@ -496,7 +496,7 @@ async fn may_observe(app: &AppState, room_id: &RoomId, user: &str) -> bool {
 
 async fn handle(
     app: &AppState,
-    mut req: hyper::Request<hyper::body::Incoming>,
+    req: hyper::Request<hyper::body::Incoming>,
 ) -> hyper::Response<Body> {
     let host = req
         .headers()
@@ -532,21 +532,10 @@ async fn handle(
         _ => {}
     }
     // A public preview answers at most so many requests a second.
-    let meters = (p.visibility == "public").then(|| app.previews.meters_of(&p.id));
-    if let Some(m) = &meters {
-        if let Err(wait) = m.requests.try_take() {
-            let mut r = page(
-                StatusCode::TOO_MANY_REQUESTS,
-                "This preview is answering too many requests: try again in a moment.",
-                false,
-            );
-            r.headers_mut().insert(
-                hyper::header::RETRY_AFTER,
-                hyper::header::HeaderValue::from(wait.as_secs().max(1)),
-            );
-            return r;
-        }
-    }
+    let meters = match metered(app, &p) {
+        Ok(m) => m,
+        Err(wait) => return too_busy(wait),
+    };
     let mut viewer = None;
     if p.visibility == "room" {
         // The one-time token: traded for this origin's own cookie, then gone from the URL.
@@ -626,6 +615,120 @@ async fn handle(
         }
         viewer = Some(user);
     }
+    proxy(app, &p, viewer, meters, req).await
+}
+
+/// A public preview's meters, once it may answer one more request (a room preview has none);
+/// how long to wait, when it may not.
+fn metered(app: &AppState, p: &PreviewRow) -> Result<Option<Arc<Meters>>, Duration> {
+    if p.visibility != "public" {
+        return Ok(None);
+    }
+    let m = app.previews.meters_of(&p.id);
+    m.requests.try_take()?;
+    Ok(Some(m))
+}
+
+/// The page saying a public preview answers too many requests.
+fn too_busy(wait: Duration) -> hyper::Response<Body> {
+    let mut r = page(
+        StatusCode::TOO_MANY_REQUESTS,
+        "This preview is answering too many requests: try again in a moment.",
+        false,
+    );
+    r.headers_mut().insert(
+        hyper::header::RETRY_AFTER,
+        hyper::header::HeaderValue::from(wait.as_secs().max(1)),
+    );
+    r
+}
+
+/// A room's port at the E2B door's `{port}-{room}.<--e2b-domain>` host (what the SDKs'
+/// `get_host(port)` names), under the preview rules: an active public preview of that port
+/// (approved by someone else) answers anyone; otherwise the caller of a live E2B session
+/// (its token as `E2B-Traffic-Access-Token` or `X-Access-Token`) reaches it as a room preview,
+/// one made for it when there is none (`publish`, recorded like any other).
+pub(crate) async fn e2b_port<B>(
+    app: &AppState,
+    room: &RoomId,
+    port: u16,
+    caller: Option<crate::ops::Actor>,
+    req: hyper::Request<B>,
+) -> hyper::Response<Body>
+where
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    let now = app.ops.clock.now_ms();
+    let rows = match app.ops.store.previews(room).await {
+        Ok(rows) => rows,
+        Err(_) => return page(StatusCode::SERVICE_UNAVAILABLE, "Try again shortly.", true),
+    };
+    let mut active = Vec::new();
+    for p in rows.into_iter().filter(|p| p.port == i64::from(port)) {
+        if let Ok(p) = app.ops.activate_if_approved(p).await {
+            if standing(&p, now) == "active" {
+                active.push(p);
+            }
+        }
+    }
+    if let Some(p) = active.iter().find(|p| p.visibility == "public") {
+        let meters = match metered(app, p) {
+            Ok(m) => m,
+            Err(wait) => return too_busy(wait),
+        };
+        return proxy(app, p, None, meters, req).await;
+    }
+    let Some(actor) = caller else {
+        return page(
+            StatusCode::FORBIDDEN,
+            &format!(
+                "Port {port} of this sandbox is not public: a public preview of it needs \
+                 someone else's approval; the sandbox's own session reaches it with its \
+                 access token."
+            ),
+            false,
+        );
+    };
+    let p = match active.into_iter().find(|p| p.visibility == "room") {
+        Some(p) => p,
+        None => {
+            let new = NewPreview {
+                port,
+                visibility: "room".into(),
+                ttl_s: 3600,
+            };
+            match app.ops.create_preview(room, &actor, new).await {
+                Ok(p) => p,
+                Err(e) => {
+                    let (status, body) = ApiError::from(e).status_and_body();
+                    return page(status, &body.error, false);
+                }
+            }
+        }
+    };
+    if !may_observe(app, room, actor.id.as_str()).await {
+        return page(StatusCode::NOT_FOUND, "No such preview.", false);
+    }
+    proxy(app, &p, Some(actor.id.to_string()), None, req).await
+}
+
+/// Carries one request (and its upgrade, if any) to the preview's port in its room's sandbox,
+/// for `viewer` (a room preview's member, whose rights an open socket keeps checking).
+async fn proxy<B>(
+    app: &AppState,
+    p: &PreviewRow,
+    viewer: Option<String>,
+    meters: Option<Arc<Meters>>,
+    mut req: hyper::Request<B>,
+) -> hyper::Response<Body>
+where
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    let now = app.ops.clock.now_ms();
     let port = u16::try_from(p.port).unwrap_or(0);
     let conn = match app
         .ops
@@ -651,11 +754,8 @@ async fn handle(
             )
         }
     };
-    let Ok((mut sender, connection)) = hyper::client::conn::http1::handshake::<
-        _,
-        hyper::body::Incoming,
-    >(hyper_util::rt::TokioIo::new(conn))
-    .await
+    let Ok((mut sender, connection)) =
+        hyper::client::conn::http1::handshake::<_, B>(hyper_util::rt::TokioIo::new(conn)).await
     else {
         return page(StatusCode::BAD_GATEWAY, "The app did not answer.", true);
     };
