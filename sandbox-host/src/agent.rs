@@ -637,9 +637,19 @@ async fn handle(state: &mut State, req: Request) {
                 .unwrap_or_else(|e| e.into_inner())
                 .get(&which)
                 .and_then(|s| s.input.clone());
-            // A full queue means the command is not reading; dropping keeps us bounded.
             if let Some(to) = to {
-                let _ = to.try_send(input);
+                // The end of its input (and a size) is never lost: it waits its turn after
+                // what is queued, beside the loop. Bytes for a command that is not reading its
+                // input (its queue full) are dropped: the agent stays bounded, as at the
+                // terminal.
+                if let Err(mpsc::error::TrySendError::Full(
+                    input @ (proto::RunInput::Close | proto::RunInput::Resize(..)),
+                )) = to.try_send(input)
+                {
+                    tokio::spawn(async move {
+                        let _ = to.send(input).await;
+                    });
+                }
             }
         }
         Op::Cancel { id: which } => {

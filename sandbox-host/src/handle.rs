@@ -419,7 +419,9 @@ impl Sandbox {
                 }
                 given = async { input.as_mut()?.recv().await }, if input.is_some() => match given {
                     Some(given) => {
-                        let _ = self.send(Op::RunInput { id, input: given }).await;
+                        // Bounded by the call's deadline, as everything else it waits for.
+                        let sent = self.send(Op::RunInput { id, input: given });
+                        let _ = tokio::time::timeout_at(deadline, sent).await;
                     }
                     None => input = None,
                 },

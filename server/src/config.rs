@@ -405,7 +405,8 @@ pub(crate) struct ServeArgs {
     /// only `E2B_API_KEY` and `E2B_DOMAIN=e2b.example.com`; `api.e2b.example.com` is the
     /// control plane, `49983-{room}.e2b.example.com` a room's envd, `{port}-{room}....` its
     /// ports (`get_host`). Wildcard DNS and a wildcard certificate for it point at this server
-    /// (TLS ends at the proxy in front, as for previews). Off without it.
+    /// (TLS ends at the proxy in front, as for previews). Without it, rooms' ports are
+    /// `{port}-{room}.` names of the preview origin (`--preview-url`).
     #[arg(long, env = "CODEROOM_E2B_DOMAIN")]
     pub e2b_domain: Option<String>,
     /// Where the preview origin listens (default: 127.0.0.1 and the port of `--preview-url`).

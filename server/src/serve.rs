@@ -169,6 +169,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let e2b = Arc::new(crate::http::e2b::Sessions::for_domain(
         args.e2b_domain.as_deref(),
         &public_origin,
+        preview_origin.as_ref(),
     )?);
     let state = AppState {
         ops,

@@ -252,6 +252,9 @@ from e2b import Sandbox, CommandExitException
 sbx = Sandbox.create()
 out = {}
 sbx.files.write("/home/user/src/app.py", "x = 1\n")
+sbx.files.write("/home/user/zipped.txt", "sent as gzip\n", gzip=True)
+out["zipped"] = sbx.files.read("/home/user/zipped.txt")
+sbx.files.remove("/home/user/zipped.txt")
 out["made"] = sbx.files.make_dir("/home/user/data/raw")
 out["made_again"] = sbx.files.make_dir("/home/user/data/raw")
 out["list1"] = sorted((e.name, e.type.value, e.path) for e in sbx.files.list("/home/user"))
@@ -283,6 +286,7 @@ out["kill_again"] = sbx.commands.kill(h.pid)
 print(json.dumps(out))
 "#;
     let out = harness(&python, server, &key, script).await;
+    assert_eq!(out["zipped"], "sent as gzip\n", "{out}");
     assert_eq!(out["made"], true, "{out}");
     assert_eq!(out["made_again"], false, "{out}");
     let list1 = serde_json::json!([
@@ -583,10 +587,20 @@ sbx = Sandbox.create()
 sbx.run_code("z = 1")
 sbx.kill()
 sbx = Sandbox.create()
-print(json.dumps({"z": sbx.run_code("'z' in globals()").text}))
+# Two cells at once on a context not yet started: one interpreter runs both.
+import threading
+cells = [threading.Thread(target=sbx.run_code, args=(f"v{n} = {n}",)) for n in range(2)]
+for c in cells: c.start()
+for c in cells: c.join()
+out = {"z": sbx.run_code("'z' in globals()").text}
+out["both"] = sbx.run_code("[n for n in ('v0', 'v1') if n in globals()]").text
+out["contexts"] = len(sbx.list_code_contexts())
+print(json.dumps(out))
 "#;
     let out = harness(&python, server, &key, script).await;
     assert_eq!(out["z"], "False", "{out}");
+    assert_eq!(out["both"], "['v0', 'v1']", "{out}");
+    assert_eq!(out["contexts"], 1, "{out}");
 }
 
 /// The control plane's other calls, through the stock SDK: `Sandbox.connect(id)` (a fresh
@@ -650,49 +664,65 @@ print(json.dumps(out))
     }
 }
 
-/// `get_host(port)` with the URL variables: the app's own host is the sandboxes' domain, and
-/// `{port}-{room}.<host>` is that port of the room's sandbox under the preview rules: nobody
-/// without the session's token reaches a port that is not public; the session does (as a room
-/// preview, made for it: the agent holds `publish`).
+/// `get_host(port)` with the URL variables and previews on: the preview origin is the
+/// sandboxes' domain, and `{port}-{room}.<preview host>` is that port of the room's sandbox
+/// under the preview rules: nobody without the session's token reaches a port that is not
+/// public; the session does (as a room preview, made for it: the agent holds `publish`), and
+/// what listens there never sees the token.
 #[tokio::test]
 async fn get_host_names_a_port_the_session_reaches() {
     let Some(python) = sdk_python() else {
         return;
     };
     let storage = Storage::new(&Backend::Sqlite).await;
-    let t = team(&storage).await;
+    let (t, port) = preview_team(&storage, &[]).await;
     let key = agent_key(&t, "harness", r#"["observe","edit","type","publish"]"#).await;
     let (server, room) = (&t.server, &t.room);
-    let script = r#"
-import json, os, time, httpx
+    // The port's app answers with the headers it was sent.
+    let app = r#"import http.server, json
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps(sorted(k.lower() for k in self.headers.keys())).encode()
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(body)
+http.server.HTTPServer(("127.0.0.1", 3000), H).serve_forever()
+"#;
+    let script = format!(
+        r#"
+import json, time, httpx
 from e2b import Sandbox
 sbx = Sandbox.create()
-sbx.files.write("/home/user/site/hello.txt", "served\n")
-sbx.commands.run("cd site && exec python3 -m http.server 3000 --bind 127.0.0.1", background=True)
+sbx.files.write("/home/user/headers.py", {app:?})
+sbx.commands.run("exec python3 headers.py", background=True)
 host = sbx.get_host(3000)
-base = os.environ["E2B_API_URL"].rsplit("/api/e2b", 1)[0]
 def get(headers):
     for _ in range(100):
-        r = httpx.get(base + "/hello.txt", headers={"Host": host, **headers})
+        r = httpx.get("http://127.0.0.1:{port}/", headers={{"Host": host, **headers}})
         if r.status_code not in (502, 503):
             return [r.status_code, r.text]
         time.sleep(0.2)
     return ["never up"]
-out = {"host": host, "stranger": get({})[0],
-       "mine": get({"E2B-Traffic-Access-Token": sbx.traffic_access_token})}
+out = {{"host": host, "stranger": get({{}})[0],
+       "mine": get({{"E2B-Traffic-Access-Token": sbx.traffic_access_token}})}}
 print(json.dumps(out))
-"#;
-    let out = harness(&python, server, &key, script).await;
-    let authority = server
-        .url("")
-        .split("://")
-        .nth(1)
-        .unwrap()
-        .trim_end_matches('/')
-        .to_owned();
-    assert_eq!(out["host"], format!("3000-{room}.{authority}"), "{out}");
+"#
+    );
+    let out = harness(&python, server, &key, &script).await;
+    assert_eq!(
+        out["host"],
+        format!("3000-{room}.preview.localhost:{port}"),
+        "{out}"
+    );
     assert_eq!(out["stranger"], 403, "{out}");
-    assert_eq!(out["mine"], serde_json::json!([200, "served\n"]), "{out}");
+    assert_eq!(out["mine"][0], 200, "{out}");
+    let seen: Vec<String> = serde_json::from_str(out["mine"][1].as_str().unwrap()).unwrap();
+    assert!(
+        !seen
+            .iter()
+            .any(|h| h.contains("token") || h == "authorization"),
+        "the port's app saw the caller's token: {seen:?}"
+    );
 }
 
 /// The pending approval of a command whose argv holds `needle`, once someone can see it.

@@ -95,20 +95,6 @@ async fn trade(port: u16, link: &str) -> String {
     cookie
 }
 
-/// A [`team_with`] whose server serves previews on a port of its own (returned).
-async fn preview_team(storage: &Storage, extra: &[&str]) -> (Room, u16) {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let url = format!("http://{{id}}.preview.localhost:{port}");
-    let listen = format!("127.0.0.1:{port}");
-    let mut args = vec!["--preview-url", &url, "--preview-listen", &listen];
-    args.extend_from_slice(extra);
-    (team_with(storage, &args).await, port)
-}
-
 /// Puts the app in the room's workspace as `app.py`.
 async fn write_app(t: &Room) {
     let script = format!("cat > app.py <<'EOF'\n{APP}\nEOF");

@@ -131,7 +131,10 @@ console.log(JSON.stringify(out))
   // A public preview of the port, once someone other than the asker (and its sponsor)
   // approves it, answers anyone at the same host.
   const started = await api(server, ana, 'POST', `/api/rooms/${roomId}/exec`,
-    { argv: ['sh', '-c', 'cd site && setsid -f python3 -m http.server 3000 --bind 127.0.0.1 >/dev/null 2>&1 </dev/null'] })
+    { argv: ['sh', '-c', 'cd site && setsid -f python3 -m http.server 3000 --bind 127.0.0.1 >/dev/null 2>&1 </dev/null; ' +
+      // Returns once it listens (a process still detaching when its command returns goes
+      // with the command's process group).
+      'python3 -c "import socket, time\nfor _ in range(100):\n    try:\n        socket.create_connection((\'127.0.0.1\', 3000)).close(); break\n    except OSError: time.sleep(0.1)"'] })
   assert.equal(started.status, 200, JSON.stringify(started.body))
   const asked = await api(server, made.body.token, 'POST', `/api/rooms/${roomId}/previews`,
     { port: 3000, visibility: 'public', ttl_s: 600 })

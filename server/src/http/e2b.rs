@@ -85,14 +85,15 @@ async fn plane_unimplemented(Path(rest): Path<String>) -> PlaneError {
 #[derive(Default)]
 pub(crate) struct Sessions {
     all: Mutex<HashMap<(RoomId, String), Session>>,
-    /// `--e2b-domain` was given: its hosts are the door's alone.
-    explicit: bool,
-    /// The sandboxes' domain (lowercase, no port): `--e2b-domain`, else the app's host.
-    domain: String,
-    /// What create answers as `domain` (the SDKs build `{port}-{id}.{domain}` from it): the
-    /// domain, with the app's port when it is the app's host.
+    /// `--e2b-domain` (lowercase): its hosts are the door's alone.
+    domain: Option<String>,
+    /// What create answers as `domain` (the SDKs build `{port}-{id}.{domain}` from it).
     answered: String,
 }
+
+/// The sandboxes' domain when neither `--e2b-domain` nor previews give one: it resolves
+/// nowhere (RFC 6761), never to E2B's own (where the SDK would otherwise send).
+const NO_DOMAIN: &str = "e2b.invalid";
 
 /// Domains of E2B's own, never answered as a sandbox's domain (the SDK would send there).
 const E2B_DOMAINS: [&str; 3] = ["e2b.app", "e2b.dev", "e2b-staging.dev"];
@@ -108,22 +109,21 @@ struct Session {
 }
 
 impl Sessions {
-    /// Sessions served under `--e2b-domain` `domain` too (checked: a DNS name, not E2B's own,
-    /// not the app's host).
-    pub(crate) fn for_domain(domain: Option<&str>, app_origin: &str) -> anyhow::Result<Sessions> {
-        let authority = app_origin
-            .split_once("://")
-            .map_or(app_origin, |(_, a)| a)
-            .to_ascii_lowercase();
+    /// Sessions, with the sandboxes' domain: `--e2b-domain` `domain` (checked: a DNS name of
+    /// the operator's, neither E2B's nor the app's host, above or below it), else the preview
+    /// origin's (`{port}-{room}.` names there are rooms' ports), else a name that resolves
+    /// nowhere (`get_host` then names nothing that answers: ports need one of the two).
+    pub(crate) fn for_domain(
+        domain: Option<&str>,
+        app_origin: &str,
+        previews: Option<&crate::http::previews::PreviewOrigin>,
+    ) -> anyhow::Result<Sessions> {
         let Some(domain) = domain else {
-            let host = authority
-                .rsplit_once(':')
-                .map_or(authority.as_str(), |(h, _)| h);
+            let answered = previews.map_or_else(|| NO_DOMAIN.to_owned(), |p| p.e2b_domain());
             return Ok(Sessions {
                 all: Mutex::default(),
-                explicit: false,
-                domain: host.to_owned(),
-                answered: authority.clone(),
+                domain: None,
+                answered,
             });
         };
         let domain = domain.trim().trim_end_matches('.').to_ascii_lowercase();
@@ -134,10 +134,7 @@ impl Sessions {
                 && !l.starts_with('-')
                 && !l.ends_with('-')
         };
-        if domain.len() > 200
-            || !domain.contains('.') && domain != "localhost"
-            || !domain.split('.').all(label_ok)
-        {
+        if domain.len() > 200 || !domain.contains('.') || !domain.split('.').all(label_ok) {
             anyhow::bail!("--e2b-domain must be a DNS name like e2b.example.com, not {domain:?}");
         }
         if E2B_DOMAINS
@@ -151,14 +148,20 @@ impl Sessions {
             .map(|(_, a)| a.rsplit_once(':').map_or(a, |(h, _)| h))
             .unwrap_or_default()
             .to_ascii_lowercase();
-        if domain == app_host {
-            anyhow::bail!("--e2b-domain must differ from the app's host ({app_host})");
+        // Code in a sandbox serves pages under this domain: they must not set cookies the
+        // app's host would get (as for previews, another site altogether is best).
+        if domain == app_host
+            || app_host.ends_with(&format!(".{domain}"))
+            || domain.ends_with(&format!(".{app_host}"))
+        {
+            anyhow::bail!(
+                "--e2b-domain must be neither the app's host ({app_host}) nor above or below it"
+            );
         }
         Ok(Sessions {
             all: Mutex::default(),
-            explicit: true,
             answered: domain.clone(),
-            domain,
+            domain: Some(domain),
         })
     }
 
@@ -558,18 +561,15 @@ async fn unimplemented(Path((service, method)): Path<(String, String)>) -> Respo
 /// The E2B SDKs' own address shape under `--e2b-domain` D (before routing): `api.D` is the
 /// control plane (`/api/e2b`), `49983-{room}.D` and `49999-{room}.D` the room's envd and code
 /// interpreter (`/api/e2b/envd`, the room named as `E2b-Sandbox-Id`), and `{port}-{room}.D`
-/// another port (`previews::e2b_port`). A request for such a host reaches nothing else.
-/// Without `--e2b-domain` the app's own host plays D for `{port}-{room}.` names only (what
-/// `get_host` answers then; `*.localhost` reaches it from a browser on the same machine).
+/// another port (`previews::e2b_port`). A request for any host under D reaches nothing else.
 pub(crate) async fn wildcard(
     State(app): State<AppState>,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let (domain, explicit) = (app.e2b.domain.as_str(), app.e2b.explicit);
-    if domain.is_empty() {
+    let Some(domain) = app.e2b.domain.as_deref() else {
         return next.run(req).await;
-    }
+    };
     let host = req
         .headers()
         .get(axum::http::header::HOST)
@@ -580,16 +580,16 @@ pub(crate) async fn wildcard(
         .rsplit_once(':')
         .map_or(host, |(h, _)| h)
         .to_ascii_lowercase();
-    let Some(sub) = host
-        .strip_suffix(domain)
-        .and_then(|s| s.strip_suffix('.'))
-        .map(str::to_owned)
-    else {
+    if host != domain && !host.ends_with(&format!(".{domain}")) {
         return next.run(req).await;
-    };
+    }
     let not_found =
         || PlaneError(StatusCode::NOT_FOUND, "no such sandbox host".into()).into_response();
-    if sub == "api" && explicit {
+    let sub = host
+        .strip_suffix(domain)
+        .and_then(|s| s.strip_suffix('.'))
+        .unwrap_or_default();
+    if sub == "api" {
         return match rewritten(req, "/api/e2b", None) {
             Some(req) => next.run(req).await,
             None => not_found(),
@@ -599,12 +599,7 @@ pub(crate) async fn wildcard(
         .split_once('-')
         .and_then(|(p, r)| Some((p.parse::<u16>().ok()?, RoomId::parse(r)?)))
     else {
-        // Under the app's own host, other names are the app's (`www.`, ...).
-        return if explicit {
-            not_found()
-        } else {
-            next.run(req).await
-        };
+        return not_found();
     };
     if matches!(port, ENVD_PORT | INTERPRETER_PORT) {
         return match rewritten(req, "/api/e2b/envd", Some(&room)) {
@@ -612,20 +607,44 @@ pub(crate) async fn wildcard(
             None => not_found(),
         };
     }
-    // Another port: the caller, if the request carries a live session's token for this room.
-    let Some(mut req) = rewritten(req, "", Some(&room)) else {
-        return not_found();
-    };
     let (mut parts, body) = req.into_parts();
-    let caller = EnvdCaller::from_request_parts(&mut parts, &app)
-        .await
-        .ok()
-        .filter(|c| c.room == room)
-        .map(|c| c.actor);
-    req = axum::extract::Request::from_parts(parts, body);
+    let caller = port_caller(&app, &mut parts, &room).await;
+    let req = axum::extract::Request::from_parts(parts, body);
     crate::http::previews::e2b_port(&app, &room, port, caller, req)
         .await
         .map(axum::body::Body::new)
+}
+
+/// Who asks for a port of `room` (a live session's token in `E2B-Traffic-Access-Token`,
+/// `X-Access-Token` or `Authorization: Bearer`), if anyone; the request keeps none of those
+/// headers (what listens on the port never sees a caller's token).
+pub(crate) async fn port_caller(app: &AppState, parts: &mut Parts, room: &RoomId) -> Option<Actor> {
+    let token = ["e2b-traffic-access-token", "x-access-token"]
+        .iter()
+        .find_map(|h| parts.headers.get(*h).and_then(|v| v.to_str().ok()))
+        .or_else(|| {
+            parts
+                .headers
+                .get(axum::http::header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.strip_prefix("Bearer "))
+        })
+        .map(|t| t.trim().to_owned());
+    for h in [
+        "e2b-traffic-access-token",
+        "x-access-token",
+        "authorization",
+    ] {
+        parts.headers.remove(h);
+    }
+    let hash = crate::accounts::sessions::hash_token(&token?);
+    let (session_room, user, email) = app.e2b.by_token(&hash, app.ops.now_ms())?;
+    if session_room != *room {
+        return None;
+    }
+    let actor = app.ops.actor(&user, &email).await.ok()?;
+    app.ops.capabilities(room, &actor).await.ok()?;
+    Some(actor)
 }
 
 /// envd's port and the code interpreter's, as the SDKs name them.
@@ -741,29 +760,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_sandboxes_domain_is_ours_and_answered_whole() {
-        let d = Sessions::for_domain(None, "http://127.0.0.1:8080").unwrap();
+    fn the_sandboxes_domain_is_ours() {
+        let d = Sessions::for_domain(None, "http://127.0.0.1:8080", None).unwrap();
         assert_eq!(
-            (d.domain.as_str(), d.answered.as_str(), d.explicit),
-            ("127.0.0.1", "127.0.0.1:8080", false)
+            (d.domain.as_deref(), d.answered.as_str()),
+            (None, NO_DOMAIN)
         );
-        let d = Sessions::for_domain(Some("E2B.Example.com."), "https://app.example.com").unwrap();
-        assert_eq!(
-            (d.domain.as_str(), d.answered.as_str(), d.explicit),
-            ("e2b.example.com", "e2b.example.com", true)
-        );
+        let d = Sessions::for_domain(Some("E2B.Example.net."), "https://app.example.com", None)
+            .unwrap();
+        assert_eq!(d.domain.as_deref(), Some("e2b.example.net"));
+        assert_eq!(d.answered, "e2b.example.net");
         for bad in [
             "e2b.app",
             "x.e2b.dev",
             "app.example.com",
+            "example.com",
+            "sub.app.example.com",
             "no_underscores.example",
             "-a.example",
             "nodot",
         ] {
-            assert!(
-                Sessions::for_domain(Some(bad), "https://app.example.com").is_err(),
-                "{bad}"
-            );
+            let made = Sessions::for_domain(Some(bad), "https://app.example.com", None);
+            assert!(made.is_err(), "{bad}");
         }
     }
 

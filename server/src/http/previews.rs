@@ -117,6 +117,23 @@ impl PreviewOrigin {
         format!("{}://{id}.{}{}/", self.scheme, self.suffix, self.port)
     }
 
+    /// What the E2B door answers as its sandboxes' domain when previews are on and no
+    /// `--e2b-domain` is given: `{port}-{room}.` names of this origin are rooms' ports.
+    pub(crate) fn e2b_domain(&self) -> String {
+        format!("{}{}", self.suffix, self.port)
+    }
+
+    /// The port and room a request's `Host` names as `{port}-{room}.<suffix>`, if it does.
+    fn e2b_port_of(&self, host: &str) -> Option<(u16, RoomId)> {
+        let host = host
+            .rsplit_once(':')
+            .map_or(host, |(h, _)| h)
+            .to_ascii_lowercase();
+        let sub = host.strip_suffix(&format!(".{}", self.suffix))?;
+        let (port, room) = sub.split_once('-')?;
+        Some((port.parse().ok()?, RoomId::parse(room)?))
+    }
+
     /// The preview id a request's `Host` names, if it is one of ours.
     fn id_of(&self, host: &str) -> Option<String> {
         let host = host
@@ -507,6 +524,19 @@ async fn handle(
     let Some(origin) = app.previews.origin.as_ref() else {
         return page(StatusCode::NOT_FOUND, "No such preview.", false);
     };
+    // A room's port as the E2B SDKs name it (`get_host`), when no `--e2b-domain` is given.
+    if let Some((port, room)) = origin.e2b_port_of(&host) {
+        let (mut parts, body) = req.into_parts();
+        let caller = crate::http::e2b::port_caller(app, &mut parts, &room).await;
+        return e2b_port(
+            app,
+            &room,
+            port,
+            caller,
+            hyper::Request::from_parts(parts, body),
+        )
+        .await;
+    }
     let Some(id) = origin.id_of(&host) else {
         return page(StatusCode::NOT_FOUND, "No such preview.", false);
     };

@@ -57,15 +57,41 @@ impl Ops {
         &self,
         room_id: &RoomId,
         actor: &Actor,
-        (raw, cap): (&str, Capability),
+        at: (&str, Capability),
         make: impl FnOnce(String) -> Op,
     ) -> Result<Reply, OpError> {
-        if !raw.is_empty() {
-            return self.file_op(room_id, actor, (raw, cap, None), make).await;
+        let op = make(self.may_touch_entry(room_id, actor, at).await?);
+        self.in_workspace(room_id, actor, op).await
+    }
+
+    /// [`Ops::entry_op`] that neither starts the room's sandbox nor keeps it awake: a look
+    /// repeated on its own (a directory watch); a stopped sandbox answers
+    /// [`crate::sandbox::SandboxError::Stopped`].
+    pub(crate) async fn entry_peek(
+        &self,
+        room_id: &RoomId,
+        actor: &Actor,
+        at: (&str, Capability),
+        make: impl FnOnce(String) -> Op,
+    ) -> Result<Reply, OpError> {
+        let op = make(self.may_touch_entry(room_id, actor, at).await?);
+        Ok(self.sandboxes.peek(room_id, op, FILE_WITHIN).await?)
+    }
+
+    /// [`Ops::may_touch_file`] for a path that may be the workspace itself (empty).
+    async fn may_touch_entry(
+        &self,
+        room_id: &RoomId,
+        actor: &Actor,
+        (raw, cap): (&str, Capability),
+    ) -> Result<String, OpError> {
+        if raw.is_empty() {
+            self.authorize(room_id, actor, Action::Use(cap), json!({ "path": "" }))
+                .await?;
+            return Ok(String::new());
         }
-        self.authorize(room_id, actor, Action::Use(cap), json!({ "path": "" }))
-            .await?;
-        self.in_workspace(room_id, actor, make(String::new())).await
+        let path = self.may_touch_file(room_id, actor, raw, cap, None).await?;
+        Ok(path.as_str().to_owned())
     }
 
     /// Renames workspace entry `from` to `to`: `edit` on both.

@@ -1039,6 +1039,20 @@ pub struct Room {
 }
 
 /// Ana owns a room; Ben joined as editor and Cy as viewer, through invites.
+/// A [`team_with`] whose server serves previews on a port of its own (returned).
+pub async fn preview_team(storage: &Storage, extra: &[&str]) -> (Room, u16) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://{{id}}.preview.localhost:{port}");
+    let listen = format!("127.0.0.1:{port}");
+    let mut args = vec!["--preview-url", &url, "--preview-listen", &listen];
+    args.extend_from_slice(extra);
+    (team_with(storage, &args).await, port)
+}
+
 pub async fn team(storage: &Storage) -> Room {
     team_with(storage, &[]).await
 }

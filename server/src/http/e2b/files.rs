@@ -72,7 +72,31 @@ async fn write(
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|t| t.starts_with("multipart/form-data"));
+    let encoding = req
+        .headers()
+        .get(header::CONTENT_ENCODING)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.trim().to_ascii_lowercase());
+    let gzip = match encoding.as_deref() {
+        None | Some("" | "identity") => false,
+        Some("gzip") => true,
+        Some(other) => {
+            return Err(PlaneError(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                format!(
+                    "uploads are plain or gzip, not {}",
+                    other.chars().take(40).collect::<String>()
+                ),
+            ))
+        }
+    };
     let mut files: Vec<(String, Vec<u8>)> = Vec::new();
+    if multipart && gzip {
+        return Err(PlaneError(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "a gzip upload is one file as application/octet-stream".into(),
+        ));
+    }
     if multipart {
         let mut form = Multipart::from_request(req, &app)
             .await
@@ -112,7 +136,8 @@ async fn write(
                     "the file is too large".into(),
                 )
             })?;
-        files.push((path, data.to_vec()));
+        let data = if gzip { gunzip(&data)? } else { data.to_vec() };
+        files.push((path, data));
     }
     let mut written: Vec<Value> = Vec::new();
     for (raw, data) in files {
@@ -130,4 +155,27 @@ async fn write(
         written.push(json!({ "name": name, "type": "file", "path": format!("/home/user/{path}") }));
     }
     Ok(Json(written).into_response())
+}
+
+/// A gzip upload's bytes, at most a file's largest.
+fn gunzip(data: &[u8]) -> Result<Vec<u8>, PlaneError> {
+    use std::io::Read as _;
+    let mut out = Vec::new();
+    let limit = MAX_FILE_BYTES + 1;
+    flate2::read::GzDecoder::new(data)
+        .take(limit)
+        .read_to_end(&mut out)
+        .map_err(|_| {
+            PlaneError(
+                StatusCode::BAD_REQUEST,
+                "the upload is not valid gzip".into(),
+            )
+        })?;
+    if out.len() as u64 >= limit {
+        return Err(PlaneError(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            "the file is too large".into(),
+        ));
+    }
+    Ok(out)
 }

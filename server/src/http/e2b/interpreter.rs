@@ -54,15 +54,44 @@ pub(super) fn routes() -> Router<AppState> {
         .route("/api/e2b/envd/contexts/{id}/restart", post(restart_context))
 }
 
-/// Interpreters by (room, user, context id).
+/// Interpreters by (room, user, context id): each a slot, locked while its interpreter starts
+/// (so two calls at once start one), emptied (and taken out) once it ends.
 #[derive(Default)]
 pub(crate) struct Kernels {
-    all: Mutex<HashMap<(RoomId, String, String), Arc<Kernel>>>,
+    all: Mutex<HashMap<Key, Slot>>,
 }
 
+type Key = (RoomId, String, String);
+type Slot = Arc<tokio::sync::Mutex<Option<Arc<Kernel>>>>;
+
 impl Kernels {
-    fn locked(&self) -> std::sync::MutexGuard<'_, HashMap<(RoomId, String, String), Arc<Kernel>>> {
+    fn locked(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Slot>> {
         self.all.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Takes `key` out if it still holds `k` (which ended) and nobody is using the slot.
+    fn forget(&self, key: &Key, k: &Arc<Kernel>) {
+        let mut all = self.locked();
+        let gone = all.get(key).is_some_and(|slot| {
+            slot.try_lock()
+                .is_ok_and(|held| held.as_ref().is_none_or(|h| Arc::ptr_eq(h, k)))
+        });
+        if gone {
+            all.remove(key);
+        }
+    }
+
+    /// The live interpreters of `user` in `room`, by context id.
+    fn of(&self, room: &RoomId, user: &str) -> Vec<(String, Arc<Kernel>)> {
+        self.locked()
+            .iter()
+            .filter(|((r, u, _), _)| r == room && u == user)
+            .filter_map(|((_, _, id), slot)| {
+                let held = slot.try_lock().ok()?;
+                let k = held.as_ref()?;
+                (!k.ended.is_cancelled()).then(|| (id.clone(), k.clone()))
+            })
+            .collect()
     }
 }
 
@@ -70,14 +99,23 @@ struct Kernel {
     /// Workspace-relative working directory.
     cwd: String,
     typist: tokio::sync::Mutex<Typist>,
-    /// Where the running cell's lines go, and its id (lines of another are dropped).
-    sink: Mutex<Option<(String, tokio::sync::mpsc::Sender<Value>)>>,
+    /// The running cell: where its lines go (lines of another are dropped).
+    sink: Mutex<Option<Cell>>,
     /// One cell at a time.
     turn: Arc<tokio::sync::Mutex<()>>,
     /// Cancelled once the process ended.
     ended: CancellationToken,
     /// Ends the process.
     kill: CancellationToken,
+}
+
+/// The cell running in an interpreter.
+struct Cell {
+    id: String,
+    /// Its lines, as they come (a client that does not read loses some).
+    lines: tokio::sync::mpsc::Sender<Value>,
+    /// Told when it ends (never lost with a line).
+    end: Option<tokio::sync::oneshot::Sender<()>>,
 }
 
 impl Kernel {
@@ -117,7 +155,8 @@ fn python(language: Option<&Value>) -> Result<(), PlaneError> {
     }
 }
 
-/// The caller's interpreter for context `id`: the running one, or one started in `cwd`.
+/// The caller's interpreter for context `id`: the running one, or one started (in `cwd`, or
+/// where the context's last one ran). A context other than "default" must have been made.
 async fn kernel(
     app: &AppState,
     caller: &EnvdCaller,
@@ -125,45 +164,70 @@ async fn kernel(
     cwd: Option<String>,
     wait: Duration,
 ) -> Result<Arc<Kernel>, PlaneError> {
-    let key = (
+    let key: Key = (
         caller.room.clone(),
         caller.actor.id.to_string(),
         id.to_owned(),
     );
-    let old_cwd = {
+    let slot = {
         let mut all = app.e2b_kernels.locked();
         match all.get(&key) {
-            Some(k) if !k.ended.is_cancelled() => return Ok(k.clone()),
-            Some(k) => {
-                let cwd = k.cwd.clone();
-                all.remove(&key);
-                Some(cwd)
+            Some(slot) => slot.clone(),
+            None => {
+                if id != "default" && cwd.is_none() {
+                    return Err(PlaneError(
+                        StatusCode::NOT_FOUND,
+                        "no such context of yours".into(),
+                    ));
+                }
+                let mine = all
+                    .keys()
+                    .filter(|(r, u, _)| *r == key.0 && *u == key.1)
+                    .count();
+                if mine >= MAX_CONTEXTS {
+                    return Err(PlaneError(
+                        StatusCode::TOO_MANY_REQUESTS,
+                        format!("at most {MAX_CONTEXTS} contexts each: remove one first"),
+                    ));
+                }
+                let slot = Slot::default();
+                all.insert(key.clone(), slot.clone());
+                slot
             }
-            None => None,
         }
     };
-    if id != "default" && old_cwd.is_none() && cwd.is_none() {
-        return Err(PlaneError(
-            StatusCode::NOT_FOUND,
-            "no such context of yours".into(),
-        ));
+    let mut held = slot.lock().await;
+    if let Some(k) = held.as_ref().filter(|k| !k.ended.is_cancelled()) {
+        return Ok(k.clone());
     }
-    let mine = app
-        .e2b_kernels
-        .locked()
-        .keys()
-        .filter(|(r, u, _)| *r == key.0 && *u == key.1)
-        .count();
-    if mine >= MAX_CONTEXTS {
-        return Err(PlaneError(
-            StatusCode::TOO_MANY_REQUESTS,
-            format!("at most {MAX_CONTEXTS} contexts each: remove one first"),
-        ));
+    let cwd = cwd
+        .or_else(|| held.as_ref().map(|k| k.cwd.clone()))
+        .unwrap_or_default();
+    match start(app, caller, &key, cwd, wait).await {
+        Ok(k) => {
+            *held = Some(k.clone());
+            Ok(k)
+        }
+        Err(e) => {
+            // Nothing started: the slot goes unless an interpreter of it ran before.
+            if held.is_none() {
+                drop(held);
+                app.e2b_kernels.locked().remove(&key);
+            }
+            Err(e)
+        }
     }
-    let cwd = cwd.or(old_cwd).unwrap_or_default();
-    let k = start(app, caller, cwd, wait).await?;
-    app.e2b_kernels.locked().insert(key, k.clone());
-    Ok(k)
+}
+
+/// Ends the interpreter it guards unless disarmed (a start its caller gave up on).
+struct KillOnDrop(Option<CancellationToken>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(kill) = self.0.take() {
+            kill.cancel();
+        }
+    }
 }
 
 /// Starts an interpreter for `caller` (deciding it as a command; an agent in approval mode
@@ -171,6 +235,7 @@ async fn kernel(
 async fn start(
     app: &AppState,
     caller: &EnvdCaller,
+    key: &Key,
     cwd: String,
     wait: Duration,
 ) -> Result<Arc<Kernel>, PlaneError> {
@@ -184,6 +249,7 @@ async fn start(
     cmd.started = Some(started.clone());
     let kill = CancellationToken::new();
     cmd.kill = Some(kill.clone());
+    let mut guard = KillOnDrop(Some(kill.clone()));
     let k = Arc::new(Kernel {
         cwd,
         typist: tokio::sync::Mutex::new(Typist::at_command(caller.actor.clone(), to)),
@@ -193,11 +259,12 @@ async fn start(
         kill,
     });
     let (ready, is_ready) = tokio::sync::oneshot::channel::<Result<(), ConnectError>>();
-    let (app2, room, actor, k2) = (
+    let (app2, room, actor, k2, key2) = (
         app.clone(),
         caller.room.clone(),
         caller.actor.clone(),
         k.clone(),
+        key.clone(),
     );
     tokio::spawn(async move {
         let mut ready = Some(ready);
@@ -220,6 +287,12 @@ async fn start(
                 }
             };
             match r {
+                Ok(Outcome::Pending(_)) if k2.kill.is_cancelled() => {
+                    break Err(ConnectError::new(
+                        Code::Unavailable,
+                        "the start was given up",
+                    ))
+                }
                 Ok(Outcome::Pending(id)) if approval.is_none() => {
                     let undone = "the interpreter did not start";
                     match approved(&app2, &room, &id, wait, undone).await {
@@ -238,6 +311,7 @@ async fn start(
             }
         };
         k2.ended.cancel();
+        app2.e2b_kernels.forget(&key2, &k2);
         if let Some(ready) = ready.take() {
             let _ = ready.send(match ran {
                 Ok(()) => Err(ConnectError::new(
@@ -268,7 +342,10 @@ async fn start(
         reader.ended.cancel();
     });
     match is_ready.await {
-        Ok(Ok(())) => Ok(k),
+        Ok(Ok(())) => {
+            guard.0 = None;
+            Ok(k)
+        }
         Ok(Err(e)) => Err(refused(e)),
         Err(_) => Err(PlaneError(
             StatusCode::INTERNAL_SERVER_ERROR,
@@ -283,17 +360,23 @@ impl Kernel {
         let Ok(mut v) = serde_json::from_slice::<Value>(line) else {
             return;
         };
-        let sink = self.sink.lock().unwrap_or_else(|e| e.into_inner());
-        let Some((cell, to)) = sink.as_ref() else {
+        let mut sink = self.sink.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(cell) = sink.as_mut() else {
             return;
         };
-        if v.get("id").and_then(Value::as_str) != Some(cell.as_str()) {
+        if v.get("id").and_then(Value::as_str) != Some(cell.id.as_str()) {
+            return;
+        }
+        if v.get("type").and_then(Value::as_str) == Some("end") {
+            if let Some(end) = cell.end.take() {
+                let _ = end.send(());
+            }
             return;
         }
         if let Some(o) = v.as_object_mut() {
             o.remove("id");
         }
-        let _ = to.try_send(v);
+        let _ = cell.lines.try_send(v);
     }
 }
 
@@ -359,7 +442,12 @@ async fn execute(
     let turn = k.turn.clone().lock_owned().await;
     let cell = crate::accounts::sessions::fresh_token();
     let (lines, mut cell_lines) = tokio::sync::mpsc::channel::<Value>(LINES_QUEUE);
-    *k.sink.lock().unwrap_or_else(|e| e.into_inner()) = Some((cell.clone(), lines));
+    let (end, mut ended_cell) = tokio::sync::oneshot::channel();
+    *k.sink.lock().unwrap_or_else(|e| e.into_inner()) = Some(Cell {
+        id: cell.clone(),
+        lines,
+        end: Some(end),
+    });
     let mut line = json!({ "id": cell, "code": code, "env": env }).to_string();
     line.push('\n');
     type_in(&app, &caller, &k.typist, Bytes::from(line), wait)
@@ -371,7 +459,15 @@ async fn execute(
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             let next = tokio::select! {
+                biased;
                 v = cell_lines.recv() => v,
+                _ = &mut ended_cell => {
+                    // The cell's end came after its lines: those still queued go first.
+                    while let Ok(v) = cell_lines.try_recv() {
+                        let _ = out.send(ndjson(&v)).await;
+                    }
+                    break;
+                }
                 () = k.ended.cancelled() => None,
                 () = tokio::time::sleep_until(deadline) => None,
             };
@@ -386,12 +482,8 @@ async fn execute(
                 let _ = out.send(ndjson(&error)).await;
                 break;
             };
-            if v.get("type").and_then(Value::as_str) == Some("end") {
-                break;
-            }
-            if out.send(ndjson(&v)).await.is_err() {
-                // The client went: the cell runs on; its lines are dropped.
-            }
+            // A client that went leaves the cell to run on; its lines are dropped.
+            let _ = out.send(ndjson(&v)).await;
         }
         *k.sink.lock().unwrap_or_else(|e| e.into_inner()) = None;
     });
@@ -447,29 +539,26 @@ async fn list_contexts(
     caller: Result<EnvdCaller, ConnectError>,
 ) -> Result<Response, PlaneError> {
     let caller = caller.map_err(refused)?;
-    let all = app.e2b_kernels.locked();
-    let mine: Vec<Value> = all
+    let mine: Vec<Value> = app
+        .e2b_kernels
+        .of(&caller.room, caller.actor.id.as_str())
         .iter()
-        .filter(|((r, u, _), k)| {
-            *r == caller.room && u == caller.actor.id.as_str() && !k.ended.is_cancelled()
-        })
-        .map(|((_, _, id), k)| k.shown(id))
+        .map(|(id, k)| k.shown(id))
         .collect();
     Ok(Json(mine).into_response())
 }
 
 /// Takes the caller's context `id` out, its interpreter ended.
-fn take(app: &AppState, caller: &EnvdCaller, id: &str) -> Result<Arc<Kernel>, PlaneError> {
-    let key = (
+async fn take(app: &AppState, caller: &EnvdCaller, id: &str) -> Result<Arc<Kernel>, PlaneError> {
+    let key: Key = (
         caller.room.clone(),
         caller.actor.id.to_string(),
         id.to_owned(),
     );
-    let k = app
-        .e2b_kernels
-        .locked()
-        .remove(&key)
-        .ok_or_else(|| PlaneError(StatusCode::NOT_FOUND, "no such context of yours".into()))?;
+    let slot = app.e2b_kernels.locked().remove(&key);
+    let gone = || PlaneError(StatusCode::NOT_FOUND, "no such context of yours".into());
+    let slot = slot.ok_or_else(gone)?;
+    let k = slot.lock().await.take().ok_or_else(gone)?;
     k.kill.cancel();
     Ok(k)
 }
@@ -481,7 +570,7 @@ async fn remove_context(
     Path(id): Path<String>,
 ) -> Result<Response, PlaneError> {
     let caller = caller.map_err(refused)?;
-    take(&app, &caller, &id)?;
+    take(&app, &caller, &id).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -493,7 +582,7 @@ async fn restart_context(
     Path(id): Path<String>,
 ) -> Result<Response, PlaneError> {
     let caller = caller.map_err(refused)?;
-    let old = take(&app, &caller, &id)?;
+    let old = take(&app, &caller, &id).await?;
     let _ = tokio::time::timeout(Duration::from_secs(10), old.ended.cancelled()).await;
     kernel(&app, &caller, &id, Some(old.cwd.clone()), wait_of(&headers)).await?;
     Ok(StatusCode::NO_CONTENT.into_response())

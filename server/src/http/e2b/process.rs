@@ -30,6 +30,10 @@ const MAX_RUN_MS: u64 = 10 * 60 * 1000;
 const DEFAULT_KEEPALIVE_S: u64 = 30;
 /// Output chunks waiting for a slow client before more are dropped.
 const OUTPUT_QUEUE: usize = 256;
+/// Frames a command's stream holds for its client before output is dropped.
+const FRAMES_QUEUE: usize = 1024;
+/// How long a command's end waits for a client that does not read.
+const END_WAIT: Duration = Duration::from_secs(30);
 
 /// Process ids this door hands out (not the sandbox's own: they name a command's stream).
 static NEXT_PID: AtomicU32 = AtomicU32::new(1000);
@@ -537,7 +541,7 @@ async fn start(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let (frames, rx) = tokio::sync::mpsc::channel::<Bytes>(64);
+    let (frames, rx) = tokio::sync::mpsc::channel::<Bytes>(FRAMES_QUEUE);
     let asked = caller.and_then(|c| {
         let req = connect::enveloped(&body)?;
         Ok((c, asked(&req)?))
@@ -647,7 +651,7 @@ async fn run(
             Err(e) => break Some(ConnectError::from(ApiError::from(e))),
         }
     };
-    let _ = frames.send(connect::end(end.as_ref())).await;
+    let _ = tokio::time::timeout(END_WAIT, frames.send(connect::end(end.as_ref()))).await;
 }
 
 /// A command's stream to the SDK: its `start` goes first, once.
@@ -662,11 +666,16 @@ struct Stream {
 impl Stream {
     async fn send(&self, event: Value) {
         let _ = self.events.send(event.clone());
-        // A client that went away leaves the command to run on.
-        let _ = self
-            .frames
-            .send(connect::frame(&json!({ "event": event })))
-            .await;
+        let frame = connect::frame(&json!({ "event": event }));
+        if event.get("end").is_some() {
+            // The end is waited for (a while: a client that never reads does not hold the
+            // command's record forever).
+            let _ = tokio::time::timeout(END_WAIT, self.frames.send(frame)).await;
+        } else {
+            // A client that does not read (a background handle never waited on) loses output
+            // past its queue, and holds up neither the command nor those attached to it.
+            let _ = self.frames.try_send(frame);
+        }
     }
 
     async fn announce(&mut self) {

@@ -84,32 +84,90 @@ impl Watchers {
 /// What a look saw: each entry's kind, size, modification time and mode, by path.
 type Seen = HashMap<String, (EntryKind, u64, i128, u32)>;
 
-/// What is under `path` now (with `truncated`: more was there than one listing holds).
+/// What is under `path` now (with `truncated`: more was there than one listing holds). The
+/// first look may start the room's sandbox (as any listing may); the repeated ones only look
+/// (`Ops::entry_peek`: a watch neither starts nor keeps awake a sandbox), and answer `None`
+/// while it is stopped.
 async fn look(
     app: &AppState,
     room: &RoomId,
     actor: &Actor,
     (path, recursive): (&str, bool),
-) -> Result<(Seen, bool), ConnectError> {
+    again: bool,
+) -> Result<Option<(Seen, bool)>, ConnectError> {
     let depth = if recursive { RECURSIVE_DEPTH } else { 1 };
     let make = |path| Op::ListDir { path, depth };
-    let reply = app
-        .ops
-        .entry_op(room, actor, (path, Capability::Observe), make)
-        .await
-        .map_err(|e| ConnectError::from(ApiError::from(e)))?;
+    let at = (path, Capability::Observe);
+    let reply = if again {
+        app.ops.entry_peek(room, actor, at, make).await
+    } else {
+        app.ops.entry_op(room, actor, at, make).await
+    };
+    let reply = match reply {
+        Ok(r) => r,
+        Err(crate::ops::OpError::Sandbox(crate::sandbox::SandboxError::Stopped)) if again => {
+            return Ok(None)
+        }
+        Err(e) => return Err(ConnectError::from(ApiError::from(e))),
+    };
     match reply {
-        Reply::Entries { entries, truncated } => Ok((
+        Reply::Entries { entries, truncated } => Ok(Some((
             entries
                 .into_iter()
                 .map(|e| (e.path, (e.kind, e.size, e.mtime_ns, e.mode)))
                 .collect(),
             truncated,
-        )),
+        ))),
         _ => Err(ConnectError::new(
             Code::Internal,
             "the sandbox answered no listing",
         )),
+    }
+}
+
+/// Where a watch's events go.
+enum Sink {
+    /// A `WatchDir` stream: each event a frame, waited for (a slow reader slows the watch).
+    Stream(tokio::sync::mpsc::Sender<Bytes>),
+    /// A watcher's queue, fetched by `GetWatcherEvents`.
+    Queue(Arc<Mutex<Queued>>),
+}
+
+impl Sink {
+    /// Hands `events` on; `false` once the client went.
+    async fn take(&self, events: Vec<Value>) -> bool {
+        match self {
+            Sink::Stream(frames) => {
+                for e in events {
+                    let frame = connect::frame(&json!({ "filesystem": e }));
+                    if frames.send(frame).await.is_err() {
+                        return false;
+                    }
+                }
+                true
+            }
+            Sink::Queue(queue) => {
+                let mut q = queue.lock().unwrap_or_else(|e| e.into_inner());
+                q.events.extend(events);
+                while q.events.len() > MAX_QUEUED {
+                    q.events.pop_front();
+                }
+                true
+            }
+        }
+    }
+
+    /// Whether anyone still takes what is seen (a stream's client, or someone who fetched
+    /// from the queue within [`UNREAD`]).
+    fn wanted(&self) -> bool {
+        match self {
+            Sink::Stream(frames) => !frames.is_closed(),
+            Sink::Queue(queue) => queue
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .read_at
+                .is_none_or(|at| at.elapsed() <= UNREAD),
+        }
     }
 }
 
@@ -167,15 +225,15 @@ fn live(app: &AppState, room: &RoomId, user: &str) -> bool {
     app.e2b.alive(room, user, app.ops.now_ms())
 }
 
-/// Looks every [`POLL`] and hands each change to `emit` until `stop`, the session ends, a look
-/// is refused (that error) or `emit` says no more.
+/// Looks every [`POLL`] and hands each change to `sink` until `stop`, the session ends, a
+/// look is refused (that error) or nobody takes them any more.
 async fn follow(
     app: &AppState,
     caller: &EnvdCaller,
     (path, recursive): (&str, bool),
     mut seen: Seen,
     stop: &tokio_util::sync::CancellationToken,
-    mut emit: impl FnMut(Vec<Value>) -> bool,
+    sink: Sink,
 ) -> Option<ConnectError> {
     let mut tick = tokio::time::interval(POLL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -191,14 +249,19 @@ async fn follow(
                 "the sandbox session ended: the watch with it",
             ));
         }
-        let (now, truncated) = match look(app, &caller.room, &caller.actor, (path, recursive)).await
-        {
-            Ok(l) => l,
+        if !sink.wanted() {
+            return None;
+        }
+        let at = (path, recursive);
+        let (now, truncated) = match look(app, &caller.room, &caller.actor, at, true).await {
+            Ok(Some(l)) => l,
+            // Stopped: nothing changes in it meanwhile.
+            Ok(None) => continue,
             Err(e) => return Some(e),
         };
         let events = changes(&seen, &now, path, truncated);
         seen = now;
-        if !events.is_empty() && !emit(events) {
+        if !events.is_empty() && !sink.take(events).await {
             return None;
         }
     }
@@ -215,7 +278,9 @@ async fn watch_dir(
     let asked = async {
         let caller = caller?;
         let (path, recursive) = asked(&connect::enveloped(&body)?)?;
-        let (seen, _) = look(&app, &caller.room, &caller.actor, (&path, recursive)).await?;
+        let (seen, _) = look(&app, &caller.room, &caller.actor, (&path, recursive), false)
+            .await?
+            .unwrap_or_default();
         Ok::<_, ConnectError>((caller, path, recursive, seen))
     };
     let (caller, path, recursive, seen) = match asked.await {
@@ -248,14 +313,8 @@ async fn watch_dir(
                 }
             })
         };
-        let out = frames.clone();
-        let ended = follow(&app, &caller, (&path, recursive), seen, &stop, |events| {
-            events.into_iter().all(|e| {
-                out.try_send(connect::frame(&json!({ "filesystem": e })))
-                    .is_ok()
-            })
-        })
-        .await;
+        let sink = Sink::Stream(frames.clone());
+        let ended = follow(&app, &caller, (&path, recursive), seen, &stop, sink).await;
         stop.cancel();
         let _ = beat.await;
         let _ = frames.send(connect::end(ended.as_ref())).await;
@@ -285,7 +344,9 @@ async fn create_watcher(
                 ));
             }
         }
-        let (seen, _) = look(&app, &caller.room, &caller.actor, (&path, recursive)).await?;
+        let (seen, _) = look(&app, &caller.room, &caller.actor, (&path, recursive), false)
+            .await?
+            .unwrap_or_default();
         let id = crate::accounts::sessions::fresh_token();
         let events = Arc::new(Mutex::new(Queued {
             read_at: Some(tokio::time::Instant::now()),
@@ -303,21 +364,8 @@ async fn create_watcher(
         );
         let (app2, id2) = (app.clone(), id.clone());
         tokio::spawn(async move {
-            let queue = events.clone();
-            let unread = stop.clone();
-            let ended = follow(&app2, &caller, (&path, recursive), seen, &stop, |new| {
-                let mut q = queue.lock().unwrap_or_else(|e| e.into_inner());
-                if q.read_at.is_some_and(|at| at.elapsed() > UNREAD) {
-                    unread.cancel();
-                    return false;
-                }
-                q.events.extend(new);
-                while q.events.len() > MAX_QUEUED {
-                    q.events.pop_front();
-                }
-                true
-            })
-            .await;
+            let sink = Sink::Queue(events);
+            let ended = follow(&app2, &caller, (&path, recursive), seen, &stop, sink).await;
             if let Some(e) = ended {
                 tracing::debug!(error = %e.message, "an E2B watcher ended");
             }
