@@ -1,6 +1,7 @@
 // Accessibility (issue 19's acceptance): axe-core, the engine behind most accessibility
-// checkers, run in real Chromium on the login page, the room list and the room (light and
-// dark): no serious or critical violation.
+// checkers, run in real Chromium on the login page, the room list, the room (light and dark)
+// and its Approvals panel with a request waiting (light and dark, 1280 and 420 px): no serious
+// or critical violation.
 
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
@@ -51,4 +52,30 @@ test('no serious or critical accessibility violation on the login page, the room
   assert.deepEqual(await violations(page), [], 'room (light)')
   await page.getByTestId('theme-toggle').click()
   assert.deepEqual(await violations(page), [], 'room (dark)')
+
+  // With a request waiting for her decision: counted on the Approvals tab, told in a notice,
+  // its card in words (issue 41), light and dark, wide and 420 px.
+  const anaToken = await mintToken(storage, 'ana@example.com')
+  const ben = await mintToken(storage, 'ben@example.com')
+  const post = (token, path, body) => fetch(`${server.url}${path}`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' },
+    body: JSON.stringify(body)
+  })
+  const invite = await post(anaToken, `/api/rooms/${roomId}/invites`, { role: 'owner', ttl_s: 3600, max_uses: 1 }).then((r) => r.json())
+  await post(ben, `/api/invites/${invite.token}/accept`, {})
+  const agent = await post(ben, `/api/rooms/${roomId}/agents`,
+    { name: 'helper-bot', capabilities: ['observe', 'edit', 'type'], ttl_s: 3600, approval_mode: true }).then((r) => r.json())
+  const asked = await post(agent.token, `/api/rooms/${roomId}/exec`, { argv: ['pytest', '-q'] })
+  assert.equal(asked.status, 202)
+  await page.getByTestId('approvals-count').waitFor({ timeout: 15_000 })
+  await page.getByRole('tab', { name: /Approvals/ }).click()
+  await page.locator('li.approval.pending').first().waitFor()
+  assert.deepEqual(await violations(page), [], 'approvals (dark)')
+  await page.setViewportSize({ width: 420, height: 800 })
+  assert.deepEqual(await violations(page), [], 'approvals (dark, 420 px)')
+  await page.getByTestId('theme-toggle').click()
+  assert.deepEqual(await violations(page), [], 'approvals (light, 420 px)')
+  await page.setViewportSize({ width: 1280, height: 800 })
+  assert.deepEqual(await violations(page), [], 'approvals (light)')
 })

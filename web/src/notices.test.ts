@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest'
-import { decisionNotice, rightsNotice, roleLine, roleOf } from './notices'
+import { approvalWords, askedNotice, decisionNotice, rightsNotice, roleLine, roleOf, whoIs } from './notices'
 import { ROLES } from './caps'
 import type { Capability } from './api'
 
@@ -53,5 +53,26 @@ describe('decisions told to whoever asked', () => {
     expect(decisionNotice('add_secret', 'expired', null)).toBe('Nobody decided your request to add a secret in time; it expired.')
     expect(decisionNotice('export', 'used', 'ben@example.com')).toBe('ben@example.com approved your request to export files.')
     expect(decisionNotice('export', 'pending', null)).toBeNull()
+  })
+})
+
+describe('approvals in words', () => {
+  const people = [{ user_id: 'u1', email: 'ana@example.com' }]
+  const agents = [{ agent_id: 'a1', name: 'helper-bot', sponsor_email: 'ana@example.com' }]
+  it('names people and agents', () => {
+    expect(whoIs('u1', people, agents)).toBe('ana@example.com')
+    expect(whoIs('a1', people, agents)).toBe('helper-bot (an agent brought in by ana@example.com)')
+    expect(whoIs('zz', people, agents)).toBe('Someone no longer in the room')
+  })
+  it('says what is asked', () => {
+    expect(approvalWords('run_command', { argv: ['/bin/bash', '-l', '-c', 'pytest -q'], cwd: '' })).toBe('run `pytest -q`')
+    expect(approvalWords('run_command', { argv: ['ls', 'a b'], cwd: 'src' })).toBe("run `ls 'a b'` in src")
+    expect(approvalWords('run_command', { terminal: 'rm -rf build\r' })).toBe('type `rm -rf build` into a terminal')
+    expect(approvalWords('run_command', { argv: ['python3'], cwd: '', stdin: true })).toMatch(/^run `python3` with input/)
+    expect(approvalWords('public_preview', { port: 8000, visibility: 'public', ttl_s: 3600 })).toBe('make port 8000 public to anyone with the link for 1 hour')
+    expect(approvalWords('export', { files: ['a.py', 'b.py'] })).toBe('export 2 files: a.py, b.py')
+    expect(approvalWords('allow_egress', { rule: 'pypi.org' })).toBe('open the network to pypi.org')
+    expect(approvalWords('fork', { checkpoint: 'c1' })).toBe('fork the room')
+    expect(askedNotice('ana@example.com', 'allow_egress', { rule: 'x.org' })).toBe('ana@example.com asks to open the network to x.org. Decide in the Approvals panel.')
   })
 })

@@ -113,3 +113,72 @@ export function decisionNotice (action: string, state: string, by: string | null
     default: return null
   }
 }
+
+/** Who `id` is in a room, in words: a person by their email, an agent by its name and who
+ *  brought it in. */
+export function whoIs (
+  id: string | null,
+  people: readonly { user_id: string, email: string }[],
+  agents: readonly { agent_id: string, name: string, sponsor_email: string }[] = [],
+): string {
+  if (!id) return 'Someone'
+  const person = people.find((p) => p.user_id === id)
+  if (person) return person.email
+  const agent = agents.find((a) => a.agent_id === id)
+  if (agent) return `${agent.name} (an agent brought in by ${agent.sponsor_email || 'someone no longer here'})`
+  return 'Someone no longer in the room'
+}
+
+/** `3600` -> "1 hour", and so on. */
+function span (s: number): string {
+  const [n, unit] = s % 86_400 === 0 ? [s / 86_400, 'day'] : s % 3600 === 0 ? [s / 3600, 'hour'] : s % 60 === 0 ? [s / 60, 'minute'] : [s, 'second']
+  return `${n} ${unit}${n === 1 ? '' : 's'}`
+}
+
+/** A command line as one would type it. */
+function commandLine (argv: readonly string[]): string {
+  // How the E2B SDKs and `sh -c` run a line: the line is what was asked.
+  if (argv.length === 4 && /(^|\/)(ba)?sh$/.test(argv[0]) && argv[2] === '-c') return argv[3]
+  if (argv.length === 3 && /(^|\/)(ba)?sh$/.test(argv[0]) && argv[1] === '-c') return argv[2]
+  return argv.map((a) => /^[\w@%+=:,./-]+$/.test(a) ? a : `'${a.replace(/'/g, "'\\''")}'`).join(' ')
+}
+
+/** What an approval asks for, in words, after "asks to" (the exact parameters are shown beside
+ *  it: this is for reading, they are what is approved). */
+export function approvalWords (action: string, params: unknown): string {
+  const p = (params ?? {}) as Record<string, unknown>
+  const str = (v: unknown): string | null => typeof v === 'string' ? v : null
+  switch (action) {
+    case 'run_command': {
+      if (str(p.terminal) !== null) return `type \`${str(p.terminal)!.trimEnd()}\` into a terminal`
+      if (str(p.readiness) !== null) return `run \`${str(p.readiness)}\` at each start of the sandbox`
+      if (!Array.isArray(p.argv)) return 'run a command'
+      const where = str(p.cwd) ? ` in ${str(p.cwd)}` : ''
+      const how = p.terminal !== undefined ? ' on a terminal of its own (what is typed there asks again, line by line)'
+        : p.stdin === true ? ' with input (what is typed into it asks again, line by line)' : ''
+      return `run \`${commandLine(p.argv.map(String))}\`${where}${how}`
+    }
+    case 'public_preview':
+      return typeof p.port === 'number'
+        ? `make port ${p.port} public to anyone with the link${typeof p.ttl_s === 'number' ? ` for ${span(p.ttl_s)}` : ''}`
+        : 'publish a public preview'
+    case 'export':
+      if (p.workspace === true) return 'download the whole workspace'
+      if (Array.isArray(p.files)) {
+        const n = p.files.length
+        return `export ${n} file${n === 1 ? '' : 's'}: ${p.files.slice(0, 5).join(', ')}${n > 5 ? ', …' : ''}`
+      }
+      if (str(p.format)) return `export the repository's changes as a ${str(p.format)}`
+      return 'export files'
+    case 'allow_egress': return str(p.rule) ? `open the network to ${str(p.rule)}` : 'open the network'
+    case 'add_secret':
+      return str(p.name) ? `add the secret ${str(p.name)}${Array.isArray(p.hosts) ? ` for ${p.hosts.join(', ')}` : ''}` : 'add a secret'
+    case 'force_push': return str(p.message) ? `force-push "${str(p.message)}"` : 'force-push'
+    default: return requestWords(action)
+  }
+}
+
+/** The notice to someone who can decide: who asks what, and where to decide. */
+export function askedNotice (who: string, action: string, params: unknown): string {
+  return `${who} asks to ${approvalWords(action, params)}. Decide in the Approvals panel.`
+}

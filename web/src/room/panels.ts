@@ -4,6 +4,7 @@ import { api, exportRepo, exportWorkspace, list, type Approval, type Room, type 
 import { abilities } from '../caps'
 import { action, h, replace, toast, when } from '../dom'
 import { verifyChain } from '../audit'
+import { approvalWords, whoIs } from '../notices'
 import { auditSentence } from '../auditText'
 import { limitRows, receiptRows, usageRows, vmSentence } from '../sandbox'
 import { parentView, readinessView } from './checkpoints'
@@ -22,6 +23,15 @@ export function download (name: string, data: unknown): void {
   a.click()
   a.remove()
   setTimeout(() => URL.revokeObjectURL(url), 10_000)
+}
+
+/** An approval's state, in words. */
+const STATE_WORDS: Record<string, string> = {
+  pending: 'waiting for a decision',
+  approved: 'approved',
+  used: 'approved and done',
+  denied: 'refused',
+  expired: 'expired undecided',
 }
 
 export async function approvalsPanel (el: HTMLElement, room: Room, selfId: string, refresh: () => void): Promise<void> {
@@ -77,9 +87,12 @@ export async function approvalsPanel (el: HTMLElement, room: Room, selfId: strin
           action('Approve', async () => { await api.decide(room.id, a.id, true); toast('Approved'); refresh() }, { class: 'primary', 'data-testid': `approve-${a.id}` }),
           action('Deny', async () => { await api.decide(room.id, a.id, false); toast('Denied'); refresh() }, { class: 'danger' }))
       : null)
-    return h('li', { class: `approval ${a.state}` },
-      h('div', null, h('strong', null, a.action), ' requested by ', emailOf(room, a.requester), ' — ', h('span', { class: 'state' }, a.state),
-        a.decided_by ? ` by ${emailOf(room, a.decided_by)}` : ''),
+    const agents = room.agents ?? []
+    const who = own ? 'You' : whoIs(a.requester, room.participants, agents)
+    return h('li', { class: `approval ${a.state}`, 'data-testid': `approval-${a.id}` },
+      h('div', null, h('strong', null, `${who} ${own ? 'ask' : 'asks'} to ${approvalWords(a.action, a.params)}`), ' — ',
+        h('span', { class: 'state' }, STATE_WORDS[a.state] ?? a.state),
+        a.decided_by ? ` by ${whoIs(a.decided_by, room.participants, agents)}` : ''),
       h('div', { class: 'hint' }, `asked ${when(a.created_at)}, expires ${when(a.expires_at)}`),
       h('p', { class: 'hint' }, 'Exactly these parameters (an approval covers nothing else):'),
       h('pre', { class: 'params' }, JSON.stringify(a.params, null, 2)),

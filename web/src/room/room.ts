@@ -4,7 +4,7 @@
 import * as Y from 'yjs'
 import * as decoding from 'lib0/decoding'
 import { WebsocketProvider } from 'y-websocket'
-import { api, ApiError, wsUrl, type Capability, type Room } from '../api'
+import { api, ApiError, wsUrl, type Approval, type Capability, type Room } from '../api'
 import type { App } from '../main'
 import { abilities } from '../caps'
 import { DocConnection, closeMeaning } from '../conn'
@@ -21,7 +21,7 @@ import { reposPanel } from './repos'
 import { PortWatch, PreviewPane, previewsPanel } from './previews'
 import { spendPanel } from './spend'
 import { MANIFEST, checkCommand, runCommand, withManifestCommand, type RunCommand } from '../run'
-import { decisionNotice, rightsNotice } from '../notices'
+import { askedNotice, decisionNotice, rightsNotice, whoIs } from '../notices'
 import { busiest, initials, peers, type Peer } from '../presence'
 import { browserStore, clampTerm, loadLayout, loadTabs, saveLayout, saveTabs, splitAt } from '../layout'
 
@@ -687,7 +687,10 @@ export function roomPage (app: App, id: string): () => void {
     replace(sideNav, PANELS.map((p, i) => h('button', {
       type: 'button', role: 'tab', class: p === panel ? 'active' : '', 'aria-selected': p === panel ? 'true' : 'false',
       title: i < 10 ? `${p} (Alt+${(i + 1) % 10})` : p, onclick: () => { panel = p; renderNav(); renderSide() },
-    }, p)))
+    }, p, p === 'Approvals' && waiting > 0
+      // What waits for this person's decision: counted on the tab.
+      ? h('span', { class: 'badge count', 'data-testid': 'approvals-count', 'aria-label': `, ${waiting} waiting for your decision` }, String(waiting))
+      : null)))
   }
   // Each panel keeps its own scroll position.
   const scrolls = new Map<Panel, number>()
@@ -796,28 +799,44 @@ export function roomPage (app: App, id: string): () => void {
     }
   }
   // Requests this person made that wait for someone else: told once each is decided (also one
-  // asked and decided between two looks: it was not there at the last look).
+  // asked and decided between two looks: it was not there at the last look). Requests this
+  // person may decide: counted on the Approvals tab, and told as they are asked.
   let seen: Map<string, string> | null = null
+  let waiting = 0
   const watchApprovals = async (): Promise<void> => {
     try {
       const r = await api.approvals(id)
       const list = Array.isArray(r) ? r : r.approvals
-      const mine = list.filter((a) => a.requester === me.id)
+      const agents = room?.agents ?? []
+      const people = room?.participants ?? []
       let decided = false
       if (seen !== null) {
-        for (const a of mine) {
+        for (const a of list) {
           const before = seen.get(a.id)
           if (before !== undefined && before !== 'pending') continue
-          const by = a.decided_by ? (room?.participants.find((p) => p.user_id === a.decided_by)?.email ?? null) : null
-          const said = decisionNotice(a.action, a.state, by)
-          if (said) { notice(said, `decision-${a.id}`); decided = true }
+          if (a.requester === me.id) {
+            const by = a.decided_by ? whoIs(a.decided_by, people, agents) : null
+            const said = decisionNotice(a.action, a.state, by)
+            if (said) notice(said, `decision-${a.id}`)
+          } else if (before === undefined && a.state === 'pending' && mayDecide(a)) {
+            notice(askedNotice(whoIs(a.requester, people, agents), a.action, a.params), `asked-${a.id}`)
+          }
+          if (a.state !== 'pending') decided = true
         }
       }
-      seen = new Map(mine.map((a) => [a.id, a.state]))
-      // An open Approvals panel shows the decision (and what it now lets one do) without a
-      // Refresh: a decision on one's own request is what that panel is read for.
-      if (decided && panel === 'Approvals') renderSide()
+      seen = new Map(list.map((a) => [a.id, a.state]))
+      const now = list.filter((a) => a.state === 'pending' && mayDecide(a)).length
+      if (now !== waiting) { waiting = now; renderNav() }
+      // A panel showing something that waited shows its decision (and what it now lets one
+      // do) without a Refresh.
+      if (decided && (['Approvals', 'Previews', 'Network', 'Checkpoints', 'Secrets', 'Spend', 'Repos'] as Panel[]).includes(panel)) renderSide()
     } catch { /* the next poll tries again */ }
+  }
+  // Whether this person may decide `a`: not their own, nor their own agent's, and only with
+  // `approve`.
+  const mayDecide = (a: Approval): boolean => {
+    if (a.requester === me.id || !abilities(caps).approve) return false
+    return room?.agents?.find((g) => g.agent_id === a.requester)?.sponsor !== me.id
   }
   // A deletion asked for: everyone here is told, until it is confirmed (the room then ends).
   const showDeletion = (r: Room): void => {
