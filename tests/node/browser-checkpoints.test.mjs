@@ -34,7 +34,8 @@ test('checkpoints are made, restored and forked from the page; readiness shows w
     await page.getByTestId('readiness').filter({ hasText: 'Runs when the sandbox next starts' }).waitFor()
     await page.getByTestId('checkpoint-name').fill('before the rewrite')
     await page.getByTestId('checkpoint-make').click()
-    const item = page.getByTestId('checkpoint').filter({ hasText: 'before the rewrite' })
+    // Its own row (a restore keeps the room as it was just before as "before restoring ...").
+    const item = page.getByTestId('checkpoint').filter({ has: page.getByText('before the rewrite', { exact: true }) })
     await item.waitFor()
 
     await page.locator('.cm-content').click()

@@ -45,14 +45,17 @@ export function toast (message: string, kind: 'info' | 'error' = 'info'): void {
 
 /** A toast that stays until dismissed (or 20 s), replacing an earlier one of the same kind:
  *  for what someone must not miss, such as their own rights changing. */
-export function notice (message: string, testid: string): void {
+export function notice (message: string, testid: string, act?: { label: string, run: () => Promise<void> }): void {
   const box = toastBox()
   box.querySelector(`[data-testid="${testid}"]`)?.remove()
   const close = h('button', { type: 'button', class: 'icon', 'aria-label': 'Dismiss' }, '×')
-  const t = h('div', { class: 'toast notice', 'data-testid': testid }, h('span', null, message), close)
+  // One thing to do about it, one click away (the notice goes once it is done).
+  const button = act ? action(act.label, async () => { await act.run(); t.remove() }, { 'data-testid': `${testid}-act` }) : null
+  const t = h('div', { class: 'toast notice', 'data-testid': testid }, h('span', null, message), button, close)
   close.addEventListener('click', () => t.remove())
   box.append(t)
-  setTimeout(() => t.remove(), 20_000)
+  // One with something to do stays a minute.
+  setTimeout(() => t.remove(), act ? 60_000 : 20_000)
 }
 
 /** Where toasts go (a polite live region, made on first use). */

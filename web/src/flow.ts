@@ -51,6 +51,7 @@ export type TermEvent =
   | { type: 'floor_refused', reason: string, holder: FloorPerson | null }
   | { type: 'spent', reason: string, agent: string | null, meter: string, used: number, budget: number, scope: string }
   | { type: 'budget', agent: string | null, budget: Record<string, number> }
+  | { type: 'restored', by: string, checkpoint: string, undo: string }
 
 /** A participant in the terminal's floor events. */
 export interface FloorPerson { user_id: string, email: string }

@@ -263,11 +263,21 @@ impl Ops {
         let texts = texts_in(&dir).await?;
         let files = texts.len();
         let meta = workspace_meta(&dir).await;
+        // The room as it is now, kept first: restoring it undoes this restore (nothing anyone
+        // wrote since the checkpoint is lost to it).
+        let shown: String = row.name.chars().take(MAX_NAME - 30).collect();
+        let before = make(
+            app,
+            room_id,
+            Maker::person(actor, proof.actor()),
+            format!("before restoring \"{shown}\""),
+        )
+        .await?;
         // On record (and the approval spent, once) before anything changes: a restore is never
         // done without its record, and one approval never restores twice.
         let details = json!({
             "checkpoint": row.id, "name": row.name, "at": row.at, "files": files,
-            "approval_id": approval,
+            "approval_id": approval, "undo": before.id,
         });
         let entry = Entry::of(proof.action(), Verdict::Allow, details);
         app.record_allowed(room_id, &proof, entry, Change::None, &approval)
@@ -294,9 +304,16 @@ impl Ops {
                 .await?;
             return Err(e.into());
         }
-        Ok(Outcome::Done(
-            json!({ "id": row.id, "name": row.name, "at": row.at, "restored": true }),
-        ))
+        // Everyone in the room is told who restored what, and how to undo it.
+        let event = crate::terminal::TermEvent::Restored {
+            by: actor.email.clone(),
+            checkpoint: row.name.clone(),
+            undo: before.id.clone(),
+        };
+        app.sandboxes.notice(room_id, event).await;
+        Ok(Outcome::Done(json!({
+            "id": row.id, "name": row.name, "at": row.at, "restored": true, "undo": before.id,
+        })))
     }
 
     /// A new room owned by `actor`, with the files of a checkpoint

@@ -56,6 +56,14 @@ pub(crate) enum TermEvent {
         agent: Option<String>,
         budget: serde_json::Value,
     },
+    /// A checkpoint was restored: the room's files are as they were then, for everyone. `by`
+    /// names who restored it; `undo` is the checkpoint of the room as it was just before,
+    /// whose restore undoes this one.
+    Restored {
+        by: String,
+        checkpoint: String,
+        undo: String,
+    },
     /// This viewer's keys (or floor action) were refused: someone else has the terminal.
     FloorRefused {
         reason: String,

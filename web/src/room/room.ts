@@ -595,6 +595,22 @@ export function roomPage (app: App, id: string): () => void {
         // A budget was reached: whoever is here is told what stopped, once.
         toast(e.reason, 'error')
         if (panel === 'Spend') renderSide()
+      } else if (e.type === 'restored') {
+        // A restore replaced everyone's files: everyone is told who did it, and whoever may
+        // restore can undo it in one click (the room as it was just before is a checkpoint).
+        const who = e.by === me.email ? 'You' : e.by
+        const can = abilities(caps)
+        const undo = can.edit && can.type
+          ? {
+              label: 'Undo',
+              run: async () => {
+                const r = await api.restore(id, e.undo)
+                if (r.state === 'pending_approval') toast('Undoing it needs someone else\'s approval: asked (Approvals panel).')
+              },
+            }
+          : undefined
+        notice(`${who} restored the checkpoint "${e.checkpoint}": every file is as it was then. What was here just before is kept as a checkpoint.`, 'restored', undo)
+        if (panel === 'Checkpoints') renderSide()
       } else if (e.type === 'budget') {
         void reload().then(() => { if (panel === 'Spend') renderSide() })
       } else if (e.type === 'people_changed' || e.type === 'sandbox') void reload()
