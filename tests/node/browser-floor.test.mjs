@@ -58,9 +58,11 @@ test('one driver at a time: only the holder types, and control is handed over on
   await waitFor(async () => (await terminalText(ana.page)).includes('marker-10'), 20_000, 'the marker did not run')
   assert.doesNotMatch(await terminalText(ana.page), /ana-late-8/, 'a refused key reached the shell')
 
-  // Released: free for anyone's next line.
+  // Released: free for anyone's next line, and Ana's bar no longer says Ben has it.
   await ben.page.getByTestId('floor-release').click()
   await ana.page.getByTestId('floor-take').waitFor()
+  await waitFor(async () => !(await ana.page.getByTestId('terminal-status').innerText()).includes('ben@example.com'), 5000,
+    async () => `Ana's terminal bar still reads ${JSON.stringify(await ana.page.getByTestId('terminal-status').innerText())}`)
   await ana.page.getByTestId('terminal').click()
   await ana.page.keyboard.type('echo ana-again-$((6+6))\n', { delay: 10 })
   await waitFor(async () => (await terminalText(ben.page)).includes('ana-again-12'), 20_000, 'Ana could not type after the release')

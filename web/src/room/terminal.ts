@@ -146,7 +146,11 @@ export class SharedTerminal {
 
   private flash (text: string): void {
     this.status.textContent = text
+    this.refusedShown = false
   }
+
+  /** The bar shows a floor refusal (someone else has the terminal). */
+  private refusedShown = false
 
   private resize (): void {
     try { this.fit.fit() } catch { /* not laid out yet */ }
@@ -240,9 +244,11 @@ export class SharedTerminal {
       case 'denied': this.flash(`Refused: ${e.reason}`); break
       case 'floor':
         this.floor = { holder: e.holder, requests: e.requests }
+        // A refusal shown in the bar is over once the floor is free or this person's.
+        if (this.refusedShown && (e.holder === null || e.holder.user_id === this.hooks.selfId)) this.flash('Connected')
         this.renderFloor()
         break
-      case 'floor_refused': this.flash(e.reason); break
+      case 'floor_refused': this.flash(e.reason); this.refusedShown = true; break
       case 'error': this.flash(e.reason); break
       case 'sandbox':
         if (e.state === 'starting') this.flash('Starting the sandbox…')
