@@ -127,3 +127,29 @@ test('a member previews the room\'s app in the pane and a tab; nobody else can',
   assert.deepEqual(ben.errors, [])
   assert.deepEqual(await server.stop(), { code: 0, signal: null })
 })
+
+test('a server without previews offers none: no "preview it?" for an open port, and the panel says why', { skip, timeout: 180_000 }, async (t) => {
+  const { storage, server, people: [ana] } = await scene(t, ['ana@example.com'])
+  await login(ana, storage.dataDir)
+  const roomId = await createRoomFromPage(ana, 'no previews here')
+  const anaToken = await mintToken(storage, 'ana@example.com')
+  const started = await api(server, anaToken, 'POST', `/api/rooms/${roomId}/exec`, {
+    argv: ['sh', '-c', 'setsid -f python3 -m http.server 8000 --bind 127.0.0.1 >/dev/null 2>&1 </dev/null; ' +
+      'python3 -c "import socket, time\nfor _ in range(100):\n    try:\n        socket.create_connection((\'127.0.0.1\', 8000)).close(); break\n    except OSError: time.sleep(0.1)"'],
+    timeout_ms: 30000
+  })
+  assert.equal(started.status, 200, JSON.stringify(started.body))
+  // The page looked at the ports after the app listened: it was told previews are off.
+  const looked = await ana.page.waitForResponse(async (r) => {
+    if (!r.url().endsWith(`/api/rooms/${roomId}/sandbox/ports`)) return false
+    const body = await r.json().catch(() => null)
+    return body?.listening?.includes(8000) === true
+  }, { timeout: 30_000 })
+  assert.equal((await looked.json()).previews, false)
+  // Whatever that look led to (a request for the previews, an offer) is done by now.
+  await ana.page.waitForLoadState('networkidle')
+  assert.equal(await ana.page.getByTestId('port-notice').isVisible(), false, 'a port was offered for a preview the server cannot serve')
+  await ana.page.keyboard.press('Alt+0')
+  await ana.page.getByTestId('previews-off').waitFor()
+  assert.deepEqual(ana.errors, [])
+})

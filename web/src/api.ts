@@ -330,7 +330,7 @@ export const api = {
     call<Preview>('POST', `/api/rooms/${id}/previews`, p),
   openPreview: (id: string, pid: string) => call<{ url: string, state: string }>('POST', `/api/rooms/${id}/previews/${pid}/open`, {}),
   revokePreview: (id: string, pid: string) => call<void>('DELETE', `/api/rooms/${id}/previews/${pid}`),
-  ports: (id: string) => call<{ running: boolean, listening: number[] }>('GET', `/api/rooms/${id}/sandbox/ports`),
+  ports: (id: string) => call<{ running: boolean, listening: number[], previews?: boolean }>('GET', `/api/rooms/${id}/sandbox/ports`),
   repos: (id: string) => call<Repo[]>('GET', `/api/rooms/${id}/repos`),
   connectRepo: (id: string, r: { url: string, branch: string, secret: string | null, access: string, path?: string }) =>
     call<Repo & { skipped: string[] }>('POST', `/api/rooms/${id}/repos`, r),

@@ -320,20 +320,22 @@ pub(crate) fn routes() -> Router<AppState> {
 /// `GET /api/rooms/{id}/sandbox/ports`: `{"running", "listening": [port, ...]}`, the TCP ports
 /// something in the room's sandbox listens on (any participant). It neither starts a stopped
 /// sandbox nor keeps a running one from its idle stop.
-async fn ports(seen: Observing) -> Result<Json<Value>, ApiError> {
+async fn ports(State(app): State<AppState>, seen: Observing) -> Result<Json<Value>, ApiError> {
     let op = coderoom_sandbox::proto::Op::Listening;
+    // Whether this server can preview a port at all (the page offers only what it can do).
+    let previews = app.previews.origin.is_some();
     match seen
         .ops
         .sandboxes
         .peek(&seen.room, op, Duration::from_secs(5))
         .await
     {
-        Ok(coderoom_sandbox::proto::Reply::Listening(ports)) => {
-            Ok(Json(json!({ "running": true, "listening": ports })))
-        }
-        Err(crate::sandbox::SandboxError::Stopped) => {
-            Ok(Json(json!({ "running": false, "listening": [] })))
-        }
+        Ok(coderoom_sandbox::proto::Reply::Listening(ports)) => Ok(Json(
+            json!({ "running": true, "listening": ports, "previews": previews }),
+        )),
+        Err(crate::sandbox::SandboxError::Stopped) => Ok(Json(
+            json!({ "running": false, "listening": [], "previews": previews }),
+        )),
         Ok(_) => Err(ApiError::Internal),
         Err(e) => Err(e.into()),
     }

@@ -124,7 +124,11 @@ export async function previewsPanel (el: HTMLElement, room: Room, selfId: string
     h('option', { value: 'public' }, 'Anyone with the link (needs approval)'))
   const ttl = h('select', { 'aria-label': 'For how long', 'data-testid': 'preview-ttl' },
     LIFETIMES.map(([label, s]) => h('option', { value: String(s) }, label)))
-  const create = can.publish
+  // Whether this server serves previews at all (an operator turns them on).
+  const on = (await api.ports(room.id).catch(() => null))?.previews !== false
+  const create = !on
+    ? h('p', { class: 'hint', 'data-testid': 'previews-off' }, 'Previews are off on this server: whoever runs it turns them on (--preview-url).')
+    : can.publish
     ? h('div', { class: 'stack' }, h('div', { class: 'row' }, port, visibility, ttl),
       action('Preview', async () => {
         const n = Number(port.value)
@@ -175,7 +179,9 @@ export class PortWatch {
     if (document.hidden || this.timer === null) return
     let listening: number[]
     try {
-      listening = (await api.ports(this.room)).listening
+      const seen = await api.ports(this.room)
+      // A server without previews offers none (nothing to open a port with).
+      listening = seen.previews === false ? [] : seen.listening
     } catch {
       return
     }
