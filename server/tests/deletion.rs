@@ -43,6 +43,15 @@ async fn deletion_survives_a_crash_and_leaves_nothing_on(backend: &Backend) {
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(v["state"], "pending_confirmation");
     let id = v["deletion_id"].as_str().unwrap().to_owned();
+    // The admin, who alone confirms, is told; the one who asked is not.
+    let mail = wait_for_mail(&storage, "root@example.com", "delete the room").await;
+    assert!(
+        mail.contains("ana@example.com asks to delete the room") && mail.contains("/admin"),
+        "{mail}"
+    );
+    assert!(mail_to(&storage, "ana@example.com")
+        .iter()
+        .all(|m| !m.contains("delete the room")));
     // Only a system admin confirms; the room is untouched until then.
     let confirm = format!("/api/deletions/{id}/confirm");
     assert_eq!(

@@ -121,7 +121,10 @@ async fn previews_are_for_members_or_approved_and_end_when_revoked_on(backend: &
     // Looking at the ports neither starts the sandbox nor finds any.
     let ports = format!("/api/rooms/{room}/sandbox/ports");
     let v = get_json(server, &t.cy, &ports).await;
-    assert_eq!(v, serde_json::json!({"running": false, "listening": []}));
+    assert_eq!(
+        v,
+        serde_json::json!({"running": false, "listening": [], "previews": true})
+    );
     let v = get_json(server, &t.ana, &format!("/api/rooms/{room}/sandbox")).await;
     assert_ne!(v["state"], "running", "{v}");
     let dee = storage.token("dee@example.com").await;
@@ -146,7 +149,7 @@ async fn previews_are_for_members_or_approved_and_end_when_revoked_on(backend: &
     }
     assert_eq!(
         listening,
-        serde_json::json!({"running": true, "listening": [8000]})
+        serde_json::json!({"running": true, "listening": [8000], "previews": true})
     );
 
     // A room preview: needs publish; only members who may observe open it.
@@ -295,7 +298,7 @@ async fn previews_are_for_members_or_approved_and_end_when_revoked_on(backend: &
     assert!(r.body.contains("waits for an owner's approval") && !r.body.contains("app saw"));
     // The owners are told by mail (the requester is not).
     for owner in ["ana@example.com", "dee@example.com"] {
-        let mail = wait_for_mail(&storage, owner).await;
+        let mail = wait_for_mail(&storage, owner, "preview").await;
         assert!(
             mail.contains("ben@example.com asks to make port 8000")
                 && mail.contains(&format!("/rooms/{room}")),
@@ -425,34 +428,6 @@ async fn previews_are_for_members_or_approved_and_end_when_revoked_on(backend: &
     assert_eq!(entry["status"], "destroyed", "{v}");
     assert_eq!(get(port, &public, None).await.status, 404);
     drop(term);
-}
-
-/// The mails in the dev outbox addressed to `to` (whole files only: the server writes
-/// `NAME.eml.tmp` and renames it).
-fn mail_to(storage: &Storage, to: &str) -> Vec<String> {
-    let Ok(dir) = std::fs::read_dir(storage.dir.path().join("outbox")) else {
-        return Vec::new();
-    };
-    dir.filter_map(Result::ok)
-        .filter(|e| e.path().extension().is_some_and(|x| x == "eml"))
-        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
-        // Quoted-printable's soft line breaks joined again.
-        .map(|m| m.replace("=\r\n", "").replace("=\n", ""))
-        .filter(|m| m.contains(&format!("To: {to}")))
-        .collect()
-}
-
-async fn wait_for_mail(storage: &Storage, to: &str) -> String {
-    for _ in 0..200 {
-        if let Some(m) = mail_to(storage, to)
-            .into_iter()
-            .find(|m| m.contains("preview"))
-        {
-            return m;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("no mail to {to}");
 }
 
 /// Reads an HTTP/1.1 answer's head from `tcp`: (status, content length).

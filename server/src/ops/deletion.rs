@@ -89,6 +89,8 @@ impl Ops {
                 let entry = Entry::of(proof.action(), Verdict::Allow, details);
                 self.write(&locked, room_id, proof.actor(), entry, change)
                     .await?;
+                drop(locked);
+                self.tell_admins(room_id, actor).await?;
                 id
             }
         };
@@ -96,6 +98,29 @@ impl Ops {
             deletion_id: id,
             state: DeletionState::PendingConfirmation,
         })
+    }
+
+    /// A new deletion request reaches the system admins (`--admin-emails`), who alone confirm
+    /// it: a mail each, naming the room, who asked, and where to confirm.
+    async fn tell_admins(&self, room_id: &RoomId, requester: &Actor) -> Result<(), OpError> {
+        let name = self
+            .store
+            .room(room_id)
+            .await?
+            .map(|r| r.name)
+            .unwrap_or_default();
+        for admin in self.admin_emails.iter() {
+            self.mailer.send(crate::accounts::mail::Mail {
+                to: admin.clone(),
+                subject: "A room's deletion waits for your confirmation".into(),
+                body: format!(
+                    "{} asks to delete the room \"{name}\" ({room_id}) and everything of it.\r\n\r\n\
+                     Confirm or leave it in the admin console: {}/admin\r\n",
+                    requester.email, self.public_origin,
+                ),
+            });
+        }
+        Ok(())
     }
 
     /// Confirms deletion `id` as `actor` (system admins only; the request stands only while

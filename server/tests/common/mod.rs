@@ -1433,3 +1433,32 @@ pub async fn stand_in() -> (u16, std::sync::Arc<std::sync::Mutex<Vec<String>>>) 
     });
     (port, seen)
 }
+
+/// The mails in the dev outbox addressed to `to` (whole files only: the server writes
+/// `NAME.eml.tmp` and renames it).
+pub fn mail_to(storage: &Storage, to: &str) -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir(storage.dir.path().join("outbox")) else {
+        return Vec::new();
+    };
+    dir.filter_map(Result::ok)
+        .filter(|e| e.path().extension().is_some_and(|x| x == "eml"))
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        // Quoted-printable's soft line breaks joined again.
+        .map(|m| m.replace("=\r\n", "").replace("=\n", ""))
+        .filter(|m| m.contains(&format!("To: {to}")))
+        .collect()
+}
+
+/// The first mail to `to` that holds `needle`, once it is in the outbox.
+pub async fn wait_for_mail(storage: &Storage, to: &str, needle: &str) -> String {
+    for _ in 0..200 {
+        if let Some(m) = mail_to(storage, to)
+            .into_iter()
+            .find(|m| m.contains(needle))
+        {
+            return m;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("no mail to {to} with {needle:?}");
+}
