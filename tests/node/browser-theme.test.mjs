@@ -1,6 +1,7 @@
 // Light and dark (issue 19, item 7): the room follows the system's setting until the person
 // chooses (a header button, remembered); screenshots of the room in both themes at 1280 and
-// 420 px wide go to the screenshot folder (docs/screenshots keeps a set).
+// 420 px wide go to the screenshot folder (docs/screenshots keeps a set). At 420 px the editor
+// and the terminal both have room, and the terminal takes keys (issue 41, item 7).
 
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
@@ -28,6 +29,15 @@ test('the room is dark when the system is, until the person chooses light', { sk
   await shot(page, '50-room-dark-1280')
   await page.setViewportSize({ width: 420, height: 800 })
   await shot(page, '51-room-dark-420')
+  // At 420 px the editor and the terminal both have room, and the terminal takes keys.
+  const height = async (locator) => (await locator.boundingBox())?.height ?? 0
+  assert.ok(await height(page.locator('.cm-editor')) >= 150, `the editor is ${await height(page.locator('.cm-editor'))} px tall`)
+  const term = page.getByTestId('terminal')
+  assert.ok(await height(term) >= 150, `the terminal is ${await height(term)} px tall`)
+  await term.scrollIntoViewIfNeeded()
+  await term.click()
+  await page.keyboard.type('echo narrow-$((40+2))\n', { delay: 10 })
+  await page.locator('.xterm-rows').filter({ hasText: 'narrow-42' }).waitFor({ timeout: 20_000 })
 
   // The person chooses light: kept across a reload, though the system stays dark.
   await page.getByTestId('theme-toggle').click()
