@@ -61,7 +61,12 @@ test('offline edits are kept, shown as pending, and land after a server restart;
 
     // Back on the same address: the edits land, the terminal works again.
     server = await startServer(storage, { listen })
+    const back = Date.now()
     s.defer(() => server.kill())
+    // The terminal is back within 3 s of the server (issue 41, item 8).
+    await page.getByTestId('terminal-status').filter({ hasText: 'Connected' }).waitFor({ timeout: 30_000 })
+    const took = Date.now() - back
+    assert.ok(took <= 3000, `the terminal took ${took} ms to come back`)
     await status.filter({ hasText: 'Synced' }).waitFor({ timeout: 30_000 })
     await waitFor(async () => (await serverFiles(server, roomId, token))['a.txt'] === 'one two', 15_000,
       'the offline edits did not reach the server')

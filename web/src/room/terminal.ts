@@ -27,7 +27,9 @@ export class SharedTerminal {
   private readonly fit = new FitAddon()
   private ws: WebSocket | null = null
   private readonly gate = new FlowGate()
-  private readonly backoff = new Backoff()
+  // Back within a second or two of the server (a restart is seconds long; a longer outage costs
+  // a request every 1.5 s).
+  private readonly backoff = new Backoff(250, 1500)
   private catchingUp = false
   private retry: ReturnType<typeof setTimeout> | null = null
   private closed = false
