@@ -45,7 +45,9 @@ test('an agent added from the People panel works in the room and ends from there
   await shot(page, '23-agent-at-work')
 
   // Ended from the panel: gone from it, its token refused.
+  // Ending an agent asks once, in words.
   await row.getByTestId('agent-end-helper').click()
+  await row.getByTestId('agent-end-helper').filter({ hasText: 'End helper: click again' }).click()
   await row.waitFor({ state: 'detached' })
   await waitFor(async () => (await api(server, token, 'GET', `/api/rooms/${roomId}`)).status === 401, 5000, 'the token still works')
   assert.deepEqual(ana.errors, [])

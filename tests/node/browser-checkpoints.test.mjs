@@ -63,6 +63,7 @@ test('checkpoints are made, restored and forked from the page; readiness shows w
     // Fork: a room of one's own, which says where it came from.
     await page.keyboard.press('Alt+4')
     await item.getByRole('button', { name: 'Fork' }).click()
+    await item.getByRole('button', { name: 'Fork: click again' }).click()
     await page.waitForURL((u) => /\/rooms\/[A-Za-z0-9]+$/.test(u.pathname) && !u.pathname.endsWith(roomId))
     const forkId = page.url().split('/').pop()
     await page.getByTestId('conn-status').filter({ hasText: 'Synced' }).waitFor()

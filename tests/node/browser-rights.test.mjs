@@ -1,7 +1,8 @@
 // Being told when your own rights change (issue 19, item 5): Ana lowers Ben to viewer from her
 // People panel, and Ben's page says at once who did it and what it means, turns his editor
 // read-only, and says so again when he can edit and type again; a grant that only takes typing
-// away (and gives it back) is named as such.
+// away (and gives it back) is named as such. A role change asks once, in words, before it
+// happens (issue 41, item 8).
 
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
@@ -23,7 +24,14 @@ test('a rights change is told to the person it changes, naming who made it', { s
 
   // Ana makes Ben a viewer from her People panel.
   await ana.page.getByTestId('person-ben@example.com').waitFor({ timeout: 10_000 })
+  // Choosing asks once, in words (issue 41, item 8): nothing changes until it is confirmed.
   await ana.page.getByTestId('role-ben@example.com').selectOption('viewer')
+  const confirm = ana.page.getByTestId('role-ben@example.com-confirm').filter({ hasText: 'Make ben@example.com a viewer' })
+  await confirm.waitFor()
+  const room = async () => (await api(server, anaToken, 'GET', `/api/rooms/${roomId}`)).body
+  assert.equal((await room()).participants.find((p) => p.user_id === benId).role, 'editor', 'a choice alone changed the role')
+  await shotsAll(ana.page, '62-role-change-asks')
+  await confirm.click()
   await notice.filter({ hasText: 'ana@example.com made you a viewer: you can watch, but not edit or type.' }).waitFor({ timeout: 10_000 }).catch(async (e) => { throw new Error(`${e.message}: toasts: ${await ben.page.locator('#toasts').innerText().catch(() => 'none')}; ana: ${await ana.page.locator('#toasts').innerText().catch(() => 'none')}`) })
   assert.equal(await ben.page.locator('#toasts').getAttribute('aria-live'), 'polite', 'read out by screen readers')
   await ben.page.locator('.room.viewer').waitFor()
@@ -31,6 +39,7 @@ test('a rights change is told to the person it changes, naming who made it', { s
 
   // Back to editor: told again, and the editor takes keys again.
   await ana.page.getByTestId('role-ben@example.com').selectOption('editor')
+  await ana.page.getByTestId('role-ben@example.com-confirm').click()
   await notice.filter({ hasText: 'ana@example.com made you an editor: you can edit files and run commands.' }).waitFor({ timeout: 10_000 })
   await ben.page.locator('.room:not(.viewer)').waitFor()
 

@@ -39,5 +39,6 @@ test('the room list says what each room is to you, and lets you leave or ask to 
   await beta.getByTestId('leave-beta').click()
   await beta.locator('[role="status"]').filter({ hasText: /\S/ }).waitFor()
   await beta.getByTestId('delete-beta').click()
+  await beta.getByTestId('delete-beta').filter({ hasText: 'Click again' }).click()
   await beta.locator('[role="status"]').filter({ hasText: 'Deletion asked: a system admin must confirm it.' }).waitFor()
 })

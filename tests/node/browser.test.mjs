@@ -126,6 +126,7 @@ test('two people share a room in real browsers: editor, cursors, terminal, downg
     const patched = ana.page.waitForResponse((r) => r.url().endsWith(`/participants/${benId}`) && r.request().method() === 'PATCH')
     const t0 = Date.now()
     await ana.page.getByTestId('role-ben@example.com').selectOption('viewer')
+    await ana.page.getByTestId('role-ben@example.com-confirm').click()
     assert.equal((await patched).status(), 200)
     await ben.page.locator('.cm-content[contenteditable="false"]').waitFor({ timeout: 5000 })
     await ben.page.getByTestId('terminal-view-only').waitFor({ state: 'visible', timeout: 5000 })
@@ -214,6 +215,7 @@ test('approvals, sandbox, audit chain and an admin-confirmed deletion, in real b
     await ben.page.waitForURL(`**/rooms/${roomId}`)
     await ana.page.getByTestId('person-ben@example.com').waitFor()
     await ana.page.getByLabel('Grant a capability to ben@example.com').selectOption('approve')
+    await ana.page.getByTestId('grant-ben@example.com-confirm').filter({ hasText: 'Let ben@example.com approve requests' }).click()
     await ana.page.getByTestId('meaning-ben@example.com').filter({ hasText: 'Can edit files and run commands. Also can approve requests.' }).waitFor()
     await ana.page.getByTestId('person-ben@example.com').getByText('Rights in detail').click()
     await ana.page.getByTestId('person-ben@example.com').locator('.chip', { hasText: 'approve' }).waitFor()
@@ -286,6 +288,7 @@ c = sqlite3.connect(sys.argv[1]); c.execute("UPDATE audit_log SET reason = '' WH
     // Ana asks to delete the room; Dana (admin) confirms from the link and gets the receipt.
     await ana.page.getByRole('tab', { name: 'Room' }).click()
     await ana.page.getByTestId('request-deletion').click()
+    await ana.page.getByTestId('request-deletion').filter({ hasText: 'Click again' }).click()
     // Everyone in the room is told it may go.
     await ben.page.getByTestId('pending-deletion').filter({ hasText: 'ana@example.com asked to delete this room' }).waitFor({ timeout: 15_000 })
     await ana.page.getByTestId('pending-deletion').filter({ hasText: 'You asked to delete this room' }).waitFor({ timeout: 15_000 })

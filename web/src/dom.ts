@@ -71,6 +71,36 @@ function toastBox (): HTMLElement {
 /** A button that does something that cannot be undone: the first click turns its text into
  *  `confirming` for 5 s, a second click within them runs `act` (the button disabled while it
  *  runs, enabled again when `act` throws, which `act` reports itself). */
+/**
+ * A `select` whose choice changes authority: choosing shows, beside it, a button saying in
+ * words what will happen (`describe`); only its click does it (`apply`). Choosing nothing (or
+ * Cancel) takes the offer back. The button's test id is the select's, plus `-confirm`.
+ */
+export function confirmChoice (select: HTMLSelectElement, describe: (value: string) => string, apply: (value: string) => Promise<void>): HTMLElement {
+  const box = h('span', { class: 'row confirm-choice' }, select)
+  let offer: HTMLElement | null = null
+  const withdraw = (): void => { offer?.remove(); offer = null }
+  select.addEventListener('change', () => {
+    withdraw()
+    const value = select.value
+    if (!value) return
+    const id = select.getAttribute('data-testid')
+    offer = h('span', { class: 'row' },
+      action(describe(value), async () => {
+        select.disabled = true
+        try {
+          await apply(value)
+          withdraw()
+        } finally {
+          select.disabled = false
+        }
+      }, { class: 'primary small', 'data-testid': id ? `${id}-confirm` : null }),
+      action('Cancel', () => { select.value = ''; withdraw() }, { class: 'small' }))
+    box.append(offer)
+  })
+  return box
+}
+
 export function confirmButton (label: string, confirming: string, act: () => Promise<void>, attrs: Record<string, unknown> = {}): HTMLButtonElement {
   const b = h('button', { type: 'button', ...attrs }, label)
   let armedUntil = 0

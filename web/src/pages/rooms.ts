@@ -38,19 +38,18 @@ export function roomsPage (app: App): () => void {
       toast(`You left ${room.name}.`)
       li.remove()
     }, { class: 'small', 'data-testid': `leave-${room.name}` })
+    // Asks once, in words, as everything that destroys data does.
     const del = room.role === 'owner'
-      ? h('button', { type: 'button', class: 'danger small', 'data-testid': `delete-${room.name}` }, 'Delete…')
+      ? confirmButton('Delete…', 'Click again: ask an admin to delete it', async () => {
+        try {
+          await api.requestDeletion(room.id)
+          state.textContent = 'Deletion asked: a system admin must confirm it.'
+        } catch (e) {
+          state.textContent = errorText(e)
+          throw e
+        }
+      }, { class: 'danger small', 'data-testid': `delete-${room.name}` })
       : null
-    del?.addEventListener('click', async () => {
-      del.disabled = true
-      try {
-        await api.requestDeletion(room.id)
-        state.textContent = 'Deletion asked: a system admin must confirm it.'
-      } catch (e) {
-        state.textContent = errorText(e)
-        del.disabled = false
-      }
-    })
     const facts = [
       room.role ? `${room.role}: ${ROLE_MEANING[room.role] ?? 'custom rights'}` : null,
       room.members !== undefined ? `${room.members} ${room.members === 1 ? 'person' : 'people'}` : null,

@@ -3,7 +3,7 @@
 
 import { api, list, type Approval, type Checkpoint, type Readiness, type Room } from '../api'
 import { abilities } from '../caps'
-import { action, h, replace, toast, when } from '../dom'
+import { action, confirmButton, h, replace, toast, when } from '../dom'
 
 /** How long a Restore button waits for its second click. */
 const CONFIRM_MS = 4000
@@ -110,7 +110,7 @@ export async function checkpointsPanel (el: HTMLElement, room: Room, selfId: str
       : null
     const restoreButton = restore as HTMLButtonElement
     // With `export` a fork is made at once; without it, it waits for someone else's approval.
-    const fork = action('Fork', async () => {
+    const fork = confirmButton('Fork', 'Fork: click again', async () => {
       const approved = can.export
         ? undefined
         : await approvedFor('fork', c.id)

@@ -2,7 +2,7 @@
 
 import { api, exportRepo, exportWorkspace, list, type Approval, type Room, type SandboxStatus } from '../api'
 import { abilities } from '../caps'
-import { action, h, replace, toast, when } from '../dom'
+import { action, confirmButton, h, replace, toast, when } from '../dom'
 import { verifyChain } from '../audit'
 import { approvalWords, whoIs } from '../notices'
 import { auditSentence } from '../auditText'
@@ -220,7 +220,7 @@ export function roomPanel (el: HTMLElement, room: Room, paths: () => string[]): 
       ? h('div', { class: 'danger-zone stack' },
         h('h3', null, 'Delete this room'),
         h('p', { class: 'hint' }, 'A system admin must confirm. Then everything is destroyed and you get a receipt.'),
-        action('Ask to delete this room', async () => {
+        confirmButton('Ask to delete this room', 'Click again: ask an admin to delete this room and all in it', async () => {
           const d = await api.requestDeletion(room.id)
           const link = `${location.origin}/deletions/${d.deletion_id}`
           replace(out, h('p', { 'data-testid': 'deletion-requested' }, 'Deletion requested (', d.state, '). Send this link to a system admin: ',

@@ -3,8 +3,8 @@
 
 import { api, ApiError, CAPABILITIES, type AgentInfo, type Capability, type Room } from '../api'
 import { abilities, canRemove, settableRoles } from '../caps'
-import { roleLine } from '../notices'
-import { action, copy, h, replace, toast } from '../dom'
+import { roleLine, words } from '../notices'
+import { action, confirmButton, confirmChoice, copy, h, replace, toast } from '../dom'
 
 export interface PeopleState {
   room: Room
@@ -35,36 +35,33 @@ export function peoplePanel (el: HTMLElement, s: PeopleState, changed: () => Pro
       ? h('select', { 'aria-label': `New role for ${p.email}`, 'data-testid': `role-${p.email}` },
         h('option', { value: '' }, 'Change role…'), roles.map((r) => h('option', { value: r }, r)))
       : null
-    roleSelect?.addEventListener('change', async () => {
-      const role = roleSelect.value
-      if (!role) return
-      roleSelect.disabled = true
-      try {
-        await api.changeParticipant(s.room.id, p.user_id, { role })
-        toast(`${p.email} is now ${role}`)
-        await changed()
-      } catch (e) {
-        toast((e as Error).message, 'error')
-        roleSelect.disabled = false
-      }
-    })
+    // Authority changes ask once, in words, before they happen.
+    const role = roleSelect
+      ? confirmChoice(roleSelect as HTMLSelectElement, (r) => `Make ${p.email} ${r === 'owner' ? 'an owner' : `a ${r}`}`, async (r) => {
+        try {
+          await api.changeParticipant(s.room.id, p.user_id, { role: r })
+          toast(`${p.email} is now ${r === 'owner' ? 'an owner' : `a ${r}`}`)
+          await changed()
+        } catch (e) { toast((e as Error).message, 'error') }
+      })
+      : null
     const grantable = can.grantable.filter((c) => !p.capabilities.includes(c))
-    const grant = grantable.length && p.user_id !== s.selfId
-      ? h('select', { 'aria-label': `Grant a capability to ${p.email}` },
+    const grantSelect = grantable.length && p.user_id !== s.selfId
+      ? h('select', { 'aria-label': `Grant a capability to ${p.email}`, 'data-testid': `grant-${p.email}` },
         h('option', { value: '' }, 'Grant…'), grantable.map((c) => h('option', { value: c }, c)))
       : null
-    grant?.addEventListener('change', async () => {
-      const c = grant.value as Capability
-      if (!c) return
-      try {
-        await api.changeParticipant(s.room.id, p.user_id, { grant: [c] })
-        await changed()
-      } catch (e) { toast((e as Error).message, 'error'); grant.value = '' }
-    })
+    const grant = grantSelect
+      ? confirmChoice(grantSelect as HTMLSelectElement, (c) => `Let ${p.email} ${words(c as Capability)}`, async (c) => {
+        try {
+          await api.changeParticipant(s.room.id, p.user_id, { grant: [c as Capability] })
+          await changed()
+        } catch (e) { toast((e as Error).message, 'error') }
+      })
+      : null
     const chips = CAPABILITIES.filter((c) => p.capabilities.includes(c)).map((c) =>
       h('span', { class: 'chip' }, c,
         can.revoke && p.user_id !== s.selfId
-          ? action('×', async () => {
+          ? confirmButton('×', `Take "${c}" from ${p.email}?`, async () => {
             await api.changeParticipant(s.room.id, p.user_id, { revoke: [c] })
             await changed()
           }, { class: 'chip-x', title: `Revoke ${c} from ${p.email}`, 'aria-label': `Revoke ${c} from ${p.email}` })
@@ -98,7 +95,7 @@ export function peoplePanel (el: HTMLElement, s: PeopleState, changed: () => Pro
         typing ? h('span', { class: 'typing' }, 'typing in the terminal…') : null),
       h('p', { class: 'meaning', 'data-testid': `meaning-${p.email}` }, roleLine(p.role, p.capabilities)),
       rightsDetails(s.detailed, p.user_id, chips),
-      roleSelect || grant || remove ? h('div', { class: 'row' }, roleSelect, grant, remove) : null)
+      role || grant || remove ? h('div', { class: 'row' }, role, grant, remove) : null)
   })
   const agents = (s.room.agents ?? []).map((a) => agentRow(a, s, changed))
   // An open invite or agent form (and the link or token it made) survives redraws.
@@ -161,9 +158,9 @@ function agentRow (a: AgentInfo, s: PeopleState, changed: () => Promise<void>): 
     h('div', { class: 'hint' }, `brought in by ${a.sponsor_email || 'someone no longer here'}${a.approval_mode ? '; each command it runs waits for an approval' : ''}`),
     h('div', { class: 'chips' }, a.capabilities.map((c) => h('span', { class: 'chip' }, c))),
     mayEnd
-      ? h('div', { class: 'row' }, action('End', async () => {
+      ? h('div', { class: 'row' }, confirmButton('End', `End ${a.name}: click again`, async () => {
         await api.revokeAgent(s.room.id, a.agent_id)
-        toast(`${a.name} is gone from the room`)
+        toast(`${a.name} is gone from the room: everything it ran stopped`)
         await changed()
       }, { class: 'danger small', 'data-testid': `agent-end-${a.name}` }))
       : null)
