@@ -78,4 +78,8 @@ test('no serious or critical accessibility violation on the login page, the room
   assert.deepEqual(await violations(page), [], 'approvals (light, 420 px)')
   await page.setViewportSize({ width: 1280, height: 800 })
   assert.deepEqual(await violations(page), [], 'approvals (light)')
+  // The audit log in words, with its filters.
+  await page.getByRole('tab', { name: 'Audit' }).click()
+  await page.getByTestId('audit-who').waitFor()
+  assert.deepEqual(await violations(page), [], 'audit (light)')
 })

@@ -146,6 +146,8 @@ export interface AuditRecord {
   actor: string
   /** The actor's email, when the actor is an account (a removed one too). */
   actor_email?: string
+  /** When the actor is one of the room's agents (a revoked one too): its name and sponsor. */
+  actor_agent?: { name: string, sponsor_email?: string | null }
   /** The email of the account `details.target` names. */
   target_email?: string
   action: string

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest'
-import { auditSentence } from './auditText'
+import { actorText, auditSentence, foldMetered, jsonLines, meteredSentence } from './auditText'
 import type { AuditRecord } from './api'
 
 function rec (action: string, details: unknown, extra: Partial<AuditRecord> = {}): AuditRecord {
@@ -43,5 +43,27 @@ describe('audit sentences', () => {
     expect(auditSentence(rec('export', { params: { files: ['a.py'] } }), names)).toBe('ana@example.com exported files.')
     expect(auditSentence(rec('export', { params: { workspace: true }, bytes: 3 * 1048576 }), names))
       .toBe('ana@example.com downloaded the workspace (3 MiB).')
+  })
+})
+
+describe('the audit log as a team reads it', () => {
+  const agent = (id: string): string | null => id === 'u-bot' ? 'helper-bot (an agent brought in by ana@example.com)' : null
+  it('names agents by name and sponsor, never by their made-up address', () => {
+    const r = rec('run_command', { program: 'pytest' }, { actor: 'u-bot', actor_email: 'agent-1f2e@agents.invalid' })
+    expect(auditSentence(r, names, agent)).toBe('helper-bot (an agent brought in by ana@example.com) ran pytest.')
+    const named = rec('run_command', { program: 'pytest' }, { actor: 'u-x', actor_email: 'agent-1@agents.invalid', actor_agent: { name: 'old-bot', sponsor_email: 'ben@example.com' } })
+    expect(auditSentence(named, names)).toBe('old-bot (an agent brought in by ben@example.com) ran pytest.')
+    const gone = rec('run_command', { program: 'pytest' }, { actor: 'u-old', actor_email: 'agent-99@agents.invalid' })
+    expect(actorText(gone, names, agent)).toBe('An agent no longer in the room')
+  })
+  it('folds runs of metered records into one line', () => {
+    const m = (seq: number): AuditRecord => rec('metered', {}, { seq, at: seq * 1000, actor: 'system' })
+    const lines = foldMetered([m(1), m(2), rec('create_room', {}, { seq: 3 }), m(4)])
+    expect(lines.map((l) => l.kind === 'metered' ? l.records.length : l.record.action)).toEqual([2, 'create_room', 1])
+    expect(meteredSentence([m(1), m(2)], (t) => `t${t}`)).toBe("The server wrote down the room's metered use 2 times, t1000 to t2000.")
+  })
+  it('exports JSON Lines, one record a line', () => {
+    const out = jsonLines([rec('a', {}), rec('b', {})])
+    expect(out.trimEnd().split('\n').map((l) => JSON.parse(l).action)).toEqual(['a', 'b'])
   })
 })

@@ -33,12 +33,24 @@ function attempt (action: string): string {
   return w[action] ?? action.replace(/_/g, ' ')
 }
 
+/** Who acted, for sentences: the server, an agent by its name and who brought it in (`agent`
+ *  knows the room's agents), else a person by email. */
+export function actorText (r: AuditRecord, name: (id: string) => string, agent: (id: string) => string | null = () => null): string {
+  if (r.actor === 'system' || r.actor === '') return 'The server'
+  if (r.actor_agent) return `${r.actor_agent.name} (an agent brought in by ${r.actor_agent.sponsor_email ?? 'someone no longer here'})`
+  const a = agent(r.actor)
+  if (a) return a
+  // An agent's account has no mailbox: its made-up address never stands for it.
+  if (r.actor_email?.endsWith('@agents.invalid')) return 'An agent no longer in the room'
+  return r.actor_email ?? name(r.actor)
+}
+
 /** One record as a sentence. `name` gives a person's or agent's name for an id the record
- *  does not name itself. */
-export function auditSentence (r: AuditRecord, name: (id: string) => string): string {
+ *  does not name itself; `agent` names an agent actor with its sponsor. */
+export function auditSentence (r: AuditRecord, name: (id: string) => string, agent: (id: string) => string | null = () => null): string {
   const d: Details = r.details !== null && typeof r.details === 'object' ? r.details as Details : {}
   const system = r.actor === 'system' || r.actor === ''
-  const who = system ? 'The server' : (r.actor_email ?? name(r.actor))
+  const who = actorText(r, name, agent)
   const target = r.target_email ?? (str(d.target) ? name(str(d.target)!) : 'someone')
   // Reasons name people by id ("stop requested by 3f2a…"): by name here.
   const reason = str(d.reason)?.replace(/\b[0-9a-f]{32}\b/g, (id) => id === r.actor && r.actor_email ? r.actor_email : name(id))
@@ -65,8 +77,8 @@ export function auditSentence (r: AuditRecord, name: (id: string) => string): st
     case 'decide_approval': return `${who} ${r.decision === 'approve' || d.approve === true ? 'approved' : 'refused'} a request.`
     case 'add_secret': return `${who} added a secret.`
     case 'remove_secret': return `${who} removed a secret.`
-    case 'create_agent': return `${who} brought in an agent.`
-    case 'revoke_agent': return `${who} revoked an agent.`
+    case 'create_agent': return `${who} brought in ${str(d.name) ? `the agent ${str(d.name)}` : 'an agent'}${d.approval_mode === true ? ', each of its commands waiting for an approval' : ''}.`
+    case 'revoke_agent': return `${who} ended ${str(d.name) ? `the agent ${str(d.name)}` : 'an agent'}.`
     case 'create_checkpoint': return `${who} saved a checkpoint.`
     case 'restore_checkpoint': return `${who} rolled the room back to a checkpoint.`
     case 'fork': return `${who} forked the room.`
@@ -88,8 +100,39 @@ export function auditSentence (r: AuditRecord, name: (id: string) => string): st
     case 'request_deletion': return `${who} asked for the room to be deleted.`
     case 'confirm_deletion': return `${who} confirmed the room's deletion.`
     case 'audit_anchor': return 'The server anchored the log\'s head.'
+    case 'metered': return 'The server wrote down the room\'s metered use.'
     case 'restore_user': return `${who} restored ${str(d.email) ?? 'an account'}: it may log in again.`
     case 'revoke_user': return `${who} revoked ${str(d.email) ?? 'an account'} everywhere: removed from ${Array.isArray(d.rooms) ? d.rooms.length : 0} room(s), ${typeof d.sessions === 'number' ? d.sessions : 0} session(s) ended.`
     default: return `${who}: ${r.action.replace(/_/g, ' ')}${r.decision !== 'allow' && r.decision !== 'system' ? ` (${r.decision})` : ''}.`
   }
+}
+
+/** What the audit panel lists: records as they are, with each run of `metered` records
+ *  folded into one line. */
+export type AuditLine = { kind: 'record', record: AuditRecord } | { kind: 'metered', records: AuditRecord[] }
+
+export function foldMetered (records: readonly AuditRecord[]): AuditLine[] {
+  const out: AuditLine[] = []
+  for (const r of records) {
+    const last = out[out.length - 1]
+    if (r.action === 'metered') {
+      if (last?.kind === 'metered') last.records.push(r)
+      else out.push({ kind: 'metered', records: [r] })
+    } else {
+      out.push({ kind: 'record', record: r })
+    }
+  }
+  return out
+}
+
+/** A folded run of `metered` records, in a sentence. */
+export function meteredSentence (records: readonly AuditRecord[], when: (ms: number) => string): string {
+  if (records.length === 1) return 'The server wrote down the room\'s metered use.'
+  const times = records.map((r) => r.at).sort((a, b) => a - b)
+  return `The server wrote down the room's metered use ${records.length} times, ${when(times[0])} to ${when(times[times.length - 1])}.`
+}
+
+/** The records as JSON Lines (one record a line, as the server keeps them). */
+export function jsonLines (records: readonly AuditRecord[]): string {
+  return records.map((r) => JSON.stringify(r)).join('\n') + (records.length ? '\n' : '')
 }

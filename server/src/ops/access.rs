@@ -374,6 +374,18 @@ impl Ops {
     /// Every record of audit chain `chain` (a room's id, or `system`), as the API gives them.
     pub(crate) async fn chain_entries(&self, chain: &str) -> Result<Vec<AuditEntry>, OpError> {
         let records = self.store.audit_records(chain).await?;
+        // Agents by name, a revoked one too: their account's address is made up.
+        let agents: std::collections::HashMap<String, (String, String)> = match RoomId::parse(chain)
+        {
+            Some(room) => self
+                .store
+                .agents(&room)
+                .await?
+                .into_iter()
+                .map(|a| (a.agent_id.to_string(), (a.name, a.sponsor.to_string())))
+                .collect(),
+            None => Default::default(),
+        };
         // People by email, a removed one too (the log outlives their participation).
         let mut emails: std::collections::HashMap<String, Option<String>> = Default::default();
         let mut entries = Vec::with_capacity(records.len());
@@ -389,6 +401,13 @@ impl Ops {
                 Ok(found)
             };
             let actor_email = email_of(&r.fields.actor).await?;
+            let actor_agent = match agents.get(&r.fields.actor) {
+                Some((name, sponsor)) => Some(AgentNamed {
+                    name: name.clone(),
+                    sponsor_email: email_of(sponsor).await?,
+                }),
+                None => None,
+            };
             let target_email = match &target {
                 Some(t) => email_of(t).await?,
                 None => None,
@@ -399,6 +418,7 @@ impl Ops {
                 details,
                 actor: r.fields.actor,
                 actor_email,
+                actor_agent,
                 target_email,
                 action: r.fields.action,
                 decision: r.fields.decision,
@@ -432,6 +452,13 @@ pub(crate) struct Joined {
     pub(crate) room_id: String,
 }
 
+/// An agent as an audit record names it.
+#[derive(Serialize)]
+pub(crate) struct AgentNamed {
+    name: String,
+    sponsor_email: Option<String>,
+}
+
 /// One record of `GET /api/rooms/{id}/audit`.
 #[derive(Serialize)]
 pub(crate) struct AuditEntry {
@@ -441,6 +468,10 @@ pub(crate) struct AuditEntry {
     /// The actor's email, when the actor is an account (not covered by the hash).
     #[serde(skip_serializing_if = "Option::is_none")]
     actor_email: Option<String>,
+    /// When the actor is one of the room's agents: its name and its sponsor's email (not
+    /// covered by the hash).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    actor_agent: Option<AgentNamed>,
     /// The email of the account `details.target` names, when it does.
     #[serde(skip_serializing_if = "Option::is_none")]
     target_email: Option<String>,

@@ -1,11 +1,11 @@
 // The room's side panels besides People: approvals, sandbox, audit, and the room itself.
 
-import { api, exportRepo, exportWorkspace, list, type Approval, type Room, type SandboxStatus } from '../api'
+import { api, exportRepo, exportWorkspace, list, type Approval, type AuditRecord, type Room, type SandboxStatus } from '../api'
 import { abilities } from '../caps'
 import { action, confirmButton, h, replace, toast, when } from '../dom'
 import { verifyChain } from '../audit'
 import { approvalWords, whoIs } from '../notices'
-import { auditSentence } from '../auditText'
+import { actorText, auditSentence, foldMetered, jsonLines, meteredSentence, type AuditLine } from '../auditText'
 import { limitRows, receiptRows, usageRows, vmSentence } from '../sandbox'
 import { parentView, readinessView } from './checkpoints'
 
@@ -156,29 +156,72 @@ function vmView (receipt: Record<string, unknown> | null | undefined): HTMLEleme
   return text == null ? null : h('p', { 'data-testid': 'sandbox-vm' }, text)
 }
 
+/** The audit panel's filters, kept while the page is open. */
+const auditFilter = { who: '', what: '', since: 0 }
+
 export async function auditPanel (el: HTMLElement, room: Room, refresh: () => void): Promise<void> {
   const records = await api.audit(room.id)
   const verdict = verifyChain(room.id, records)
   const indicator = verdict.ok
     ? h('p', { class: 'chain ok', 'data-testid': 'audit-chain' }, `✔ Chain verified in this browser: ${verdict.count} records, each hash checked`)
     : h('p', { class: 'chain broken', 'data-testid': 'audit-chain', role: 'alert' }, `✘ Chain broken at record #${verdict.seq}: ${verdict.problem}`)
-  const shown = records.slice(-500).reverse()
-  replace(el,
-    h('div', { class: 'panel-head' }, h('h2', null, 'Audit log'), action('Refresh', refresh)),
-    indicator,
-    records.length > shown.length ? h('p', { class: 'hint' }, `Showing the latest ${shown.length} of ${records.length}.`) : null,
-    h('ol', { class: 'audit', reversed: true }, shown.map((r) => h('li', { class: `audit-record ${r.decision}`, 'data-testid': `audit-${r.seq}` },
-      h('div', { class: 'audit-sentence' }, auditSentence(r, nameOf)),
+  const nameOf = (id: string): string => room.agents?.find((a) => a.agent_id === id)?.name ?? emailOf(room, id)
+  const agentOf = (id: string): string | null => {
+    const a = room.agents?.find((x) => x.agent_id === id)
+    return a ? `${a.name} (an agent brought in by ${a.sponsor_email || 'someone no longer here'})` : null
+  }
+  const who = (r: AuditRecord): string => actorText(r, nameOf, agentOf)
+  // Filters: who acted, what kind of act, since when.
+  const people = [...new Set(records.map(who))].sort()
+  const acts = [...new Set(records.map((r) => r.action))].sort()
+  const option = (value: string, label: string, chosen: string): HTMLElement =>
+    h('option', { value, selected: value === chosen }, label)
+  const whoSelect = h('select', { 'aria-label': 'Who', 'data-testid': 'audit-who' },
+    option('', 'Anyone', auditFilter.who), people.map((p) => option(p, p, auditFilter.who))) as HTMLSelectElement
+  const whatSelect = h('select', { 'aria-label': 'What', 'data-testid': 'audit-what' },
+    option('', 'Anything', auditFilter.what), acts.map((a) => option(a, a.replace(/_/g, ' '), auditFilter.what))) as HTMLSelectElement
+  const spans: [string, number][] = [['Any time', 0], ['The last hour', 3_600_000], ['The last day', 86_400_000], ['The last week', 7 * 86_400_000]]
+  const whenSelect = h('select', { 'aria-label': 'When', 'data-testid': 'audit-when' },
+    spans.map(([label, ms]) => option(String(ms), label, String(auditFilter.since)))) as HTMLSelectElement
+  const list = h('div')
+  const draw = (): void => {
+    auditFilter.who = whoSelect.value
+    auditFilter.what = whatSelect.value
+    auditFilter.since = Number(whenSelect.value)
+    const after = auditFilter.since ? Date.now() - auditFilter.since : 0
+    const kept = records.filter((r) => (!auditFilter.who || who(r) === auditFilter.who) &&
+      (!auditFilter.what || r.action === auditFilter.what) && r.at >= after)
+    const shown = kept.slice(-500).reverse()
+    const line = (l: AuditLine): HTMLElement => l.kind === 'metered'
+      ? h('li', { class: 'audit-record metered', 'data-testid': 'audit-metered' },
+        h('div', { class: 'audit-sentence' }, meteredSentence(l.records, when)),
+        h('details', { class: 'audit-raw' }, h('summary', null, `Records #${l.records[l.records.length - 1].seq} to #${l.records[0].seq}`),
+          l.records.map((r) => h('code', { class: 'details' }, `#${r.seq} ${r.details_json ?? JSON.stringify(r.details)}`))))
+      : record(l.record)
+    const record = (r: AuditRecord): HTMLElement => h('li', { class: `audit-record ${r.decision}`, 'data-testid': `audit-${r.seq}` },
+      h('div', { class: 'audit-sentence' }, auditSentence(r, nameOf, agentOf)),
       h('div', { class: 'audit-head hint' },
         h('span', { class: 'seq' }, `#${r.seq}`), ' · ', when(r.at),
         r.decision === 'deny' ? h('span', { class: 'decision deny' }, 'refused') : null),
       h('details', { class: 'audit-raw' }, h('summary', null, 'Record'),
-        h('div', null, h('strong', null, r.action), ' ', h('span', { class: `decision ${r.decision}` }, r.decision), ' · ', r.actor_email ?? r.actor),
+        h('div', null, h('strong', null, r.action), ' ', h('span', { class: `decision ${r.decision}` }, r.decision), ' · ', who(r), ' · ', h('code', null, r.actor)),
         r.reason ? h('div', { class: 'reason' }, r.reason) : null,
-        h('code', { class: 'details' }, r.details_json ?? JSON.stringify(r.details)))))))
-  function nameOf (id: string): string {
-    return room.agents?.find((a) => a.agent_id === id)?.name ?? emailOf(room, id)
+        h('code', { class: 'details' }, r.details_json ?? JSON.stringify(r.details))))
+    replace(list,
+      kept.length > shown.length ? h('p', { class: 'hint' }, `Showing the latest ${shown.length} of ${kept.length}.`) : null,
+      kept.length < records.length ? h('p', { class: 'hint', 'data-testid': 'audit-filtered' }, `${kept.length} of ${records.length} records match.`) : null,
+      h('ol', { class: 'audit', reversed: true }, foldMetered(shown).map(line)))
   }
+  for (const s of [whoSelect, whatSelect, whenSelect]) s.addEventListener('change', draw)
+  const exportAll = action('Download as JSON Lines', () => {
+    download(`${room.name}-audit.jsonl`, new Blob([jsonLines(records)], { type: 'application/jsonl' }))
+  }, { 'data-testid': 'audit-export' })
+  replace(el,
+    h('div', { class: 'panel-head' }, h('h2', null, 'Audit log'), action('Refresh', refresh)),
+    indicator,
+    h('div', { class: 'row audit-filters' }, whoSelect, whatSelect, whenSelect, exportAll),
+    list)
+  draw()
 }
 
 export function roomPanel (el: HTMLElement, room: Room, paths: () => string[]): void {
