@@ -29,6 +29,10 @@ const MAX_ARGV_BYTES: usize = 256 << 10;
 /// Longest readiness command.
 const MAX_READINESS_BYTES: usize = 4096;
 
+/// What the caller of a command stopped because its right lapsed is told.
+const LAPSED: &str =
+    "your right to run commands in this room ended while the command ran: it was stopped";
+
 /// A command as a door hands it over.
 #[derive(Debug, Clone)]
 pub(crate) struct Command {
@@ -268,8 +272,24 @@ impl Ops {
                     .await
             }
         };
-        drop(lapsed);
         let killed = cmd.kill.as_ref().is_some_and(|k| k.is_cancelled());
+        // A command its caller's lapsed right stopped: its processes' end (the sandbox ends
+        // them on the change) and the lapse's watch race each other; whichever is heard first,
+        // the caller is told why.
+        let stopped_for_lapse = matches!(
+            &ran,
+            Ok(Reply::Exec {
+                exit_code: None,
+                timed_out: false,
+                ..
+            })
+        ) && !killed
+            && (lapsed.stop.is_cancelled()
+                || !self.may_still(room_id, actor, Capability::Type).await);
+        drop(lapsed);
+        if stopped_for_lapse {
+            return Err(OpError::Refused(LAPSED.into()));
+        }
         let reply = match ran {
             // Its caller killed it: it ended as a killed process does.
             Err(crate::sandbox::SandboxError::Call(coderoom_sandbox::CallError::Cancelled))
@@ -284,11 +304,7 @@ impl Ops {
                 }))
             }
             Err(crate::sandbox::SandboxError::Call(coderoom_sandbox::CallError::Cancelled)) => {
-                return Err(OpError::Refused(
-                    "your right to run commands in this room ended while the command ran: it \
-                     was stopped"
-                        .into(),
-                ))
+                return Err(OpError::Refused(LAPSED.into()))
             }
             r => r?,
         };
