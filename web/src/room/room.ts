@@ -840,8 +840,16 @@ export function roomPage (app: App, id: string): () => void {
           if (a.state !== 'pending') decided = true
         }
       }
+      const decidable = list.filter((a) => a.state === 'pending' && mayDecide(a))
+      if (seen === null && decidable.length > 0) {
+        // Arriving while requests wait for this person: told too, once.
+        const [a] = decidable
+        notice(decidable.length === 1
+          ? askedNotice(whoIs(a.requester, people, agents), a.action, a.params)
+          : `${decidable.length} requests wait for your decision. Decide in the Approvals panel.`, `asked-${a.id}`)
+      }
       seen = new Map(list.map((a) => [a.id, a.state]))
-      const now = list.filter((a) => a.state === 'pending' && mayDecide(a)).length
+      const now = decidable.length
       if (now !== waiting) { waiting = now; renderNav() }
       // A panel showing something that waited shows its decision (and what it now lets one
       // do) without a Refresh.
