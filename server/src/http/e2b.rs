@@ -143,11 +143,7 @@ impl Sessions {
         {
             anyhow::bail!("--e2b-domain must be a domain of yours, not E2B's ({domain})");
         }
-        let app_host = app_origin
-            .split_once("://")
-            .map(|(_, a)| a.rsplit_once(':').map_or(a, |(h, _)| h))
-            .unwrap_or_default()
-            .to_ascii_lowercase();
+        let app_host = crate::http::previews::origin_host(app_origin);
         // Code in a sandbox serves pages under this domain: they must not set cookies the
         // app's host would get (as for previews, another site altogether is best).
         if domain == app_host
@@ -570,16 +566,13 @@ pub(crate) async fn wildcard(
     let Some(domain) = app.e2b.domain.as_deref() else {
         return next.run(req).await;
     };
-    let host = req
-        .headers()
-        .get(axum::http::header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .or_else(|| req.uri().host())
-        .unwrap_or_default();
-    let host = host
-        .rsplit_once(':')
-        .map_or(host, |(h, _)| h)
-        .to_ascii_lowercase();
+    let host = crate::http::previews::host_name(
+        req.headers()
+            .get(axum::http::header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .or_else(|| req.uri().host())
+            .unwrap_or_default(),
+    );
     if host != domain && !host.ends_with(&format!(".{domain}")) {
         return next.run(req).await;
     }
@@ -595,10 +588,7 @@ pub(crate) async fn wildcard(
             None => not_found(),
         };
     }
-    let Some((port, room)) = sub
-        .split_once('-')
-        .and_then(|(p, r)| Some((p.parse::<u16>().ok()?, RoomId::parse(r)?)))
-    else {
+    let Some((port, room)) = port_and_room(sub) else {
         return not_found();
     };
     if matches!(port, ENVD_PORT | INTERPRETER_PORT) {
@@ -637,14 +627,14 @@ pub(crate) async fn port_caller(app: &AppState, parts: &mut Parts, room: &RoomId
     ] {
         parts.headers.remove(h);
     }
-    let hash = crate::accounts::sessions::hash_token(&token?);
-    let (session_room, user, email) = app.e2b.by_token(&hash, app.ops.now_ms())?;
-    if session_room != *room {
-        return None;
-    }
-    let actor = app.ops.actor(&user, &email).await.ok()?;
-    app.ops.capabilities(room, &actor).await.ok()?;
-    Some(actor)
+    let caller = EnvdCaller::of_token(app, &token?, Some(room.as_str())).await;
+    caller.ok().map(|c| c.actor)
+}
+
+/// The port and room a host's first label names as the SDKs build it (`{port}-{room}`).
+pub(crate) fn port_and_room(label: &str) -> Option<(u16, RoomId)> {
+    let (port, room) = label.split_once('-')?;
+    Some((port.parse().ok()?, RoomId::parse(room)?))
 }
 
 /// envd's port and the code interpreter's, as the SDKs name them.
@@ -693,22 +683,28 @@ impl FromRequestParts<AppState> for EnvdCaller {
     /// its caller's rights in the room looked up again, as at every call.
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ConnectError> {
         let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok());
-        let unauthenticated = || {
-            ConnectError::new(
-                Code::Unauthenticated,
-                "no live sandbox session for this access token: create or connect the sandbox",
-            )
-        };
         // The code interpreter's calls carry the session's token as the traffic token.
         let token = header("x-access-token")
             .or_else(|| header("e2b-traffic-access-token"))
             .ok_or_else(unauthenticated)?;
+        EnvdCaller::of_token(state, token, header("e2b-sandbox-id")).await
+    }
+}
+
+impl EnvdCaller {
+    /// The caller of the live session whose token is `token` (its room must be `named`, when
+    /// a request names one), its rights in the room looked up again, as at every call.
+    async fn of_token(
+        state: &AppState,
+        token: &str,
+        named: Option<&str>,
+    ) -> Result<EnvdCaller, ConnectError> {
         let hash = crate::accounts::sessions::hash_token(token.trim());
         let (room, user, email) = state
             .e2b
             .by_token(&hash, state.ops.now_ms())
             .ok_or_else(unauthenticated)?;
-        if header("e2b-sandbox-id").is_some_and(|id| id != room.as_str()) {
+        if named.is_some_and(|id| id != room.as_str()) {
             return Err(ConnectError::new(
                 Code::NotFound,
                 "this access token is for another sandbox",
@@ -726,6 +722,14 @@ impl FromRequestParts<AppState> for EnvdCaller {
             .map_err(ApiError::from)?;
         Ok(EnvdCaller { room, actor })
     }
+}
+
+/// No live session for the token an envd call carries.
+fn unauthenticated() -> ConnectError {
+    ConnectError::new(
+        Code::Unauthenticated,
+        "no live sandbox session for this access token: create or connect the sandbox",
+    )
 }
 
 /// A path as the SDKs send it (absolute under `/home/user`, the room's workspace, or relative

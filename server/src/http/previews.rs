@@ -71,11 +71,7 @@ impl PreviewOrigin {
             Some((h, p)) => (h.to_ascii_lowercase(), format!(":{p}")),
             None => (suffix_port.to_ascii_lowercase(), String::new()),
         };
-        let app_host = app_origin
-            .split_once("://")
-            .map(|(_, a)| a.rsplit_once(':').map_or(a, |(h, _)| h))
-            .unwrap_or_default()
-            .to_ascii_lowercase();
+        let app_host = origin_host(app_origin);
         if suffix.is_empty() || suffix == app_host {
             anyhow::bail!("--preview-url must be on another host than the app ({app_host})");
         }
@@ -125,24 +121,31 @@ impl PreviewOrigin {
 
     /// The port and room a request's `Host` names as `{port}-{room}.<suffix>`, if it does.
     fn e2b_port_of(&self, host: &str) -> Option<(u16, RoomId)> {
-        let host = host
-            .rsplit_once(':')
-            .map_or(host, |(h, _)| h)
-            .to_ascii_lowercase();
-        let sub = host.strip_suffix(&format!(".{}", self.suffix))?;
-        let (port, room) = sub.split_once('-')?;
-        Some((port.parse().ok()?, RoomId::parse(room)?))
+        let host = host_name(host);
+        crate::http::e2b::port_and_room(host.strip_suffix(&format!(".{}", self.suffix))?)
     }
 
     /// The preview id a request's `Host` names, if it is one of ours.
     fn id_of(&self, host: &str) -> Option<String> {
-        let host = host
-            .rsplit_once(':')
-            .map_or(host, |(h, _)| h)
-            .to_ascii_lowercase();
+        let host = host_name(host);
         let id = host.strip_suffix(&format!(".{}", self.suffix))?;
         (id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit())).then(|| id.to_owned())
     }
+}
+
+/// A `Host` header's name: lowercase, without its port.
+pub(crate) fn host_name(host: &str) -> String {
+    host.rsplit_once(':')
+        .map_or(host, |(h, _)| h)
+        .to_ascii_lowercase()
+}
+
+/// The host name of an origin (`scheme://host[:port]`).
+pub(crate) fn origin_host(origin: &str) -> String {
+    origin
+        .split_once("://")
+        .map(|(_, a)| host_name(a))
+        .unwrap_or_default()
 }
 
 /// Bounds on each public preview (`--preview-rate`, `--preview-bandwidth`).
