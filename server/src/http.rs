@@ -31,6 +31,7 @@ pub(crate) mod secrets;
 pub(crate) mod spend;
 pub(crate) mod state;
 pub(crate) mod terminal_socket;
+pub(crate) mod trash;
 pub(crate) mod upgrade;
 pub(crate) mod web;
 
@@ -58,6 +59,7 @@ pub(crate) fn router(state: AppState) -> Router {
         .merge(terminal_socket::routes())
         .merge(sandbox::routes())
         .merge(checkpoints::routes())
+        .merge(trash::routes())
         .merge(secrets::routes())
         .merge(egress::routes())
         .merge(repos::routes())

@@ -35,6 +35,7 @@ pub(crate) mod rooms;
 pub(crate) mod sandbox;
 pub(crate) mod secrets;
 pub(crate) mod spend;
+pub(crate) mod trash;
 pub(crate) mod typing;
 
 pub(crate) use actor::Actor;

@@ -3,6 +3,7 @@
 //! are theirs.
 
 pub(crate) mod departed;
+pub(crate) mod journal;
 pub(crate) mod merge;
 pub(crate) mod outbox;
 pub(crate) mod presence;

@@ -60,6 +60,7 @@ mod rooms;
 mod sandboxes;
 mod secrets;
 mod spend;
+mod trash;
 
 pub(crate) use accounts::{LoginCode, UserRow};
 pub(crate) use agents::{AgentRow, AGENT_DOMAIN};
@@ -73,6 +74,7 @@ pub(crate) use repos::RepoRow;
 pub(crate) use rooms::InviteRow;
 pub(crate) use sandboxes::{SandboxRow, SandboxState};
 pub(crate) use secrets::{SealedSecret, SecretRule};
+pub(crate) use trash::TrashRow;
 
 static SQLITE_MIGRATIONS: Migrator = sqlx::migrate!("../migrations/sqlite");
 

@@ -21,6 +21,16 @@ async fn deletion_survives_a_crash_and_leaves_nothing_on(backend: &Backend) {
     c.synced().await;
     c.insert("main.rs", 0, "secret sauce").await;
     eventually(&server, &room, &ana, "main.rs", "secret sauce").await;
+    // A deleted file waits in the room's trash: that goes too.
+    c.put_file("old.rs", "old sauce").await;
+    c.remove_file("old.rs").await;
+    for _ in 0..200 {
+        let t = get_json(&server, &ana, &format!("/api/rooms/{room}/trash")).await;
+        if t.as_array().is_some_and(|t| !t.is_empty()) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
     let inv = http(
         &server.url(&format!("/api/rooms/{room}/invites")),
         "POST",
@@ -95,6 +105,7 @@ async fn deletion_survives_a_crash_and_leaves_nothing_on(backend: &Backend) {
         ("invites", rows("invites").await),
         ("update_log", rows("doc_updates").await),
         ("snapshots", rows("doc_snapshots").await),
+        ("trash", rows("file_trash").await),
     ];
     assert!(before.iter().all(|(_, n)| *n > 0), "{before:?}");
     let (url, root2) = (crashing.url(&confirm), root.clone());
@@ -170,6 +181,7 @@ async fn deletion_survives_a_crash_and_leaves_nothing_on(backend: &Backend) {
         "secrets",
         "repositories",
         "previews",
+        "trash",
         "spend",
         "agents",
         "sandbox",
@@ -184,7 +196,13 @@ async fn deletion_survives_a_crash_and_leaves_nothing_on(backend: &Backend) {
     assert_eq!(again["receipt"], v["receipt"]);
 
     // Nothing of the room is left but its audit chain (with the tombstone).
-    for table in ["participants", "invites", "doc_updates", "doc_snapshots"] {
+    for table in [
+        "participants",
+        "invites",
+        "doc_updates",
+        "doc_snapshots",
+        "file_trash",
+    ] {
         let n = count(
             &storage,
             &format!("SELECT COUNT(*) FROM {table} WHERE room_id = $1"),

@@ -473,3 +473,128 @@ async fn a_path_created_twice_at_once_resolves_as_yjs_does_on(backend: &Backend)
     wait_listing(&mut c, &want).await;
     assert_eq!(server.metric("coderoom_edits_unplaced_total").await, 0.0);
 }
+
+on_each_backend!(
+    file_operations_are_audited_and_deleted_files_can_be_restored,
+    file_operations_are_audited_and_deleted_files_can_be_restored_on
+);
+
+/// Every file created, renamed, moved and deleted through the document is one audit entry by
+/// whoever did it; a deleted file waits in the room's trash, naming who deleted it, until
+/// someone who may edit puts it back (once), under its path or beside the file that took it.
+async fn file_operations_are_audited_and_deleted_files_can_be_restored_on(backend: &Backend) {
+    let (storage, server, room, token, [mut a, _b, mut c]) =
+        room_with(backend, &[("a.txt", "alpha"), ("notes.md", "keep me")]).await;
+    rename(&mut a, &[("a.txt", "b.txt")]).await;
+    rename(&mut a, &[("b.txt", "src/b.txt")]).await;
+    delete_file(&mut a, "notes.md").await;
+    wait_listing(&mut c, &[("src/b.txt", "alpha")]).await;
+    let ana = me(&server, &token).await;
+    let file_entries = || async {
+        audit(&server, &token, &room)
+            .await
+            .into_iter()
+            .filter(|e| e["action"].as_str().unwrap().ends_with("_file"))
+            .map(|e| {
+                assert_eq!(e["actor"], ana.as_str());
+                (
+                    e["action"].as_str().unwrap().to_owned(),
+                    e["details"]["path"].as_str().unwrap().to_owned(),
+                    e["details"]["to"].as_str().unwrap_or("").to_owned(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let want = |extra: &[(&str, &str, &str)]| {
+        let mut w: Vec<(String, String, String)> = [
+            ("create_file", "a.txt", ""),
+            ("create_file", "notes.md", ""),
+            ("rename_file", "a.txt", "b.txt"),
+            ("move_file", "b.txt", "src/b.txt"),
+            ("delete_file", "notes.md", ""),
+        ]
+        .iter()
+        .chain(extra)
+        .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()))
+        .collect();
+        w.sort();
+        w
+    };
+    let mut seen = Vec::new();
+    for _ in 0..200 {
+        seen = file_entries().await;
+        seen.sort();
+        if seen == want(&[]) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    assert_eq!(seen, want(&[]));
+
+    // The trash names the file and who deleted it; a viewer sees it but cannot restore it.
+    let trash = get_json(&server, &token, &format!("/api/rooms/{room}/trash")).await;
+    let item = &trash.as_array().unwrap()[0];
+    assert_eq!(item["path"], "notes.md");
+    assert_eq!(item["deleted_by_name"], "ana@example.com");
+    assert_eq!(item["bytes"], 7);
+    assert!(
+        item.get("content").is_none(),
+        "the list does not carry the text"
+    );
+    let id = item["id"].as_str().unwrap().to_owned();
+    let (_, viewer_invite) = invite(&server, &token, &room, "viewer", 1).await;
+    let vic = storage.token("vic@example.com").await;
+    assert_eq!(accept(&server, &vic, &viewer_invite).await, 200);
+    let restore_url = server.url(&format!("/api/rooms/{room}/trash/{id}/restore"));
+    let (status, _) = http(&restore_url, "POST", Some(&vic), None).await;
+    assert_eq!(status, 403);
+    let (status, _) = http(
+        &server.url(&format!("/api/rooms/{room}/trash")),
+        "GET",
+        Some(&vic),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200);
+    let stranger = storage.token("sam@example.com").await;
+    let (status, _) = http(&restore_url, "POST", Some(&stranger), None).await;
+    assert_eq!(status, 404);
+
+    // Someone made a new notes.md meanwhile: the restored one goes beside it.
+    a.put_file("notes.md", "new").await;
+    wait_listing(&mut c, &[("notes.md", "new"), ("src/b.txt", "alpha")]).await;
+    let (status, body) = http(&restore_url, "POST", Some(&token), None).await;
+    assert_eq!(status, 200, "{body}");
+    let restored: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(restored["path"], "notes (2).md");
+    let want_files = [
+        ("notes (2).md", "keep me"),
+        ("notes.md", "new"),
+        ("src/b.txt", "alpha"),
+    ];
+    wait_listing(&mut c, &want_files).await;
+    server_listing(&server, &room, &token, &want_files).await;
+    // Once: it left the trash.
+    let (status, _) = http(&restore_url, "POST", Some(&token), None).await;
+    assert_eq!(status, 404);
+    let trash = get_json(&server, &token, &format!("/api/rooms/{room}/trash")).await;
+    assert_eq!(trash, serde_json::json!([]));
+    // The restore is one entry of its own (the file it wrote is not a second one); the new
+    // notes.md is a creation.
+    let mut seen = Vec::new();
+    for _ in 0..200 {
+        seen = file_entries().await;
+        seen.sort();
+        if seen.len() >= 7 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    assert_eq!(
+        seen,
+        want(&[
+            ("create_file", "notes.md", ""),
+            ("restore_file", "notes (2).md", "")
+        ])
+    );
+}

@@ -1,7 +1,7 @@
 // Accessibility (issue 19's acceptance): axe-core, the engine behind most accessibility
 // checkers, run in real Chromium on the login page, the room list, the room (light and dark)
-// and its Approvals panel with a request waiting (light and dark, 1280 and 420 px): no serious
-// or critical violation.
+// and its Approvals panel with a request waiting, a file deleted under the page with the trash
+// open (light and dark, 1280 and 420 px): no serious or critical violation.
 
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
@@ -82,4 +82,17 @@ test('no serious or critical accessibility violation on the login page, the room
   await page.getByRole('tab', { name: 'Audit' }).click()
   await page.getByTestId('audit-who').waitFor()
   assert.deepEqual(await violations(page), [], 'audit (light)')
+  // A file deleted under the page by someone else (its tab kept, marked deleted, and a notice
+  // offering to restore it) and the trash in the file tree (issue 41), both themes and widths.
+  c.doc.getMap('files').delete('main.py')
+  await page.getByTestId('file-deleted').waitFor({ timeout: 15_000 })
+  await page.getByTestId('trash').locator('summary').click()
+  await page.getByTestId('trash-list').getByText('main.py').waitFor()
+  assert.deepEqual(await violations(page), [], 'deleted file and trash (light)')
+  await page.getByTestId('theme-toggle').click()
+  assert.deepEqual(await violations(page), [], 'deleted file and trash (dark)')
+  await page.setViewportSize({ width: 420, height: 800 })
+  assert.deepEqual(await violations(page), [], 'deleted file and trash (dark, 420 px)')
+  await page.getByTestId('theme-toggle').click()
+  assert.deepEqual(await violations(page), [], 'deleted file and trash (light, 420 px)')
 })

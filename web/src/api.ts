@@ -104,6 +104,17 @@ export interface Repo {
 }
 /** An answer that may instead be a request for someone else's approval. */
 export interface Gated { state?: string, approval_id?: string }
+/** A file deleted from the room's document, waiting in its trash. */
+export interface Trashed {
+  id: string
+  path: string
+  bytes: number
+  deleted_by: string
+  /** Who deleted it, in words (an email, or an agent's name). */
+  deleted_by_name: string
+  deleted_at: number
+}
+
 export const METERS = ['sandbox_seconds', 'execs', 'egress_bytes', 'model_tokens', 'tool_calls'] as const
 export type Meter = typeof METERS[number]
 export type Limits = Partial<Record<Meter, number>>
@@ -301,6 +312,8 @@ export const api = {
   sandbox: (id: string) => call<SandboxStatus>('GET', `/api/rooms/${id}/sandbox`),
   sandboxStop: (id: string) => call<SandboxStatus>('POST', `/api/rooms/${id}/sandbox/stop`),
   sandboxStart: (id: string) => call<SandboxStatus>('POST', `/api/rooms/${id}/sandbox/start`),
+  trash: (id: string) => call<Trashed[]>('GET', `/api/rooms/${id}/trash`),
+  restoreTrashed: (id: string, tid: string) => call<{ path: string }>('POST', `/api/rooms/${id}/trash/${tid}/restore`),
   checkpoints: (id: string) => call<Checkpoint[]>('GET', `/api/rooms/${id}/checkpoints`),
   checkpoint: (id: string, name: string) => call<Checkpoint>('POST', `/api/rooms/${id}/checkpoints`, { name }),
   restore: (id: string, checkpoint: string, approval_id?: string) =>

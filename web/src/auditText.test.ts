@@ -15,6 +15,15 @@ describe('audit sentences', () => {
     expect(auditSentence(rec('create_invite', { role: 'editor' }, { actor: 'u-old', actor_email: 'old@example.com' }), names)).toBe('old@example.com made an invite link for an editor.')
   })
 
+  it('tell file operations, a deletion with where the file waits', () => {
+    expect(auditSentence(rec('create_file', { path: 'a.py' }), names)).toBe('ana@example.com created a.py.')
+    expect(auditSentence(rec('rename_file', { path: 'a.py', to: 'b.py' }), names)).toBe('ana@example.com renamed a.py to b.py.')
+    expect(auditSentence(rec('move_file', { path: 'b.py', to: 'src/b.py' }), names)).toBe('ana@example.com moved b.py to src/b.py.')
+    expect(auditSentence(rec('delete_file', { path: 'src/b.py', bytes: 12, trash_id: 't' }), names)).toBe('ana@example.com deleted src/b.py (12 bytes); it waits in the trash.')
+    expect(auditSentence(rec('delete_file', { path: 'src/b.py', bytes: 12, came_back: true }), names)).toBe('ana@example.com deleted src/b.py; it came back at once with someone\'s typing in it.')
+    expect(auditSentence(rec('restore_file', { path: 'b (2).py', deleted_path: 'b.py' }), names)).toBe('ana@example.com restored b (2).py from the trash (deleted as b.py).')
+  })
+
   it('say what was refused', () => {
     expect(auditSentence(rec('type', {}, { actor: 'u-ben', decision: 'deny', reason: 'missing capability type' }), names))
       .toBe('ben@example.com tried to type in the terminal: refused (missing capability type).')

@@ -18,6 +18,9 @@ export class DocConnection {
   problem: string | null = null
 
   status (link: Link): void {
+    // Each retry after losing the connection is an attempt, not news: the page stays offline
+    // until one connects (else it would say "Connecting…" while the server is unreachable).
+    if (link === 'connecting' && this.link === 'disconnected') return
     this.link = link
     if (link !== 'connected') this.synced = false
   }

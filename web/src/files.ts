@@ -87,6 +87,21 @@ export function folderMoves (paths: Iterable<string>, from: string, to: string):
   return { ok: true, moves }
 }
 
+/** `path`, or `name (2).ext`, `name (3).ext`, ... when `taken` (as the server names a restored
+ *  file whose path was taken). */
+export function freePath (path: string, taken: (p: string) => boolean): string {
+  if (!taken(path)) return path
+  const cut = path.lastIndexOf('/') + 1
+  const dir = path.slice(0, cut)
+  const name = path.slice(cut)
+  const dot = name.lastIndexOf('.')
+  const [stem, ext] = dot > 0 ? [name.slice(0, dot), name.slice(dot)] : [name, '']
+  for (let n = 2; ; n++) {
+    const p = `${dir}${stem} (${n})${ext}`
+    if (!taken(p)) return p
+  }
+}
+
 /**
  * Where a file that left the tree went, when the same change added the file it became: the
  * added file of the same name (a folder rename), or the only file added (a rename).

@@ -182,7 +182,13 @@ async fn join(
     match app
         .ops
         .rooms
-        .join(room_id, conn, (&user.id, &user.email), access, outbox)
+        .join(
+            room_id,
+            conn,
+            (&user.id, &user.email),
+            (access, true),
+            outbox,
+        )
         .await
     {
         Ok(room) => Ok(room),

@@ -54,6 +54,8 @@ const STEPS: &[(&str, Option<&str>)] = &[
     // credentials are the secrets above).
     ("repositories", None),
     ("previews", Some("DELETE FROM previews WHERE room_id = $1")),
+    // Files deleted from its document, kept for restoring.
+    ("trash", Some("DELETE FROM file_trash WHERE room_id = $1")),
     // Its meters (the sums of its `metered` records; the records are in the chain, which stays).
     ("spend", Some("DELETE FROM spend WHERE room_id = $1")),
     // Agents are users of their own, bound to this room: they go, tokens and all.

@@ -63,6 +63,11 @@ pub(crate) enum Act {
     PushRepo,
     DisconnectRepo,
     ToolCall,
+    CreateFile,
+    RenameFile,
+    MoveFile,
+    DeleteFile,
+    RestoreFile,
 }
 
 impl Act {
@@ -91,6 +96,11 @@ impl Act {
             Act::PushRepo => "push_repo",
             Act::DisconnectRepo => "disconnect_repo",
             Act::ToolCall => "tool_call",
+            Act::CreateFile => "create_file",
+            Act::RenameFile => "rename_file",
+            Act::MoveFile => "move_file",
+            Act::DeleteFile => "delete_file",
+            Act::RestoreFile => "restore_file",
         }
     }
 }

@@ -253,6 +253,10 @@ pub(crate) struct Outcome {
     pub carried: u64,
     pub unplaced: u64,
     pub restored: Vec<String>,
+    /// Files that left the map with what they became: (from, to).
+    pub moved: Vec<(String, String)>,
+    /// Files that left the map for nothing: (path, what it held, whether it came back at once).
+    pub deleted: Vec<(String, String, bool)>,
 }
 
 #[derive(Default)]
@@ -360,13 +364,15 @@ impl Departed {
                 .position(|f| same(f) && file_name(&f.0) == file_name(&d.path))
                 .or_else(|| fresh.iter().position(same));
             let successor = pick.and_then(|i| {
-                let (_, text, id, _) = fresh.swap_remove(i);
+                let (to, text, id, _) = fresh.swap_remove(i);
                 let (layout, _) = Layout::of(&mut txn, &now, &text)?;
-                Some((id, layout))
+                Some((id, layout, to))
             });
             // Past the limit on carried runs, the file comes back whole instead (one insertion).
             let successor = successor.filter(|_| seen.unseen.len() <= MAX_CARRIED_PIECES);
-            if successor.is_some() {
+            if let Some((id, layout, to)) = successor {
+                outcome.moved.push((d.path.clone(), to));
+                let successor = Some((id, layout));
                 self.keep(Record {
                     branch: d.branch,
                     path: d.path,
@@ -381,6 +387,9 @@ impl Departed {
                 }
             } else {
                 let content = d.content();
+                outcome
+                    .deleted
+                    .push((d.path.clone(), content.clone(), !seen.unseen.is_empty()));
                 self.keep(Record {
                     branch: d.branch,
                     path: d.path,

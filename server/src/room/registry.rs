@@ -120,7 +120,7 @@ impl Rooms {
         room_id: &RoomId,
         conn: crate::room::ConnId,
         (user_id, name): (&str, &str),
-        rights: crate::room::task::Rights,
+        (rights, journaled): (crate::room::task::Rights, bool),
         outbox: &crate::room::outbox::Outbox,
     ) -> Result<mpsc::Sender<RoomCmd>, Option<crate::room::task::JoinError>> {
         for _ in 0..JOIN_ATTEMPTS {
@@ -131,6 +131,7 @@ impl Rooms {
                 user_id: user_id.to_owned(),
                 name: name.to_owned(),
                 rights,
+                journaled,
                 out: outbox.clone(),
                 reply,
             };
@@ -205,6 +206,7 @@ mod tests {
                 address: "http://127.0.0.1:1".into(),
             },
             lease_ms: 10_000,
+            journal: None,
         };
         (Rooms::new(deps, TaskTracker::new()), store, dir)
     }
@@ -230,6 +232,7 @@ mod tests {
             user_id: "u".into(),
             name: "u@example.com".into(),
             rights,
+            journaled: true,
             out,
             reply,
         })

@@ -68,6 +68,10 @@ pub(crate) enum RoomCmd {
         /// The name shown with this connection's presence (the login email).
         name: String,
         rights: Rights,
+        /// Whether the file operations this connection makes are journaled (audited, deleted
+        /// files kept): people's and agents' are; the server's own sync of the workspace and a
+        /// checkpoint's restore (audited as what they are) are not.
+        journaled: bool,
         out: Outbox,
         reply: oneshot::Sender<Result<(), JoinError>>,
     },
@@ -165,6 +169,8 @@ pub(crate) struct RoomDeps {
     /// How long a room's lease lasts unless renewed (a third of it between renewals): how long
     /// a room whose server died stays unavailable before another server takes it.
     pub lease_ms: i64,
+    /// Where participants' file operations go (none: not journaled).
+    pub journal: Option<crate::room::journal::Journal>,
 }
 
 struct Conn {
@@ -173,6 +179,8 @@ struct Conn {
     identity: crate::room::presence::Identity,
     /// Until when this connection's user may edit and observe.
     rights: Rights,
+    /// Whether its file operations are journaled (see [`RoomCmd::Join`]).
+    journaled: bool,
     out: Outbox,
     awareness_ids: HashSet<ClientID>,
     /// Set while broadcasts to this connection are held back because it fell behind: the
@@ -290,6 +298,8 @@ pub(crate) struct Room {
     batch: Vec<(i64, Bytes, Option<ConnId>)>,
     /// Files that left the document, so edits made to them meanwhile are carried, not lost.
     departed: crate::room::departed::Departed,
+    /// Paths added to and removed from the document, read off each update (the journal).
+    file_keys: crate::room::journal::Keys,
     /// Small replies built while handling (join greetings).
     replies: Vec<(Target, Bytes)>,
     /// Sync step 1 requests of this batch, one per connection, answered after the commit. Built
@@ -444,6 +454,7 @@ impl Room {
                 user_id,
                 name,
                 rights,
+                journaled,
                 out,
                 reply,
             } => {
@@ -458,6 +469,7 @@ impl Room {
                         identity: crate::room::presence::Identity::new(&user_id, &name),
                         user_id,
                         rights,
+                        journaled,
                         out,
                         awareness_ids: HashSet::new(),
                         lag_from: None,

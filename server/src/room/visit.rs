@@ -47,12 +47,34 @@ pub(crate) struct Visit {
 }
 
 impl Visit {
-    /// Joins `room_id` as `who` (user id, shown name) and receives the whole document.
+    /// Joins `room_id` as `who` (user id, shown name) and receives the whole document. The
+    /// files it creates, moves and deletes are journaled as `who`'s.
     pub(crate) async fn start(
         rooms: &Rooms,
         limits: &Limits,
         room_id: &RoomId,
         who: (&str, &str),
+    ) -> Result<Self, VisitError> {
+        Self::join(rooms, limits, room_id, who, true).await
+    }
+
+    /// [`Visit::start`] for a change recorded as what it is elsewhere (a checkpoint's restore,
+    /// a read): its file operations are not journaled one by one.
+    pub(crate) async fn start_unjournaled(
+        rooms: &Rooms,
+        limits: &Limits,
+        room_id: &RoomId,
+        who: (&str, &str),
+    ) -> Result<Self, VisitError> {
+        Self::join(rooms, limits, room_id, who, false).await
+    }
+
+    async fn join(
+        rooms: &Rooms,
+        limits: &Limits,
+        room_id: &RoomId,
+        who: (&str, &str),
+        journaled: bool,
     ) -> Result<Self, VisitError> {
         let conn = crate::room::task::next_conn_id();
         // In-process, not a socket: not counted with the connections' queued bytes.
@@ -62,7 +84,13 @@ impl Visit {
             Default::default(),
         );
         let room = rooms
-            .join(room_id, conn, who, crate::room::task::Rights::FULL, &outbox)
+            .join(
+                room_id,
+                conn,
+                who,
+                (crate::room::task::Rights::FULL, journaled),
+                &outbox,
+            )
             .await
             .map_err(|_| VisitError::Join)?;
         let mut visit = Visit {

@@ -292,7 +292,7 @@ async fn session(
             &ctx.room_id,
             conn,
             ("sandbox", "workspace"),
-            crate::room::task::Rights::FULL,
+            (crate::room::task::Rights::FULL, false),
             &outbox,
         )
         .await

@@ -159,6 +159,13 @@ pub(crate) enum Change {
     },
     /// A preview made.
     CreatePreview(super::PreviewRow),
+    /// A file deleted from the document, kept in the room's trash.
+    Trash(super::TrashRow),
+    /// A file taken out of the trash (restored): a conflict when it is not there.
+    Untrash {
+        room_id: RoomId,
+        id: String,
+    },
     /// An agent brought in, with its token's hash.
     CreateAgent {
         agent: super::AgentRow,
@@ -426,6 +433,12 @@ pub(super) async fn apply_change(
                 .await?;
         }
         Change::CreatePreview(p) => super::previews::insert(tx, p).await?,
+        Change::Trash(t) => super::trash::insert(tx, t).await?,
+        Change::Untrash { room_id, id } => {
+            if !super::trash::remove(tx, room_id, id).await? {
+                return Err(StoreError::Conflict);
+            }
+        }
         Change::CreateAgent { agent, token_hash } => {
             super::agents::insert(tx, agent, token_hash).await?;
         }

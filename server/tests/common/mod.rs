@@ -868,6 +868,18 @@ impl Client {
         self.send(YMessage::Sync(SyncMessage::Update(update))).await;
     }
 
+    /// Deletes workspace file `path` from the document and sends the update.
+    pub async fn remove_file(&mut self, path: &str) {
+        use yrs::Map;
+        let update = {
+            let files = self.doc.get_or_insert_map("files");
+            let mut txn = self.doc.transact_mut();
+            files.remove(&mut txn, path);
+            txn.encode_update_v1()
+        };
+        self.send(YMessage::Sync(SyncMessage::Update(update))).await;
+    }
+
     /// Inserts into a workspace file of the document and sends the update.
     pub async fn edit_file(&mut self, path: &str, at: u32, s: &str) {
         let text = self.file(path).expect("the file exists");

@@ -4,7 +4,7 @@
 import * as Y from 'yjs'
 import type { Awareness } from 'y-protocols/awareness'
 import { yCollab } from 'y-codemirror.next'
-import { Compartment, EditorState, type Extension } from '@codemirror/state'
+import { ChangeSet, Compartment, EditorState, type Extension } from '@codemirror/state'
 import { EditorView, keymap, lineNumbers, highlightActiveLine, drawSelection, highlightActiveLineGutter } from '@codemirror/view'
 import { defaultKeymap, indentWithTab } from '@codemirror/commands'
 import { searchKeymap, highlightSelectionMatches } from '@codemirror/search'
@@ -14,6 +14,7 @@ import { javascript } from '@codemirror/lang-javascript'
 import { rust } from '@codemirror/lang-rust'
 import { python } from '@codemirror/lang-python'
 import { languageOf, type Language } from '../files'
+import { rebase } from '../rebase'
 
 /** The highlighting built into the bundle, if `lang` is one of those. */
 function builtIn (lang: Language): Extension | null {
@@ -44,10 +45,34 @@ export async function loadLanguage (lang: Language): Promise<Extension> {
   }
 }
 
+/** Applies `changes` (made for `text`'s content as it is) to `text`, in one transaction. */
+function applyToText (text: Y.Text, changes: ChangeSet): void {
+  const run = (): void => {
+    let shift = 0
+    changes.iterChanges((fromA, toA, _fromB, _toB, inserted) => {
+      const at = fromA + shift
+      if (toA > fromA) text.delete(at, toA - fromA)
+      const s = inserted.toString()
+      if (s) text.insert(at, s)
+      shift += s.length - (toA - fromA)
+    })
+  }
+  if (text.doc) text.doc.transact(run)
+  else run()
+}
+
 export class Editor {
   private view: EditorView | null = null
   private readonly access = new Compartment()
   private readonly syntax = new Compartment()
+  /** The binding to the open file's text: empty while the file is detached. */
+  private readonly collab = new Compartment()
+  /** While detached: the text the view showed when its file left the document, and the changes
+   *  typed since (kept in the view alone, until `rebind`). */
+  private detached: { base: string, local: ChangeSet } | null = null
+  /** Called (during the view's update: defer what dispatches) when someone types into the
+   *  detached view. */
+  onDetachedEdit: (() => void) | null = null
   /** Undo history per file, tied to the text it tracks (a file replaced by another client gets
    *  a fresh history). */
   private readonly undo = new Map<string, { text: Y.Text, undo: Y.UndoManager }>()
@@ -59,13 +84,7 @@ export class Editor {
   open (path: string, text: Y.Text): void {
     this.close()
     this.path = path
-    let entry = this.undo.get(path)
-    if (!entry || entry.text !== text) {
-      entry?.undo.destroy()
-      entry = { text, undo: new Y.UndoManager(text) }
-      this.undo.set(path, entry)
-    }
-    const undo = entry.undo
+    const undo = this.undoFor(path, text)
     const state = EditorState.create({
       doc: text.toString(),
       extensions: [
@@ -81,7 +100,13 @@ export class Editor {
         keymap.of([...defaultKeymap, ...searchKeymap, indentWithTab]),
         this.syntax.of(builtIn(languageOf(path)) ?? []),
         this.access.of(this.accessExt()),
-        yCollab(text, this.awareness, { undoManager: undo }),
+        this.collab.of(yCollab(text, this.awareness, { undoManager: undo })),
+        EditorView.updateListener.of((u) => {
+          if (this.detached && u.docChanged) {
+            this.detached.local = this.detached.local.compose(u.changes)
+            this.onDetachedEdit?.()
+          }
+        }),
         EditorView.contentAttributes.of({ 'aria-label': `Editor: ${path}` }),
       ],
     })
@@ -117,6 +142,73 @@ export class Editor {
     v.dispatch({ effects: EditorView.scrollIntoView(pos, { y: 'center' }) })
   }
 
+  private undoFor (path: string, text: Y.Text): Y.UndoManager {
+    let entry = this.undo.get(path)
+    if (!entry || entry.text !== text) {
+      entry?.undo.destroy()
+      entry = { text, undo: new Y.UndoManager(text) }
+      this.undo.set(path, entry)
+    }
+    return entry.undo
+  }
+
+  /** The open file left the document (renamed, moved, deleted or replaced by someone else):
+   *  the view stays as it is, focus, cursor and all, unbound from any text; what is typed
+   *  meanwhile stays in it until [`rebind`] puts it into the text the file became. */
+  detach (): void {
+    const v = this.view
+    if (!v || this.detached) return
+    this.detached = { base: v.state.doc.toString(), local: ChangeSet.empty(v.state.doc.length) }
+    v.dispatch({ effects: this.collab.reconfigure([]) })
+  }
+
+  /** Whether the view is detached, whether anything was typed in it since, and what it showed
+   *  when it was detached (`rebind` adds the typing to a text that holds that). */
+  detachedTyping (): { typed: boolean, base: string } | null {
+    if (!this.detached || !this.view) return null
+    return { typed: !this.detached.local.empty, base: this.detached.base }
+  }
+
+  /** Binds the detached view to `text`, the file it became at `path`: what the text gained
+   *  since (typing the room carried there, others' edits) shows in the view, and what was
+   *  typed in the view meanwhile goes into the text, each rebased over the other; the cursor
+   *  follows. */
+  rebind (path: string, text: Y.Text): void {
+    const v = this.view
+    const d = this.detached
+    if (!v || !d) { this.open(path, text); return }
+    this.detached = null
+    this.onDetachedEdit = null
+    const { toText, toView } = rebase(d.base, text.toString(), d.local)
+    applyToText(text, toText)
+    v.dispatch({ changes: toView })
+    if (v.state.doc.toString() !== text.toString()) {
+      // Never expected; the text is what everyone sees, so the view shows it.
+      v.dispatch({ changes: { from: 0, to: v.state.doc.length, insert: text.toString() } })
+    }
+    const old = this.path
+    this.path = path
+    if (old !== null && old !== path) this.forgetHistory(old)
+    const lang = languageOf(path)
+    v.dispatch({
+      effects: [
+        this.collab.reconfigure(yCollab(text, this.awareness, { undoManager: this.undoFor(path, text) })),
+        this.syntax.reconfigure(builtIn(lang) ?? []),
+      ],
+    })
+    v.contentDOM.setAttribute('aria-label', `Editor: ${path}`)
+    if (builtIn(lang) === null) {
+      loadLanguage(lang)
+        .then((ext) => { if (this.view === v && this.path === path) v.dispatch({ effects: this.syntax.reconfigure(ext) }) })
+        .catch(() => { /* the file stays plain text */ })
+    }
+  }
+
+  private forgetHistory (path: string): void {
+    this.undo.get(path)?.undo.destroy()
+    this.undo.delete(path)
+  }
+
   /** The file was deleted or renamed away. */
   forget (path: string): void {
     this.undo.get(path)?.undo.destroy()
@@ -128,6 +220,8 @@ export class Editor {
     this.view?.destroy()
     this.view = null
     this.path = null
+    this.detached = null
+    this.onDetachedEdit = null
     // Not editing anything: no cursor to show to others.
     this.awareness.setLocalStateField('cursor', null)
   }

@@ -3,12 +3,14 @@
 
 import * as Y from 'yjs'
 import * as decoding from 'lib0/decoding'
+import * as encoding from 'lib0/encoding'
+import * as syncProtocol from 'y-protocols/sync'
 import { WebsocketProvider } from 'y-websocket'
 import { api, ApiError, wsUrl, type Approval, type Capability, type Room } from '../api'
 import type { App } from '../main'
 import { abilities } from '../caps'
 import { DocConnection, closeMeaning } from '../conn'
-import { asText, buildTree, checkPath, folderMoves, MAX_TEXT_BYTES, movedTo, quickMatches, searchFiles, type TreeNode } from '../files'
+import { asText, buildTree, checkPath, folderMoves, freePath, MAX_TEXT_BYTES, movedTo, quickMatches, searchFiles, type TreeNode } from '../files'
 import { action, errorText, h, notice, replace, toast } from '../dom'
 import { Editor } from './editor'
 import { SharedTerminal } from './terminal'
@@ -82,6 +84,10 @@ export function roomPage (app: App, id: string): () => void {
   const deletionNotice = h('div', { class: 'deletion-notice', hidden: true, role: 'status', 'data-testid': 'pending-deletion' })
   const pane = new PreviewPane(id, () => { if (panel === 'Previews') renderSide() })
   const tree = h('ul', { class: 'tree', role: 'tree', 'aria-label': 'Files' })
+  const treeEmpty = h('p', { class: 'hint tree-empty' }, 'No files yet.')
+  // Deleted files, newest first, each restorable by those who may edit.
+  const trashList = h('ul', { class: 'trash-list', 'data-testid': 'trash-list' })
+  const trashBox = h('details', { class: 'trash', 'data-testid': 'trash' }, h('summary', null, 'Deleted files'), trashList) as HTMLDetailsElement
   const treeTools = h('div', { class: 'tree-tools' })
   const tabs = h('div', { class: 'tabs', role: 'toolbar', 'aria-label': 'Open files' })
   const editorEl = h('div', { class: 'editor', 'data-testid': 'editor' })
@@ -96,7 +102,7 @@ export function roomPage (app: App, id: string): () => void {
   const work = h('section', { class: 'work' }, tabs, pane.el, editorEl, empty, split, termEl)
   const sideToggle = h('button', { type: 'button', class: 'side-toggle icon', 'data-testid': 'side-toggle' })
   const layout = h('div', { class: 'room' },
-    h('aside', { class: 'files' }, h('div', { class: 'panel-head' }, h('h2', null, 'Files'), treeTools), tree),
+    h('aside', { class: 'files' }, h('div', { class: 'panel-head' }, h('h2', null, 'Files'), treeTools), tree, treeEmpty, trashBox),
     work,
     h('aside', { class: 'side' }, sideToggle, sideNav, sideBody))
   replace(app.main, deletionNotice, banner, fullNotice, portNotice, layout)
@@ -211,6 +217,34 @@ export function roomPage (app: App, id: string): () => void {
     if (m.end) end(m.message)
     else if (e && e.code >= 1002 && e.code !== 1006 && e.reason) { conn.refused(e.reason); showConn() }
   })
+  // A round trip to the room: resolved by the room's answer to a sync step 1 sent once the
+  // page is synced. The room answers after applying everything the page sent before it, so
+  // by then what it did about those updates (typing carried into a renamed file, a deleted
+  // file brought back) has arrived too.
+  let roundTrips: Array<() => void> = []
+  const syncHandler = provider.messageHandlers[0]
+  provider.messageHandlers[0] = (encoder, decoder, prov, emitSynced, messageType) => {
+    const kind = decoding.readVarUint(decoding.clone(decoder))
+    syncHandler(encoder, decoder, prov, emitSynced, messageType)
+    if (kind === syncProtocol.messageYjsSyncStep2 && provider.synced) {
+      const due = roundTrips
+      roundTrips = []
+      for (const f of due) f()
+    }
+  }
+  const askRoom = (): void => {
+    const ws = provider.ws
+    if (!ws || !provider.wsconnected) return
+    const e = encoding.createEncoder()
+    encoding.writeVarUint(e, 0)
+    syncProtocol.writeSyncStep1(e, doc)
+    ws.send(encoding.toUint8Array(e))
+  }
+  const roundTrip = (): Promise<void> => new Promise((resolve) => {
+    roundTrips.push(resolve)
+    // Not synced (reconnecting): the sync that ends it answers.
+    if (provider.synced) askRoom()
+  })
   let lastLocalEdit = 0
   doc.on('update', (_u: Uint8Array, origin: unknown) => {
     if (origin !== provider) { lastLocalEdit = Date.now(); conn.localEdit(); showConn() }
@@ -256,6 +290,11 @@ export function roomPage (app: App, id: string): () => void {
   const openFile = (path: string): void => {
     const text = files.get(path)
     if (!(text instanceof Y.Text)) return
+    if (orphan !== null) {
+      const i = open.indexOf(orphan)
+      if (i >= 0) open.splice(i, 1)
+      orphan = null
+    }
     if (!open.includes(path)) open.push(path)
     active = path
     editor.open(path, text)
@@ -270,6 +309,7 @@ export function roomPage (app: App, id: string): () => void {
     openFile(path)
   }
   const closeTab = (path: string): void => {
+    if (path === orphan) orphan = null
     const i = open.indexOf(path)
     if (i >= 0) open.splice(i, 1)
     if (active === path) {
@@ -304,7 +344,7 @@ export function roomPage (app: App, id: string): () => void {
     // Each tab holds two buttons (open, close), so it is a group, not an ARIA tab (which may
     // not hold controls); the open file's button says it is the current one.
     replace(tabs, open.map((p) => h('div', { class: `tab ${p === active ? 'active' : ''}`, role: 'group', 'aria-label': p },
-      h('button', { type: 'button', class: 'tab-name', onclick: () => pick(p), title: p, 'aria-current': p === active ? 'true' : null }, p.split('/').pop()),
+      h('button', { type: 'button', class: `tab-name${p === orphan ? ' deleted' : ''}`, onclick: () => pick(p), title: p === orphan ? `${p} (deleted: type to bring it back)` : p, 'aria-current': p === active ? 'true' : null }, p.split('/').pop(), p === orphan ? ' (deleted)' : ''),
       hereIn(p),
       h('button', { type: 'button', class: 'tab-x', onclick: () => closeTab(p), 'aria-label': `Close ${p}` }, '×'))))
   }
@@ -458,35 +498,184 @@ export function roomPage (app: App, id: string): () => void {
   const renderTree = (): void => {
     peerFiles = whoIsWhere()
     const nodes = buildTree(files.keys())
-    replace(tree, nodes.length ? nodes.map(renderNode) : h('li', { class: 'hint' }, 'No files yet.'))
+    // A tree holds tree items only: with none, it is hidden and a hint says so.
+    replace(tree, nodes.map(renderNode))
+    tree.hidden = nodes.length === 0
+    treeEmpty.hidden = nodes.length > 0
     replace(treeTools, caps.includes('edit') && !ended
       ? [action('New file', newFile, { 'data-testid': 'new-file', title: 'New file (Alt+N)' }),
           action('Upload…', () => uploadInput.click(), { 'data-testid': 'upload', title: 'Add text files from this computer' })]
       : null)
   }
+  const renderTrash = (): void => {
+    if (!trashBox.open || disposed) return
+    api.trash(id).then((items) => {
+      if (disposed) return
+      const may = caps.includes('edit') && !ended
+      replace(trashList, items.length
+        ? items.map((t) => h('li', null,
+          h('span', { class: 'trash-path', title: t.path }, t.path),
+          h('span', { class: 'hint' }, ` deleted by ${t.deleted_by_name}, ${new Date(t.deleted_at).toLocaleString()}`),
+          may
+            ? h('button', {
+                type: 'button',
+                class: 'small',
+                'aria-label': `Restore ${t.path}`,
+                onclick: () => {
+                  api.restoreTrashed(id, t.id)
+                    .then((r) => { toast(`${r.path} is back.`); renderTrash() })
+                    .catch((err: unknown) => { toast(errorText(err), 'error'); renderTrash() })
+                },
+              }, 'Restore')
+            : null))
+        : h('li', { class: 'hint' }, 'Nothing deleted lately.'))
+    }).catch((err: unknown) => replace(trashList, h('li', { class: 'hint' }, errorText(err))))
+  }
+  let trashTimer: ReturnType<typeof setTimeout> | undefined
+  /** Soon, once the journal has kept what was just deleted. */
+  const renderTrashSoon = (): void => {
+    clearTimeout(trashTimer)
+    trashTimer = setTimeout(renderTrash, 500)
+  }
+  disposers.push(() => clearTimeout(trashTimer))
+  trashBox.addEventListener('toggle', renderTrash)
+  /** Who deleted `path` (the newest such file in the room's trash), when the trash says. */
+  const deletedBy = async (path: string): Promise<{ id: string, name: string } | null> => {
+    for (let i = 0; i < 20 && !disposed; i++) {
+      const t = await api.trash(id).catch(() => [])
+      const found = t.find((x) => x.path === path && Date.now() - x.deleted_at < 120_000)
+      if (found) return { id: found.id, name: found.deleted_by_name }
+      await new Promise((resolve) => setTimeout(resolve, 250))
+    }
+    return null
+  }
+  /** The open file left the document by someone else's change: the editor keeps what is
+   *  shown and typed (focus and cursor too) until the room has answered for everything sent
+   *  before, then binds it to what the file became: its new path, or the same path when the
+   *  room brought it back (typing its deleter had not seen) or it was replaced. A deleted file
+   *  someone typed into since comes back as theirs; otherwise the tab closes and a notice says
+   *  who deleted it, with a way to restore it. */
+  let settling = 0
+  const settle = (from: string, to: string | null): void => {
+    editor.detach()
+    const mine = ++settling
+    void roundTrip().then(async () => {
+      if (disposed || mine !== settling || active !== (to ?? from)) return
+      const where = to ?? from
+      const text = files.get(where)
+      if (text instanceof Y.Text) {
+        editor.rebind(where, text)
+        editor.setEditable(caps.includes('edit') && !ended)
+        provider.awareness.setLocalStateField('file', where)
+        if (to === null) {
+          const by = await deletedBy(from)
+          notice(`${by?.name ?? 'Someone'} deleted ${from} while you were in it; it is back, with everything typed in it.`, 'file-came-back')
+        }
+        renderTabs()
+        renderTree()
+        return
+      }
+      const by = deletedBy(from)
+      const typing = editor.detachedTyping()
+      if (typing?.typed && caps.includes('edit') && !ended) {
+        bringBack(from, by)
+        return
+      }
+      // Still shown, marked deleted: typing in it brings it back.
+      orphan = from
+      editor.onDetachedEdit = () => {
+        if (orphan !== from || !caps.includes('edit') || ended) return
+        setTimeout(() => { if (orphan === from && !disposed) bringBack(from, by) }, 0)
+      }
+      renderTabs()
+      renderTree()
+      noticeDeleted(from, await by)
+    })
+  }
+  /** The open file someone else deleted, still shown (unbound) in the editor: typing in it
+   *  brings it back as this person's. */
+  let orphan: string | null = null
+  /** Makes what the editor shows of deleted file `path` a file again (this person's change),
+   *  under its path or beside a file that took it, and says who had deleted it. */
+  const bringBack = (path: string, by: Promise<{ id: string, name: string } | null>): void => {
+    const typing = editor.detachedTyping()
+    if (!typing) return
+    orphan = null
+    const at = freePath(path, (p) => files.has(p))
+    // What it held; the typing since goes in as the editor is bound to it.
+    const back = new Y.Text(typing.base)
+    const i = open.indexOf(path)
+    if (i >= 0) open.splice(i, 1, at)
+    else open.push(at)
+    active = at
+    files.set(at, back)
+    editor.rebind(at, back)
+    editor.setEditable(caps.includes('edit') && !ended)
+    provider.awareness.setLocalStateField('file', at)
+    renderTabs()
+    renderTree()
+    void by.then((who) => notice(`${who?.name ?? 'Someone'} deleted ${path} while you were typing in it; it is back${at === path ? '' : ` as ${at}`}, with what you typed.`, 'file-came-back'))
+  }
+  const noticeDeleted = (path: string, by: { id: string, name: string } | null): void => {
+    const restore = by && caps.includes('edit') && !ended
+      ? {
+          label: 'Restore',
+          run: async () => {
+            const r = await api.restoreTrashed(id, by.id)
+            const opened = (): boolean => { if (!files.has(r.path)) return false; pick(r.path); return true }
+            if (!opened()) {
+              const onChange = (): void => { if (opened()) files.unobserve(onChange) }
+              files.observe(onChange)
+            }
+            renderTrash()
+          },
+        }
+      : undefined
+    notice(`${by?.name ?? 'Someone'} deleted ${path}.${restore ? ' It waits in the trash.' : ''}`, 'file-deleted', restore)
+  }
   files.observe((e) => {
     // A rename (here or by anyone) deletes a path and adds the one it became in one change: an
     // open tab follows it.
     const added = [...e.changes.keys].filter(([k, c]) => c.action === 'add' && files.has(k)).map(([k]) => k)
+    const local = e.transaction.local
     for (const [key, change] of e.changes.keys) {
       if (change.action === 'delete' && !files.has(key)) {
-        editor.forget(key)
         const to = movedTo(key, added)
         const i = open.indexOf(key)
         if (i >= 0) {
           if (to !== null && !open.includes(to)) open.splice(i, 1, to)
-          else open.splice(i, 1)
+          else if (to !== null || local || active !== key) open.splice(i, 1)
         }
-        if (active === key) {
-          active = null
-          if (to !== null) openFile(to)
-          else if (open.length) openFile(open[open.length - 1])
+        if (active === key && !local) {
+          // Someone else's change: the editor holds on (see `settle`).
+          active = to ?? key
+          settle(key, to)
+        } else {
+          editor.forget(key)
+          if (active === key) {
+            active = null
+            if (to !== null) openFile(to)
+            else if (open.length) openFile(open[open.length - 1])
+          }
+          if (!local && i >= 0 && to === null) void deletedBy(key).then((by) => noticeDeleted(key, by))
+        }
+      } else if (change.action === 'add' && key === orphan && active === key) {
+        // Brought back (restored from the trash): the editor shows it again, bound.
+        const text = files.get(key)
+        if (text instanceof Y.Text) {
+          orphan = null
+          editor.rebind(key, text)
+          editor.setEditable(caps.includes('edit') && !ended)
+          provider.awareness.setLocalStateField('file', key)
         }
       } else if (change.action === 'update' && active === key) {
-        // Replaced by another client (a rename or a reset): bind to the new text.
-        openFile(key)
+        // Replaced (a reset by another client): the editor follows to the new text, keeping
+        // what is typed meanwhile.
+        if (local) openFile(key)
+        else settle(key, key)
       }
     }
+    if (added.length || [...e.changes.keys.values()].some((c) => c.action === 'delete')) renderTrashSoon()
     renderTabs()
     renderTree()
   })

@@ -96,6 +96,8 @@ impl Room {
         } else {
             crate::room::departed::departing(&self.doc, &ds)
         };
+        // Whatever earlier transactions did to paths is not this update's.
+        self.file_keys.take();
         let applied = std::panic::catch_unwind(AssertUnwindSafe(|| {
             let mut txn = self.doc.transact_mut();
             let result = txn.apply_update(update);
@@ -134,6 +136,7 @@ impl Room {
             self.shrink_pending = true;
         }
         self.log(produced, Some(conn));
+        let mut paired = crate::room::departed::Outcome::default();
         if !departing.is_empty()
             || !lost.is_empty()
             || (!ds.is_empty() && !self.departed.is_empty())
@@ -160,6 +163,7 @@ impl Room {
                     if o.carried + o.unplaced > 0 {
                         tracing::info!(room = %self.id, %conn, carried = o.carried, unplaced = o.unplaced, restored = ?o.restored, "carried edits made to files that are gone");
                     }
+                    paired = o;
                 }
                 Err(_) => {
                     tracing::error!(room = %self.id, %conn, "carrying edits to departed files panicked");
@@ -169,6 +173,45 @@ impl Room {
             }
             let produced = self.drain_produced();
             self.log(produced, None);
+        }
+        self.journal(conn, paired);
+    }
+
+    /// Hands the file operations of the update `conn` just sent to the journal.
+    fn journal(&mut self, conn: ConnId, paired: crate::room::departed::Outcome) {
+        use crate::room::journal::{ops_of, FileChanges, MAX_OPS_PER_UPDATE};
+        let keys = self.file_keys.take();
+        if keys.0.is_empty() && keys.1.is_empty() && paired.moved.is_empty() {
+            return;
+        }
+        let (Some(journal), Some(c)) = (&self.deps.journal, self.conns.get(&conn)) else {
+            return;
+        };
+        if !c.journaled {
+            return;
+        }
+        let mut ops = ops_of(keys, paired.moved, paired.deleted, &paired.restored);
+        if ops.is_empty() {
+            return;
+        }
+        if ops.len() > MAX_OPS_PER_UPDATE {
+            tracing::info!(room = %self.id, %conn, ops = ops.len(), "journaling the first file operations of a large change");
+            ops.truncate(MAX_OPS_PER_UPDATE);
+        }
+        let changes = FileChanges {
+            room: self.id.clone(),
+            actor: c.user_id.clone(),
+            at: self.deps.clock.now_ms(),
+            ops,
+        };
+        // Never waits on the room task: a full journal queue is waited on off it.
+        if let Err(tokio::sync::mpsc::error::TrySendError::Full(changes)) =
+            journal.try_send(changes)
+        {
+            let journal = journal.clone();
+            self.deps.tracker.spawn(async move {
+                let _ = journal.send(changes).await;
+            });
         }
     }
 

@@ -126,6 +126,7 @@ impl Room {
         let sink = produced.clone();
         observe_produced(&doc, sink, deps.limits.encode_after_merge)
             .map_err(|_| LoadError::Observe)?;
+        let file_keys = crate::room::journal::Keys::observe(&doc);
         Ok(Room {
             id,
             deps,
@@ -144,6 +145,7 @@ impl Room {
             batch_departures: 0,
             batch: Vec::new(),
             departed: Default::default(),
+            file_keys,
             replies: Vec::new(),
             sync_requests: Vec::new(),
             presence_queries: HashSet::new(),

@@ -76,7 +76,7 @@ impl Actor {
         }
         let rewritten = async {
             let deps = self.deps();
-            let mut visit = crate::room::visit::Visit::start(
+            let mut visit = crate::room::visit::Visit::start_unjournaled(
                 &deps.rooms,
                 &deps.limits,
                 &self.room_id,
