@@ -163,6 +163,9 @@ export class PortWatch {
     private readonly room: string,
     private readonly offer: (port: number, preview: Preview | null) => void,
     private readonly closed: (port: number) => void = () => {},
+    /** Told, on every look, whether the server serves previews (it may restart with another
+     *  configuration). */
+    private readonly served: (previews: boolean) => void = () => {},
   ) {}
 
   start (everyMs: number): void {
@@ -180,6 +183,7 @@ export class PortWatch {
     let listening: number[]
     try {
       const seen = await api.ports(this.room)
+      this.served(seen.previews !== false)
       // A server without previews offers none (nothing to open a port with).
       listening = seen.previews === false ? [] : seen.listening
     } catch {

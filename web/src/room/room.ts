@@ -79,6 +79,10 @@ export function roomPage (app: App, id: string): () => void {
   const title = document.getElementById('room-title')
   const connStatus = h('span', { class: 'conn', 'data-testid': 'conn-status', role: 'status' }, 'Connecting…')
   const banner = h('div', { class: 'room-ended', hidden: true, role: 'alert', 'data-testid': 'room-ended' })
+  // The server restarted with another configuration (previews turned on or off, this person
+  // made or unmade an admin): the page says what changed and offers a reload, which shows
+  // what the server offers now.
+  const configNotice = h('div', { class: 'port-notice config-notice row', hidden: true, role: 'status', 'data-testid': 'config-changed' })
   const fullNotice = h('div', { class: 'room-full', hidden: true, role: 'alert', 'data-testid': 'room-full' })
   const portNotice = h('div', { class: 'port-notice row', hidden: true, role: 'status', 'data-testid': 'port-notice' })
   const deletionNotice = h('div', { class: 'deletion-notice', hidden: true, role: 'status', 'data-testid': 'pending-deletion' })
@@ -105,7 +109,7 @@ export function roomPage (app: App, id: string): () => void {
     h('aside', { class: 'files' }, h('div', { class: 'panel-head' }, h('h2', null, 'Files'), treeTools), tree, treeEmpty, trashBox),
     work,
     h('aside', { class: 'side' }, sideToggle, sideNav, sideBody))
-  replace(app.main, deletionNotice, banner, fullNotice, portNotice, layout)
+  replace(app.main, deletionNotice, banner, configNotice, fullNotice, portNotice, layout)
   title?.append(connStatus)
 
   // The layout as this person left it: the terminal's height (or filling the work area), the
@@ -1210,6 +1214,31 @@ export function roomPage (app: App, id: string): () => void {
   // Something started listening in the sandbox: offer its preview (and take the offer back
   // when that port closes).
   let offeredPort: number | null = null
+  /** What the server offered when this page loaded, and what changed since. */
+  const offered: { previews: boolean | null, admin: boolean } = { previews: null, admin: me.is_admin }
+  const changed = new Set<string>()
+  const configChanged = (what: string): void => {
+    if (changed.has(what) || disposed) return
+    changed.add(what)
+    replace(configNotice,
+      h('span', null, `The server restarted with another configuration: ${[...changed].join('; ')}.`),
+      action('Reload', async () => { window.location.reload() }, { class: 'primary', 'data-testid': 'config-reload' }))
+    configNotice.hidden = false
+  }
+  const servesPreviews = (on: boolean): void => {
+    if (offered.previews === null) offered.previews = on
+    else if (offered.previews !== on) configChanged(on ? 'previews are on now' : 'previews are off now')
+  }
+  // Back after a lost connection (a restart, most likely): is this person still an admin?
+  let wasDown = false
+  provider.on('status', ({ status }: { status: string }) => { if (status === 'disconnected') wasDown = true })
+  provider.on('sync', (synced: boolean) => {
+    if (!synced || !wasDown || disposed) return
+    wasDown = false
+    api.me().then((now) => {
+      if (now.is_admin !== offered.admin) configChanged(now.is_admin ? 'you are an admin now' : 'you are no longer an admin')
+    }).catch(() => {})
+  })
   const ports = new PortWatch(id, (port, live) => {
     const can = abilities(caps)
     if (ended || (!live && !can.publish)) return
@@ -1227,7 +1256,7 @@ export function roomPage (app: App, id: string): () => void {
     portNotice.hidden = false
   }, (port) => {
     if (port === offeredPort) { portNotice.hidden = true; offeredPort = null }
-  })
+  }, servesPreviews)
   ports.start(PORTS_MS)
   disposers.push(() => ports.stop())
   onEnd.push(() => ports.stop())
