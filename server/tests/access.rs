@@ -941,3 +941,84 @@ async fn anyone_may_leave_but_the_last_owner() {
         && r["actor"] == t.ben_id.as_str()
         && r["decision"] == "allow"));
 }
+
+on_each_backend!(
+    invites_choose_capabilities_and_go_to_one_address,
+    invites_choose_capabilities_and_go_to_one_address_on
+);
+
+/// An invite may hold chosen capabilities (never more than its issuer holds), and may be sent
+/// to one address: mailed the link, and only that account may accept it.
+async fn invites_choose_capabilities_and_go_to_one_address_on(backend: &Backend) {
+    let storage = Storage::new(backend).await;
+    let t = team(&storage).await;
+    let post = |token: String, body: String| {
+        let url = t.server.url(&format!("/api/rooms/{}/invites", t.room));
+        async move { http(&url, "POST", Some(&token), Some(&body)).await }
+    };
+    let grant = r#"{"grant":["invite"]}"#;
+    assert_eq!(
+        set_role(&t.server, &t.ana, &t.room, &t.ben_id, grant).await,
+        200
+    );
+    // Never more than the issuer holds; observe always; known names only.
+    let body = |caps: &str| {
+        format!(r#"{{"role":"viewer","ttl_s":3600,"max_uses":1,"capabilities":{caps}}}"#)
+    };
+    let (status, _) = post(t.ben.clone(), body(r#"["observe","edit","publish"]"#)).await;
+    assert_eq!(status, 403);
+    assert_eq!(post(t.ben.clone(), body(r#"["edit"]"#)).await.0, 400);
+    assert_eq!(
+        post(t.ben.clone(), body(r#"["observe","fly"]"#)).await.0,
+        400
+    );
+    let (status, made) = post(t.ben.clone(), body(r#"["observe","edit"]"#)).await;
+    assert_eq!(status, 201, "{made}");
+    let token = serde_json::from_str::<serde_json::Value>(&made).unwrap()["token"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let dan = storage.token("dan@example.com").await;
+    let shown = get_json(&t.server, &dan, &format!("/api/invites/{token}")).await;
+    assert_eq!(
+        shown["capabilities"],
+        serde_json::json!(["observe", "edit"])
+    );
+    assert_eq!(accept(&t.server, &dan, &token).await, 200);
+    let v = get_json(&t.server, &dan, &format!("/api/rooms/{}", t.room)).await;
+    assert_eq!(v["my_capabilities"], serde_json::json!(["observe", "edit"]));
+
+    // To one address: mailed, and nobody else gets in with the link.
+    let to_eve = r#"{"role":"viewer","ttl_s":3600,"max_uses":1,"capabilities":["observe","export"],"email":" Eve@Example.com "}"#;
+    let many = to_eve.replace(r#""max_uses":1"#, r#""max_uses":5"#);
+    assert_eq!(post(t.ana.clone(), many).await.0, 400);
+    let bad = to_eve.replace("Eve@Example.com", "not an address");
+    assert_eq!(post(t.ana.clone(), bad).await.0, 400);
+    let (status, made) = post(t.ana.clone(), to_eve.into()).await;
+    assert_eq!(status, 201, "{made}");
+    let made: serde_json::Value = serde_json::from_str(&made).unwrap();
+    assert_eq!(made["sent_to"], "eve@example.com");
+    let token = made["token"].as_str().unwrap();
+    let mail = wait_for_mail(&storage, "eve@example.com", "invites you").await;
+    assert!(
+        mail.contains(&format!("/invite/{token}")) && mail.contains("ana@example.com"),
+        "{mail}"
+    );
+    let fay = storage.token("fay@example.com").await;
+    assert_eq!(accept(&t.server, &fay, token).await, 403);
+    let eve = storage.token("eve@example.com").await;
+    let shown = get_json(&t.server, &eve, &format!("/api/invites/{token}")).await;
+    assert_eq!(shown["email"], "eve@example.com");
+    assert_eq!(accept(&t.server, &eve, token).await, 200);
+    let v = get_json(&t.server, &eve, &format!("/api/rooms/{}", t.room)).await;
+    assert_eq!(
+        v["my_capabilities"],
+        serde_json::json!(["observe", "export"])
+    );
+    let entries = audit(&t.server, &t.ana, &t.room).await;
+    assert!(entries.iter().any(|e| e["action"] == "create_invite"
+        && e["details"]["email"] == "eve@example.com"
+        && e["details"]["capabilities"] == serde_json::json!(["observe", "export"])));
+    assert!(verify_cli(&storage).await.0);
+    t.server.terminate().await;
+}

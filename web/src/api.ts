@@ -226,6 +226,10 @@ export interface InviteShown {
   role: string
   expires_at: number
   uses_left: number
+  /** What it grants (its role's, or those chosen). */
+  capabilities?: Capability[]
+  /** The one address that may accept it, when it was sent to one. */
+  email?: string
 }
 
 export class ApiError extends Error {
@@ -295,8 +299,8 @@ export const api = {
   rooms: () => call<RoomSummary[] | { rooms: RoomSummary[] }>('GET', '/api/rooms'),
   createRoom: (name: string) => call<{ id: string }>('POST', '/api/rooms', { name }),
   room: (id: string) => call<Room>('GET', `/api/rooms/${id}`),
-  invite: (id: string, role: string, ttl_s: number, max_uses: number) =>
-    call<{ token: string, url: string }>('POST', `/api/rooms/${id}/invites`, { role, ttl_s, max_uses }),
+  invite: (id: string, role: string, ttl_s: number, max_uses: number, more: { capabilities?: Capability[], email?: string } = {}) =>
+    call<{ token: string, url: string, sent_to?: string }>('POST', `/api/rooms/${id}/invites`, { role, ttl_s, max_uses, ...more }),
   showInvite: (token: string) => call<InviteShown>('GET', `/api/invites/${encodeURIComponent(token)}`),
   acceptInvite: (token: string) => call<{ room_id: string }>('POST', `/api/invites/${encodeURIComponent(token)}/accept`),
   revokeInvite: (token: string) => call<void>('DELETE', `/api/invites/${encodeURIComponent(token)}`),

@@ -15,7 +15,7 @@ use axum::http::StatusCode;
 use axum::routing::{get, patch, post};
 use axum::Json;
 use axum::Router;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 pub(crate) fn routes() -> Router<AppState> {
     Router::new()
@@ -32,22 +32,11 @@ pub(crate) fn routes() -> Router<AppState> {
         .route("/api/rooms/{id}/audit", get(room_audit))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct CreateInvite {
-    role: String,
-    ttl_s: u64,
-    max_uses: i64,
-}
-
 async fn create_invite(
     on: OnRoom,
-    Json(body): Json<CreateInvite>,
+    Json(body): Json<crate::ops::access::InviteAsked>,
 ) -> Result<(StatusCode, Json<InviteCreated>), ApiError> {
-    let made = on
-        .ops
-        .create_invite(&on.room, &on.actor, (&body.role, body.ttl_s, body.max_uses))
-        .await?;
+    let made = on.ops.create_invite(&on.room, &on.actor, body).await?;
     Ok((StatusCode::CREATED, Json(made)))
 }
 
@@ -61,6 +50,11 @@ pub(crate) struct InviteShown {
     role: String,
     expires_at: i64,
     uses_left: i64,
+    /// What it grants (its role's, or those chosen).
+    capabilities: Vec<String>,
+    /// The one address that may accept it, when it was sent to one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    email: Option<String>,
 }
 
 /// `GET /api/invites/{token}`: the room, who invited, the role; 410 saying why when the link
@@ -86,6 +80,21 @@ pub(crate) async fn show_invite(
         room_id: invite.room_id.to_string(),
         room_name: room.name,
         invited_by,
+        capabilities: match &invite.capabilities {
+            Some(c) => c.split(',').map(str::to_owned).collect(),
+            None => invite
+                .role
+                .parse::<coderoom_authz::Role>()
+                .map(|r| {
+                    r.capabilities()
+                        .names()
+                        .iter()
+                        .map(|n| n.to_string())
+                        .collect()
+                })
+                .unwrap_or_default(),
+        },
+        email: invite.email.clone(),
         role: invite.role,
         expires_at: invite.expires_at,
         uses_left: invite.max_uses - invite.uses,

@@ -11,7 +11,7 @@ use crate::room::RoomCmd;
 use crate::store::{Change, InviteRow, StoreError};
 use coderoom_authz::{decide, Action, Capability, CapabilitySet, Decision, Participant, Role};
 use rand::RngCore;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 /// Longest invite lifetime.
@@ -30,6 +30,56 @@ pub(crate) struct RightsChange {
     pub(crate) revoke: Vec<String>,
     /// When the granted capabilities lapse (Unix ms); absent for no expiry.
     pub(crate) expires_at: Option<i64>,
+}
+
+/// `POST /api/rooms/{id}/invites`: what the invite is to hold and who it is for.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct InviteAsked {
+    pub(crate) role: String,
+    pub(crate) ttl_s: u64,
+    pub(crate) max_uses: i64,
+    /// The capabilities it grants, chosen (never more than its issuer holds); absent: the
+    /// role's.
+    #[serde(default)]
+    pub(crate) capabilities: Option<Vec<String>>,
+    /// The one address it is for: mailed the link, and the only account that may accept it.
+    #[serde(default)]
+    pub(crate) email: Option<String>,
+}
+
+/// Chosen capabilities by name: known ones, `observe` among them.
+fn chosen_capabilities(names: &[String]) -> Result<CapabilitySet, OpError> {
+    let mut set = CapabilitySet::EMPTY;
+    for n in names {
+        let cap: Capability = n
+            .trim()
+            .parse()
+            .map_err(|_| OpError::Invalid(format!("unknown capability {n:?}")))?;
+        set = set.with(cap);
+    }
+    if !set.contains(Capability::Observe) {
+        return Err(OpError::Bad("an invite's capabilities include observe"));
+    }
+    Ok(set)
+}
+
+/// A participant of `role` holding exactly `caps`: the role's preset, what it lacks granted
+/// for good, what it has beyond `caps` removed.
+fn participant_holding(role: Role, caps: CapabilitySet) -> Participant {
+    let preset = role.capabilities();
+    let mut p = Participant::with_role(role);
+    for cap in Capability::ALL {
+        if caps.contains(cap) && !preset.contains(cap) {
+            p.extra.push(coderoom_authz::Grant {
+                capability: cap,
+                expires_at: None,
+            });
+        } else if !caps.contains(cap) && preset.contains(cap) {
+            p.removed = p.removed.with(cap);
+        }
+    }
+    p
 }
 
 /// Why an invite can no longer be used at `now` (revoked, used up, expired), as a sentence for
@@ -75,8 +125,15 @@ impl Ops {
         &self,
         room_id: &RoomId,
         actor: &Actor,
-        (role, ttl_s, max_uses): (&str, u64, i64),
+        asked: InviteAsked,
     ) -> Result<InviteCreated, OpError> {
+        let InviteAsked {
+            role,
+            ttl_s,
+            max_uses,
+            capabilities,
+            email,
+        } = asked;
         let role: Role = role
             .parse()
             .map_err(|_| OpError::Bad("role must be owner, editor or viewer"))?;
@@ -86,10 +143,29 @@ impl Ops {
         if !(1..=MAX_INVITE_USES).contains(&max_uses) {
             return Err(OpError::Bad("max_uses must be 1 to 1000"));
         }
-        let details = json!({ "role": role.as_str(), "ttl_s": ttl_s, "max_uses": max_uses });
-        let action = Action::CreateInvite {
-            grants: role.capabilities(),
+        let chosen = match &capabilities {
+            None => None,
+            Some(names) => Some(chosen_capabilities(names)?),
         };
+        let email = match email.as_deref().map(str::trim) {
+            None | Some("") => None,
+            Some(e) => Some(
+                crate::accounts::email::canonicalize(e)
+                    .map_err(|_| OpError::Bad("email is not an email address"))?,
+            ),
+        };
+        if email.is_some() && max_uses != 1 {
+            return Err(OpError::Bad("an invite sent to an address has one use"));
+        }
+        let grants = chosen.unwrap_or_else(|| role.capabilities());
+        let mut details = json!({ "role": role.as_str(), "ttl_s": ttl_s, "max_uses": max_uses });
+        if chosen.is_some() {
+            details["capabilities"] = json!(grants.names());
+        }
+        if let Some(e) = &email {
+            details["email"] = json!(e);
+        }
+        let action = Action::CreateInvite { grants };
         let locked = self.audit.lock().await;
         let proof = self
             .authorize_locked(&locked, room_id, actor, action, details.clone())
@@ -105,12 +181,38 @@ impl Ops {
             created_by: UserId::known(proof.actor()),
             expires_at: self.now_ms() + ttl_ms,
             max_uses,
+            capabilities: chosen.map(|c| c.names().join(",")),
+            email: email.clone(),
         };
         let entry = Entry::of(proof.action(), Verdict::Allow, details);
         self.write(&locked, room_id, proof.actor(), entry, change)
             .await?;
+        drop(locked);
         let url = format!("{}/invite/{token}", self.public_origin);
-        Ok(InviteCreated { token, url })
+        if let Some(to) = &email {
+            let room = self
+                .store
+                .room(room_id)
+                .await?
+                .map(|r| r.name)
+                .unwrap_or_default();
+            let what = grants.names().join(", ");
+            self.mailer.send(crate::accounts::mail::Mail {
+                to: to.clone(),
+                subject: format!("{} invites you to the room \"{room}\"", actor.email),
+                body: format!(
+                    "{} invites you to the room \"{room}\" on Coderoom, to {what}.\r\n\r\n\
+                     Join with this link (log in as {to}; it works once, until it expires):\r\n\
+                     {url}\r\n",
+                    actor.email
+                ),
+            });
+        }
+        Ok(InviteCreated {
+            token,
+            url,
+            sent_to: email,
+        })
     }
 
     /// Joins `actor` to the room an invite link names, with its role, as its issuer may still
@@ -131,6 +233,18 @@ impl Ops {
             .role
             .parse()
             .map_err(|_| OpError::Store(StoreError::Corrupt))?;
+        if invite.email.as_ref().is_some_and(|e| *e != actor.email) {
+            return Err(OpError::Refused(
+                "this invite was sent to another address: log in as the one it was sent to".into(),
+            ));
+        }
+        let chosen = match &invite.capabilities {
+            None => None,
+            Some(names) => Some(
+                chosen_capabilities(&names.split(',').map(str::to_owned).collect::<Vec<_>>())
+                    .map_err(|_| OpError::Store(StoreError::Corrupt))?,
+            ),
+        };
         let state = self.store.room_state(&invite.room_id).await?;
         if state.participants.contains_key(actor.id.as_str()) {
             // Already in: an invite never changes existing rights.
@@ -138,9 +252,10 @@ impl Ops {
                 room_id: invite.room_id.to_string(),
             });
         }
+        let grants = chosen.unwrap_or_else(|| role.capabilities());
         let action = Action::AcceptInvite {
             issuer: invite.created_by.clone(),
-            grants: role.capabilities(),
+            grants,
         };
         let details = json!({ "role": role.as_str(), "issuer": invite.created_by });
         let proof = match decide(&actor.principal(), &action, &state, now) {
@@ -157,7 +272,7 @@ impl Ops {
             token_hash,
             room_id: invite.room_id.clone(),
             user_id: UserId::known(proof.actor()),
-            participant: Participant::with_role(role),
+            participant: participant_holding(role, grants),
             now,
         };
         let entry = Entry::of(proof.action(), Verdict::Allow, details);
@@ -437,6 +552,9 @@ impl Ops {
 pub(crate) struct InviteCreated {
     pub(crate) token: String,
     pub(crate) url: String,
+    /// The address the link was mailed to, when it was sent to one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) sent_to: Option<String>,
 }
 
 /// `PATCH /api/rooms/{id}/participants/{user_id}`: what the participant may do now.

@@ -47,6 +47,10 @@ pub(crate) enum Change {
         created_by: UserId,
         expires_at: i64,
         max_uses: i64,
+        /// Chosen capabilities, comma-separated (`None`: the role's).
+        capabilities: Option<String>,
+        /// The one address that may accept it.
+        email: Option<String>,
     },
     /// Spend one use of an invite and add its participant (unless already one).
     AcceptInvite {
@@ -291,10 +295,12 @@ pub(super) async fn apply_change(
             created_by,
             expires_at,
             max_uses,
+            capabilities,
+            email,
         } => {
             sqlx::query(
-                "INSERT INTO invites (token_hash, room_id, role, created_by, created_at, expires_at, max_uses) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                "INSERT INTO invites (token_hash, room_id, role, created_by, created_at, expires_at, \
+                 max_uses, capabilities, email) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
             )
             .bind(token_hash)
             .bind(room_id)
@@ -303,6 +309,8 @@ pub(super) async fn apply_change(
             .bind(now_ms())
             .bind(expires_at)
             .bind(max_uses)
+            .bind(capabilities.as_deref())
+            .bind(email.as_deref())
             .execute(&mut **tx)
             .await?;
         }

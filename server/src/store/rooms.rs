@@ -46,6 +46,10 @@ pub(crate) struct InviteRow {
     pub uses: i64,
     /// When it was revoked, if it was.
     pub revoked_at: Option<i64>,
+    /// The capabilities it grants, comma-separated, when chosen (else its role's).
+    pub capabilities: Option<String>,
+    /// The one address that may accept it, when it was sent to one.
+    pub email: Option<String>,
 }
 
 pub(super) fn participant_columns(p: &Participant) -> (&'static str, String, String) {
@@ -128,8 +132,8 @@ impl Store {
 
     pub(crate) async fn invite(&self, token_hash: &str) -> Result<Option<InviteRow>, StoreError> {
         Ok(sqlx::query_as::<_, InviteRow>(
-            "SELECT room_id, role, created_by, expires_at, max_uses, uses, revoked_at \
-             FROM invites WHERE token_hash = $1",
+            "SELECT room_id, role, created_by, expires_at, max_uses, uses, revoked_at, \
+             capabilities, email FROM invites WHERE token_hash = $1",
         )
         .bind(token_hash)
         .fetch_optional(&self.pool)

@@ -3,6 +3,8 @@
 import { api, ApiError, type InviteShown } from '../api'
 import type { App } from '../main'
 import { errorText, h, replace } from '../dom'
+import { ROLES } from '../caps'
+import { words } from '../notices'
 
 /** A role in one line, as the person invited reads it. */
 export function roleMeaning (role: string): string {
@@ -44,8 +46,20 @@ export function invitePage (app: App, token: string): () => void {
     accept, error))
   void api.showInvite(token).then((inv: InviteShown) => {
     if (left) return
+    const preset = ROLES[inv.role] ?? []
+    const caps = inv.capabilities ?? preset
+    const chosen = caps.length !== preset.length || caps.some((c) => !preset.includes(c))
+    const said = caps.map(words)
+    const what = said.length > 1 ? `${said.slice(0, -1).join(', ')} and ${said[said.length - 1]}` : said.join('')
     replace(offer, inv.invited_by ? h('strong', null, inv.invited_by) : 'Someone', ' invited you to ',
-      h('strong', { 'data-testid': 'invite-room' }, inv.room_name), ` as ${roleMeaning(inv.role)}.`)
+      h('strong', { 'data-testid': 'invite-room' }, inv.room_name),
+      chosen ? `, to ${what}.` : ` as ${roleMeaning(inv.role)}.`)
+    if (inv.email && inv.email !== app.me?.email) {
+      // Sent to someone else: say so before they try.
+      error.textContent = `This invite was sent to ${inv.email}: log in as that address to join.`
+      accept.disabled = true
+      return
+    }
     accept.disabled = false
     accept.focus()
   }, (e: unknown) => {

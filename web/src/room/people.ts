@@ -2,7 +2,7 @@
 // controls to invite, change roles, grant, revoke and remove (shown only to those allowed).
 
 import { api, ApiError, CAPABILITIES, type AgentInfo, type Capability, type Room } from '../api'
-import { abilities, canRemove, settableRoles } from '../caps'
+import { abilities, canRemove, ROLES, settableRoles } from '../caps'
 import { roleLine, words } from '../notices'
 import { action, confirmButton, confirmChoice, copy, h, replace, toast } from '../dom'
 
@@ -223,25 +223,50 @@ function inviteButton (panel: HTMLElement, s: PeopleState): HTMLElement {
 }
 
 function inviteForm (s: PeopleState): HTMLElement {
-  const roles = abilities(s.room.my_capabilities).inviteRoles
+  const mine = s.room.my_capabilities
+  const roles = abilities(mine).inviteRoles
   const role = h('select', { 'aria-label': 'Role', 'data-testid': 'invite-role' },
-    roles.map((r) => h('option', { value: r, selected: r === 'editor' }, r)))
+    roles.map((r) => h('option', { value: r, selected: r === 'editor' }, r))) as HTMLSelectElement
   const ttl = h('select', { 'aria-label': 'Valid for' },
     h('option', { value: 3600 }, '1 hour'), h('option', { value: 86400, selected: true }, '1 day'), h('option', { value: 7 * 86400 }, '7 days'))
   const uses = h('select', { 'aria-label': 'Uses' },
-    h('option', { value: 1, selected: true }, 'one use'), h('option', { value: 5 }, '5 uses'), h('option', { value: 25 }, '25 uses'))
+    h('option', { value: 1, selected: true }, 'one use'), h('option', { value: 5 }, '5 uses'), h('option', { value: 25 }, '25 uses')) as HTMLSelectElement
+  // What the invite grants: the role's, or chosen (only what the inviter holds; observe always).
+  const boxes = CAPABILITIES.filter((c) => mine.includes(c)).map((c) =>
+    h('input', { type: 'checkbox', value: c, disabled: c === 'observe', 'data-testid': `invite-cap-${c}` }) as HTMLInputElement)
+  const fromRole = (): void => {
+    const preset = ROLES[role.value] ?? ['observe']
+    for (const b of boxes) b.checked = preset.includes(b.value as Capability)
+  }
+  fromRole()
+  role.addEventListener('change', fromRole)
+  const email = h('input', { type: 'email', placeholder: 'name@example.com (optional)', 'aria-label': 'Send to (email)', 'data-testid': 'invite-email', autocomplete: 'off' }) as HTMLInputElement
+  // An invite sent to one address is for that one person.
+  email.addEventListener('input', () => {
+    uses.disabled = email.value.trim() !== ''
+    if (uses.disabled) uses.value = '1'
+  })
   const out = h('div', { class: 'stack' })
   const form = h('form', { class: 'invite stack' },
     h('div', { class: 'row' }, h('label', null, 'Role ', role), h('label', null, 'Valid for ', ttl), h('label', null, 'Uses ', uses)),
-    h('button', { type: 'submit', class: 'primary', 'data-testid': 'invite-create' }, 'Create link'),
+    h('fieldset', { class: 'chips' }, h('legend', null, 'It lets them'), boxes.map((b) => h('label', { class: 'row' }, b, b.value.replace(/_/g, ' ')))),
+    h('label', null, 'Send to ', email),
+    h('button', { type: 'submit', class: 'primary', 'data-testid': 'invite-create' }, 'Create invite'),
     out)
   form.addEventListener('submit', async (e) => {
     e.preventDefault()
+    const chosen = boxes.filter((b) => b.checked).map((b) => b.value as Capability)
+    const preset = ROLES[role.value] ?? []
+    const same = chosen.length === preset.length && chosen.every((c) => preset.includes(c))
+    const to = email.value.trim()
     try {
-      const inv = await api.invite(s.room.id, role.value, Number(ttl.value), Number(uses.value))
+      const inv = await api.invite(s.room.id, role.value, Number(ttl.value), Number(uses.value),
+        { ...(same ? {} : { capabilities: chosen }), ...(to ? { email: to } : {}) })
       // Looked at again whenever the panel is redrawn: a used-up link is taken away.
       form.dataset.token = inv.token
       const link = h('input', { readonly: true, value: inv.url, 'aria-label': 'Invite link', 'data-testid': 'invite-url' })
+      const said = chosen.map(words)
+      const what = said.length > 1 ? `${said.slice(0, -1).join(', ')} and ${said[said.length - 1]}` : said.join('')
       replace(out,
         h('div', { class: 'row' }, link,
           action('Copy', async () => { toast(await copy(inv.url, link) ? 'Link copied' : 'Select the link and copy it') }),
@@ -249,7 +274,9 @@ function inviteForm (s: PeopleState): HTMLElement {
             await api.revokeInvite(inv.token)
             replace(out, h('p', { class: 'hint' }, 'Link revoked: it no longer works.'))
           }, { class: 'danger small' })),
-        h('p', { class: 'hint' }, `Anyone with this link can join as ${role.value} until it expires or is used up.`))
+        h('p', { class: 'hint', 'data-testid': 'invite-said' }, inv.sent_to
+          ? `Sent to ${inv.sent_to}: only that account can join with it, once, to ${what}.`
+          : `Anyone with this link can join to ${what} until it expires or is used up.`))
       link.select()
     } catch (err) {
       toast((err as Error).message, 'error')
