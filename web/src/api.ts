@@ -10,7 +10,7 @@ export const CAPABILITIES: Capability[] = [
   'spend', 'export', 'publish', 'revoke', 'delete',
 ]
 
-export interface Me { id: string, email: string, is_admin: boolean }
+export interface Me { id: string, email: string, is_admin: boolean, display_name?: string | null }
 export interface RoomSummary {
   id: string
   name: string
@@ -22,7 +22,7 @@ export interface RoomSummary {
   /** Its sandbox's state, null before its first start. */
   sandbox?: string | null
 }
-export interface Participant { user_id: string, email: string, role: string, capabilities: Capability[] }
+export interface Participant { user_id: string, email: string, display_name?: string, role: string, capabilities: Capability[] }
 export interface Room {
   id: string
   name: string
@@ -157,6 +157,8 @@ export interface AuditRecord {
   actor: string
   /** The actor's email, when the actor is an account (a removed one too). */
   actor_email?: string
+  /** The name the actor chose to be shown by, when they did. */
+  actor_name?: string
   /** When the actor is one of the room's agents (a revoked one too): its name and sponsor. */
   actor_agent?: { name: string, sponsor_email?: string | null }
   /** The email of the account `details.target` names. */
@@ -293,6 +295,7 @@ export async function exportWorkspace (id: string, approval_id?: string): Promis
 
 export const api = {
   me: () => call<Me>('GET', '/api/me'),
+  setDisplayName: (display_name: string | null) => call<Me>('PUT', '/api/me', { display_name }),
   requestCode: (email: string) => call<void>('POST', '/api/auth/code', { email }),
   verify: (email: string, code: string) => call<{ user: { id: string, email: string } }>('POST', '/api/auth/verify', { email, code }),
   logout: () => call<void>('POST', '/api/auth/logout'),

@@ -24,6 +24,10 @@ describe('audit sentences', () => {
     expect(auditSentence(rec('restore_file', { path: 'b (2).py', deleted_path: 'b.py' }), names)).toBe('ana@example.com restored b (2).py from the trash (deleted as b.py).')
   })
 
+  it('name a person by the name they chose, with the address it belongs to', () => {
+    expect(auditSentence(rec('create_room', {}, { actor_email: 'ana@example.com', actor_name: 'Ana Lima' }), names)).toBe('Ana Lima (ana@example.com) created the room.')
+  })
+
   it('say what was refused', () => {
     expect(auditSentence(rec('type', {}, { actor: 'u-ben', decision: 'deny', reason: 'missing capability type' }), names))
       .toBe('ben@example.com tried to type in the terminal: refused (missing capability type).')

@@ -42,6 +42,8 @@ export function actorText (r: AuditRecord, name: (id: string) => string, agent: 
   if (a) return a
   // An agent's account has no mailbox: its made-up address never stands for it.
   if (r.actor_email?.endsWith('@agents.invalid')) return 'An agent no longer in the room'
+  // A chosen name with the address it belongs to: a name alone could be anyone's.
+  if (r.actor_name) return r.actor_email ? `${r.actor_name} (${r.actor_email})` : r.actor_name
   return r.actor_email ?? name(r.actor)
 }
 

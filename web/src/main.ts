@@ -45,7 +45,7 @@ function header (): HTMLElement {
     themeButton(),
     me
       ? h('span', { class: 'who' },
-        h('span', { class: 'me', 'data-testid': 'me' }, me.email, me.is_admin ? ' (admin)' : ''),
+        h('span', { class: 'me', 'data-testid': 'me' }, me.display_name ? `${me.display_name} (${me.email})` : me.email, me.is_admin ? ' (admin)' : ''),
         me.is_admin ? h('a', { href: '/admin', class: 'admin-link', onclick: link('/admin'), 'data-testid': 'admin-link' }, 'Admin') : null,
         h('button', { type: 'button', class: 'link', onclick: logout }, 'Log out'))
       : null)

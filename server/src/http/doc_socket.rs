@@ -179,16 +179,15 @@ async fn join(
     access: Rights,
     outbox: &Outbox,
 ) -> Result<mpsc::Sender<RoomCmd>, CloseCode> {
+    // Shown to the others by the name they chose, else their email.
+    let name = match app.ops.store.display_name(&user.id).await {
+        Ok(Some(name)) => name,
+        _ => user.email.clone(),
+    };
     match app
         .ops
         .rooms
-        .join(
-            room_id,
-            conn,
-            (&user.id, &user.email),
-            (access, true),
-            outbox,
-        )
+        .join(room_id, conn, (&user.id, &name), (access, true), outbox)
         .await
     {
         Ok(room) => Ok(room),

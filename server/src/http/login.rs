@@ -58,7 +58,7 @@ pub(crate) fn routes(state: &AppState) -> Router<AppState> {
         );
     }
     auth.route("/api/auth/logout", post(logout))
-        .route("/api/me", get(me))
+        .route("/api/me", get(me).put(set_me))
 }
 
 #[derive(Deserialize)]
@@ -226,6 +226,7 @@ pub(crate) async fn verify_code(
             id: user.id,
             email: user.email,
             is_admin: None,
+            display_name: None,
         },
     })
     .into_response();
@@ -256,13 +257,39 @@ pub(crate) async fn logout(
     Ok(resp)
 }
 
-pub(crate) async fn me(State(app): State<AppState>, user: AuthUser) -> Json<Me> {
+pub(crate) async fn me(State(app): State<AppState>, user: AuthUser) -> Result<Json<Me>, ApiError> {
     let is_admin = app.ops.admin_emails.contains(&user.email);
-    Json(Me {
+    let display_name = app.ops.store.display_name(&user.id).await?;
+    Ok(Json(Me {
         id: user.id,
         email: user.email,
         is_admin: Some(is_admin),
-    })
+        display_name: Some(display_name),
+    }))
+}
+
+/// `PUT /api/me` `{"display_name": "Ana Lima" | null}`: the name the caller is shown by.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct MeChange {
+    display_name: Option<String>,
+}
+
+pub(crate) async fn set_me(
+    State(app): State<AppState>,
+    user: AuthUser,
+    Json(change): Json<MeChange>,
+) -> Result<Json<Me>, ApiError> {
+    let name = app
+        .ops
+        .set_display_name(&user.id, change.display_name.as_deref())
+        .await?;
+    Ok(Json(Me {
+        is_admin: Some(app.ops.admin_emails.contains(&user.email)),
+        id: user.id,
+        email: user.email,
+        display_name: Some(name),
+    }))
 }
 
 /// `202` from `POST /api/auth/code` (for every address alike).
@@ -285,4 +312,7 @@ pub(crate) struct Me {
     /// Said by `GET /api/me` only.
     #[serde(skip_serializing_if = "Option::is_none")]
     is_admin: Option<bool>,
+    /// The name chosen to be shown by (`GET`/`PUT /api/me`; null until chosen).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    display_name: Option<Option<String>>,
 }

@@ -91,6 +91,7 @@ pub(crate) async fn room_view(
             ParticipantView {
                 user_id: p.user_id,
                 email: p.email,
+                display_name: p.display_name,
                 role: p.role,
                 capabilities: caps.names(),
             }
@@ -242,6 +243,9 @@ pub(crate) struct RoomView {
 pub(crate) struct ParticipantView {
     user_id: String,
     email: String,
+    /// The name they chose to be shown by, when they chose one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    display_name: Option<String>,
     role: String,
     capabilities: Vec<&'static str>,
 }

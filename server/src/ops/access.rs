@@ -48,6 +48,33 @@ pub(crate) struct InviteAsked {
     pub(crate) email: Option<String>,
 }
 
+/// Longest display name, in characters.
+const MAX_DISPLAY_NAME: usize = 64;
+
+/// A display name as kept: trimmed, `None` when blank; refused when it is too long, holds
+/// control or direction-changing characters (which can make it read as someone else's), or an
+/// `@` (which can make it read as someone's email).
+pub(crate) fn display_name(raw: Option<&str>) -> Result<Option<String>, OpError> {
+    let Some(name) = raw.map(str::trim).filter(|n| !n.is_empty()) else {
+        return Ok(None);
+    };
+    if name.chars().count() > MAX_DISPLAY_NAME {
+        return Err(OpError::Bad("a display name is at most 64 characters"));
+    }
+    let bidi = |c: char| matches!(c, '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}');
+    if name.chars().any(|c| c.is_control() || bidi(c)) {
+        return Err(OpError::Bad(
+            "a display name holds no control or direction characters",
+        ));
+    }
+    if name.contains('@') {
+        return Err(OpError::Bad(
+            "a display name holds no @ (it would read as an email)",
+        ));
+    }
+    Ok(Some(name.to_owned()))
+}
+
 /// Chosen capabilities by name: known ones, `observe` among them.
 fn chosen_capabilities(names: &[String]) -> Result<CapabilitySet, OpError> {
     let mut set = CapabilitySet::EMPTY;
@@ -213,6 +240,17 @@ impl Ops {
             url,
             sent_to: email,
         })
+    }
+
+    /// Sets the name account `user` is shown by in rooms (blank clears it): the name kept.
+    pub(crate) async fn set_display_name(
+        &self,
+        user: &str,
+        raw: Option<&str>,
+    ) -> Result<Option<String>, OpError> {
+        let name = display_name(raw)?;
+        self.store.set_display_name(user, name.as_deref()).await?;
+        Ok(name)
     }
 
     /// Joins `actor` to the room an invite link names, with its role, as its issuer may still
@@ -503,6 +541,7 @@ impl Ops {
         };
         // People by email, a removed one too (the log outlives their participation).
         let mut emails: std::collections::HashMap<String, Option<String>> = Default::default();
+        let mut names: std::collections::HashMap<String, Option<String>> = Default::default();
         let mut entries = Vec::with_capacity(records.len());
         for r in records {
             let details: Value = serde_json::from_str(&r.fields.details).unwrap_or(Value::Null);
@@ -516,6 +555,14 @@ impl Ops {
                 Ok(found)
             };
             let actor_email = email_of(&r.fields.actor).await?;
+            let actor_name = match names.get(&r.fields.actor) {
+                Some(n) => n.clone(),
+                None => {
+                    let n = self.store.display_name(&r.fields.actor).await?;
+                    names.insert(r.fields.actor.clone(), n.clone());
+                    n
+                }
+            };
             let actor_agent = match agents.get(&r.fields.actor) {
                 Some((name, sponsor)) => Some(AgentNamed {
                     name: name.clone(),
@@ -533,6 +580,7 @@ impl Ops {
                 details,
                 actor: r.fields.actor,
                 actor_email,
+                actor_name,
                 actor_agent,
                 target_email,
                 action: r.fields.action,
@@ -586,6 +634,9 @@ pub(crate) struct AuditEntry {
     /// The actor's email, when the actor is an account (not covered by the hash).
     #[serde(skip_serializing_if = "Option::is_none")]
     actor_email: Option<String>,
+    /// The name the actor chose to be shown by, when they did (not covered by the hash).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    actor_name: Option<String>,
     /// When the actor is one of the room's agents: its name and its sponsor's email (not
     /// covered by the hash).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -601,4 +652,34 @@ pub(crate) struct AuditEntry {
     details_json: String,
     prev_hash: String,
     hash: String,
+}
+
+#[cfg(test)]
+mod display_name_tests {
+    use super::display_name;
+
+    #[test]
+    fn a_display_name_is_trimmed_bounded_and_never_reads_as_someone_else() {
+        assert_eq!(display_name(None).unwrap(), None);
+        assert_eq!(display_name(Some("   ")).unwrap(), None);
+        assert_eq!(
+            display_name(Some("  Ana Lima ")).unwrap().as_deref(),
+            Some("Ana Lima")
+        );
+        assert_eq!(
+            display_name(Some(&"é".repeat(64)))
+                .unwrap()
+                .map(|n| n.chars().count()),
+            Some(64)
+        );
+        for bad in [
+            "é".repeat(65),
+            "bob@example.com".into(),
+            "Ana\nLima".into(),
+            "Ana\u{202e}amiL".into(),
+            "\u{2066}Ana".into(),
+        ] {
+            assert!(display_name(Some(&bad)).is_err(), "{bad:?}");
+        }
+    }
 }

@@ -48,6 +48,32 @@ impl Store {
     }
 
     /// The email of the user with `id`, if there is one.
+    /// The name `id` chose to be shown by, if they did (and exist).
+    pub(crate) async fn display_name(&self, id: &str) -> Result<Option<String>, StoreError> {
+        let row = sqlx::query("SELECT display_name FROM users WHERE id = $1")
+            .bind(id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(match row {
+            Some(r) => r.try_get::<Option<String>, _>("display_name")?,
+            None => None,
+        })
+    }
+
+    /// Sets (or, with `None`, clears) the name `id` is shown by.
+    pub(crate) async fn set_display_name(
+        &self,
+        id: &str,
+        name: Option<&str>,
+    ) -> Result<(), StoreError> {
+        sqlx::query("UPDATE users SET display_name = $1 WHERE id = $2")
+            .bind(name)
+            .bind(id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
     pub(crate) async fn user_email(&self, id: &str) -> Result<Option<String>, StoreError> {
         Ok(
             sqlx::query_scalar::<_, String>("SELECT email FROM users WHERE id = $1")

@@ -34,6 +34,8 @@ pub(crate) struct ParticipantRow {
     pub user_id: String,
     pub email: String,
     pub role: String,
+    /// The name they chose to be shown by, if they did.
+    pub display_name: Option<String>,
 }
 
 #[derive(Debug, Clone, sqlx::FromRow)]
@@ -192,7 +194,7 @@ impl Store {
         room_id: &RoomId,
     ) -> Result<Vec<ParticipantRow>, StoreError> {
         Ok(sqlx::query_as::<_, ParticipantRow>(
-            "SELECT p.user_id, u.email, p.role FROM participants p \
+            "SELECT p.user_id, u.email, p.role, u.display_name FROM participants p \
              JOIN users u ON u.id = p.user_id WHERE p.room_id = $1 ORDER BY p.created_at, u.email",
         )
         .bind(room_id)

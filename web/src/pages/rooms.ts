@@ -20,9 +20,28 @@ export function roomsPage (app: App): () => void {
       error.textContent = errorText(err)
     }
   })
+  // The name others see in rooms (cursors, people, the audit log), instead of the email.
+  const shown = h('input', { maxlength: 64, placeholder: app.me?.email ?? '', value: app.me?.display_name ?? '', 'aria-label': 'Your name', 'data-testid': 'display-name' }) as HTMLInputElement
+  const nameError = h('p', { class: 'error', role: 'alert' })
+  const nameForm = h('form', { class: 'row' }, shown, h('button', { type: 'submit', 'data-testid': 'display-name-save' }, 'Save'))
+  nameForm.addEventListener('submit', async (e) => {
+    e.preventDefault()
+    nameError.textContent = ''
+    try {
+      const m = await api.setDisplayName(shown.value.trim() || null)
+      if (app.me) app.me = { ...app.me, display_name: m.display_name ?? null }
+      toast(m.display_name ? `Others see you as ${m.display_name}.` : 'Others see your email.')
+      app.reload()
+    } catch (err) {
+      nameError.textContent = errorText(err)
+    }
+  })
   replace(app.main, h('section', { class: 'card' },
     h('h1', null, 'Your rooms'), items,
-    h('h2', null, 'New room'), form, error))
+    h('h2', null, 'New room'), form, error,
+    h('h2', null, 'Your name'),
+    h('p', { class: 'hint' }, 'What others in your rooms see you as; your email when blank.'),
+    nameForm, nameError))
   name.focus()
 
   const row = (room: RoomSummary): HTMLElement => {
