@@ -7,7 +7,7 @@ import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { createRequire } from 'node:module'
 import { skipUnless, mintToken, openProvider, waitSynced, destroyAll, Y } from './lib/server.mjs'
-import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login } from './lib/browser.mjs'
+import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login, openPanel } from './lib/browser.mjs'
 
 const skip = skipUnless(HAVE_CHROMIUM, 'CHROMIUM', `no Chromium at ${CHROMIUM} (apt-get install chromium, or set CODEROOM_CHROMIUM)`)
 const AXE = createRequire(import.meta.url).resolve('axe-core/axe.min.js')
@@ -69,7 +69,7 @@ test('no serious or critical accessibility violation on the login page, the room
   const asked = await post(agent.token, `/api/rooms/${roomId}/exec`, { argv: ['pytest', '-q'] })
   assert.equal(asked.status, 202)
   await page.getByTestId('approvals-count').waitFor({ timeout: 15_000 })
-  await page.getByRole('tab', { name: /Approvals/ }).click()
+  await openPanel(page, 'Approvals')
   await page.locator('li.approval.pending').first().waitFor()
   assert.deepEqual(await violations(page), [], 'approvals (dark)')
   await page.setViewportSize({ width: 420, height: 800 })
@@ -79,9 +79,16 @@ test('no serious or critical accessibility violation on the login page, the room
   await page.setViewportSize({ width: 1280, height: 800 })
   assert.deepEqual(await violations(page), [], 'approvals (light)')
   // The audit log in words, with its filters.
-  await page.getByRole('tab', { name: 'Audit' }).click()
+  await openPanel(page, 'Audit')
   await page.getByTestId('audit-who').waitFor()
   assert.deepEqual(await violations(page), [], 'audit (light)')
+  // The invite form with its capabilities and address (issue 41), and the grouped panels.
+  await openPanel(page, 'People')
+  await page.getByTestId('invite-open').click()
+  await page.getByTestId('invite-email').waitFor()
+  assert.deepEqual(await violations(page), [], 'invite form (light)')
+  await page.getByTestId('panel-group-Settings').click()
+  assert.deepEqual(await violations(page), [], 'settings group (light)')
   // A file deleted under the page by someone else (its tab kept, marked deleted, and a notice
   // offering to restore it) and the trash in the file tree (issue 41), both themes and widths.
   c.doc.getMap('files').delete('main.py')

@@ -7,7 +7,7 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { api, mintToken, skipUnless, freePort, joinByInvite } from './lib/server.mjs'
-import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login, shotsAll } from './lib/browser.mjs'
+import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login, shotsAll, openPanel } from './lib/browser.mjs'
 
 const skip = skipUnless(HAVE_CHROMIUM, 'CHROMIUM', `no Chromium at ${CHROMIUM} (apt-get install chromium, or set CODEROOM_CHROMIUM)`)
 
@@ -41,7 +41,7 @@ test('approvals are counted, told and worded for whoever decides; the asker\'s p
     assert.equal(await ana.page.locator('[data-testid^="asked-"]').count(), 0)
 
     // The card: who asks what, in words, and the exact parameters.
-    await ben.page.getByRole('tab', { name: /Approvals/ }).click()
+    await openPanel(ben.page, 'Approvals')
     const card = ben.page.locator('li.approval.pending').first()
     await card.getByText('helper-bot (an agent brought in by ana@example.com) asks to run `pytest -q`').waitFor()
     await card.locator('pre.params', { hasText: '"pytest -q"' }).waitFor()
@@ -51,7 +51,7 @@ test('approvals are counted, told and worded for whoever decides; the asker\'s p
     // Ana asks for a public preview; her Previews panel says it waits.
     const preview = await api(server, anaToken, 'POST', `/api/rooms/${roomId}/previews`, { port: 8000, visibility: 'public', ttl_s: 3600 })
     assert.equal(preview.status, 201, JSON.stringify(preview.body))
-    await ana.page.getByRole('tab', { name: /Previews/ }).click()
+    await openPanel(ana.page, 'Previews')
     const row = ana.page.getByTestId('preview').filter({ hasText: 'Port 8000' })
     await row.getByTestId('preview-state').filter({ hasText: 'waiting for approval' }).waitFor()
 

@@ -6,7 +6,7 @@ import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { readFile } from 'node:fs/promises'
 import { api, mintToken, skipUnless, waitFor } from './lib/server.mjs'
-import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login, shotsAll } from './lib/browser.mjs'
+import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login, shotsAll, openPanel } from './lib/browser.mjs'
 
 const skip = skipUnless(HAVE_CHROMIUM, 'CHROMIUM', `no Chromium at ${CHROMIUM} (apt-get install chromium, or set CODEROOM_CHROMIUM)`)
 
@@ -32,7 +32,7 @@ test('the audit log names agents and their sponsors, folds metering, filters and
     return records.length >= 3 && records.slice(-3).every((r) => r.action === 'metered')
   }, 20_000, 'no run of metered records', 200)
 
-  await page.getByRole('tab', { name: 'Audit' }).click()
+  await openPanel(page, 'Audit')
   await page.getByTestId('audit-chain').filter({ hasText: 'Chain verified' }).waitFor()
   const log = page.locator('ol.audit')
   await log.getByText('helper-bot (an agent brought in by ana@example.com) ran python3.').waitFor()

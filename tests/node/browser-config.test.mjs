@@ -5,7 +5,7 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { startServer, freePort, skipUnless } from './lib/server.mjs'
-import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login, shotsAll } from './lib/browser.mjs'
+import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login, shotsAll, openPanel } from './lib/browser.mjs'
 
 const skip = skipUnless(HAVE_CHROMIUM, 'CHROMIUM', `no Chromium at ${CHROMIUM} (apt-get install chromium, or set CODEROOM_CHROMIUM)`)
 
@@ -16,7 +16,7 @@ test('a room open across a restart with another configuration says so and reload
   const { page } = ana
   await login(ana, storage.dataDir)
   const roomId = await createRoomFromPage(ana, 'reconfigured')
-  await page.getByRole('tab', { name: 'Previews' }).click()
+  await openPanel(page, 'Previews')
   await page.getByTestId('previews-off').waitFor()
   assert.equal(await page.getByTestId('admin-link').count(), 0)
   assert.equal(await page.getByTestId('config-changed').isVisible(), false)
@@ -38,7 +38,7 @@ test('a room open across a restart with another configuration says so and reload
   await page.waitForURL(new RegExp(`/rooms/${roomId}$`))
   await page.getByTestId('conn-status').filter({ hasText: 'Synced' }).waitFor()
   await page.getByTestId('admin-link').waitFor()
-  await page.getByRole('tab', { name: 'Previews' }).click()
+  await openPanel(page, 'Previews')
   await page.getByTestId('preview-create').waitFor()
   assert.equal(await page.getByTestId('previews-off').count(), 0)
   assert.equal(await page.getByTestId('config-changed').isVisible(), false)

@@ -7,7 +7,7 @@ import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { Sandbox } from 'e2b'
 import { api, mintToken, waitFor, skipUnless } from './lib/server.mjs'
-import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login, shot, editorText } from './lib/browser.mjs'
+import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login, shot, editorText, openPanel } from './lib/browser.mjs'
 
 const skip = skipUnless(HAVE_CHROMIUM, 'CHROMIUM', `no Chromium at ${CHROMIUM} (apt-get install chromium, or set CODEROOM_CHROMIUM)`)
 
@@ -62,7 +62,7 @@ test('what an E2B harness writes is in the room\'s editor, and its command waits
     let settled = false
     const ran = cautious.commands.run('echo approved-and-ran', { timeoutMs: 120_000 })
       .finally(() => { settled = true })
-    await page.getByRole('tab', { name: 'Approvals' }).click()
+    await openPanel(page, 'Approvals')
     const approve = page.locator('[data-testid^="approve-"]').first()
     await approve.waitFor({ timeout: 20_000 })
     // The card shows exactly the command the SDK asked to run; nothing ran meanwhile.

@@ -10,7 +10,7 @@ import { mkdtempSync, readFileSync, rmSync } from 'node:fs'
 import { tmpdir } from 'node:os'
 import { join } from 'node:path'
 import { skipUnless, waitFor, mintToken, openProvider, waitSynced, destroyAll, Y, joinByInvite, api } from './lib/server.mjs'
-import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login } from './lib/browser.mjs'
+import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login, openPanel } from './lib/browser.mjs'
 
 const skip = skipUnless(HAVE_CHROMIUM, 'CHROMIUM', `no Chromium at ${CHROMIUM} (apt-get install chromium, or set CODEROOM_CHROMIUM)`)
 
@@ -34,17 +34,17 @@ test('the workspace downloads as a .tar.gz once someone else approves', { skip, 
   await login(ben, storage.dataDir, `/rooms/${roomId}`)
   const page = ben.page
   await page.getByTestId('conn-status').filter({ hasText: 'Synced' }).waitFor()
-  await page.getByRole('tab', { name: 'Room' }).click()
+  await openPanel(page, 'Room')
   await page.getByTestId('export-workspace').click()
   await page.getByTestId('export-state').filter({ hasText: 'Waiting for approval' }).waitFor()
 
   // Ana approves.
-  await ana.page.getByRole('tab', { name: 'Approvals' }).click()
+  await openPanel(ana.page, 'Approvals')
   await ana.page.locator('[data-testid^="approve-"]').first().click()
   await ana.page.getByText('Nothing waits for a decision.').waitFor()
 
   // Ben downloads it from his Approvals panel.
-  await page.getByRole('tab', { name: 'Approvals' }).click()
+  await openPanel(page, 'Approvals')
   const use = page.locator('[data-testid^="use-"]', { hasText: 'Download the workspace' })
   await waitFor(async () => {
     if (await use.count() > 0) return true
@@ -64,6 +64,6 @@ test('the workspace downloads as a .tar.gz once someone else approves', { skip, 
   // Spent: the download is no longer offered, and the audit log says what happened.
   await page.getByRole('button', { name: 'Refresh' }).first().click()
   await waitFor(async () => await use.count() === 0, 10_000, 'a spent approval is still offered')
-  await page.getByRole('tab', { name: 'Audit' }).click()
+  await openPanel(page, 'Audit')
   await page.getByText(/ben@example\.com downloaded the workspace \(\d/).first().waitFor()
 })

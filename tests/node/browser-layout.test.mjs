@@ -59,6 +59,33 @@ test('the split, the folded panel and the open tabs come back after a reload', {
   await waitFor(async () => Math.abs((await height()) - (h1 + 24)) <= 4, 5_000, 'ArrowUp did not move the split')
   const h2 = await height()
 
+  // The file tree made wider by its edge (issue 41, item 7), and narrower by a key.
+  const filesWidth = async () => (await page.locator('aside.files').boundingBox()).width
+  const w0 = await filesWidth()
+  const edge = await page.getByTestId('files-split').boundingBox()
+  await page.mouse.move(edge.x + edge.width / 2, edge.y + 200)
+  await page.mouse.down()
+  await page.mouse.move(edge.x + edge.width / 2 + 120, edge.y + 200, { steps: 5 })
+  await page.mouse.up()
+  await waitFor(async () => Math.abs((await filesWidth()) - (w0 + 120)) <= 8, 5_000, `the file tree did not widen: ${w0} -> ${await filesWidth()}`)
+  const w1 = await filesWidth()
+  await page.getByTestId('files-split').focus()
+  await page.keyboard.press('ArrowLeft')
+  await waitFor(async () => Math.abs((await filesWidth()) - (w1 - 24)) <= 4, 5_000, 'ArrowLeft did not move the tree\'s edge')
+  const w2 = await filesWidth()
+
+  // The side panels in groups: two short rows (the groups, the group's panels), not three.
+  const rowHeight = async (sel) => (await page.locator(sel).boundingBox()).height
+  assert.ok(await rowHeight('.side-groups') < 48, `the groups take ${await rowHeight('.side-groups')} px`)
+  assert.ok(await rowHeight('.side-nav') < 48, `the panels take ${await rowHeight('.side-nav')} px`)
+  assert.deepEqual(await page.getByRole('tab').allInnerTexts(), ['People', 'Approvals', 'Audit'])
+  await page.getByTestId('panel-group-Settings').click()
+  assert.deepEqual(await page.getByRole('tab').allInnerTexts(), ['Room', 'Secrets', 'Network', 'Spend'])
+  await page.locator('.side-body h2', { hasText: 'Room' }).waitFor()
+  await page.getByTestId('panel-group-Team').click()
+  await page.getByRole('tab', { name: 'People', selected: true }).waitFor()
+  await shotsAll(page, '69-grouped-panels-wide-tree')
+
   // The side panel folded away.
   await page.getByTestId('side-toggle').click()
   await page.locator('.side-body').waitFor({ state: 'hidden' })
@@ -73,6 +100,7 @@ test('the split, the folded panel and the open tabs come back after a reload', {
   assert.match(await page.locator('.cm-content').innerText(), /print\("a"\)/)
   await waitFor(async () => Math.abs((await height()) - h2) <= 2, 5_000, `the terminal's height was not kept: ${h2} -> ${await height()}`)
   assert.equal(await page.locator('.side-body').isVisible(), false, 'the side panel stays folded')
+  await waitFor(async () => Math.abs((await filesWidth()) - w2) <= 2, 5_000, `the file tree's width was not kept: ${w2} -> ${await filesWidth()}`)
 
   // Quick open: Ctrl+P, a few letters, Enter.
   await page.locator('.cm-content').click()

@@ -65,6 +65,11 @@ test('a member previews the room\'s app in the pane and a tab; nobody else can',
   assert.equal(await frameEl.getAttribute('referrerpolicy'), 'no-referrer')
   assert.equal(await frameEl.getAttribute('allow'), null)
   assert.equal(await inner.evaluate(() => document.cookie.includes('coderoom_preview')), false)
+  // Beside the editor, not in its place (issue 41, item 7).
+  const editorBox = await ana.page.locator('.work > .editor:not([hidden]), .work > .editor-empty:not([hidden])').first().boundingBox()
+  const paneBox = await pane.boundingBox()
+  assert.ok(editorBox && paneBox && paneBox.x >= editorBox.x + editorBox.width - 2 && editorBox.width > 200,
+    `the preview is not beside the editor: ${JSON.stringify({ editorBox, paneBox })}`)
   await shot(ana.page, '21-preview-pane')
 
   // The Previews panel (Alt+0) lists it; a tab of its own shows the app too.

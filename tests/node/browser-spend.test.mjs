@@ -5,7 +5,7 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { skipUnless, waitFor, mintToken, api, joinByInvite } from './lib/server.mjs'
-import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login, shot } from './lib/browser.mjs'
+import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login, shot, openPanel } from './lib/browser.mjs'
 
 const skip = skipUnless(HAVE_CHROMIUM, 'CHROMIUM', `no Chromium at ${CHROMIUM} (apt-get install chromium, or set CODEROOM_CHROMIUM)`)
 
@@ -19,7 +19,7 @@ test('a budget set from the Spend panel stops commands, and a raise waits for an
   // Ben may approve (he is the someone else a raise needs).
   assert.equal((await api(server, anaToken, 'PATCH', `/api/rooms/${roomId}/participants/${benId}`, { grant: ['approve'] })).status, 200)
 
-  await page.getByRole('tab', { name: 'Spend' }).click()
+  await openPanel(page, 'Spend')
   await page.getByTestId('spend-no-budget').waitFor()
   await page.getByTestId('budget-execs').fill('2')
   await page.getByTestId('budget-save').click()

@@ -8,7 +8,7 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { api, mintToken, skipUnless, joinByInvite, openProvider, waitSynced, destroyAll, waitFor, serverFiles, Y } from './lib/server.mjs'
-import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login, shotsAll, editorText } from './lib/browser.mjs'
+import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login, shotsAll, editorText, openPanel } from './lib/browser.mjs'
 
 const skip = skipUnless(HAVE_CHROMIUM, 'CHROMIUM', `no Chromium at ${CHROMIUM} (apt-get install chromium, or set CODEROOM_CHROMIUM)`)
 
@@ -116,7 +116,7 @@ test('a typist keeps every key through a rename, a move and a delete by someone 
     'delete_file src/app.py', 'delete_file notes.md', 'restore_file notes.md']) {
     assert.equal(fileOps.filter((o) => o === op).length, 1, `${op} in ${JSON.stringify(fileOps)}`)
   }
-  await ana.page.getByRole('tab', { name: 'Audit' }).click()
+  await openPanel(ana.page, 'Audit')
   await ana.page.getByText('ana@example.com renamed server.py to app.py.').waitFor()
   await ana.page.getByText('ana@example.com moved app.py to src/app.py.').waitFor()
   assert.deepEqual(ana.errors, [])

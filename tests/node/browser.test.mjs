@@ -6,7 +6,7 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { mintToken, api, serverFiles, waitFor, skipUnless } from './lib/server.mjs'
-import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login, shot, editorText, terminalText } from './lib/browser.mjs'
+import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login, shot, editorText, terminalText, openPanel } from './lib/browser.mjs'
 
 const skip = skipUnless(HAVE_CHROMIUM, 'CHROMIUM', `no Chromium at ${CHROMIUM} (apt-get install chromium, or set CODEROOM_CHROMIUM)`)
 
@@ -166,8 +166,8 @@ test('two people share a room in real browsers: editor, cursors, terminal, downg
     // Ana removes Ben: his page says so.
     await ana.page.getByTestId('remove-ben@example.com').click()
     // The confirmation survives a redraw of the panel (presence, typing and polls redraw it).
-    await ana.page.getByRole('tab', { name: 'Room' }).click()
-    await ana.page.getByRole('tab', { name: 'People' }).click()
+    await openPanel(ana.page, 'Room')
+    await openPanel(ana.page, 'People')
     await ana.page.getByTestId('remove-ben@example.com').filter({ hasText: 'Confirm removal' }).click()
     await ben.page.getByTestId('room-ended').filter({ hasText: 'You were removed from this room.' }).waitFor({ timeout: 5000 })
     await shot(ben.page, '06-ben-removed')
@@ -222,12 +222,12 @@ test('approvals, sandbox, audit chain and an admin-confirmed deletion, in real b
 
     // Ana asks to export; she cannot approve her own request; Ben sees the exact parameters
     // and approves; Ana downloads the export.
-    await ana.page.getByRole('tab', { name: 'Room' }).click()
+    await openPanel(ana.page, 'Room')
     await ana.page.getByTestId('export').click()
     await ana.page.getByTestId('export-state').filter({ hasText: 'Waiting for approval' }).waitFor()
-    await ana.page.getByRole('tab', { name: 'Approvals' }).click()
+    await openPanel(ana.page, 'Approvals')
     await ana.page.getByText('You asked for this: someone else must decide.').waitFor()
-    await ben.page.getByRole('tab', { name: 'Approvals' }).click()
+    await openPanel(ben.page, 'Approvals')
     const params = ben.page.locator('li.approval.pending pre.params')
     await params.waitFor()
     assert.deepEqual(JSON.parse(await params.innerText()), { files: ['notes/plan.md'] })
@@ -236,7 +236,7 @@ test('approvals, sandbox, audit chain and an admin-confirmed deletion, in real b
     await ben.page.getByText('Nothing waits for a decision.').waitFor()
     // Ana is told, wherever she is in the room.
     await ana.page.locator('[data-testid^="decision-"]', { hasText: 'ben@example.com approved your request to export files.' }).waitFor({ timeout: 15_000 })
-    await ana.page.getByRole('tab', { name: 'Approvals' }).click()
+    await openPanel(ana.page, 'Approvals')
     await ana.page.getByRole('button', { name: 'Refresh' }).click()
     const downloading = ana.page.waitForEvent('download')
     await ana.page.getByRole('button', { name: 'Download the export' }).click()
@@ -245,7 +245,7 @@ test('approvals, sandbox, audit chain and an admin-confirmed deletion, in real b
     assert.match(JSON.stringify(exported), /the plan/)
 
     // The sandbox panel: tier, state and limits; stop and start.
-    await ana.page.getByRole('tab', { name: 'Sandbox' }).click()
+    await openPanel(ana.page, 'Sandbox')
     const summary = ana.page.getByTestId('sandbox-summary')
     await summary.filter({ hasText: 'running' }).waitFor({ timeout: 20_000 })
     const sandbox = (await api(server, anaToken, 'GET', `/api/rooms/${roomId}/sandbox`)).body
@@ -265,7 +265,7 @@ test('approvals, sandbox, audit chain and an admin-confirmed deletion, in real b
     await ana.page.getByTestId('resumed').filter({ hasText: 'Resumed' }).waitFor()
 
     // The audit log, verified in the browser; then a record edited behind the server's back.
-    await ana.page.getByRole('tab', { name: 'Audit' }).click()
+    await openPanel(ana.page, 'Audit')
     const chain = ana.page.getByTestId('audit-chain')
     await chain.filter({ hasText: 'Chain verified' }).waitFor()
     // In sentences, with names; the raw record on demand.
@@ -286,7 +286,7 @@ c = sqlite3.connect(sys.argv[1]); c.execute("UPDATE audit_log SET reason = '' WH
     `${storage.dataDir}/coderoom.db`, roomId])
 
     // Ana asks to delete the room; Dana (admin) confirms from the link and gets the receipt.
-    await ana.page.getByRole('tab', { name: 'Room' }).click()
+    await openPanel(ana.page, 'Room')
     await ana.page.getByTestId('request-deletion').click()
     await ana.page.getByTestId('request-deletion').filter({ hasText: 'Click again' }).click()
     // Everyone in the room is told it may go.

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest'
-import { clampTerm, loadLayout, loadTabs, MIN_PANE_PX, saveLayout, saveTabs, splitAt, type Store } from './layout'
+import { clampFiles, clampTerm, loadLayout, MAX_FILES_PX, MIN_FILES_PX, loadTabs, MIN_PANE_PX, saveLayout, saveTabs, splitAt, type Store } from './layout'
 
 function memory (): Store & { data: Map<string, string> } {
   const data = new Map<string, string>()
@@ -9,16 +9,18 @@ function memory (): Store & { data: Map<string, string> } {
 describe('layout preferences', () => {
   it('are remembered per person, defaults otherwise', () => {
     const s = memory()
-    expect(loadLayout(s, 'u1')).toEqual({ termPx: null, termMax: false, sideHidden: false })
-    saveLayout(s, 'u1', { termPx: 300, termMax: true, sideHidden: true })
-    expect(loadLayout(s, 'u1')).toEqual({ termPx: 300, termMax: true, sideHidden: true })
+    expect(loadLayout(s, 'u1')).toEqual({ termPx: null, termMax: false, sideHidden: false, filesPx: null })
+    saveLayout(s, 'u1', { termPx: 300, termMax: true, sideHidden: true, filesPx: 320 })
+    expect(loadLayout(s, 'u1')).toEqual({ termPx: 300, termMax: true, sideHidden: true, filesPx: 320 })
     expect(loadLayout(s, 'u2').termPx).toBeNull()
   })
 
   it('ignore what is malformed', () => {
     const s = memory()
-    s.setItem('coderoom:layout:u1', '{"termPx": "big", "termMax": 1}')
-    expect(loadLayout(s, 'u1')).toEqual({ termPx: null, termMax: false, sideHidden: false })
+    s.setItem('coderoom:layout:u1', '{"termPx": "big", "termMax": 1, "filesPx": "wide"}')
+    expect(loadLayout(s, 'u1')).toEqual({ termPx: null, termMax: false, sideHidden: false, filesPx: null })
+    s.setItem('coderoom:layout:u1', '{"filesPx": 5000}')
+    expect(loadLayout(s, 'u1').filesPx).toBe(MAX_FILES_PX)
     s.setItem('coderoom:layout:u1', 'not json')
     expect(loadLayout(s, 'u1').termPx).toBeNull()
     expect(loadLayout(null, 'u1').termPx).toBeNull()
@@ -28,6 +30,8 @@ describe('layout preferences', () => {
     expect(clampTerm(10, 800)).toBe(MIN_PANE_PX)
     expect(clampTerm(790, 800)).toBe(800 - MIN_PANE_PX)
     expect(splitAt(500, 100, 900)).toBe(400)
+    expect(clampFiles(10)).toBe(MIN_FILES_PX)
+    expect(clampFiles(300.4)).toBe(300)
   })
 })
 

@@ -12,12 +12,17 @@ export interface LayoutPrefs {
   termMax: boolean
   /** The side panel is folded away. */
   sideHidden: boolean
+  /** The file tree's width in pixels, or `null` for the default. */
+  filesPx: number | null
 }
 
 export interface Tabs { open: string[], active: string | null }
 
 /** The terminal and the editor each keep at least this much when the split is dragged. */
 export const MIN_PANE_PX = 120
+/** The file tree's width keeps within these. */
+export const MIN_FILES_PX = 140
+export const MAX_FILES_PX = 600
 const MAX_TABS = 50
 
 function read (store: Store | null, key: string): unknown {
@@ -44,7 +49,13 @@ export function loadLayout (store: Store | null, user: string): LayoutPrefs {
     termPx: typeof px === 'number' && Number.isFinite(px) && px >= MIN_PANE_PX ? Math.round(px) : null,
     termMax: v?.termMax === true,
     sideHidden: v?.sideHidden === true,
+    filesPx: typeof v?.filesPx === 'number' && Number.isFinite(v.filesPx) ? clampFiles(v.filesPx) : null,
   }
+}
+
+/** A file tree width kept within [MIN_FILES_PX, MAX_FILES_PX]. */
+export function clampFiles (px: number): number {
+  return Math.round(Math.min(MAX_FILES_PX, Math.max(MIN_FILES_PX, px)))
 }
 
 export function saveLayout (store: Store | null, user: string, prefs: LayoutPrefs): void {

@@ -142,3 +142,10 @@ export async function createRoomFromPage (p, name) {
   await p.page.getByTestId('conn-status').filter({ hasText: 'Synced' }).waitFor()
   return p.page.url().split('/').pop()
 }
+
+/** Opens side panel `name` (its group first, when another group is shown). */
+export async function openPanel (page, name) {
+  const tab = page.getByRole('tab', { name: new RegExp(`^${name}\\b`) })
+  if (await tab.count() === 0) await page.locator(`[data-group-panels~="${name}"]`).click()
+  await tab.click()
+}

@@ -35,7 +35,8 @@ export class PreviewPane {
   private readonly label: HTMLElement
   private shown: Preview | null = null
 
-  constructor (private readonly room: string, private readonly closed: () => void) {
+  /** `changed`: called when a preview is shown or closed. */
+  constructor (private readonly room: string, private readonly changed: () => void) {
     this.frame = h('iframe', {
       class: 'preview-frame',
       title: 'Preview',
@@ -60,6 +61,7 @@ export class PreviewPane {
     this.label.textContent = `Port ${p.port} (${p.visibility === 'public' ? 'public' : 'room only'})`
     this.frame.src = url
     this.el.hidden = false
+    this.changed()
   }
 
   private async reload (): Promise<void> {
@@ -75,7 +77,7 @@ export class PreviewPane {
     this.shown = null
     this.frame.src = 'about:blank'
     this.el.hidden = true
-    this.closed()
+    this.changed()
   }
 }
 

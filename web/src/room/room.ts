@@ -25,7 +25,7 @@ import { spendPanel } from './spend'
 import { MANIFEST, checkCommand, runCommand, withManifestCommand, type RunCommand } from '../run'
 import { askedNotice, decisionNotice, rightsNotice, whoIs } from '../notices'
 import { busiest, initials, peers, type Peer } from '../presence'
-import { browserStore, clampTerm, loadLayout, loadTabs, saveLayout, saveTabs, splitAt } from '../layout'
+import { browserStore, clampFiles, clampTerm, loadLayout, loadTabs, MAX_FILES_PX, MIN_FILES_PX, saveLayout, saveTabs, splitAt } from '../layout'
 
 /**
  * What this page had when the server said it did not keep our latest changes (a full room, or
@@ -45,6 +45,15 @@ let notKept: {
 
 const PANELS = ['People', 'Approvals', 'Sandbox', 'Checkpoints', 'Secrets', 'Network', 'Repos', 'Audit', 'Room', 'Previews', 'Spend'] as const
 type Panel = typeof PANELS[number]
+/** The side panels in groups, so the panel bar is two short rows instead of three long ones:
+ *  who is here and what they did; what runs; the room's code; what the room allows. */
+const GROUPS: ReadonlyArray<readonly [string, readonly Panel[]]> = [
+  ['Team', ['People', 'Approvals', 'Audit']],
+  ['Running', ['Sandbox', 'Previews']],
+  ['Code', ['Checkpoints', 'Repos']],
+  ['Settings', ['Room', 'Secrets', 'Network', 'Spend']],
+]
+const groupOf = (p: Panel): string => GROUPS.find(([, ps]) => ps.includes(p))?.[0] ?? 'Team'
 const POLL_MS = 5000
 /** How long others' names stay shown over their carets after an edit of theirs. */
 const NAMES_SHOWN_MS = 3000
@@ -86,7 +95,11 @@ export function roomPage (app: App, id: string): () => void {
   const fullNotice = h('div', { class: 'room-full', hidden: true, role: 'alert', 'data-testid': 'room-full' })
   const portNotice = h('div', { class: 'port-notice row', hidden: true, role: 'status', 'data-testid': 'port-notice' })
   const deletionNotice = h('div', { class: 'deletion-notice', hidden: true, role: 'status', 'data-testid': 'pending-deletion' })
-  const pane = new PreviewPane(id, () => { if (panel === 'Previews') renderSide() })
+  // A preview sits beside the editor (in narrow windows, in its place).
+  const pane = new PreviewPane(id, () => {
+    work.classList.toggle('with-preview', pane.current !== null)
+    if (panel === 'Previews') renderSide()
+  })
   const tree = h('ul', { class: 'tree', role: 'tree', 'aria-label': 'Files' })
   const treeEmpty = h('p', { class: 'hint tree-empty' }, 'No files yet.')
   // Deleted files, newest first, each restorable by those who may edit.
@@ -97,18 +110,26 @@ export function roomPage (app: App, id: string): () => void {
   const editorEl = h('div', { class: 'editor', 'data-testid': 'editor' })
   const empty = h('div', { class: 'editor-empty hint' }, 'Open a file from the tree, or create one (Alt+N).')
   const termEl = h('section', { class: 'terminal', 'aria-label': 'Shared terminal' })
-  const sideNav = h('nav', { class: 'side-nav', role: 'tablist' })
+  const sideGroups = h('div', { class: 'side-groups', role: 'group', 'aria-label': 'Panel groups' })
+  const sideNav = h('div', { class: 'side-nav', role: 'tablist', 'aria-label': 'Panels' })
   const sideBody = h('div', { class: 'side-body' })
   const split = h('div', {
     class: 'split', role: 'separator', 'aria-orientation': 'horizontal', tabindex: '0',
     'aria-label': 'Terminal height: drag, or use the arrow keys', 'data-testid': 'split',
   })
   const work = h('section', { class: 'work' }, tabs, pane.el, editorEl, empty, split, termEl)
+  // The file tree's right edge: drag it (or use the arrow keys) to make the tree wider.
+  const filesSplit = h('div', {
+    class: 'files-split', role: 'separator', 'aria-orientation': 'vertical', tabindex: '0',
+    'aria-label': 'File tree width: drag, or use the arrow keys', 'aria-valuemin': String(MIN_FILES_PX),
+    'aria-valuemax': String(MAX_FILES_PX), 'data-testid': 'files-split',
+  })
   const sideToggle = h('button', { type: 'button', class: 'side-toggle icon', 'data-testid': 'side-toggle' })
   const layout = h('div', { class: 'room' },
     h('aside', { class: 'files' }, h('div', { class: 'panel-head' }, h('h2', null, 'Files'), treeTools), tree, treeEmpty, trashBox),
+    filesSplit,
     work,
-    h('aside', { class: 'side' }, sideToggle, sideNav, sideBody))
+    h('aside', { class: 'side' }, sideToggle, h('nav', { class: 'side-navs', 'aria-label': 'Side panels' }, sideGroups, sideNav), sideBody))
   replace(app.main, deletionNotice, banner, configNotice, fullNotice, portNotice, layout)
   title?.append(connStatus)
 
@@ -129,6 +150,8 @@ export function roomPage (app: App, id: string): () => void {
     sideToggle.setAttribute('aria-label', prefs.sideHidden ? 'Show the side panel' : 'Hide the side panel')
     sideToggle.title = sideToggle.getAttribute('aria-label') ?? ''
     split.setAttribute('aria-valuenow', String(prefs.termPx ?? termEl.offsetHeight))
+    if (prefs.filesPx !== null) layout.style.setProperty('--files-w', `${prefs.filesPx}px`)
+    filesSplit.setAttribute('aria-valuenow', String(prefs.filesPx ?? 220))
   }
   const keepLayout = (): void => { applyLayout(); saveLayout(store, me.id, prefs) }
   maxButton.addEventListener('click', () => { prefs.termMax = !prefs.termMax; keepLayout() })
@@ -162,6 +185,31 @@ export function roomPage (app: App, id: string): () => void {
     e.preventDefault()
     const { top, bottom } = workSpan()
     prefs.termPx = clampTerm((prefs.termPx ?? termEl.offsetHeight) + step, bottom - top)
+    keepLayout()
+  })
+  filesSplit.addEventListener('pointerdown', (e) => {
+    filesSplit.setPointerCapture(e.pointerId)
+    filesSplit.classList.add('dragging')
+    e.preventDefault()
+  })
+  filesSplit.addEventListener('pointermove', (e) => {
+    if (!filesSplit.hasPointerCapture(e.pointerId)) return
+    prefs.filesPx = clampFiles(e.clientX - layout.getBoundingClientRect().left)
+    applyLayout()
+  })
+  const endFilesDrag = (e: PointerEvent): void => {
+    if (!filesSplit.hasPointerCapture(e.pointerId)) return
+    filesSplit.releasePointerCapture(e.pointerId)
+    filesSplit.classList.remove('dragging')
+    keepLayout()
+  }
+  filesSplit.addEventListener('pointerup', endFilesDrag)
+  filesSplit.addEventListener('pointercancel', endFilesDrag)
+  filesSplit.addEventListener('keydown', (e) => {
+    const step = e.key === 'ArrowRight' ? 24 : e.key === 'ArrowLeft' ? -24 : 0
+    if (!step) return
+    e.preventDefault()
+    prefs.filesPx = clampFiles((prefs.filesPx ?? 220) + step)
     keepLayout()
   })
   applyLayout()
@@ -307,9 +355,9 @@ export function roomPage (app: App, id: string): () => void {
     renderTabs()
     renderTree()
   }
-  /** A file chosen by this person: it takes the preview pane's place. */
+  /** A file chosen by this person: beside the preview, or, in a narrow window, in its place. */
   const pick = (path: string): void => {
-    if (pane.current) pane.close()
+    if (pane.current && window.matchMedia('(max-width: 900px)').matches) pane.close()
     openFile(path)
   }
   const closeTab = (path: string): void => {
@@ -892,14 +940,29 @@ export function roomPage (app: App, id: string): () => void {
   updateOnline()
 
   // Side panels.
+  // The last panel looked at in each group: choosing a group goes back to it.
+  const lastIn = new Map<string, Panel>()
   const renderNav = (): void => {
-    replace(sideNav, PANELS.map((p, i) => h('button', {
-      type: 'button', role: 'tab', class: p === panel ? 'active' : '', 'aria-selected': p === panel ? 'true' : 'false',
-      title: i < 10 ? `${p} (Alt+${(i + 1) % 10})` : p, onclick: () => { panel = p; renderNav(); renderSide() },
-    }, p, p === 'Approvals' && waiting > 0
-      // What waits for this person's decision: counted on the tab.
+    const group = groupOf(panel)
+    lastIn.set(group, panel)
+    // What waits for this person's decision: counted on the Approvals tab, or on its group's
+    // button while another group is shown.
+    const count = (): HTMLElement | null => waiting > 0
       ? h('span', { class: 'badge count', 'data-testid': 'approvals-count', 'aria-label': `, ${waiting} waiting for your decision` }, String(waiting))
-      : null)))
+      : null
+    replace(sideGroups, GROUPS.map(([g, ps]) => h('button', {
+      type: 'button', class: `small${g === group ? ' active' : ''}`, 'aria-pressed': g === group ? 'true' : 'false',
+      'data-group-panels': ps.join(' '), 'data-testid': `panel-group-${g}`,
+      onclick: () => { panel = lastIn.get(g) ?? ps[0]; renderNav(); renderSide() },
+    }, g, g !== group && ps.includes('Approvals') ? count() : null)))
+    const shown = GROUPS.find(([g]) => g === group)?.[1] ?? []
+    replace(sideNav, shown.map((p) => {
+      const i = PANELS.indexOf(p)
+      return h('button', {
+        type: 'button', role: 'tab', class: p === panel ? 'active' : '', 'aria-selected': p === panel ? 'true' : 'false',
+        title: i < 10 ? `${p} (Alt+${(i + 1) % 10})` : p, onclick: () => { panel = p; renderNav(); renderSide() },
+      }, p, p === 'Approvals' ? count() : null)
+    }))
   }
   // Each panel keeps its own scroll position.
   const scrolls = new Map<Panel, number>()
