@@ -160,57 +160,46 @@ export function roomPage (app: App, id: string): () => void {
     const r = work.getBoundingClientRect()
     return { top: r.top + tabs.offsetHeight, bottom: r.bottom }
   }
-  split.addEventListener('pointerdown', (e) => {
-    split.setPointerCapture(e.pointerId)
-    split.classList.add('dragging')
-    e.preventDefault()
-  })
-  split.addEventListener('pointermove', (e) => {
-    if (!split.hasPointerCapture(e.pointerId)) return
+  /** Makes `handle` a drag handle: `move` gets each pointer position while dragging, `step`
+   *  each arrow key (+1 or -1, `grow` names the key that is +1); the layout is kept after. */
+  const dragHandle = (handle: HTMLElement, grow: string, shrink: string, move: (e: PointerEvent) => void, step: (by: number) => void): void => {
+    handle.addEventListener('pointerdown', (e) => {
+      handle.setPointerCapture(e.pointerId)
+      handle.classList.add('dragging')
+      e.preventDefault()
+    })
+    handle.addEventListener('pointermove', (e) => {
+      if (!handle.hasPointerCapture(e.pointerId)) return
+      move(e)
+      applyLayout()
+    })
+    const end = (e: PointerEvent): void => {
+      if (!handle.hasPointerCapture(e.pointerId)) return
+      handle.releasePointerCapture(e.pointerId)
+      handle.classList.remove('dragging')
+      keepLayout()
+    }
+    handle.addEventListener('pointerup', end)
+    handle.addEventListener('pointercancel', end)
+    handle.addEventListener('keydown', (e) => {
+      const by = e.key === grow ? 1 : e.key === shrink ? -1 : 0
+      if (!by) return
+      e.preventDefault()
+      step(by)
+      keepLayout()
+    })
+  }
+  dragHandle(split, 'ArrowUp', 'ArrowDown', (e) => {
     const { top, bottom } = workSpan()
     prefs.termPx = splitAt(e.clientY, top, bottom)
-    applyLayout()
-  })
-  const endDrag = (e: PointerEvent): void => {
-    if (!split.hasPointerCapture(e.pointerId)) return
-    split.releasePointerCapture(e.pointerId)
-    split.classList.remove('dragging')
-    keepLayout()
-  }
-  split.addEventListener('pointerup', endDrag)
-  split.addEventListener('pointercancel', endDrag)
-  split.addEventListener('keydown', (e) => {
-    const step = e.key === 'ArrowUp' ? 24 : e.key === 'ArrowDown' ? -24 : 0
-    if (!step) return
-    e.preventDefault()
+  }, (by) => {
     const { top, bottom } = workSpan()
-    prefs.termPx = clampTerm((prefs.termPx ?? termEl.offsetHeight) + step, bottom - top)
-    keepLayout()
+    prefs.termPx = clampTerm((prefs.termPx ?? termEl.offsetHeight) + 24 * by, bottom - top)
   })
-  filesSplit.addEventListener('pointerdown', (e) => {
-    filesSplit.setPointerCapture(e.pointerId)
-    filesSplit.classList.add('dragging')
-    e.preventDefault()
-  })
-  filesSplit.addEventListener('pointermove', (e) => {
-    if (!filesSplit.hasPointerCapture(e.pointerId)) return
+  dragHandle(filesSplit, 'ArrowRight', 'ArrowLeft', (e) => {
     prefs.filesPx = clampFiles(e.clientX - layout.getBoundingClientRect().left)
-    applyLayout()
-  })
-  const endFilesDrag = (e: PointerEvent): void => {
-    if (!filesSplit.hasPointerCapture(e.pointerId)) return
-    filesSplit.releasePointerCapture(e.pointerId)
-    filesSplit.classList.remove('dragging')
-    keepLayout()
-  }
-  filesSplit.addEventListener('pointerup', endFilesDrag)
-  filesSplit.addEventListener('pointercancel', endFilesDrag)
-  filesSplit.addEventListener('keydown', (e) => {
-    const step = e.key === 'ArrowRight' ? 24 : e.key === 'ArrowLeft' ? -24 : 0
-    if (!step) return
-    e.preventDefault()
-    prefs.filesPx = clampFiles((prefs.filesPx ?? 220) + step)
-    keepLayout()
+  }, (by) => {
+    prefs.filesPx = clampFiles((prefs.filesPx ?? 220) + 24 * by)
   })
   applyLayout()
 
