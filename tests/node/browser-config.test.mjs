@@ -5,7 +5,7 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { startServer, freePort, skipUnless } from './lib/server.mjs'
-import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login, shotsAll, openPanel } from './lib/browser.mjs'
+import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login, shotsAll, openPanel, axeViolations } from './lib/browser.mjs'
 
 const skip = skipUnless(HAVE_CHROMIUM, 'CHROMIUM', `no Chromium at ${CHROMIUM} (apt-get install chromium, or set CODEROOM_CHROMIUM)`)
 
@@ -34,6 +34,7 @@ test('a room open across a restart with another configuration says so and reload
   await told.filter({ hasText: 'previews are on now' }).waitFor({ timeout: 30_000 })
   await told.filter({ hasText: 'you are an admin now' }).waitFor({ timeout: 30_000 })
   await shotsAll(page, '66-config-changed')
+  assert.deepEqual(await axeViolations(page), [], 'the notice (light)')
   await page.getByTestId('config-reload').click()
   await page.waitForURL(new RegExp(`/rooms/${roomId}$`))
   await page.getByTestId('conn-status').filter({ hasText: 'Synced' }).waitFor()

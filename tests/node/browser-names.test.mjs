@@ -6,7 +6,7 @@
 import { test } from 'node:test'
 import assert from 'node:assert/strict'
 import { api, mintToken, skipUnless, joinByInvite } from './lib/server.mjs'
-import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login, shotsAll, openPanel } from './lib/browser.mjs'
+import { HAVE_CHROMIUM, CHROMIUM, scene, createRoomFromPage, login, shotsAll, openPanel, axeViolations } from './lib/browser.mjs'
 
 const skip = skipUnless(HAVE_CHROMIUM, 'CHROMIUM', `no Chromium at ${CHROMIUM} (apt-get install chromium, or set CODEROOM_CHROMIUM)`)
 
@@ -33,6 +33,7 @@ test('a display name is what others see, with the email beside it where it count
   await ben.page.getByTestId('name-ana@example.com').filter({ hasText: 'Ana Lima' }).waitFor()
   await ben.page.getByTestId('person-ana@example.com').filter({ hasText: 'ana@example.com' }).waitFor()
   await shotsAll(ben.page, '68-display-names')
+  assert.deepEqual(await axeViolations(ben.page), [], 'people with display names (light)')
   await openPanel(page, 'Audit')
   await page.getByText('Ana Lima (ana@example.com) created the room.').waitFor()
   // Blank: her email again.

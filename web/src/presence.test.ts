@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest'
-import { busiest, initials, peers, type Peer } from './presence'
+import { busiest, initials, inkOn, peers, type Peer } from './presence'
 
 describe('presence', () => {
   it('lists everyone else once, with where they are', () => {
@@ -29,5 +29,24 @@ describe('the busiest file', () => {
     expect(busiest([at('a.py'), at('b.md'), at('b.md'), at(null)])).toBe('b.md')
     expect(busiest([at('z.py'), at('a.py')])).toBe('a.py')
     expect(busiest([at(null)])).toBeNull()
+  })
+})
+
+describe('avatar ink', () => {
+  it('is readable on every colour the server gives', () => {
+    const lum = (hex: string): number => {
+      const lin = (h: string): number => { const c = parseInt(h, 16) / 255; return c <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4 }
+      return 0.2126 * lin(hex.slice(1, 3)) + 0.7152 * lin(hex.slice(3, 5)) + 0.0722 * lin(hex.slice(5, 7))
+    }
+    const ratio = (a: string, b: string): number => { const [x, y] = [lum(a), lum(b)].sort((p, q) => q - p); return (x + 0.05) / (y + 0.05) }
+    // The server's palette: hue 0..359 at saturation 0.65, lightness 0.42.
+    for (let hue = 0; hue < 360; hue++) {
+      const c = (1 - Math.abs(2 * 0.42 - 1)) * 0.65
+      const x = c * (1 - Math.abs((hue / 60) % 2 - 1))
+      const m = 0.42 - c / 2
+      const [r, g, b] = hue < 60 ? [c, x, 0] : hue < 120 ? [x, c, 0] : hue < 180 ? [0, c, x] : hue < 240 ? [0, x, c] : hue < 300 ? [x, 0, c] : [c, 0, x]
+      const hex = '#' + [r, g, b].map((v) => Math.round((v + m) * 255).toString(16).padStart(2, '0')).join('')
+      expect(ratio(hex, inkOn(hex))).toBeGreaterThanOrEqual(4.5)
+    }
   })
 })

@@ -43,6 +43,20 @@ export function peers (states: Map<number, unknown>, selfId: string): Peer[] {
 }
 
 /** Two letters for an avatar: "ana.lopez@x" -> "AL", "ana@x" -> "AN". */
+/** The text colour readable on `color` (`#rrggbb`): white or black, whichever contrasts
+ *  more (one of them always reaches 4.5:1). */
+export function inkOn (color: string): string {
+  const m = /^#([0-9a-f]{2})([0-9a-f]{2})([0-9a-f]{2})/i.exec(color)
+  if (!m) return '#ffffff'
+  const lin = (hex: string): number => {
+    const c = parseInt(hex, 16) / 255
+    return c <= 0.03928 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4
+  }
+  const l = 0.2126 * lin(m[1]) + 0.7152 * lin(m[2]) + 0.0722 * lin(m[3])
+  const dark = 0 // black's luminance
+  return (1.05 / (l + 0.05)) >= ((l + 0.05) / (dark + 0.05)) ? '#ffffff' : '#000000'
+}
+
 export function initials (name: string): string {
   const local = name.split('@')[0] ?? name
   const parts = local.split(/[._\-+\s]+/).filter(Boolean)

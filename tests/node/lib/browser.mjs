@@ -149,3 +149,18 @@ export async function openPanel (page, name) {
   if (await tab.count() === 0) await page.locator(`[data-group-panels~="${name}"]`).click()
   await tab.click()
 }
+
+/** Serious and critical axe-core violations on `page` as it is, one line each. axe is run
+ *  through the DevTools protocol, which the page's CSP does not govern. */
+export async function axeViolations (page) {
+  const { createRequire } = await import('node:module')
+  const source = await readFile(createRequire(import.meta.url).resolve('axe-core/axe.min.js'), 'utf8')
+  await page.evaluate(source)
+  return page.evaluate(async () => {
+    // eslint-disable-next-line no-undef
+    const r = await axe.run(document, { resultTypes: ['violations'] })
+    return r.violations
+      .filter((v) => v.impact === 'serious' || v.impact === 'critical')
+      .map((v) => `${v.impact} ${v.id}: ${v.help} (${v.nodes.slice(0, 3).map((n) => n.target.join(' ')).join('; ')})`)
+  })
+}

@@ -24,7 +24,7 @@ import { PortWatch, PreviewPane, previewsPanel } from './previews'
 import { spendPanel } from './spend'
 import { MANIFEST, checkCommand, runCommand, withManifestCommand, type RunCommand } from '../run'
 import { askedNotice, decisionNotice, rightsNotice, whoIs } from '../notices'
-import { busiest, initials, peers, type Peer } from '../presence'
+import { busiest, initials, inkOn, peers, type Peer } from '../presence'
 import { browserStore, clampFiles, clampTerm, loadLayout, loadTabs, MAX_FILES_PX, MIN_FILES_PX, saveLayout, saveTabs, splitAt } from '../layout'
 
 /**
@@ -375,7 +375,7 @@ export function roomPage (app: App, id: string): () => void {
     if (!list?.length) return null
     const names = list.map((p) => p.name).join(', ')
     return h('span', { class: 'here', title: `${names} ${list.length === 1 ? 'has' : 'have'} it open`, 'aria-label': `open by ${names}`, 'data-testid': `here-${path}` },
-      list.map((p) => h('span', { class: 'mini-avatar', style: `background:${p.color}` }, initials(p.name))))
+      list.map((p) => h('span', { class: 'mini-avatar', style: `background:${p.color};color:${inkOn(p.color)}` }, initials(p.name))))
   }
   const renderTabs = (): void => {
     if (tabsRestored) saveTabs(store, id, me.id, { open, active })
@@ -873,9 +873,10 @@ export function roomPage (app: App, id: string): () => void {
   let following: string | null = null
   const renderAvatars = (list = here()): void => {
     replace(avatars, list.map((p) => h('button', {
-      type: 'button', class: 'avatar', style: `background:${p.color}`, 'data-testid': `avatar-${p.name}`,
+      type: 'button', class: 'avatar', style: `background:${p.color};color:${inkOn(p.color)}`, 'data-testid': `avatar-${p.name}`,
       'aria-pressed': String(following === p.id),
-      'aria-label': following === p.id ? `Stop following ${p.name}` : `Follow ${p.name}${p.file ? ` (in ${p.file})` : ''}`,
+      // Begins with what it shows (the initials), as a name must for those who speak it.
+      'aria-label': `${initials(p.name)}: ${following === p.id ? `stop following ${p.name}` : `follow ${p.name}${p.file ? ` (in ${p.file})` : ''}`}`,
       title: following === p.id ? `Following ${p.name}: click or press Esc to stop` : `${p.name}${p.file ? ` · ${p.file}` : ''}: click to follow`,
       onclick: () => { if (following === p.id) stopFollowing(); else follow(p.id) },
     }, initials(p.name))))
