@@ -59,7 +59,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     .await;
     // Participants' file operations, which the rooms read off their updates, journaled by the
     // application layer (started below, once it exists).
-    let (journal, journaled) = tokio::sync::mpsc::channel(crate::ops::trash::JOURNAL_QUEUE);
+    let (journal, journaled) = crate::room::journal::Journal::new();
     let rooms = Rooms::new(
         RoomDeps {
             store: store.clone(),
@@ -71,7 +71,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             clock: clock.clone(),
             server: server.clone(),
             lease_ms: args.room_lease_ms,
-            journal: Some(journal),
+            journal: Some(journal.clone()),
         },
         tracker.clone(),
     );
@@ -200,7 +200,12 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         e2b_kernels: Arc::default(),
     };
     crate::http::e2b::start_sweeper(state.clone());
-    crate::ops::trash::start_journal(state.ops.clone(), journaled, &tracker, shutdown.clone());
+    crate::ops::trash::start_journal(
+        state.ops.clone(),
+        (journal, journaled),
+        &tracker,
+        shutdown.clone(),
+    );
     // What other servers on the same PostgreSQL announce (scale-out).
     crate::ops::events::start_listening(
         &state.ops,

@@ -1006,6 +1006,11 @@ async fn invites_choose_capabilities_and_go_to_one_address_on(backend: &Backend)
     );
     let fay = storage.token("fay@example.com").await;
     assert_eq!(accept(&t.server, &fay, token).await, 403);
+    // Nor does anyone else learn what it offers, or to whom.
+    let url = t.server.url(&format!("/api/invites/{token}"));
+    let (status, body) = http(&url, "GET", Some(&fay), None).await;
+    assert_eq!(status, 403);
+    assert!(!body.contains("eve@example.com"), "{body}");
     let eve = storage.token("eve@example.com").await;
     let shown = get_json(&t.server, &eve, &format!("/api/invites/{token}")).await;
     assert_eq!(shown["email"], "eve@example.com");

@@ -598,3 +598,44 @@ async fn file_operations_are_audited_and_deleted_files_can_be_restored_on(backen
         ])
     );
 }
+
+/// A flood of file operations is journaled one by one up to the room's budget, and the rest
+/// as one summary entry by whoever sent them: the audit chain does not grow with the flood.
+#[tokio::test]
+async fn a_flood_of_file_operations_is_summarised() {
+    let (_storage, server, room, token, [mut a, _b, mut c]) =
+        room_with(&Backend::Sqlite, &[("keep.txt", "k")]).await;
+    let update = {
+        let files = a.doc.get_or_insert_map("files");
+        let mut txn = a.doc.transact_mut();
+        for i in 0..400 {
+            files.insert(&mut txn, format!("gen/{i}.txt"), TextPrelim::new("x"));
+        }
+        txn.encode_update_v1()
+    };
+    a.send(YMessage::Sync(SyncMessage::Update(update))).await;
+    c.wait_for_file("gen/399.txt", "x").await;
+    let mut entries = Vec::new();
+    for _ in 0..200 {
+        entries = audit(&server, &token, &room).await;
+        if entries
+            .iter()
+            .any(|e| e["action"] == "file_operations_unrecorded")
+        {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    let created = entries
+        .iter()
+        .filter(|e| e["action"] == "create_file")
+        .count();
+    let summary: Vec<_> = entries
+        .iter()
+        .filter(|e| e["action"] == "file_operations_unrecorded")
+        .collect();
+    // keep.txt, then 199 of the flood within the burst of 200; 201 summarised.
+    assert_eq!(created, 200, "{created} creations journaled one by one");
+    assert_eq!(summary.len(), 1, "{summary:?}");
+    assert_eq!(summary[0]["details"]["count"], 201);
+}

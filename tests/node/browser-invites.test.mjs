@@ -53,11 +53,14 @@ test('an invite by email grants what was chosen, to that address alone', { skip,
 
   // Someone else with the link is told it is not theirs.
   await login(cy, storage.dataDir, path)
-  await cy.page.getByTestId('invite-error').filter({ hasText: 'This invite was sent to ben@example.com' }).waitFor()
-  assert.equal(await cy.page.getByRole('button', { name: 'Join the room' }).isDisabled(), true)
+  await cy.page.getByTestId('invite-error').filter({ hasText: 'This invite was sent to someone else' }).waitFor()
+  // Nothing of it shown: not the room, not the address.
+  assert.equal(await cy.page.getByRole('button', { name: 'Join the room' }).isVisible(), false)
+  assert.doesNotMatch(await cy.page.locator('main').innerText(), /ben@example\.com|by invitation/)
   const cyToken = await mintToken(storage, 'cy@example.com')
   const sneaky = await api(server, cyToken, 'POST', `/api/invites/${path.split('/').pop()}/accept`, {})
   assert.equal(sneaky.status, 403)
+  assert.equal((await api(server, cyToken, 'GET', `/api/invites/${path.split('/').pop()}`)).status, 403)
 
   // Ben reads what it grants, joins, and holds exactly that.
   await login(ben, storage.dataDir, path)

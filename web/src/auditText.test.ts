@@ -20,7 +20,9 @@ describe('audit sentences', () => {
     expect(auditSentence(rec('rename_file', { path: 'a.py', to: 'b.py' }), names)).toBe('ana@example.com renamed a.py to b.py.')
     expect(auditSentence(rec('move_file', { path: 'b.py', to: 'src/b.py' }), names)).toBe('ana@example.com moved b.py to src/b.py.')
     expect(auditSentence(rec('delete_file', { path: 'src/b.py', bytes: 12, trash_id: 't' }), names)).toBe('ana@example.com deleted src/b.py (12 bytes); it waits in the trash.')
-    expect(auditSentence(rec('delete_file', { path: 'src/b.py', bytes: 12, came_back: true }), names)).toBe('ana@example.com deleted src/b.py; it came back at once with someone\'s typing in it.')
+    expect(auditSentence(rec('delete_file', { path: 'src/b.py', bytes: 12, came_back: true }), names)).toBe('ana@example.com deleted src/b.py (12 bytes); it came back at once with someone\'s typing in it.')
+    expect(auditSentence(rec('delete_file', { path: 'big.log', bytes: 2_000_000, not_kept: true }), names)).toMatch(/^ana@example.com deleted big.log \(.*\); its text was not kept\.$/)
+    expect(auditSentence(rec('file_operations_unrecorded', { count: 201 }), names)).toBe('ana@example.com made 201 more file operations at once: counted here, not listed one by one.')
     expect(auditSentence(rec('restore_file', { path: 'b (2).py', deleted_path: 'b.py' }), names)).toBe('ana@example.com restored b (2).py from the trash (deleted as b.py).')
   })
 

@@ -102,9 +102,12 @@ export function auditSentence (r: AuditRecord, name: (id: string) => string, age
     case 'create_file': return `${who} created ${str(d.path) ?? 'a file'}.`
     case 'rename_file': return `${who} renamed ${str(d.path) ?? 'a file'} to ${str(d.to) ?? 'another name'}.`
     case 'move_file': return `${who} moved ${str(d.path) ?? 'a file'} to ${str(d.to) ?? 'another folder'}.`
-    case 'delete_file': return d.came_back === true
-      ? `${who} deleted ${str(d.path) ?? 'a file'}; it came back at once with someone's typing in it.`
-      : `${who} deleted ${str(d.path) ?? 'a file'}${typeof d.bytes === 'number' ? ` (${bytesText(d.bytes)})` : ''}; it waits in the trash.`
+    case 'delete_file': {
+      const what = `${who} deleted ${str(d.path) ?? 'a file'}${typeof d.bytes === 'number' ? ` (${bytesText(d.bytes)})` : ''}`
+      if (d.came_back === true) return `${what}; it came back at once with someone's typing in it.`
+      return d.not_kept === true ? `${what}; its text was not kept.` : `${what}; it waits in the trash.`
+    }
+    case 'file_operations_unrecorded': return `${who} made ${typeof d.count === 'number' ? d.count : 'more'} more file operations at once: counted here, not listed one by one.`
     case 'restore_file': return `${who} restored ${str(d.path) ?? 'a file'} from the trash${str(d.deleted_path) && str(d.deleted_path) !== str(d.path) ? ` (deleted as ${str(d.deleted_path)})` : ''}.`
     case 'request_deletion': return `${who} asked for the room to be deleted.`
     case 'confirm_deletion': return `${who} confirmed the room's deletion.`

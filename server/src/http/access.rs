@@ -62,12 +62,18 @@ pub(crate) struct InviteShown {
 /// the link's holder could not learn by accepting it.
 pub(crate) async fn show_invite(
     State(app): State<AppState>,
-    _user: AuthUser,
+    user: AuthUser,
     Path(token): Path<String>,
 ) -> Result<Json<InviteShown>, ApiError> {
     let (_, invite) = app.ops.invite_by_token(&token).await?;
     if let Some(why) = unusable(&invite, app.ops.clock.now_ms()) {
         return Err(ApiError::GoneBecause(why));
+    }
+    // Sent to one address: nobody else learns what it offers, or to whom.
+    if invite.email.as_ref().is_some_and(|e| *e != user.email) {
+        return Err(ApiError::Denied(
+            "this invite was sent to someone else: log in as the address it was sent to".into(),
+        ));
     }
     let room = app
         .ops

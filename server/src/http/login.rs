@@ -280,6 +280,15 @@ pub(crate) async fn set_me(
     user: AuthUser,
     Json(change): Json<MeChange>,
 ) -> Result<Json<Me>, ApiError> {
+    // An agent is shown by the name it was brought in with, never one it picks.
+    if user
+        .email
+        .ends_with(&format!("@{}", crate::store::AGENT_DOMAIN))
+    {
+        return Err(ApiError::Denied(
+            "an agent is shown by the name it was brought in with".into(),
+        ));
+    }
     let name = app
         .ops
         .set_display_name(&user.id, change.display_name.as_deref())

@@ -14,6 +14,8 @@ use rand::RngCore;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+/// Invites one person may send by email in an hour (each one a mail to any address).
+const MAX_EMAILED_INVITES_PER_HOUR: i64 = 20;
 /// Longest invite lifetime.
 const MAX_INVITE_TTL_S: u64 = 30 * 24 * 3600;
 /// Most uses one invite may allow.
@@ -61,13 +63,19 @@ pub(crate) fn display_name(raw: Option<&str>) -> Result<Option<String>, OpError>
     if name.chars().count() > MAX_DISPLAY_NAME {
         return Err(OpError::Bad("a display name is at most 64 characters"));
     }
-    let bidi = |c: char| matches!(c, '\u{200E}' | '\u{200F}' | '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}');
-    if name.chars().any(|c| c.is_control() || bidi(c)) {
+    // Invisible and direction-changing characters (format, line and paragraph separators):
+    // with them a name can look like another.
+    let hidden = |c: char| {
+        matches!(c, '\u{00AD}' | '\u{061C}' | '\u{180E}' | '\u{200B}'..='\u{200F}'
+            | '\u{2028}'..='\u{202E}' | '\u{2060}'..='\u{206F}' | '\u{FEFF}' | '\u{FFF9}'..='\u{FFFB}')
+    };
+    if name.chars().any(|c| c.is_control() || hidden(c)) {
         return Err(OpError::Bad(
-            "a display name holds no control or direction characters",
+            "a display name holds no control, invisible or direction characters",
         ));
     }
-    if name.contains('@') {
+    // `@` and its look-alikes.
+    if name.contains(['@', '\u{FF20}', '\u{FE6B}']) {
         return Err(OpError::Bad(
             "a display name holds no @ (it would read as an email)",
         ));
@@ -91,19 +99,38 @@ fn chosen_capabilities(names: &[String]) -> Result<CapabilitySet, OpError> {
     Ok(set)
 }
 
-/// A participant of `role` holding exactly `caps`: the role's preset, what it lacks granted
-/// for good, what it has beyond `caps` removed.
-fn participant_holding(role: Role, caps: CapabilitySet) -> Participant {
+/// A participant of `role` holding exactly `caps`, each no longer than `issuer` holds it
+/// (`until`): the role's preset where the issuer holds it for good, the rest granted with the
+/// issuer's expiry, what the preset has beyond `caps` removed. An invite never turns someone's
+/// rights until tomorrow into rights for good.
+fn participant_holding(
+    role: Role,
+    caps: CapabilitySet,
+    until: impl Fn(Capability) -> coderoom_authz::Until,
+) -> Participant {
+    use coderoom_authz::Until;
     let preset = role.capabilities();
     let mut p = Participant::with_role(role);
     for cap in Capability::ALL {
-        if caps.contains(cap) && !preset.contains(cap) {
+        let expires_at = match until(cap) {
+            Until::Forever => None,
+            Until::At(t) => Some(t),
+            Until::Never => {
+                if preset.contains(cap) {
+                    p.removed = p.removed.with(cap);
+                }
+                continue;
+            }
+        };
+        let wanted = caps.contains(cap);
+        if preset.contains(cap) && (!wanted || expires_at.is_some()) {
+            p.removed = p.removed.with(cap);
+        }
+        if wanted && (!preset.contains(cap) || expires_at.is_some()) {
             p.extra.push(coderoom_authz::Grant {
                 capability: cap,
-                expires_at: None,
+                expires_at,
             });
-        } else if !caps.contains(cap) && preset.contains(cap) {
-            p.removed = p.removed.with(cap);
         }
     }
     p
@@ -184,6 +211,26 @@ impl Ops {
         if email.is_some() && max_uses != 1 {
             return Err(OpError::Bad("an invite sent to an address has one use"));
         }
+        if email.is_some()
+            && self
+                .store
+                .emailed_invites_since(&actor.id, self.now_ms() - 3_600_000)
+                .await?
+                >= MAX_EMAILED_INVITES_PER_HOUR
+        {
+            return Err(OpError::Refused(format!(
+                "at most {MAX_EMAILED_INVITES_PER_HOUR} invites an hour go by email: send a link instead"
+            )));
+        }
+        // Chosen capabilities name their own role: the largest whose preset they hold (an
+        // invite labelled "owner" never holds only observe).
+        let role = match chosen {
+            Some(c) => [Role::Owner, Role::Editor, Role::Viewer]
+                .into_iter()
+                .find(|r| r.capabilities().iter().all(|cap| c.contains(cap)))
+                .unwrap_or(Role::Viewer),
+            None => role,
+        };
         let grants = chosen.unwrap_or_else(|| role.capabilities());
         let mut details = json!({ "role": role.as_str(), "ttl_s": ttl_s, "max_uses": max_uses });
         if chosen.is_some() {
@@ -249,6 +296,13 @@ impl Ops {
         raw: Option<&str>,
     ) -> Result<Option<String>, OpError> {
         let name = display_name(raw)?;
+        if let Some(n) = &name {
+            if self.store.display_name_taken(user, n).await? {
+                return Err(OpError::Conflict(
+                    "someone else is shown by that name: choose another".into(),
+                ));
+            }
+        }
         self.store.set_display_name(user, name.as_deref()).await?;
         Ok(name)
     }
@@ -310,7 +364,9 @@ impl Ops {
             token_hash,
             room_id: invite.room_id.clone(),
             user_id: UserId::known(proof.actor()),
-            participant: participant_holding(role, grants),
+            participant: participant_holding(role, grants, |cap| {
+                state.until(&invite.created_by, cap, now)
+            }),
             now,
         };
         let entry = Entry::of(proof.action(), Verdict::Allow, details);
@@ -681,5 +737,43 @@ mod display_name_tests {
         ] {
             assert!(display_name(Some(&bad)).is_err(), "{bad:?}");
         }
+    }
+}
+
+#[cfg(test)]
+mod invite_tests {
+    use super::participant_holding;
+    use coderoom_authz::{Capability, CapabilitySet, Role, Until};
+
+    #[test]
+    fn an_invite_grants_nothing_longer_than_its_issuer_holds_it() {
+        let now = 1_000;
+        // The issuer holds observe and edit for good, approve until 5_000, nothing else.
+        let issuer = |cap: Capability| match cap {
+            Capability::Observe | Capability::Edit | Capability::Type => Until::Forever,
+            Capability::Approve => Until::At(5_000),
+            _ => Until::Never,
+        };
+        let chosen =
+            CapabilitySet::of(&[Capability::Observe, Capability::Edit, Capability::Approve]);
+        let p = participant_holding(Role::Editor, chosen, issuer);
+        assert_eq!(p.until(Capability::Observe, now), Until::Forever);
+        assert_eq!(p.until(Capability::Edit, now), Until::Forever);
+        assert_eq!(p.until(Capability::Approve, now), Until::At(5_000));
+        assert_eq!(p.until(Capability::Approve, 6_000), Until::Never);
+        // Not chosen: not held, though the role's preset has it.
+        assert_eq!(p.until(Capability::Type, now), Until::Never);
+        assert_eq!(p.capabilities(now), chosen);
+        // An owner invite from someone whose owner rights lapse: each lapses with theirs.
+        let p = participant_holding(Role::Owner, Role::Owner.capabilities(), |cap| match cap {
+            Capability::Observe => Until::Forever,
+            _ => Until::At(2_000),
+        });
+        assert_eq!(p.until(Capability::Observe, 3_000), Until::Forever);
+        assert_eq!(p.until(Capability::Delete, now), Until::At(2_000));
+        assert_eq!(
+            p.capabilities(3_000),
+            CapabilitySet::of(&[Capability::Observe])
+        );
     }
 }

@@ -68,6 +68,7 @@ pub(crate) enum Act {
     MoveFile,
     DeleteFile,
     RestoreFile,
+    FileOpsUnrecorded,
 }
 
 impl Act {
@@ -101,6 +102,7 @@ impl Act {
             Act::MoveFile => "move_file",
             Act::DeleteFile => "delete_file",
             Act::RestoreFile => "restore_file",
+            Act::FileOpsUnrecorded => "file_operations_unrecorded",
         }
     }
 }

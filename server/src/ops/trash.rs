@@ -11,7 +11,7 @@
 use crate::ids::{IssuedId, RoomId};
 use crate::ops::record::{Act, Entry, Verdict};
 use crate::ops::{Actor, OpError, Ops};
-use crate::room::journal::{FileChanges, FileOp};
+use crate::room::journal::{FileChanges, FileOp, Journal};
 use crate::store::{Change, TrashRow};
 use coderoom_authz::{Action, Capability};
 use serde::Serialize;
@@ -19,9 +19,6 @@ use serde_json::json;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
-
-/// File operations waiting to be journaled, across rooms.
-pub(crate) const JOURNAL_QUEUE: usize = 1024;
 
 /// At shutdown, the journal keeps taking what rooms flush until it has been idle this long.
 const DRAIN_IDLE: Duration = Duration::from_millis(500);
@@ -31,7 +28,7 @@ const DRAIN_IDLE: Duration = Duration::from_millis(500);
 pub(crate) struct Trashed {
     pub id: String,
     pub path: String,
-    pub bytes: usize,
+    pub bytes: i64,
     pub deleted_by: String,
     /// Who deleted it, in words: an account's email, or an agent's name.
     pub deleted_by_name: String,
@@ -45,9 +42,11 @@ pub(crate) struct Restored {
 }
 
 /// Starts journaling what the rooms report, until shutdown (and what they flush then).
+/// The rooms hold the queue's sender for the server's life, so at shutdown the journal takes
+/// what they flush until the queue has been idle for [`DRAIN_IDLE`].
 pub(crate) fn start_journal(
     ops: Ops,
-    mut rx: mpsc::Receiver<FileChanges>,
+    (journal, mut rx): (Journal, mpsc::Receiver<FileChanges>),
     tracker: &tokio_util::task::TaskTracker,
     shutdown: CancellationToken,
 ) {
@@ -58,9 +57,11 @@ pub(crate) fn start_journal(
                 () = shutdown.cancelled() => break,
             };
             let Some(changes) = changes else { return };
+            journal.taken(&changes);
             ops.journal(changes).await;
         }
         while let Ok(Some(changes)) = tokio::time::timeout(DRAIN_IDLE, rx.recv()).await {
+            journal.taken(&changes);
             ops.journal(changes).await;
         }
     });
@@ -90,13 +91,15 @@ fn free_path(path: &str, taken: impl Fn(&str) -> bool) -> String {
 }
 
 impl Ops {
-    /// Records one update's file operations in its room's chain, keeping deleted files.
+    /// Records one update's file operations in its room's chain, keeping deleted files (and
+    /// a summary of those its room did not journal one by one).
     async fn journal(&self, changes: FileChanges) {
         let FileChanges {
             room,
             actor,
             at,
             ops,
+            unrecorded,
         } = changes;
         for op in ops {
             let (act, details, change) = match op {
@@ -114,38 +117,71 @@ impl Ops {
                 FileOp::Deleted {
                     path,
                     content,
+                    bytes,
                     came_back,
                 } => {
-                    // Kept even when it came back at once: a copy as it was deleted, and the
-                    // trash is where anyone learns who deleted it.
-                    let id = IssuedId::fresh().to_string();
-                    let mut details =
-                        json!({ "path": path, "bytes": content.len(), "trash_id": id });
+                    let mut details = json!({ "path": path, "bytes": bytes });
                     if came_back {
                         details["came_back"] = json!(true);
                     }
-                    let row = TrashRow {
-                        id,
-                        room_id: room.clone(),
-                        path,
-                        content,
-                        deleted_by: actor.clone(),
-                        deleted_at: at,
-                    };
-                    (Act::DeleteFile, details, Change::Trash(row))
+                    match content {
+                        // Kept even when it came back at once: a copy as it was deleted, and
+                        // the trash is where anyone learns who deleted it.
+                        Some(content) => {
+                            let id = IssuedId::fresh().to_string();
+                            details["trash_id"] = json!(id);
+                            let row = TrashRow {
+                                id,
+                                room_id: room.clone(),
+                                path,
+                                content,
+                                deleted_by: actor.clone(),
+                                deleted_at: at,
+                            };
+                            (Act::DeleteFile, details, Change::Trash(row))
+                        }
+                        None => {
+                            details["not_kept"] = json!(true);
+                            (Act::DeleteFile, details, Change::None)
+                        }
+                    }
                 }
             };
             let entry = Entry::act(act, Verdict::Allow, details);
-            match self.record(&room, &actor, entry, change).await {
-                Ok(_) => {}
+            self.journal_entry(&room, &actor, entry, change).await;
+        }
+        if unrecorded > 0 {
+            let entry = Entry::act(
+                Act::FileOpsUnrecorded,
+                Verdict::Allow,
+                json!({ "count": unrecorded }),
+            );
+            self.journal_entry(&room, &actor, entry, Change::None).await;
+        }
+    }
+
+    /// Records one journal entry; a deleted file the trash cannot take is still recorded.
+    async fn journal_entry(&self, room: &RoomId, actor: &str, entry: Entry, change: Change) {
+        let kept = matches!(change, Change::Trash(_));
+        let retry = entry.clone();
+        match self.record(room, actor, entry, change).await {
+            Ok(_) => {}
+            Err(e) if self.store.room(room).await.ok().flatten().is_none() => {
                 // The room was deleted meanwhile: nothing of it is kept.
-                Err(OpError::Store(e)) if self.store.room(&room).await.ok().flatten().is_none() => {
-                    tracing::debug!(room = %room, error = %e, "file operation of a deleted room not journaled");
+                tracing::debug!(room = %room, error = %e, "file operation of a deleted room not journaled");
+            }
+            Err(e) if kept => {
+                tracing::warn!(room = %room, error = %e, "the trash could not keep a deleted file; recording the deletion alone");
+                let mut entry = retry;
+                entry.details["not_kept"] = json!(true);
+                if let Some(d) = entry.details.as_object_mut() {
+                    d.remove("trash_id");
                 }
-                Err(e) => {
-                    tracing::error!(room = %room, error = %e, "cannot journal a file operation")
+                if let Err(e) = self.record(room, actor, entry, Change::None).await {
+                    tracing::error!(room = %room, error = %e, "cannot journal a file operation");
                 }
             }
+            Err(e) => tracing::error!(room = %room, error = %e, "cannot journal a file operation"),
         }
     }
 
@@ -184,7 +220,7 @@ impl Ops {
             out.push(Trashed {
                 id: row.id,
                 path: row.path,
-                bytes: row.content.len(),
+                bytes: row.bytes,
                 deleted_by: row.deleted_by,
                 deleted_by_name: name,
                 deleted_at: row.deleted_at,
@@ -226,52 +262,54 @@ impl Ops {
             .await?;
             row
         };
+        // Its own task: a caller that goes away mid-restore does not cut it short.
+        let ops = self.clone();
+        let (room, who) = (room_id.clone(), (actor.id.to_string(), actor.email.clone()));
+        tokio::spawn(async move { ops.put_back(&room, (&who.0, &who.1), row).await })
+            .await
+            .map_err(|_| OpError::Internal)?
+    }
+
+    /// Writes deleted file `row` into the room's document, then takes it out of the trash
+    /// with its entry: a restore that fails part way leaves it in the trash.
+    async fn put_back(
+        &self,
+        room_id: &RoomId,
+        (actor, email): (&str, &str),
+        row: TrashRow,
+    ) -> Result<Restored, OpError> {
         let mut visit = crate::room::visit::Visit::start_unjournaled(
             &self.rooms,
             &self.limits,
             room_id,
-            (actor.id.as_str(), &actor.email),
+            (actor, email),
         )
         .await
         .map_err(|e| OpError::Sandbox(e.into()))?;
         let paths = crate::room::visit::texts_of(&visit.doc);
         let path = free_path(&row.path, |p| paths.contains_key(p));
-        // Out of the trash first, under the lock with its entry: two restores at once put the
-        // file back once.
-        let entry = Entry::act(
-            Act::RestoreFile,
-            Verdict::Allow,
-            json!({ "path": path, "trash_id": id, "deleted_path": row.path }),
-        );
-        let untrash = Change::Untrash {
-            room_id: room_id.clone(),
-            id: id.to_owned(),
-        };
-        match self.record(room_id, &actor.id, entry, untrash).await {
-            Ok(_) => {}
-            Err(OpError::Store(crate::store::StoreError::Conflict)) => {
-                visit.leave().await;
-                return Err(OpError::Conflict("that file was restored already".into()));
-            }
-            Err(e) => {
-                visit.leave().await;
-                return Err(e);
-            }
-        }
         let written = visit.write_file(&path, &row.content).await;
         visit.leave().await;
         if let Err(e) = written {
-            // Back into the trash: nothing is lost to a failed restore.
-            tracing::warn!(room = %room_id, error = %e, "restoring a deleted file failed");
-            let entry = Entry::act(
-                Act::RestoreFile,
-                Verdict::Deny,
-                json!({ "path": path, "trash_id": id }),
-            )
-            .because(e.to_string());
-            self.record(room_id, &actor.id, entry, Change::Trash(row))
-                .await?;
+            tracing::warn!(room = %room_id, error = %e, "restoring a deleted file failed; it stays in the trash");
             return Err(OpError::Sandbox(e.into()));
+        }
+        let details = json!({ "path": path, "trash_id": row.id, "deleted_path": row.path });
+        let entry = Entry::act(Act::RestoreFile, Verdict::Allow, details);
+        let untrash = Change::Untrash {
+            room_id: room_id.clone(),
+            id: row.id.clone(),
+        };
+        match self.record(room_id, actor, entry.clone(), untrash).await {
+            Ok(_) => {}
+            // Restored at the same moment by someone else too: both copies are in the
+            // document, and this one is recorded as well.
+            Err(OpError::Store(crate::store::StoreError::Conflict)) => {
+                let mut entry = entry;
+                entry.details["again"] = json!(true);
+                self.record(room_id, actor, entry, Change::None).await?;
+            }
+            Err(e) => return Err(e),
         }
         Ok(Restored { path })
     }

@@ -204,6 +204,9 @@ enum Target {
     AllBut(ConnId),
 }
 
+/// A room summarises file operations it did not journal one by one at most this often.
+const SUMMARY_EVERY: Duration = Duration::from_secs(10);
+
 /// Departed presence ids remembered per room; the oldest are forgotten first.
 const MAX_TOMBSTONES: usize = 1024;
 
@@ -300,6 +303,12 @@ pub(crate) struct Room {
     departed: crate::room::departed::Departed,
     /// Paths added to and removed from the document, read off each update (the journal).
     file_keys: crate::room::journal::Keys,
+    /// How many file operations the room may still journal one by one.
+    journal_budget: crate::room::journal::Budget,
+    /// File operations not journaled one by one, per actor, until summarised.
+    unrecorded: crate::room::journal::Unrecorded,
+    /// When the last summary of them was queued (at most one per [`SUMMARY_EVERY`]).
+    last_summary: Option<Instant>,
     /// Small replies built while handling (join greetings).
     replies: Vec<(Target, Bytes)>,
     /// Sync step 1 requests of this batch, one per connection, answered after the commit. Built
@@ -587,6 +596,9 @@ impl Room {
     }
 
     async fn finish(mut self, exit: Exit) -> Exit {
+        // What was not journaled one by one is summarised before the room goes.
+        self.last_summary = None;
+        self.flush_unrecorded();
         if exit == Exit::Shutdown && self.logged_since_snapshot > 0 {
             self.compact().await;
         }

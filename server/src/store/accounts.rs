@@ -47,7 +47,6 @@ impl Store {
         )
     }
 
-    /// The email of the user with `id`, if there is one.
     /// The name `id` chose to be shown by, if they did (and exist).
     pub(crate) async fn display_name(&self, id: &str) -> Result<Option<String>, StoreError> {
         let row = sqlx::query("SELECT display_name FROM users WHERE id = $1")
@@ -74,6 +73,23 @@ impl Store {
         Ok(())
     }
 
+    /// Whether an account other than `id` is shown by `name` (any case).
+    pub(crate) async fn display_name_taken(
+        &self,
+        id: &str,
+        name: &str,
+    ) -> Result<bool, StoreError> {
+        let row = sqlx::query(
+            "SELECT COUNT(*) AS n FROM users WHERE LOWER(display_name) = LOWER($1) AND id != $2",
+        )
+        .bind(name)
+        .bind(id)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(row.try_get::<i64, _>("n")? > 0)
+    }
+
+    /// The email of the user with `id`, if there is one.
     pub(crate) async fn user_email(&self, id: &str) -> Result<Option<String>, StoreError> {
         Ok(
             sqlx::query_scalar::<_, String>("SELECT email FROM users WHERE id = $1")

@@ -132,6 +132,23 @@ impl Store {
         row.map(|r| Ok(r.try_get("egress")?)).transpose()
     }
 
+    /// How many invites `user` has sent by email since `since` (Unix ms).
+    pub(crate) async fn emailed_invites_since(
+        &self,
+        user: &str,
+        since: i64,
+    ) -> Result<i64, StoreError> {
+        let row = sqlx::query(
+            "SELECT COUNT(*) AS n FROM invites WHERE created_by = $1 AND email IS NOT NULL \
+             AND created_at >= $2",
+        )
+        .bind(user)
+        .bind(since)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok(row.try_get("n")?)
+    }
+
     pub(crate) async fn invite(&self, token_hash: &str) -> Result<Option<InviteRow>, StoreError> {
         Ok(sqlx::query_as::<_, InviteRow>(
             "SELECT room_id, role, created_by, expires_at, max_uses, uses, revoked_at, \

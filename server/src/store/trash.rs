@@ -18,12 +18,23 @@ pub(crate) struct TrashRow {
     pub deleted_at: i64,
 }
 
+/// A deleted file as listed: without its text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TrashListed {
+    pub id: String,
+    pub path: String,
+    pub bytes: i64,
+    pub deleted_by: String,
+    pub deleted_at: i64,
+}
+
 fn row_of(r: &sqlx::any::AnyRow) -> Result<TrashRow, StoreError> {
+    let content: Vec<u8> = r.try_get("content")?;
     Ok(TrashRow {
         id: r.try_get("id")?,
         room_id: r.try_get("room_id")?,
         path: r.try_get("path")?,
-        content: r.try_get("content")?,
+        content: String::from_utf8(content).map_err(|_| StoreError::Corrupt)?,
         deleted_by: r.try_get("deleted_by")?,
         deleted_at: r.try_get("deleted_at")?,
     })
@@ -32,15 +43,26 @@ fn row_of(r: &sqlx::any::AnyRow) -> Result<TrashRow, StoreError> {
 const COLUMNS: &str = "id, room_id, path, content, deleted_by, deleted_at";
 
 impl Store {
-    /// The room's deleted files, newest first.
-    pub(crate) async fn trash(&self, room_id: &RoomId) -> Result<Vec<TrashRow>, StoreError> {
-        let rows = sqlx::query(&format!(
-            "SELECT {COLUMNS} FROM file_trash WHERE room_id = $1 ORDER BY deleted_at DESC, id DESC"
-        ))
+    /// The room's deleted files, newest first, without their text.
+    pub(crate) async fn trash(&self, room_id: &RoomId) -> Result<Vec<TrashListed>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT id, path, bytes, deleted_by, deleted_at FROM file_trash WHERE room_id = $1 \
+             ORDER BY deleted_at DESC, id DESC",
+        )
         .bind(room_id)
         .fetch_all(&self.pool)
         .await?;
-        rows.iter().map(row_of).collect()
+        rows.iter()
+            .map(|r| {
+                Ok(TrashListed {
+                    id: r.try_get("id")?,
+                    path: r.try_get("path")?,
+                    bytes: r.try_get("bytes")?,
+                    deleted_by: r.try_get("deleted_by")?,
+                    deleted_at: r.try_get("deleted_at")?,
+                })
+            })
+            .collect()
     }
 
     /// One of the room's deleted files.
@@ -66,14 +88,16 @@ pub(super) async fn insert(
     t: &TrashRow,
 ) -> Result<(), StoreError> {
     sqlx::query(&format!(
-        "INSERT INTO file_trash ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6)"
+        "INSERT INTO file_trash ({COLUMNS}, bytes) VALUES ($1, $2, $3, $4, $5, $6, $7)"
     ))
     .bind(&t.id)
     .bind(&t.room_id)
-    .bind(&t.path)
-    .bind(&t.content)
+    // A path is text: a NUL in one (only a rogue client makes such a path) is shown as U+FFFD.
+    .bind(t.path.replace('\0', "\u{FFFD}"))
+    .bind(t.content.as_bytes().to_vec())
     .bind(&t.deleted_by)
     .bind(t.deleted_at)
+    .bind(i64::try_from(t.content.len()).unwrap_or(i64::MAX))
     .execute(&mut **tx)
     .await?;
     sqlx::query(

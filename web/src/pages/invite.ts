@@ -66,6 +66,12 @@ export function invitePage (app: App, token: string): () => void {
     if (left) return
     if (e instanceof ApiError && e.status === 410) gone(e.message)
     else if (e instanceof ApiError && e.status === 404) gone('This invite link does not exist.')
+    else if (e instanceof ApiError && e.status === 403) {
+      // Sent to someone else: nothing of it is shown, and there is nothing to try.
+      offer.hidden = true
+      accept.hidden = true
+      error.textContent = e.message.charAt(0).toUpperCase() + e.message.slice(1)
+    }
     else { offer.textContent = 'The invite could not be read; you can still try to join.'; accept.disabled = false }
   })
   return () => { left = true }

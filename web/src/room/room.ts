@@ -331,6 +331,12 @@ export function roomPage (app: App, id: string): () => void {
   const openFile = (path: string): void => {
     const text = files.get(path)
     if (!(text instanceof Y.Text)) return
+    if (path !== active && orphan === null && editor.detachedTyping()?.typed) {
+      // What was typed since the open file left is still to be placed (the room has not
+      // answered yet): switching now would drop it.
+      toast('A moment: what you typed is being put into the file it became.')
+      return
+    }
     if (orphan !== null) {
       const i = open.indexOf(orphan)
       if (i >= 0) open.splice(i, 1)

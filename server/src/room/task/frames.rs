@@ -7,6 +7,7 @@ use crate::room::protocol::Inbound;
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::panic::AssertUnwindSafe;
+use std::time::Instant;
 use yrs::sync::awareness::AwarenessUpdateEntry;
 use yrs::sync::protocol::{Message, SyncMessage};
 use yrs::sync::AwarenessUpdate;
@@ -177,41 +178,75 @@ impl Room {
         self.journal(conn, paired);
     }
 
-    /// Hands the file operations of the update `conn` just sent to the journal.
+    /// Hands the file operations of the update `conn` just sent to the journal, within the
+    /// room's budget; the rest are counted, to be recorded as a summary.
     fn journal(&mut self, conn: ConnId, paired: crate::room::departed::Outcome) {
-        use crate::room::journal::{ops_of, FileChanges, MAX_OPS_PER_UPDATE};
-        let keys = self.file_keys.take();
-        if keys.0.is_empty() && keys.1.is_empty() && paired.moved.is_empty() {
+        use crate::room::journal::{ops_of, FileChanges};
+        let seen = self.file_keys.take();
+        if seen.is_empty() && paired.moved.is_empty() {
             return;
         }
-        let (Some(journal), Some(c)) = (&self.deps.journal, self.conns.get(&conn)) else {
+        let Some(c) = self.conns.get(&conn) else {
             return;
         };
-        if !c.journaled {
+        if !c.journaled || self.deps.journal.is_none() {
             return;
         }
-        let mut ops = ops_of(keys, paired.moved, paired.deleted, &paired.restored);
+        let actor = c.user_id.clone();
+        let mut ops = ops_of(&seen, paired.moved, paired.deleted, &paired.restored);
+        let allowed = self.journal_budget.take(ops.len(), Instant::now());
+        let over = (ops.len() - allowed) as u64 + seen.overflow;
+        if over > 0 {
+            tracing::info!(room = %self.id, %conn, over, "file operations past the room's journal budget: summarised");
+        }
+        ops.truncate(allowed);
+        self.unrecorded.add(&actor, over);
         if ops.is_empty() {
             return;
         }
-        if ops.len() > MAX_OPS_PER_UPDATE {
-            tracing::info!(room = %self.id, %conn, ops = ops.len(), "journaling the first file operations of a large change");
-            ops.truncate(MAX_OPS_PER_UPDATE);
-        }
         let changes = FileChanges {
             room: self.id.clone(),
-            actor: c.user_id.clone(),
+            unrecorded: self.unrecorded.take(&actor),
+            actor,
             at: self.deps.clock.now_ms(),
             ops,
         };
-        // Never waits on the room task: a full journal queue is waited on off it.
-        if let Err(tokio::sync::mpsc::error::TrySendError::Full(changes)) =
-            journal.try_send(changes)
+        self.offer_journal(changes);
+    }
+
+    /// Queues `changes`, never waiting on the room task: a full queue counts them instead.
+    pub(super) fn offer_journal(&mut self, changes: crate::room::journal::FileChanges) {
+        let Some(journal) = &self.deps.journal else {
+            return;
+        };
+        if let Err(back) = journal.offer(changes) {
+            let n = back.ops.len() as u64 + back.unrecorded;
+            self.unrecorded.add(&back.actor, n);
+        }
+    }
+
+    /// Queues the summaries of operations not journaled one by one: after a batch, at most
+    /// once per [`super::SUMMARY_EVERY`], and when the room goes.
+    pub(super) fn flush_unrecorded(&mut self) {
+        let actors = self.unrecorded.actors();
+        if actors.is_empty()
+            || self
+                .last_summary
+                .is_some_and(|t| t.elapsed() < super::SUMMARY_EVERY)
         {
-            let journal = journal.clone();
-            self.deps.tracker.spawn(async move {
-                let _ = journal.send(changes).await;
-            });
+            return;
+        }
+        self.last_summary = Some(Instant::now());
+        for actor in actors {
+            let n = self.unrecorded.take(&actor);
+            let changes = crate::room::journal::FileChanges {
+                room: self.id.clone(),
+                actor,
+                at: self.deps.clock.now_ms(),
+                ops: Vec::new(),
+                unrecorded: n,
+            };
+            self.offer_journal(changes);
         }
     }
 

@@ -153,6 +153,7 @@ impl Room {
         }
         self.flush_presence();
         self.audit_denials();
+        self.flush_unrecorded();
         true
     }
 
