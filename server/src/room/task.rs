@@ -296,6 +296,9 @@ pub(crate) struct Room {
     /// The departures mark ([`Tombstones::mark`]) at the start of the batch: a connection that
     /// falls behind on this batch's broadcasts missed its departures too.
     batch_departures: u64,
+    /// The departures mark when presence was last flushed: every departure before it has been
+    /// sent to each connection not held back then.
+    presence_sent: u64,
     /// Updates produced this batch: (seq, bytes, origin connection; none for the room's own,
     /// which everyone is sent).
     batch: Vec<(i64, Bytes, Option<ConnId>)>,

@@ -403,6 +403,8 @@ impl Room {
         // Dropping a slow connection adds its departure; a few rounds settle it.
         for _ in 0..4 {
             if self.presence_changes.is_empty() {
+                // Every departure so far has been sent to everyone not held back.
+                self.presence_sent = self.tombstones.mark();
                 return;
             }
             let clients = std::mem::take(&mut self.presence_changes);
@@ -448,7 +450,10 @@ impl Room {
                 tracing::debug!(room = %self.id, conn = %id, "connection fell behind; holding broadcasts");
                 self.deps.metrics.connections_held_back.inc();
                 c.lag_from = Some(self.batch_sv.clone());
-                c.lag_departures = self.batch_departures;
+                // Departures it may not have been sent: those of this batch, and any still
+                // waiting for the next presence flush (a connection dropped between batches,
+                // while another caught up).
+                c.lag_departures = self.batch_departures.min(self.presence_sent);
             }
         }
         for id in stuck {

@@ -143,6 +143,7 @@ impl Room {
             stored_bytes,
             batch_sv: StateVector::default(),
             batch_departures: 0,
+            presence_sent: 0,
             batch: Vec::new(),
             departed: Default::default(),
             file_keys,
