@@ -75,6 +75,13 @@ export function words (c: Capability): string {
 }
 
 /** A participant's role in one line: what it means, and what they hold beyond it or lack. */
+/** Capabilities as what they let someone do, in one phrase: "watch the room, edit files and
+ *  fork and export". */
+export function capsInWords (caps: readonly Capability[]): string {
+  const said = caps.map(words)
+  return said.length > 1 ? `${said.slice(0, -1).join(', ')} and ${said[said.length - 1]}` : said.join('')
+}
+
 export function roleLine (role: string, caps: readonly Capability[]): string {
   const preset = ROLES[role] ?? []
   const meaning = ROLE_MEANING[role]

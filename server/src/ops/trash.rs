@@ -71,25 +71,6 @@ fn folder(path: &str) -> &str {
     path.rsplit_once('/').map_or("", |(dir, _)| dir)
 }
 
-/// `path` made free of `taken`: itself, or `name (2).ext`, `name (3).ext`, ...
-fn free_path(path: &str, taken: impl Fn(&str) -> bool) -> String {
-    if !taken(path) {
-        return path.to_owned();
-    }
-    let (dir, name) = match path.rsplit_once('/') {
-        Some((d, n)) => (format!("{d}/"), n),
-        None => (String::new(), path),
-    };
-    let (stem, ext) = match name.rsplit_once('.') {
-        Some((s, e)) if !s.is_empty() => (s, format!(".{e}")),
-        _ => (name, String::new()),
-    };
-    (2..)
-        .map(|n| format!("{dir}{stem} ({n}){ext}"))
-        .find(|p| !taken(p))
-        .unwrap_or_default()
-}
-
 impl Ops {
     /// Records one update's file operations in its room's chain, keeping deleted files (and
     /// a summary of those its room did not journal one by one).
@@ -162,17 +143,17 @@ impl Ops {
 
     /// Records one journal entry; a deleted file the trash cannot take is still recorded.
     async fn journal_entry(&self, room: &RoomId, actor: &str, entry: Entry, change: Change) {
-        let kept = matches!(change, Change::Trash(_));
-        let retry = entry.clone();
+        // Only a deletion the trash might refuse is recorded again, without it.
+        let retry = matches!(change, Change::Trash(_)).then(|| entry.clone());
         match self.record(room, actor, entry, change).await {
             Ok(_) => {}
             Err(e) if self.store.room(room).await.ok().flatten().is_none() => {
                 // The room was deleted meanwhile: nothing of it is kept.
                 tracing::debug!(room = %room, error = %e, "file operation of a deleted room not journaled");
             }
-            Err(e) if kept => {
+            Err(e) if retry.is_some() => {
                 tracing::warn!(room = %room, error = %e, "the trash could not keep a deleted file; recording the deletion alone");
-                let mut entry = retry;
+                let Some(mut entry) = retry else { return };
                 entry.details["not_kept"] = json!(true);
                 if let Some(d) = entry.details.as_object_mut() {
                     d.remove("trash_id");
@@ -240,27 +221,21 @@ impl Ops {
     ) -> Result<Restored, OpError> {
         let row = {
             let locked = self.audit.lock().await;
-            let Some(row) = self.store.trashed(room_id, id).await? else {
-                // Decided first, so an outsider learns nothing from a missing id.
-                self.authorize_locked(
-                    &locked,
-                    room_id,
-                    actor,
-                    Action::Use(Capability::Edit),
-                    json!({ "trash_id": id }),
-                )
-                .await?;
-                return Err(OpError::NotFound);
-            };
+            let row = self.store.trashed(room_id, id).await?;
+            // Decided before a missing id is told, so an outsider learns nothing from it.
+            let mut details = json!({ "trash_id": id });
+            if let Some(r) = &row {
+                details["path"] = json!(r.path);
+            }
             self.authorize_locked(
                 &locked,
                 room_id,
                 actor,
                 Action::Use(Capability::Edit),
-                json!({ "trash_id": id, "path": row.path }),
+                details,
             )
             .await?;
-            row
+            row.ok_or(OpError::NotFound)?
         };
         // Its own task: a caller that goes away mid-restore does not cut it short.
         let ops = self.clone();
@@ -287,7 +262,7 @@ impl Ops {
         .await
         .map_err(|e| OpError::Sandbox(e.into()))?;
         let paths = crate::room::visit::texts_of(&visit.doc);
-        let path = free_path(&row.path, |p| paths.contains_key(p));
+        let path = crate::room::departed::free_path(&row.path, |p| paths.contains_key(p));
         let written = visit.write_file(&path, &row.content).await;
         visit.leave().await;
         if let Err(e) = written {
@@ -312,21 +287,5 @@ impl Ops {
             Err(e) => return Err(e),
         }
         Ok(Restored { path })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_taken_path_gets_a_number() {
-        let taken = ["a.txt", "src/b.rs", "src/b (2).rs", "Makefile"];
-        let is_taken = |p: &str| taken.contains(&p);
-        assert_eq!(free_path("c.txt", is_taken), "c.txt");
-        assert_eq!(free_path("a.txt", is_taken), "a (2).txt");
-        assert_eq!(free_path("src/b.rs", is_taken), "src/b (3).rs");
-        assert_eq!(free_path("Makefile", is_taken), "Makefile (2)");
-        assert_eq!(free_path(".env", |p| p == ".env"), ".env (2)");
     }
 }

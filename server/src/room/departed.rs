@@ -564,7 +564,9 @@ impl Departed {
                 .map(|p| p.text.as_str())
                 .collect::<Vec<_>>()
                 .join("\n");
-            let path = free_path(&files, &txn, &format!("{RECOVERED_DIR}/edits-{now_ms}.txt"));
+            let path = free_path(&format!("{RECOVERED_DIR}/edits-{now_ms}.txt"), |p| {
+                files.contains_key(&txn, p)
+            });
             files.insert(&mut txn, path.as_str(), TextPrelim::new(text));
             outcome.restored.push(path);
         }
@@ -674,7 +676,7 @@ impl Departed {
         let Some(content) = record.content.as_deref() else {
             return false;
         };
-        let path = free_path(files, txn, &record.path);
+        let path = free_path(&record.path, |p| files.contains_key(txn, p));
         let text = files.insert(txn, path.as_str(), TextPrelim::new(content));
         let Some(branch) = branch_item(&text) else {
             return false;
@@ -813,9 +815,10 @@ fn overlaps(set: &IdSet, id: ID, len: u32) -> bool {
     })
 }
 
-/// `path`, or the same name with " (2)", " (3)"… before its extension, whichever is free.
-fn free_path(files: &MapRef, txn: &TransactionMut<'_>, path: &str) -> String {
-    if !files.contains_key(txn, path) {
+/// `path`, or the same name with " (2)", " (3)"… before its extension, whichever is not
+/// `taken` (a file brought back beside one that took its path, here and from the trash).
+pub(crate) fn free_path(path: &str, taken: impl Fn(&str) -> bool) -> String {
+    if !taken(path) {
         return path.to_string();
     }
     let (dir, name) = match path.rfind('/') {
@@ -828,6 +831,22 @@ fn free_path(files: &MapRef, txn: &TransactionMut<'_>, path: &str) -> String {
     };
     (2..)
         .map(|n| format!("{dir}{stem} ({n}){ext}"))
-        .find(|p| !files.contains_key(txn, p))
+        .find(|p| !taken(p))
         .unwrap_or_else(|| path.to_string())
+}
+
+#[cfg(test)]
+mod free_path_tests {
+    use super::free_path;
+
+    #[test]
+    fn a_taken_path_gets_a_number() {
+        let taken = ["a.txt", "src/b.rs", "src/b (2).rs", "Makefile"];
+        let is_taken = |p: &str| taken.contains(&p);
+        assert_eq!(free_path("c.txt", is_taken), "c.txt");
+        assert_eq!(free_path("a.txt", is_taken), "a (2).txt");
+        assert_eq!(free_path("src/b.rs", is_taken), "src/b (3).rs");
+        assert_eq!(free_path("Makefile", is_taken), "Makefile (2)");
+        assert_eq!(free_path(".env", |p| p == ".env"), ".env (2)");
+    }
 }

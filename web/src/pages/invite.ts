@@ -4,7 +4,7 @@ import { api, ApiError, type InviteShown } from '../api'
 import type { App } from '../main'
 import { errorText, h, replace } from '../dom'
 import { ROLES } from '../caps'
-import { words } from '../notices'
+import { capsInWords } from '../notices'
 
 /** A role in one line, as the person invited reads it. */
 export function roleMeaning (role: string): string {
@@ -49,8 +49,7 @@ export function invitePage (app: App, token: string): () => void {
     const preset = ROLES[inv.role] ?? []
     const caps = inv.capabilities ?? preset
     const chosen = caps.length !== preset.length || caps.some((c) => !preset.includes(c))
-    const said = caps.map(words)
-    const what = said.length > 1 ? `${said.slice(0, -1).join(', ')} and ${said[said.length - 1]}` : said.join('')
+    const what = capsInWords(caps)
     replace(offer, inv.invited_by ? h('strong', null, inv.invited_by) : 'Someone', ' invited you to ',
       h('strong', { 'data-testid': 'invite-room' }, inv.room_name),
       chosen ? `, to ${what}.` : ` as ${roleMeaning(inv.role)}.`)

@@ -61,10 +61,17 @@ function applyToText (text: Y.Text, changes: ChangeSet): void {
   else run()
 }
 
+/** The editor's accessible name for the file at `path`. */
+function labelFor (path: string): Extension {
+  return EditorView.contentAttributes.of({ 'aria-label': `Editor: ${path}` })
+}
+
 export class Editor {
   private view: EditorView | null = null
   private readonly access = new Compartment()
   private readonly syntax = new Compartment()
+  /** The editor's accessible name, which names the open file. */
+  private readonly label = new Compartment()
   /** The binding to the open file's text: empty while the file is detached. */
   private readonly collab = new Compartment()
   /** While detached: the text the view showed when its file left the document, and the changes
@@ -107,17 +114,21 @@ export class Editor {
             this.onDetachedEdit?.()
           }
         }),
-        EditorView.contentAttributes.of({ 'aria-label': `Editor: ${path}` }),
+        this.label.of(labelFor(path)),
       ],
     })
     this.view = new EditorView({ state, parent: this.parent })
+    this.loadSyntax(this.view, path)
+  }
+
+  /** Highlighting for `path` that is not built in, once its chunk has loaded (while `view`
+   *  still shows `path`). */
+  private loadSyntax (view: EditorView, path: string): void {
     const lang = languageOf(path)
-    if (builtIn(lang) === null) {
-      const view = this.view
-      loadLanguage(lang)
-        .then((ext) => { if (this.view === view) view.dispatch({ effects: this.syntax.reconfigure(ext) }) })
-        .catch(() => { /* offline, or the chunk is gone: the file stays plain text */ })
-    }
+    if (builtIn(lang) !== null) return
+    loadLanguage(lang)
+      .then((ext) => { if (this.view === view && this.path === path) view.dispatch({ effects: this.syntax.reconfigure(ext) }) })
+      .catch(() => { /* offline, or the chunk is gone: the file stays plain text */ })
   }
 
   private accessExt (): Extension {
@@ -189,19 +200,14 @@ export class Editor {
     const old = this.path
     this.path = path
     if (old !== null && old !== path) this.forgetHistory(old)
-    const lang = languageOf(path)
     v.dispatch({
       effects: [
         this.collab.reconfigure(yCollab(text, this.awareness, { undoManager: this.undoFor(path, text) })),
-        this.syntax.reconfigure(builtIn(lang) ?? []),
+        this.syntax.reconfigure(builtIn(languageOf(path)) ?? []),
+        this.label.reconfigure(labelFor(path)),
       ],
     })
-    v.contentDOM.setAttribute('aria-label', `Editor: ${path}`)
-    if (builtIn(lang) === null) {
-      loadLanguage(lang)
-        .then((ext) => { if (this.view === v && this.path === path) v.dispatch({ effects: this.syntax.reconfigure(ext) }) })
-        .catch(() => { /* the file stays plain text */ })
-    }
+    this.loadSyntax(v, path)
   }
 
   private forgetHistory (path: string): void {
@@ -211,8 +217,7 @@ export class Editor {
 
   /** The file was deleted or renamed away. */
   forget (path: string): void {
-    this.undo.get(path)?.undo.destroy()
-    this.undo.delete(path)
+    this.forgetHistory(path)
     if (this.path === path) this.close()
   }
 

@@ -3,7 +3,7 @@
 
 import { api, ApiError, CAPABILITIES, type AgentInfo, type Capability, type Room } from '../api'
 import { abilities, canRemove, ROLES, settableRoles } from '../caps'
-import { roleLine, words } from '../notices'
+import { capsInWords, roleLine, words } from '../notices'
 import { action, confirmButton, confirmChoice, copy, h, replace, toast } from '../dom'
 
 export interface PeopleState {
@@ -267,8 +267,7 @@ function inviteForm (s: PeopleState): HTMLElement {
       // Looked at again whenever the panel is redrawn: a used-up link is taken away.
       form.dataset.token = inv.token
       const link = h('input', { readonly: true, value: inv.url, 'aria-label': 'Invite link', 'data-testid': 'invite-url' })
-      const said = chosen.map(words)
-      const what = said.length > 1 ? `${said.slice(0, -1).join(', ')} and ${said[said.length - 1]}` : said.join('')
+      const what = capsInWords(chosen)
       replace(out,
         h('div', { class: 'row' }, link,
           action('Copy', async () => { toast(await copy(inv.url, link) ? 'Link copied' : 'Select the link and copy it') }),

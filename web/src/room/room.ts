@@ -602,6 +602,12 @@ export function roomPage (app: App, id: string): () => void {
    *  room brought it back (typing its deleter had not seen) or it was replaced. A deleted file
    *  someone typed into since comes back as theirs; otherwise the tab closes and a notice says
    *  who deleted it, with a way to restore it. */
+  /** The open editor bound to `text`, the file now at `path` (see `Editor.rebind`). */
+  const rebindTo = (path: string, text: Y.Text): void => {
+    editor.rebind(path, text)
+    editor.setEditable(caps.includes('edit') && !ended)
+    provider.awareness.setLocalStateField('file', path)
+  }
   let settling = 0
   const settle = (from: string, to: string | null): void => {
     editor.detach()
@@ -611,9 +617,7 @@ export function roomPage (app: App, id: string): () => void {
       const where = to ?? from
       const text = files.get(where)
       if (text instanceof Y.Text) {
-        editor.rebind(where, text)
-        editor.setEditable(caps.includes('edit') && !ended)
-        provider.awareness.setLocalStateField('file', where)
+        rebindTo(where, text)
         if (to === null) {
           const by = await deletedBy(from)
           notice(`${by?.name ?? 'Someone'} deleted ${from} while you were in it; it is back, with everything typed in it.`, 'file-came-back')
@@ -656,9 +660,7 @@ export function roomPage (app: App, id: string): () => void {
     else open.push(at)
     active = at
     files.set(at, back)
-    editor.rebind(at, back)
-    editor.setEditable(caps.includes('edit') && !ended)
-    provider.awareness.setLocalStateField('file', at)
+    rebindTo(at, back)
     renderTabs()
     renderTree()
     void by.then((who) => notice(`${who?.name ?? 'Someone'} deleted ${path} while you were typing in it; it is back${at === path ? '' : ` as ${at}`}, with what you typed.`, 'file-came-back'))
@@ -711,9 +713,7 @@ export function roomPage (app: App, id: string): () => void {
         const text = files.get(key)
         if (text instanceof Y.Text) {
           orphan = null
-          editor.rebind(key, text)
-          editor.setEditable(caps.includes('edit') && !ended)
-          provider.awareness.setLocalStateField('file', key)
+          rebindTo(key, text)
         }
       } else if (change.action === 'update' && active === key) {
         // Replaced (a reset by another client): the editor follows to the new text, keeping
