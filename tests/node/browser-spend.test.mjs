@@ -51,8 +51,14 @@ test('a budget set from the Spend panel stops commands, and a raise waits for an
     return pending !== undefined
   }, 10_000, 'no pending raise')
   assert.deepEqual(pending.params.budget, { execs: 5 })
-  assert.equal((await api(server, benToken, 'POST', `/api/rooms/${roomId}/approvals/${pending.id}/decision`, { approve: true })).status, 200)
+  // Ana types the raise again while Ben decides: the panel redraws live with the decision, and
+  // what she typed (and her focus) stays.
   await page.getByTestId('budget-execs').fill('5')
+  await page.getByTestId('spend-meters').evaluate((el) => { el.dataset.before = 'decision' })
+  assert.equal((await api(server, benToken, 'POST', `/api/rooms/${roomId}/approvals/${pending.id}/decision`, { approve: true })).status, 200)
+  await page.locator('[data-testid="spend-meters"]:not([data-before])').waitFor({ timeout: 15_000 })
+  assert.equal(await page.getByTestId('budget-execs').inputValue(), '5')
+  assert.equal(await page.getByTestId('budget-execs').evaluate((el) => el === document.activeElement), true)
   await page.getByTestId('budget-save').click()
   await page.locator('.toast').filter({ hasText: 'Budget saved.' }).last().waitFor()
   await waitFor(async () => (await api(server, anaToken, 'GET', `/api/rooms/${roomId}/spend`)).body.budget?.execs === 5, 10_000, 'the raise did not apply')

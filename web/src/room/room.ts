@@ -22,6 +22,7 @@ import { networkPanel } from './network'
 import { reposPanel } from './repos'
 import { PortWatch, PreviewPane, previewsPanel } from './previews'
 import { spendPanel } from './spend'
+import { keep, putBack, watchEdits } from './kept'
 import { MANIFEST, checkCommand, runCommand, withManifestCommand, type RunCommand } from '../run'
 import { askedNotice, decisionNotice, rightsNotice, whoIs } from '../notices'
 import { busiest, initials, inkOn, peers, type Peer } from '../presence'
@@ -965,20 +966,30 @@ export function roomPage (app: App, id: string): () => void {
   sideBody.addEventListener('scroll', () => { scrolls.set(panel, sideBody.scrollTop) })
   const restoreScroll = (): void => { sideBody.scrollTop = scrolls.get(panel) ?? 0 }
   let sideSeq = 0
+  // Which panel sideBody shows: what is typed in it is carried through its redraws.
+  let drawn: Panel | null = null
+  watchEdits(sideBody)
+  const redraw = (shown: Panel, draw: () => void): void => {
+    const kept = drawn === shown ? keep(sideBody) : null
+    draw()
+    drawn = shown
+    if (kept) putBack(sideBody, kept)
+  }
   const renderSide = (): void => {
     if (!room || disposed) return
     const r = room
     const seq = ++sideSeq
+    const shown = panel
     const refresh = (): void => { void reload().then(() => { if (seq === sideSeq) renderSide() }) }
     // Panels that fetch draw into a box shown only if it is still the panel asked for.
     const later = (draw: (box: HTMLElement) => Promise<void>): void => {
       const box = h('div')
       draw(box)
-        .then(() => { if (seq === sideSeq && !disposed) { replace(sideBody, box); restoreScroll() } })
+        .then(() => { if (seq === sideSeq && !disposed) { redraw(shown, () => replace(sideBody, box)); restoreScroll() } })
         .catch((e: unknown) => { if (seq === sideSeq && !disposed) replace(sideBody, h('p', { class: 'error' }, errorText(e))) })
     }
     switch (panel) {
-      case 'People': peoplePanel(sideBody, { room: r, selfId: me.id, online, typing, armed: armedRemovals, detailed: detailedRights }, reload); break
+      case 'People': redraw(shown, () => peoplePanel(sideBody, { room: r, selfId: me.id, online, typing, armed: armedRemovals, detailed: detailedRights }, reload)); break
       case 'Approvals': later((box) => approvalsPanel(box, r, me.id, refresh)); break
       case 'Sandbox': later((box) => sandboxPanel(box, r, refresh)); break
       case 'Checkpoints': later((box) => checkpointsPanel(box, r, me.id, app.go, refresh)); break
@@ -986,7 +997,7 @@ export function roomPage (app: App, id: string): () => void {
       case 'Network': later((box) => networkPanel(box, r, me.id, refresh)); break
       case 'Repos': later((box) => reposPanel(box, r, me.id, refresh)); break
       case 'Audit': later((box) => auditPanel(box, r, refresh)); break
-      case 'Room': roomPanel(sideBody, r, () => Array.from(files.keys()).sort()); break
+      case 'Room': redraw(shown, () => roomPanel(sideBody, r, () => Array.from(files.keys()).sort())); break
       case 'Previews': later((box) => previewsPanel(box, r, me.id, pane, refresh)); break
       case 'Spend': later((box) => spendPanel(box, r, me.id, refresh)); break
     }
