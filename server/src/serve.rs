@@ -21,6 +21,10 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     let tracker = TaskTracker::new();
     let metrics = Metrics::new();
+    store.observe_log(crate::store::LogTimes {
+        wait: metrics.stage_log_wait.clone(),
+        write: metrics.stage_log_write.clone(),
+    });
     let limits = Arc::new(args.limits.clone());
     let metrics_for_hasher = metrics.clone();
     let metrics_for_listener = metrics.clone();

@@ -67,7 +67,7 @@ pub(crate) use agents::{AgentRow, AGENT_DOMAIN};
 pub(crate) use changes::Change;
 pub(crate) use checkpoints::{CheckpointPolicy, CheckpointRow};
 pub(crate) use deletions::DeletionState;
-pub(crate) use docs::{StoredDoc, MAX_COMMIT_GROUP};
+pub(crate) use docs::{LogTimes, StoredDoc, MAX_COMMIT_GROUP};
 pub(crate) use leases::{Claim, Lease, Owner, ServerId};
 pub(crate) use previews::{PreviewRow, PreviewState};
 pub(crate) use repos::RepoRow;
@@ -177,7 +177,9 @@ pub(crate) struct Store {
     options: Options,
     /// The one writer of every room's update log (group commit across rooms), started on the
     /// first append.
-    appender: std::sync::Arc<std::sync::OnceLock<tokio::sync::mpsc::Sender<docs::Append>>>,
+    appender: std::sync::Arc<std::sync::OnceLock<tokio::sync::mpsc::Sender<docs::Job>>>,
+    /// Where the update log's writer reports its times, once the server says.
+    log_times: std::sync::Arc<std::sync::OnceLock<docs::LogTimes>>,
 }
 
 impl Store {
@@ -266,6 +268,7 @@ impl Store {
             backend,
             options,
             appender: Default::default(),
+            log_times: Default::default(),
         })
     }
 

@@ -17,10 +17,10 @@
 //!
 //! `cargo test --release -p coderoom-server --test bench_peers -- --ignored --nocapture`
 //! (`BENCH_SECS` per run, default 5; `BENCH_REPEAT`, default 3; `BENCH_SHAPES`, a comma list
-//! of `fanout`, `fast`, `rooms`, `burst1`, `burst`, `burst100` (the default), `team` (4
+//! of `fanout`, `fast`, `rooms`, `rooms-procs` (each room's clients a process), `burst1`, `burst`, `burst100` (the default), `team` (4
 //! writers); `BENCH_PEERS`, a comma list of
 //! `coderoom`, `coderoom-pg` (with `CODEROOM_TEST_POSTGRES_URL`), either followed by a lever
-//! switched off (`-normal`, `-inline`, `-each`, `-nogroup`, `-aftermerge`, `-rows`: see
+//! switched off (`-normal`, `-inline`, `-each`, `-nogroup`, `-aftermerge`, `-rows`, `-nocompact`, `-longlease`: see
 //! `LEVERS`), `reference`, `hocuspocus`; default `coderoom,coderoom-pg,reference,hocuspocus`;
 //! `BENCH_OUT`, a directory for the markdown, `BENCH_TITLE` its name). `tests/bench/regenerate`
 //! runs it for `docs/benchmarks.md`.
@@ -46,7 +46,7 @@ type Ws =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
 /// How a peer frames the y-protocol.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 enum Proto {
     /// y-websocket: one message per frame, the room in the URL.
     YWebsocket,
@@ -55,7 +55,7 @@ enum Proto {
 }
 
 /// One room's endpoint.
-#[derive(Clone)]
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
 struct Endpoint {
     url: String,
     bearer: Option<String>,
@@ -209,6 +209,9 @@ struct Shape {
     readers: usize,
     rate: Option<usize>,
     total: usize,
+    /// Each room's clients in a process of their own (as real clients are separate machines),
+    /// not tasks of this one.
+    procs: bool,
 }
 
 /// What one run of a shape measured.
@@ -217,6 +220,8 @@ struct Outcome {
     p50: f64,
     p99: f64,
     max: f64,
+    /// Each room's p99, in the order of the rooms.
+    rooms_p99: Vec<f64>,
     delivered: usize,
     expected: usize,
     /// Updates sent per second over the sending (burst: until the last reader had them all).
@@ -260,8 +265,171 @@ fn merged_text(scripts: &[Vec<Vec<u8>>]) -> String {
     merged
 }
 
-/// Runs `shape` on the rooms at `eps` (one endpoint per room).
+/// Runs `shape` on the rooms at `eps` (one endpoint per room): its clients as tasks of this
+/// process, or with `shape.procs` each room's in a process of its own.
 async fn drive(eps: Vec<Endpoint>, shape: Shape) -> Outcome {
+    if shape.procs {
+        drive_procs(eps, shape).await
+    } else {
+        drive_here(eps, shape, Start::Soon).await.0
+    }
+}
+
+/// When a run's writers start sending.
+enum Start {
+    /// 300 ms after every client has synced.
+    Soon,
+    /// When the parent says: `BENCH:ready` on stdout once synced, then a line on stdin with
+    /// the start as nanoseconds since the Unix epoch (the same instant for every process),
+    /// this long after it.
+    Told(Duration),
+}
+
+/// The wall clock now, in nanoseconds since the Unix epoch.
+fn unix_ns() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_nanos()
+}
+
+/// One room's clients in a process, as the parent sees them.
+struct Child {
+    proc: tokio::process::Child,
+    stdin: tokio::process::ChildStdin,
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl Child {
+    /// The next `BENCH:` line the child prints (the test harness prints its own too).
+    async fn said(&mut self) -> String {
+        while let Some(l) = self.lines.next_line().await.unwrap() {
+            // libtest may have begun the line (`test room_clients ... `).
+            if let Some(at) = l.find("BENCH:") {
+                return l[at + "BENCH:".len()..].to_owned();
+            }
+        }
+        panic!("a room's client process ended without its figures");
+    }
+}
+
+/// `drive`, each room's writer and readers in a process of their own: this test executable
+/// run again as `room_clients` (`BENCH_CHILD` says which room and what load). The processes
+/// connect and sync, then start on one wall-clock instant; each reports its room's
+/// latencies, and the run's figures are computed here over all rooms.
+async fn drive_procs(eps: Vec<Endpoint>, shape: Shape) -> Outcome {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let exe = std::env::current_exe().unwrap();
+    let mut children = Vec::new();
+    for (i, ep) in eps.iter().enumerate() {
+        // Independent clients do not send in step: each room's writer starts its period at
+        // its own phase, spread evenly over one period.
+        let phase = shape.rate.map_or(0, |r| {
+            (1_000_000_000u64 / r as u64) * i as u64 / eps.len() as u64
+        });
+        let spec = serde_json::json!({
+            "ep": ep, "writers": shape.writers, "readers": shape.readers,
+            "rate": shape.rate, "total": shape.total, "phase_ns": phase,
+        });
+        let mut proc = tokio::process::Command::new(&exe)
+            .args([
+                "room_clients",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+                "--test-threads",
+                "1",
+            ])
+            .env("BENCH_CHILD", spec.to_string())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let stdin = proc.stdin.take().unwrap();
+        let lines = tokio::io::BufReader::new(proc.stdout.take().unwrap()).lines();
+        children.push(Child { proc, stdin, lines });
+    }
+    for c in &mut children {
+        assert_eq!(c.said().await, "ready");
+    }
+    let start = unix_ns() + 500_000_000;
+    for c in &mut children {
+        c.stdin
+            .write_all(format!("{start}\n").as_bytes())
+            .await
+            .unwrap();
+    }
+    let mut all = Vec::new();
+    let mut rooms_p99 = Vec::new();
+    let (mut delivered, mut expected, mut converged, mut last) = (0, 0, true, 0.0f64);
+    for c in &mut children {
+        let r: serde_json::Value = serde_json::from_str(&c.said().await).unwrap();
+        let mut mine: Vec<f64> = serde_json::from_value(r["latencies"].clone()).unwrap();
+        mine.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        rooms_p99.push(percentile(&mine, 0.99));
+        all.extend(mine);
+        delivered += r["delivered"].as_u64().unwrap() as usize;
+        expected += r["expected"].as_u64().unwrap() as usize;
+        converged &= r["converged"].as_bool().unwrap();
+        last = last.max(r["last_s"].as_f64().unwrap());
+    }
+    for c in &mut children {
+        let _ = c.proc.wait().await;
+    }
+    all.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    let sent = (shape.total * shape.writers * eps.len()) as f64;
+    Outcome {
+        p50: percentile(&all, 0.5),
+        p99: percentile(&all, 0.99),
+        max: all.last().copied().unwrap_or(f64::NAN),
+        rooms_p99,
+        delivered,
+        expected,
+        updates_per_s: sent
+            / match shape.rate {
+                Some(r) => shape.total as f64 / r as f64,
+                None => last.max(1e-3),
+            },
+        converged,
+    }
+}
+
+/// A room's clients as a process of their own (see `drive_procs`); without `BENCH_CHILD`
+/// (a plain `--ignored` run) it does nothing.
+#[tokio::test(flavor = "current_thread")]
+#[ignore = "a room's clients for drive_procs, run by it"]
+async fn room_clients() {
+    let Ok(spec) = std::env::var("BENCH_CHILD") else {
+        return;
+    };
+    let spec: serde_json::Value = serde_json::from_str(&spec).unwrap();
+    let ep: Endpoint = serde_json::from_value(spec["ep"].clone()).unwrap();
+    let n = |k: &str| spec[k].as_u64().map(|v| v as usize);
+    let shape = Shape {
+        name: "child",
+        rooms: 1,
+        writers: n("writers").unwrap(),
+        readers: n("readers").unwrap(),
+        rate: n("rate"),
+        total: n("total").unwrap(),
+        procs: false,
+    };
+    let phase = Duration::from_nanos(spec["phase_ns"].as_u64().unwrap_or(0));
+    let (o, latencies) = drive_here(vec![ep], shape, Start::Told(phase)).await;
+    println!(
+        "BENCH:{}",
+        serde_json::json!({
+            "latencies": latencies, "delivered": o.delivered, "expected": o.expected,
+            "converged": o.converged,
+            "last_s": if shape.rate.is_none() { o.updates_per_s.recip() * (shape.total * shape.writers) as f64 } else { 0.0 },
+        })
+    );
+}
+
+/// Runs `shape` on the rooms at `eps` with the clients as tasks of this process; the outcome
+/// and every latency measured.
+async fn drive_here(eps: Vec<Endpoint>, shape: Shape, when: Start) -> (Outcome, Vec<f64>) {
     let total = shape.total;
     let writers = shape.writers;
     assert!(total < PER_WRITER && writers < 100, "tokens are WWNNNNNN");
@@ -283,14 +451,32 @@ async fn drive(eps: Vec<Endpoint>, shape: Shape) -> Outcome {
     let scripts: Vec<Vec<Vec<u8>>> = (0..writers).map(|w| writer_script(w, total)).collect();
     let written = merged_text(&scripts);
     let base = Instant::now();
-    let start = base + Duration::from_millis(300);
-    let latencies: Arc<Mutex<Vec<f64>>> = Arc::default();
+    let start = match when {
+        Start::Soon => base + Duration::from_millis(300),
+        Start::Told(phase) => {
+            use std::io::BufRead;
+            println!("BENCH:ready");
+            let mut line = String::new();
+            // The parent answers once every process has synced.
+            let line = tokio::task::spawn_blocking(move || {
+                std::io::stdin().lock().read_line(&mut line).unwrap();
+                line
+            })
+            .await
+            .unwrap();
+            let at: u128 = line.trim().parse().unwrap();
+            let now = unix_ns();
+            Instant::now() + Duration::from_nanos(at.saturating_sub(now) as u64) + phase
+        }
+    };
+    let rooms_latencies: Vec<Arc<Mutex<Vec<f64>>>> =
+        (0..eps.len()).map(|_| Arc::default()).collect();
     let got = Arc::new(AtomicUsize::new(0));
     let expected = total * writers * shape.readers * eps.len();
     let last_at = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
     let mut finals = Vec::new();
-    for (ep, ws, readers) in rooms {
+    for ((ep, ws, readers), latencies) in rooms.into_iter().zip(rooms_latencies.iter()) {
         // When each writer sent each of its updates.
         let sent: Arc<Vec<Vec<AtomicU64>>> = Arc::new(
             (0..writers)
@@ -405,15 +591,24 @@ async fn drive(eps: Vec<Endpoint>, shape: Shape) -> Outcome {
                 got == written
             })
     });
-    let mut l = latencies.lock().unwrap().clone();
+    let mut rooms_p99 = Vec::new();
+    let mut l = Vec::new();
+    for room in &rooms_latencies {
+        let mut mine = room.lock().unwrap().clone();
+        mine.sort_by(|a, b| a.partial_cmp(b).unwrap());
+        rooms_p99.push(percentile(&mine, 0.99));
+        l.extend(mine);
+    }
+    let every = l.clone();
     l.sort_by(|a, b| a.partial_cmp(b).unwrap());
     // From the clock's start (every writer's first send) to the last reader's last update.
     let last =
         last_at.load(Ordering::Acquire) as f64 / 1e9 - start.duration_since(base).as_secs_f64();
-    Outcome {
+    let o = Outcome {
         p50: percentile(&l, 0.5),
         p99: percentile(&l, 0.99),
         max: l.last().copied().unwrap_or(f64::NAN),
+        rooms_p99,
         delivered: got.load(Ordering::Acquire),
         expected,
         updates_per_s: (total * writers * eps.len()) as f64
@@ -423,7 +618,8 @@ async fn drive(eps: Vec<Endpoint>, shape: Shape) -> Outcome {
                 last.max(1e-3)
             },
         converged,
-    }
+    };
+    (o, every)
 }
 
 /// The peers this run compares: Coderoom and, where `tests/bench/peers` is installed, the
@@ -595,6 +791,16 @@ const LEVERS: &[Lever] = &[
         args: &["--encode-after-merge"],
     },
     Lever {
+        name: "nocompact",
+        label: ", no compaction",
+        args: &["--compact-every", "100000000"],
+    },
+    Lever {
+        name: "longlease",
+        label: ", long lease",
+        args: &["--room-lease-ms", "600000"],
+    },
+    Lever {
         name: "rows",
         label: ", an INSERT per row",
         args: &["--log-row-each"],
@@ -645,6 +851,7 @@ fn shapes(secs: usize) -> Vec<Shape> {
             readers: 8,
             rate: Some(100),
             total: 100 * secs,
+            procs: false,
         },
         Shape {
             writers: 1,
@@ -653,6 +860,7 @@ fn shapes(secs: usize) -> Vec<Shape> {
             readers: 100,
             rate: Some(500),
             total: 500 * secs,
+            procs: false,
         },
         Shape {
             writers: 1,
@@ -661,6 +869,7 @@ fn shapes(secs: usize) -> Vec<Shape> {
             readers: 10,
             rate: Some(2000),
             total: 2000 * secs,
+            procs: false,
         },
         Shape {
             writers: 1,
@@ -669,6 +878,18 @@ fn shapes(secs: usize) -> Vec<Shape> {
             readers: 4,
             rate: Some(50),
             total: 50 * secs,
+            procs: false,
+        },
+        // The rooms again, each room's clients in a process of their own (as real clients
+        // are), for `BENCH_ROOMS_SECS` (30).
+        Shape {
+            writers: 1,
+            name: "rooms-procs",
+            rooms: 40,
+            readers: 4,
+            rate: Some(50),
+            total: 50 * knob("BENCH_ROOMS_SECS", 30),
+            procs: true,
         },
         Shape {
             writers: 1,
@@ -677,6 +898,7 @@ fn shapes(secs: usize) -> Vec<Shape> {
             readers: 1,
             rate: None,
             total: 20_000,
+            procs: false,
         },
         Shape {
             writers: 1,
@@ -685,6 +907,7 @@ fn shapes(secs: usize) -> Vec<Shape> {
             readers: 10,
             rate: None,
             total: 20_000,
+            procs: false,
         },
         Shape {
             writers: 1,
@@ -693,6 +916,7 @@ fn shapes(secs: usize) -> Vec<Shape> {
             readers: 100,
             rate: None,
             total: 20_000,
+            procs: false,
         },
     ]
 }
@@ -762,6 +986,103 @@ async fn peers_side_by_side() {
     if rows.iter().any(|r| r.which == "coderoom") {
         report(&format!("{title}-stages"), &stage_table(&rows));
     }
+    if rows.iter().any(|r| r.shape.procs) {
+        report(&format!("{title}-rooms"), &rooms_table(&rows));
+    }
+}
+
+/// The many-rooms shapes with clients in processes of their own, room by room: each round's
+/// median and worst of the rooms' p99, per server, and the goals judged on them (the median
+/// of the rooms' p99 within 1.5x Hocuspocus's, the worst room's within 2x Hocuspocus's worst
+/// and under 10 ms).
+fn rooms_table(rows: &[Row]) -> String {
+    use std::fmt::Write;
+    let mut out = String::from(
+        "| shape | server | round | rooms' p99, median | rooms' p99, worst | p50 ms | delivered, converged |\n|---|---|---|---|---|---|---|\n",
+    );
+    let stats = |o: &Outcome| {
+        (
+            median(o.rooms_p99.clone()),
+            o.rooms_p99.iter().copied().fold(f64::NAN, f64::max),
+        )
+    };
+    let mut shapes: Vec<&Shape> = Vec::new();
+    for r in rows.iter().filter(|r| r.shape.procs) {
+        if !shapes.iter().any(|s| s.name == r.shape.name) {
+            shapes.push(&r.shape);
+        }
+    }
+    let mut goals = Vec::new();
+    for shape in shapes {
+        let what = format!(
+            "{} rooms x ({} writer + {} readers), {}/s each, {} s, a process per room",
+            shape.rooms,
+            shape.writers,
+            shape.readers,
+            shape.rate.unwrap_or(0),
+            shape.total / shape.rate.unwrap_or(1).max(1)
+        );
+        let mut first = true;
+        let mut per: Vec<(String, String, f64, f64)> = Vec::new();
+        let mut order: Vec<&str> = Vec::new();
+        for r in rows.iter().filter(|r| r.shape.name == shape.name) {
+            if !order.contains(&r.which.as_str()) {
+                order.push(&r.which);
+            }
+        }
+        for w in order {
+            let mine: Vec<&Row> = rows
+                .iter()
+                .filter(|r| r.shape.name == shape.name && r.which == w)
+                .collect();
+            for (round, r) in mine.iter().enumerate() {
+                let (mid, worst) = stats(&r.o);
+                let health = format!(
+                    "{}, {}",
+                    if r.o.delivered == r.o.expected {
+                        "all"
+                    } else {
+                        "LOST SOME"
+                    },
+                    if r.o.converged { "yes" } else { "NO" }
+                );
+                let _ = writeln!(
+                    out,
+                    "| {} | {} | {} | {mid:.2} | {worst:.2} | {:.2} | {health} |",
+                    if first { what.as_str() } else { "" },
+                    r.name,
+                    round + 1,
+                    r.o.p50
+                );
+                first = false;
+            }
+            let mids = median(mine.iter().map(|r| stats(&r.o).0).collect());
+            let worst = mine.iter().map(|r| stats(&r.o).1).fold(f64::NAN, f64::max);
+            per.push((w.to_owned(), mine[0].name.clone(), mids, worst));
+        }
+        if let Some((_, _, hm, hw)) = per.iter().find(|p| p.0 == "hocuspocus").cloned() {
+            for (w, name, m, worst) in per.iter().filter(|p| p.0.starts_with("coderoom")) {
+                let ok = *m <= 1.5 * hm && *worst <= 2.0 * hw && *worst < 10.0;
+                goals.push(format!(
+                    "- {name}: rooms' p99 median {m:.2} ms ({:.2}x Hocuspocus's {hm:.2}), worst room {worst:.2} ms ({:.2}x Hocuspocus's worst {hw:.2}): {}{}",
+                    m / hm,
+                    worst / hw,
+                    if ok { "met" } else { "NOT met" },
+                    if w == "coderoom" { "" } else { " (not the default)" }
+                ));
+            }
+        }
+    }
+    if !goals.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nGoals (median of the rounds' medians within 1.5x Hocuspocus's; worst room of every round within 2x Hocuspocus's worst and under 10 ms):\n"
+        );
+        for g in goals {
+            let _ = writeln!(out, "{g}");
+        }
+    }
+    out
 }
 
 /// One run's figures.
@@ -1012,14 +1333,7 @@ fn stage_table(rows: &[Row]) -> String {
         );
     }
     let _ = writeln!(out, "\n|---|{}", "---|".repeat(runs.len()));
-    for (stage, what) in [
-        ("decode", "a client's frame parsed"),
-        ("apply", "the room applying it"),
-        ("commit", "the log append a batch waits for"),
-        ("broadcast", "framing and queueing for every peer"),
-        ("queue", "a frame waiting for its connection's writer"),
-        ("write", "handing it to the socket"),
-    ] {
+    for (stage, what) in STAGES {
         let _ = write!(out, "| {stage} ({what}) |");
         for r in &runs {
             let st = &r.stages[stage];
@@ -1042,12 +1356,32 @@ fn stage_table(rows: &[Row]) -> String {
     out
 }
 
+/// Coderoom's stages (`doc_stage_seconds{stage}`), in the order an update meets them.
+const STAGES: [(&str, &str); 10] = [
+    ("decode", "a client's frame parsed"),
+    ("receive", "its messages waiting for the room"),
+    ("apply", "the room applying it"),
+    ("commit", "the log append a batch waits for, in all"),
+    ("log_wait", "of which: waiting for the log's writer"),
+    (
+        "log_write",
+        "of which: the writer's statement and fsync, per group",
+    ),
+    (
+        "upkeep",
+        "a room renewing its lease or compacting, its updates waiting",
+    ),
+    ("broadcast", "framing and queueing for every peer"),
+    ("queue", "a frame waiting for its connection's writer"),
+    ("write", "handing it to the socket"),
+];
+
 /// Coderoom's `doc_stage_seconds` histograms as `{stage: {"count", "mean_ms", "p50_ms",
 /// "p99_ms"}}` (quantiles are the upper edges of the buckets they fall in).
 async fn stage_times(server: &Server) -> serde_json::Value {
     let (_, body) = http(&server.url("/metrics"), "GET", None, None).await;
     let mut out = serde_json::Map::new();
-    for stage in ["decode", "apply", "commit", "broadcast", "queue", "write"] {
+    for stage in STAGES.iter().map(|(s, _)| *s) {
         let tag = format!("stage=\"{stage}\"");
         let value = |metric: &str| -> f64 {
             body.lines()
@@ -1099,6 +1433,7 @@ async fn smoke_every_peer_gets_every_update() {
         readers: 3,
         rate: Some(100),
         total: 100,
+        procs: false,
     };
     for which in ["coderoom", "reference", "hocuspocus"] {
         let Some(peer) = start(which).await else {
@@ -1110,10 +1445,20 @@ async fn smoke_every_peer_gets_every_update() {
         };
         let eps = peer.rooms(shape.rooms).await;
         let o = drive(eps, shape).await;
+        // Each room's clients in a process of their own, as the many-rooms benchmark runs them.
+        let procs = Shape {
+            procs: true,
+            ..shape
+        };
+        let eps = peer.rooms(shape.rooms).await;
+        let p = drive(eps, procs).await;
         let name = peer.name();
         peer.stop().await;
-        assert_eq!(o.delivered, o.expected, "{name}: {o:?}");
-        assert!(o.converged, "{name}: {o:?}");
+        for o in [o, p] {
+            assert_eq!(o.delivered, o.expected, "{name}: {o:?}");
+            assert!(o.converged, "{name}: {o:?}");
+            assert_eq!(o.rooms_p99.len(), shape.rooms, "{name}: {o:?}");
+        }
     }
 }
 

@@ -135,7 +135,11 @@ async fn serve(app: AppState, room_id: RoomId, user: AuthUser, access: Rights, s
             Some(Ok(Message::Binary(data))) => match decode(&app, &data, max_awareness) {
                 Ok(messages) => {
                     if room
-                        .send(RoomCmd::Inbound { conn, messages })
+                        .send(RoomCmd::Inbound {
+                            conn,
+                            messages,
+                            received: std::time::Instant::now(),
+                        })
                         .await
                         .is_err()
                     {

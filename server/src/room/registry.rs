@@ -281,6 +281,7 @@ mod tests {
         room.send(RoomCmd::Inbound {
             conn,
             messages: edit("before"),
+            received: std::time::Instant::now(),
         })
         .await
         .unwrap();
@@ -289,6 +290,7 @@ mod tests {
         room.send(RoomCmd::Inbound {
             conn,
             messages: edit("after"),
+            received: std::time::Instant::now(),
         })
         .await
         .unwrap();
@@ -323,6 +325,7 @@ mod tests {
         a.send(RoomCmd::Inbound {
             conn: a_conn,
             messages: edit("kept"),
+            received: std::time::Instant::now(),
         })
         .await
         .unwrap();
@@ -339,6 +342,7 @@ mod tests {
         b.send(RoomCmd::Inbound {
             conn: b_conn,
             messages: edit("b"),
+            received: std::time::Instant::now(),
         })
         .await
         .unwrap();

@@ -78,6 +78,8 @@ pub(crate) enum RoomCmd {
     Inbound {
         conn: ConnId,
         messages: Vec<Inbound>,
+        /// When its socket handed it over (`doc_stage_seconds{stage="receive"}`).
+        received: Instant,
     },
     Leave {
         conn: ConnId,
@@ -496,8 +498,16 @@ impl Room {
                 self.reply(Target::One(conn), Message::Sync(SyncMessage::SyncStep1(sv)));
                 self.presence_queries.insert(conn);
             }
-            RoomCmd::Inbound { conn, messages } => {
+            RoomCmd::Inbound {
+                conn,
+                messages,
+                received,
+            } => {
                 let started = Instant::now();
+                self.deps
+                    .metrics
+                    .stage_receive
+                    .observe(started.saturating_duration_since(received).as_secs_f64());
                 for message in messages {
                     if !self.conns.contains_key(&conn) || self.refused.contains(&conn) {
                         break;

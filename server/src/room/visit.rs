@@ -115,6 +115,7 @@ impl Visit {
             .send(RoomCmd::Inbound {
                 conn: self.conn,
                 messages: vec![Inbound::SyncStep1(sv)],
+                received: std::time::Instant::now(),
             })
             .await
             .map_err(|_| VisitError::Closed)?;
@@ -186,6 +187,7 @@ impl Visit {
                     update: Update::decode_v1(&update)?,
                     bytes: update,
                 }],
+                received: std::time::Instant::now(),
             })
             .await
             .map_err(|_| VisitError::Closed)?;
@@ -249,6 +251,7 @@ impl Visit {
                 messages: vec![Inbound::Awareness(yrs::sync::awareness::AwarenessUpdate {
                     clients,
                 })],
+                received: std::time::Instant::now(),
             })
             .await;
     }

@@ -364,6 +364,7 @@ impl Session<'_> {
             .send(RoomCmd::Inbound {
                 conn: self.conn,
                 messages,
+                received: std::time::Instant::now(),
             })
             .await
             .map_err(|_| SyncError::RoomGone)

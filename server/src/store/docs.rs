@@ -57,12 +57,21 @@ impl Store {
         batch: &[(i64, &[u8])],
     ) -> Result<(), StoreError> {
         let (done, result) = tokio::sync::oneshot::channel();
-        let append = Append {
+        self.to_writer(Job::Append(Append {
             room: room_id.clone(),
             token: lease.token,
             rows: batch.iter().map(|(seq, d)| (*seq, d.to_vec())).collect(),
             done,
-        };
+            queued: std::time::Instant::now(),
+        }))
+        .await?;
+        result
+            .await
+            .map_err(|_| StoreError::Closed("the update log's writer has stopped"))?
+    }
+
+    /// Hands `job` to the update log's one writer (started on first use).
+    pub(super) async fn to_writer(&self, job: Job) -> Result<(), StoreError> {
         let writer = self.appender.get_or_init(|| {
             let (tx, rx) = tokio::sync::mpsc::channel(APPEND_QUEUE);
             let writer = Writer {
@@ -70,22 +79,29 @@ impl Store {
                 backend: self.backend,
                 multi_row: self.options.multi_row,
                 max_group: self.options.max_commit_group.clamp(1, MAX_COMMIT_GROUP),
+                times: self.log_times.clone(),
             };
             tokio::spawn(writer.run(rx));
             tx
         });
         writer
-            .send(append)
+            .send(job)
             .await
-            .map_err(|_| StoreError::Closed("the update log's writer has stopped"))?;
-        result
-            .await
-            .map_err(|_| StoreError::Closed("the update log's writer has stopped"))?
+            .map_err(|_| StoreError::Closed("the update log's writer has stopped"))
+    }
+
+    /// Where the update log's time goes from now on: how long a batch waits for the writer,
+    /// and how long the writer's statement (with its fsync) takes.
+    pub(crate) fn observe_log(&self, times: LogTimes) {
+        let _ = self.log_times.set(times);
     }
 
     /// Replaces the snapshot with `data` (covering every update up to `upto_seq`) and drops the
     /// folded log entries, atomically, while `lease` is still the room's (else
-    /// `StoreError::Fenced`, and nothing changes).
+    /// `StoreError::Fenced`, and nothing changes). Written by the update log's writer, between
+    /// its groups: on SQLite a compaction beside the writer would wait for the write lock in
+    /// SQLite's busy handler, which sleeps up to 100 ms at a time while the writer keeps
+    /// taking the lock (a busy server's compaction waited a second, and its room with it).
     pub(crate) async fn compact(
         &self,
         room_id: &RoomId,
@@ -93,43 +109,47 @@ impl Store {
         upto_seq: i64,
         data: &[u8],
     ) -> Result<(), StoreError> {
-        let mut tx = self.begin_write().await?;
-        // Holds the lease row until the commit (PostgreSQL; SQLite's write lock already does):
-        // a takeover waits for this compaction, or this one sees the new token and stops.
-        let lock = match self.backend {
-            Backend::Sqlite => "",
-            Backend::Postgres => " FOR UPDATE",
-        };
-        let held = sqlx::query(&format!(
-            "SELECT token FROM room_leases WHERE room_id = $1 AND token = $2{lock}"
-        ))
-        .bind(room_id)
-        .bind(lease.token)
-        .fetch_optional(&mut *tx)
+        let (done, result) = tokio::sync::oneshot::channel();
+        self.to_writer(Job::Compact {
+            room: room_id.clone(),
+            token: lease.token,
+            upto_seq,
+            data: data.to_vec(),
+            done,
+        })
         .await?;
-        if held.is_none() {
-            return Err(StoreError::Fenced);
-        }
-        sqlx::query(
-            "INSERT INTO doc_snapshots (room_id, upto_seq, data, updated_at) VALUES ($1, $2, $3, $4) \
-             ON CONFLICT (room_id) DO UPDATE SET upto_seq = excluded.upto_seq, \
-             data = excluded.data, updated_at = excluded.updated_at",
-        )
-        .bind(room_id)
-        .bind(upto_seq)
-        .bind(data)
-        .bind(now_ms())
-        .execute(&mut *tx)
-        .await?;
-        crate::fault::point("compaction").await;
-        sqlx::query("DELETE FROM doc_updates WHERE room_id = $1 AND seq <= $2")
-            .bind(room_id)
-            .bind(upto_seq)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(())
+        result
+            .await
+            .map_err(|_| StoreError::Closed("the update log's writer has stopped"))?
     }
+}
+
+/// The update log's histograms (`doc_stage_seconds`): `wait`, a batch waiting for the writer;
+/// `write`, the writer's statement and its fsync.
+#[derive(Clone, Debug)]
+pub(crate) struct LogTimes {
+    pub wait: prometheus_client::metrics::histogram::Histogram,
+    pub write: prometheus_client::metrics::histogram::Histogram,
+}
+
+/// What the update log's writer does: rooms' appends, gathered; the rest in turn between them.
+#[derive(Debug)]
+pub(crate) enum Job {
+    Append(Append),
+    Compact {
+        room: RoomId,
+        token: i64,
+        upto_seq: i64,
+        data: Vec<u8>,
+        done: tokio::sync::oneshot::Sender<Result<(), StoreError>>,
+    },
+    /// A room's lease renewal (`leases::renew_room`): on SQLite a write too.
+    Renew {
+        room: RoomId,
+        token: i64,
+        ttl_ms: i64,
+        done: tokio::sync::oneshot::Sender<Result<bool, StoreError>>,
+    },
 }
 
 /// Batches waiting for the writer, across rooms; a room's commit waits while it is full.
@@ -147,6 +167,8 @@ pub(crate) struct Append {
     token: i64,
     rows: Vec<(i64, Vec<u8>)>,
     done: tokio::sync::oneshot::Sender<Result<(), StoreError>>,
+    /// When the room handed it over.
+    queued: std::time::Instant,
 }
 
 /// The update log's one writer: it holds no `Store` (whose handle to it would keep it alive).
@@ -157,46 +179,107 @@ struct Writer {
     multi_row: bool,
     /// Most batches one transaction takes, within 1..=[`MAX_COMMIT_GROUP`].
     max_group: usize,
+    times: std::sync::Arc<std::sync::OnceLock<LogTimes>>,
 }
 
 impl Writer {
-    async fn run(self, mut rx: tokio::sync::mpsc::Receiver<Append>) {
-        while let Some(first) = rx.recv().await {
-            let mut group = vec![first];
-            while group.len() < self.max_group {
+    async fn run(self, mut rx: tokio::sync::mpsc::Receiver<Job>) {
+        use tokio::sync::mpsc::error::TryRecvError;
+        // Compacted rooms whose folded log rows are still to delete, with how far.
+        let mut prune: std::collections::VecDeque<(RoomId, i64)> = Default::default();
+        loop {
+            let first = match rx.try_recv() {
+                Ok(job) => job,
+                Err(TryRecvError::Disconnected) => return,
+                Err(TryRecvError::Empty) => {
+                    if let Some((room, upto)) = prune.front().cloned() {
+                        // Nothing waits: delete a chunk of a compacted log.
+                        match prune_chunk(&self.pool, &room, upto).await {
+                            Ok(false) => {}
+                            Ok(true) => {
+                                prune.pop_front();
+                            }
+                            Err(e) => {
+                                // Left for the room's next compaction, which covers these.
+                                tracing::warn!(room = %room, error = %e, "cannot delete a compacted log's rows");
+                                prune.pop_front();
+                            }
+                        }
+                        continue;
+                    }
+                    match rx.recv().await {
+                        Some(job) => job,
+                        None => return,
+                    }
+                }
+            };
+            let mut jobs = vec![first];
+            while jobs.len() < self.max_group {
                 match rx.try_recv() {
-                    Ok(a) => group.push(a),
+                    Ok(j) => jobs.push(j),
                     Err(_) => break,
                 }
             }
-            match self.write(&group).await {
-                Ok(()) => {
-                    for a in group {
-                        let _ = a.done.send(Ok(()));
+            if let Some(t) = self.times.get() {
+                for j in &jobs {
+                    if let Job::Append(a) = j {
+                        t.wait.observe(a.queued.elapsed().as_secs_f64());
                     }
                 }
-                Err(e) if group.len() == 1 => {
-                    let _ = group.pop().map(|a| a.done.send(Err(e)));
-                }
-                // One room's failure must not fail the others: each alone, for its own answer.
-                Err(_) => {
-                    for a in group {
-                        let r = self.write(std::slice::from_ref(&a)).await;
-                        let _ = a.done.send(r);
-                    }
+            }
+            for (room, upto) in self.jobs(jobs).await {
+                match prune.iter_mut().find(|(r, _)| *r == room) {
+                    Some(p) => p.1 = p.1.max(upto),
+                    None => prune.push_back((room, upto)),
                 }
             }
         }
     }
 
-    /// Appends a group's rows: one multi-row `INSERT` where they fit in one (a single statement
-    /// commits on its own: one round trip to the database, not a `BEGIN`, a statement per row
-    /// and a `COMMIT`), else several in one transaction.
-    /// A group with a stale token is refused whole (`StoreError::Fenced`); [`Writer::run`] then
-    /// writes each batch alone, so only the stale one fails.
-    async fn write(&self, group: &[Append]) -> Result<(), StoreError> {
-        let rows: Vec<LogRow<'_>> = group
+    /// A group of jobs: rooms' appends alone in one statement where they fit one, else every
+    /// job in one transaction (one fsync for the group, compactions and renewals included);
+    /// when that fails, each job alone (one room's failure must not fail the others). The
+    /// rooms whose compaction landed, and how far.
+    async fn jobs(&self, jobs: Vec<Job>) -> Vec<(RoomId, i64)> {
+        let started = std::time::Instant::now();
+        let together = self.together(&jobs).await;
+        if let Some(t) = self.times.get() {
+            t.write.observe(started.elapsed().as_secs_f64());
+        }
+        let mut compacted = Vec::new();
+        match together {
+            Ok(renewed) => {
+                let mut renewed = renewed.into_iter();
+                for job in jobs {
+                    job.succeed(&mut renewed, &mut compacted);
+                }
+            }
+            Err(e) if jobs.len() == 1 => {
+                if let Some(job) = jobs.into_iter().next() {
+                    job.fail(e);
+                }
+            }
+            Err(_) => {
+                for job in jobs {
+                    match self.together(std::slice::from_ref(&job)).await {
+                        Ok(renewed) => job.succeed(&mut renewed.into_iter(), &mut compacted),
+                        Err(e) => job.fail(e),
+                    }
+                }
+            }
+        }
+        compacted
+    }
+
+    /// Writes `jobs` (see [`Writer::jobs`]); each renewal's answer, in order. A stale token
+    /// refuses the whole write (`StoreError::Fenced`).
+    async fn together(&self, jobs: &[Job]) -> Result<Vec<bool>, StoreError> {
+        let rows: Vec<LogRow<'_>> = jobs
             .iter()
+            .filter_map(|j| match j {
+                Job::Append(a) => Some(a),
+                _ => None,
+            })
             .flat_map(|a| {
                 a.rows.iter().map(|(seq, data)| LogRow {
                     room: a.room.as_str(),
@@ -206,25 +289,149 @@ impl Writer {
                 })
             })
             .collect();
-        if rows.is_empty() {
-            return Ok(());
-        }
+        let only_appends = jobs.iter().all(|j| matches!(j, Job::Append(_)));
         let per_statement = if self.multi_row {
             ROWS_PER_STATEMENT
         } else {
             1
         };
-        if self.multi_row && rows.len() <= per_statement {
-            return fenced(insert_rows(&self.pool, self.backend, &rows).await?);
+        if only_appends && rows.is_empty() {
+            return Ok(Vec::new());
         }
+        // A single statement commits on its own: one round trip to the database, not a
+        // `BEGIN`, the statements and a `COMMIT`.
+        if only_appends && self.multi_row && rows.len() <= per_statement {
+            fenced(insert_rows(&self.pool, self.backend, &rows).await?)?;
+            return Ok(Vec::new());
+        }
+        // Dropping the transaction (on any error below) rolls back what it wrote.
         let mut tx = super::begin_write(&self.pool, self.backend).await?;
         for chunk in rows.chunks(per_statement) {
-            // Dropping the transaction rolls back what earlier chunks wrote.
             fenced(insert_rows(&mut *tx, self.backend, chunk).await?)?;
         }
+        let mut renewed = Vec::new();
+        for job in jobs {
+            match job {
+                Job::Append(_) => {}
+                Job::Compact {
+                    room,
+                    token,
+                    upto_seq,
+                    data,
+                    ..
+                } => snapshot(&mut tx, self.backend, room, *token, *upto_seq, data).await?,
+                Job::Renew {
+                    room,
+                    token,
+                    ttl_ms,
+                    ..
+                } => renewed.push(
+                    super::leases::renew_now(&mut *tx, self.backend, room, *token, *ttl_ms).await?,
+                ),
+            }
+        }
         tx.commit().await?;
-        Ok(())
+        Ok(renewed)
     }
+}
+
+impl Job {
+    /// Tells the job's room it landed (a renewal: whether the lease was still its own, the
+    /// next of `renewed`); a compaction is noted in `compacted`.
+    fn succeed(self, renewed: &mut impl Iterator<Item = bool>, compacted: &mut Vec<(RoomId, i64)>) {
+        match self {
+            Job::Append(a) => {
+                let _ = a.done.send(Ok(()));
+            }
+            Job::Compact {
+                room,
+                upto_seq,
+                done,
+                ..
+            } => {
+                compacted.push((room, upto_seq));
+                let _ = done.send(Ok(()));
+            }
+            Job::Renew { done, .. } => {
+                let _ = done.send(Ok(renewed.next().unwrap_or(false)));
+            }
+        }
+    }
+
+    fn fail(self, e: StoreError) {
+        match self {
+            Job::Append(a) => {
+                let _ = a.done.send(Err(e));
+            }
+            Job::Compact { done, .. } => {
+                let _ = done.send(Err(e));
+            }
+            Job::Renew { done, .. } => {
+                let _ = done.send(Err(e));
+            }
+        }
+    }
+}
+
+/// Rows of a compacted log one delete takes: the writer deletes them between groups, a chunk
+/// at a time, so a compaction never holds up the rooms' appends for long.
+const PRUNE_CHUNK: i64 = 256;
+
+/// Deletes up to [`PRUNE_CHUNK`] of `room`'s log rows folded into its snapshot (`seq <=
+/// upto`). Whether none are left.
+async fn prune_chunk(pool: &AnyPool, room: &RoomId, upto: i64) -> Result<bool, StoreError> {
+    let done = sqlx::query(
+        "DELETE FROM doc_updates WHERE room_id = $1 AND seq IN \
+         (SELECT seq FROM doc_updates WHERE room_id = $1 AND seq <= $2 ORDER BY seq LIMIT $3)",
+    )
+    .bind(room)
+    .bind(upto)
+    .bind(PRUNE_CHUNK)
+    .execute(pool)
+    .await?;
+    Ok(done.rows_affected() < PRUNE_CHUNK as u64)
+}
+
+/// A compaction's snapshot, in the writer's transaction `tx`, while `token` is the room's
+/// lease (else `StoreError::Fenced`). The log rows it folds are deleted later
+/// ([`prune_chunk`]); a load reads only those after the snapshot.
+async fn snapshot(
+    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+    backend: Backend,
+    room_id: &RoomId,
+    token: i64,
+    upto_seq: i64,
+    data: &[u8],
+) -> Result<(), StoreError> {
+    // Holds the lease row until the commit (PostgreSQL; SQLite's write lock already does):
+    // a takeover waits for this compaction, or this one sees the new token and stops.
+    let lock = match backend {
+        Backend::Sqlite => "",
+        Backend::Postgres => " FOR UPDATE",
+    };
+    let held = sqlx::query(&format!(
+        "SELECT token FROM room_leases WHERE room_id = $1 AND token = $2{lock}"
+    ))
+    .bind(room_id)
+    .bind(token)
+    .fetch_optional(&mut **tx)
+    .await?;
+    if held.is_none() {
+        return Err(StoreError::Fenced);
+    }
+    sqlx::query(
+        "INSERT INTO doc_snapshots (room_id, upto_seq, data, updated_at) VALUES ($1, $2, $3, $4) \
+         ON CONFLICT (room_id) DO UPDATE SET upto_seq = excluded.upto_seq, \
+         data = excluded.data, updated_at = excluded.updated_at",
+    )
+    .bind(room_id)
+    .bind(upto_seq)
+    .bind(data)
+    .bind(now_ms())
+    .execute(&mut **tx)
+    .await?;
+    crate::fault::point("compaction").await;
+    Ok(())
 }
 
 /// Rows one `INSERT` takes (four parameters each: far below SQLite's 32,766 and PostgreSQL's

@@ -96,17 +96,19 @@ impl Store {
         lease: Lease,
         ttl_ms: i64,
     ) -> Result<bool, StoreError> {
-        let now = db_now(self.backend);
-        let sql = format!(
-            "UPDATE room_leases SET expires_at = {now} + $3 WHERE room_id = $1 AND token = $2"
-        );
-        let done = sqlx::query(&sql)
-            .bind(room_id)
-            .bind(lease.token)
-            .bind(ttl_ms)
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected() == 1)
+        // Through the update log's writer: on SQLite, beside it, the renewal would wait for
+        // the write lock in SQLite's sleeping busy handler, and its room with it.
+        let (done, result) = tokio::sync::oneshot::channel();
+        self.to_writer(super::docs::Job::Renew {
+            room: room_id.clone(),
+            token: lease.token,
+            ttl_ms,
+            done,
+        })
+        .await?;
+        result
+            .await
+            .map_err(|_| StoreError::Closed("the update log's writer has stopped"))?
     }
 
     /// Gives the room up (when it unloads), so another server may load it at once. The row
@@ -143,6 +145,29 @@ impl Store {
             None => None,
         })
     }
+}
+
+/// A lease renewal (see [`Store::renew_room`]), on `db`.
+pub(super) async fn renew_now<'e, E>(
+    db: E,
+    backend: Backend,
+    room_id: &str,
+    token: i64,
+    ttl_ms: i64,
+) -> Result<bool, StoreError>
+where
+    E: sqlx::Executor<'e, Database = sqlx::Any>,
+{
+    let now = db_now(backend);
+    let sql =
+        format!("UPDATE room_leases SET expires_at = {now} + $3 WHERE room_id = $1 AND token = $2");
+    let done = sqlx::query(&sql)
+        .bind(room_id)
+        .bind(token)
+        .bind(ttl_ms)
+        .execute(db)
+        .await?;
+    Ok(done.rows_affected() == 1)
 }
 
 #[cfg(test)]

@@ -204,6 +204,13 @@ impl Room {
 
     /// Folds the update log into one snapshot.
     pub(super) async fn compact(&mut self) {
+        let started = Instant::now();
+        self.compact_log().await;
+        let took = started.elapsed().as_secs_f64();
+        self.deps.metrics.stage_upkeep.observe(took);
+    }
+
+    async fn compact_log(&mut self) {
         let upto = self.next_seq - 1;
         let snapshot = self
             .doc
@@ -237,6 +244,12 @@ impl Room {
     /// renewed before it lapsed, ends the room here.
     pub(super) async fn renew(&mut self) {
         let asked = Instant::now();
+        self.renew_lease(asked).await;
+        let took = asked.elapsed().as_secs_f64();
+        self.deps.metrics.stage_upkeep.observe(took);
+    }
+
+    async fn renew_lease(&mut self, asked: Instant) {
         // Never waits past the lease: a database that does not answer ends the room in time.
         let left = self.lease_until.saturating_duration_since(asked);
         let renewed = tokio::time::timeout(
