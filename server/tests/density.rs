@@ -342,6 +342,144 @@ async fn reference_server() -> (tokio::process::Child, u16) {
     panic!("the reference server did not start");
 }
 
+/// One room's idle npm y-websocket clients in a process of their own
+/// (`tests/bench/idle-clients.mjs`), synced; dropped, the process ends.
+async fn npm_idle_clients(
+    url: &str,
+    room: &str,
+    n: usize,
+    auth: Option<(&str, &str)>,
+) -> tokio::process::Child {
+    use tokio::io::AsyncBufReadExt;
+    let js = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../tests/bench/idle-clients.mjs"
+    );
+    let mut cmd = tokio::process::Command::new("node");
+    cmd.arg(js).arg(url).arg(room).arg(n.to_string());
+    if let Some((cookie, origin)) = auth {
+        cmd.arg(cookie).arg(origin);
+    }
+    let mut child = cmd
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("node and tests/node's npm install are needed");
+    let out = child.stdout.take().unwrap();
+    let mut lines = tokio::io::BufReader::new(out).lines();
+    let line = tokio::time::timeout(Duration::from_secs(180), lines.next_line())
+        .await
+        .expect("the idle clients never synced")
+        .unwrap()
+        .unwrap_or_default();
+    assert_eq!(line, format!("ready {n}"), "idle clients of {url} {room}");
+    child
+}
+
+/// The server's growth per connection, in KiB, as `per_room` npm idle clients join each of
+/// `places` (a URL and a room, as `WebsocketProvider` takes them), each room of `rooms` holding
+/// one of `target`'s connections first (so it is loaded before the first reading). Returns the
+/// growth, the memory after, and the client processes (still running).
+async fn npm_growth(
+    pid: u32,
+    target: &Target,
+    rooms: &[String],
+    places: &[(String, String)],
+    per_room: usize,
+    auth: Option<(&str, &str)>,
+) -> (f64, u64, Vec<tokio::process::Child>) {
+    let _warm = open_idle(target, rooms, rooms.len()).await;
+    let before = settled_rss(pid).await;
+    let mut clients = Vec::new();
+    for (url, room) in places {
+        clients.push(npm_idle_clients(url, room, per_room, auth).await);
+    }
+    let after = settled_rss(pid).await;
+    let n = places.len() * per_room;
+    (
+        after.saturating_sub(before) as f64 / n as f64,
+        after,
+        clients,
+    )
+}
+
+/// Idle connections as browsers leave them: stock npm y-websocket clients (awareness on, as the
+/// library starts it), Coderoom's authenticated by a session cookie and an Origin as a logged-in
+/// browser's are, 200 per room over 10 rooms (`BENCH_IDLE_ROOMS`, `BENCH_IDLE_PER_ROOM`), each
+/// room's clients a process of their own; Coderoom beside the reference server in the same
+/// run, `BENCH_REPEAT` (2) rounds. The server's resident memory before and after, settled.
+///
+/// `cargo test --release -p coderoom-server --test density idle_npm_clients -- --ignored --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "benchmark: run with --release --ignored --nocapture"]
+async fn idle_npm_clients() {
+    use std::fmt::Write;
+    let rooms_n = knob("BENCH_IDLE_ROOMS", 10);
+    let per_room = knob("BENCH_IDLE_PER_ROOM", 200);
+    let n = rooms_n * per_room;
+    let mut out = String::from(
+        "| round | server | connections | rooms | KiB per idle connection | RSS after (MiB) |\n|---|---|---|---|---|---|\n",
+    );
+    for round in 1..=knob("BENCH_REPEAT", 2) {
+        let storage = Storage::new(&Backend::Sqlite).await;
+        let token = storage.token("ana@example.com").await;
+        let server = Server::start(&storage, &[]).await;
+        let pid = server.child.id().unwrap();
+        let rooms = coderoom_rooms(&server, &token, rooms_n).await;
+        let cookie = match std::env::var("BENCH_IDLE_AUTH").as_deref() {
+            // To compare: the same clients with a bearer token.
+            Ok("bearer") => format!("Bearer {token}"),
+            _ => login_cookie(&server, &storage, "ana@example.com").await,
+        };
+        let origin = format!("http://{}", server.addr);
+        // Each room loaded (one connection in it) before the first reading.
+        let target = Target {
+            base: format!("ws://{}", server.addr),
+            token: Some(token.clone()),
+        };
+        let places: Vec<(String, String)> = rooms
+            .iter()
+            .map(|r| {
+                (
+                    format!("ws://{}/api/rooms/{r}", server.addr),
+                    "doc".to_owned(),
+                )
+            })
+            .collect();
+        let auth = Some((cookie.as_str(), origin.as_str()));
+        let (kib, after, clients) = npm_growth(pid, &target, &rooms, &places, per_room, auth).await;
+        let _ = writeln!(
+            out,
+            "| {round} | coderoom (cookie) | {n} | {rooms_n} | {kib:.1} | {:.1} |",
+            after as f64 / 1024.0
+        );
+        drop(clients);
+        server.kill9().await;
+
+        let (child, port) = reference_server().await;
+        let pid = child.id().unwrap();
+        let names: Vec<String> = (0..rooms_n).map(|i| format!("room{i}")).collect();
+        let target = Target {
+            base: format!("ws://127.0.0.1:{port}"),
+            token: None,
+        };
+        let places: Vec<(String, String)> = names
+            .iter()
+            .map(|r| (format!("ws://127.0.0.1:{port}"), r.clone()))
+            .collect();
+        let (kib, after, clients) = npm_growth(pid, &target, &names, &places, per_room, None).await;
+        let _ = writeln!(
+            out,
+            "| {round} | reference @y/websocket-server | {n} | {rooms_n} | {kib:.1} | {:.1} |",
+            after as f64 / 1024.0
+        );
+        drop(clients);
+        drop(child);
+    }
+    report("density-npm", &out);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark: run with --release --ignored --nocapture"]
 async fn density_benchmark() {

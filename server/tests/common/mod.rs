@@ -1461,6 +1461,22 @@ pub fn mail_to(storage: &Storage, to: &str) -> Vec<String> {
         .collect()
 }
 
+/// Logs `email` in as a browser does (a code mailed to the dev outbox, then verified): the
+/// session cookie, as `name=value`.
+pub async fn login_cookie(server: &Server, storage: &Storage, email: &str) -> String {
+    let body = serde_json::json!({ "email": email }).to_string();
+    let asked = request(&server.url("/api/auth/code"), "POST", &[], Some(&body)).await;
+    assert_eq!(asked.status, 202, "{}", asked.body);
+    let mail = wait_for_mail(storage, email, "code is ").await;
+    let at = mail.find("code is ").unwrap() + "code is ".len();
+    let code = &mail[at..at + 6];
+    let body = serde_json::json!({ "email": email, "code": code }).to_string();
+    let ok = request(&server.url("/api/auth/verify"), "POST", &[], Some(&body)).await;
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    let cookie = ok.header("set-cookie").expect("a session cookie");
+    cookie.split(';').next().unwrap().to_owned()
+}
+
 /// The first mail to `to` that holds `needle`, once it is in the outbox.
 pub async fn wait_for_mail(storage: &Storage, to: &str, needle: &str) -> String {
     for _ in 0..200 {
