@@ -134,15 +134,7 @@ async fn serve(app: AppState, room_id: RoomId, user: AuthUser, access: Rights, s
             None | Some(Ok(Message::Close(_))) => break,
             Some(Ok(Message::Binary(data))) => match decode(&app, &data, max_awareness) {
                 Ok(messages) => {
-                    if room
-                        .send(RoomCmd::Inbound {
-                            conn,
-                            messages,
-                            received: std::time::Instant::now(),
-                        })
-                        .await
-                        .is_err()
-                    {
+                    if room.send(RoomCmd::inbound(conn, messages)).await.is_err() {
                         break;
                     }
                 }

@@ -278,22 +278,14 @@ mod tests {
             observe: Until::Forever,
         };
         let (conn, room, _rx) = join_with(&rooms, &crate::ids::RoomId::known("a"), rights).await;
-        room.send(RoomCmd::Inbound {
-            conn,
-            messages: edit("before"),
-            received: std::time::Instant::now(),
-        })
-        .await
-        .unwrap();
+        room.send(RoomCmd::inbound(conn, edit("before")))
+            .await
+            .unwrap();
         wait_logged(&store, &crate::ids::RoomId::known("a")).await;
         clock.advance(3_600_000);
-        room.send(RoomCmd::Inbound {
-            conn,
-            messages: edit("after"),
-            received: std::time::Instant::now(),
-        })
-        .await
-        .unwrap();
+        room.send(RoomCmd::inbound(conn, edit("after")))
+            .await
+            .unwrap();
         let mut denied = None;
         for _ in 0..500 {
             let records = store.audit_records("a").await.unwrap();
@@ -322,13 +314,9 @@ mod tests {
         let (rooms, store, _dir) = rooms().await;
         let (a_conn, a, mut a_rx) = join(&rooms, &crate::ids::RoomId::known("a")).await;
         let (b_conn, b, _b_rx) = join(&rooms, &crate::ids::RoomId::known("b")).await;
-        a.send(RoomCmd::Inbound {
-            conn: a_conn,
-            messages: edit("kept"),
-            received: std::time::Instant::now(),
-        })
-        .await
-        .unwrap();
+        a.send(RoomCmd::inbound(a_conn, edit("kept")))
+            .await
+            .unwrap();
         wait_logged(&store, &crate::ids::RoomId::known("a")).await;
         a.send(RoomCmd::Panic).await.unwrap();
         // The panicking room's connections see their room go away...
@@ -339,13 +327,7 @@ mod tests {
         }
         a.closed().await;
         // ...while the other room keeps taking edits and logging them.
-        b.send(RoomCmd::Inbound {
-            conn: b_conn,
-            messages: edit("b"),
-            received: std::time::Instant::now(),
-        })
-        .await
-        .unwrap();
+        b.send(RoomCmd::inbound(b_conn, edit("b"))).await.unwrap();
         wait_logged(&store, &crate::ids::RoomId::known("b")).await;
         assert_eq!(
             store

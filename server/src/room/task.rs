@@ -348,6 +348,17 @@ pub(crate) struct Room {
     refused: HashSet<ConnId>,
 }
 
+impl RoomCmd {
+    /// A connection's messages, handed over now.
+    pub(crate) fn inbound(conn: ConnId, messages: Vec<Inbound>) -> Self {
+        RoomCmd::Inbound {
+            conn,
+            messages,
+            received: Instant::now(),
+        }
+    }
+}
+
 impl Room {
     /// The room's main loop. Returns when the room is idle long enough, at shutdown, or when
     /// storage keeps failing.

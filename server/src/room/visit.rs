@@ -112,11 +112,7 @@ impl Visit {
     /// The room answers after it applied and committed everything this visit sent before.
     async fn ask(&mut self, sv: StateVector) -> Result<Vec<u8>, VisitError> {
         self.room
-            .send(RoomCmd::Inbound {
-                conn: self.conn,
-                messages: vec![Inbound::SyncStep1(sv)],
-                received: std::time::Instant::now(),
-            })
+            .send(RoomCmd::inbound(self.conn, vec![Inbound::SyncStep1(sv)]))
             .await
             .map_err(|_| VisitError::Closed)?;
         let answer = async {
@@ -181,14 +177,13 @@ impl Visit {
         let mine = self.doc.client_id();
         let wanted = self.doc.transact().state_vector().get(&mine);
         self.room
-            .send(RoomCmd::Inbound {
-                conn: self.conn,
-                messages: vec![Inbound::Update {
+            .send(RoomCmd::inbound(
+                self.conn,
+                vec![Inbound::Update {
                     update: Update::decode_v1(&update)?,
                     bytes: update,
                 }],
-                received: std::time::Instant::now(),
-            })
+            ))
             .await
             .map_err(|_| VisitError::Closed)?;
         // What the room holds beyond the state before the change includes the change, unless
@@ -246,13 +241,12 @@ impl Visit {
         );
         let _ = self
             .room
-            .send(RoomCmd::Inbound {
-                conn: self.conn,
-                messages: vec![Inbound::Awareness(yrs::sync::awareness::AwarenessUpdate {
+            .send(RoomCmd::inbound(
+                self.conn,
+                vec![Inbound::Awareness(yrs::sync::awareness::AwarenessUpdate {
                     clients,
                 })],
-                received: std::time::Instant::now(),
-            })
+            ))
             .await;
     }
 

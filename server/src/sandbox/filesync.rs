@@ -361,11 +361,7 @@ async fn session(
 impl Session<'_> {
     async fn send(&self, messages: Vec<Inbound>) -> Result<(), SyncError> {
         self.room
-            .send(RoomCmd::Inbound {
-                conn: self.conn,
-                messages,
-                received: std::time::Instant::now(),
-            })
+            .send(RoomCmd::inbound(self.conn, messages))
             .await
             .map_err(|_| SyncError::RoomGone)
     }

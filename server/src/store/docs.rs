@@ -56,22 +56,32 @@ impl Store {
         lease: Lease,
         batch: &[(i64, &[u8])],
     ) -> Result<(), StoreError> {
-        let (done, result) = tokio::sync::oneshot::channel();
-        self.to_writer(Job::Append(Append {
-            room: room_id.clone(),
-            token: lease.token,
-            rows: batch.iter().map(|(seq, d)| (*seq, d.to_vec())).collect(),
-            done,
-            queued: std::time::Instant::now(),
-        }))
-        .await?;
-        result
+        self.ask_writer(|done| {
+            Job::Append(Append {
+                room: room_id.clone(),
+                token: lease.token,
+                rows: batch.iter().map(|(seq, d)| (*seq, d.to_vec())).collect(),
+                done,
+                queued: std::time::Instant::now(),
+            })
+        })
+        .await
+    }
+
+    /// Hands the job `make` builds to the update log's one writer and waits for its answer.
+    pub(super) async fn ask_writer<T>(
+        &self,
+        make: impl FnOnce(tokio::sync::oneshot::Sender<Result<T, StoreError>>) -> Job,
+    ) -> Result<T, StoreError> {
+        let (done, answer) = tokio::sync::oneshot::channel();
+        self.to_writer(make(done)).await?;
+        answer
             .await
             .map_err(|_| StoreError::Closed("the update log's writer has stopped"))?
     }
 
     /// Hands `job` to the update log's one writer (started on first use).
-    pub(super) async fn to_writer(&self, job: Job) -> Result<(), StoreError> {
+    async fn to_writer(&self, job: Job) -> Result<(), StoreError> {
         let writer = self.appender.get_or_init(|| {
             let (tx, rx) = tokio::sync::mpsc::channel(APPEND_QUEUE);
             let writer = Writer {
@@ -109,18 +119,14 @@ impl Store {
         upto_seq: i64,
         data: &[u8],
     ) -> Result<(), StoreError> {
-        let (done, result) = tokio::sync::oneshot::channel();
-        self.to_writer(Job::Compact {
+        self.ask_writer(|done| Job::Compact {
             room: room_id.clone(),
             token: lease.token,
             upto_seq,
             data: data.to_vec(),
             done,
         })
-        .await?;
-        result
-            .await
-            .map_err(|_| StoreError::Closed("the update log's writer has stopped"))?
+        .await
     }
 }
 

@@ -98,17 +98,13 @@ impl Store {
     ) -> Result<bool, StoreError> {
         // Through the update log's writer: on SQLite, beside it, the renewal would wait for
         // the write lock in SQLite's sleeping busy handler, and its room with it.
-        let (done, result) = tokio::sync::oneshot::channel();
-        self.to_writer(super::docs::Job::Renew {
+        self.ask_writer(|done| super::docs::Job::Renew {
             room: room_id.clone(),
             token: lease.token,
             ttl_ms,
             done,
         })
-        .await?;
-        result
-            .await
-            .map_err(|_| StoreError::Closed("the update log's writer has stopped"))?
+        .await
     }
 
     /// Gives the room up (when it unloads), so another server may load it at once. The row
