@@ -40,10 +40,13 @@ test('a budget set from the Spend panel stops commands, and a raise waits for an
   await page.getByTestId('spend-who-ana@example.com').filter({ hasText: 'Commands run: 2' }).waitFor()
   await shot(page, '25-spend-panel')
 
-  // A raise from the panel waits for Ben's approval, then applies from the panel.
+  // A raise from the panel waits for Ben's approval, then applies from the panel. The save
+  // redraws the panel once it is told (the marker goes with the old table).
   await page.getByTestId('budget-execs').fill('5')
+  await page.getByTestId('spend-meters').evaluate((el) => { el.dataset.before = 'save' })
   await page.getByTestId('budget-save').click()
   await page.locator('.toast').filter({ hasText: 'someone who holds approve decides' }).waitFor()
+  await page.locator('[data-testid="spend-meters"]:not([data-before])').waitFor({ timeout: 15_000 })
   let pending
   await waitFor(async () => {
     const list = (await api(server, benToken, 'GET', `/api/rooms/${roomId}/approvals`)).body
@@ -51,14 +54,17 @@ test('a budget set from the Spend panel stops commands, and a raise waits for an
     return pending !== undefined
   }, 10_000, 'no pending raise')
   assert.deepEqual(pending.params.budget, { execs: 5 })
-  // Ana types the raise again while Ben decides: the panel redraws live with the decision, and
-  // what she typed (and her focus) stays.
+  // Ana types the raise again and selects it whole to type over while Ben decides: the panel
+  // redraws live with the decision, and what she typed, her focus and her selection stay.
   await page.getByTestId('budget-execs').fill('5')
+  await page.getByTestId('budget-execs').selectText()
   await page.getByTestId('spend-meters').evaluate((el) => { el.dataset.before = 'decision' })
   assert.equal((await api(server, benToken, 'POST', `/api/rooms/${roomId}/approvals/${pending.id}/decision`, { approve: true })).status, 200)
   await page.locator('[data-testid="spend-meters"]:not([data-before])').waitFor({ timeout: 15_000 })
+  assert.deepEqual(await page.getByTestId('budget-execs').evaluate((el) =>
+    [el.value, el === document.activeElement, el.selectionStart, el.selectionEnd]), ['5', true, 0, 1])
+  await page.keyboard.type('5')
   assert.equal(await page.getByTestId('budget-execs').inputValue(), '5')
-  assert.equal(await page.getByTestId('budget-execs').evaluate((el) => el === document.activeElement), true)
   await page.getByTestId('budget-save').click()
   await page.locator('.toast').filter({ hasText: 'Budget saved.' }).last().waitFor()
   await waitFor(async () => (await api(server, anaToken, 'GET', `/api/rooms/${roomId}/spend`)).body.budget?.execs === 5, 10_000, 'the raise did not apply')

@@ -36,7 +36,7 @@ export function watchEdits (root: HTMLElement): void {
 
 export interface Kept {
   values: Map<string, { value: string, checked: boolean }>
-  focus: { key: string, start: number | null, end: number | null } | null
+  focus: { key: string, start: number | null, end: number | null, all: boolean } | null
 }
 
 /** What was typed in `root`'s fields, and where the focus was. */
@@ -51,7 +51,12 @@ export function keep (root: HTMLElement): Kept {
   if (active && root.contains(active) && active.matches(FIELDS)) {
     const k = keyOf(active)
     const text = active instanceof HTMLTextAreaElement || (active instanceof HTMLInputElement && /^(text|search|email|url|password|)$/.test(active.type))
-    if (k) focus = { key: k, start: text ? (active as HTMLInputElement).selectionStart : null, end: text ? (active as HTMLInputElement).selectionEnd : null }
+    const start = text ? (active as HTMLInputElement).selectionStart : null
+    const end = text ? (active as HTMLInputElement).selectionEnd : null
+    // A field selected whole (about to be typed over) stays selected whole in the redrawn
+    // panel, even when it holds a value the redraw changed.
+    const all = start === 0 && end !== null && end > 0 && end === (active as HTMLInputElement).value.length
+    if (k) focus = { key: k, start, end, all }
   }
   return { values, focus }
 }
@@ -71,7 +76,9 @@ export function putBack (root: HTMLElement, kept: Kept): void {
     if (kept.focus?.key === k && !f.disabled) {
       f.focus({ preventScroll: true })
       if (kept.focus.start !== null && 'setSelectionRange' in f) {
-        try { (f as HTMLInputElement).setSelectionRange(kept.focus.start, kept.focus.end) } catch { /* not a text field */ }
+        const len = f.value.length
+        const [start, end] = kept.focus.all ? [0, len] : [Math.min(kept.focus.start, len), Math.min(kept.focus.end ?? len, len)]
+        try { (f as HTMLInputElement).setSelectionRange(start, end) } catch { /* not a text field */ }
       }
     }
   }

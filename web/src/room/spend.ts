@@ -72,7 +72,9 @@ export async function spendPanel (el: HTMLElement, room: Room, selfId: string, r
       h('h3', null, s.budget ? 'Change the budget' : 'Set a budget'),
       METERS.map((m) => {
         const input = h('input', {
-          type: 'number', min: '0', step: '1', placeholder: 'no limit',
+          // Text with a numeric keyboard, not type=number: a number field hides its selection,
+          // so a live redraw could not keep a whole-field selection the typist is typing over.
+          type: 'text', inputmode: 'numeric', pattern: '[0-9]*', placeholder: 'no limit',
           value: s.budget?.[m] != null ? String(s.budget[m]) : '',
           'aria-label': `Budget for ${LABELS[m]}`, 'data-testid': `budget-${m}`,
         })
@@ -83,8 +85,14 @@ export async function spendPanel (el: HTMLElement, room: Room, selfId: string, r
       action('Save budget', async () => {
         const budget: Limits = {}
         for (const [m, input] of inputs) {
-          const v = input.value.trim()
-          if (v !== '') budget[m] = Number(v)
+          const v = input.value.trim().replace(/[\s,_]/g, '')
+          if (v === '') continue
+          if (!/^[0-9]+$/.test(v)) {
+            toast(`The budget for ${LABELS[m]} must be a whole number (or empty for no limit).`, 'error')
+            input.focus()
+            return
+          }
+          budget[m] = Number(v)
         }
         const wanted = Object.keys(budget).length ? budget : null
         const approved = list<Approval>(await api.approvals(room.id)).find((a) =>
