@@ -180,6 +180,9 @@ pub(crate) struct Store {
     appender: std::sync::Arc<std::sync::OnceLock<tokio::sync::mpsc::Sender<docs::Job>>>,
     /// Where the update log's writer reports its times, once the server says.
     log_times: std::sync::Arc<std::sync::OnceLock<docs::LogTimes>>,
+    /// Cancelled by [`Store::close`]: the writer gives back the connection it keeps (closing
+    /// the pool waits for every connection).
+    closing: tokio_util::sync::CancellationToken,
 }
 
 impl Store {
@@ -229,6 +232,9 @@ impl Store {
                 Backend::Postgres => 16,
             })
             .acquire_timeout(ACQUIRE_TIMEOUT)
+            // An SQLite connection is a file in this process: a ping finds nothing wrong, and
+            // costs a round trip to the connection's worker thread before every query.
+            .test_before_acquire(backend == Backend::Postgres)
             .after_connect(move |conn, _meta| {
                 Box::pin(async move {
                     if backend == Backend::Sqlite {
@@ -269,6 +275,7 @@ impl Store {
             options,
             appender: Default::default(),
             log_times: Default::default(),
+            closing: Default::default(),
         })
     }
 
@@ -297,6 +304,7 @@ impl Store {
     }
 
     pub(crate) async fn close(&self) {
+        self.closing.cancel();
         self.pool.close().await;
     }
 }

@@ -57,20 +57,74 @@ pub(crate) async fn doc_socket(
         .max_frame_size(Some(max))
         .read_buffer_size(SOCKET_READ_BUFFER)
         .write_buffer_size(SOCKET_WRITE_BUFFER);
+    // Boxed: the task that serves the connection keeps what it captures for as long as the
+    // connection lives (see `serve`).
+    let setup = Box::new(Setup {
+        app,
+        room_id,
+        user,
+        access,
+    });
     Ok(ws.on_upgrade(config, move |socket| {
-        let tracker = app.tracker.clone();
-        tracker.track_future(serve(app, room_id, user, access, socket))
+        let tracker = setup.app.tracker.clone();
+        tracker.track_future(serve(setup, Box::new(socket)))
     }))
 }
 
-async fn serve(app: AppState, room_id: RoomId, user: AuthUser, access: Rights, socket: Socket) {
+/// What a connection starts from.
+struct Setup {
+    app: AppState,
+    room_id: RoomId,
+    user: AuthUser,
+    access: Rights,
+}
+
+/// What a joined connection's reader keeps while the connection lasts.
+struct Joined {
+    conn: ConnId,
+    room_id: RoomId,
+    session_hash: String,
+    stream: futures_util::stream::SplitStream<Socket>,
+    outbox: Outbox,
+    done: tokio_util::sync::CancellationToken,
+    writer: tokio::task::JoinHandle<()>,
+    room: mpsc::Sender<RoomCmd>,
+    ended: tokio::sync::broadcast::Receiver<crate::ops::events::SessionEnded>,
+    metrics: crate::metrics::Metrics,
+    max_awareness: usize,
+    // In the room while this connection lasts (moderated rooms ask who is).
+    _here: crate::ops::counted::Held<(RoomId, String)>,
+    _open: crate::ops::counted::Held<String>,
+}
+
+/// Serves one connection. An idle connection is mostly this task and its writer's, so it is
+/// kept small (it was 4 KB, a fifth of an idle connection): what starts the connection is
+/// boxed and freed once it joined, and the loop keeps only [`Joined`]. (Not an `async fn`: one
+/// stores its arguments twice.)
+#[allow(clippy::manual_async_fn)] // Not an `async fn` on purpose, see above.
+fn serve(setup: Box<Setup>, socket: Box<Socket>) -> impl std::future::Future<Output = ()> {
+    async move {
+        if let Some(joined) = Box::pin(join_room(setup, socket)).await {
+            joined.run().await;
+        }
+    }
+}
+
+/// Starts the writer and joins the room; `None` when the room refused (the writer then says why).
+async fn join_room(setup: Box<Setup>, socket: Box<Socket>) -> Option<Joined> {
+    let Setup {
+        app,
+        room_id,
+        user,
+        access,
+    } = *setup;
     let conn = next_conn_id();
     let (outbox, out_rx) = Outbox::new(
         app.limits.outbound_queue_bytes,
         app.limits.max_doc_bytes,
         app.metrics.outbound_queued_bytes.clone(),
     );
-    let (sink, mut stream) = socket.split();
+    let (sink, stream) = (*socket).split();
     let done = out_rx.kill_token();
     let stall = Duration::from_millis(app.limits.write_stall_ms);
     let coalesce = coalesce_bytes(&app.limits);
@@ -87,10 +141,9 @@ async fn serve(app: AppState, room_id: RoomId, user: AuthUser, access: Rights, s
         Err(code) => {
             outbox.close(code);
             finish_writer(writer).await;
-            return;
+            return None;
         }
     };
-    // In the room while this connection lasts (moderated rooms ask who is).
     let _here = app.ops.present.hold((room_id.clone(), user.id.clone()));
     let _open = app.ops.open_sessions.hold(user.session_hash.clone());
 
@@ -106,65 +159,110 @@ async fn serve(app: AppState, room_id: RoomId, user: AuthUser, access: Rights, s
             decided: std::time::Instant::now(),
         })
         .await;
-    let max_awareness = app.limits.max_awareness_entry_bytes;
-    let mut ended = app.ops.sessions_ended.subscribe();
-    loop {
-        let frame = tokio::select! {
-            frame = stream.next() => frame,
-            () = done.cancelled() => break,
-            Ok(session) = ended.recv() => {
-                if session.hash == user.session_hash {
-                    outbox.close(CloseCode::LoggedOut);
-                    app.metrics
-                        .access_close_seconds
-                        .observe(session.at.elapsed().as_secs_f64());
-                    break;
-                }
-                continue;
-            }
-            // The room refused this connection: stop taking input while the close frame goes out.
-            () = outbox.closing() => break,
-            () = room.closed() => {
-                // The room unloaded under us or failed; the client reconnects and resyncs.
-                outbox.close(CloseCode::Internal);
-                break;
-            }
-        };
-        match frame {
-            None | Some(Ok(Message::Close(_))) => break,
-            Some(Ok(Message::Binary(data))) => match decode(&app, &data, max_awareness) {
-                Ok(messages) => {
-                    if room.send(RoomCmd::inbound(conn, messages)).await.is_err() {
+    Some(Joined {
+        conn,
+        room_id,
+        session_hash: user.session_hash,
+        stream,
+        outbox,
+        done,
+        writer,
+        room,
+        ended: app.ops.sessions_ended.subscribe(),
+        metrics: app.metrics.clone(),
+        max_awareness: app.limits.max_awareness_entry_bytes,
+        _here,
+        _open,
+    })
+}
+
+impl Joined {
+    /// Reads the client's frames into the room until either side ends. (Not an `async fn`,
+    /// which would keep `self` twice for the connection's life.)
+    #[allow(clippy::manual_async_fn)]
+    fn run(self) -> impl std::future::Future<Output = ()> {
+        async move {
+            let Joined {
+                conn,
+                room_id,
+                session_hash,
+                mut stream,
+                outbox,
+                done,
+                writer,
+                room,
+                mut ended,
+                metrics,
+                max_awareness,
+                _here,
+                _open,
+            } = self;
+            loop {
+                let frame = tokio::select! {
+                    frame = stream.next() => frame,
+                    () = done.cancelled() => break,
+                    Ok(session) = ended.recv() => {
+                        if session.hash == session_hash {
+                            outbox.close(CloseCode::LoggedOut);
+                            metrics
+                                .access_close_seconds
+                                .observe(session.at.elapsed().as_secs_f64());
+                            break;
+                        }
+                        continue;
+                    }
+                    // The room refused this connection: stop taking input while the close frame
+                    // goes out.
+                    () = outbox.closing() => break,
+                    () = room.closed() => {
+                        // The room unloaded under us or failed; the client reconnects and resyncs.
+                        outbox.close(CloseCode::Internal);
+                        break;
+                    }
+                };
+                match frame {
+                    None | Some(Ok(Message::Close(_))) => break,
+                    Some(Ok(Message::Binary(data))) => match decode(&metrics, &data, max_awareness)
+                    {
+                        Ok(messages) => {
+                            // A permit first: the command is built only once there is room for
+                            // it, so this task does not carry one while it waits.
+                            let Ok(permit) = room.reserve().await else {
+                                break;
+                            };
+                            permit.send(RoomCmd::inbound(conn, messages));
+                        }
+                        Err(e) => {
+                            tracing::info!(room = %room_id, %conn, error = %e, "closing connection: bad frame");
+                            metrics.protocol_errors.inc();
+                            outbox.refuse(e.reason());
+                            break;
+                        }
+                    },
+                    Some(Ok(Message::Text(_))) => {
+                        metrics.protocol_errors.inc();
+                        outbox.close(CloseCode::Unsupported);
+                        break;
+                    }
+                    Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => {}
+                    Some(Err(e)) => {
+                        if let Some(code) = close_code_for(&e) {
+                            metrics.protocol_errors.inc();
+                            outbox.close(code);
+                        } else {
+                            tracing::debug!(room = %room_id, %conn, error = %e, "socket read failed");
+                        }
                         break;
                     }
                 }
-                Err(e) => {
-                    tracing::info!(room = %room_id, %conn, error = %e, "closing connection: bad frame");
-                    app.metrics.protocol_errors.inc();
-                    outbox.refuse(e.reason());
-                    break;
-                }
-            },
-            Some(Ok(Message::Text(_))) => {
-                app.metrics.protocol_errors.inc();
-                outbox.close(CloseCode::Unsupported);
-                break;
             }
-            Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => {}
-            Some(Err(e)) => {
-                if let Some(code) = close_code_for(&e) {
-                    app.metrics.protocol_errors.inc();
-                    outbox.close(code);
-                } else {
-                    tracing::debug!(room = %room_id, %conn, error = %e, "socket read failed");
-                }
-                break;
+            if let Ok(permit) = room.reserve().await {
+                permit.send(RoomCmd::Leave { conn });
             }
+            drop(outbox);
+            finish_writer(writer).await;
         }
     }
-    let _ = room.send(RoomCmd::Leave { conn }).await;
-    drop(outbox);
-    finish_writer(writer).await;
 }
 
 async fn join(
@@ -203,13 +301,13 @@ async fn finish_writer(mut writer: tokio::task::JoinHandle<()>) {
 
 /// Parses a client's frame, timed (`doc_stage_seconds{stage="decode"}`).
 fn decode(
-    app: &AppState,
+    metrics: &crate::metrics::Metrics,
     data: &[u8],
     max_awareness: usize,
 ) -> Result<Vec<crate::room::protocol::Inbound>, crate::room::protocol::ProtocolError> {
     let started = std::time::Instant::now();
     let parsed = parse_frame(data, max_awareness);
-    app.metrics
+    metrics
         .stage_decode
         .observe(started.elapsed().as_secs_f64());
     parsed

@@ -15,7 +15,6 @@ use bytes::Bytes;
 use prometheus_client::metrics::gauge::Gauge;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 /// Messages queued for one connection, whatever their size.
@@ -85,20 +84,85 @@ impl Budgets {
 #[derive(Debug)]
 pub(crate) struct Stuck;
 
-#[derive(Clone)]
+/// Room left in an emptied queue: a queue that grew for a burst (a room's joins, everyone's
+/// presence at once) gives the rest back, so an idle connection keeps a few slots, not the
+/// burst's (a channel's blocks of 32 slots stayed allocated: most of an idle connection's
+/// cost, docs/benchmarks.md).
+const KEEP_SLOTS: usize = 4;
+
+/// What the room's handles and the connection's writer share.
+struct Shared {
+    queue: std::sync::Mutex<std::collections::VecDeque<(Outbound, std::time::Instant)>>,
+    /// Wakes the writer: something was queued, or the last handle went.
+    wake: tokio::sync::Notify,
+    budgets: Budgets,
+    /// Handles ([`Outbox`]) alive; none left and nothing queued ends the writer.
+    senders: AtomicUsize,
+    /// The writer ([`OutboxRx`]) is gone: nothing more is taken.
+    writer_gone: std::sync::atomic::AtomicBool,
+}
+
+impl Shared {
+    fn queue(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::VecDeque<(Outbound, std::time::Instant)>> {
+        // Nothing panics while holding it; a poisoned queue is still a queue.
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues `msg` unless the queue is full or the writer is gone.
+    fn enqueue(&self, msg: Outbound) -> Result<(), Stuck> {
+        if self.writer_gone.load(Ordering::Acquire) {
+            return Err(Stuck);
+        }
+        {
+            let mut q = self.queue();
+            if q.len() >= QUEUE_MESSAGES {
+                return Err(Stuck);
+            }
+            q.push_back((msg, std::time::Instant::now()));
+        }
+        self.wake.notify_one();
+        Ok(())
+    }
+}
+
 pub(crate) struct Outbox {
-    /// Each message with when it was queued (the writer measures the wait).
-    tx: mpsc::Sender<(Outbound, std::time::Instant)>,
-    budgets: Arc<Budgets>,
+    shared: Arc<Shared>,
     kill: CancellationToken,
     /// Cancelled once a close was requested: the connection's reader stops taking input.
     closing: CancellationToken,
 }
 
+impl Clone for Outbox {
+    fn clone(&self) -> Self {
+        self.shared.senders.fetch_add(1, Ordering::AcqRel);
+        Outbox {
+            shared: self.shared.clone(),
+            kill: self.kill.clone(),
+            closing: self.closing.clone(),
+        }
+    }
+}
+
+impl Drop for Outbox {
+    fn drop(&mut self) {
+        if self.shared.senders.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // The last handle: the writer sends what is queued, then ends.
+            self.shared.wake.notify_one();
+        }
+    }
+}
+
 pub(crate) struct OutboxRx {
-    rx: mpsc::Receiver<(Outbound, std::time::Instant)>,
-    budgets: Arc<Budgets>,
+    shared: Arc<Shared>,
     kill: CancellationToken,
+}
+
+impl Drop for OutboxRx {
+    fn drop(&mut self) {
+        self.shared.writer_gone.store(true, Ordering::Release);
+    }
 }
 
 impl Outbox {
@@ -109,28 +173,32 @@ impl Outbox {
         max_doc_bytes: usize,
         queued: Gauge,
     ) -> (Outbox, OutboxRx) {
-        let (tx, rx) = mpsc::channel(QUEUE_MESSAGES);
-        let budgets = Arc::new(Budgets {
-            reply: Budget {
-                used: AtomicUsize::new(0),
-                // A sync step 2 is the whole document plus a little framing.
-                limit: max_doc_bytes.saturating_add(broadcast_bytes),
+        let shared = Arc::new(Shared {
+            queue: std::sync::Mutex::new(std::collections::VecDeque::new()),
+            wake: tokio::sync::Notify::new(),
+            budgets: Budgets {
+                reply: Budget {
+                    used: AtomicUsize::new(0),
+                    // A sync step 2 is the whole document plus a little framing.
+                    limit: max_doc_bytes.saturating_add(broadcast_bytes),
+                },
+                broadcast: Budget {
+                    used: AtomicUsize::new(0),
+                    limit: broadcast_bytes,
+                },
+                queued,
             },
-            broadcast: Budget {
-                used: AtomicUsize::new(0),
-                limit: broadcast_bytes,
-            },
-            queued,
+            senders: AtomicUsize::new(1),
+            writer_gone: std::sync::atomic::AtomicBool::new(false),
         });
         let kill = CancellationToken::new();
         (
             Outbox {
-                tx,
-                budgets: budgets.clone(),
+                shared: shared.clone(),
                 kill: kill.clone(),
                 closing: CancellationToken::new(),
             },
-            OutboxRx { rx, budgets, kill },
+            OutboxRx { shared, kill },
         )
     }
 
@@ -140,21 +208,19 @@ impl Outbox {
             Outbound::Frame(class, b) => Some((*class, b.len())),
             Outbound::Close(..) => None,
         };
+        let budgets = &self.shared.budgets;
         if let Some((class, len)) = charge {
-            if !self.budgets.of(class).take(len) {
+            if !budgets.of(class).take(len) {
                 return Err(Stuck);
             }
-            self.budgets.queued.inc_by(len as i64);
+            budgets.queued.inc_by(len as i64);
         }
-        self.tx
-            .try_send((msg, std::time::Instant::now()))
-            .map_err(|_| {
-                if let Some((class, len)) = charge {
-                    self.budgets.of(class).give(len);
-                    self.budgets.queued.dec_by(len as i64);
-                }
-                Stuck
-            })
+        self.shared.enqueue(msg).inspect_err(|_| {
+            if let Some((class, len)) = charge {
+                budgets.of(class).give(len);
+                budgets.queued.dec_by(len as i64);
+            }
+        })
     }
 
     /// Asks the writer to send a close frame after what is queued; kills the connection when
@@ -170,8 +236,7 @@ impl Outbox {
 
     fn close_with(&self, code: CloseCode, reason: &'static str) {
         self.closing.cancel();
-        let close = (Outbound::Close(code, reason), std::time::Instant::now());
-        if self.tx.try_send(close).is_err() {
+        if self.shared.enqueue(Outbound::Close(code, reason)).is_err() {
             self.kill();
         }
     }
@@ -179,7 +244,7 @@ impl Outbox {
     /// Whether no broadcast bytes are waiting: a lagging connection has caught up with its
     /// queue and can be sent what it missed.
     pub(crate) fn broadcast_idle(&self) -> bool {
-        self.budgets.broadcast.used.load(Ordering::Acquire) == 0
+        self.shared.budgets.broadcast.used.load(Ordering::Acquire) == 0
     }
 
     /// Resolves once a close was requested (by the room or by the reader itself).
@@ -202,16 +267,22 @@ impl OutboxRx {
 
     /// [`Self::recv`], with how long the message waited in the queue.
     pub(crate) async fn recv_timed(&mut self) -> Option<(Outbound, std::time::Duration)> {
-        tokio::select! {
-            biased;
-            () = self.kill.cancelled() => None,
-            msg = self.rx.recv() => {
-                let (msg, queued_at) = msg?;
-                if let Outbound::Frame(class, b) = &msg {
-                    self.budgets.of(*class).give(b.len());
-                    self.budgets.queued.dec_by(b.len() as i64);
-                }
-                Some((msg, queued_at.elapsed()))
+        loop {
+            if self.kill.is_cancelled() {
+                return None;
+            }
+            if let Some(next) = self.take() {
+                return Some(next);
+            }
+            if self.shared.senders.load(Ordering::Acquire) == 0 {
+                // Sent after the last look? Then it is still to write.
+                return self.take();
+            }
+            // A push between the look above and this wait left a permit: no wake-up is lost.
+            tokio::select! {
+                biased;
+                () = self.kill.cancelled() => return None,
+                () = self.shared.wake.notified() => {}
             }
         }
     }
@@ -221,10 +292,22 @@ impl OutboxRx {
         if self.kill.is_cancelled() {
             return None;
         }
-        let (msg, queued_at) = self.rx.try_recv().ok()?;
+        self.take()
+    }
+
+    fn take(&self) -> Option<(Outbound, std::time::Duration)> {
+        let (msg, queued_at) = {
+            let mut q = self.shared.queue();
+            let next = q.pop_front();
+            if q.is_empty() && q.capacity() > KEEP_SLOTS {
+                q.shrink_to(KEEP_SLOTS);
+            }
+            next?
+        };
         if let Outbound::Frame(class, b) = &msg {
-            self.budgets.of(*class).give(b.len());
-            self.budgets.queued.dec_by(b.len() as i64);
+            let budgets = &self.shared.budgets;
+            budgets.of(*class).give(b.len());
+            budgets.queued.dec_by(b.len() as i64);
         }
         Some((msg, queued_at.elapsed()))
     }
@@ -273,5 +356,51 @@ mod tests {
         out.kill();
         assert!(rx.recv().await.is_none());
         assert!(rx.is_killed());
+    }
+
+    #[tokio::test]
+    async fn the_last_handle_going_ends_the_writer_after_what_is_queued() {
+        let (out, mut rx) = Outbox::new(100, 100, Gauge::default());
+        let other = out.clone();
+        out.push(frame(Class::Broadcast, 1)).unwrap();
+        drop(out);
+        other.push(frame(Class::Broadcast, 2)).unwrap();
+        let waiting = tokio::spawn(async move {
+            let mut got = Vec::new();
+            while let Some(Outbound::Frame(_, b)) = rx.recv().await {
+                got.push(b.len());
+            }
+            got
+        });
+        tokio::task::yield_now().await;
+        drop(other);
+        assert_eq!(waiting.await.unwrap(), vec![1, 2]);
+    }
+
+    #[tokio::test]
+    async fn a_gone_writer_takes_nothing_more() {
+        let (out, rx) = Outbox::new(100, 100, Gauge::default());
+        drop(rx);
+        assert!(out.push(frame(Class::Broadcast, 1)).is_err());
+        // Its bytes were given back.
+        assert!(out.broadcast_idle());
+    }
+
+    #[tokio::test]
+    async fn a_burst_is_given_back_once_sent() {
+        let (out, mut rx) = Outbox::new(1 << 20, 100, Gauge::default());
+        for _ in 0..1000 {
+            out.push(frame(Class::Broadcast, 10)).unwrap();
+        }
+        assert!(out.shared.queue().capacity() >= 1000);
+        for _ in 0..1000 {
+            assert!(rx.recv().await.is_some());
+        }
+        assert!(out.shared.queue().capacity() <= KEEP_SLOTS);
+        // And a full queue refuses (the room then drops the connection).
+        for _ in 0..QUEUE_MESSAGES {
+            out.push(frame(Class::Broadcast, 1)).unwrap();
+        }
+        assert!(out.push(frame(Class::Broadcast, 1)).is_err());
     }
 }

@@ -86,6 +86,8 @@ impl Store {
             let (tx, rx) = tokio::sync::mpsc::channel(APPEND_QUEUE);
             let writer = Writer {
                 pool: self.pool.clone(),
+                conn: None,
+                closing: self.closing.clone(),
                 backend: self.backend,
                 multi_row: self.options.multi_row,
                 max_group: self.options.max_commit_group.clamp(1, MAX_COMMIT_GROUP),
@@ -180,6 +182,14 @@ pub(crate) struct Append {
 /// The update log's one writer: it holds no `Store` (whose handle to it would keep it alive).
 struct Writer {
     pool: AnyPool,
+    /// The connection the writer keeps between groups. Taken from the pool for every group, a
+    /// connection costs two more round trips to SQLite's worker thread (sqlx pings it when
+    /// handing it out and again, in a task of its own, when it comes back): thread wake-ups
+    /// every room's commit waited for on a busy machine. Given back after an error, so a
+    /// broken PostgreSQL connection is replaced.
+    conn: Option<sqlx::pool::PoolConnection<sqlx::Any>>,
+    /// The store is closing: keep no connection.
+    closing: tokio_util::sync::CancellationToken,
     backend: Backend,
     /// Multi-row `INSERT`s (false only for the benchmark's comparison).
     multi_row: bool,
@@ -189,7 +199,7 @@ struct Writer {
 }
 
 impl Writer {
-    async fn run(self, mut rx: tokio::sync::mpsc::Receiver<Job>) {
+    async fn run(mut self, mut rx: tokio::sync::mpsc::Receiver<Job>) {
         use tokio::sync::mpsc::error::TryRecvError;
         // Compacted rooms whose folded log rows are still to delete, with how far.
         let mut prune: std::collections::VecDeque<(RoomId, i64)> = Default::default();
@@ -200,7 +210,12 @@ impl Writer {
                 Err(TryRecvError::Empty) => {
                     if let Some((room, upto)) = prune.front().cloned() {
                         // Nothing waits: delete a chunk of a compacted log.
-                        match prune_chunk(&self.pool, &room, upto).await {
+                        let pruned = match self.conn().await {
+                            Ok(conn) => prune_chunk(conn, &room, upto).await,
+                            Err(e) => Err(e.into()),
+                        };
+                        self.keep_if(pruned.is_ok());
+                        match pruned {
                             Ok(false) => {}
                             Ok(true) => {
                                 prune.pop_front();
@@ -213,7 +228,14 @@ impl Writer {
                         }
                         continue;
                     }
-                    match rx.recv().await {
+                    let job = tokio::select! {
+                        job = rx.recv() => job,
+                        () = self.closing.cancelled(), if self.conn.is_some() => {
+                            self.conn = None;
+                            continue;
+                        }
+                    };
+                    match job {
                         Some(job) => job,
                         None => return,
                     }
@@ -246,7 +268,25 @@ impl Writer {
     /// job in one transaction (one fsync for the group, compactions and renewals included);
     /// when that fails, each job alone (one room's failure must not fail the others). The
     /// rooms whose compaction landed, and how far.
-    async fn jobs(&self, jobs: Vec<Job>) -> Vec<(RoomId, i64)> {
+    /// The writer's connection, taken from the pool when it has none.
+    async fn conn(&mut self) -> Result<&mut sqlx::AnyConnection, sqlx::Error> {
+        if self.conn.is_none() {
+            self.conn = Some(self.pool.acquire().await?);
+        }
+        match self.conn.as_deref_mut() {
+            Some(conn) => Ok(conn),
+            None => Err(sqlx::Error::PoolClosed),
+        }
+    }
+
+    /// Gives the connection back to the pool unless the last use of it went well.
+    fn keep_if(&mut self, ok: bool) {
+        if !ok || self.closing.is_cancelled() {
+            self.conn = None;
+        }
+    }
+
+    async fn jobs(&mut self, jobs: Vec<Job>) -> Vec<(RoomId, i64)> {
         let started = std::time::Instant::now();
         let together = self.together(&jobs).await;
         if let Some(t) = self.times.get() {
@@ -279,7 +319,13 @@ impl Writer {
 
     /// Writes `jobs` (see [`Writer::jobs`]); each renewal's answer, in order. A stale token
     /// refuses the whole write (`StoreError::Fenced`).
-    async fn together(&self, jobs: &[Job]) -> Result<Vec<bool>, StoreError> {
+    async fn together(&mut self, jobs: &[Job]) -> Result<Vec<bool>, StoreError> {
+        let done = self.together_on(jobs).await;
+        self.keep_if(done.is_ok());
+        done
+    }
+
+    async fn together_on(&mut self, jobs: &[Job]) -> Result<Vec<bool>, StoreError> {
         let rows: Vec<LogRow<'_>> = jobs
             .iter()
             .filter_map(|j| match j {
@@ -307,13 +353,20 @@ impl Writer {
         // A single statement commits on its own: one round trip to the database, not a
         // `BEGIN`, the statements and a `COMMIT`.
         if only_appends && self.multi_row && rows.len() <= per_statement {
-            fenced(insert_rows(&self.pool, self.backend, &rows).await?)?;
+            let backend = self.backend;
+            fenced(insert_rows(self.conn().await?, backend, &rows).await?)?;
             return Ok(Vec::new());
         }
         // Dropping the transaction (on any error below) rolls back what it wrote.
-        let mut tx = super::begin_write(&self.pool, self.backend).await?;
+        let backend = self.backend;
+        let mut tx = match backend {
+            Backend::Sqlite => {
+                sqlx::Connection::begin_with(self.conn().await?, "BEGIN IMMEDIATE").await?
+            }
+            Backend::Postgres => sqlx::Connection::begin(self.conn().await?).await?,
+        };
         for chunk in rows.chunks(per_statement) {
-            fenced(insert_rows(&mut *tx, self.backend, chunk).await?)?;
+            fenced(insert_rows(&mut *tx, backend, chunk).await?)?;
         }
         let mut renewed = Vec::new();
         for job in jobs {
@@ -325,14 +378,14 @@ impl Writer {
                     upto_seq,
                     data,
                     ..
-                } => snapshot(&mut tx, self.backend, room, *token, *upto_seq, data).await?,
+                } => snapshot(&mut tx, backend, room, *token, *upto_seq, data).await?,
                 Job::Renew {
                     room,
                     token,
                     ttl_ms,
                     ..
                 } => renewed.push(
-                    super::leases::renew_now(&mut *tx, self.backend, room, *token, *ttl_ms).await?,
+                    super::leases::renew_now(&mut *tx, backend, room, *token, *ttl_ms).await?,
                 ),
             }
         }
@@ -385,7 +438,11 @@ const PRUNE_CHUNK: i64 = 256;
 
 /// Deletes up to [`PRUNE_CHUNK`] of `room`'s log rows folded into its snapshot (`seq <=
 /// upto`). Whether none are left.
-async fn prune_chunk(pool: &AnyPool, room: &RoomId, upto: i64) -> Result<bool, StoreError> {
+async fn prune_chunk(
+    conn: &mut sqlx::AnyConnection,
+    room: &RoomId,
+    upto: i64,
+) -> Result<bool, StoreError> {
     let done = sqlx::query(
         "DELETE FROM doc_updates WHERE room_id = $1 AND seq IN \
          (SELECT seq FROM doc_updates WHERE room_id = $1 AND seq <= $2 ORDER BY seq LIMIT $3)",
@@ -393,7 +450,7 @@ async fn prune_chunk(pool: &AnyPool, room: &RoomId, upto: i64) -> Result<bool, S
     .bind(room)
     .bind(upto)
     .bind(PRUNE_CHUNK)
-    .execute(pool)
+    .execute(conn)
     .await?;
     Ok(done.rows_affected() < PRUNE_CHUNK as u64)
 }
@@ -402,7 +459,7 @@ async fn prune_chunk(pool: &AnyPool, room: &RoomId, upto: i64) -> Result<bool, S
 /// lease (else `StoreError::Fenced`). The log rows it folds are deleted later
 /// ([`prune_chunk`]); a load reads only those after the snapshot.
 async fn snapshot(
-    tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+    tx: &mut sqlx::Transaction<'_, sqlx::Any>,
     backend: Backend,
     room_id: &RoomId,
     token: i64,
