@@ -20,9 +20,10 @@ use yrs::sync::protocol::{Message as YMessage, SyncMessage};
 use yrs::updates::decoder::Decode;
 use yrs::updates::encoder::Encode;
 
-/// The bound the test holds the server to, per idle connection (the issue's goal is 16 KiB;
-/// allocator noise on a busy machine gets some room).
-const MAX_KIB_PER_IDLE_CONNECTION: f64 = 24.0;
+/// The bound the test holds the server to, per idle connection: the goal for a browser's
+/// connection (issue 40), held here for the Rust idle client (8.4 KiB in a debug build, 7.1 in
+/// a release one, 2026-12-05), which leaves room for allocator noise on a busy machine.
+const MAX_KIB_PER_IDLE_CONNECTION: f64 = 16.0;
 
 /// Resident memory of process `pid`, in KiB.
 fn rss_kib(pid: u32) -> u64 {
@@ -197,8 +198,9 @@ async fn idle_connections_stay_small() {
     assert_eq!(c.content("big.txt").len(), 1 << 20);
     drop(c);
     // Joiners of a room with a 1 MiB document are each sent all of it, and stay. The server
-    // sends it in fragments, so their sockets keep no buffer of the document's size
-    // (tungstenite never shrinks one): before, each held about 1 MiB more.
+    // sends it in fragments, written one at a time, so their sockets keep no buffer of the
+    // document's size (tungstenite never shrinks one): before, each held about 1 MiB more, then
+    // 70 KiB with writes gathered up to 8 KiB; 36 KiB now (debug build).
     let big_room = create_room(&server, &token).await;
     let mut author = Client::connect(&server, &big_room, &token).await;
     author.synced().await;
@@ -210,7 +212,7 @@ async fn idle_connections_stay_small() {
     let per_joiner = after.saturating_sub(before) as f64 / 100.0;
     eprintln!("coderoom: {per_joiner:.1} KiB per idle joiner of a 1 MiB document");
     assert!(
-        per_joiner < 128.0,
+        per_joiner < 64.0,
         "{per_joiner:.1} KiB per idle joiner of a 1 MiB document"
     );
     drop(joiners);

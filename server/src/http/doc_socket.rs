@@ -31,11 +31,17 @@ pub(crate) fn routes() -> Router<AppState> {
     Router::new().route("/api/rooms/{id}/doc", get(doc_socket))
 }
 
-/// Initial read buffer of a WebSocket (tungstenite's default is 128 KiB per connection, most of
-/// what an idle connection cost).
-pub(crate) const SOCKET_READ_BUFFER: usize = 4 * 1024;
-/// Bytes gathered before a write reaches the socket (the writer flushes after each batch anyway).
-pub(crate) const SOCKET_WRITE_BUFFER: usize = 8 * 1024;
+/// Read buffer of a WebSocket, and the most one read takes (tungstenite's default is 128 KiB
+/// per connection). A peer's updates and presence are tens to hundreds of bytes; a larger frame
+/// grows the buffer to its own size (its header says how large), read 1 KiB at a time. The
+/// buffer is never given back, so it is what every idle connection keeps (docs/benchmarks.md).
+pub(crate) const SOCKET_READ_BUFFER: usize = 1024;
+/// Bytes tungstenite gathers before writing: none. Its write buffer keeps the capacity of the
+/// most it ever gathered (8 KiB here, and with a 4 KiB read buffer, cost every idle connection
+/// 6-7 KiB more, after the burst of a room's joins); written frame by frame, it keeps the largest
+/// frame's (a fragment at most). The writer still takes what is queued together and flushes
+/// once per batch; each frame is a write of its own.
+pub(crate) const SOCKET_WRITE_BUFFER: usize = 0;
 
 pub(crate) async fn doc_socket(
     State(app): State<AppState>,
@@ -49,9 +55,8 @@ pub(crate) async fn doc_socket(
         .map_err(IntoResponse::into_response)?;
     let ws = ws?;
     let max = app.limits.max_message_bytes;
-    // Sized for what an idle or typing peer carries. A large incoming frame grows the read
-    // buffer for itself (tungstenite reserves what the frame header announces); large outgoing
-    // messages go out as fragments (`upgrade::send_binary`), so the write buffer stays small.
+    // Sized for what an idle or typing peer carries (see the constants). Large outgoing
+    // messages go out as fragments (`upgrade::send_binary`), so no buffer grows past one.
     let config = WebSocketConfig::default()
         .max_message_size(Some(max))
         .max_frame_size(Some(max))
