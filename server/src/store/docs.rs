@@ -185,8 +185,8 @@ struct Writer {
     /// The connection the writer keeps between groups. Taken from the pool for every group, a
     /// connection costs two more round trips to SQLite's worker thread (sqlx pings it when
     /// handing it out and again, in a task of its own, when it comes back): thread wake-ups
-    /// every room's commit waited for on a busy machine. Given back after an error, so a
-    /// broken PostgreSQL connection is replaced.
+    /// every room's commit waited for on a busy machine. Given back after an error, and on
+    /// PostgreSQL whenever the writer waits for work, so a broken connection is replaced.
     conn: Option<sqlx::pool::PoolConnection<sqlx::Any>>,
     /// The store is closing: keep no connection.
     closing: tokio_util::sync::CancellationToken,
@@ -228,6 +228,11 @@ impl Writer {
                         }
                         continue;
                     }
+                    // PostgreSQL may end a connection that sat idle: the writer gives its
+                    // own back while it waits (SQLite's is a file in this process).
+                    if self.backend == Backend::Postgres {
+                        self.conn = None;
+                    }
                     let job = tokio::select! {
                         job = rx.recv() => job,
                         () = self.closing.cancelled(), if self.conn.is_some() => {
@@ -264,10 +269,6 @@ impl Writer {
         }
     }
 
-    /// A group of jobs: rooms' appends alone in one statement where they fit one, else every
-    /// job in one transaction (one fsync for the group, compactions and renewals included);
-    /// when that fails, each job alone (one room's failure must not fail the others). The
-    /// rooms whose compaction landed, and how far.
     /// The writer's connection, taken from the pool when it has none.
     async fn conn(&mut self) -> Result<&mut sqlx::AnyConnection, sqlx::Error> {
         if self.conn.is_none() {
@@ -286,6 +287,10 @@ impl Writer {
         }
     }
 
+    /// A group of jobs: rooms' appends alone in one statement where they fit one, else every
+    /// job in one transaction (one fsync for the group, compactions and renewals included);
+    /// when that fails, each job alone (one room's failure must not fail the others). The
+    /// rooms whose compaction landed, and how far.
     async fn jobs(&mut self, jobs: Vec<Job>) -> Vec<(RoomId, i64)> {
         let started = std::time::Instant::now();
         let together = self.together(&jobs).await;
