@@ -170,6 +170,17 @@ async fn begin_write(
     }
 }
 
+/// [`begin_write`] on a connection the caller keeps (the update log's writer).
+async fn begin_write_on(
+    conn: &mut sqlx::AnyConnection,
+    backend: Backend,
+) -> Result<sqlx::Transaction<'_, sqlx::Any>, sqlx::Error> {
+    match backend {
+        Backend::Sqlite => sqlx::Connection::begin_with(conn, "BEGIN IMMEDIATE").await,
+        Backend::Postgres => sqlx::Connection::begin(conn).await,
+    }
+}
+
 #[derive(Clone, Debug)]
 pub(crate) struct Store {
     pool: AnyPool,

@@ -344,6 +344,18 @@ async fn reference_server() -> (tokio::process::Child, u16) {
     panic!("the reference server did not start");
 }
 
+/// The reference server, started: its port, the target its clients connect to, and the names
+/// of `n` rooms on it.
+async fn reference_rooms(n: usize) -> (tokio::process::Child, u16, Target, Vec<String>) {
+    let (child, port) = reference_server().await;
+    let target = Target {
+        base: format!("ws://127.0.0.1:{port}"),
+        token: None,
+    };
+    let rooms = (0..n).map(|i| format!("room{i}")).collect();
+    (child, port, target, rooms)
+}
+
 /// One room's idle npm y-websocket clients in a process of their own
 /// (`tests/bench/idle-clients.mjs`), synced; dropped, the process ends.
 async fn npm_idle_clients(
@@ -459,13 +471,8 @@ async fn idle_npm_clients() {
         drop(clients);
         server.kill9().await;
 
-        let (child, port) = reference_server().await;
+        let (child, port, target, names) = reference_rooms(rooms_n).await;
         let pid = child.id().unwrap();
-        let names: Vec<String> = (0..rooms_n).map(|i| format!("room{i}")).collect();
-        let target = Target {
-            base: format!("ws://127.0.0.1:{port}"),
-            token: None,
-        };
         let places: Vec<(String, String)> = names
             .iter()
             .map(|r| (format!("ws://127.0.0.1:{port}"), r.clone()))
@@ -514,13 +521,8 @@ async fn density_benchmark() {
         );
         server.kill9().await;
 
-        let (child, port) = reference_server().await;
+        let (child, _, target, rooms) = reference_rooms(room_count).await;
         let pid = child.id().unwrap();
-        let rooms: Vec<String> = (0..room_count).map(|i| format!("room{i}")).collect();
-        let target = Target {
-            base: format!("ws://127.0.0.1:{port}"),
-            token: None,
-        };
         let (kib, after, idle) = per_connection_kib(pid, &target, &rooms, n).await;
         drop(idle);
         let _ = writeln!(
@@ -551,13 +553,8 @@ async fn density_benchmark() {
     let coderoom_after = after as f64 / 1024.0;
     drop(conns);
     server.kill9().await;
-    let (child, port) = reference_server().await;
+    let (child, _, target, rooms) = reference_rooms(1000).await;
     let pid = child.id().unwrap();
-    let target = Target {
-        base: format!("ws://127.0.0.1:{port}"),
-        token: None,
-    };
-    let rooms: Vec<String> = (0..1000).map(|i| format!("room{i}")).collect();
     let before = settled_rss(pid).await;
     let conns = open_idle(&target, &rooms, 2000).await;
     let after = settled_rss(pid).await;

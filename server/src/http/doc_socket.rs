@@ -97,9 +97,10 @@ struct Joined {
     ended: tokio::sync::broadcast::Receiver<crate::ops::events::SessionEnded>,
     metrics: crate::metrics::Metrics,
     max_awareness: usize,
-    // In the room while this connection lasts (moderated rooms ask who is).
-    _here: crate::ops::counted::Held<(RoomId, String)>,
-    _open: crate::ops::counted::Held<String>,
+    // In the room while this connection lasts (moderated rooms ask who is), and the session
+    // open (the catch-up after a lost notification looks for ended sessions among these).
+    here: crate::ops::counted::Held<(RoomId, String)>,
+    open: crate::ops::counted::Held<String>,
 }
 
 /// Serves one connection. An idle connection is mostly this task and its writer's, so it is
@@ -149,8 +150,8 @@ async fn join_room(setup: Box<Setup>, socket: Box<Socket>) -> Option<Joined> {
             return None;
         }
     };
-    let _here = app.ops.present.hold((room_id.clone(), user.id.clone()));
-    let _open = app.ops.open_sessions.hold(user.session_hash.clone());
+    let here = app.ops.present.hold((room_id.clone(), user.id.clone()));
+    let open = app.ops.open_sessions.hold(user.session_hash.clone());
 
     // Rights may have changed between the check before the upgrade and the join; the room only
     // hears about changes made after it knew this connection, so look once more.
@@ -176,40 +177,27 @@ async fn join_room(setup: Box<Setup>, socket: Box<Socket>) -> Option<Joined> {
         ended: app.ops.sessions_ended.subscribe(),
         metrics: app.metrics.clone(),
         max_awareness: app.limits.max_awareness_entry_bytes,
-        _here,
-        _open,
+        here,
+        open,
     })
 }
 
 impl Joined {
     /// Reads the client's frames into the room until either side ends. (Not an `async fn`,
-    /// which would keep `self` twice for the connection's life.)
+    /// and `self`'s fields used in place: either would keep them twice for the connection's
+    /// life.)
     #[allow(clippy::manual_async_fn)]
-    fn run(self) -> impl std::future::Future<Output = ()> {
+    fn run(mut self) -> impl std::future::Future<Output = ()> {
         async move {
-            let Joined {
-                conn,
-                room_id,
-                session_hash,
-                mut stream,
-                outbox,
-                done,
-                writer,
-                room,
-                mut ended,
-                metrics,
-                max_awareness,
-                _here,
-                _open,
-            } = self;
+            let conn = self.conn;
             loop {
                 let frame = tokio::select! {
-                    frame = stream.next() => frame,
-                    () = done.cancelled() => break,
-                    Ok(session) = ended.recv() => {
-                        if session.hash == session_hash {
-                            outbox.close(CloseCode::LoggedOut);
-                            metrics
+                    frame = self.stream.next() => frame,
+                    () = self.done.cancelled() => break,
+                    Ok(session) = self.ended.recv() => {
+                        if session.hash == self.session_hash {
+                            self.outbox.close(CloseCode::LoggedOut);
+                            self.metrics
                                 .access_close_seconds
                                 .observe(session.at.elapsed().as_secs_f64());
                             break;
@@ -218,54 +206,58 @@ impl Joined {
                     }
                     // The room refused this connection: stop taking input while the close frame
                     // goes out.
-                    () = outbox.closing() => break,
-                    () = room.closed() => {
+                    () = self.outbox.closing() => break,
+                    () = self.room.closed() => {
                         // The room unloaded under us or failed; the client reconnects and resyncs.
-                        outbox.close(CloseCode::Internal);
+                        self.outbox.close(CloseCode::Internal);
                         break;
                     }
                 };
                 match frame {
                     None | Some(Ok(Message::Close(_))) => break,
-                    Some(Ok(Message::Binary(data))) => match decode(&metrics, &data, max_awareness)
-                    {
-                        Ok(messages) => {
-                            // A permit first: the command is built only once there is room for
-                            // it, so this task does not carry one while it waits.
-                            let Ok(permit) = room.reserve().await else {
+                    Some(Ok(Message::Binary(data))) => {
+                        match decode(&self.metrics, &data, self.max_awareness) {
+                            Ok(messages) => {
+                                // A permit first: the command is built only once there is room for
+                                // it, so this task does not carry one while it waits.
+                                let Ok(permit) = self.room.reserve().await else {
+                                    break;
+                                };
+                                permit.send(RoomCmd::inbound(conn, messages));
+                            }
+                            Err(e) => {
+                                tracing::info!(room = %self.room_id, %conn, error = %e, "closing connection: bad frame");
+                                self.metrics.protocol_errors.inc();
+                                self.outbox.refuse(e.reason());
                                 break;
-                            };
-                            permit.send(RoomCmd::inbound(conn, messages));
+                            }
                         }
-                        Err(e) => {
-                            tracing::info!(room = %room_id, %conn, error = %e, "closing connection: bad frame");
-                            metrics.protocol_errors.inc();
-                            outbox.refuse(e.reason());
-                            break;
-                        }
-                    },
+                    }
                     Some(Ok(Message::Text(_))) => {
-                        metrics.protocol_errors.inc();
-                        outbox.close(CloseCode::Unsupported);
+                        self.metrics.protocol_errors.inc();
+                        self.outbox.close(CloseCode::Unsupported);
                         break;
                     }
                     Some(Ok(Message::Ping(_) | Message::Pong(_) | Message::Frame(_))) => {}
                     Some(Err(e)) => {
                         if let Some(code) = close_code_for(&e) {
-                            metrics.protocol_errors.inc();
-                            outbox.close(code);
+                            self.metrics.protocol_errors.inc();
+                            self.outbox.close(code);
                         } else {
-                            tracing::debug!(room = %room_id, %conn, error = %e, "socket read failed");
+                            tracing::debug!(room = %self.room_id, %conn, error = %e, "socket read failed");
                         }
                         break;
                     }
                 }
             }
-            if let Ok(permit) = room.reserve().await {
+            if let Ok(permit) = self.room.reserve().await {
                 permit.send(RoomCmd::Leave { conn });
             }
-            drop(outbox);
-            finish_writer(writer).await;
+            drop(self.outbox);
+            finish_writer(self.writer).await;
+            // Named, so the block captures them (it captures only the fields it uses) and they
+            // are held until here.
+            drop((self.here, self.open));
         }
     }
 }

@@ -364,12 +364,7 @@ impl Writer {
         }
         // Dropping the transaction (on any error below) rolls back what it wrote.
         let backend = self.backend;
-        let mut tx = match backend {
-            Backend::Sqlite => {
-                sqlx::Connection::begin_with(self.conn().await?, "BEGIN IMMEDIATE").await?
-            }
-            Backend::Postgres => sqlx::Connection::begin(self.conn().await?).await?,
-        };
+        let mut tx = super::begin_write_on(self.conn().await?, backend).await?;
         for chunk in rows.chunks(per_statement) {
             fenced(insert_rows(&mut *tx, backend, chunk).await?)?;
         }
