@@ -375,6 +375,7 @@ impl Microvm {
             memory_bytes: limits.memory_bytes,
             vcpus: vcpus_for(limits),
             disk_bytes: limits.workspace_bytes.max(MIN_DISK),
+            pids: limits.pids,
         }
     }
 

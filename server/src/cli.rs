@@ -1,7 +1,10 @@
-//! The `coderoom` command line: `serve`, `agent`, `audit verify`, `migrate`, `admin token`.
+//! The `coderoom` command line: `serve`, `agent`, `audit verify`, `migrate`, `admin token`,
+//! `bench tiers`.
 
 use crate::accounts::sessions as auth;
-use crate::config::{AdminCommand, AuditCommand, Cli, Command, ImageCommand, SecretsCommand};
+use crate::config::{
+    AdminCommand, AuditCommand, BenchCommand, Cli, Command, ImageCommand, SecretsCommand,
+};
 use crate::store::Store;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
@@ -180,6 +183,15 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Doctor { vm, data_dir } => {
             init_logging(false);
             doctor(&vm, &data_dir).await;
+            Ok(())
+        }
+        Command::Bench {
+            command: BenchCommand::Tiers(args),
+        } => {
+            init_logging(false);
+            if !crate::tiers::run(*args).await? {
+                std::process::exit(1);
+            }
             Ok(())
         }
         Command::Migrate(storage) => {

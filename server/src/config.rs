@@ -72,6 +72,11 @@ pub(crate) enum Command {
         #[arg(long)]
         san: Vec<String>,
     },
+    /// Benchmarks an operator runs on their own host.
+    Bench {
+        #[command(subcommand)]
+        command: BenchCommand,
+    },
     /// The guest agent (runs inside a sandbox; started by the server, not by hand).
     #[command(hide = true)]
     Agent {
@@ -89,6 +94,66 @@ pub(crate) enum Command {
         #[arg(last = true)]
         argv: Vec<String>,
     },
+}
+
+/// `coderoom bench ...`.
+#[derive(Debug, Subcommand)]
+pub(crate) enum BenchCommand {
+    /// One fixture through every sandbox tier this host can run (namespace, the microVM under
+    /// each VMM that works here, a sandbox host when named): start, resume, fork, rooms at
+    /// once, steps against the host, memory at rest, the canaries as room code, deletion and
+    /// a killed server. Prints a markdown table (or JSON); exits 1 when a canary or check
+    /// fails in a tier that ran, or a tier named with --tiers cannot run.
+    Tiers(Box<TiersArgs>),
+}
+
+/// `coderoom bench tiers`.
+#[derive(Debug, Args)]
+pub(crate) struct TiersArgs {
+    /// Print the report as JSON instead of markdown.
+    #[arg(long)]
+    pub json: bool,
+    /// The short fixture (as CI runs it): fewer repeats, 3 rooms at once instead of 20.
+    #[arg(long)]
+    pub short: bool,
+    /// Only these tiers (comma-separated): namespace, microvm-qemu, microvm-cloud-hypervisor,
+    /// sandbox-host. Default: every tier, each one this host cannot run reported with why.
+    #[arg(long, value_delimiter = ',')]
+    pub tiers: Vec<String>,
+    /// Rooms created at once (default 20; 3 with --short).
+    #[arg(long)]
+    pub burst: Option<usize>,
+    /// Work directory for the servers it starts (default: a new one under the system's
+    /// temporary directory, removed at the end).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Keep the work directory (the servers' data and logs).
+    #[arg(long)]
+    pub keep: bool,
+    /// Where the guest image is (as `serve --image-dir`; default ./data/images).
+    #[arg(long, env = "CODEROOM_IMAGE_DIR")]
+    pub image_dir: Option<PathBuf>,
+    /// The QEMU binary (default: `qemu-system-x86_64` on PATH).
+    #[arg(long, env = "CODEROOM_QEMU_BIN")]
+    pub qemu_bin: Option<PathBuf>,
+    /// QEMU with software emulation, without probing KVM first.
+    #[arg(long)]
+    pub vm_accel_tcg: bool,
+    /// The cloud-hypervisor binary (default: `cloud-hypervisor` on PATH).
+    #[arg(long, env = "CODEROOM_CLOUD_HYPERVISOR_BIN")]
+    pub cloud_hypervisor_bin: Option<PathBuf>,
+    /// Sandbox hosts for the sandbox-host tier (as `serve --sandbox-hosts`).
+    #[arg(long, value_delimiter = ',')]
+    pub sandbox_hosts: Vec<String>,
+    #[arg(long)]
+    pub sandbox_host_ca: Option<PathBuf>,
+    #[arg(long)]
+    pub sandbox_host_cert: Option<PathBuf>,
+    #[arg(long)]
+    pub sandbox_host_key: Option<PathBuf>,
+    /// One more argument for every server the fixture starts (repeat the flag).
+    #[arg(long = "serve-arg", allow_hyphen_values = true)]
+    pub serve_args: Vec<String>,
 }
 
 /// `coderoom certs --role`.

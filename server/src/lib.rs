@@ -29,3 +29,4 @@ pub(crate) mod terminal;
 #[cfg(test)]
 #[path = "../tests/common/skip_log.rs"]
 mod test_skip;
+pub(crate) mod tiers;

@@ -609,6 +609,7 @@ async fn cloud_hypervisor_with_a_vm() -> Option<(
         &dir.path().join("vsock.sock").display().to_string(),
         256 << 20,
         1,
+        64,
     );
     api.create(&config).await.expect("vm.create");
     let info = api.info().await.expect("vm.info");
@@ -994,6 +995,7 @@ async fn cloud_hypervisor_saves_a_running_machine_and_restores_it_elsewhere() {
             &vsock.display().to_string(),
             128 << 20,
             1,
+            64,
         );
         // The letters guest takes nothing but itself.
         c.payload.initramfs = None;

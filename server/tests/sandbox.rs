@@ -877,6 +877,32 @@ async fn periodic_snapshots_bound_what_a_crash_loses() {
     );
 }
 
+/// A file written through `PUT /files` is answered once the room's document holds it: a
+/// server killed right after the answer keeps it, as it keeps an edit. Before, the answer came
+/// when the workspace held it, and the document only at the sync's next scan (300 ms on): a
+/// `kill -9` in between lost the file (`coderoom bench tiers` found it, under QEMU).
+#[tokio::test]
+async fn a_written_file_survives_a_kill_right_after_its_answer() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let t = team_with(&storage, &[]).await;
+    let room = t.room.clone();
+    let (_, out) = exec(&t.server, &t.ben, &room, "echo up").await;
+    assert_eq!(out["stdout"], "up\n");
+    let (status, _) = http(
+        &t.server
+            .url(&format!("/api/rooms/{room}/files/kept/notes.txt")),
+        "PUT",
+        Some(&t.ben),
+        Some("written just before the crash\n"),
+    )
+    .await;
+    assert_eq!(status, 204);
+    t.server.kill9().await;
+    let server = Server::start(&storage, &[]).await;
+    let (_, out) = exec(&server, &t.ben, &room, "cat kept/notes.txt").await;
+    assert_eq!(out["stdout"], "written just before the crash\n", "{out}");
+}
+
 /// Deleting the room destroys its running sandbox, its workspace snapshots and its terminal
 /// recording, and the receipt says so.
 #[tokio::test]

@@ -499,6 +499,7 @@ pub fn vm_config(
     vsock: &str,
     memory_bytes: u64,
     cpus: u32,
+    pids: u64,
 ) -> VmConfig {
     VmConfig {
         cpus: CpusConfig {
@@ -512,7 +513,7 @@ pub fn vm_config(
             kernel: kernel.to_owned(),
             initramfs: Some(initramfs.to_owned()),
             cmdline: Some(format!(
-                "console=ttyS0 quiet panic=-1 coderoom.channel=vsock:{}",
+                "console=ttyS0 quiet panic=-1 coderoom.channel=vsock:{} coderoom.pids={pids}",
                 super::image::AGENT_VSOCK_PORT
             )),
         },
@@ -595,6 +596,7 @@ pub(super) async fn spawn(
             &vsock_path.to_string_lossy(),
             vm.limits.memory_bytes,
             vm.vcpus(),
+            vm.limits.pids,
         );
         if let Some(u) = &userland {
             config.disks.push(DiskConfig {
@@ -1017,6 +1019,7 @@ mod tests {
             "/old/vsock.sock",
             256 << 20,
             1,
+            64,
         ))
         .expect("json");
         old["disks"]
@@ -1036,6 +1039,7 @@ mod tests {
             "/new/vsock.sock",
             256 << 20,
             1,
+            64,
         );
         now.disks.push(DiskConfig {
             path: "/proc/self/fd/14".into(),
@@ -1095,7 +1099,7 @@ mod tests {
 
     #[test]
     fn the_config_matches_the_openapi_names() {
-        let c = vm_config("/k", "/i", "/d", "/v", 256 << 20, 1);
+        let c = vm_config("/k", "/i", "/d", "/v", 256 << 20, 1, 64);
         let v = serde_json::to_value(&c).expect("json");
         assert_eq!(v["cpus"]["boot_vcpus"], 1);
         assert_eq!(v["memory"]["size"], 256u64 << 20);

@@ -147,6 +147,10 @@ pub(super) struct Fingerprint {
     pub(super) memory_bytes: u64,
     pub(super) vcpus: u32,
     pub(super) disk_bytes: u64,
+    /// The process limit the guest booted with (a machine saved before it was recorded fits
+    /// no limit, and boots afresh).
+    #[serde(default)]
+    pub(super) pids: u64,
 }
 
 /// `kept.json`: what a park left in `STATE_DIR/kept/NAME/`.
@@ -446,6 +450,7 @@ mod tests {
             memory_bytes: 256 << 20,
             vcpus: 1,
             disk_bytes: MIN_DISK,
+            pids: 64,
         }
     }
 

@@ -29,13 +29,16 @@ pub const AGENT_PORT_NAME: &str = "coderoom.agent";
 /// The vsock port the agent listens on (cloud-hypervisor).
 pub const AGENT_VSOCK_PORT: u32 = 1024;
 /// Version of the init and layout below; part of every image's manifest.
-const LAYOUT_VERSION: u32 = 3;
+const LAYOUT_VERSION: u32 = 4;
 
 /// The guest's `/init`: mounts, modules, loopback, the workspace disk, then the agent as PID 1
-/// on the channel the kernel command line names (`coderoom.channel=port:NAME|vsock:PORT`).
+/// on the channel the kernel command line names (`coderoom.channel=port:NAME|vsock:PORT`),
+/// with room code's process limit from `coderoom.pids=N`.
 const INIT: &str = r#"#!/bin/busybox sh
 /bin/busybox --install -s /bin
 export PATH=/usr/local/bin:/usr/bin:/bin
+# The initramfs's root is the kernel's, open to everyone: room code may not write beside /init.
+chmod 0755 /
 mount -t proc -o nosuid,nodev,noexec proc /proc
 mount -t sysfs -o nosuid,nodev,noexec sysfs /sys
 mount -t devtmpfs -o nosuid devtmpfs /dev
@@ -58,12 +61,17 @@ fi
 # mkfs's lost+found is root's: it would be in every snapshot and refused at every restore.
 rmdir /workspace/lost+found 2>/dev/null
 channel=
+pids=
 for word in $(cat /proc/cmdline); do
   case "$word" in
     coderoom.channel=port:*) channel="--port ${word#coderoom.channel=port:}" ;;
     coderoom.channel=vsock:*) channel="--vsock ${word#coderoom.channel=vsock:}" ;;
+    coderoom.pids=*) pids=${word#coderoom.pids=} ;;
   esac
 done
+# The sandbox's pids limit: room code (uid 1000) runs at most this many processes and threads
+# at once; the agent, as root, is not held by it.
+if [ -n "$pids" ]; then ulimit -u "$pids" || echo "coderoom-init: cannot limit processes"; fi
 echo "coderoom-init: starting the agent ($channel)"
 exec /sbin/coderoom-agent $channel
 "#;

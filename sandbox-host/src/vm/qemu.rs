@@ -63,8 +63,9 @@ pub(super) fn args(vm: &Instance, accel: Accel, fds: &Fds) -> Vec<String> {
         Accel::Kvm => ("kvm".to_owned(), "host"),
     };
     let append = format!(
-        "console=ttyS0 quiet panic=-1 coderoom.channel=port:{}",
-        super::image::AGENT_PORT_NAME
+        "console=ttyS0 quiet panic=-1 coderoom.channel=port:{} coderoom.pids={}",
+        super::image::AGENT_PORT_NAME,
+        vm.limits.pids
     );
     let mut a: Vec<String> = vec![
         "-name".into(),

@@ -48,7 +48,14 @@ impl Ops {
     ) -> Result<Reply, OpError> {
         let path = self.may_touch_file(room_id, actor, raw, cap, bytes).await?;
         let op = make(path.as_str().to_owned());
-        self.in_workspace(room_id, actor, op).await
+        let changes = matches!(op, Op::WriteFile { .. } | Op::RemoveFile { .. });
+        let reply = self.in_workspace(room_id, actor, op).await?;
+        if changes {
+            // Answered once the document holds the change (a text file the sync mirrors):
+            // a server killed right after the answer keeps it, as it keeps an edit.
+            self.sandboxes.settle(room_id).await;
+        }
+        Ok(reply)
     }
 
     /// [`Ops::file_op`] where the path may also be the workspace itself (empty): asking what

@@ -141,10 +141,17 @@ pub(crate) struct SyncCtx {
     /// What both sides agreed on when the workspace was snapshotted, for the first agreement
     /// on a restored workspace (empty for a fresh one).
     pub restored: HashMap<String, String>,
+    /// Set once the first reconciliation wrote the document's files into the workspace.
+    pub synced: tokio::sync::watch::Sender<bool>,
+    /// Asks to settle: scan now, and answer once what the scan imported is committed.
+    pub asks: Option<tokio::sync::mpsc::Receiver<tokio::sync::oneshot::Sender<()>>>,
     /// Called once when the room cannot be joined because another server holds it now (the
     /// room moved while this server's sandbox ran): the sandbox is then stopped here.
     pub moved: Arc<dyn Fn() + Send + Sync>,
 }
+
+/// Where a sync is asked to settle (see `Sandboxes::settle`).
+pub(crate) type Settle = tokio::sync::mpsc::Sender<tokio::sync::oneshot::Sender<()>>;
 
 /// How many workspace files the document holds, and how many text files on disk it does not
 /// (past `--max-synced-files`).
@@ -241,8 +248,10 @@ pub(crate) async fn run(mut ctx: SyncCtx) {
     let mut restored = std::mem::take(&mut ctx.restored);
     let mut base = Agreed::new(ctx.agreed.clone(), &restored);
     let mut told = false;
+    let (_none, idle) = tokio::sync::mpsc::channel(1);
+    let mut asks = ctx.asks.take().unwrap_or(idle);
     while !ctx.cancel.is_cancelled() {
-        if let Err(e) = session(&ctx, &mut base, &mut restored).await {
+        if let Err(e) = session(&ctx, &mut base, &mut restored, &mut asks).await {
             if !told && ctx.rooms.held_elsewhere(&ctx.room_id).await {
                 told = true;
                 tracing::warn!(room = %ctx.room_id, "the room moved to another server while its sandbox ran here; stopping the sandbox");
@@ -277,6 +286,7 @@ async fn session(
     ctx: &SyncCtx,
     base: &mut Agreed,
     restored: &mut HashMap<String, String>,
+    asks: &mut tokio::sync::mpsc::Receiver<tokio::sync::oneshot::Sender<()>>,
 ) -> Result<(), SyncError> {
     let conn = crate::room::task::next_conn_id();
     let (outbox, mut out_rx) =
@@ -322,9 +332,13 @@ async fn session(
         }
     }
     s.reconcile().await?;
+    ctx.synced.send_replace(true);
     let mut scan = tokio::time::interval(SCAN_EVERY);
     scan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut flush_at: Option<tokio::time::Instant> = None;
+    // Settles asked for: answered by the room's reply to a sync request sent after the scan,
+    // which the room sends only once everything before it is committed.
+    let mut settling: Vec<tokio::sync::oneshot::Sender<()>> = Vec::new();
     let result = loop {
         let flush = async {
             match flush_at {
@@ -338,9 +352,19 @@ async fn session(
                 let _ = s.flush().await;
                 break Ok(());
             }
+            Some(done) = asks.recv() => {
+                s.scan().await?;
+                let sv = s.replica.doc.transact().state_vector();
+                s.send(vec![Inbound::SyncStep1(sv)]).await?;
+                settling.push(done);
+            }
             frame = out_rx.recv() => match frame {
                 Some(Outbound::Frame(_, bytes)) => {
-                    s.receive(&bytes).await?;
+                    if s.receive(&bytes).await? {
+                        for done in settling.drain(..) {
+                            let _ = done.send(());
+                        }
+                    }
                     if !s.replica.dirty().is_empty() {
                         flush_at = Some(tokio::time::Instant::now() + DEBOUNCE);
                     }

@@ -40,6 +40,11 @@ mod warm;
 const ACTOR_QUEUE: usize = 256;
 /// Attempts at reaching a supervisor that is exiting at that moment.
 const SEND_ATTEMPTS: usize = 3;
+/// How long an operation on a just-started sandbox waits for the sync to write the
+/// document's files into its workspace (a workspace of thousands of files takes seconds).
+const FIRST_SYNC_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long a write through the workspace waits for the document to hold it.
+const SETTLE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// A room's sandbox as `GET /api/rooms/{id}/sandbox` (and the room's manifest) show it.
 #[derive(Debug, Serialize)]
@@ -208,6 +213,10 @@ enum Cmd {
     },
     Status {
         reply: oneshot::Sender<SandboxStatus>,
+    },
+    /// The running sandbox's way to ask its sync for a scan whose imports are durable.
+    Settler {
+        reply: oneshot::Sender<Option<crate::sandbox::filesync::Settle>>,
     },
     Stop {
         actor: String,
@@ -482,6 +491,21 @@ impl Sandboxes {
         self.ask(room_id, |reply| Cmd::Status { reply }).await
     }
 
+    /// Waits (up to [`SETTLE_WAIT`]) until the room's document holds, durably, what the
+    /// running sandbox's workspace holds now: a scan of the workspace, its imports committed.
+    /// A write through the workspace is then as safe from a crash as an edit. `false` when no
+    /// sync runs or it did not answer in time.
+    pub(crate) async fn settle(&self, room_id: &RoomId) -> bool {
+        let Ok(Some(settle)) = self.ask(room_id, |reply| Cmd::Settler { reply }).await else {
+            return false;
+        };
+        let (done, settled) = oneshot::channel();
+        if settle.send(done).await.is_err() {
+            return false;
+        }
+        matches!(tokio::time::timeout(SETTLE_WAIT, settled).await, Ok(Ok(())))
+    }
+
     /// Snapshots and stops the room's sandbox.
     pub(crate) async fn stop(
         &self,
@@ -687,6 +711,11 @@ struct Actor {
     /// What the document and the workspace agree on, kept current by the sync; stored with
     /// every snapshot.
     sync_agreed: crate::sandbox::filesync::Digests,
+    /// Whether the running sandbox's sync has written the document's files into its workspace
+    /// once: operations on the workspace wait for it (see [`FIRST_SYNC_WAIT`]).
+    first_sync: tokio::sync::watch::Receiver<bool>,
+    /// The running sandbox's sync, asked to settle (see [`Sandboxes::settle`]).
+    settle: Option<crate::sandbox::filesync::Settle>,
     /// The readiness step of the running sandbox.
     readiness: Readiness,
     /// Whether the running sandbox came from the warm pool.

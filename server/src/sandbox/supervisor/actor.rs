@@ -70,6 +70,8 @@ impl Actor {
         let actor = Actor {
             sync_stats: Arc::default(),
             sync_agreed: Arc::default(),
+            first_sync: tokio::sync::watch::channel(true).1,
+            settle: None,
             readiness: Readiness::None,
             from_pool: false,
             snapshots,
@@ -213,7 +215,16 @@ impl Actor {
                 if !peek {
                     self.touch().await;
                 }
+                let mut first_sync = self.first_sync.clone();
                 tokio::spawn(async move {
+                    // A started (or restarted) sandbox's workspace holds the document's files
+                    // before any command sees it. A sync that ends or stalls does not hold
+                    // the operation up for longer than the bound.
+                    let _ = tokio::time::timeout(
+                        super::FIRST_SYNC_WAIT,
+                        first_sync.wait_for(|done| *done),
+                    )
+                    .await;
                     let r = match (stop, output) {
                         (Some(stop), Some(streamed)) => {
                             let input = streamed.take_input();
@@ -237,6 +248,10 @@ impl Actor {
             }
             Cmd::Status { reply } => {
                 let _ = reply.send(self.status());
+            }
+            Cmd::Settler { reply } => {
+                let running = matches!(self.life, Life::Running { .. });
+                let _ = reply.send(self.settle.clone().filter(|_| running));
             }
             Cmd::Notice { event, done } => {
                 self.hub.event(event).await;
@@ -631,11 +646,15 @@ impl Actor {
     /// Starts the document <-> workspace sync of a running sandbox; `restored` is what the
     /// two agreed on when its workspace was saved.
     fn start_sync(
-        &self,
+        &mut self,
         sandbox: &Sandbox,
         restored: std::collections::HashMap<String, String>,
     ) -> (CancellationToken, tokio::task::JoinHandle<()>) {
         let cancel = CancellationToken::new();
+        let (synced, first_sync) = tokio::sync::watch::channel(false);
+        self.first_sync = first_sync;
+        let (settle, asks) = tokio::sync::mpsc::channel(16);
+        self.settle = Some(settle);
         let task = tokio::spawn(crate::sandbox::filesync::run(
             crate::sandbox::filesync::SyncCtx {
                 rooms: self.deps().rooms.clone(),
@@ -646,6 +665,8 @@ impl Actor {
                 stats: self.sync_stats.clone(),
                 agreed: self.sync_agreed.clone(),
                 restored,
+                synced,
+                asks: Some(asks),
                 moved: {
                     let (owner, room) = (self.owner.clone(), self.room_id.clone());
                     Arc::new(move || {

@@ -1,0 +1,578 @@
+//! `coderoom bench tiers`: one fixture through every sandbox tier this host can run, one
+//! table. Each tier gets servers of its own (this binary's `serve`, on a data directory of
+//! the run's), driven from outside through the public API as clients drive it, and watched
+//! from the host as an operator would: what a start costs beside its floor, what a sandbox
+//! costs at rest, what room code can reach (the canaries, run as room code), what deletion
+//! leaves behind, and what a killed server leaves running.
+//!
+//! A tier that cannot run here is a row saying why, in the words of `coderoom doctor`.
+
+mod canaries;
+mod fixture;
+mod host;
+mod server;
+
+use crate::config::TiersArgs;
+use canaries::Verdict;
+use serde::Serialize;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// How many times each figure is taken.
+pub(crate) struct Runs {
+    cold: usize,
+    repeat: usize,
+    steps: usize,
+    resume: usize,
+    burst: usize,
+    kill9: usize,
+}
+
+impl Runs {
+    fn new(short: bool, burst: Option<usize>) -> Runs {
+        if short {
+            Runs {
+                cold: 2,
+                repeat: 5,
+                steps: 1,
+                resume: 1,
+                burst: burst.unwrap_or(3),
+                kill9: 2,
+            }
+        } else {
+            Runs {
+                cold: 10,
+                repeat: 10,
+                steps: 3,
+                resume: 3,
+                burst: burst.unwrap_or(20),
+                kill9: 3,
+            }
+        }
+    }
+}
+
+/// Durations in one figure: median, 95th percentile and worst.
+#[derive(Clone, Debug, Default, Serialize)]
+pub(crate) struct Spread {
+    n: usize,
+    #[serde(serialize_with = "ms")]
+    median: Duration,
+    #[serde(serialize_with = "ms")]
+    p95: Duration,
+    #[serde(serialize_with = "ms")]
+    max: Duration,
+}
+
+fn ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64((d.as_secs_f64() * 1e5).round() / 100.0)
+}
+
+impl Spread {
+    fn of(mut v: Vec<Duration>) -> Spread {
+        v.sort_unstable();
+        if v.is_empty() {
+            return Spread::default();
+        }
+        let at = |q: usize| {
+            v[((v.len() * q).div_ceil(100))
+                .saturating_sub(1)
+                .min(v.len() - 1)]
+        };
+        Spread {
+            n: v.len(),
+            median: v[v.len() / 2],
+            p95: at(95),
+            max: v[v.len() - 1],
+        }
+    }
+}
+
+fn fmt_ms(d: Duration) -> String {
+    let ms = d.as_secs_f64() * 1000.0;
+    if ms >= 100.0 {
+        format!("{ms:.0}")
+    } else {
+        format!("{ms:.1}")
+    }
+}
+
+/// What an idle sandbox costs.
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct Memory {
+    sandboxes: usize,
+    pss_median: Option<u64>,
+    cgroup_median: Option<u64>,
+}
+
+/// A check beside the canaries (deletion, kill -9, clean stop).
+#[derive(Clone, Debug, Serialize)]
+pub(crate) struct Check {
+    name: String,
+    held: bool,
+    detail: String,
+}
+
+impl Check {
+    fn new(name: &str, held: bool, detail: String) -> Check {
+        Check {
+            name: name.to_owned(),
+            held,
+            detail,
+        }
+    }
+}
+
+/// Everything one tier's fixture measured.
+#[derive(Clone, Debug, Default, Serialize)]
+pub(crate) struct Figures {
+    running_command: Option<Spread>,
+    cold_first_command: Option<Spread>,
+    warm_first_command: Option<Spread>,
+    resume_first_command: Option<Spread>,
+    fork_first_command: Option<Spread>,
+    /// Rooms asked at once, their first commands, failures.
+    burst: Option<(usize, Spread, usize)>,
+    /// In the sandbox (less a running room's command), on the host.
+    cpu_step: Option<(Spread, Spread)>,
+    file_step: Option<(Spread, Spread)>,
+    idle_memory: Option<Memory>,
+    canaries: Vec<Verdict>,
+    checks: Vec<Check>,
+}
+
+/// A tier's row: its figures, or why it did not run.
+#[derive(Debug, Serialize)]
+struct Tier {
+    tier: String,
+    /// The flags its servers were started with.
+    flags: Vec<String>,
+    ran: bool,
+    /// Why it did not run, or the error that stopped it.
+    reason: Option<String>,
+    figures: Option<Figures>,
+    /// Every canary and check held.
+    ok: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct Report {
+    host: HostInfo,
+    short: bool,
+    tiers: Vec<Tier>,
+    ok: bool,
+}
+
+#[derive(Debug, Serialize)]
+struct HostInfo {
+    kernel: String,
+    cpus: usize,
+    memory_mib: u64,
+    binary: String,
+    /// Plain `bwrap` starting `true` with the same namespaces and base mounts (median).
+    bwrap_floor: Option<Spread>,
+}
+
+/// The tiers the fixture knows, by name.
+const TIER_NAMES: &[&str] = &[
+    "namespace",
+    "microvm-qemu",
+    "microvm-cloud-hypervisor",
+    "sandbox-host",
+];
+
+/// Runs the fixture; whether every canary and check held in every tier that ran.
+pub(crate) async fn run(args: TiersArgs) -> anyhow::Result<bool> {
+    for t in &args.tiers {
+        if !TIER_NAMES.contains(&t.as_str()) {
+            anyhow::bail!("unknown tier {t:?}: one of {}", TIER_NAMES.join(", "));
+        }
+    }
+    let runs = Runs::new(args.short, args.burst);
+    let (dir, made) = match &args.dir {
+        Some(d) => (d.clone(), false),
+        None => (
+            std::env::temp_dir().join(format!(
+                "coderoom-tiers-{}",
+                hex::encode(rand::random::<[u8; 6]>())
+            )),
+            true,
+        ),
+    };
+    std::fs::create_dir_all(&dir)?;
+    let floors = dir.join("floor");
+    std::fs::create_dir_all(&floors)?;
+    let bwrap_floor = (0..runs.repeat)
+        .map(|_| host::bwrap_floor(&floors))
+        .collect::<Result<Vec<_>, _>>()
+        .ok()
+        .map(Spread::of);
+    let host = HostInfo {
+        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
+            .unwrap_or_default()
+            .trim()
+            .to_owned(),
+        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        memory_mib: std::fs::read_to_string("/proc/meminfo")
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kb| kb / 1024),
+        binary: format!("coderoom {}", env!("CARGO_PKG_VERSION")),
+        bwrap_floor,
+    };
+    let mut tiers = Vec::new();
+    for name in TIER_NAMES {
+        if !args.tiers.is_empty() && !args.tiers.iter().any(|t| t == name) {
+            continue;
+        }
+        let (flags, why_not) = match available(name, &args, &dir).await {
+            Ok(flags) => (flags, None),
+            Err(why) => (Vec::new(), Some(why)),
+        };
+        if let Some(why) = why_not {
+            if !args.json {
+                eprintln!("tiers: {name}: not run here: {why}");
+            }
+            tiers.push(Tier {
+                tier: (*name).to_owned(),
+                flags,
+                ran: false,
+                reason: Some(why),
+                figures: None,
+                // Named on the command line, a tier that cannot run fails the run.
+                ok: !args.tiers.iter().any(|t| t == name),
+            });
+            continue;
+        }
+        eprintln!("tiers: {name}: running the fixture ({})", flags.join(" "));
+        let mut all = flags.clone();
+        all.extend(args.serve_args.iter().cloned());
+        let outcome = fixture::run(&dir.join(name), &all, &runs).await;
+        let tier = match outcome {
+            Ok(figures) => Tier {
+                tier: (*name).to_owned(),
+                flags,
+                ran: true,
+                reason: None,
+                ok: figures.canaries.iter().all(|v| v.held)
+                    && figures.checks.iter().all(|c| c.held),
+                figures: Some(figures),
+            },
+            Err(e) => Tier {
+                tier: (*name).to_owned(),
+                flags,
+                ran: true,
+                reason: Some(format!("the fixture stopped: {e:#}")),
+                figures: None,
+                ok: false,
+            },
+        };
+        eprintln!(
+            "tiers: {name}: {}",
+            if tier.ok {
+                "every canary held"
+            } else {
+                "FAILED"
+            }
+        );
+        tiers.push(tier);
+    }
+    let ok = tiers.iter().all(|t| t.ok) && tiers.iter().any(|t| t.ran);
+    let report = Report {
+        host,
+        short: args.short,
+        tiers,
+        ok,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{}", markdown(&report));
+    }
+    if made && !args.keep {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    Ok(ok)
+}
+
+/// The flags a tier's servers run with, or why it cannot run here.
+async fn available(name: &str, args: &TiersArgs, dir: &Path) -> Result<Vec<String>, String> {
+    use coderoom_sandbox::vm::{Accel, VmConfig, VmmKind};
+    use coderoom_sandbox::{AgentCommand, Backend, Tier};
+    let agent = AgentCommand {
+        exe: std::env::current_exe().unwrap_or_else(|_| "coderoom".into()),
+        args: vec!["agent".into()],
+    };
+    let image_dir = args
+        .image_dir
+        .clone()
+        .unwrap_or_else(|| PathBuf::from("./data/images"));
+    let vm = |kind: VmmKind| VmConfig {
+        vmm: Some(kind),
+        accel: (kind == VmmKind::Qemu && args.vm_accel_tcg).then_some(Accel::Tcg),
+        cloud_hypervisor_bin: args.cloud_hypervisor_bin.clone(),
+        qemu_bin: args.qemu_bin.clone(),
+        image_dir: image_dir.clone(),
+        state_dir: dir.join("vm-probe"),
+        inputs: coderoom_sandbox::vm::Inputs {
+            kernel_deb: None,
+            busybox: None,
+            agent: None,
+        },
+        build_on_need: false,
+    };
+    let vm_flags = |vmm: &str| {
+        let mut f = vec![
+            "--sandbox-tier".to_owned(),
+            "microvm".to_owned(),
+            "--vmm".to_owned(),
+            vmm.to_owned(),
+            "--image-dir".to_owned(),
+            image_dir.to_string_lossy().into_owned(),
+        ];
+        if let Some(b) = &args.qemu_bin {
+            f.extend(["--qemu-bin".to_owned(), b.to_string_lossy().into_owned()]);
+        }
+        if let Some(b) = &args.cloud_hypervisor_bin {
+            f.extend([
+                "--cloud-hypervisor-bin".to_owned(),
+                b.to_string_lossy().into_owned(),
+            ]);
+        }
+        if vmm == "qemu" && args.vm_accel_tcg {
+            f.extend(["--vm-accel".to_owned(), "tcg".to_owned()]);
+        }
+        f
+    };
+    match name {
+        "namespace" => match Backend::namespace(agent, None) {
+            (Backend::Namespace(_), _) => Ok(vec!["--sandbox-tier".into(), "namespace".into()]),
+            (_, why) => Err(why),
+        },
+        "microvm-qemu" | "microvm-cloud-hypervisor" => {
+            let (kind, vmm) = if name == "microvm-qemu" {
+                (VmmKind::Qemu, "qemu")
+            } else {
+                (VmmKind::CloudHypervisor, "cloud-hypervisor")
+            };
+            if coderoom_sandbox::vm::GuestImage::current(&image_dir).is_none() {
+                return Err(format!(
+                    "no guest image in {} (`coderoom image build`, then --image-dir)",
+                    image_dir.display()
+                ));
+            }
+            match Backend::select(Tier::Microvm, agent, None, &vm(kind)).await {
+                (Backend::Microvm(_), _) => Ok(vm_flags(vmm)),
+                (_, why) => Err(why),
+            }
+        }
+        "sandbox-host" => {
+            if args.sandbox_hosts.is_empty() {
+                return Err(
+                    "no sandbox host named (--sandbox-hosts, with --sandbox-host-ca, \
+                     --sandbox-host-cert and --sandbox-host-key)"
+                        .into(),
+                );
+            }
+            let mut f = vec!["--sandbox-hosts".to_owned(), args.sandbox_hosts.join(",")];
+            for (flag, v) in [
+                ("--sandbox-host-ca", &args.sandbox_host_ca),
+                ("--sandbox-host-cert", &args.sandbox_host_cert),
+                ("--sandbox-host-key", &args.sandbox_host_key),
+            ] {
+                match v {
+                    Some(p) => f.extend([flag.to_owned(), p.to_string_lossy().into_owned()]),
+                    None => return Err(format!("{flag} is needed with --sandbox-hosts")),
+                }
+            }
+            Ok(f)
+        }
+        _ => Err("unknown tier".into()),
+    }
+}
+
+fn markdown(r: &Report) -> String {
+    use std::fmt::Write as _;
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "## Sandbox tiers on this host ({}, {} CPUs, {} MiB, {}{})\n",
+        r.host.kernel,
+        r.host.cpus,
+        r.host.memory_mib,
+        r.host.binary,
+        if r.short { ", short fixture" } else { "" }
+    );
+    let ran: Vec<&Tier> = r.tiers.iter().filter(|t| t.figures.is_some()).collect();
+    for t in r.tiers.iter().filter(|t| t.figures.is_none()) {
+        let _ = writeln!(
+            s,
+            "- **{}**: {}",
+            t.tier,
+            t.reason.as_deref().unwrap_or("not run")
+        );
+    }
+    if !ran.is_empty() {
+        let _ = writeln!(s);
+        let head: Vec<&str> = ran.iter().map(|t| t.tier.as_str()).collect();
+        let _ = writeln!(
+            s,
+            "| figure (ms: median / p95 / max) | {} |",
+            head.join(" | ")
+        );
+        let _ = writeln!(s, "|---|{}", "---|".repeat(ran.len()));
+        let spread = |o: &Option<Spread>| {
+            o.as_ref().map_or("-".to_owned(), |x| {
+                format!(
+                    "{} / {} / {} (n={})",
+                    fmt_ms(x.median),
+                    fmt_ms(x.p95),
+                    fmt_ms(x.max),
+                    x.n
+                )
+            })
+        };
+        type Cell = Box<dyn Fn(&Figures) -> String>;
+        let rows: Vec<(&str, Cell)> = vec![
+            (
+                "command in a running room",
+                Box::new(move |f: &Figures| spread(&f.running_command)),
+            ),
+            (
+                "first command in a new room, cold",
+                Box::new(move |f: &Figures| spread(&f.cold_first_command)),
+            ),
+            (
+                "first command in a new room, from the warm pool",
+                Box::new(move |f: &Figures| spread(&f.warm_first_command)),
+            ),
+            (
+                "first command after resuming from a snapshot",
+                Box::new(move |f: &Figures| spread(&f.resume_first_command)),
+            ),
+            (
+                "first command in a fork of a checkpoint",
+                Box::new(move |f: &Figures| spread(&f.fork_first_command)),
+            ),
+            (
+                "rooms at once: each one's first command",
+                Box::new(move |f: &Figures| {
+                    f.burst.as_ref().map_or("-".into(), |(n, sp, failed)| {
+                        format!(
+                            "{n} rooms: {} / {} / {}, {failed} failed",
+                            fmt_ms(sp.median),
+                            fmt_ms(sp.p95),
+                            fmt_ms(sp.max)
+                        )
+                    })
+                }),
+            ),
+            (
+                "CPU step: sandbox / host",
+                Box::new(move |f: &Figures| ratio(&f.cpu_step)),
+            ),
+            (
+                "file step: sandbox / host",
+                Box::new(move |f: &Figures| ratio(&f.file_step)),
+            ),
+            (
+                "idle sandbox: PSS of its processes / its cgroup's charge",
+                Box::new(move |f: &Figures| {
+                    f.idle_memory.as_ref().map_or("-".into(), |m| {
+                        let kib = |b: Option<u64>| {
+                            b.map_or("-".into(), |b| format!("{:.1} MiB", b as f64 / 1048576.0))
+                        };
+                        format!(
+                            "{} / {} (median of {})",
+                            kib(m.pss_median),
+                            kib(m.cgroup_median),
+                            m.sandboxes
+                        )
+                    })
+                }),
+            ),
+        ];
+        for (name, cell) in &rows {
+            let cells: Vec<String> = ran
+                .iter()
+                .map(|t| t.figures.as_ref().map_or("-".into(), cell))
+                .collect();
+            let _ = writeln!(s, "| {name} | {} |", cells.join(" | "));
+        }
+        if let Some(b) = &r.host.bwrap_floor {
+            let _ = writeln!(
+                s,
+                "\nFloor on this host: plain `bwrap` with the same namespaces and base mounts \
+                 starting `true`: {} ms median ({} max).",
+                fmt_ms(b.median),
+                fmt_ms(b.max)
+            );
+        }
+        let _ = writeln!(s, "\n| canary or check | {} |", head.join(" | "));
+        let _ = writeln!(s, "|---|{}", "---|".repeat(ran.len()));
+        let mut names: Vec<String> = Vec::new();
+        for t in &ran {
+            let f = t.figures.as_ref().expect("ran");
+            for n in f
+                .canaries
+                .iter()
+                .map(|v| &v.name)
+                .chain(f.checks.iter().map(|c| &c.name))
+            {
+                if !names.contains(n) {
+                    names.push(n.clone());
+                }
+            }
+        }
+        for n in &names {
+            let cells: Vec<String> = ran
+                .iter()
+                .map(|t| {
+                    let f = t.figures.as_ref().expect("ran");
+                    f.canaries
+                        .iter()
+                        .map(|v| (v.held, &v.detail))
+                        .chain(f.checks.iter().map(|c| (c.held, &c.detail)))
+                        .zip(
+                            f.canaries
+                                .iter()
+                                .map(|v| &v.name)
+                                .chain(f.checks.iter().map(|c| &c.name)),
+                        )
+                        .find(|(_, name)| *name == n)
+                        .map_or("-".into(), |((held, detail), _)| {
+                            format!(
+                                "{} {}",
+                                if held { "held:" } else { "**FAILED**:" },
+                                detail.replace('|', "\\|")
+                            )
+                        })
+                })
+                .collect();
+            let _ = writeln!(s, "| {n} | {} |", cells.join(" | "));
+        }
+    }
+    let _ = writeln!(
+        s,
+        "\n{}",
+        if r.ok {
+            "Every canary and check held."
+        } else {
+            "**Something did not hold** (above)."
+        }
+    );
+    s
+}
+
+fn ratio(o: &Option<(Spread, Spread)>) -> String {
+    o.as_ref().map_or("-".into(), |(inside, outside)| {
+        let x = inside.median.as_secs_f64() / outside.median.as_secs_f64().max(1e-6);
+        format!(
+            "{} / {} ({x:.2}x)",
+            fmt_ms(inside.median),
+            fmt_ms(outside.median)
+        )
+    })
+}
