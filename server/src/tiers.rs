@@ -102,6 +102,7 @@ fn fmt_ms(d: Duration) -> String {
 pub(crate) struct Memory {
     sandboxes: usize,
     pss_median: Option<u64>,
+    private_median: Option<u64>,
     cgroup_median: Option<u64>,
 }
 
@@ -249,7 +250,7 @@ pub(crate) async fn run(args: TiersArgs) -> anyhow::Result<bool> {
         eprintln!("tiers: {name}: running the fixture ({})", flags.join(" "));
         let mut all = flags.clone();
         all.extend(args.serve_args.iter().cloned());
-        let outcome = fixture::run(&dir.join(name), &all, &runs).await;
+        let outcome = fixture::run(&dir.join(name), &all, &runs, *name == "sandbox-host").await;
         let tier = match outcome {
             Ok(figures) => Tier {
                 tier: (*name).to_owned(),
@@ -478,15 +479,16 @@ fn markdown(r: &Report) -> String {
                 Box::new(move |f: &Figures| ratio(&f.file_step)),
             ),
             (
-                "idle sandbox: PSS of its processes / its cgroup's charge",
+                "idle sandbox: PSS / private pages of its processes / its cgroup's charge",
                 Box::new(move |f: &Figures| {
                     f.idle_memory.as_ref().map_or("-".into(), |m| {
                         let kib = |b: Option<u64>| {
                             b.map_or("-".into(), |b| format!("{:.1} MiB", b as f64 / 1048576.0))
                         };
                         format!(
-                            "{} / {} (median of {})",
+                            "{} / {} / {} (median of {})",
                             kib(m.pss_median),
+                            kib(m.private_median),
                             kib(m.cgroup_median),
                             m.sandboxes
                         )

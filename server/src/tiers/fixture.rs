@@ -35,7 +35,14 @@ pub(super) const MEMORY_MB: u64 = 256;
 pub(super) const PIDS: u64 = 64;
 
 /// Runs the fixture on servers started with `args` (the tier's own flags) in `dir`.
-pub(super) async fn run(dir: &Path, args: &[String], runs: &Runs) -> anyhow::Result<Figures> {
+/// `remote`: the sandboxes run on a sandbox host, not under the fixture's servers (what the
+/// host sees of them is not measured here).
+pub(super) async fn run(
+    dir: &Path,
+    args: &[String],
+    runs: &Runs,
+    remote: bool,
+) -> anyhow::Result<Figures> {
     let mut f = Figures::default();
     let mut base = args.to_vec();
     base.extend(
@@ -50,7 +57,7 @@ pub(super) async fn run(dir: &Path, args: &[String], runs: &Runs) -> anyhow::Res
         .map(str::to_owned),
     );
     let mut server = Server::start(&dir.join("cold"), base.clone()).await?;
-    let outcome = on_server(&mut server, runs, &mut f).await;
+    let outcome = on_server(&mut server, runs, remote, &mut f).await;
     let left = match &outcome {
         Ok(()) => stop_leaves(server).await,
         Err(_) => {
@@ -81,7 +88,12 @@ pub(super) async fn run(dir: &Path, args: &[String], runs: &Runs) -> anyhow::Res
     Ok(f)
 }
 
-async fn on_server(server: &mut Server, runs: &Runs, f: &mut Figures) -> anyhow::Result<()> {
+async fn on_server(
+    server: &mut Server,
+    runs: &Runs,
+    remote: bool,
+    f: &mut Figures,
+) -> anyhow::Result<()> {
     let pid = server
         .pid()
         .ok_or_else(|| anyhow!("the server has no pid"))?;
@@ -309,10 +321,18 @@ async fn on_server(server: &mut Server, runs: &Runs, f: &mut Figures) -> anyhow:
     // last command.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let boxes = host::sandboxes(pid);
-    let mut pss: Vec<u64> = boxes
+    let costs: Vec<(u64, u64)> = boxes
         .iter()
-        .map(|procs| procs.iter().map(|p| host::pss(*p)).sum())
+        .map(|procs| {
+            procs
+                .iter()
+                .map(|p| host::pss_and_private(*p))
+                .fold((0, 0), |(a, b), (c, d)| (a + c, b + d))
+        })
         .collect();
+    let mut pss: Vec<u64> = costs.iter().map(|c| c.0).collect();
+    let mut private: Vec<u64> = costs.iter().map(|c| c.1).collect();
+    private.sort_unstable();
     let mut charged: Vec<u64> = boxes
         .iter()
         .filter_map(|p| host::cgroup_memory(p))
@@ -322,6 +342,7 @@ async fn on_server(server: &mut Server, runs: &Runs, f: &mut Figures) -> anyhow:
     f.idle_memory = Some(super::Memory {
         sandboxes: boxes.len(),
         pss_median: pss.get(pss.len() / 2).copied(),
+        private_median: private.get(private.len() / 2).copied(),
         cgroup_median: charged.get(charged.len() / 2).copied(),
     });
 
@@ -335,7 +356,7 @@ async fn on_server(server: &mut Server, runs: &Runs, f: &mut Figures) -> anyhow:
 
     // kill -9 of the server with rooms running a detached process each: none left orphaned,
     // every room back with its files.
-    f.checks.extend(kill9(server, runs).await?);
+    f.checks.extend(kill9(server, runs, remote).await?);
     Ok(())
 }
 
@@ -460,7 +481,7 @@ fn find_named(dir: &Path, needle: &str, out: &mut Vec<std::path::PathBuf>, depth
     }
 }
 
-async fn kill9(server: &mut Server, runs: &Runs) -> anyhow::Result<Vec<Check>> {
+async fn kill9(server: &mut Server, runs: &Runs, remote: bool) -> anyhow::Result<Vec<Check>> {
     let pid = server
         .pid()
         .ok_or_else(|| anyhow!("the server has no pid"))?;
@@ -506,10 +527,16 @@ async fn kill9(server: &mut Server, runs: &Runs) -> anyhow::Result<Vec<Check>> {
     Ok(vec![
         Check::new(
             "kill -9: no orphan",
-            orphans.is_empty(),
-            if orphans.is_empty() {
+            orphans.is_empty() && (remote || !before.is_empty()),
+            if before.is_empty() && !remote {
+                "no sandbox process found under the server before the kill".to_owned()
+            } else if before.is_empty() {
+                "no sandbox runs under this server (they run on a sandbox host, which keeps \
+                 them through its attach grace): see rooms back"
+                    .to_owned()
+            } else if orphans.is_empty() {
                 format!(
-                    "{} sandbox process(es) of {} rooms: all gone with the server",
+                    "all {} sandbox processes of the server (its {} rooms' among them) gone with it",
                     before.len(),
                     rooms.len()
                 )

@@ -86,15 +86,22 @@ pub(super) fn sandboxes(server: u32) -> Vec<Vec<Proc>> {
         .collect()
 }
 
-/// Proportional set size of `p` in bytes (its private pages and its share of shared ones).
-pub(super) fn pss(p: Proc) -> u64 {
+/// What `p`'s memory costs in bytes: its proportional set size (its private pages and its
+/// share of shared ones) and its private pages alone (what one more such process adds).
+pub(super) fn pss_and_private(p: Proc) -> (u64, u64) {
     let Ok(s) = std::fs::read_to_string(format!("/proc/{}/smaps_rollup", p.pid)) else {
-        return 0;
+        return (0, 0);
     };
-    s.lines()
-        .find_map(|l| l.strip_prefix("Pss:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-        .map_or(0, |kb| kb * 1024)
+    let field = |name: &str| {
+        s.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map_or(0, |kb| kb * 1024)
+    };
+    (
+        field("Pss:"),
+        field("Private_Clean:") + field("Private_Dirty:"),
+    )
 }
 
 /// The cgroup directories `p` is in (one per v1 hierarchy, or the v2 one), as host paths.
