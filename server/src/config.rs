@@ -130,6 +130,10 @@ pub(crate) struct TiersArgs {
     /// Keep the work directory (the servers' data and logs).
     #[arg(long)]
     pub keep: bool,
+    /// The data directory of this host's server: when it exists, the report is recorded there
+    /// (`tiers-last.json`) and every sandbox's receipt names the last run of its tier.
+    #[arg(long, env = "CODEROOM_DATA_DIR", default_value = "./data")]
+    pub data_dir: PathBuf,
     /// Where the guest image is (as `serve --image-dir`; default ./data/images).
     #[arg(long, env = "CODEROOM_IMAGE_DIR")]
     pub image_dir: Option<PathBuf>,

@@ -4,6 +4,7 @@
 pub(crate) mod download;
 pub(crate) mod filesync;
 pub(crate) mod hosts;
+pub(crate) mod receipt;
 pub(crate) mod snapshots;
 pub(crate) mod supervisor;
 

@@ -158,6 +158,8 @@ struct Tier {
 
 #[derive(Debug, Serialize)]
 struct Report {
+    /// When the run ended (Unix ms).
+    at: i64,
     host: HostInfo,
     short: bool,
     tiers: Vec<Tier>,
@@ -282,15 +284,25 @@ pub(crate) async fn run(args: TiersArgs) -> anyhow::Result<bool> {
     }
     let ok = tiers.iter().all(|t| t.ok) && tiers.iter().any(|t| t.ran);
     let report = Report {
+        at: crate::clock::Clock::system().now_ms(),
         host,
         short: args.short,
         tiers,
         ok,
     };
+    let json = serde_json::to_string_pretty(&report)?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        println!("{json}");
     } else {
         print!("{}", markdown(&report));
+    }
+    // For the receipts of this host's server (`sandbox::receipt`).
+    if args.data_dir.is_dir() {
+        let record = args.data_dir.join(crate::sandbox::receipt::FIXTURE_RECORD);
+        match std::fs::write(&record, json) {
+            Ok(()) => eprintln!("tiers: recorded in {}", record.display()),
+            Err(e) => eprintln!("tiers: cannot record in {}: {e}", record.display()),
+        }
     }
     if made && !args.keep {
         let _ = std::fs::remove_dir_all(&dir);

@@ -120,12 +120,78 @@ fn assert_all_held(report: &Value, tier: &str) {
     );
 }
 
+/// The receipt of the room's sandbox.
+async fn receipt_of(t: &Room) -> Value {
+    let (_, status) = http(
+        &t.server.url(&format!("/api/rooms/{}/sandbox", t.room)),
+        "GET",
+        Some(&t.ana),
+        None,
+    )
+    .await;
+    serde_json::from_str::<Value>(&status).unwrap()["receipt"].clone()
+}
+
+/// Also: the run is recorded in the host's data directory, and a sandbox that server starts
+/// then says in its receipt why its tier, where secrets go, what it started from, and this
+/// last run of its tier's fixture.
 #[tokio::test]
 async fn every_canary_holds_in_the_namespace_tier() {
-    let (ok, report) = tiers(&["--tiers", "namespace"]).await;
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let data_dir = storage.dir.path().to_string_lossy().into_owned();
+    let (ok, report) = tiers(&["--tiers", "namespace", "--data-dir", &data_dir]).await;
     assert_all_held(&report, "namespace");
     assert!(ok, "exit status: {report:#}");
     assert_eq!(report["ok"], true);
+
+    let t = team_with(&storage, &["--sandbox-tier", "namespace"]).await;
+    let (_, out) = exec(&t.server, &t.ben, &t.room, "echo up").await;
+    assert_eq!(out["stdout"], "up\n");
+    let receipt = &receipt_of(&t).await;
+    assert!(
+        receipt["tier_chosen"]
+            .as_str()
+            .unwrap()
+            .contains("namespace"),
+        "{receipt:#}"
+    );
+    assert!(receipt["secrets"]
+        .as_str()
+        .unwrap()
+        .contains("egress proxy"));
+    assert_eq!(receipt["started_from"]["kind"], "empty", "{receipt:#}");
+    let fixture = &receipt["fixture"];
+    assert_eq!(fixture["tier"], "namespace", "{receipt:#}");
+    assert_eq!(fixture["held"], true);
+    assert_eq!(fixture["short"], true);
+    assert_eq!(fixture["at"], report["at"]);
+    assert_eq!(fixture["passed"], fixture["of"]);
+
+    // Stopped (a snapshot with its hash recorded) and started again: from that snapshot.
+    let (code, _) = http(
+        &t.server.url(&format!("/api/rooms/{}/sandbox/stop", t.room)),
+        "POST",
+        Some(&t.ana),
+        None,
+    )
+    .await;
+    assert_eq!(code, 200);
+    exec(&t.server, &t.ben, &t.room, "true").await;
+    let from = &receipt_of(&t).await["started_from"];
+    assert_eq!(from["kind"], "snapshot", "{from:#}");
+    let name = from["snapshot"].as_str().unwrap();
+    let archive = storage
+        .dir
+        .path()
+        .join("rooms")
+        .join(&t.room)
+        .join("workspace")
+        .join(name);
+    let want = {
+        use sha2::Digest as _;
+        hex::encode(sha2::Sha256::digest(std::fs::read(&archive).unwrap()))
+    };
+    assert_eq!(from["sha256"], want.as_str());
 }
 
 #[tokio::test]

@@ -34,6 +34,9 @@ pub(crate) struct Meta {
     /// it with the same command skips it.
     #[serde(default)]
     pub ready_for: Option<String>,
+    /// SHA-256 of the archive, recorded once it is written (none for a snapshot from before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sha256: Option<String>,
 }
 
 /// When a snapshot file was taken (Unix ms), from its name; `None` for any other file.
@@ -80,10 +83,35 @@ impl Snapshots {
     pub(crate) async fn take(&self, sandbox: &Sandbox, meta: &Meta) -> Result<Taken, SandboxError> {
         let (name, at) = self.begin(meta).await?;
         match self.archive(sandbox, &self.dir.join(&name)).await {
-            Ok(bytes) => Ok(Taken { name, at, bytes }),
+            Ok(bytes) => {
+                self.record_hash(&name, meta).await;
+                Ok(Taken { name, at, bytes })
+            }
             Err(e) => {
                 let _ = tokio::fs::remove_file(self.record_path(&name)).await;
                 Err(e)
+            }
+        }
+    }
+
+    /// Adds the archive's SHA-256 to snapshot `name`'s record (for receipts). A record that
+    /// cannot be rewritten keeps what it had: the hash is for showing, not for restoring.
+    async fn record_hash(&self, name: &str, meta: &Meta) {
+        let path = self.dir.join(name);
+        let hashed = tokio::task::spawn_blocking(move || -> std::io::Result<String> {
+            use sha2::Digest as _;
+            let mut hasher = sha2::Sha256::new();
+            std::io::copy(&mut std::fs::File::open(path)?, &mut hasher)?;
+            Ok(hex::encode(hasher.finalize()))
+        })
+        .await;
+        if let Ok(Ok(sha256)) = hashed {
+            let meta = Meta {
+                sha256: Some(sha256),
+                ..meta.clone()
+            };
+            if let Ok(record) = serde_json::to_vec(&meta) {
+                let _ = write_durably(&self.record_path(name), &record).await;
             }
         }
     }
@@ -93,7 +121,10 @@ impl Snapshots {
     pub(crate) async fn install(&self, src: &Path, meta: &Meta) -> Result<Taken, SandboxError> {
         let (name, at) = self.begin(meta).await?;
         match copy_durably(src, &self.dir.join(&name)).await {
-            Ok(bytes) => Ok(Taken { name, at, bytes }),
+            Ok(bytes) => {
+                self.record_hash(&name, meta).await;
+                Ok(Taken { name, at, bytes })
+            }
             Err(e) => {
                 let _ = tokio::fs::remove_file(self.record_path(&name)).await;
                 Err(e)

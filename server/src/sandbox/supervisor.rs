@@ -19,7 +19,7 @@ use crate::sandbox::snapshots::{Meta, Snapshots};
 use crate::store::{SandboxRow, SandboxState, Store, StoreError};
 use crate::terminal::{Hub, Joined, TermEvent};
 use coderoom_sandbox::proto::{Op, Reply, RunInput};
-use coderoom_sandbox::{Backend, CallError, Ended, Receipt, Sandbox};
+use coderoom_sandbox::{Backend, CallError, Ended, Sandbox};
 use serde::Serialize;
 use serde_json::Value;
 use std::path::PathBuf;
@@ -683,7 +683,7 @@ enum Life {
         sandbox: Sandbox,
         generation: u64,
         /// Boxed: the largest part, and `Life` is mostly not `Running`.
-        receipt: Box<Receipt>,
+        receipt: Box<crate::sandbox::receipt::RoomReceipt>,
         /// When the snapshot its workspace was restored from was taken (`None` for a fresh
         /// workspace), so viewers can be told it was resumed.
         resumed_from: Option<i64>,

@@ -561,6 +561,25 @@ impl Actor {
         let Some((sandbox, events, receipt, snapshot)) = started else {
             return Err(SandboxError::Start);
         };
+        let restored = match &snapshot {
+            Some(name) => self.snapshots.meta(name).await,
+            None => Meta::default(),
+        };
+        let receipt = crate::sandbox::receipt::RoomReceipt::new(
+            receipt,
+            &self.owner.inner.tier_reason,
+            crate::sandbox::receipt::StartedFrom {
+                kind: match (&kept, &snapshot) {
+                    (Some(k), _) => format!("kept {k}"),
+                    (None, Some(_)) => "snapshot".into(),
+                    (None, None) => "empty".into(),
+                },
+                snapshot: snapshot.clone(),
+                sha256: restored.sha256.clone(),
+                warm_pool: self.from_pool,
+            },
+            &self.deps().data_dir,
+        );
         // From now on the sandbox's way out is this room's egress policy (a pooled sandbox had
         // none: its connections were closed).
         sandbox.on_outbound(self.deps().egress.taker(self.room_id.clone()));
@@ -617,10 +636,6 @@ impl Actor {
             }
         });
         tracing::info!(room = %self.room_id, tier = %receipt.tier, "sandbox running");
-        let restored = match &snapshot {
-            Some(name) => self.snapshots.meta(name).await,
-            None => Meta::default(),
-        };
         let sync = Some(self.start_sync(&sandbox, restored.agreed));
         self.life = Life::Running {
             sandbox: sandbox.clone(),
@@ -640,6 +655,7 @@ impl Actor {
         Meta {
             agreed: self.agreed_now(),
             ready_for: self.ready_for(),
+            sha256: None,
         }
     }
 
