@@ -299,7 +299,7 @@ pub(crate) async fn run(args: TiersArgs) -> anyhow::Result<bool> {
     // For the receipts of this host's server (`sandbox::receipt`).
     if args.data_dir.is_dir() {
         let record = args.data_dir.join(crate::sandbox::receipt::FIXTURE_RECORD);
-        match std::fs::write(&record, json) {
+        match record_run(&record, &report) {
             Ok(()) => eprintln!("tiers: recorded in {}", record.display()),
             Err(e) => eprintln!("tiers: cannot record in {}: {e}", record.display()),
         }
@@ -308,6 +308,44 @@ pub(crate) async fn run(args: TiersArgs) -> anyhow::Result<bool> {
         let _ = std::fs::remove_dir_all(&dir);
     }
     Ok(ok)
+}
+
+/// Writes `report` to `record` (whole, through a rename: the server reads it at every start),
+/// keeping the last run of each tier this run did not run, each tier with its run's time.
+fn record_run(record: &Path, report: &Report) -> anyhow::Result<()> {
+    let ran: Vec<&str> = report
+        .tiers
+        .iter()
+        .filter(|t| t.ran)
+        .map(|t| t.tier.as_str())
+        .collect();
+    let mut tiers: Vec<serde_json::Value> = Vec::new();
+    let old = std::fs::read_to_string(record)
+        .ok()
+        .and_then(|s| serde_json::from_str::<serde_json::Value>(&s).ok());
+    for t in old
+        .as_ref()
+        .and_then(|o| o["tiers"].as_array())
+        .into_iter()
+        .flatten()
+    {
+        let name = t["tier"].as_str().unwrap_or_default();
+        if t["ran"] == true && !ran.contains(&name) && t["at"].is_i64() {
+            tiers.push(t.clone());
+        }
+    }
+    for t in &report.tiers {
+        let mut v = serde_json::to_value(t)?;
+        v["at"] = report.at.into();
+        v["short"] = report.short.into();
+        tiers.push(v);
+    }
+    let mut whole = serde_json::to_value(report)?;
+    whole["tiers"] = tiers.into();
+    let partial = record.with_extension("json.partial");
+    std::fs::write(&partial, serde_json::to_vec_pretty(&whole)?)?;
+    std::fs::rename(&partial, record)?;
+    Ok(())
 }
 
 /// The flags a tier's servers run with, or why it cannot run here.

@@ -42,6 +42,8 @@ async fn tiers(args: &[&str]) -> (bool, Value) {
         .args(["bench", "tiers", "--short", "--json"])
         .args(args)
         .env_remove("CODEROOM_DATABASE_URL")
+        // Recorded only where a test names a data directory.
+        .env_remove("CODEROOM_DATA_DIR")
         .output()
         .await
         .unwrap();

@@ -119,7 +119,10 @@ impl Ops {
             from: from.as_str().to_owned(),
             to: to.as_str().to_owned(),
         };
-        self.in_workspace(room_id, actor, op).await
+        let reply = self.in_workspace(room_id, actor, op).await?;
+        // As a write: answered once the document holds the move.
+        self.sandboxes.settle(room_id).await;
+        Ok(reply)
     }
 
     /// Runs a decided file operation: a stopped sandbox is started only for someone who may

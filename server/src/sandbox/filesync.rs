@@ -144,14 +144,17 @@ pub(crate) struct SyncCtx {
     /// Set once the first reconciliation wrote the document's files into the workspace.
     pub synced: tokio::sync::watch::Sender<bool>,
     /// Asks to settle: scan now, and answer once what the scan imported is committed.
-    pub asks: Option<tokio::sync::mpsc::Receiver<tokio::sync::oneshot::Sender<()>>>,
+    pub asks: Asks,
     /// Called once when the room cannot be joined because another server holds it now (the
     /// room moved while this server's sandbox ran): the sandbox is then stopped here.
     pub moved: Arc<dyn Fn() + Send + Sync>,
 }
 
-/// Where a sync is asked to settle (see `Sandboxes::settle`).
+/// Where a sync is asked to settle (see `Sandboxes::settle`): each ask is answered once the
+/// room has committed what a scan made after it imported.
 pub(crate) type Settle = tokio::sync::mpsc::Sender<tokio::sync::oneshot::Sender<()>>;
+/// The sync's end of [`Settle`].
+pub(crate) type Asks = tokio::sync::mpsc::Receiver<tokio::sync::oneshot::Sender<()>>;
 
 /// How many workspace files the document holds, and how many text files on disk it does not
 /// (past `--max-synced-files`).
@@ -248,8 +251,9 @@ pub(crate) async fn run(mut ctx: SyncCtx) {
     let mut restored = std::mem::take(&mut ctx.restored);
     let mut base = Agreed::new(ctx.agreed.clone(), &restored);
     let mut told = false;
-    let (_none, idle) = tokio::sync::mpsc::channel(1);
-    let mut asks = ctx.asks.take().unwrap_or(idle);
+    // Held here, not in the context the sessions borrow.
+    let (_, placeholder) = tokio::sync::mpsc::channel(1);
+    let mut asks = std::mem::replace(&mut ctx.asks, placeholder);
     while !ctx.cancel.is_cancelled() {
         if let Err(e) = session(&ctx, &mut base, &mut restored, &mut asks).await {
             if !told && ctx.rooms.held_elsewhere(&ctx.room_id).await {
@@ -286,7 +290,7 @@ async fn session(
     ctx: &SyncCtx,
     base: &mut Agreed,
     restored: &mut HashMap<String, String>,
-    asks: &mut tokio::sync::mpsc::Receiver<tokio::sync::oneshot::Sender<()>>,
+    asks: &mut Asks,
 ) -> Result<(), SyncError> {
     let conn = crate::room::task::next_conn_id();
     let (outbox, mut out_rx) =
@@ -336,9 +340,12 @@ async fn session(
     let mut scan = tokio::time::interval(SCAN_EVERY);
     scan.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut flush_at: Option<tokio::time::Instant> = None;
-    // Settles asked for: answered by the room's reply to a sync request sent after the scan,
-    // which the room sends only once everything before it is committed.
+    // Settles asked for: answered by the room's reply to a sync request sent after their
+    // scan, which the room sends only once everything before it is committed. One request
+    // is in flight at a time (the room answers one per connection and batch): asks that come
+    // while it is wait for the next, sent when it is answered.
     let mut settling: Vec<tokio::sync::oneshot::Sender<()>> = Vec::new();
+    let mut next: Vec<tokio::sync::oneshot::Sender<()>> = Vec::new();
     let result = loop {
         let flush = async {
             match flush_at {
@@ -353,16 +360,26 @@ async fn session(
                 break Ok(());
             }
             Some(done) = asks.recv() => {
-                s.scan().await?;
-                let sv = s.replica.doc.transact().state_vector();
-                s.send(vec![Inbound::SyncStep1(sv)]).await?;
-                settling.push(done);
+                // An asker that gave up costs no scan.
+                if !done.is_closed() {
+                    s.scan().await?;
+                    if settling.is_empty() {
+                        s.ask_room().await?;
+                        settling.push(done);
+                    } else {
+                        next.push(done);
+                    }
+                }
             }
             frame = out_rx.recv() => match frame {
                 Some(Outbound::Frame(_, bytes)) => {
-                    if s.receive(&bytes).await? {
+                    if s.receive(&bytes).await? && !settling.is_empty() {
                         for done in settling.drain(..) {
                             let _ = done.send(());
+                        }
+                        if !next.is_empty() {
+                            s.ask_room().await?;
+                            settling = std::mem::take(&mut next);
                         }
                     }
                     if !s.replica.dirty().is_empty() {
@@ -388,6 +405,12 @@ impl Session<'_> {
             .send(RoomCmd::inbound(self.conn, messages))
             .await
             .map_err(|_| SyncError::RoomGone)
+    }
+
+    /// Sends the room a sync request: its answer comes once what was sent before is committed.
+    async fn ask_room(&self) -> Result<(), SyncError> {
+        let sv = self.replica.doc.transact().state_vector();
+        self.send(vec![Inbound::SyncStep1(sv)]).await
     }
 
     /// Applies a frame from the room to the replica. Returns whether it was the answer to our

@@ -9,6 +9,9 @@ use std::path::Path;
 /// Where `coderoom bench tiers` records its last run, under the data directory.
 pub(crate) const FIXTURE_RECORD: &str = "tiers-last.json";
 
+/// Largest record read (one run of every tier is tens of KiB).
+const MAX_RECORD_BYTES: u64 = 4 << 20;
+
 /// How room secrets reach the outside, the same for every tier.
 const SECRETS: &str = "never in the sandbox: the egress proxy, outside it, adds each secret to \
                        requests for that secret's hosts only";
@@ -38,8 +41,8 @@ impl std::ops::Deref for RoomReceipt {
 /// The workspace a sandbox started from.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub(crate) struct StartedFrom {
-    /// `empty`, `snapshot`, or the kept disk or memory of a stopped VM (`kept disk`, `kept
-    /// memory`), or `running` (a sandbox host's sandbox attached again).
+    /// `empty`, `snapshot`, or what a stopped VM kept (`kept disk`, `kept memory`; a sandbox
+    /// host's sandbox attached again after a crash says how it was kept).
     pub(crate) kind: String,
     /// The snapshot restored (or that the kept state was parked with).
     pub(crate) snapshot: Option<String>,
@@ -67,13 +70,13 @@ pub(crate) struct FixtureRun {
 }
 
 impl RoomReceipt {
-    pub(crate) fn new(
+    pub(crate) async fn new(
         sandbox: coderoom_sandbox::Receipt,
         tier_chosen: &str,
         started_from: StartedFrom,
         data_dir: &Path,
     ) -> RoomReceipt {
-        let fixture = fixture_run(data_dir, &fixture_tier(&sandbox));
+        let fixture = fixture_run(data_dir, &fixture_tier(&sandbox)).await;
         RoomReceipt {
             sandbox,
             tier_chosen: tier_chosen.to_owned(),
@@ -97,15 +100,18 @@ fn fixture_tier(r: &coderoom_sandbox::Receipt) -> String {
 
 /// The record of the last fixture run for `tier`, if `coderoom bench tiers` left one in
 /// `data_dir` and it ran that tier.
-fn fixture_run(data_dir: &Path, tier: &str) -> Option<FixtureRun> {
-    use std::io::Read as _;
+async fn fixture_run(data_dir: &Path, tier: &str) -> Option<FixtureRun> {
+    use tokio::io::AsyncReadExt as _;
     let mut text = String::new();
-    std::fs::File::open(data_dir.join(FIXTURE_RECORD))
+    tokio::fs::File::open(data_dir.join(FIXTURE_RECORD))
+        .await
         .ok()?
-        .take(4 << 20)
+        .take(MAX_RECORD_BYTES)
         .read_to_string(&mut text)
+        .await
         .ok()?;
     let report: serde_json::Value = serde_json::from_str(&text).ok()?;
+    // Each tier's last run, with its own time (a run of other tiers keeps it).
     let t = report["tiers"]
         .as_array()?
         .iter()
@@ -117,9 +123,9 @@ fn fixture_run(data_dir: &Path, tier: &str) -> Option<FixtureRun> {
         .collect();
     Some(FixtureRun {
         tier: tier.to_owned(),
-        at: report["at"].as_i64()?,
+        at: t["at"].as_i64().or_else(|| report["at"].as_i64())?,
         held: t["ok"] == true,
-        short: report["short"] == true,
+        short: t.get("short").unwrap_or(&report["short"]) == true,
         passed: verdicts.iter().filter(|h| **h).count(),
         of: verdicts.len(),
     })
@@ -129,10 +135,10 @@ fn fixture_run(data_dir: &Path, tier: &str) -> Option<FixtureRun> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_last_fixture_run_of_the_tier_is_read_back() {
+    #[tokio::test]
+    async fn the_last_fixture_run_of_the_tier_is_read_back() {
         let dir = tempfile::tempdir().unwrap();
-        assert!(fixture_run(dir.path(), "namespace").is_none());
+        assert!(fixture_run(dir.path(), "namespace").await.is_none());
         std::fs::write(
             dir.path().join(FIXTURE_RECORD),
             serde_json::json!({
@@ -147,12 +153,15 @@ mod tests {
             .to_string(),
         )
         .unwrap();
-        let run = fixture_run(dir.path(), "namespace").unwrap();
+        let run = fixture_run(dir.path(), "namespace").await.unwrap();
         assert_eq!(
             (run.at, run.held, run.short),
             (1_700_000_000_000, false, true)
         );
         assert_eq!((run.passed, run.of), (2, 3));
-        assert!(fixture_run(dir.path(), "microvm-qemu").is_none(), "not run");
+        assert!(
+            fixture_run(dir.path(), "microvm-qemu").await.is_none(),
+            "not run"
+        );
     }
 }

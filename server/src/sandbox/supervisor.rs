@@ -43,6 +43,33 @@ const SEND_ATTEMPTS: usize = 3;
 /// How long an operation on a just-started sandbox waits for the sync to write the
 /// document's files into its workspace (a workspace of thousands of files takes seconds).
 const FIRST_SYNC_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+/// Whether a started sandbox's sync has written the document's files into its workspace once,
+/// and until when operations wait for it: one deadline per start, so a sync that cannot
+/// reconcile (its room full, say) holds operations up once, not each one.
+#[derive(Clone)]
+struct FirstSync {
+    done: tokio::sync::watch::Receiver<bool>,
+    by: tokio::time::Instant,
+}
+
+impl FirstSync {
+    /// Done already (no sandbox started yet, or one whose files are in place).
+    fn done() -> FirstSync {
+        FirstSync {
+            done: tokio::sync::watch::channel(true).1,
+            by: tokio::time::Instant::now(),
+        }
+    }
+
+    /// Waits until the first reconciliation is done, or the start's deadline.
+    async fn wait(mut self) {
+        let _ = tokio::time::timeout_at(self.by, self.done.wait_for(|done| *done)).await;
+    }
+}
+
+/// Asks to settle a running sandbox's sync may queue (each is answered, or given up by its
+/// asker within [`SETTLE_WAIT`]).
+const SETTLE_ASKS: usize = 64;
 /// How long a write through the workspace waits for the document to hold it.
 const SETTLE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -500,10 +527,12 @@ impl Sandboxes {
             return false;
         };
         let (done, settled) = oneshot::channel();
-        if settle.send(done).await.is_err() {
-            return false;
-        }
-        matches!(tokio::time::timeout(SETTLE_WAIT, settled).await, Ok(Ok(())))
+        // The asking too is bounded: a sync that cannot join its room reads no asks.
+        let asked = async {
+            settle.send(done).await.ok()?;
+            settled.await.ok()
+        };
+        matches!(tokio::time::timeout(SETTLE_WAIT, asked).await, Ok(Some(())))
     }
 
     /// Snapshots and stops the room's sandbox.
@@ -713,7 +742,7 @@ struct Actor {
     sync_agreed: crate::sandbox::filesync::Digests,
     /// Whether the running sandbox's sync has written the document's files into its workspace
     /// once: operations on the workspace wait for it (see [`FIRST_SYNC_WAIT`]).
-    first_sync: tokio::sync::watch::Receiver<bool>,
+    first_sync: FirstSync,
     /// The running sandbox's sync, asked to settle (see [`Sandboxes::settle`]).
     settle: Option<crate::sandbox::filesync::Settle>,
     /// The readiness step of the running sandbox.

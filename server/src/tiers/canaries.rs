@@ -7,6 +7,9 @@
 
 use serde::Serialize;
 
+/// The script's time limit (under software emulation `find /` and Python's starts are slow).
+pub(super) const TIMEOUT_MS: u64 = 300_000;
+
 /// Where the inputs are written, relative to the workspace.
 pub(super) const INPUT: &str = ".tiers-canary-input";
 
@@ -47,6 +50,10 @@ in=/workspace/.tiers-canary-input
 addrs=$(tail -n +6 "$in")
 pass() { echo "PASS $1: $2"; }
 fail() { echo "FAIL $1: $2"; }
+# Without its inputs no canary proves anything: none gets a verdict.
+if [ -z "$data_dir" ] || [ -z "$port" ] || [ -z "$other" ] || [ -z "$mem" ] || [ -z "$pids" ]; then
+  echo "no inputs in $in"; exit 1
+fi
 
 # Descriptors: everything open in every process room code can see is a pipe, a socket, a
 # terminal, a standard device or a file of the sandbox's own.
@@ -63,9 +70,11 @@ if [ -z "$bad" ]; then pass descriptors "only pipes, sockets, terminals and the 
 else fail descriptors "host descriptors open:$bad"; fi
 
 # The first process of the sandbox: not readable, not traceable.
-if (exec 3</proc/1/mem) 2>/dev/null; then fail proc-1-mem "opened /proc/1/mem"
+if [ ! -e /proc/1/mem ]; then fail proc-1-mem "no /proc/1/mem to try"
+elif (exec 3</proc/1/mem) 2>/dev/null; then fail proc-1-mem "opened /proc/1/mem"
 else pass proc-1-mem "cannot open /proc/1/mem"; fi
-if ls /proc/1/root/ >/dev/null 2>&1; then fail proc-1-root "listed /proc/1/root"
+if [ ! -L /proc/1/root ]; then fail proc-1-root "no /proc/1/root to try"
+elif ls /proc/1/root/ >/dev/null 2>&1; then fail proc-1-root "listed /proc/1/root"
 else pass proc-1-root "cannot list /proc/1/root"; fi
 
 # The server: its data directory is not there, its process is not visible.
@@ -80,57 +89,77 @@ done
 if [ -z "$seen" ]; then pass server-process "no process of the control plane is visible"
 else fail server-process "control-plane processes visible:$seen"; fi
 
-# Another room's workspace.
-hit=$(find / -path /proc -prune -o -path /sys -prune -o -name "$other" -print 2>/dev/null | head -n 1)
-if [ -z "$hit" ]; then pass other-room "another room's file is nowhere to be found"
+# Another room's workspace; the same search must find this room's own input file.
+found=$(find / -path /proc -prune -o -path /sys -prune -o -name '*tiers-*' -print 2>/dev/null)
+hit=$(echo "$found" | grep -F "/$other" | head -n 1)
+if ! echo "$found" | grep -q '/.tiers-canary-input$'; then fail other-room "find cannot search here (it missed this room's own file)"
+elif [ -z "$hit" ]; then pass other-room "another room's file is nowhere to be found"
 else fail other-room "another room's file is at $hit"; fi
 
 # The network: the server's port on loopback, directly and through the egress proxy, and the
 # metadata address through the proxy.
 # curl where the sandbox has it, else Python (busybox's wget crashes behind a proxy).
+# direct URL: 0 reached, 1 not reached (refused, unreachable, no answer to connect), 2 cannot
+# tell (no client, another error): a canary that cannot tell fails.
 direct() {
   if command -v curl >/dev/null 2>&1; then
-    curl --noproxy '*' -s -m 3 -o /dev/null "$1" 2>/dev/null
-    r=$?; [ $r -eq 7 ] || [ $r -eq 28 ] || [ $r -eq 6 ] && return 1; return 0
+    curl --noproxy '*' -s --connect-timeout 5 -m 20 -o /dev/null "$1" 2>/dev/null
+    case $? in 0|22|52|56) return 0 ;; 6|7) return 1 ;; 28) return 1 ;; *) return 2 ;; esac
   fi
+  command -v python3 >/dev/null 2>&1 || return 2
   python3 -c '
 import socket, sys, urllib.parse
 u = urllib.parse.urlsplit(sys.argv[1])
 try:
-    socket.create_connection((u.hostname, u.port or 80), 3).close()
-except OSError:
+    socket.create_connection((u.hostname, u.port or 80), 5).close()
+except (ConnectionRefusedError, TimeoutError, socket.timeout):
     sys.exit(1)
+except OSError as e:
+    sys.exit(1 if e.errno in (101, 113) else 2)
 ' "$1"
 }
+# via_proxy URL: the proxy's status for it, "none" without a proxy, or "error: ...".
 via_proxy() {
   p=${HTTP_PROXY:-$http_proxy}
   [ -z "$p" ] && { echo none; return; }
   if command -v curl >/dev/null 2>&1; then
-    curl -s -m 5 -o /dev/null -w '%{http_code}' --noproxy '' -x "$p" "$1" 2>/dev/null; return
+    curl -s -m 20 -o /dev/null -w '%{http_code}' --noproxy '' -x "$p" "$1" 2>/dev/null; return
   fi
+  command -v python3 >/dev/null 2>&1 || { echo "error: no curl or python3"; return; }
   no_proxy= NO_PROXY= python3 -c '
 import sys, urllib.error, urllib.request
 o = urllib.request.build_opener(urllib.request.ProxyHandler({"http": sys.argv[1]}))
 try:
-    print(o.open(sys.argv[2], timeout=5).status)
+    print(o.open(sys.argv[2], timeout=20).status)
 except urllib.error.HTTPError as e:
     print(e.code)
 except Exception as e:
     print("error:", e)
 ' "$p" "$1" 2>&1
 }
-if direct "http://127.0.0.1:$port/healthz"; then fail server-port "reached the server on 127.0.0.1:$port"
+direct "http://127.0.0.1:$port/healthz"; r=$?
+proxy=${HTTP_PROXY:-$http_proxy}
+forwarder=${proxy#http://}; forwarder=${forwarder%/}
+# The control: what does answer inside (the agent's forwarder to the proxy) reads as reached.
+if [ -n "$forwarder" ]; then direct "http://$forwarder/"; control=$?; else control=0; fi
+if [ $r -eq 0 ]; then fail server-port "reached the server on 127.0.0.1:$port"
+elif [ $r -eq 2 ] || [ $control -ne 0 ]; then fail server-port "cannot tell (probe $r, control $control)"
 else pass server-port "127.0.0.1:$port does not answer from inside"; fi
 # The room's allowlist lets everything out (the fixture set it so): the proxy's own refusal
-# of loopback, link-local and this machine's addresses is what holds.
+# of loopback, link-local and this machine's addresses is what holds. The control: a name
+# the allowlist lets through is not refused (it does not resolve: not a 403).
+control=$(via_proxy "http://tiers-canary.invalid/")
 bad=""
 urls="http://127.0.0.1:$port/healthz http://localhost:$port/healthz http://169.254.169.254/latest/meta-data/"
 for a in $addrs; do case "$a" in *.*) urls="$urls http://$a:$port/healthz" ;; esac; done
 for u in $urls; do
   code=$(via_proxy "$u")
-  case "$code" in 403|none) ;; *) bad="$bad $u=$code" ;; esac
+  case "$code" in 403) ;; *) bad="$bad $u=$code" ;; esac
 done
-if [ -z "$bad" ]; then pass egress-proxy "with everything allowed, the proxy refuses loopback, the metadata address and the host's own"
+case "$control" in 403|000|none|error*) open=no ;; [1-5][0-9][0-9]) open=yes ;; *) open=no ;; esac
+if [ $open = no ]; then
+  fail egress-proxy "no open allowlist to test the proxy's refusals with (control: $control)"
+elif [ -z "$bad" ]; then pass egress-proxy "with everything allowed, the proxy refuses loopback, the metadata address and the host's own"
 else fail egress-proxy "the proxy let through:$bad"; fi
 
 # The network namespace: none of the host's addresses is here.
@@ -155,8 +184,11 @@ else fail read-only-base "wrote into:$bad"; fi
 rm -f /tmp/.tiers-pids
 ( i=0; while [ $i -lt $((pids + 64)) ]; do sleep 60 & echo $! >> /tmp/.tiers-pids; i=$((i+1)); done ) 2>/dev/null
 n=0; while read -r p; do kill "$p" 2>/dev/null; n=$((n+1)); done < /tmp/.tiers-pids
+# Until each is reaped (builtins only: no fork may fail on the way).
+while read -r p; do i=0; while [ -e "/proc/$p" ] && [ $i -lt 200000 ]; do i=$((i+1)); done; done < /tmp/.tiers-pids
 rm -f /tmp/.tiers-pids
 if [ "$n" -gt "$pids" ]; then fail fork-bomb "$n processes started at once, over the limit of $pids"
+elif [ "$n" -lt $((pids / 2)) ]; then fail fork-bomb "only $n processes started (limit $pids): the bomb did not run"
 else pass fork-bomb "stopped after $n processes (limit $pids)"; fi
 
 # Memory beyond the limit: the process is stopped before it holds more than the limit.
@@ -164,6 +196,7 @@ out=$(awk -v max="$((mem * 2))" 'BEGIN { s = "0123456789abcdef"; while (length(s
 r=$?
 last=$(echo "$out" | grep -E '^[0-9]+$' | tail -n 1)
 if [ "${last:-0}" -gt "$mem" ]; then fail memory "one string of $last bytes, over the limit of $mem (exit $r)"
+elif [ "${last:-0}" -lt $((mem / 8)) ] || [ $r -eq 0 ]; then fail memory "the hog did not run (exit $r, ${last:-0} bytes): $(echo "$out" | tail -n 1)"
 else pass memory "stopped at a string of ${last:-0} bytes (exit $r; limit $mem)"; fi
 "#;
 

@@ -201,7 +201,13 @@ async fn on_server(
         )
         .await
         .context("opening the canary room's egress allowlist")?;
-    let (e, _) = server.exec(&canary_room, canaries::SCRIPT).await?;
+    let (e, _) = server
+        .exec_within(
+            &canary_room,
+            &["sh", "-c", canaries::SCRIPT],
+            canaries::TIMEOUT_MS,
+        )
+        .await?;
     let mut verdicts = canaries::verdicts(&e.stdout);
     if verdicts.iter().any(|v| !v.held) && !e.stderr.is_empty() {
         tracing::debug!(stderr = %e.stderr, "canary script");
@@ -335,7 +341,7 @@ async fn on_server(
     private.sort_unstable();
     let mut charged: Vec<u64> = boxes
         .iter()
-        .filter_map(|p| host::cgroup_memory(p))
+        .filter_map(|p| host::cgroup_memory(p, pid))
         .collect();
     pss.sort_unstable();
     charged.sort_unstable();
@@ -352,7 +358,7 @@ async fn on_server(
         .first()
         .cloned()
         .ok_or_else(|| anyhow!("no fork to delete"))?;
-    f.checks.push(delete(server, pid, &victim).await?);
+    f.checks.push(delete(server, pid, &victim, remote).await?);
 
     // kill -9 of the server with rooms running a detached process each: none left orphaned,
     // every room back with its files.
@@ -393,7 +399,7 @@ fn sandbox_of(pid: u32, room: &str) -> Option<(Vec<Proc>, Vec<std::path::PathBuf
     })
 }
 
-async fn delete(server: &Server, pid: u32, room: &str) -> anyhow::Result<Check> {
+async fn delete(server: &Server, pid: u32, room: &str, remote: bool) -> anyhow::Result<Check> {
     let before = sandbox_of(pid, room);
     let asked = server
         .json("DELETE", &format!("/api/rooms/{room}"), json!({}), 202)
@@ -427,6 +433,9 @@ async fn delete(server: &Server, pid: u32, room: &str) -> anyhow::Result<Check> 
             .map(|p| format!("{} is still on disk", p.display())),
     );
     // Its sandbox's processes and cgroups are gone (within 10 s).
+    if before.is_none() && !remote {
+        problems.push("its sandbox was not found under the server before the deletion".into());
+    }
     if let Some((procs, dirs)) = before {
         until(Duration::from_secs(10), || {
             !procs.iter().any(|p| host::alive(*p)) && !dirs.iter().any(|d| d.exists())

@@ -16,7 +16,7 @@ pub(super) struct Proc {
 fn stat_of(pid: u32) -> Option<(u32, u64)> {
     let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name is in parentheses and may hold anything; fields follow the last ')'.
-    let rest = &s[s.rfind(')')? + 2..];
+    let rest = s.get(s.rfind(')')? + 2..)?;
     let f: Vec<&str> = rest.split(' ').collect();
     // After the name: state(0) ppid(1) ... starttime(19).
     Some((f.get(1)?.parse().ok()?, f.get(19)?.parse().ok()?))
@@ -72,9 +72,17 @@ pub(super) fn subtrees(root: u32) -> BTreeMap<Proc, Vec<Proc>> {
 /// Whether `p` is a sandbox's first process (bubblewrap or a VMM), not a helper the server
 /// runs (git, tar).
 pub(super) fn is_sandbox_root(p: Proc) -> bool {
-    let exe = std::fs::read_link(format!("/proc/{}/exe", p.pid)).unwrap_or_default();
-    let name = exe.file_name().and_then(|n| n.to_str()).unwrap_or("");
-    name == "bwrap" || name.starts_with("qemu-system") || name == "cloud-hypervisor"
+    // The executable's name, or where it cannot be read (another uid, a setuid bwrap) the
+    // command name the kernel keeps (cut at 15 bytes).
+    let name = std::fs::read_link(format!("/proc/{}/exe", p.pid))
+        .ok()
+        .and_then(|exe| exe.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .or_else(|| {
+            let s = std::fs::read_to_string(format!("/proc/{}/stat", p.pid)).ok()?;
+            Some(s.get(s.find('(')? + 1..s.rfind(')')?)?.to_owned())
+        })
+        .unwrap_or_default();
+    name == "bwrap" || name.starts_with("qemu-system") || name.starts_with("cloud-hyperviso")
 }
 
 /// The sandboxes below the server `server`: each as its processes.
@@ -146,9 +154,18 @@ fn cgroup2_mounts() -> Vec<PathBuf> {
 }
 
 /// What the memory cgroup of a sandbox is charged (v1 `memory.usage_in_bytes`, v2
-/// `memory.current`), where it has one.
-pub(super) fn cgroup_memory(procs: &[Proc]) -> Option<u64> {
-    let dirs: BTreeSet<PathBuf> = procs.iter().flat_map(|p| cgroups_of(*p)).collect();
+/// `memory.current`), where it has one of its own: not one it shares with the server.
+pub(super) fn cgroup_memory(procs: &[Proc], server: u32) -> Option<u64> {
+    let theirs: BTreeSet<PathBuf> = stat_of(server)
+        .map(|(_, start)| cgroups_of(Proc { pid: server, start }))
+        .unwrap_or_default()
+        .into_iter()
+        .collect();
+    let dirs: BTreeSet<PathBuf> = procs
+        .iter()
+        .flat_map(|p| cgroups_of(*p))
+        .filter(|d| !theirs.contains(d))
+        .collect();
     dirs.iter().find_map(|d| {
         ["memory.current", "memory.usage_in_bytes"]
             .iter()

@@ -70,7 +70,7 @@ impl Actor {
         let actor = Actor {
             sync_stats: Arc::default(),
             sync_agreed: Arc::default(),
-            first_sync: tokio::sync::watch::channel(true).1,
+            first_sync: super::FirstSync::done(),
             settle: None,
             readiness: Readiness::None,
             from_pool: false,
@@ -215,16 +215,12 @@ impl Actor {
                 if !peek {
                     self.touch().await;
                 }
-                let mut first_sync = self.first_sync.clone();
+                let first_sync = self.first_sync.clone();
                 tokio::spawn(async move {
                     // A started (or restarted) sandbox's workspace holds the document's files
                     // before any command sees it. A sync that ends or stalls does not hold
-                    // the operation up for longer than the bound.
-                    let _ = tokio::time::timeout(
-                        super::FIRST_SYNC_WAIT,
-                        first_sync.wait_for(|done| *done),
-                    )
-                    .await;
+                    // operations up past the start's deadline.
+                    first_sync.wait().await;
                     let r = match (stop, output) {
                         (Some(stop), Some(streamed)) => {
                             let input = streamed.take_input();
@@ -579,7 +575,8 @@ impl Actor {
                 warm_pool: self.from_pool,
             },
             &self.deps().data_dir,
-        );
+        )
+        .await;
         // From now on the sandbox's way out is this room's egress policy (a pooled sandbox had
         // none: its connections were closed).
         sandbox.on_outbound(self.deps().egress.taker(self.room_id.clone()));
@@ -636,7 +633,7 @@ impl Actor {
             }
         });
         tracing::info!(room = %self.room_id, tier = %receipt.tier, "sandbox running");
-        let sync = Some(self.start_sync(&sandbox, restored.agreed));
+        let sync = Some(self.start_sync(&sandbox, restored.agreed, false));
         self.life = Life::Running {
             sandbox: sandbox.clone(),
             generation,
@@ -661,15 +658,23 @@ impl Actor {
 
     /// Starts the document <-> workspace sync of a running sandbox; `restored` is what the
     /// two agreed on when its workspace was saved.
+    /// `again`: on the same sandbox as the sync before (stopped for a snapshot that failed).
     fn start_sync(
         &mut self,
         sandbox: &Sandbox,
         restored: std::collections::HashMap<String, String>,
+        again: bool,
     ) -> (CancellationToken, tokio::task::JoinHandle<()>) {
         let cancel = CancellationToken::new();
-        let (synced, first_sync) = tokio::sync::watch::channel(false);
-        self.first_sync = first_sync;
-        let (settle, asks) = tokio::sync::mpsc::channel(16);
+        // A sync started again on a sandbox whose files are in place (after a failed
+        // snapshot) holds nothing up.
+        let already = again && *self.first_sync.done.borrow();
+        let (synced, done) = tokio::sync::watch::channel(already);
+        self.first_sync = super::FirstSync {
+            done,
+            by: tokio::time::Instant::now() + super::FIRST_SYNC_WAIT,
+        };
+        let (settle, asks) = tokio::sync::mpsc::channel(super::SETTLE_ASKS);
         self.settle = Some(settle);
         let task = tokio::spawn(crate::sandbox::filesync::run(
             crate::sandbox::filesync::SyncCtx {
@@ -682,7 +687,7 @@ impl Actor {
                 agreed: self.sync_agreed.clone(),
                 restored,
                 synced,
-                asks: Some(asks),
+                asks,
                 moved: {
                     let (owner, room) = (self.owner.clone(), self.room_id.clone());
                     Arc::new(move || {
@@ -773,7 +778,7 @@ impl Actor {
                 tracing::error!(room = %self.room_id, error = %e, "snapshot failed; the sandbox keeps running");
                 // Where the stopped sync left the agreement.
                 let agreed = self.agreed_now();
-                let restarted = self.start_sync(&sandbox, agreed);
+                let restarted = self.start_sync(&sandbox, agreed, true);
                 if let Life::Running { sync, .. } = &mut self.life {
                     *sync = Some(restarted);
                 }

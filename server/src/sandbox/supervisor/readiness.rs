@@ -48,14 +48,10 @@ impl Actor {
                 };
                 let (sandbox, me) = (sandbox.clone(), self.me.clone());
                 let ran = command.clone();
-                let mut first_sync = self.first_sync.clone();
+                let first_sync = self.first_sync.clone();
                 tokio::spawn(async move {
                     // The step prepares the project: it runs once the project's files are in.
-                    let _ = tokio::time::timeout(
-                        super::FIRST_SYNC_WAIT,
-                        first_sync.wait_for(|done| *done),
-                    )
-                    .await;
+                    first_sync.wait().await;
                     let within = Duration::from_millis(READINESS_MS) + Duration::from_secs(30);
                     let outcome = sandbox.call(op, within).await.map_err(SandboxError::from);
                     if let Some(me) = me.upgrade() {
