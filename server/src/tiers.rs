@@ -232,7 +232,7 @@ pub(crate) async fn run(args: TiersArgs) -> anyhow::Result<bool> {
         }
         let (flags, why_not) = match available(name, &args, &dir).await {
             Ok(flags) => (flags, None),
-            Err(why) => (Vec::new(), Some(why)),
+            Err(NotHere(why)) => (Vec::new(), Some(why)),
         };
         if let Some(why) = why_not {
             if !args.json {
@@ -348,8 +348,13 @@ fn record_run(record: &Path, report: &Report) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Why a tier cannot run on this host (in `coderoom doctor`'s words where it has them).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct NotHere(String);
+
 /// The flags a tier's servers run with, or why it cannot run here.
-async fn available(name: &str, args: &TiersArgs, dir: &Path) -> Result<Vec<String>, String> {
+async fn available(name: &str, args: &TiersArgs, dir: &Path) -> Result<Vec<String>, NotHere> {
     use coderoom_sandbox::vm::{Accel, VmConfig, VmmKind};
     use coderoom_sandbox::{AgentCommand, Backend, Tier};
     let agent = AgentCommand {
@@ -400,7 +405,7 @@ async fn available(name: &str, args: &TiersArgs, dir: &Path) -> Result<Vec<Strin
     match name {
         "namespace" => match Backend::namespace(agent, None) {
             (Backend::Namespace(_), _) => Ok(vec!["--sandbox-tier".into(), "namespace".into()]),
-            (_, why) => Err(why),
+            (_, why) => Err(NotHere(why)),
         },
         "microvm-qemu" | "microvm-cloud-hypervisor" => {
             let (kind, vmm) = if name == "microvm-qemu" {
@@ -409,23 +414,23 @@ async fn available(name: &str, args: &TiersArgs, dir: &Path) -> Result<Vec<Strin
                 (VmmKind::CloudHypervisor, "cloud-hypervisor")
             };
             if coderoom_sandbox::vm::GuestImage::current(&image_dir).is_none() {
-                return Err(format!(
+                return Err(NotHere(format!(
                     "no guest image in {} (`coderoom image build`, then --image-dir)",
                     image_dir.display()
-                ));
+                )));
             }
             match Backend::select(Tier::Microvm, agent, None, &vm(kind)).await {
                 (Backend::Microvm(_), _) => Ok(vm_flags(vmm)),
-                (_, why) => Err(why),
+                (_, why) => Err(NotHere(why)),
             }
         }
         "sandbox-host" => {
             if args.sandbox_hosts.is_empty() {
-                return Err(
+                return Err(NotHere(
                     "no sandbox host named (--sandbox-hosts, with --sandbox-host-ca, \
                      --sandbox-host-cert and --sandbox-host-key)"
                         .into(),
-                );
+                ));
             }
             let mut f = vec!["--sandbox-hosts".to_owned(), args.sandbox_hosts.join(",")];
             for (flag, v) in [
@@ -435,12 +440,12 @@ async fn available(name: &str, args: &TiersArgs, dir: &Path) -> Result<Vec<Strin
             ] {
                 match v {
                     Some(p) => f.extend([flag.to_owned(), p.to_string_lossy().into_owned()]),
-                    None => return Err(format!("{flag} is needed with --sandbox-hosts")),
+                    None => return Err(NotHere(format!("{flag} is needed with --sandbox-hosts"))),
                 }
             }
             Ok(f)
         }
-        _ => Err("unknown tier".into()),
+        _ => Err(NotHere("unknown tier".into())),
     }
 }
 

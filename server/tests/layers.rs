@@ -17,7 +17,8 @@ enum Layer {
     /// The application layer (`ops`): every room operation, whichever door asks.
     App,
     Edge,
-    /// The entry points (`lib.rs`, `cli.rs`, `serve.rs`): they put the whole server together.
+    /// The entry points (`lib.rs`, `cli.rs`, `serve.rs`, `tiers.rs`): they put the whole
+    /// server together, or run it.
     Top,
 }
 
@@ -32,7 +33,9 @@ fn layer_of(module: &str) -> Option<Layer> {
         }
         "audit" | "store" | "config" | "metrics" | "registry" | "clock" | "close" | "ids"
         | "fault" => Layer::Below,
-        "lib" | "main" | "cli" | "serve" => Layer::Top,
+        // `tiers` (`coderoom bench tiers`) runs servers as child processes and reads what a
+        // server's receipts read: an entry point beside `cli`.
+        "lib" | "main" | "cli" | "serve" | "tiers" => Layer::Top,
         _ => return None,
     })
 }
