@@ -200,7 +200,11 @@ async fn idle_connections_stay_small() {
     // Joiners of a room with a 1 MiB document are each sent all of it, and stay. The server
     // sends it in fragments, written one at a time, so their sockets keep no buffer of the
     // document's size (tungstenite never shrinks one): before, each held about 1 MiB more, then
-    // 70 KiB with writes gathered up to 8 KiB; 36 KiB now (debug build).
+    // 70 KiB with writes gathered up to 8 KiB. The figure is resident memory, so it also holds
+    // what the allocator kept of the 100 transient 1 MiB sends: with glibc's moving mmap
+    // threshold that was 0 to 71 KiB from one run to the next (CI saw 71); with the threshold
+    // fixed (main.rs) 13 to 32 KiB in nine runs, four under a CPU hog (debug build). The bound
+    // is well clear of that spread and far below a document-sized buffer per joiner.
     let big_room = create_room(&server, &token).await;
     let mut author = Client::connect(&server, &big_room, &token).await;
     author.synced().await;
@@ -212,7 +216,7 @@ async fn idle_connections_stay_small() {
     let per_joiner = after.saturating_sub(before) as f64 / 100.0;
     eprintln!("coderoom: {per_joiner:.1} KiB per idle joiner of a 1 MiB document");
     assert!(
-        per_joiner < 64.0,
+        per_joiner < 96.0,
         "{per_joiner:.1} KiB per idle joiner of a 1 MiB document"
     );
     drop(joiners);
