@@ -40,6 +40,59 @@ const STDERR_KEEP: usize = 4096;
 const BASE_DIRS: [&str; 7] = [
     "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
 ];
+/// Appends bubblewrap's arguments for the host's base directories (each a symlink where the
+/// host has one, else bound read-only); the mounts, for the receipt.
+fn base_dirs(a: &mut Vec<String>) -> Vec<String> {
+    let mut mounts = Vec::new();
+    for dir in BASE_DIRS {
+        let p = Path::new(dir);
+        if let Ok(target) = std::fs::read_link(p) {
+            a.extend([
+                "--symlink".into(),
+                target.to_string_lossy().into_owned(),
+                dir.into(),
+            ]);
+        } else if p.is_dir() {
+            a.extend(["--ro-bind".into(), dir.into(), dir.into()]);
+            mounts.push(format!("{dir} (read-only, host)"));
+        }
+    }
+    mounts
+}
+
+/// The floor a start of this tier is measured against: plain `bwrap` with the sandbox's
+/// namespaces and base mounts (its base directories as a sandbox has them, `/proc`, `/dev`, a
+/// tmpfs `/tmp` and `/workspace`) running `command`, nothing of Coderoom's own.
+pub fn bwrap_floor(command: &[&str]) -> Vec<String> {
+    let mut a: Vec<String> = [
+        "bwrap",
+        "--unshare-all",
+        "--unshare-user",
+        "--die-with-parent",
+    ]
+    .map(String::from)
+    .into();
+    base_dirs(&mut a);
+    a.extend(
+        [
+            "--proc",
+            "/proc",
+            "--dev",
+            "/dev",
+            "--tmpfs",
+            "/tmp",
+            "--tmpfs",
+            "/workspace",
+            "--chdir",
+            "/workspace",
+            "--",
+        ]
+        .map(String::from),
+    );
+    a.extend(command.iter().map(|c| (*c).to_owned()));
+    a
+}
+
 /// The `/etc` essentials: dynamic linking, certificates, time zone, shell setup, alternatives.
 /// Never passwd/shadow/group: the sandbox gets its own; of `/etc/ssl`, the public certificates
 /// and the OpenSSL configuration, never the host's `private` keys.
@@ -483,15 +536,7 @@ impl Namespace {
                 }
             }
             None => {
-                for dir in BASE_DIRS {
-                    let p = Path::new(dir);
-                    if let Ok(target) = std::fs::read_link(p) {
-                        push(&mut a, &["--symlink", &target.to_string_lossy(), dir]);
-                    } else if p.is_dir() {
-                        push(&mut a, &["--ro-bind", dir, dir]);
-                        mounts.push(format!("{dir} (read-only, host)"));
-                    }
-                }
+                mounts.extend(base_dirs(&mut a));
                 // Directories are made first, with their mode: bwrap would make them on the
                 // first file bound into them, closed to everyone but root (room code's shell
                 // could not read its rc file).

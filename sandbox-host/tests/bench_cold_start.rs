@@ -53,35 +53,8 @@ async fn cold_start() {
         sb.kill();
         sb.ended().await;
     }
-    let bwrap = [
-        "bwrap",
-        "--unshare-all",
-        "--unshare-user",
-        "--ro-bind",
-        "/usr",
-        "/usr",
-        "--symlink",
-        "usr/bin",
-        "/bin",
-        "--symlink",
-        "usr/lib",
-        "/lib",
-        "--symlink",
-        "usr/lib64",
-        "/lib64",
-        "--proc",
-        "/proc",
-        "--dev",
-        "/dev",
-        "--tmpfs",
-        "/tmp",
-        "--tmpfs",
-        "/workspace",
-        "--",
-        "/bin/sh",
-        "-c",
-        "true",
-    ];
+    let bwrap = coderoom_sandbox::namespace::bwrap_floor(&["/bin/sh", "-c", "true"]);
+    let bwrap: Vec<&str> = bwrap.iter().map(String::as_str).collect();
     let floor_bwrap: Vec<Duration> = (0..RUNS).map(|_| run_floor(&bwrap)).collect();
     let unshare = ["unshare", "-Urpfn", "--mount-proc", "/bin/sh", "-c", "true"];
     let floor_unshare: Vec<Duration> = (0..RUNS).map(|_| run_floor(&unshare)).collect();

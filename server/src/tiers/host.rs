@@ -226,38 +226,7 @@ pub(super) fn time_on_host(argv: &[&str], dir: &Path) -> anyhow::Result<Duration
 /// The floor of the namespace tier's start: plain `bwrap` with the same namespaces and base
 /// mounts, starting `true`.
 pub(super) fn bwrap_floor(dir: &Path) -> anyhow::Result<Duration> {
-    let mut argv = vec![
-        "bwrap",
-        "--unshare-all",
-        "--unshare-user",
-        "--die-with-parent",
-    ];
-    for d in ["/usr", "/etc/alternatives"] {
-        if Path::new(d).is_dir() {
-            argv.extend(["--ro-bind", d, d]);
-        }
-    }
-    for (link, to) in [
-        ("/bin", "usr/bin"),
-        ("/lib", "usr/lib"),
-        ("/lib64", "usr/lib64"),
-        ("/sbin", "usr/sbin"),
-    ] {
-        argv.extend(["--symlink", to, link]);
-    }
-    argv.extend([
-        "--proc",
-        "/proc",
-        "--dev",
-        "/dev",
-        "--tmpfs",
-        "/tmp",
-        "--tmpfs",
-        "/workspace",
-        "--chdir",
-        "/workspace",
-        "--",
-        "/bin/true",
-    ]);
+    let argv = coderoom_sandbox::namespace::bwrap_floor(&["/bin/true"]);
+    let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
     time_on_host(&argv, dir)
 }
