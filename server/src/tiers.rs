@@ -106,24 +106,6 @@ pub(crate) struct Memory {
     cgroup_median: Option<u64>,
 }
 
-/// A check beside the canaries (deletion, kill -9, clean stop).
-#[derive(Clone, Debug, Serialize)]
-pub(crate) struct Check {
-    name: String,
-    held: bool,
-    detail: String,
-}
-
-impl Check {
-    fn new(name: &str, held: bool, detail: String) -> Check {
-        Check {
-            name: name.to_owned(),
-            held,
-            detail,
-        }
-    }
-}
-
 /// Everything one tier's fixture measured.
 #[derive(Clone, Debug, Default, Serialize)]
 pub(crate) struct Figures {
@@ -139,7 +121,20 @@ pub(crate) struct Figures {
     file_step: Option<(Spread, Spread)>,
     idle_memory: Option<Memory>,
     canaries: Vec<Verdict>,
-    checks: Vec<Check>,
+    /// Beside the canaries: deletion, kill -9, clean stop.
+    checks: Vec<Verdict>,
+}
+
+impl Figures {
+    /// Every canary's and check's verdict.
+    fn verdicts(&self) -> impl Iterator<Item = &Verdict> {
+        self.canaries.iter().chain(&self.checks)
+    }
+
+    /// Every canary and check held.
+    fn all_held(&self) -> bool {
+        self.verdicts().all(|v| v.held)
+    }
 }
 
 /// A tier's row: its figures, or why it did not run.
@@ -259,8 +254,7 @@ pub(crate) async fn run(args: TiersArgs) -> anyhow::Result<bool> {
                 flags,
                 ran: true,
                 reason: None,
-                ok: figures.canaries.iter().all(|v| v.held)
-                    && figures.checks.iter().all(|c| c.held),
+                ok: figures.all_held(),
                 figures: Some(figures),
             },
             Err(e) => Tier {
@@ -569,43 +563,24 @@ fn markdown(r: &Report) -> String {
         }
         let _ = writeln!(s, "\n| canary or check | {} |", head.join(" | "));
         let _ = writeln!(s, "|---|{}", "---|".repeat(ran.len()));
-        let mut names: Vec<String> = Vec::new();
-        for t in &ran {
-            let f = t.figures.as_ref().expect("ran");
-            for n in f
-                .canaries
-                .iter()
-                .map(|v| &v.name)
-                .chain(f.checks.iter().map(|c| &c.name))
-            {
-                if !names.contains(n) {
-                    names.push(n.clone());
-                }
+        let figures: Vec<&Figures> = ran.iter().filter_map(|t| t.figures.as_ref()).collect();
+        let mut names: Vec<&str> = Vec::new();
+        for v in figures.iter().flat_map(|f| f.verdicts()) {
+            if !names.contains(&v.name.as_str()) {
+                names.push(&v.name);
             }
         }
         for n in &names {
-            let cells: Vec<String> = ran
+            let cells: Vec<String> = figures
                 .iter()
-                .map(|t| {
-                    let f = t.figures.as_ref().expect("ran");
-                    f.canaries
-                        .iter()
-                        .map(|v| (v.held, &v.detail))
-                        .chain(f.checks.iter().map(|c| (c.held, &c.detail)))
-                        .zip(
-                            f.canaries
-                                .iter()
-                                .map(|v| &v.name)
-                                .chain(f.checks.iter().map(|c| &c.name)),
+                .map(|f| {
+                    f.verdicts().find(|v| v.name == *n).map_or("-".into(), |v| {
+                        format!(
+                            "{} {}",
+                            if v.held { "held:" } else { "**FAILED**:" },
+                            v.detail.replace('|', "\\|")
                         )
-                        .find(|(_, name)| *name == n)
-                        .map_or("-".into(), |((held, detail), _)| {
-                            format!(
-                                "{} {}",
-                                if held { "held:" } else { "**FAILED**:" },
-                                detail.replace('|', "\\|")
-                            )
-                        })
+                    })
                 })
                 .collect();
             let _ = writeln!(s, "| {n} | {} |", cells.join(" | "));

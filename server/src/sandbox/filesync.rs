@@ -143,8 +143,6 @@ pub(crate) struct SyncCtx {
     pub restored: HashMap<String, String>,
     /// Set once the first reconciliation wrote the document's files into the workspace.
     pub synced: tokio::sync::watch::Sender<bool>,
-    /// Asks to settle: scan now, and answer once what the scan imported is committed.
-    pub asks: Asks,
     /// Called once when the room cannot be joined because another server holds it now (the
     /// room moved while this server's sandbox ran): the sandbox is then stopped here.
     pub moved: Arc<dyn Fn() + Send + Sync>,
@@ -247,13 +245,12 @@ pub(crate) enum SyncError {
 }
 
 /// Runs the sync until `cancel` fires. Rejoins the room if it goes away.
-pub(crate) async fn run(mut ctx: SyncCtx) {
+/// Mirrors until cancelled; `asks` are asks to settle (scan now, and answer once what the
+/// scan imported is committed).
+pub(crate) async fn run(mut ctx: SyncCtx, mut asks: Asks) {
     let mut restored = std::mem::take(&mut ctx.restored);
     let mut base = Agreed::new(ctx.agreed.clone(), &restored);
     let mut told = false;
-    // Held here, not in the context the sessions borrow.
-    let (_, placeholder) = tokio::sync::mpsc::channel(1);
-    let mut asks = std::mem::replace(&mut ctx.asks, placeholder);
     while !ctx.cancel.is_cancelled() {
         if let Err(e) = session(&ctx, &mut base, &mut restored, &mut asks).await {
             if !told && ctx.rooms.held_elsewhere(&ctx.room_id).await {

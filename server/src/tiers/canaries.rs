@@ -228,12 +228,22 @@ pub(super) const NAMES: &[&str] = &[
     "memory",
 ];
 
-/// One canary's verdict.
+/// One canary's verdict (or a check's beside them).
 #[derive(Clone, Debug, Serialize)]
 pub(super) struct Verdict {
     pub(super) name: String,
     pub(super) held: bool,
     pub(super) detail: String,
+}
+
+impl Verdict {
+    pub(super) fn new(name: &str, held: bool, detail: impl Into<String>) -> Verdict {
+        Verdict {
+            name: name.to_owned(),
+            held,
+            detail: detail.into(),
+        }
+    }
 }
 
 /// The verdicts in `out` (the script's stdout), one per name in [`NAMES`]: a canary that
@@ -255,21 +265,9 @@ pub(super) fn verdicts(out: &str) -> Vec<Verdict> {
                 })
                 .collect();
             match lines.as_slice() {
-                [(held, detail)] => Verdict {
-                    name: name.to_owned(),
-                    held: *held,
-                    detail: (*detail).to_owned(),
-                },
-                [] => Verdict {
-                    name: name.to_owned(),
-                    held: false,
-                    detail: "no verdict (the script stopped before it)".to_owned(),
-                },
-                _ => Verdict {
-                    name: name.to_owned(),
-                    held: false,
-                    detail: "more than one verdict".to_owned(),
-                },
+                [(held, detail)] => Verdict::new(name, *held, *detail),
+                [] => Verdict::new(name, false, "no verdict (the script stopped before it)"),
+                _ => Verdict::new(name, false, "more than one verdict"),
             }
         })
         .collect()

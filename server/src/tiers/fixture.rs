@@ -4,7 +4,7 @@
 use super::canaries::{self, Verdict};
 use super::host::{self, Proc};
 use super::server::Server;
-use super::{Check, Figures, Runs, Spread};
+use super::{Figures, Runs, Spread};
 use anyhow::{anyhow, bail, Context as _};
 use serde_json::json;
 use std::path::Path;
@@ -66,7 +66,7 @@ pub(super) async fn run(
         }
     };
     outcome?;
-    f.checks.push(Check::new(
+    f.checks.push(Verdict::new(
         "clean stop",
         left.as_ref().is_ok_and(|n| *n == 0),
         match left {
@@ -214,28 +214,28 @@ async fn on_server(
     }
     let (dump, _) = server.exec(&canary_room, canaries::DUMP).await?;
     let found = dump.stdout.contains(&secret) || dump.stderr.contains(&secret);
-    verdicts.push(Verdict {
-        name: "secret".into(),
-        held: !found,
-        detail: if found {
-            "the room secret's value is readable inside the sandbox".into()
+    verdicts.push(Verdict::new(
+        "secret",
+        !found,
+        if found {
+            "the room secret's value is readable inside the sandbox".to_owned()
         } else {
             format!(
                 "the room secret's value is in no environment, command line or small file ({} bytes read)",
                 dump.stdout.len()
             )
         },
-    });
+    ));
     // After the fork bomb and the memory hog, the sandbox still answers.
     let after = server.exec(&canary_room, "echo alive").await;
     let alive = after
         .as_ref()
         .is_ok_and(|(e, _)| e.code == 0 && e.stdout.trim() == "alive");
-    verdicts.push(Verdict {
-        name: "survives".into(),
-        held: alive,
-        detail: if alive {
-            "the sandbox answers after the fork bomb and the memory hog".into()
+    verdicts.push(Verdict::new(
+        "survives",
+        alive,
+        if alive {
+            "the sandbox answers after the fork bomb and the memory hog".to_owned()
         } else {
             format!(
                 "the sandbox did not answer after them: {}",
@@ -245,7 +245,7 @@ async fn on_server(
                 }
             )
         },
-    });
+    ));
     f.canaries = verdicts;
 
     // Resume from a snapshot: the project room stopped (its workspace snapshotted), then its
@@ -399,7 +399,7 @@ fn sandbox_of(pid: u32, room: &str) -> Option<(Vec<Proc>, Vec<std::path::PathBuf
     })
 }
 
-async fn delete(server: &Server, pid: u32, room: &str, remote: bool) -> anyhow::Result<Check> {
+async fn delete(server: &Server, pid: u32, room: &str, remote: bool) -> anyhow::Result<Verdict> {
     let before = sandbox_of(pid, room);
     let asked = server
         .json("DELETE", &format!("/api/rooms/{room}"), json!({}), 202)
@@ -460,7 +460,7 @@ async fn delete(server: &Server, pid: u32, room: &str, remote: bool) -> anyhow::
             )
         })
         .collect();
-    Ok(Check::new(
+    Ok(Verdict::new(
         "deletion",
         problems.is_empty(),
         if problems.is_empty() {
@@ -490,7 +490,7 @@ fn find_named(dir: &Path, needle: &str, out: &mut Vec<std::path::PathBuf>, depth
     }
 }
 
-async fn kill9(server: &mut Server, runs: &Runs, remote: bool) -> anyhow::Result<Vec<Check>> {
+async fn kill9(server: &mut Server, runs: &Runs, remote: bool) -> anyhow::Result<Vec<Verdict>> {
     let pid = server
         .pid()
         .ok_or_else(|| anyhow!("the server has no pid"))?;
@@ -534,7 +534,7 @@ async fn kill9(server: &mut Server, runs: &Runs, remote: bool) -> anyhow::Result
         }
     }
     Ok(vec![
-        Check::new(
+        Verdict::new(
             "kill -9: no orphan",
             orphans.is_empty() && (remote || !before.is_empty()),
             if before.is_empty() && !remote {
@@ -553,7 +553,7 @@ async fn kill9(server: &mut Server, runs: &Runs, remote: bool) -> anyhow::Result
                 format!("still running after 15 s: {orphans:?}")
             },
         ),
-        Check::new(
+        Verdict::new(
             "kill -9: rooms back",
             back == rooms.len(),
             if problems.is_empty() {

@@ -687,7 +687,6 @@ impl Actor {
                 agreed: self.sync_agreed.clone(),
                 restored,
                 synced,
-                asks,
                 moved: {
                     let (owner, room) = (self.owner.clone(), self.room_id.clone());
                     Arc::new(move || {
@@ -700,6 +699,7 @@ impl Actor {
                     })
                 },
             },
+            asks,
         ));
         (cancel, task)
     }
