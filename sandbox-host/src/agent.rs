@@ -27,7 +27,7 @@ use tokio::sync::mpsc;
 use archive::{restore_chunk, snapshot};
 pub use channel::Channel;
 use channel::{halves, Opened, Relisten, QUIESCED_WITHIN};
-use env::{set_egress, write_trust};
+use env::{link_system_trust, set_egress};
 use files::{list_dir, list_files, make_dir, move_entry, read_file, remove_file, stat, write_file};
 use run::{exec, open_pty};
 use streams::{connect, forward_outbound, listening};
@@ -202,6 +202,42 @@ pub fn exec_as(uid: u32, argv: &[String], status_fd: Option<i32>) -> i32 {
     libc::WEXITSTATUS(status)
 }
 
+/// The agent's command line: `--fd N | --port NAME | --vsock PORT` to serve a control stream,
+/// or `--exec-as UID [--status-fd N] -- ARGV` to start room code as `UID`. Parsed by hand, not
+/// with the server's full command line: every command room code runs starts through it, and
+/// building the server's whole argument parser cost ~0.7 ms of each (docs/benchmarks.md).
+/// Returns the exit code.
+pub fn run_command_line(args: impl Iterator<Item = std::ffi::OsString>) -> i32 {
+    // Arguments come from the control plane (UTF-8 throughout); anything else is replaced, not
+    // a panic.
+    let mut args = args.map(|a| a.to_string_lossy().into_owned());
+    let mut channel = None;
+    let mut run_as = None;
+    let mut status_fd = None;
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--fd" => channel = args.next().and_then(|v| v.parse().ok()).map(Channel::Fd),
+            "--port" => channel = args.next().map(Channel::Port),
+            "--vsock" => channel = args.next().and_then(|v| v.parse().ok()).map(Channel::Vsock),
+            "--exec-as" => run_as = args.next().and_then(|v| v.parse().ok()),
+            "--status-fd" => status_fd = args.next().and_then(|v| v.parse().ok()),
+            "--" => break,
+            _ => {}
+        }
+    }
+    if let Some(uid) = run_as {
+        let argv: Vec<String> = args.collect();
+        return exec_as(uid, &argv, status_fd);
+    }
+    let Some(channel) = channel else {
+        eprintln!(
+            "usage: coderoom-agent --fd N | --port NAME | --vsock PORT | --exec-as UID [--status-fd N] -- ARGV"
+        );
+        return 64;
+    };
+    main(channel)
+}
+
 /// Entry point of `coderoom agent --fd N` (and of the VM guest's `coderoom-agent --port NAME`
 /// or `--vsock PORT`): becomes the reaper if PID 1, then serves the stream until it closes.
 /// Returns the process exit code.
@@ -271,6 +307,9 @@ pub fn main(channel: Channel) -> i32 {
             return 73;
         }
     }
+    // The system's roots until the control plane names the room's authority (a sandbox of
+    // the warm pool has no room yet).
+    link_system_trust();
     act_on_files_as_room();
     // Blocking threads are kept for good: a sandbox at its pids limit cannot spawn new ones,
     // and tokio copes with a failed spawn only while it has a thread already.
@@ -283,9 +322,8 @@ pub fn main(channel: Channel) -> i32 {
         Ok(rt) => rt,
         Err(_) => return 71,
     };
-    rt.block_on(async {
-        let _ = tokio::task::spawn_blocking(|| ()).await;
-    });
+    // Made now (the thread is spawned with the task), not waited for.
+    drop(rt.spawn_blocking(|| ()));
     match rt.block_on(serve(owned)) {
         Ok(()) => 0,
         Err(_) => 1,
@@ -470,9 +508,6 @@ async fn serve_on(opened: Opened, relisten: Option<Relisten>) -> std::io::Result
         quiesced: false,
         running: Arc::default(),
     };
-    // The system's roots until the control plane names the room's authority (a sandbox of
-    // the warm pool has no room yet). Without the directory (a test harness), none.
-    let _ = write_trust("");
     let forwarder =
         match tokio::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, proto::EGRESS_PORT))
             .await

@@ -121,6 +121,29 @@ pub struct Receipt {
     /// The sandbox host it runs on (its `--id`), when not in the room server's process.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host: Option<String>,
+    /// Where the start's time went (the namespace tier).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<StartTimes>,
+}
+
+/// Where a namespace sandbox's start went, in microseconds (docs/benchmarks.md, "Sandbox cold
+/// start", sets them beside plain bubblewrap's start).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct StartTimes {
+    /// Before bubblewrap runs: the cgroups made, `/etc` planned, the user namespace made.
+    pub prepare_us: u64,
+    /// Spawning bubblewrap: the fork, joining the cgroups, the exec.
+    pub spawn_us: u64,
+    /// From bubblewrap's exec to the agent's first answer: the namespaces, the mounts, the
+    /// seccomp filter, the agent's start and one round trip.
+    pub agent_us: u64,
+}
+
+impl StartTimes {
+    /// The whole start, from asking to the agent's first answer.
+    pub fn total_us(&self) -> u64 {
+        self.prepare_us + self.spawn_us + self.agent_us
+    }
 }
 
 /// Why a sandbox could not start.

@@ -93,6 +93,211 @@ pub fn bwrap_floor(command: &[&str]) -> Vec<String> {
     a
 }
 
+/// A host directory among the `/etc` essentials is copied into the sandbox when it holds at
+/// most this many entries in all (its subdirectories' included), each a small file, a symlink
+/// or a directory; otherwise it is bound read-only (one mount).
+const ETC_COPY_ENTRIES: usize = 16;
+/// The largest file copied (`/etc/ld.so.cache` is the biggest, ~50 KB on Debian).
+const ETC_COPY_BYTES: u64 = 1 << 20;
+
+/// One piece of the sandbox's `/etc`, planned from the host's files (each at the same path as
+/// on the host). Small files are copied (`bwrap --file` from the host's file, opened at each
+/// start: no mount, and the sandbox sees the file as it was at its start, not the host's live
+/// one), symlinks stay symlinks, and only large directories are bound: each bind costs
+/// bubblewrap ~0.1 ms (path resolution, the mount, its read-only remount), and the fifteen it
+/// once made were ~1.4 ms of a start (docs/benchmarks.md, "Sandbox cold start").
+#[derive(Debug, Clone, PartialEq)]
+enum EtcPlan {
+    Dir(String),
+    Symlink { target: String, at: String },
+    File { at: String, mode: u32 },
+    Bind(String),
+}
+
+/// A piece of `/etc` for one start: the plan's, with the copied file opened.
+#[derive(Debug)]
+enum EtcPart {
+    Plan(EtcPlan),
+    File {
+        data: OwnedFd,
+        at: String,
+        mode: u32,
+    },
+}
+
+/// What a plan was made from, to tell when it is out of date: the `/etc` essentials and every
+/// directory it copies, each as (inode, size, mode, modified, changed) or zeros when absent.
+/// Planning reads the large directories (hundreds of entries in `/etc/alternatives` and
+/// `/etc/ssl/certs`, ~0.3 ms); checking this is a stat of each path.
+#[derive(Debug, Clone, PartialEq)]
+struct EtcStamp(Vec<[i64; 5]>);
+
+impl EtcStamp {
+    fn of(paths: &[PathBuf]) -> EtcStamp {
+        use std::os::unix::fs::MetadataExt;
+        EtcStamp(
+            paths
+                .iter()
+                .map(|p| {
+                    std::fs::symlink_metadata(p).map_or([0; 5], |m| {
+                        [
+                            m.ino() as i64,
+                            m.size() as i64,
+                            i64::from(m.mode()),
+                            m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+                            m.ctime() * 1_000_000_000 + m.ctime_nsec(),
+                        ]
+                    })
+                })
+                .collect(),
+        )
+    }
+}
+
+/// A plan, the paths it was made from and their stamp then.
+#[derive(Debug)]
+struct EtcKept {
+    from: Vec<PathBuf>,
+    stamp: EtcStamp,
+    plan: Arc<Vec<EtcPlan>>,
+}
+
+/// The last plan.
+#[derive(Debug, Default)]
+struct EtcCache(std::sync::Mutex<Option<EtcKept>>);
+
+impl EtcCache {
+    /// The plan for the host's `/etc` as it is now: the last one while nothing it was made
+    /// from changed.
+    fn plan(&self) -> Result<Arc<Vec<EtcPlan>>, StartError> {
+        let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(k) = kept.as_ref() {
+            if EtcStamp::of(&k.from) == k.stamp {
+                return Ok(k.plan.clone());
+            }
+        }
+        let (plan, from) = plan_etc()?;
+        let plan = Arc::new(plan);
+        let stamp = EtcStamp::of(&from);
+        *kept = Some(EtcKept {
+            from,
+            stamp,
+            plan: plan.clone(),
+        });
+        Ok(plan)
+    }
+}
+
+/// The sandbox's `/etc` from the host's essentials, parents first; and the paths the plan was
+/// made from (see [`EtcStamp`]).
+fn plan_etc() -> Result<(Vec<EtcPlan>, Vec<PathBuf>), StartError> {
+    // `/etc` itself always: the generated passwd and group go there.
+    let mut plan = vec![EtcPlan::Dir("/etc".into())];
+    let mut from: Vec<PathBuf> = ETC_FILES.iter().map(PathBuf::from).collect();
+    let mut made = std::collections::BTreeSet::from([PathBuf::from("/etc")]);
+    for f in ETC_FILES {
+        let path = Path::new(f);
+        let Ok(meta) = std::fs::symlink_metadata(path) else {
+            continue;
+        };
+        // Directories are made first, with their mode: bwrap would make them on the first file
+        // bound into them, closed to everyone but root (room code's shell could not read its
+        // rc file).
+        let parents: Vec<&Path> = path
+            .ancestors()
+            .skip(1)
+            .take_while(|d| *d != Path::new("/"))
+            .collect();
+        for dir in parents.into_iter().rev() {
+            if made.insert(dir.to_path_buf()) {
+                plan.push(EtcPlan::Dir(dir.to_string_lossy().into_owned()));
+            }
+        }
+        let mut budget = ETC_COPY_ENTRIES;
+        match plan_entry(path, &meta, &mut budget, &mut from)? {
+            Some(mut copied) => plan.append(&mut copied),
+            None => plan.push(EtcPlan::Bind((*f).to_owned())),
+        }
+    }
+    Ok((plan, from))
+}
+
+/// How to copy `path` (with its metadata `meta`) into the sandbox, spending `budget` entries;
+/// `None` when it is too large to copy (or of a kind that is not copied), and is bound instead.
+/// Each directory copied is added to `from`.
+fn plan_entry(
+    path: &Path,
+    meta: &std::fs::Metadata,
+    budget: &mut usize,
+    from: &mut Vec<PathBuf>,
+) -> Result<Option<Vec<EtcPlan>>, StartError> {
+    use std::os::unix::fs::PermissionsExt;
+    let at = path.to_string_lossy().into_owned();
+    if *budget == 0 {
+        return Ok(None);
+    }
+    *budget -= 1;
+    if meta.file_type().is_symlink() {
+        let target = std::fs::read_link(path).map_err(StartError::Host)?;
+        return Ok(Some(vec![EtcPlan::Symlink {
+            target: target.to_string_lossy().into_owned(),
+            at,
+        }]));
+    }
+    if meta.is_file() {
+        // Readable by all, as the sandbox's users need them.
+        let mode = (meta.permissions().mode() & 0o755) | 0o444;
+        return Ok((meta.len() <= ETC_COPY_BYTES).then(|| vec![EtcPlan::File { at, mode }]));
+    }
+    if !meta.is_dir() {
+        return Ok(None);
+    }
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(path).map_err(StartError::Host)? {
+        let entry = entry.map_err(StartError::Host)?;
+        if names.len() == *budget {
+            return Ok(None);
+        }
+        names.push(entry.file_name());
+    }
+    names.sort();
+    let mut plan = vec![EtcPlan::Dir(at)];
+    for name in names {
+        let child = path.join(name);
+        let Ok(m) = std::fs::symlink_metadata(&child) else {
+            continue;
+        };
+        match plan_entry(&child, &m, budget, from)? {
+            Some(mut more) => plan.append(&mut more),
+            None => return Ok(None),
+        }
+    }
+    from.push(path.to_path_buf());
+    Ok(Some(plan))
+}
+
+/// Opens the copied files of `plan` for one start.
+fn etc_parts(plan: &[EtcPlan]) -> Result<Vec<EtcPart>, StartError> {
+    plan.iter()
+        .map(|p| match p {
+            EtcPlan::File { at, mode } => Ok(EtcPart::File {
+                data: open_host_file(Path::new(at))?,
+                at: at.clone(),
+                mode: *mode,
+            }),
+            other => Ok(EtcPart::Plan(other.clone())),
+        })
+        .collect()
+}
+
+/// The host's file at `path`, open for bubblewrap to copy from (read-only; the server reads
+/// nothing of it itself).
+fn open_host_file(path: &Path) -> Result<OwnedFd, StartError> {
+    std::fs::File::open(path)
+        .map(OwnedFd::from)
+        .map_err(StartError::Host)
+}
+
 /// The `/etc` essentials: dynamic linking, certificates, time zone, shell setup, alternatives.
 /// Never passwd/shadow/group: the sandbox gets its own; of `/etc/ssl`, the public certificates
 /// and the OpenSSL configuration, never the host's `private` keys.
@@ -136,6 +341,8 @@ pub struct Namespace {
     /// Not root: the subordinate uid and gid ranges of the server's user, when `newuidmap` and
     /// `newgidmap` can map them (then sandboxes get two users inside, as under root).
     subids: Option<SubIds>,
+    /// How the sandbox's `/etc` is made from the host's (no rootfs).
+    etc: EtcCache,
 }
 
 /// A user's subordinate ids (`/etc/subuid`, `/etc/subgid`): room code's host uid and gid are
@@ -228,6 +435,7 @@ impl Namespace {
             filter,
             room_uids: Arc::default(),
             subids: if root { None } else { SubIds::find() },
+            etc: EtcCache::default(),
         })
     }
 
@@ -248,6 +456,7 @@ impl Namespace {
                 "sandbox names are 1 to 64 letters or digits",
             ));
         }
+        let began = std::time::Instant::now();
         let (cgroup, procs) =
             crate::cgroup::prepare(&self.cgroups, name, limits).map_err(StartError::Host)?;
         let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(StartError::Host)?;
@@ -260,6 +469,11 @@ impl Namespace {
             "coderoom-group",
             format!("root:x:0:\ncoder:x:{INSIDE_ID}:\nnogroup:x:65534:\n").as_bytes(),
         )?;
+        let etc = if self.rootfs.is_none() {
+            etc_parts(&self.etc.plan()?)?
+        } else {
+            Vec::new()
+        };
         let theirs: OwnedFd = theirs.into();
         // Root outside, or subordinate ids: the sandbox gets a user namespace with two users
         // (crate::userns), the machinery root inside and room code under a host uid of its own.
@@ -302,8 +516,12 @@ impl Namespace {
         if let Some((_, ns)) = &room_uid {
             inherit.push(ns.as_raw_fd());
         }
+        inherit.extend(etc.iter().filter_map(|p| match p {
+            EtcPart::File { data, .. } => Some(data.as_raw_fd()),
+            _ => None,
+        }));
 
-        let (args, mounts) = self.bwrap_args(limits, &inherit);
+        let (args, mounts) = self.bwrap_args(limits, &inherit, room_uid.is_some(), &etc);
         let mut cmd = std::process::Command::new(&self.bwrap);
         cmd.args(&args)
             .stdin(std::process::Stdio::null())
@@ -323,16 +541,18 @@ impl Namespace {
         unsafe {
             cmd.pre_exec(move || hooks.run());
         }
+        let spawning = std::time::Instant::now();
         let mut child = tokio::process::Command::from(cmd)
             .kill_on_drop(true)
             .spawn()
             .map_err(StartError::Host)?;
+        let spawned = std::time::Instant::now();
         let (room_uid, userns) = match room_uid {
             Some(((slot, host), ns)) => (Some((slot, host)), Some(ns)),
             None => (None, None),
         };
         let host_uid = room_uid.as_ref().map(|(_, host)| *host);
-        drop((theirs, seccomp, passwd, group, procs, userns));
+        drop((theirs, seccomp, passwd, group, procs, userns, etc));
         let mut stderr = child.stderr.take();
 
         ours.set_nonblocking(true).map_err(StartError::Host)?;
@@ -419,6 +639,12 @@ impl Namespace {
                 }));
             }
         }
+        let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        let start = crate::StartTimes {
+            prepare_us: micros(spawning - began),
+            spawn_us: micros(spawned - spawning),
+            agent_us: micros(spawned.elapsed()),
+        };
         let receipt = Receipt {
             tier: "namespace".into(),
             implementation: format!("{}, coderoom-agent {}", self.bwrap_version, crate::VERSION),
@@ -442,16 +668,23 @@ impl Namespace {
                 .unwrap_or_else(|| rustix::process::geteuid().as_raw()),
             vm: None,
             host: None,
+            start: Some(start),
         };
         Ok((sandbox, events, receipt))
     }
 
-    /// `inherit`: the agent's stream, the seccomp filter, passwd, group, and the user namespace
-    /// to join when the server made one.
-    fn bwrap_args(&self, limits: &Limits, inherit: &[RawFd]) -> (Vec<String>, Vec<String>) {
+    /// `inherit`: the agent's stream, the seccomp filter, passwd, group, the user namespace to
+    /// join when the server made one (`userns`), then the copied files of `etc`.
+    fn bwrap_args(
+        &self,
+        limits: &Limits,
+        inherit: &[RawFd],
+        userns: bool,
+        etc: &[EtcPart],
+    ) -> (Vec<String>, Vec<String>) {
         let (agent_fd, seccomp_fd, passwd_fd, group_fd) =
             (inherit[0], inherit[1], inherit[2], inherit[3]);
-        let userns = inherit.get(4).copied();
+        let userns = userns.then(|| inherit[4]);
         let mut a: Vec<String> = Vec::new();
         let mut mounts = Vec::new();
         let push = |a: &mut Vec<String>, parts: &[&str]| {
@@ -537,52 +770,41 @@ impl Namespace {
             }
             None => {
                 mounts.extend(base_dirs(&mut a));
-                // Directories are made first, with their mode: bwrap would make them on the
-                // first file bound into them, closed to everyone but root (room code's shell
-                // could not read its rc file).
-                let mut made = std::collections::BTreeSet::new();
-                for f in ETC_FILES {
-                    if Path::new(f).exists() {
-                        let parents: Vec<&Path> = Path::new(f)
-                            .ancestors()
-                            .skip(1)
-                            .take_while(|d| *d != Path::new("/"))
-                            .collect();
-                        for dir in parents.into_iter().rev() {
-                            if made.insert(dir) {
-                                push(
-                                    &mut a,
-                                    &["--perms", "0755", "--dir", &dir.to_string_lossy()],
-                                );
-                            }
+                for part in etc {
+                    match part {
+                        EtcPart::Plan(EtcPlan::Dir(d)) => {
+                            push(&mut a, &["--perms", "0755", "--dir", d]);
                         }
-                        push(&mut a, &["--ro-bind", f, f]);
-                        mounts.push(format!("{f} (read-only, host)"));
+                        EtcPart::Plan(EtcPlan::Symlink { target, at }) => {
+                            push(&mut a, &["--symlink", target, at]);
+                        }
+                        EtcPart::File { data, at, mode } => {
+                            let mode = format!("{mode:04o}");
+                            let fd = data.as_raw_fd().to_string();
+                            push(&mut a, &["--perms", &mode, "--file", &fd, at]);
+                            mounts.push(format!("{at} (copied from the host at start)"));
+                        }
+                        EtcPart::Plan(EtcPlan::Bind(d)) => {
+                            push(&mut a, &["--ro-bind", d, d]);
+                            mounts.push(format!("{d} (read-only, host)"));
+                        }
+                        // Opened for the start ([`etc_parts`]).
+                        EtcPart::Plan(EtcPlan::File { .. }) => {}
                     }
                 }
             }
         }
-        // Readable by all, as on any system (bwrap makes data files 0600 unless told).
-        push(
-            &mut a,
-            &[
-                "--perms",
-                "0644",
-                "--ro-bind-data",
-                &passwd_fd.to_string(),
-                "/etc/passwd",
-            ],
-        );
-        push(
-            &mut a,
-            &[
-                "--perms",
-                "0644",
-                "--ro-bind-data",
-                &group_fd.to_string(),
-                "/etc/group",
-            ],
-        );
+        // Readable by all, as on any system (bwrap makes data files 0600 unless told). Copied
+        // into the sandbox's own root (read-only once it is remounted, below); bound over a
+        // rootfs's own files, whose `/etc` is a read-only bind.
+        let data = if self.rootfs.is_some() {
+            "--ro-bind-data"
+        } else {
+            "--file"
+        };
+        for (fd, at) in [(passwd_fd, "/etc/passwd"), (group_fd, "/etc/group")] {
+            push(&mut a, &["--perms", "0644", data, &fd.to_string(), at]);
+        }
         push(&mut a, &["--proc", "/proc", "--dev", "/dev"]);
         push(
             &mut a,

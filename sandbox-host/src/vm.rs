@@ -785,6 +785,7 @@ impl Microvm {
                 disk_bytes: disk,
             }),
             host: None,
+            start: None,
         }
     }
 }

@@ -25,24 +25,16 @@ fn init_logging(json: bool) {
 
 /// Parses the command line and runs the command.
 pub fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
-    // The agent forks into a reaper and a server before any thread exists, so it runs before
-    // (and without) the server's runtime.
-    if let Command::Agent {
-        fd,
-        exec_as,
-        status_fd,
-        argv,
-    } = cli.command
-    {
-        std::process::exit(match (exec_as, fd) {
-            (Some(uid), _) => coderoom_sandbox::agent::exec_as(uid, &argv, status_fd),
-            (None, Some(fd)) => {
-                coderoom_sandbox::agent::main(coderoom_sandbox::agent::Channel::Fd(fd))
-            }
-            (None, None) => 64,
-        });
+    // The agent (`coderoom agent`: a sandbox's machinery, and the start of every command room
+    // code runs; not for use by hand) parses its own few arguments: the full parser below is
+    // built for the server's every command, which a sandbox's start and each command paid for.
+    // It forks into a reaper and a server before any thread exists, so it runs before (and
+    // without) the server's runtime.
+    let mut args = std::env::args_os();
+    if args.nth(1).is_some_and(|a| a == "agent") {
+        std::process::exit(coderoom_sandbox::agent::run_command_line(args));
     }
+    let cli = Cli::parse();
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         // Nested document values are handled recursively (see `MAX_VALUE_DEPTH`).
@@ -53,7 +45,6 @@ pub fn main() -> anyhow::Result<()> {
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Command::Agent { .. } => unreachable!("handled before the runtime starts"),
         Command::Serve(args) => {
             init_logging(args.log_format == crate::config::LogFormat::Json);
             crate::serve::serve(*args).await

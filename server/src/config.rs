@@ -77,23 +77,6 @@ pub(crate) enum Command {
         #[command(subcommand)]
         command: BenchCommand,
     },
-    /// The guest agent (runs inside a sandbox; started by the server, not by hand).
-    #[command(hide = true)]
-    Agent {
-        /// The stream to the control plane.
-        #[arg(long, required_unless_present = "exec_as")]
-        fd: Option<i32>,
-        /// Runs ARGV as this uid, with no capabilities (how the agent starts room code in the
-        /// terminal when it runs as root inside).
-        #[arg(long)]
-        exec_as: Option<u32>,
-        /// With `--exec-as`: the descriptor the command's wait status is written to (the unit
-        /// keeper then stays while what the command detached runs on).
-        #[arg(long, requires = "exec_as")]
-        status_fd: Option<i32>,
-        #[arg(last = true)]
-        argv: Vec<String>,
-    },
 }
 
 /// `coderoom bench ...`.
