@@ -8,6 +8,10 @@ use std::time::Duration;
 
 /// Most sandboxes the warm pool holds, whatever `--sandbox-warm-pool` says.
 const MAX_WARM_POOL: usize = 16;
+/// How long the pool waits after a sandbox is taken before starting the next: the room that
+/// took it is running its first command then, and a start beside it competes with that for the
+/// host's CPUs (on two, the fixture's warm-pool figure was a cold start's).
+const REFILL_PAUSE: Duration = Duration::from_millis(250);
 
 impl Sandboxes {
     /// Keeps `--sandbox-warm-pool` sandboxes started and unassigned until shutdown, when the
@@ -48,7 +52,12 @@ impl Sandboxes {
                 }
                 tokio::select! {
                     () = shutdown.cancelled() => {}
-                    () = inner.pool_taken.notified() => {}
+                    () = inner.pool_taken.notified() => {
+                        tokio::select! {
+                            () = shutdown.cancelled() => {}
+                            () = tokio::time::sleep(REFILL_PAUSE) => {}
+                        }
+                    }
                 }
             }
             let left = std::mem::take(&mut *inner.pool.lock().unwrap_or_else(|e| e.into_inner()));
