@@ -733,9 +733,9 @@ impl Hosts {
     }
 
     fn record_path(&self, name: &str) -> Option<std::path::PathBuf> {
-        // A warm pool's sandboxes ("pool<n>", numbered again at every start of the room
-        // server) are nobody's: never recorded, never attached to, so a restarted server can
-        // never hand one room's running sandbox to another.
+        // A warm pool's sandboxes ("pool" and a fresh id) are nobody's: never recorded, never
+        // attached to, so a restarted server can never hand one room's running sandbox to
+        // another.
         let ok = !name.is_empty()
             && name.bytes().all(|b| b.is_ascii_alphanumeric())
             && !name.starts_with("pool");

@@ -1377,6 +1377,30 @@ async fn a_warm_pool_gives_each_room_a_fresh_sandbox_once() {
     );
 }
 
+/// Two servers on one host, each with a warm pool: neither's pooled sandbox is the other's.
+/// Their sandboxes' cgroups share the host's hierarchy, and a new group whose name was taken
+/// is treated as a crashed run's (what is in it is killed): the pools once numbered their
+/// sandboxes from 1 on every server, so the second server's first pooled sandbox killed the
+/// first's.
+#[tokio::test]
+async fn two_servers_warm_pools_on_one_host_leave_each_other_alone() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let a = team_with(&storage, &["--sandbox-warm-pool", "1"]).await;
+    pool_holds(&a.server, 1).await;
+    let other_storage = Storage::new(&Backend::Sqlite).await;
+    let b = team_with(&other_storage, &["--sandbox-warm-pool", "1"]).await;
+    pool_holds(&b.server, 1).await;
+    for t in [&a, &b] {
+        let (_, out) = exec(&t.server, &t.ben, &t.room, "echo here").await;
+        assert_eq!(out["stdout"], "here\n", "{out}");
+        assert_eq!(
+            sandbox_status(&t.server, &t.ana, &t.room).await["from_warm_pool"],
+            true,
+            "the pooled sandbox was gone"
+        );
+    }
+}
+
 /// A server that is not root still bounds each sandbox's memory, processes and CPU, in the
 /// cgroups its operator delegated to it (issue 13 item 5): here the v1 hierarchy, with the
 /// server's own memory, pids and cpu groups given to its user; the sandbox's groups are made

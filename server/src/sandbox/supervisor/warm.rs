@@ -25,15 +25,15 @@ impl Sandboxes {
         tokio::spawn(async move {
             let inner = &this.inner;
             let shutdown = inner.deps.shutdown.clone();
-            let mut made = 0u64;
             while !shutdown.is_cancelled() {
                 let have = inner.pool.lock().unwrap_or_else(|e| e.into_inner()).len();
                 if have < size {
-                    made += 1;
-                    let started = inner
-                        .backend
-                        .start(&format!("pool{made}"), &inner.deps.cfg.limits())
-                        .await;
+                    // Named for this host, not this server: a sandbox's cgroup is named after
+                    // it, and another server here (a second room server, a sandbox host) that
+                    // made a group of the same name would take it for a crashed run's and
+                    // kill what is in it.
+                    let name = format!("pool{}", uuid::Uuid::new_v4().simple());
+                    let started = inner.backend.start(&name, &inner.deps.cfg.limits()).await;
                     match started {
                         Ok(s) => {
                             let mut pool = inner.pool.lock().unwrap_or_else(|e| e.into_inner());
