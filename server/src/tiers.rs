@@ -110,6 +110,8 @@ pub(crate) struct Memory {
 #[derive(Clone, Debug, Default, Serialize)]
 pub(crate) struct Figures {
     running_command: Option<Spread>,
+    /// The cold rooms' sandboxes' own starts, by their receipts (the namespace tier's).
+    sandbox_start: Option<Spread>,
     cold_first_command: Option<Spread>,
     warm_first_command: Option<Spread>,
     resume_first_command: Option<Spread>,
@@ -495,6 +497,10 @@ fn markdown(r: &Report) -> String {
                 Box::new(move |f: &Figures| spread(&f.cold_first_command)),
             ),
             (
+                "its sandbox's start: asking the tier to the agent's first answer (receipts)",
+                Box::new(move |f: &Figures| spread(&f.sandbox_start)),
+            ),
+            (
                 "first command in a new room, from the warm pool",
                 Box::new(move |f: &Figures| spread(&f.warm_first_command)),
             ),
@@ -560,6 +566,17 @@ fn markdown(r: &Report) -> String {
                 fmt_ms(b.median),
                 fmt_ms(b.max)
             );
+            for t in &ran {
+                let Some(start) = t.figures.as_ref().and_then(|f| f.sandbox_start.as_ref()) else {
+                    continue;
+                };
+                let _ = writeln!(
+                    s,
+                    "The {} tier's sandbox start is {:.2}x this floor (medians).",
+                    t.tier,
+                    start.median.as_secs_f64() / b.median.as_secs_f64().max(1e-9)
+                );
+            }
         }
         let _ = writeln!(s, "\n| canary or check | {} |", head.join(" | "));
         let _ = writeln!(s, "|---|{}", "---|".repeat(ran.len()));

@@ -144,6 +144,12 @@ async fn every_canary_holds_in_the_namespace_tier() {
     let (ok, report) = tiers(&["--tiers", "namespace", "--data-dir", &data_dir]).await;
     assert_all_held(&report, "namespace");
     assert!(ok, "exit status: {report:#}");
+    // The namespace tier's own start, from its sandboxes' receipts, beside the bwrap floor.
+    let figures = &report["tiers"][0]["figures"];
+    assert!(
+        figures["sandbox_start"]["median"].as_f64().unwrap_or(0.0) > 0.0,
+        "no sandbox start figure: {figures}"
+    );
     assert_eq!(report["ok"], true);
 
     let t = team_with(&storage, &["--sandbox-tier", "namespace"]).await;

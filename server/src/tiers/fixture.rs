@@ -104,14 +104,17 @@ async fn on_server(
     }
     let (_, first) = server.exec(&project, "true").await?;
     let mut cold = vec![first];
+    let mut starts: Vec<Duration> = start_of(server, &project).await?.into_iter().collect();
     for i in 1..runs.cold {
         let room = server.room(&format!("tiers cold {i}")).await?;
         let (e, took) = server.exec(&room, "true").await?;
         e.ok()?;
         cold.push(took);
+        starts.extend(start_of(server, &room).await?);
         stop_sandbox(server, &room).await?;
     }
     f.cold_first_command = Some(Spread::of(cold));
+    f.sandbox_start = (!starts.is_empty()).then(|| Spread::of(starts));
     let mut running = Vec::new();
     for _ in 0..runs.repeat {
         let (e, took) = server.exec(&project, "true").await?;
@@ -372,6 +375,23 @@ async fn until(within: Duration, done: impl Fn() -> bool) {
     while Instant::now() < deadline && !done() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// How long the room's running sandbox took to start, by its receipt (`start`: from asking the
+/// tier to the agent's first answer; the namespace tier says it).
+async fn start_of(server: &Server, room: &str) -> anyhow::Result<Option<Duration>> {
+    let a = server
+        .call("GET", &format!("/api/rooms/{room}/sandbox"), None)
+        .await?;
+    if a.status != 200 {
+        bail!("GET {room}'s sandbox: {} {}", a.status, a.text());
+    }
+    let start = &a.json()["receipt"]["start"];
+    let us = ["prepare_us", "spawn_us", "agent_us"]
+        .iter()
+        .map(|k| start[k].as_u64())
+        .sum::<Option<u64>>();
+    Ok(us.map(Duration::from_micros))
 }
 
 /// Stops a room's sandbox (snapshotting its workspace).
