@@ -141,8 +141,11 @@ pub(crate) struct SyncCtx {
     /// What both sides agreed on when the workspace was snapshotted, for the first agreement
     /// on a restored workspace (empty for a fresh one).
     pub restored: HashMap<String, String>,
-    /// Set once the first reconciliation wrote the document's files into the workspace.
+    /// Set once the first reconciliation wrote the document's files into the workspace (or
+    /// at once, when `fresh` and the document holds none: there is nothing to write).
     pub synced: tokio::sync::watch::Sender<bool>,
+    /// The sandbox's workspace started empty (nothing restored, nothing kept).
+    pub fresh: bool,
     /// Called once when the room cannot be joined because another server holds it now (the
     /// room moved while this server's sandbox ran): the sandbox is then stopped here.
     pub moved: Arc<dyn Fn() + Send + Sync>,
@@ -331,6 +334,12 @@ async fn session(
             }
             Some(Outbound::Close(..)) | None => return Err(SyncError::RoomClosed),
         }
+    }
+    // An empty workspace and a document without files agree already: the first command need
+    // not wait for the listing. (What it writes meanwhile, the reconciliation takes in as
+    // any change inside.)
+    if ctx.fresh && s.replica.paths().is_empty() {
+        ctx.synced.send_replace(true);
     }
     s.reconcile().await?;
     ctx.synced.send_replace(true);

@@ -97,6 +97,9 @@ impl Actor {
     /// Gives the sandbox the room's egress authority (its TLS clients trust it) and the
     /// placeholders of the room's secrets. A failure is logged: the sandbox works, and a
     /// request to a secret's host fails its certificate check instead of leaking anything.
+    /// Returns once the settings are sent, not answered: the agent takes requests in order,
+    /// so whatever is sent after (a start's first command) runs with them, and nobody waits a
+    /// round trip for an answer that is only logged.
     async fn configure_egress(&self, sandbox: &Sandbox) {
         let egress = &self.deps().egress;
         let ca_pem = match egress.authority(&self.room_id) {
@@ -107,12 +110,19 @@ impl Actor {
             }
         };
         let env = egress.room_env(&self.room_id).await;
-        if let Err(e) = sandbox
-            .call(Op::Egress { ca_pem, env }, EGRESS_WITHIN)
-            .await
-        {
-            tracing::warn!(room = %self.room_id, error = %e, "the sandbox did not take its egress settings");
-        }
+        let room = self.room_id.clone();
+        let sent = sandbox
+            .send_call(Op::Egress { ca_pem, env }, EGRESS_WITHIN)
+            .await;
+        tokio::spawn(async move {
+            let taken = match sent {
+                Ok(answer) => answer.await.map(|_| ()),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = taken {
+                tracing::warn!(room = %room, error = %e, "the sandbox did not take its egress settings");
+            }
+        });
     }
 
     pub(super) async fn run(
@@ -557,6 +567,8 @@ impl Actor {
         let Some((sandbox, events, receipt, snapshot)) = started else {
             return Err(SandboxError::Start);
         };
+        // Nothing restored and nothing kept: the workspace is empty.
+        let fresh = kept.is_none() && snapshot.is_none();
         let restored = match &snapshot {
             Some(name) => self.snapshots.meta(name).await,
             None => Meta::default(),
@@ -633,7 +645,7 @@ impl Actor {
             }
         });
         tracing::info!(room = %self.room_id, tier = %receipt.tier, "sandbox running");
-        let sync = Some(self.start_sync(&sandbox, restored.agreed, false));
+        let sync = Some(self.start_sync(&sandbox, restored.agreed, false, fresh));
         self.life = Life::Running {
             sandbox: sandbox.clone(),
             generation,
@@ -659,11 +671,13 @@ impl Actor {
     /// Starts the document <-> workspace sync of a running sandbox; `restored` is what the
     /// two agreed on when its workspace was saved.
     /// `again`: on the same sandbox as the sync before (stopped for a snapshot that failed).
+    /// `fresh`: the workspace started empty (see [`crate::sandbox::filesync::SyncCtx::fresh`]).
     fn start_sync(
         &mut self,
         sandbox: &Sandbox,
         restored: std::collections::HashMap<String, String>,
         again: bool,
+        fresh: bool,
     ) -> (CancellationToken, tokio::task::JoinHandle<()>) {
         let cancel = CancellationToken::new();
         // A sync started again on a sandbox whose files are in place (after a failed
@@ -687,6 +701,7 @@ impl Actor {
                 agreed: self.sync_agreed.clone(),
                 restored,
                 synced,
+                fresh,
                 moved: {
                     let (owner, room) = (self.owner.clone(), self.room_id.clone());
                     Arc::new(move || {
@@ -778,7 +793,7 @@ impl Actor {
                 tracing::error!(room = %self.room_id, error = %e, "snapshot failed; the sandbox keeps running");
                 // Where the stopped sync left the agreement.
                 let agreed = self.agreed_now();
-                let restarted = self.start_sync(&sandbox, agreed, true);
+                let restarted = self.start_sync(&sandbox, agreed, true, false);
                 if let Life::Running { sync, .. } = &mut self.life {
                     *sync = Some(restarted);
                 }
