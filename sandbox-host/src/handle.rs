@@ -333,46 +333,6 @@ impl Sandbox {
         }
     }
 
-    /// Sends `op` now and gives back the wait for its reply (up to `within` from now): whatever
-    /// is sent after this returns reaches the agent after `op`, which the agent takes first
-    /// (it takes requests in order), without anyone waiting for `op`'s reply in between.
-    pub async fn send_call(
-        &self,
-        op: Op,
-        within: Duration,
-    ) -> Result<
-        impl std::future::Future<Output = Result<Reply, CallError>> + Send + 'static,
-        CallError,
-    > {
-        let (id, rx) = self.register(None)?;
-        let Ok(frame) = proto::encode(&Request { id, op }) else {
-            self.forget(id);
-            return Err(CallError::Agent(AgentError::TooLarge));
-        };
-        let deadline = tokio::time::Instant::now() + within;
-        match tokio::time::timeout_at(deadline, self.inner.requests.send(frame)).await {
-            Ok(Ok(())) => {}
-            Ok(Err(_)) => {
-                self.forget(id);
-                return Err(CallError::Gone);
-            }
-            Err(_) => {
-                self.forget(id);
-                return Err(CallError::Timeout);
-            }
-        }
-        let this = self.clone();
-        Ok(async move {
-            let answered = tokio::time::timeout_at(deadline, rx).await;
-            this.forget(id);
-            match answered {
-                Ok(Ok(r)) => r.map_err(CallError::Agent),
-                Ok(Err(_)) => Err(CallError::Gone),
-                Err(_) => Err(CallError::Timeout),
-            }
-        })
-    }
-
     /// Sends `op` and waits up to `within` for its reply.
     pub async fn call(&self, op: Op, within: Duration) -> Result<Reply, CallError> {
         self.call_with_chunks(op, within, None, std::future::pending())

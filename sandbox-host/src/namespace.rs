@@ -125,40 +125,55 @@ enum EtcPart {
     },
 }
 
-/// What a plan was made from, to tell when it is out of date: the `/etc` essentials and every
-/// directory it copies, each as (inode, size, mode, modified, changed) or zeros when absent.
-/// Planning reads the large directories (hundreds of entries in `/etc/alternatives` and
-/// `/etc/ssl/certs`, ~0.3 ms); checking this is a stat of each path.
+/// One path a plan was made from, with how it looked when the plan looked at it (before
+/// reading it): (inode, size, mode, modified, changed), zeros when absent. The `/etc`
+/// essentials are looked at through their symlinks (as a bind would), what a copied directory
+/// holds as it is.
 #[derive(Debug, Clone, PartialEq)]
-struct EtcStamp(Vec<[i64; 5]>);
+struct Source {
+    path: PathBuf,
+    follow: bool,
+    seen: [i64; 5],
+}
 
-impl EtcStamp {
-    fn of(paths: &[PathBuf]) -> EtcStamp {
-        use std::os::unix::fs::MetadataExt;
-        EtcStamp(
-            paths
-                .iter()
-                .map(|p| {
-                    std::fs::symlink_metadata(p).map_or([0; 5], |m| {
-                        [
-                            m.ino() as i64,
-                            m.size() as i64,
-                            i64::from(m.mode()),
-                            m.mtime() * 1_000_000_000 + m.mtime_nsec(),
-                            m.ctime() * 1_000_000_000 + m.ctime_nsec(),
-                        ]
-                    })
-                })
-                .collect(),
-        )
+impl Source {
+    fn look(path: &Path, follow: bool) -> Source {
+        let meta = if follow {
+            std::fs::metadata(path)
+        } else {
+            std::fs::symlink_metadata(path)
+        };
+        Source {
+            path: path.to_path_buf(),
+            follow,
+            seen: meta.as_ref().map_or([0; 5], stamp),
+        }
+    }
+
+    /// The path still looks as it did.
+    fn unchanged(&self) -> bool {
+        Source::look(&self.path, self.follow).seen == self.seen
     }
 }
 
-/// A plan, the paths it was made from and their stamp then.
+fn stamp(m: &std::fs::Metadata) -> [i64; 5] {
+    use std::os::unix::fs::MetadataExt;
+    [
+        m.ino() as i64,
+        m.size() as i64,
+        i64::from(m.mode()),
+        m.mtime() * 1_000_000_000 + m.mtime_nsec(),
+        m.ctime() * 1_000_000_000 + m.ctime_nsec(),
+    ]
+}
+
+/// A plan and what it was made from. Planning reads the large directories (hundreds of entries
+/// in `/etc/alternatives` and `/etc/ssl/certs`, ~0.3 ms); telling whether a plan is still good
+/// is a stat of each source. Each source was looked at before it was read, so a change made
+/// while planning shows as a change at the next start.
 #[derive(Debug)]
 struct EtcKept {
-    from: Vec<PathBuf>,
-    stamp: EtcStamp,
+    from: Vec<Source>,
     plan: Arc<Vec<EtcPlan>>,
 }
 
@@ -172,32 +187,33 @@ impl EtcCache {
     fn plan(&self) -> Result<Arc<Vec<EtcPlan>>, StartError> {
         let mut kept = self.0.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(k) = kept.as_ref() {
-            if EtcStamp::of(&k.from) == k.stamp {
+            if k.from.iter().all(Source::unchanged) {
                 return Ok(k.plan.clone());
             }
         }
         let (plan, from) = plan_etc()?;
         let plan = Arc::new(plan);
-        let stamp = EtcStamp::of(&from);
         *kept = Some(EtcKept {
             from,
-            stamp,
             plan: plan.clone(),
         });
         Ok(plan)
     }
 }
 
-/// The sandbox's `/etc` from the host's essentials, parents first; and the paths the plan was
-/// made from (see [`EtcStamp`]).
-fn plan_etc() -> Result<(Vec<EtcPlan>, Vec<PathBuf>), StartError> {
+/// The sandbox's `/etc` from the host's essentials, parents first; and what the plan was made
+/// from.
+fn plan_etc() -> Result<(Vec<EtcPlan>, Vec<Source>), StartError> {
     // `/etc` itself always: the generated passwd and group go there.
     let mut plan = vec![EtcPlan::Dir("/etc".into())];
-    let mut from: Vec<PathBuf> = ETC_FILES.iter().map(PathBuf::from).collect();
+    let mut from = Vec::new();
     let mut made = std::collections::BTreeSet::from([PathBuf::from("/etc")]);
     for f in ETC_FILES {
         let path = Path::new(f);
-        let Ok(meta) = std::fs::symlink_metadata(path) else {
+        // Through a symlink, as a bind of it would be (a link into a directory the sandbox
+        // does not have would dangle there).
+        from.push(Source::look(path, true));
+        let Ok(meta) = std::fs::metadata(path) else {
             continue;
         };
         // Directories are made first, with their mode: bwrap would make them on the first file
@@ -214,22 +230,29 @@ fn plan_etc() -> Result<(Vec<EtcPlan>, Vec<PathBuf>), StartError> {
             }
         }
         let mut budget = ETC_COPY_ENTRIES;
-        match plan_entry(path, &meta, &mut budget, &mut from)? {
-            Some(mut copied) => plan.append(&mut copied),
+        let mut looked = Vec::new();
+        match plan_entry(path, &meta, true, &mut budget, &mut looked)? {
+            Some(mut copied) => {
+                plan.append(&mut copied);
+                from.append(&mut looked);
+            }
             None => plan.push(EtcPlan::Bind((*f).to_owned())),
         }
     }
     Ok((plan, from))
 }
 
-/// How to copy `path` (with its metadata `meta`) into the sandbox, spending `budget` entries;
-/// `None` when it is too large to copy (or of a kind that is not copied), and is bound instead.
-/// Each directory copied is added to `from`.
+/// How to copy `path` (with its metadata `meta`, taken before it is read, through a symlink
+/// when `follow`) into the sandbox, spending `budget` entries; `None` when it is too large to
+/// copy, of a kind that is not copied, or not readable by everyone (a bind keeps the host's
+/// owner and mode; a copy would not), and is bound instead. Each entry copied is added to
+/// `from`.
 fn plan_entry(
     path: &Path,
     meta: &std::fs::Metadata,
+    follow: bool,
     budget: &mut usize,
-    from: &mut Vec<PathBuf>,
+    from: &mut Vec<Source>,
 ) -> Result<Option<Vec<EtcPlan>>, StartError> {
     use std::os::unix::fs::PermissionsExt;
     let at = path.to_string_lossy().into_owned();
@@ -237,6 +260,12 @@ fn plan_entry(
         return Ok(None);
     }
     *budget -= 1;
+    from.push(Source {
+        path: path.to_path_buf(),
+        follow,
+        seen: stamp(meta),
+    });
+    let mode = meta.permissions().mode();
     if meta.file_type().is_symlink() {
         let target = std::fs::read_link(path).map_err(StartError::Host)?;
         return Ok(Some(vec![EtcPlan::Symlink {
@@ -245,11 +274,15 @@ fn plan_entry(
         }]));
     }
     if meta.is_file() {
-        // Readable by all, as the sandbox's users need them.
-        let mode = (meta.permissions().mode() & 0o755) | 0o444;
-        return Ok((meta.len() <= ETC_COPY_BYTES).then(|| vec![EtcPlan::File { at, mode }]));
+        let copyable = meta.len() <= ETC_COPY_BYTES && mode & 0o004 != 0;
+        return Ok(copyable.then(|| {
+            vec![EtcPlan::File {
+                at,
+                mode: mode & 0o777,
+            }]
+        }));
     }
-    if !meta.is_dir() {
+    if !meta.is_dir() || mode & 0o005 != 0o005 {
         return Ok(None);
     }
     let mut names = Vec::new();
@@ -267,12 +300,11 @@ fn plan_entry(
         let Ok(m) = std::fs::symlink_metadata(&child) else {
             continue;
         };
-        match plan_entry(&child, &m, budget, from)? {
+        match plan_entry(&child, &m, false, budget, from)? {
             Some(mut more) => plan.append(&mut more),
             None => return Ok(None),
         }
     }
-    from.push(path.to_path_buf());
     Ok(Some(plan))
 }
 
@@ -939,4 +971,55 @@ fn memfd(name: &str, data: &[u8]) -> Result<OwnedFd, StartError> {
     f.write_all(data).map_err(StartError::Host)?;
     f.rewind().map_err(StartError::Host)?;
     Ok(f.into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn plan_of(dir: &Path) -> (Option<Vec<EtcPlan>>, Vec<Source>) {
+        let meta = std::fs::metadata(dir).unwrap();
+        let (mut budget, mut from) = (ETC_COPY_ENTRIES, Vec::new());
+        let plan = plan_entry(dir, &meta, true, &mut budget, &mut from).unwrap();
+        (plan, from)
+    }
+
+    #[test]
+    fn small_readable_directories_are_copied_and_the_rest_bound() {
+        let t = tempfile::tempdir().unwrap();
+        let d = t.path().join("conf.d");
+        std::fs::create_dir(&d).unwrap();
+        std::fs::write(d.join("a.conf"), "a").unwrap();
+        std::os::unix::fs::symlink("/usr/share/x", d.join("link")).unwrap();
+        let (plan, from) = plan_of(&d);
+        let plan = plan.expect("copied");
+        assert!(plan.contains(&EtcPlan::File {
+            at: d.join("a.conf").to_string_lossy().into_owned(),
+            mode: 0o644,
+        }));
+        assert!(plan.contains(&EtcPlan::Symlink {
+            target: "/usr/share/x".into(),
+            at: d.join("link").to_string_lossy().into_owned(),
+        }));
+        assert!(from.iter().all(Source::unchanged));
+
+        // A change the plan was made from shows: a new entry, a file's mode.
+        std::fs::write(d.join("b.conf"), "b").unwrap();
+        assert!(!from.iter().all(Source::unchanged));
+        let (_, from) = plan_of(&d);
+        std::fs::set_permissions(d.join("a.conf"), std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(!from.iter().all(Source::unchanged));
+
+        // A file others may not read is not copied (a bind keeps its owner and mode).
+        assert_eq!(plan_of(&d).0, None);
+        std::fs::set_permissions(d.join("a.conf"), std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert!(plan_of(&d).0.is_some());
+
+        // Too many entries: bound.
+        for i in 0..ETC_COPY_ENTRIES {
+            std::fs::write(d.join(format!("n{i}")), "n").unwrap();
+        }
+        assert_eq!(plan_of(&d).0, None);
+    }
 }

@@ -97,9 +97,6 @@ impl Actor {
     /// Gives the sandbox the room's egress authority (its TLS clients trust it) and the
     /// placeholders of the room's secrets. A failure is logged: the sandbox works, and a
     /// request to a secret's host fails its certificate check instead of leaking anything.
-    /// Returns once the settings are sent, not answered: the agent takes requests in order,
-    /// so whatever is sent after (a start's first command) runs with them, and nobody waits a
-    /// round trip for an answer that is only logged.
     async fn configure_egress(&self, sandbox: &Sandbox) {
         let egress = &self.deps().egress;
         let ca_pem = match egress.authority(&self.room_id) {
@@ -110,19 +107,12 @@ impl Actor {
             }
         };
         let env = egress.room_env(&self.room_id).await;
-        let room = self.room_id.clone();
-        let sent = sandbox
-            .send_call(Op::Egress { ca_pem, env }, EGRESS_WITHIN)
-            .await;
-        tokio::spawn(async move {
-            let taken = match sent {
-                Ok(answer) => answer.await.map(|_| ()),
-                Err(e) => Err(e),
-            };
-            if let Err(e) = taken {
-                tracing::warn!(room = %room, error = %e, "the sandbox did not take its egress settings");
-            }
-        });
+        if let Err(e) = sandbox
+            .call(Op::Egress { ca_pem, env }, EGRESS_WITHIN)
+            .await
+        {
+            tracing::warn!(room = %self.room_id, error = %e, "the sandbox did not take its egress settings");
+        }
     }
 
     pub(super) async fn run(
