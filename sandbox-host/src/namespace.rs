@@ -212,8 +212,9 @@ fn plan_etc() -> Result<(Vec<EtcPlan>, Vec<Source>), StartError> {
         let path = Path::new(f);
         // Through a symlink, as a bind of it would be (a link into a directory the sandbox
         // does not have would dangle there).
-        from.push(Source::look(path, true));
         let Ok(meta) = std::fs::metadata(path) else {
+            // Absent: the plan changes when it appears.
+            from.push(Source::look(path, true));
             continue;
         };
         // Directories are made first, with their mode: bwrap would make them on the first file
@@ -230,13 +231,15 @@ fn plan_etc() -> Result<(Vec<EtcPlan>, Vec<Source>), StartError> {
             }
         }
         let mut budget = ETC_COPY_ENTRIES;
-        let mut looked = Vec::new();
-        match plan_entry(path, &meta, true, &mut budget, &mut looked)? {
-            Some(mut copied) => {
-                plan.append(&mut copied);
-                from.append(&mut looked);
+        // `plan_entry` looks at the essential itself first: a bound one keeps only that look
+        // (what a bind shows follows the host by itself).
+        let looked = from.len() + 1;
+        match plan_entry(path, &meta, true, &mut budget, &mut from)? {
+            Some(mut copied) => plan.append(&mut copied),
+            None => {
+                from.truncate(looked);
+                plan.push(EtcPlan::Bind((*f).to_owned()));
             }
-            None => plan.push(EtcPlan::Bind((*f).to_owned())),
         }
     }
     Ok((plan, from))

@@ -112,18 +112,13 @@ pub fn compile() -> Result<BpfProgram, FilterError> {
 /// instructions; a call of another architecture goes straight to it (and its architecture
 /// check kills the process).
 fn x32_guard() -> BpfProgram {
-    let stmt = |code: u32, k: u32| seccompiler::sock_filter {
-        code: code as u16,
-        jt: 0,
-        jf: 0,
-        k,
-    };
     let jump = |code: u32, k: u32, jt: u8, jf: u8| seccompiler::sock_filter {
         code: code as u16,
         jt,
         jf,
         k,
     };
+    let stmt = |code: u32, k: u32| jump(code, k, 0, 0);
     vec![
         // 0: A = arch
         stmt(libc::BPF_LD | libc::BPF_W | libc::BPF_ABS, ARCH_OFFSET),

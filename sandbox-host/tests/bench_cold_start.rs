@@ -66,16 +66,13 @@ async fn cold_start() {
         floor_bwrap.push(run_floor(&bwrap));
         floor_unshare.push(run_floor(&unshare));
     }
+    // Milliseconds.
     let median = |mut v: Vec<u64>| {
         v.sort_unstable();
         v[v.len() / 2] as f64 / 1000.0
     };
-    let ratio = {
-        let (mut o, mut f) = (ours.clone(), floor_bwrap.clone());
-        o.sort();
-        f.sort();
-        o[o.len() / 2].as_secs_f64() / f[f.len() / 2].as_secs_f64()
-    };
+    let micros = |v: &[Duration]| v.iter().map(|d| d.as_micros() as u64).collect();
+    let ratio = median(micros(&ours)) / median(micros(&floor_bwrap));
     println!("| start to ready ({RUNS} runs) | median ms | p90 ms | max ms |");
     println!("|---|---|---|---|");
     summary(
