@@ -28,6 +28,7 @@ pub mod proto;
 #[cfg(feature = "remote")]
 pub mod remote;
 pub mod seccomp;
+mod spawn;
 #[cfg(test)]
 #[path = "../../server/tests/common/skip_log.rs"]
 mod test_skip;

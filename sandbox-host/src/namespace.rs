@@ -12,7 +12,6 @@ pub use crate::process::ROOM_UIDS;
 use crate::process::{describe, find_program, ChildHooks, RoomUid};
 use crate::{Limits, Receipt, StartError, Starting, Tier, TierBackend};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
-use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -557,12 +556,15 @@ impl Namespace {
         }));
 
         let (args, mounts) = self.bwrap_args(limits, &inherit, room_uid.is_some(), &etc);
-        let mut cmd = std::process::Command::new(&self.bwrap);
-        cmd.args(&args)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .env_clear();
+        let c = |s: &std::ffi::OsStr| {
+            std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(s))
+                .map_err(|_| StartError::Host(std::io::Error::other("a NUL in bwrap's arguments")))
+        };
+        let program = c(self.bwrap.as_os_str())?;
+        let args = args
+            .iter()
+            .map(|a| c(a.as_ref()))
+            .collect::<Result<Vec<_>, _>>()?;
         let hooks = ChildHooks {
             procs: procs.iter().map(|f| f.as_raw_fd()).collect(),
             inherit: inherit.clone(),
@@ -571,16 +573,10 @@ impl Namespace {
             nproc: cgroup.is_none().then_some(limits.pids),
             groups: Vec::new(),
         };
-        // SAFETY: `ChildHooks::run` only makes async-signal-safe system calls (write, fcntl,
-        // setrlimit, setgroups, setresgid, setresuid) on values prepared before the fork.
-        unsafe {
-            cmd.pre_exec(move || hooks.run());
-        }
         let spawning = std::time::Instant::now();
-        let mut child = tokio::process::Command::from(cmd)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(StartError::Host)?;
+        // Without copying the server's page tables (crate::spawn); an empty environment,
+        // stdin and stdout on /dev/null, stderr kept for the reason it failed.
+        let mut child = crate::spawn::spawn(&program, &args, &hooks).map_err(StartError::Host)?;
         let spawned = std::time::Instant::now();
         let (room_uid, userns) = match room_uid {
             Some(((slot, host), ns)) => (Some((slot, host)), Some(ns)),

@@ -68,7 +68,8 @@ pub(crate) fn describe(s: std::process::ExitStatus) -> String {
     }
 }
 
-/// What the forked child does before exec'ing bwrap. Holds only plain values.
+/// What the child does before exec'ing bwrap or a VMM (forked, or cloned in the server's memory:
+/// crate::spawn). Holds only plain values; does only raw system calls, no allocation.
 pub(crate) struct ChildHooks {
     pub(crate) procs: Vec<RawFd>,
     pub(crate) inherit: Vec<RawFd>,
@@ -88,6 +89,7 @@ impl ChildHooks {
                 Ok(())
             }
         };
+        let check_long = |r: libc::c_long| check(if r < 0 { -1 } else { 0 });
         // Nothing the server inherited or opened crosses into the sandbox but what is listed in
         // `inherit`: every other descriptor (say one a parent left open without close-on-exec)
         // closes at exec. Done before RLIMIT_NOFILE is lowered, so the fallback for old
@@ -116,11 +118,16 @@ impl ChildHooks {
             check(unsafe { libc::setrlimit(res, &lim) })?;
         }
         if let Some(id) = self.run_as {
-            // SAFETY: plain credential calls with constant arguments; order: groups, gid, uid.
+            // Raw system calls, not glibc's wrappers: those change every thread of what they
+            // take for this process, signalling the server's threads from a child that shares
+            // its memory (crate::spawn).
+            let (ngroups, groups) = (self.groups.len(), self.groups.as_ptr());
+            // SAFETY: plain credential calls; `groups` points at `ngroups` gids. Order: groups,
+            // gid, uid.
             unsafe {
-                check(libc::setgroups(self.groups.len(), self.groups.as_ptr()))?;
-                check(libc::setresgid(id, id, id))?;
-                check(libc::setresuid(id, id, id))?;
+                check_long(libc::syscall(libc::SYS_setgroups, ngroups, groups))?;
+                check_long(libc::syscall(libc::SYS_setresgid, id, id, id))?;
+                check_long(libc::syscall(libc::SYS_setresuid, id, id, id))?;
             }
         }
         for &fd in &self.inherit {

@@ -41,59 +41,76 @@ pub(crate) fn create(maps: Maps, inside: u32) -> Result<OwnedFd> {
     let (to_parent_r, to_parent_w) = rustix::pipe::pipe_with(cloexec)?;
     let (to_child_r, to_child_w) = rustix::pipe::pipe_with(cloexec)?;
     let sysctl = c"/proc/sys/user/max_user_namespaces";
-    // SAFETY: the child only makes system calls on values prepared before the fork (no
-    // allocation, no locks), then `_exit`s.
-    let pid = unsafe { libc::fork() };
-    if pid < 0 {
-        return Err(Error::last_os_error());
-    }
-    if pid == 0 {
-        // SAFETY: see above; every pointer is to memory owned by this (copied) frame.
-        unsafe {
-            let w = to_parent_w.as_raw_fd();
-            let r = to_child_r.as_raw_fd();
-            // Nothing else the server holds stays open here (another sandbox's pipes, say: a
-            // process waiting on one would wait on this one too).
-            let (lo, hi) = (w.min(r) as libc::c_uint, w.max(r) as libc::c_uint);
-            libc::syscall(
-                libc::SYS_close_range,
-                3 as libc::c_uint,
-                lo - 1,
-                0 as libc::c_uint,
-            );
-            if hi > lo + 1 {
-                libc::syscall(libc::SYS_close_range, lo + 1, hi - 1, 0 as libc::c_uint);
+    let (w, r) = (to_parent_w.as_raw_fd(), to_child_r.as_raw_fd());
+    // The maker shares the server's memory (crate::spawn): no copy of the server's page tables,
+    // which was most of a start's time here. So it makes only raw calls that leave errno (a
+    // server thread's, running beside it) alone: rustix's, and close_range on ranges that
+    // cannot fail.
+    let mut maker = || -> libc::c_int {
+        use rustix::fd::BorrowedFd;
+        // SAFETY: `w` and `r` are the pipe ends opened above, open in this child's copy of the
+        // descriptor table until it exits.
+        let (w, r) = unsafe { (BorrowedFd::borrow_raw(w), BorrowedFd::borrow_raw(r)) };
+        // Nothing else the server holds stays open here (another sandbox's pipes, say: a
+        // process waiting on one would wait on this one too).
+        let (lo, hi) = {
+            let (a, b) = (w.as_raw_fd() as libc::c_uint, r.as_raw_fd() as libc::c_uint);
+            (a.min(b), a.max(b))
+        };
+        let close = |from: libc::c_uint, to: libc::c_uint| {
+            if from <= to {
+                // SAFETY: closes descriptors of this child's own table; no memory is passed.
+                unsafe { libc::syscall(libc::SYS_close_range, from, to, 0 as libc::c_uint) };
             }
-            libc::syscall(
-                libc::SYS_close_range,
-                hi + 1,
-                libc::c_uint::MAX,
-                0 as libc::c_uint,
-            );
-            let become_owner = match owner {
-                Some(o) => {
-                    libc::setgroups(0, std::ptr::null()) == 0
-                        && libc::setresgid(o, o, o) == 0
-                        && libc::setresuid(o, o, o) == 0
-                }
-                None => true,
-            };
-            let mut ok: u8 = u8::from(become_owner && libc::unshare(libc::CLONE_NEWUSER) == 0);
-            libc::write(w, (&raw const ok).cast(), 1);
-            // The parent writes the maps; then this process is root in the namespace and caps
-            // the namespaces that may be created in it.
-            let mut go: u8 = 0;
-            if ok == 1 && libc::read(r, (&raw mut go).cast(), 1) == 1 {
-                let fd = libc::open(sysctl.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                ok = u8::from(fd >= 0 && libc::write(fd, b"0".as_ptr().cast(), 1) == 1);
-                libc::write(w, (&raw const ok).cast(), 1);
-                // Held until the parent has a descriptor of the namespace (a byte, or the
-                // parent's end closing when it gave up).
-                libc::read(r, (&raw mut go).cast(), 1);
+        };
+        close(3, lo - 1);
+        close(lo + 1, hi - 1);
+        close(hi + 1, libc::c_uint::MAX);
+        let become_owner = match owner {
+            Some(o) => {
+                let (uid, gid) = (
+                    rustix::process::Uid::from_raw(o),
+                    rustix::process::Gid::from_raw(o),
+                );
+                rustix::thread::set_thread_groups(&[]).is_ok()
+                    && rustix::thread::set_thread_res_gid(gid, gid, gid).is_ok()
+                    && rustix::thread::set_thread_res_uid(uid, uid, uid).is_ok()
             }
-            libc::_exit(0);
+            None => true,
+        };
+        // SAFETY: this child is a process of its own with one thread.
+        let unshared =
+            unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWUSER) };
+        let mut ok = [u8::from(become_owner && unshared.is_ok())];
+        let _ = rustix::io::write(w, &ok);
+        // The parent writes the maps; then this process is root in the namespace and caps the
+        // namespaces that may be created in it.
+        let mut go = [0u8];
+        if ok[0] == 1 && rustix::io::read(r, &mut go) == Ok(1) {
+            let capped = rustix::fs::open(
+                sysctl,
+                rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
+                rustix::fs::Mode::empty(),
+            )
+            .map(|fd| {
+                let written = rustix::io::write(&fd, b"0") == Ok(1);
+                // Closed by the exit, not by OwnedFd's drop (glibc's close, which may set errno).
+                std::mem::forget(fd);
+                written
+            });
+            ok[0] = u8::from(capped == Ok(true));
+            let _ = rustix::io::write(w, &ok);
+            // Held until the parent has a descriptor of the namespace (a byte, or the parent's
+            // end closing when it gave up).
+            let _ = rustix::io::read(r, &mut go);
         }
-    }
+        // SAFETY: ends this child, which shares no stack frame with anything.
+        unsafe { libc::_exit(0) }
+    };
+    let stack = crate::spawn::Stack::new()?;
+    // SAFETY: `maker` makes only raw calls that leave errno alone on values prepared above and
+    // ends with `_exit`; it and `stack` live until the child is reaped below.
+    let pid = unsafe { crate::spawn::clone_vm(&stack, &mut maker) }?;
     drop((to_parent_w, to_child_r));
     let result = (|| {
         // The child answers at once; one that does not (stuck, or killed) is given up on, never
@@ -158,5 +175,7 @@ pub(crate) fn create(maps: Maps, inside: u32) -> Result<OwnedFd> {
         }
         libc::waitpid(pid, std::ptr::null_mut(), 0);
     }
+    // Only now is the child's stack free.
+    drop(stack);
     result
 }

@@ -112,6 +112,8 @@ pub(crate) struct Figures {
     running_command: Option<Spread>,
     /// The cold rooms' sandboxes' own starts, by their receipts (the namespace tier's).
     sandbox_start: Option<Spread>,
+    /// Plain bwrap's start (the floor), timed just before each of those cold starts.
+    start_floor: Option<Spread>,
     cold_first_command: Option<Spread>,
     warm_first_command: Option<Spread>,
     resume_first_command: Option<Spread>,
@@ -566,17 +568,23 @@ fn markdown(r: &Report) -> String {
                 fmt_ms(b.median),
                 fmt_ms(b.max)
             );
-            for t in &ran {
-                let Some(start) = t.figures.as_ref().and_then(|f| f.sandbox_start.as_ref()) else {
-                    continue;
-                };
-                let _ = writeln!(
-                    s,
-                    "The {} tier's sandbox start is {:.2}x this floor (medians).",
-                    t.tier,
-                    start.median.as_secs_f64() / b.median.as_secs_f64().max(1e-9)
-                );
-            }
+        }
+        for t in &ran {
+            let Some(f) = t.figures.as_ref() else {
+                continue;
+            };
+            let (Some(start), Some(floor)) = (&f.sandbox_start, &f.start_floor) else {
+                continue;
+            };
+            let _ = writeln!(
+                s,
+                "The {} tier's sandbox start is {:.2}x the floor timed just before each of its \
+                 cold starts ({} ms median beside {} ms).",
+                t.tier,
+                start.median.as_secs_f64() / floor.median.as_secs_f64().max(1e-9),
+                fmt_ms(start.median),
+                fmt_ms(floor.median),
+            );
         }
         let _ = writeln!(s, "\n| canary or check | {} |", head.join(" | "));
         let _ = writeln!(s, "|---|{}", "---|".repeat(ran.len()));

@@ -150,6 +150,10 @@ async fn every_canary_holds_in_the_namespace_tier() {
         figures["sandbox_start"]["median"].as_f64().unwrap_or(0.0) > 0.0,
         "no sandbox start figure: {figures}"
     );
+    assert!(
+        figures["start_floor"]["median"].as_f64().unwrap_or(0.0) > 0.0,
+        "no floor timed beside the starts: {figures}"
+    );
     assert_eq!(report["ok"], true);
 
     let t = team_with(&storage, &["--sandbox-tier", "namespace"]).await;

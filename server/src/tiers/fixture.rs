@@ -102,11 +102,27 @@ async fn on_server(
     for (path, content) in PROJECT {
         server.put_file(&project, path, content).await?;
     }
+    // Plain bwrap's start is timed just before each cold start, so both see the host as it
+    // is at that moment (its load, its caches, the kernel's cgroup lock warm or cold).
+    let floors_dir = server.data_dir.join("floor");
+    std::fs::create_dir_all(&floors_dir)?;
+    let floor = || {
+        let dir = floors_dir.clone();
+        async move {
+            tokio::task::spawn_blocking(move || host::bwrap_floor(&dir))
+                .await
+                .map_err(anyhow::Error::from)
+                .and_then(|r| r)
+                .ok()
+        }
+    };
+    let mut floors: Vec<Duration> = floor().await.into_iter().collect();
     let (_, first) = server.exec(&project, "true").await?;
     let mut cold = vec![first];
     let mut starts: Vec<Duration> = start_of(server, &project).await?.into_iter().collect();
     for i in 1..runs.cold {
         let room = server.room(&format!("tiers cold {i}")).await?;
+        floors.extend(floor().await);
         let (e, took) = server.exec(&room, "true").await?;
         e.ok()?;
         cold.push(took);
@@ -115,6 +131,7 @@ async fn on_server(
     }
     f.cold_first_command = Some(Spread::of(cold));
     f.sandbox_start = (!starts.is_empty()).then(|| Spread::of(starts));
+    f.start_floor = (!floors.is_empty()).then(|| Spread::of(floors));
     let mut running = Vec::new();
     for _ in 0..runs.repeat {
         let (e, took) = server.exec(&project, "true").await?;
