@@ -182,6 +182,20 @@ pub struct Pressure {
     pub pids_refused: u64,
 }
 
+/// Makes `dir` (and what is missing above it): true if it was made here, false if it was
+/// there already.
+fn made(dir: &Path) -> std::io::Result<bool> {
+    match std::fs::create_dir(dir) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(false),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            std::fs::create_dir_all(dir)?;
+            Ok(true)
+        }
+        Err(e) => Err(e),
+    }
+}
+
 fn write(path: &Path, value: &str) -> std::io::Result<()> {
     std::fs::write(path, value)
         .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", path.display())))
@@ -203,6 +217,8 @@ impl Cgroup {
     /// Creates the group `name` with `limits` (replacing a leftover one of the same name).
     pub fn create(layout: &Layout, name: &str, limits: &Limits) -> std::io::Result<Cgroup> {
         let cpu_quota = (limits.cpu_millis.max(10) * CPU_PERIOD_US) / 1000;
+        // Whether every directory of the group was made here (none left by a crashed server).
+        let mut fresh = true;
         let dirs = match layout {
             Layout::V1 { .. } => {
                 let dirs = layout.group_dirs(name);
@@ -210,7 +226,7 @@ impl Cgroup {
                     return Err(std::io::Error::other("cgroup v1 needs three controllers"));
                 };
                 for dir in [m, p, c] {
-                    std::fs::create_dir_all(dir)?;
+                    fresh &= made(dir)?;
                 }
                 write(
                     &m.join("memory.limit_in_bytes"),
@@ -222,7 +238,10 @@ impl Cgroup {
                     write(&memsw, &limits.memory_bytes.to_string())?;
                 }
                 write(&p.join("pids.max"), &limits.pids.to_string())?;
-                write(&c.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
+                // A new group starts with the kernel's default period, which is ours.
+                if !fresh {
+                    write(&c.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
+                }
                 write(&c.join("cpu.cfs_quota_us"), &cpu_quota.to_string())?;
                 dirs.clone()
             }
@@ -233,7 +252,7 @@ impl Cgroup {
                 let _ = write(&root.join("cgroup.subtree_control"), "+memory +pids +cpu");
                 write(&parent.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
                 let g = layout.group_dirs(name).remove(0);
-                std::fs::create_dir_all(&g)?;
+                fresh &= made(&g)?;
                 write(&g.join("memory.max"), &limits.memory_bytes.to_string())?;
                 let swap = g.join("memory.swap.max");
                 if swap.exists() {
@@ -249,7 +268,9 @@ impl Cgroup {
             dirs,
         };
         // A group left behind by a crashed server may still hold its sandbox's processes.
-        group.kill_all();
+        if !fresh {
+            group.kill_all();
+        }
         Ok(group)
     }
 
@@ -318,11 +339,11 @@ impl Cgroup {
 /// `cgroup.procs` files opened: the sandbox's first process writes itself into them between
 /// fork and exec.
 pub(crate) fn prepare(
-    layout: &Result<Layout, CgroupError>,
+    layout: Option<&Layout>,
     name: &str,
     limits: &Limits,
 ) -> std::io::Result<(Option<std::sync::Arc<Cgroup>>, Vec<std::fs::File>)> {
-    let Ok(layout) = layout else {
+    let Some(layout) = layout else {
         return Ok((None, Vec::new()));
     };
     let group = std::sync::Arc::new(Cgroup::create(layout, name, limits)?);
@@ -347,6 +368,53 @@ pub(crate) async fn finish(group: Option<std::sync::Arc<Cgroup>>) -> Pressure {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A group whose name is taken again (a crashed server's, say) is emptied first, and the
+    /// new group gets its limits; a fresh group is not searched for processes.
+    #[test]
+    fn a_group_found_in_place_is_emptied_and_limited_again() {
+        use std::os::unix::process::ExitStatusExt;
+        let layout = match Layout::detect() {
+            Ok(l) if rustix::process::geteuid().is_root() => l,
+            _ => {
+                crate::test_skip::skip("CGROUPS", "needs root and a cgroup hierarchy");
+                return;
+            }
+        };
+        let name = format!("cgtest{}", std::process::id());
+        let limits = Limits::default();
+        let left = Cgroup::create(&layout, &name, &limits).unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("600")
+            .spawn()
+            .unwrap();
+        for f in left.procs_files() {
+            std::fs::write(f, child.id().to_string()).unwrap();
+        }
+        if let Layout::V1 { .. } = layout {
+            std::fs::write(left.dirs[2].join("cpu.cfs_period_us"), "50000").unwrap();
+        }
+        let again = Cgroup::create(&layout, &name, &limits).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break s;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                again.remove();
+                panic!("the process in the group found in place was left running");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        };
+        if let Layout::V1 { .. } = layout {
+            let period = std::fs::read_to_string(again.dirs[2].join("cpu.cfs_period_us"));
+            assert_eq!(period.unwrap().trim(), CPU_PERIOD_US.to_string());
+        }
+        again.remove();
+        assert_eq!(status.signal(), Some(libc::SIGKILL), "{status}");
+        assert!(again.dirs.iter().all(|d| !d.exists()));
+    }
 
     #[test]
     fn layouts_are_told_apart() {

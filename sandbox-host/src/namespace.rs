@@ -421,6 +421,19 @@ impl SubIds {
     }
 }
 
+/// What [`Namespace::prepare_rest`] makes for a start.
+struct Prepared {
+    /// The control stream: the server's end, and the agent's (inherited by bubblewrap).
+    ours: std::os::unix::net::UnixStream,
+    theirs: OwnedFd,
+    seccomp: OwnedFd,
+    passwd: OwnedFd,
+    group: OwnedFd,
+    etc: Vec<EtcPart>,
+    /// The room uid's slot and host uid, and its user namespace.
+    room_uid: Option<((RoomUid, u32), OwnedFd)>,
+}
+
 fn find_in_path(name: &str) -> Option<PathBuf> {
     find_program(None, name)
 }
@@ -478,21 +491,10 @@ impl Namespace {
         self.cgroups.as_ref()
     }
 
-    /// Starts a sandbox named `name` (a room id: letters and digits) and waits until its agent
-    /// answers.
-    pub async fn start(
-        &self,
-        name: &str,
-        limits: &Limits,
-    ) -> Result<(Sandbox, mpsc::Receiver<Event>, Receipt), StartError> {
-        if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric()) {
-            return Err(StartError::Invalid(
-                "sandbox names are 1 to 64 letters or digits",
-            ));
-        }
-        let began = std::time::Instant::now();
-        let (cgroup, procs) =
-            crate::cgroup::prepare(&self.cgroups, name, limits).map_err(StartError::Host)?;
+    /// What a start needs besides its cgroup: the control stream's two ends, the seccomp
+    /// filter, passwd and group, the /etc plan's files, and the room uid with its user
+    /// namespace (when the sandbox gets two users).
+    fn prepare_rest(&self) -> Result<Prepared, StartError> {
         let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(StartError::Host)?;
         let seccomp = memfd("coderoom-seccomp", &self.filter)?;
         let passwd = memfd(
@@ -540,6 +542,63 @@ impl Namespace {
                 Some(((slot, host), ns))
             }
             None => None,
+        };
+        Ok(Prepared {
+            ours,
+            theirs,
+            seccomp,
+            passwd,
+            group,
+            etc,
+            room_uid,
+        })
+    }
+
+    /// Starts a sandbox named `name` (a room id: letters and digits) and waits until its agent
+    /// answers.
+    pub async fn start(
+        &self,
+        name: &str,
+        limits: &Limits,
+    ) -> Result<(Sandbox, mpsc::Receiver<Event>, Receipt), StartError> {
+        if name.is_empty() || name.len() > 64 || !name.bytes().all(|b| b.is_ascii_alphanumeric()) {
+            return Err(StartError::Invalid(
+                "sandbox names are 1 to 64 letters or digits",
+            ));
+        }
+        let began = std::time::Instant::now();
+        // The cgroup (directories and limits in cgroupfs: the larger half of this preparation)
+        // is made on a blocking thread while this one prepares the rest.
+        let layout = self.cgroups.as_ref().ok().cloned();
+        let (group_name, group_limits) = (name.to_owned(), limits.clone());
+        let grouping = tokio::task::spawn_blocking(move || {
+            crate::cgroup::prepare(layout.as_ref(), &group_name, &group_limits)
+        });
+        let rest = self.prepare_rest();
+        let grouped = grouping
+            .await
+            .map_err(|e| StartError::Host(std::io::Error::other(e)))
+            .and_then(|r| r.map_err(StartError::Host));
+        let (
+            (cgroup, procs),
+            Prepared {
+                ours,
+                theirs,
+                seccomp,
+                passwd,
+                group,
+                etc,
+                room_uid,
+            },
+        ) = match (grouped, rest) {
+            (Ok(g), Ok(r)) => (g, r),
+            (Ok((cgroup, _)), Err(e)) => {
+                if let Some(cg) = cgroup {
+                    tokio::task::spawn_blocking(move || cg.remove());
+                }
+                return Err(e);
+            }
+            (Err(e), _) => return Err(e),
         };
         let mut inherit = vec![
             theirs.as_raw_fd(),

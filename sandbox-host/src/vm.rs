@@ -443,9 +443,12 @@ impl Microvm {
             cpu_millis: vm.limits.cpu_millis,
             workspace_bytes: vm.limits.workspace_bytes,
         };
-        let (cgroup, procs) =
-            crate::cgroup::prepare(&self.cgroups, &format!("vm{}", vm.name), &vmm_limits)
-                .map_err(StartError::Host)?;
+        let (cgroup, procs) = crate::cgroup::prepare(
+            self.cgroups.as_ref().ok(),
+            &format!("vm{}", vm.name),
+            &vmm_limits,
+        )
+        .map_err(StartError::Host)?;
         let hooks = |inherit: Vec<i32>| ChildHooks {
             procs: procs.iter().map(|f| f.as_raw_fd()).collect(),
             inherit,
