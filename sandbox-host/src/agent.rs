@@ -221,6 +221,11 @@ pub fn run_command_line(args: impl Iterator<Item = std::ffi::OsString>) -> i32 {
             "--vsock" => channel = args.next().and_then(|v| v.parse().ok()).map(Channel::Vsock),
             "--exec-as" => run_as = args.next().and_then(|v| v.parse().ok()),
             "--status-fd" => status_fd = args.next().and_then(|v| v.parse().ok()),
+            // Which sources this agent was built from (`AgentCommand::beside` asks).
+            "--build" => {
+                println!("{}", crate::AGENT_BUILD);
+                return 0;
+            }
             "--" => break,
             _ => {}
         }
@@ -231,7 +236,7 @@ pub fn run_command_line(args: impl Iterator<Item = std::ffi::OsString>) -> i32 {
     }
     let Some(channel) = channel else {
         eprintln!(
-            "usage: coderoom-agent --fd N | --port NAME | --vsock PORT | --exec-as UID [--status-fd N] -- ARGV"
+            "usage: coderoom-agent --fd N | --port NAME | --vsock PORT | --exec-as UID [--status-fd N] -- ARGV | --build"
         );
         return 64;
     };

@@ -216,18 +216,48 @@ fn counter(file: &Path, key: &str) -> u64 {
 impl Cgroup {
     /// Creates the group `name` with `limits` (replacing a leftover one of the same name).
     pub fn create(layout: &Layout, name: &str, limits: &Limits) -> std::io::Result<Cgroup> {
-        let cpu_quota = (limits.cpu_millis.max(10) * CPU_PERIOD_US) / 1000;
         // Whether every directory of the group was made here (none left by a crashed server).
         let mut fresh = true;
         let dirs = match layout {
             Layout::V1 { .. } => {
                 let dirs = layout.group_dirs(name);
-                let [m, p, c] = dirs.as_slice() else {
+                if dirs.len() != 3 {
                     return Err(std::io::Error::other("cgroup v1 needs three controllers"));
-                };
-                for dir in [m, p, c] {
+                }
+                for dir in &dirs {
                     fresh &= made(dir)?;
                 }
+                dirs
+            }
+            Layout::V2 { root } => {
+                let parent = root.join(PARENT);
+                std::fs::create_dir_all(&parent)?;
+                // Controllers must be enabled on every level above the group.
+                let _ = write(&root.join("cgroup.subtree_control"), "+memory +pids +cpu");
+                write(&parent.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
+                let g = layout.group_dirs(name).remove(0);
+                fresh &= made(&g)?;
+                vec![g]
+            }
+        };
+        let group = Cgroup {
+            layout: layout.clone(),
+            dirs,
+        };
+        // A new group starts with the kernel's default CFS period, which is ours.
+        group.limit(limits, !fresh)?;
+        // A group left behind by a crashed server may still hold its sandbox's processes.
+        if !fresh {
+            group.kill_all();
+        }
+        Ok(group)
+    }
+
+    /// Writes `limits` (and, with `period`, the CFS period: on v1 it is a file of its own).
+    pub(crate) fn limit(&self, limits: &Limits, period: bool) -> std::io::Result<()> {
+        let cpu_quota = (limits.cpu_millis.max(10) * CPU_PERIOD_US) / 1000;
+        match (&self.layout, self.dirs.as_slice()) {
+            (Layout::V1 { .. }, [m, p, c]) => {
                 write(
                     &m.join("memory.limit_in_bytes"),
                     &limits.memory_bytes.to_string(),
@@ -238,40 +268,42 @@ impl Cgroup {
                     write(&memsw, &limits.memory_bytes.to_string())?;
                 }
                 write(&p.join("pids.max"), &limits.pids.to_string())?;
-                // A new group starts with the kernel's default period, which is ours.
-                if !fresh {
+                if period {
                     write(&c.join("cpu.cfs_period_us"), &CPU_PERIOD_US.to_string())?;
                 }
-                write(&c.join("cpu.cfs_quota_us"), &cpu_quota.to_string())?;
-                dirs.clone()
+                write(&c.join("cpu.cfs_quota_us"), &cpu_quota.to_string())
             }
-            Layout::V2 { root } => {
-                let parent = root.join(PARENT);
-                std::fs::create_dir_all(&parent)?;
-                // Controllers must be enabled on every level above the group.
-                let _ = write(&root.join("cgroup.subtree_control"), "+memory +pids +cpu");
-                write(&parent.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
-                let g = layout.group_dirs(name).remove(0);
-                fresh &= made(&g)?;
+            (Layout::V2 { .. }, [g]) => {
                 write(&g.join("memory.max"), &limits.memory_bytes.to_string())?;
                 let swap = g.join("memory.swap.max");
                 if swap.exists() {
                     write(&swap, "0")?;
                 }
                 write(&g.join("pids.max"), &limits.pids.to_string())?;
-                write(&g.join("cpu.max"), &format!("{cpu_quota} {CPU_PERIOD_US}"))?;
-                vec![g]
+                write(&g.join("cpu.max"), &format!("{cpu_quota} {CPU_PERIOD_US}"))
             }
-        };
-        let group = Cgroup {
-            layout: layout.clone(),
-            dirs,
-        };
-        // A group left behind by a crashed server may still hold its sandbox's processes.
-        if !fresh {
-            group.kill_all();
+            _ => Err(std::io::Error::other("a cgroup of an unknown shape")),
         }
-        Ok(group)
+    }
+
+    /// Renames the group to `name` (a group made ahead of need, under a name of its own, taken
+    /// by a sandbox). Only v1 renames groups; a name that is taken is an error, and the group
+    /// keeps its name.
+    pub(crate) fn rename(&mut self, name: &str) -> std::io::Result<()> {
+        if !matches!(self.layout, Layout::V1 { .. }) {
+            return Err(std::io::Error::other("cgroup v2 does not rename groups"));
+        }
+        let to = self.layout.group_dirs(name);
+        for (i, (from, dest)) in self.dirs.iter().zip(&to).enumerate() {
+            if let Err(e) = std::fs::rename(from, dest) {
+                for (f, d) in self.dirs.iter().zip(&to).take(i) {
+                    let _ = std::fs::rename(d, f);
+                }
+                return Err(e);
+            }
+        }
+        self.dirs = to;
+        Ok(())
     }
 
     /// Kills every process in the group; true if there were any.
@@ -335,18 +367,81 @@ impl Cgroup {
     }
 }
 
+/// The names of groups made ahead of need, `spare<pid>x<n>`: with the server's pid, so that a
+/// crashed server's are found and removed ([`remove_orphan_spares`]).
+const SPARE: &str = "spare";
+
+/// The name of this process's `n`th spare group.
+pub(crate) fn spare_name(n: u64) -> String {
+    format!("{SPARE}{}x{n}", std::process::id())
+}
+
+/// Removes spare groups of processes that no longer run (a group still holding a process is
+/// not removed: the kernel refuses).
+pub(crate) fn remove_orphan_spares(layout: &Layout) {
+    let parents: Vec<PathBuf> = match layout {
+        Layout::V1 { memory, pids, cpu } => [memory, pids, cpu]
+            .into_iter()
+            .map(|r| r.join(PARENT))
+            .collect(),
+        Layout::V2 { root } => vec![root.join(PARENT)],
+    };
+    for parent in parents {
+        let Ok(entries) = std::fs::read_dir(&parent) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let Some(pid) = name
+                .to_str()
+                .and_then(|n| n.strip_prefix(SPARE))
+                .and_then(|n| n.split_once('x'))
+                .and_then(|(pid, _)| pid.parse::<u32>().ok())
+            else {
+                continue;
+            };
+            if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+                let _ = std::fs::remove_dir(e.path());
+            }
+        }
+    }
+}
+
 /// A new sandbox's group `name` with `limits`, when the host has cgroups (`layout`), with its
 /// `cgroup.procs` files opened: the sandbox's first process writes itself into them between
 /// fork and exec.
+/// A `spare` group made ahead of need (and the limits it was given) is renamed to `name` and
+/// given `limits` where they differ; when it cannot be (its name is taken), it is removed and
+/// the group made as without one.
 pub(crate) fn prepare(
     layout: Option<&Layout>,
     name: &str,
     limits: &Limits,
+    spare: Option<(Cgroup, Limits)>,
 ) -> std::io::Result<(Option<std::sync::Arc<Cgroup>>, Vec<std::fs::File>)> {
     let Some(layout) = layout else {
         return Ok((None, Vec::new()));
     };
-    let group = std::sync::Arc::new(Cgroup::create(layout, name, limits)?);
+    let taken = spare.and_then(|(mut g, given)| match g.rename(name) {
+        Ok(()) => Some((g, given)),
+        Err(_) => {
+            g.remove();
+            None
+        }
+    });
+    let group = match taken {
+        Some((g, given)) => {
+            if given != *limits {
+                if let Err(e) = g.limit(limits, false) {
+                    g.remove();
+                    return Err(e);
+                }
+            }
+            g
+        }
+        None => Cgroup::create(layout, name, limits)?,
+    };
+    let group = std::sync::Arc::new(group);
     let procs = group
         .procs_files()
         .iter()
@@ -414,6 +509,57 @@ mod tests {
         again.remove();
         assert_eq!(status.signal(), Some(libc::SIGKILL), "{status}");
         assert!(again.dirs.iter().all(|d| !d.exists()));
+    }
+
+    /// A group made ahead of need becomes the sandbox's by a rename, with the sandbox's limits
+    /// where they differ; where the sandbox's name is taken, the spare goes and the group is
+    /// made as without one. Orphaned spares (of a process that is gone) are removed.
+    #[test]
+    fn a_spare_group_is_renamed_to_the_sandbox_and_limited() {
+        let layout = match Layout::detect() {
+            Ok(l @ Layout::V1 { .. }) if rustix::process::geteuid().is_root() => l,
+            _ => {
+                crate::test_skip::skip("CGROUPS", "needs root and cgroup v1 controllers");
+                return;
+            }
+        };
+        let made_with = Limits::default();
+        let wanted = Limits {
+            pids: made_with.pids + 7,
+            ..Limits::default()
+        };
+        let spare = Cgroup::create(&layout, &spare_name(1_000_001), &made_with).unwrap();
+        let spare_dirs = spare.dirs.clone();
+        let name = format!("cgspare{}", std::process::id());
+        let (group, procs) = prepare(
+            Some(&layout),
+            &name,
+            &wanted,
+            Some((spare, made_with.clone())),
+        )
+        .unwrap();
+        let group = group.unwrap();
+        assert_eq!(group.dirs, layout.group_dirs(&name));
+        assert!(spare_dirs.iter().all(|d| !d.exists()));
+        assert_eq!(procs.len(), 3);
+        let pids = std::fs::read_to_string(group.dirs[1].join("pids.max")).unwrap();
+        assert_eq!(pids.trim(), wanted.pids.to_string());
+
+        // The name is taken now: a second spare is not renamed onto it.
+        let spare = Cgroup::create(&layout, &spare_name(1_000_002), &made_with).unwrap();
+        let spare_dirs = spare.dirs.clone();
+        let (again, _) = prepare(Some(&layout), &name, &wanted, Some((spare, made_with))).unwrap();
+        assert!(spare_dirs.iter().all(|d| !d.exists()));
+        assert_eq!(again.unwrap().dirs, group.dirs);
+        group.remove();
+
+        // A spare of a pid that does not run is an orphan.
+        let orphan = layout.group_dirs(&format!("{SPARE}{}x0", u32::MAX - 1));
+        for d in &orphan {
+            std::fs::create_dir(d).unwrap();
+        }
+        remove_orphan_spares(&layout);
+        assert!(orphan.iter().all(|d| !d.exists()));
     }
 
     #[test]

@@ -47,6 +47,10 @@ use tokio::sync::mpsc;
 /// This crate's version, reported in receipts.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
+/// The identity of the sources the agent is built from (a hash made by build.rs): the server
+/// and a standalone `coderoom-agent` built together say the same.
+pub const AGENT_BUILD: &str = env!("CODEROOM_AGENT_BUILD");
+
 /// The isolation tier a room's sandbox runs in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

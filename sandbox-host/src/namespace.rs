@@ -9,8 +9,11 @@
 use crate::cgroup::{CgroupError, Layout};
 use crate::handle::{Ended, Event, Sandbox};
 pub use crate::process::ROOM_UIDS;
-use crate::process::{describe, find_program, ChildHooks, RoomUid};
+use crate::process::{describe, find_program, ChildHooks};
 use crate::{Limits, Receipt, StartError, Starting, Tier, TierBackend};
+use spare::{Spare, Users};
+
+mod spare;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -360,6 +363,78 @@ pub struct AgentCommand {
     pub args: Vec<String>,
 }
 
+/// How long a standalone agent may take to say which build it is.
+const ASK_BUILD_WITHIN: Duration = Duration::from_secs(5);
+
+impl AgentCommand {
+    /// The agent for the sandboxes of the server binary `server`: the standalone
+    /// `coderoom-agent` installed beside it when it was built from the same sources (it maps
+    /// and relocates a much smaller binary: about half a millisecond of every start on a
+    /// 2-core host), else `server` itself as `coderoom agent`. Also says which, and why.
+    pub fn beside(server: &Path) -> (AgentCommand, String) {
+        let own = AgentCommand {
+            exe: server.to_path_buf(),
+            args: vec!["agent".into()],
+        };
+        let standalone = server.with_file_name("coderoom-agent");
+        if !standalone.is_file() {
+            return (
+                own,
+                format!("the server binary (no {})", standalone.display()),
+            );
+        }
+        match build_of(&standalone) {
+            Ok(b) if b == crate::AGENT_BUILD => (
+                AgentCommand {
+                    exe: standalone.clone(),
+                    args: Vec::new(),
+                },
+                format!("{} (the server's build)", standalone.display()),
+            ),
+            Ok(b) => (
+                own,
+                format!(
+                    "the server binary ({} is another build: {b:?}, the server's {})",
+                    standalone.display(),
+                    crate::AGENT_BUILD
+                ),
+            ),
+            Err(e) => (
+                own,
+                format!(
+                    "the server binary (cannot ask {}: {e})",
+                    standalone.display()
+                ),
+            ),
+        }
+    }
+}
+
+/// What `exe --build` says (an agent older than the question says nothing on stdout).
+fn build_of(exe: &Path) -> std::io::Result<String> {
+    use std::io::Read as _;
+    let mut child = std::process::Command::new(exe)
+        .arg("--build")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let deadline = std::time::Instant::now() + ASK_BUILD_WITHIN;
+    while child.try_wait()?.is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(std::io::Error::other("no answer"));
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let mut out = String::new();
+    if let Some(o) = child.stdout.take() {
+        o.take(256).read_to_string(&mut out)?;
+    }
+    Ok(out.trim().to_owned())
+}
+
 /// The namespace backend.
 #[derive(Debug)]
 pub struct Namespace {
@@ -377,6 +452,8 @@ pub struct Namespace {
     subids: Option<SubIds>,
     /// How the sandbox's `/etc` is made from the host's (no rootfs).
     etc: EtcCache,
+    /// What the next start needs that does not depend on its room, made ahead of need.
+    spare: Arc<std::sync::Mutex<Spare>>,
 }
 
 /// A user's subordinate ids (`/etc/subuid`, `/etc/subgid`): room code's host uid and gid are
@@ -430,8 +507,7 @@ struct Prepared {
     passwd: OwnedFd,
     group: OwnedFd,
     etc: Vec<EtcPart>,
-    /// The room uid's slot and host uid, and its user namespace.
-    room_uid: Option<((RoomUid, u32), OwnedFd)>,
+    room_uid: Option<Users>,
 }
 
 fn find_in_path(name: &str) -> Option<PathBuf> {
@@ -483,6 +559,15 @@ impl Namespace {
             room_uids: Arc::default(),
             subids: if root { None } else { SubIds::find() },
             etc: EtcCache::default(),
+            spare: Arc::default(),
+        })
+        .inspect(|ns| {
+            if let Ok(layout) = &ns.cgroups {
+                crate::cgroup::remove_orphan_spares(layout);
+            }
+            // The first start finds one too (a server's start-up pays for it).
+            *ns.spare.lock().unwrap_or_else(|e| e.into_inner()) =
+                ns.spare_maker(&Limits::default()).make();
         })
     }
 
@@ -494,7 +579,7 @@ impl Namespace {
     /// What a start needs besides its cgroup: the control stream's two ends, the seccomp
     /// filter, passwd and group, the /etc plan's files, and the room uid with its user
     /// namespace (when the sandbox gets two users).
-    fn prepare_rest(&self) -> Result<Prepared, StartError> {
+    fn prepare_rest(&self, users: Option<Users>) -> Result<Prepared, StartError> {
         let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(StartError::Host)?;
         let seccomp = memfd("coderoom-seccomp", &self.filter)?;
         let passwd = memfd(
@@ -512,36 +597,11 @@ impl Namespace {
         };
         let theirs: OwnedFd = theirs.into();
         // Root outside, or subordinate ids: the sandbox gets a user namespace with two users
-        // (crate::userns), the machinery root inside and room code under a host uid of its own.
-        let plan = match (self.run_as, self.subids) {
-            (Some(owner), _) => Some((ROOM_UIDS.end - ROOM_UIDS.start, Some(owner), None)),
-            (None, Some(sub)) => Some((sub.count, None, Some(sub))),
-            (None, None) => None,
-        };
-        let room_uid = match plan {
-            Some((slots, owner, sub)) => {
-                let slot = RoomUid::take(&self.room_uids, slots)
-                    .ok_or_else(|| StartError::Unavailable("every room uid is in use".into()))?;
-                let (maps, host) = match (owner, sub) {
-                    (Some(owner), _) => {
-                        let room = ROOM_UIDS.start + slot.slot;
-                        (crate::userns::Maps::Root { owner, room }, room)
-                    }
-                    (None, Some(sub)) => (
-                        crate::userns::Maps::Helpers {
-                            uid: sub.uid + slot.slot,
-                            gid: sub.gid + slot.slot,
-                        },
-                        sub.uid + slot.slot,
-                    ),
-                    (None, None) => unreachable!("planned above"),
-                };
-                let ns = crate::userns::create(maps, INSIDE_ID).map_err(|e| {
-                    StartError::Unavailable(format!("cannot make the sandbox's users: {e}"))
-                })?;
-                Some(((slot, host), ns))
-            }
-            None => None,
+        // (crate::userns), the machinery root inside and room code under a host uid of its own:
+        // the spare's (spare.rs), else made now.
+        let room_uid = match users {
+            Some(made) => Some(made),
+            None => self.spare_maker(&Limits::default()).users()?,
         };
         Ok(Prepared {
             ours,
@@ -569,16 +629,34 @@ impl Namespace {
         let began = std::time::Instant::now();
         // The cgroup (directories and limits in cgroupfs: the larger half of this preparation)
         // is made on a blocking thread while this one prepares the rest.
+        // With a spare made ahead of need (its group only needs renaming) everything is done
+        // here.
+        let (spare_group, spare_users) = {
+            let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
+            (spare.group.take(), spare.users.take())
+        };
         let layout = self.cgroups.as_ref().ok().cloned();
-        let (group_name, group_limits) = (name.to_owned(), limits.clone());
-        let grouping = tokio::task::spawn_blocking(move || {
-            crate::cgroup::prepare(layout.as_ref(), &group_name, &group_limits)
-        });
-        let rest = self.prepare_rest();
-        let grouped = grouping
-            .await
-            .map_err(|e| StartError::Host(std::io::Error::other(e)))
-            .and_then(|r| r.map_err(StartError::Host));
+        let grouping = match spare_group {
+            Some(g) => Err(crate::cgroup::prepare(
+                layout.as_ref(),
+                name,
+                limits,
+                Some(g),
+            )),
+            None => {
+                let (group_name, group_limits) = (name.to_owned(), limits.clone());
+                Ok(tokio::task::spawn_blocking(move || {
+                    crate::cgroup::prepare(layout.as_ref(), &group_name, &group_limits, None)
+                }))
+            }
+        };
+        let rest = self.prepare_rest(spare_users);
+        let grouped = match grouping {
+            Err(done) => done,
+            Ok(task) => task.await.unwrap_or_else(|e| Err(std::io::Error::other(e))),
+        }
+        .map_err(StartError::Host);
+
         let (
             (cgroup, procs),
             Prepared {
@@ -729,6 +807,7 @@ impl Namespace {
                 }));
             }
         }
+        self.refill_spare(limits);
         let micros = |d: Duration| u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
         let start = crate::StartTimes {
             prepare_us: micros(spawning - began),

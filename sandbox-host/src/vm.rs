@@ -447,6 +447,7 @@ impl Microvm {
             self.cgroups.as_ref().ok(),
             &format!("vm{}", vm.name),
             &vmm_limits,
+            None,
         )
         .map_err(StartError::Host)?;
         let hooks = |inherit: Vec<i32>| ChildHooks {

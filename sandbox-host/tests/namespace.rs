@@ -1215,3 +1215,46 @@ async fn entries_are_described_and_moved_beneath_the_workspace_only() {
     sb.kill();
     sb.ended().await;
 }
+
+/// A server uses the standalone agent installed beside it only when it is of the server's own
+/// build; otherwise (absent, another build, one too old to say) the server binary itself.
+#[tokio::test]
+async fn the_agent_beside_the_server_is_used_only_when_it_is_the_same_build() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let server = dir.path().join("coderoom");
+    let beside = dir.path().join("coderoom-agent");
+    let (agent, why) = AgentCommand::beside(&server);
+    assert_eq!(
+        (agent.exe.as_path(), agent.args.as_slice()),
+        (server.as_path(), &["agent".to_owned()][..]),
+        "{why}"
+    );
+    assert!(why.contains("no "), "{why}");
+
+    for (script, said) in [
+        ("#!/bin/sh\necho 0123456789abcdef\n", "another build"),
+        ("#!/bin/sh\necho usage >&2\nexit 64\n", "another build"),
+    ] {
+        std::fs::write(&beside, script).unwrap();
+        std::fs::set_permissions(&beside, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let (agent, why) = AgentCommand::beside(&server);
+        assert_eq!(agent.exe, server, "{why}");
+        assert!(why.contains(said), "{why}");
+    }
+
+    std::fs::remove_file(&beside).unwrap();
+    std::fs::copy(env!("CARGO_BIN_EXE_coderoom-agent"), &beside).unwrap();
+    let (agent, why) = AgentCommand::beside(&server);
+    assert_eq!(agent.exe, beside, "{why}");
+    assert!(agent.args.is_empty());
+    // And it runs sandboxes.
+    let (Backend::Namespace(ns), _) = Backend::namespace(agent, None) else {
+        panic!("the namespace tier must work on this host");
+    };
+    let (sb, _events, _) = ns.start(&name("b"), &Limits::default()).await.unwrap();
+    let (code, out, _) = sh(&sb, "echo up").await;
+    assert_eq!((code, out.as_str()), (Some(0), "up\n"));
+    sb.kill();
+    sb.ended().await;
+}
