@@ -258,14 +258,26 @@ impl Cgroup {
         let cpu_quota = (limits.cpu_millis.max(10) * CPU_PERIOD_US) / 1000;
         match (&self.layout, self.dirs.as_slice()) {
             (Layout::V1 { .. }, [m, p, c]) => {
-                write(
-                    &m.join("memory.limit_in_bytes"),
-                    &limits.memory_bytes.to_string(),
-                )?;
-                // With swap accounting, swap counts too; without it the file is absent.
+                let memory = m.join("memory.limit_in_bytes");
+                let value = limits.memory_bytes.to_string();
+                // With swap accounting, swap counts too (without it the file is absent). The
+                // kernel keeps memory <= memory+swap at every write: raising both, the second
+                // goes first.
                 let memsw = m.join("memory.memsw.limit_in_bytes");
                 if memsw.exists() {
-                    write(&memsw, &limits.memory_bytes.to_string())?;
+                    let now = std::fs::read_to_string(&memory)
+                        .ok()
+                        .and_then(|v| v.trim().parse::<u64>().ok())
+                        .unwrap_or(u64::MAX);
+                    if limits.memory_bytes > now {
+                        write(&memsw, &value)?;
+                        write(&memory, &value)?;
+                    } else {
+                        write(&memory, &value)?;
+                        write(&memsw, &value)?;
+                    }
+                } else {
+                    write(&memory, &value)?;
                 }
                 write(&p.join("pids.max"), &limits.pids.to_string())?;
                 if period {
@@ -371,9 +383,18 @@ impl Cgroup {
 /// crashed server's are found and removed ([`remove_orphan_spares`]).
 const SPARE: &str = "spare";
 
-/// The name of this process's `n`th spare group.
+/// The name of this process's `n`th spare group: `spare<pid>x<instance>x<n>`, the instance a
+/// random number of this process (a restarted server in a container often has the same pid).
 pub(crate) fn spare_name(n: u64) -> String {
-    format!("{SPARE}{}x{n}", std::process::id())
+    format!("{SPARE}{}x{:x}x{n}", std::process::id(), instance())
+}
+
+fn instance() -> u64 {
+    static INSTANCE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *INSTANCE.get_or_init(|| {
+        use std::hash::BuildHasher as _;
+        std::collections::hash_map::RandomState::new().hash_one(std::process::id())
+    })
 }
 
 /// Removes spare groups of processes that no longer run (a group still holding a process is
@@ -392,15 +413,22 @@ pub(crate) fn remove_orphan_spares(layout: &Layout) {
         };
         for e in entries.flatten() {
             let name = e.file_name();
-            let Some(pid) = name
+            let Some((pid, rest)) = name
                 .to_str()
                 .and_then(|n| n.strip_prefix(SPARE))
                 .and_then(|n| n.split_once('x'))
-                .and_then(|(pid, _)| pid.parse::<u32>().ok())
+                .and_then(|(pid, rest)| Some((pid.parse::<u32>().ok()?, rest)))
             else {
                 continue;
             };
-            if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            let ours = format!("{:x}x", instance());
+            let gone = if pid == std::process::id() {
+                // This pid's, of another instance: one that ran before this one.
+                !rest.starts_with(&ours)
+            } else {
+                !Path::new(&format!("/proc/{pid}")).exists()
+            };
+            if gone {
                 let _ = std::fs::remove_dir(e.path());
             }
         }
@@ -430,15 +458,15 @@ pub(crate) fn prepare(
         }
     });
     let group = match taken {
-        Some((g, given)) => {
-            if given != *limits {
-                if let Err(e) = g.limit(limits, false) {
-                    g.remove();
-                    return Err(e);
-                }
+        Some((g, given)) if given == *limits => g,
+        Some((g, _)) => match g.limit(limits, false) {
+            Ok(()) => g,
+            Err(_) => {
+                // Made again from nothing, as without a spare.
+                g.remove();
+                Cgroup::create(layout, name, limits)?
             }
-            g
-        }
+        },
         None => Cgroup::create(layout, name, limits)?,
     };
     let group = std::sync::Arc::new(group);
@@ -524,12 +552,17 @@ mod tests {
             }
         };
         let made_with = Limits::default();
+        // More memory than the spare was given: with swap accounting, memory+swap is raised
+        // first.
         let wanted = Limits {
             pids: made_with.pids + 7,
+            memory_bytes: made_with.memory_bytes * 2,
             ..Limits::default()
         };
         let spare = Cgroup::create(&layout, &spare_name(1_000_001), &made_with).unwrap();
         let spare_dirs = spare.dirs.clone();
+        // A mark that tells the spare itself from a group made again.
+        std::fs::write(spare.dirs[2].join("cpu.shares"), "777").unwrap();
         let name = format!("cgspare{}", std::process::id());
         let (group, procs) = prepare(
             Some(&layout),
@@ -544,6 +577,10 @@ mod tests {
         assert_eq!(procs.len(), 3);
         let pids = std::fs::read_to_string(group.dirs[1].join("pids.max")).unwrap();
         assert_eq!(pids.trim(), wanted.pids.to_string());
+        let memory = std::fs::read_to_string(group.dirs[0].join("memory.limit_in_bytes"));
+        assert_eq!(memory.unwrap().trim(), wanted.memory_bytes.to_string());
+        let shares = std::fs::read_to_string(group.dirs[2].join("cpu.shares")).unwrap();
+        assert_eq!(shares.trim(), "777", "the spare was not the group taken");
 
         // The name is taken now: a second spare is not renamed onto it.
         let spare = Cgroup::create(&layout, &spare_name(1_000_002), &made_with).unwrap();
@@ -554,7 +591,7 @@ mod tests {
         group.remove();
 
         // A spare of a pid that does not run is an orphan.
-        let orphan = layout.group_dirs(&format!("{SPARE}{}x0", u32::MAX - 1));
+        let orphan = layout.group_dirs(&format!("{SPARE}{}x1x0", u32::MAX - 1));
         for d in &orphan {
             std::fs::create_dir(d).unwrap();
         }

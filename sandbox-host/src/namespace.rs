@@ -428,11 +428,14 @@ fn build_of(exe: &Path) -> std::io::Result<String> {
         }
         std::thread::sleep(Duration::from_millis(2));
     }
-    let mut out = String::new();
+    // What it wrote before it ended, without waiting for the pipe's end: a process it left
+    // behind may hold it open.
+    let mut out = Vec::new();
     if let Some(o) = child.stdout.take() {
-        o.take(256).read_to_string(&mut out)?;
+        rustix::io::ioctl_fionbio(&o, true)?;
+        let _ = o.take(256).read_to_end(&mut out);
     }
-    Ok(out.trim().to_owned())
+    Ok(String::from_utf8_lossy(&out).trim().to_owned())
 }
 
 /// The namespace backend.

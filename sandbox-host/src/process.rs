@@ -98,8 +98,11 @@ impl ChildHooks {
         for &fd in &self.procs {
             // SAFETY: `fd` is an open cgroup.procs file; writing "0" moves this process.
             let n = unsafe { libc::write(fd, b"0".as_ptr().cast(), 1) };
-            if n != 1 {
+            if n < 0 {
                 return Err(std::io::Error::last_os_error());
+            }
+            if n != 1 {
+                return Err(std::io::Error::from_raw_os_error(libc::EIO));
             }
         }
         let limits = [

@@ -140,9 +140,61 @@ unsafe fn clone_raw<F: FnMut() -> c_int>(
     if pid < 0 {
         return Err(Error::last_os_error());
     }
+    if flags & libc::CLONE_PIDFD == 0 {
+        return Ok((pid, None));
+    }
+    if pidfd < 0 {
+        // A kernel before 5.2 ignores CLONE_PIDFD: the child runs (or has exec'd) all the same.
+        reap(pid, true);
+        return Err(Error::other(
+            "this kernel gives no pidfd (Linux 5.2 or newer is needed)",
+        ));
+    }
     // SAFETY: with CLONE_PIDFD the kernel wrote a new descriptor that nothing else owns.
-    let pidfd = (flags & libc::CLONE_PIDFD != 0).then(|| unsafe { OwnedFd::from_raw_fd(pidfd) });
-    Ok((pid, pidfd))
+    Ok((pid, Some(unsafe { OwnedFd::from_raw_fd(pidfd) })))
+}
+
+/// Kills (with `kill`) and reaps the child `pid`, retrying an interrupted wait; false if it
+/// could not be reaped.
+pub(crate) fn reap(pid: libc::pid_t, kill: bool) -> bool {
+    // SAFETY: signalling and waiting for a child of this process.
+    unsafe {
+        if kill {
+            libc::kill(pid, libc::SIGKILL);
+        }
+        loop {
+            if libc::waitpid(pid, std::ptr::null_mut(), 0) == pid {
+                return true;
+            }
+            if Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+                return false;
+            }
+        }
+    }
+}
+
+/// Whether this process was dumpable before any child changed credentials in its memory.
+static DUMPABLE: std::sync::OnceLock<c_int> = std::sync::OnceLock::new();
+
+/// Read before a child that may change credentials is cloned: such a child shares this
+/// process's memory, and the kernel marks that memory not dumpable when the child's
+/// effective ids change (as it does for any process), which would leave the server so.
+pub(crate) fn note_dumpable() {
+    // SAFETY: prctl with constant arguments.
+    DUMPABLE.get_or_init(|| unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) });
+}
+
+/// Gives this process back the dumpable flag it had (once the child that changed credentials
+/// in its memory has exec'd or ended).
+pub(crate) fn restore_dumpable() {
+    if let Some(&d) = DUMPABLE.get() {
+        // SAFETY: prctl with constant arguments.
+        let now = unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) };
+        if d >= 0 && now != d {
+            // SAFETY: prctl with a value PR_GET_DUMPABLE gave.
+            unsafe { libc::prctl(libc::PR_SET_DUMPABLE, d as libc::c_ulong, 0, 0, 0) };
+        }
+    }
 }
 
 /// Clones a child that shares this process's memory and runs `f`, while the caller goes on.
@@ -205,13 +257,18 @@ pub(crate) fn spawn(program: &CStr, args: &[CString], hooks: &ChildHooks) -> Res
             libc::_exit(127)
         }
     };
+    note_dumpable();
     // SAFETY: `child` follows the module's rules (see `child_steps`); with CLONE_VFORK this
     // returns only once it has exec'd or ended, so the stack and the values it uses outlive it.
-    let (_, pidfd) =
-        unsafe { clone_raw(&stack, libc::CLONE_VFORK | libc::CLONE_PIDFD, &mut child) }?;
+    let cloned = unsafe { clone_raw(&stack, libc::CLONE_VFORK | libc::CLONE_PIDFD, &mut child) };
+    restore_dumpable();
+    let (pid, pidfd) = cloned?;
     drop(stack);
     drop((null, err_w));
-    let pidfd = pidfd.ok_or_else(|| Error::other("clone gave no pidfd"))?;
+    let Some(pidfd) = pidfd else {
+        reap(pid, true);
+        return Err(Error::other("clone gave no pidfd"));
+    };
     let errno = failed.load(Ordering::Relaxed);
     if errno != 0 {
         // It exited: reap it.
@@ -221,15 +278,27 @@ pub(crate) fn spawn(program: &CStr, args: &[CString], hooks: &ChildHooks) -> Res
         );
         return Err(Error::from_raw_os_error(errno));
     }
-    Ok(Child {
-        // SAFETY: an OwnedFd's descriptor stays open and the same while the AsyncFd owns it.
-        pidfd: Some(
-            unsafe { AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) }
-                .map_err(Error::from)?,
-        ),
+    if tokio::runtime::Handle::try_current().is_err() {
+        reap(pid, true);
+        return Err(Error::other("spawn needs a tokio runtime"));
+    }
+    // SAFETY: an OwnedFd's descriptor stays open and the same while the AsyncFd owns it.
+    let pidfd =
+        match unsafe { AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) } {
+            Ok(fd) => fd,
+            Err(e) => {
+                reap(pid, true);
+                return Err(Error::from(e));
+            }
+        };
+    // From here on, dropping the child kills and reaps it.
+    let mut child = Child {
+        pidfd: Some(pidfd),
         status: None,
-        stderr: Some(tokio::net::unix::pipe::Receiver::from_owned_fd(err_r)?),
-    })
+        stderr: None,
+    };
+    child.stderr = Some(tokio::net::unix::pipe::Receiver::from_owned_fd(err_r)?);
+    Ok(child)
 }
 
 /// The spawned child's steps before its exec: default signal handlers, then its standard
@@ -275,7 +344,8 @@ unsafe fn child_steps(stdio: &[RawFd; 3], hooks: &ChildHooks) -> c_int {
             }
         }
         if let Err(e) = hooks.run() {
-            return e.raw_os_error().unwrap_or(libc::EINVAL);
+            // Never 0: that would let the exec go ahead.
+            return e.raw_os_error().filter(|&c| c != 0).unwrap_or(libc::EIO);
         }
         let mut none: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut none);
@@ -462,6 +532,26 @@ mod tests {
                 assert_eq!(mask, 0, "{line}");
             }
         }
+    }
+
+    /// A child that changes its credentials in this process's memory leaves this process as
+    /// dumpable as it was (the kernel marks shared memory not dumpable at such a change).
+    #[tokio::test]
+    async fn a_child_that_changes_credentials_leaves_this_process_dumpable() {
+        if !rustix::process::geteuid().is_root() {
+            crate::test_skip::skip("ROOT", "changing a child's credentials needs root");
+            return;
+        }
+        // SAFETY: prctl with constant arguments.
+        let before = unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) };
+        let mut as_nobody = hooks(Vec::new());
+        as_nobody.run_as = Some(65534);
+        let mut child = spawn(c"/bin/sh", &args(&["-c", "id -u >&2"]), &as_nobody).unwrap();
+        assert_eq!(stderr_of(&mut child).await, "65534\n");
+        assert!(child.wait().await.unwrap().success());
+        // SAFETY: as above.
+        let after = unsafe { libc::prctl(libc::PR_GET_DUMPABLE, 0, 0, 0, 0) };
+        assert_eq!(after, before);
     }
 
     #[tokio::test]

@@ -108,6 +108,7 @@ pub(crate) fn create(maps: Maps, inside: u32) -> Result<OwnedFd> {
         unsafe { libc::_exit(0) }
     };
     let stack = crate::spawn::Stack::new()?;
+    crate::spawn::note_dumpable();
     // SAFETY: `maker` makes only raw calls that leave errno alone on values prepared above and
     // ends with `_exit`; it and `stack` live until the child is reaped below.
     let pid = unsafe { crate::spawn::clone_vm(&stack, &mut maker) }?;
@@ -168,14 +169,14 @@ pub(crate) fn create(maps: Maps, inside: u32) -> Result<OwnedFd> {
         Ok(OwnedFd::from(ns))
     })();
     drop(to_child_w);
-    // SAFETY: ending (if it has not ended) and reaping the child forked above.
-    unsafe {
-        if result.is_err() {
-            libc::kill(pid, libc::SIGKILL);
-        }
-        libc::waitpid(pid, std::ptr::null_mut(), 0);
+    // Ending (if it has not ended) and reaping the child: only then is its stack free. One that
+    // cannot be reaped may still run on it, so the stack is left mapped.
+    if crate::spawn::reap(pid, result.is_err()) {
+        drop(stack);
+    } else {
+        std::mem::forget(stack);
     }
-    // Only now is the child's stack free.
-    drop(stack);
+    // Its credential change marked the memory it shared with this process not dumpable.
+    crate::spawn::restore_dumpable();
     result
 }
