@@ -148,12 +148,17 @@ impl Layout {
     /// The directories of the group `name`, as [`Cgroup::create`] makes them: memory, pids and
     /// cpu on v1 (in that order), the one group on v2.
     pub fn group_dirs(&self, name: &str) -> Vec<PathBuf> {
+        self.parents().into_iter().map(|p| p.join(name)).collect()
+    }
+
+    /// The directories the sandboxes' groups are made in, in [`Layout::group_dirs`]'s order.
+    fn parents(&self) -> Vec<PathBuf> {
         match self {
             Layout::V1 { memory, pids, cpu } => [memory, pids, cpu]
                 .into_iter()
-                .map(|root| root.join(PARENT).join(name))
+                .map(|root| root.join(PARENT))
                 .collect(),
-            Layout::V2 { root } => vec![root.join(PARENT).join(name)],
+            Layout::V2 { root } => vec![root.join(PARENT)],
         }
     }
 
@@ -400,14 +405,7 @@ fn instance() -> u64 {
 /// Removes spare groups of processes that no longer run (a group still holding a process is
 /// not removed: the kernel refuses).
 pub(crate) fn remove_orphan_spares(layout: &Layout) {
-    let parents: Vec<PathBuf> = match layout {
-        Layout::V1 { memory, pids, cpu } => [memory, pids, cpu]
-            .into_iter()
-            .map(|r| r.join(PARENT))
-            .collect(),
-        Layout::V2 { root } => vec![root.join(PARENT)],
-    };
-    for parent in parents {
+    for parent in layout.parents() {
         let Ok(entries) = std::fs::read_dir(&parent) else {
             continue;
         };

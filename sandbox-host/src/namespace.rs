@@ -630,48 +630,27 @@ impl Namespace {
             ));
         }
         let began = std::time::Instant::now();
-        // The cgroup (directories and limits in cgroupfs: the larger half of this preparation)
-        // is made on a blocking thread while this one prepares the rest.
-        // With a spare made ahead of need (its group only needs renaming) everything is done
-        // here.
+        // The cgroup: the spare's, renamed (here: it is quick), else made on a blocking thread
+        // (directories and limits in cgroupfs, the larger half of this preparation) while this
+        // one prepares the rest.
         let (spare_group, spare_users) = {
             let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
             (spare.group.take(), spare.users.take())
         };
         let layout = self.cgroups.as_ref().ok().cloned();
-        let grouping = match spare_group {
-            Some(g) => Err(crate::cgroup::prepare(
-                layout.as_ref(),
-                name,
-                limits,
-                Some(g),
-            )),
-            None => {
-                let (group_name, group_limits) = (name.to_owned(), limits.clone());
-                Ok(tokio::task::spawn_blocking(move || {
-                    crate::cgroup::prepare(layout.as_ref(), &group_name, &group_limits, None)
-                }))
-            }
-        };
+        let making = spare_group.is_none().then(|| {
+            let (layout, name, limits) = (layout.clone(), name.to_owned(), limits.clone());
+            tokio::task::spawn_blocking(move || {
+                crate::cgroup::prepare(layout.as_ref(), &name, &limits, None)
+            })
+        });
         let rest = self.prepare_rest(spare_users);
-        let grouped = match grouping {
-            Err(done) => done,
-            Ok(task) => task.await.unwrap_or_else(|e| Err(std::io::Error::other(e))),
+        let grouped = match making {
+            Some(task) => task.await.unwrap_or_else(|e| Err(std::io::Error::other(e))),
+            None => crate::cgroup::prepare(layout.as_ref(), name, limits, spare_group),
         }
         .map_err(StartError::Host);
-
-        let (
-            (cgroup, procs),
-            Prepared {
-                ours,
-                theirs,
-                seccomp,
-                passwd,
-                group,
-                etc,
-                room_uid,
-            },
-        ) = match (grouped, rest) {
+        let ((cgroup, procs), p) = match (grouped, rest) {
             (Ok(g), Ok(r)) => (g, r),
             (Ok((cgroup, _)), Err(e)) => {
                 if let Some(cg) = cgroup {
@@ -682,20 +661,20 @@ impl Namespace {
             (Err(e), _) => return Err(e),
         };
         let mut inherit = vec![
-            theirs.as_raw_fd(),
-            seccomp.as_raw_fd(),
-            passwd.as_raw_fd(),
-            group.as_raw_fd(),
+            p.theirs.as_raw_fd(),
+            p.seccomp.as_raw_fd(),
+            p.passwd.as_raw_fd(),
+            p.group.as_raw_fd(),
         ];
-        if let Some((_, ns)) = &room_uid {
+        if let Some((_, ns)) = &p.room_uid {
             inherit.push(ns.as_raw_fd());
         }
-        inherit.extend(etc.iter().filter_map(|p| match p {
+        inherit.extend(p.etc.iter().filter_map(|part| match part {
             EtcPart::File { data, .. } => Some(data.as_raw_fd()),
             _ => None,
         }));
 
-        let (args, mounts) = self.bwrap_args(limits, &inherit, room_uid.is_some(), &etc);
+        let (args, mounts) = self.bwrap_args(limits, &inherit, p.room_uid.is_some(), &p.etc);
         let c = |s: &std::ffi::OsStr| {
             std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(s))
                 .map_err(|_| StartError::Host(std::io::Error::other("a NUL in bwrap's arguments")))
@@ -718,16 +697,16 @@ impl Namespace {
         // stdin and stdout on /dev/null, stderr kept for the reason it failed.
         let mut child = crate::spawn::spawn(&program, &args, &hooks).map_err(StartError::Host)?;
         let spawned = std::time::Instant::now();
-        let (room_uid, userns) = match room_uid {
+        let (room_uid, userns) = match p.room_uid {
             Some(((slot, host), ns)) => (Some((slot, host)), Some(ns)),
             None => (None, None),
         };
         let host_uid = room_uid.as_ref().map(|(_, host)| *host);
-        drop((theirs, seccomp, passwd, group, procs, userns, etc));
+        drop((p.theirs, p.seccomp, p.passwd, p.group, procs, userns, p.etc));
         let mut stderr = child.stderr.take();
 
-        ours.set_nonblocking(true).map_err(StartError::Host)?;
-        let stream = tokio::net::UnixStream::from_std(ours).map_err(StartError::Host)?;
+        p.ours.set_nonblocking(true).map_err(StartError::Host)?;
+        let stream = tokio::net::UnixStream::from_std(p.ours).map_err(StartError::Host)?;
         let (sandbox, events, control) = Sandbox::wire(stream);
         if let Some(cg) = &cgroup {
             let cg = cg.clone();

@@ -1015,11 +1015,15 @@ async fn an_agent_in_a_private_directory_still_starts() {
     .unwrap();
     let exe = private.path().join("coderoom-agent");
     std::fs::copy(env!("CARGO_BIN_EXE_coderoom-agent"), &exe).unwrap();
-    let agent = AgentCommand { exe, args: vec![] };
+    runs_a_command(AgentCommand { exe, args: vec![] }, "v").await;
+}
+
+/// A backend with `agent` starts a sandbox (named with `tag`) whose commands run.
+async fn runs_a_command(agent: AgentCommand, tag: &str) {
     let (Backend::Namespace(ns), _) = Backend::namespace(agent, None) else {
         panic!("the namespace tier must work on this host");
     };
-    let (sb, _events, _) = ns.start(&name("v"), &Limits::default()).await.unwrap();
+    let (sb, _events, _) = ns.start(&name(tag), &Limits::default()).await.unwrap();
     let (code, out, _) = sh(&sb, "echo up").await;
     assert_eq!((code, out.as_str()), (Some(0), "up\n"));
     sb.kill();
@@ -1249,12 +1253,5 @@ async fn the_agent_beside_the_server_is_used_only_when_it_is_the_same_build() {
     assert_eq!(agent.exe, beside, "{why}");
     assert!(agent.args.is_empty());
     // And it runs sandboxes.
-    let (Backend::Namespace(ns), _) = Backend::namespace(agent, None) else {
-        panic!("the namespace tier must work on this host");
-    };
-    let (sb, _events, _) = ns.start(&name("b"), &Limits::default()).await.unwrap();
-    let (code, out, _) = sh(&sb, "echo up").await;
-    assert_eq!((code, out.as_str()), (Some(0), "up\n"));
-    sb.kill();
-    sb.ended().await;
+    runs_a_command(agent, "b").await;
 }
