@@ -927,3 +927,54 @@ async fn the_workspace_downloads_as_an_archive_after_an_approval_on(backend: &Ba
     let state = get_json(server, &t.ana, &format!("/api/rooms/{room}/sandbox")).await;
     assert_ne!(state["state"], "running", "{state}");
 }
+
+/// A text file that room code turns into something else (here: binary) leaves the document
+/// (only text is mirrored), and nothing puts the document's old text back over its bytes: not
+/// the download, not the sandbox's next start from its snapshot. Grown past the mirror's size
+/// cap, the same. (The export used to write the document's stale text over it, and a restart
+/// wrote it to the disk.)
+#[tokio::test]
+async fn a_file_that_stops_being_text_keeps_its_bytes() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let t = team(&storage).await;
+    let (server, room) = (&t.server, &t.room);
+    let grant = r#"{"grant":["export"]}"#;
+    assert_eq!(set_role(server, &t.ana, room, &t.ben_id, grant).await, 200);
+    let mut ana = Client::connect(server, room, &t.ana).await;
+    ana.synced().await;
+    let (_, out) = exec(
+        server,
+        &t.ben,
+        room,
+        "printf 'plain\\n' > data.bin && printf 'small\\n' > big.log && echo ok",
+    )
+    .await;
+    assert_eq!(out["stdout"], "ok\n", "{out}");
+    ana.wait_for_file("data.bin", "plain\n").await;
+    ana.wait_for_file("big.log", "small\n").await;
+    let (_, out) = exec(
+        server,
+        &t.ben,
+        room,
+        "head -c 4096 /dev/urandom > data.bin && yes grown | head -c 2000000 > big.log && \
+         cat data.bin big.log | sha256sum",
+    )
+    .await;
+    assert_eq!(out["exit_code"], 0, "{out}");
+    let sum = out["stdout"].as_str().unwrap().to_owned();
+    ana.wait_for_no_file("data.bin").await;
+    ana.wait_for_no_file("big.log").await;
+
+    let (_, dir) = download_workspace(server, room, &t.ben, &t.ana).await;
+    let out = dir.path().join("out");
+    let read = |p: &str| std::fs::read(out.join(p)).unwrap();
+    assert_eq!(read("data.bin").len(), 4096, "the bytes, not the old text");
+    assert_eq!(read("big.log").len(), 2_000_000);
+
+    // Stopped (snapshotted) and started again: the disk is as room code left it.
+    assert_eq!(lifecycle_stop(server, &t.ana, room).await, 200);
+    let (_, out) = exec(server, &t.ben, room, "cat data.bin big.log | sha256sum").await;
+    assert_eq!(out["stdout"].as_str(), Some(sum.as_str()), "{out}");
+    assert_eq!(ana.file_content("data.bin"), None);
+    assert_eq!(ana.file_content("big.log"), None);
+}

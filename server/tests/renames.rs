@@ -634,8 +634,17 @@ async fn a_flood_of_file_operations_is_summarised() {
         .iter()
         .filter(|e| e["action"] == "file_operations_unrecorded")
         .collect();
-    // keep.txt, then 199 of the flood within the burst of 200; 201 summarised.
-    assert_eq!(created, 200, "{created} creations journaled one by one");
+    // keep.txt, then 199 of the flood within the burst of 200 (a token or a few more when the
+    // budget refilled, at 20 a second, between keep.txt and the flood on a busy machine); the
+    // rest summarised, and nothing uncounted.
+    assert!(
+        (200..=210).contains(&created),
+        "{created} creations journaled one by one"
+    );
     assert_eq!(summary.len(), 1, "{summary:?}");
-    assert_eq!(summary[0]["details"]["count"], 201);
+    assert_eq!(
+        summary[0]["details"]["count"].as_u64(),
+        Some(401 - created as u64),
+        "{summary:?}"
+    );
 }

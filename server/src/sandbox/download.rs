@@ -16,6 +16,8 @@ use std::io::{BufReader, BufWriter, Read, Write};
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Component, Path, PathBuf};
 
+use super::filesync::{digest, MAX_SYNC_FILE};
+
 /// What went into a download.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct Bundled {
@@ -89,18 +91,47 @@ fn write(
             }
             tar::EntryType::Regular | tar::EntryType::Continuous => {
                 if let Some(name) = &name {
-                    if let Some(text) = texts.get(name) {
-                        header.set_entry_type(tar::EntryType::Regular);
-                        header.set_size(text.len() as u64);
-                        builder.append_data(&mut header, &path, text.as_bytes())?;
-                        written.insert(name.clone());
-                        done.files += 1;
-                        done.from_document += 1;
-                        continue;
-                    }
-                    if agreed.contains_key(name) {
-                        // Deleted in the room since the sandbox last saw the document.
-                        continue;
+                    match texts.get(name) {
+                        Some(text) if agreed.get(name) != Some(&digest(text)) => {
+                            // The editors' text: the document is the truth for text files.
+                            header.set_entry_type(tar::EntryType::Regular);
+                            header.set_size(text.len() as u64);
+                            builder.append_data(&mut header, &path, text.as_bytes())?;
+                            written.insert(name.clone());
+                            done.files += 1;
+                            done.from_document += 1;
+                            continue;
+                        }
+                        Some(_) => {
+                            // The editors left it as both sides last agreed: the disk is as
+                            // new or newer (room code may have changed it since the sync last
+                            // looked, even into something the document cannot hold), and goes
+                            // in as it is, below.
+                            written.insert(name.clone());
+                        }
+                        None => {
+                            // Deleted in the room since the sandbox last saw the document,
+                            // when the file still reads as agreed. One changed inside since
+                            // (turned binary, grown past the mirror's cap: out of the document
+                            // for that) is the sandbox's, and goes in (a large one below, as
+                            // any other file).
+                            if let Some(digest) = agreed.get(name) {
+                                if entry.size() <= MAX_SYNC_FILE {
+                                    let bytes = read_whole(&mut entry)?;
+                                    if !is_digest_of(&bytes, digest) {
+                                        header.set_entry_type(tar::EntryType::Regular);
+                                        header.set_size(bytes.len() as u64);
+                                        builder.append_data(
+                                            &mut header,
+                                            &path,
+                                            bytes.as_slice(),
+                                        )?;
+                                        done.files += 1;
+                                    }
+                                    continue;
+                                }
+                            }
+                        }
                     }
                 }
                 header.set_entry_type(tar::EntryType::Regular);
@@ -148,6 +179,24 @@ fn write(
     let mut file = gz.finish()?.into_inner().map_err(|e| e.into_error())?;
     file.flush()?;
     Ok(done)
+}
+
+/// An entry's bytes, read whole (the caller bounds its size).
+fn read_whole<R: Read>(entry: &mut tar::Entry<'_, R>) -> std::io::Result<Vec<u8>> {
+    let size = entry.size();
+    let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0));
+    Exact {
+        inner: entry,
+        left: size,
+    }
+    .read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// Whether `bytes` are the text whose digest the agreement keeps (hex SHA-256).
+fn is_digest_of(bytes: &[u8], digest: &str) -> bool {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(bytes)) == digest
 }
 
 /// Exactly `left` bytes of `inner`: an archive that ends sooner is malformed (the tar writer
@@ -263,16 +312,24 @@ mod tests {
                 ("src", 'd', ""),
                 ("src/main.py", 'f', "print('old')\n"),
                 ("src/gone.py", 'f', "deleted in the room\n"),
+                // Changed inside since the sync last looked; the editors left it alone.
+                ("src/lib.py", 'f', "changed inside\n"),
                 ("build.bin", 'f', "\u{1}\u{2}binary"),
                 ("latest", 'l', "src/main.py"),
+                // Agreed on as text, then turned binary inside: out of the document, not
+                // deleted in the room.
+                ("data.bin", 'f', "\u{0}\u{1}bytes"),
             ],
         );
         let agreed = HashMap::from([
-            ("src/main.py".to_owned(), "x".to_owned()),
-            ("src/gone.py".to_owned(), "y".to_owned()),
+            ("src/main.py".to_owned(), digest("print('old')\n")),
+            ("src/gone.py".to_owned(), digest("deleted in the room\n")),
+            ("data.bin".to_owned(), digest("plain\n")),
+            ("src/lib.py".to_owned(), digest("before\n")),
         ]);
         let texts = BTreeMap::from([
             ("src/main.py".to_owned(), "print('new')\n".to_owned()),
+            ("src/lib.py".to_owned(), "before\n".to_owned()),
             (
                 "notes/todo.md".to_owned(),
                 "# typed, not synced yet\n".to_owned(),
@@ -282,7 +339,7 @@ mod tests {
         let done = bundle(&ws, &agreed, &texts, 1_800_000_000, &out).expect("bundle");
         assert_eq!(
             (done.files, done.from_document, done.skipped),
-            (3, 2, 0),
+            (5, 2, 0),
             "{done:?}"
         );
         assert_eq!(done.bytes, std::fs::metadata(&out).expect("meta").len());
@@ -290,7 +347,9 @@ mod tests {
         let want: BTreeMap<String, (char, String)> = [
             ("src", ('d', "")),
             ("src/main.py", ('f', "print('new')\n")),
+            ("src/lib.py", ('f', "changed inside\n")),
             ("build.bin", ('f', "\u{1}\u{2}binary")),
+            ("data.bin", ('f', "\u{0}\u{1}bytes")),
             ("latest", ('l', "src/main.py")),
             ("notes/todo.md", ('f', "# typed, not synced yet\n")),
         ]

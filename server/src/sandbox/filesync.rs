@@ -19,7 +19,9 @@
 //! imported). Without it, a file deleted while the sandbox slept came back.
 //!
 //! Only text goes into the document: files larger than [`MAX_SYNC_FILE`], with NUL bytes or not
-//! UTF-8 stay on disk only. Deleting a file on disk removes it from the document, except when a
+//! UTF-8 stay on disk only. A mirrored file that room code turns into such a file leaves the
+//! document, its bytes untouched on disk (unless editors changed its text meanwhile: their text
+//! wins, as in any conflict). Deleting a file on disk removes it from the document, except when a
 //! single scan sees most of the synced files vanish at once (`rm -rf` of the workspace): then
 //! the document keeps them and they are written back.
 
@@ -465,8 +467,9 @@ impl Session<'_> {
             .map_err(SyncError::Sandbox)
     }
 
-    /// The workspace's files small enough to mirror, and whether the listing was cut short (so
-    /// a file missing from it may still exist).
+    /// The workspace's files, and whether the listing was cut short (so a file missing from it
+    /// may still exist). Files too large to mirror are listed too: one that grows past
+    /// [`MAX_SYNC_FILE`] stopped being text the document can hold, it was not deleted.
     async fn list(&self) -> Result<(Vec<FileEntry>, bool), SyncError> {
         // Listings reach past the document's cap, so files it leaves out are counted.
         let cap = u32::try_from(self.ctx.limits.max_synced_files).unwrap_or(u32::MAX);
@@ -477,7 +480,7 @@ impl Session<'_> {
             Reply::Files { entries, truncated } => Ok((
                 entries
                     .into_iter()
-                    .filter(|e| e.size <= MAX_SYNC_FILE && !e.path.ends_with(".coderoom-tmp"))
+                    .filter(|e| !e.path.ends_with(".coderoom-tmp"))
                     .collect(),
                 truncated,
             )),
@@ -525,7 +528,11 @@ impl Session<'_> {
     /// document are written.
     async fn reconcile(&mut self) -> Result<(), SyncError> {
         let (listing, _) = self.list().await?;
-        let on_disk: HashSet<String> = listing.iter().map(|e| e.path.clone()).collect();
+        // Path -> whether its size lets it be text the document holds.
+        let on_disk: HashMap<String, bool> = listing
+            .iter()
+            .map(|e| (e.path.clone(), e.size <= MAX_SYNC_FILE))
+            .collect();
         self.listing = listing
             .iter()
             .map(|e| (e.path.clone(), (e.size, e.mtime_ns)))
@@ -533,6 +540,7 @@ impl Session<'_> {
         self.replica.take_dirty();
         // Kept until this agreement completes: an interrupted one is tried again with it.
         let restored = self.restored.clone();
+        let mut not_text = Vec::new();
         for path in self.replica.paths() {
             if WorkspacePath::parse(&path).is_err() {
                 continue;
@@ -543,13 +551,21 @@ impl Session<'_> {
             if text.len() as u64 > MAX_SYNC_FILE {
                 continue;
             }
-            let disk = if on_disk.contains(&path) {
-                self.read_text(&path).await?
-            } else {
-                None
+            let disk = match on_disk.get(&path) {
+                Some(true) => self.read_text(&path).await?,
+                Some(false) | None => None,
             };
             if disk.as_deref() == Some(text.as_str()) {
                 self.base.insert(path, text);
+                continue;
+            }
+            let agreed = self.base.get(&path) == Some(&text)
+                || (self.base.get(&path).is_none() && restored.get(&path) == Some(&digest(&text)));
+            if disk.is_none() && on_disk.contains_key(&path) && agreed {
+                // The document reads as both sides last agreed and the file on disk is no
+                // longer text: room code changed it since; it leaves the document (the disk
+                // wins, as for any change inside the editors did not also make).
+                not_text.push(path);
                 continue;
             }
             match (self.base.get(&path).cloned(), disk) {
@@ -568,9 +584,11 @@ impl Session<'_> {
                 }
             }
         }
+        self.leave_document(&not_text).await?;
         for entry in listing {
-            // Files the document has were agreed on above (or are not the disk's to replace).
-            if self.replica.text(&entry.path).is_some() {
+            // Files the document has were agreed on above (or are not the disk's to replace);
+            // files too large are not text it can hold.
+            if self.replica.text(&entry.path).is_some() || entry.size > MAX_SYNC_FILE {
                 continue;
             }
             let agreed = match self.base.get(&entry.path) {
@@ -704,13 +722,36 @@ impl Session<'_> {
             let listing = &self.listing;
             self.left_out.retain(|p| listing.contains_key(p));
         }
+        let mut not_text = Vec::new();
+        let mut editors_win = false;
         for path in changed {
-            if self.would_leave_out(&path) {
+            let fits = self
+                .listing
+                .get(&path)
+                .is_some_and(|(size, _)| *size <= MAX_SYNC_FILE);
+            if fits && self.would_leave_out(&path) {
                 // Not read at all: the document has no room for it.
                 self.left_out.insert(path);
                 continue;
             }
-            let Some(disk) = self.read_text(&path).await? else {
+            let disk = if fits {
+                self.read_text(&path).await?
+            } else {
+                None
+            };
+            let Some(disk) = disk else {
+                // Not text now (binary, too large, or gone since the listing). A file the two
+                // sides agreed on leaves the document, unless editors changed it too: then
+                // their text wins, as in any conflict, and is written back.
+                self.left_out.remove(&path);
+                if let Some(base) = self.base.get(&path) {
+                    if self.replica.text(&path).as_ref() == Some(base) {
+                        not_text.push(path);
+                    } else {
+                        self.replica.dirty().insert(path);
+                        editors_win = true;
+                    }
+                }
                 continue;
             };
             match self.base.get(&path) {
@@ -730,6 +771,13 @@ impl Session<'_> {
                 }
             }
         }
+        if !not_text.is_empty() {
+            tracing::debug!(room = %self.ctx.room_id, files = not_text.len(), "files no longer text leave the document");
+            self.leave_document(&not_text).await?;
+        }
+        if editors_win {
+            self.flush().await?;
+        }
         self.report();
         if !vanished.is_empty() && !self.left_out.is_empty() {
             // Room may have freed up: files left out are looked at again on the next scan.
@@ -747,21 +795,37 @@ impl Session<'_> {
                 }
                 self.flush().await?;
             } else {
-                let update = {
-                    let mut txn = self.replica.doc.transact_mut();
-                    for p in &vanished {
-                        self.replica.files.remove(&mut txn, p);
-                    }
-                    txn.encode_update_v1()
-                };
-                for p in &vanished {
-                    self.base.remove(p);
-                }
-                self.replica.take_dirty();
-                self.publish(update).await?;
+                self.leave_document(&vanished).await?;
             }
         }
         Ok(())
+    }
+
+    /// Takes `paths` out of the document, leaving the disk alone (they vanished from it, or
+    /// are no longer text there): every editor sees them go, and the agreement forgets them,
+    /// so nothing reads them as deleted in the room.
+    async fn leave_document(&mut self, paths: &[String]) -> Result<(), SyncError> {
+        if paths.is_empty() {
+            return Ok(());
+        }
+        let update = {
+            let mut txn = self.replica.doc.transact_mut();
+            for p in paths {
+                self.replica.files.remove(&mut txn, p);
+            }
+            txn.encode_update_v1()
+        };
+        {
+            // Only these: editors' edits waiting for the debounce still reach the disk.
+            let mut dirty = self.replica.dirty();
+            for p in paths {
+                dirty.remove(p);
+            }
+        }
+        for p in paths {
+            self.base.remove(p);
+        }
+        self.publish(update).await
     }
 
     async fn merge_in(&mut self, path: &str, base: &str, disk: &str) -> Result<(), SyncError> {

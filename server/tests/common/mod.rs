@@ -891,6 +891,23 @@ impl Client {
         self.send(YMessage::Sync(SyncMessage::Update(update))).await;
     }
 
+    /// Receives until the document holds no file `path`.
+    pub async fn wait_for_no_file(&mut self, path: &str) {
+        let r = tokio::time::timeout(Duration::from_secs(20), async {
+            while self.file_content(path).is_some() {
+                if let Event::Closed(c) = self.next().await {
+                    panic!("closed ({c:?}) waiting for {path} to leave");
+                }
+            }
+        })
+        .await;
+        assert!(
+            r.is_ok(),
+            "{path} never left the document; it reads {:?}",
+            self.file_content(path)
+        );
+    }
+
     /// Receives until the workspace file `path` reads `expected`.
     pub async fn wait_for_file(&mut self, path: &str, expected: &str) {
         let r = tokio::time::timeout(Duration::from_secs(20), async {
