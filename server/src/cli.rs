@@ -239,6 +239,9 @@ async fn doctor(vm: &crate::config::VmArgs, data_dir: &std::path::Path) {
                 .map_err(anyhow::Error::new)
         )
     );
+    if let Ok(exe) = std::env::current_exe() {
+        println!("  its agent: {}", AgentCommand::beside(&exe).1);
+    }
     println!(
         "  KVM: {}",
         yes_no(

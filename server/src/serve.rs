@@ -334,14 +334,10 @@ async fn sandboxes(
 ) -> anyhow::Result<crate::sandbox::Sandboxes> {
     use coderoom_sandbox::{AgentCommand, Backend, Tier};
     let tier = args.sandbox_tier.tier();
-    // The server binary is also the guest agent (`coderoom agent`), bound read-only inside.
-    // (`AgentCommand::beside` would pick the standalone agent of the same build; not yet: with
-    // it, `admin.rs::revoking_an_account_cuts_its_download` sometimes exports an empty
-    // workspace, not yet understood.)
-    let agent = AgentCommand {
-        exe: std::env::current_exe()?,
-        args: vec!["agent".into()],
-    };
+    // The standalone agent beside the server when it is the same build, else the server
+    // binary itself (`coderoom agent`); bound read-only inside.
+    let (agent, agent_why) = AgentCommand::beside(&std::env::current_exe()?);
+    tracing::info!(agent = %agent_why, "the namespace tier's agent");
     let vms = args.vm.config(&args.storage.data_dir);
     let (backend, why) = if args.sandbox_hosts.is_empty() {
         Backend::select(tier, agent, args.sandbox_rootfs.clone(), &vms).await

@@ -173,10 +173,8 @@ pub(crate) fn server_config(
 pub(crate) async fn run(args: SandboxHostArgs) -> anyhow::Result<()> {
     use coderoom_sandbox::{AgentCommand, Backend, Tier};
     let tls = server_config(&args.tls_ca, &args.tls_cert, &args.tls_key)?;
-    let agent = AgentCommand {
-        exe: std::env::current_exe()?,
-        args: vec!["agent".into()],
-    };
+    let (agent, agent_why) = AgentCommand::beside(&std::env::current_exe()?);
+    tracing::info!(agent = %agent_why, "the namespace tier's agent");
     let tier = args.sandbox_tier.tier();
     let vms = args.vm.config(&args.data_dir);
     let (backend, why) = Backend::select(tier, agent, None, &vms).await;
