@@ -390,6 +390,11 @@ impl Spend {
         Ok(Ok(()))
     }
 
+    /// A room this server just made: known to have no budget and no spending, without a read.
+    pub(crate) fn created(&self, room_id: &RoomId) {
+        self.rooms().entry(room_id.to_owned()).or_default().loaded = true;
+    }
+
     /// Whether the room has a budget (then starting metered work needs `spend`).
     pub(crate) async fn has_budget(&self, room_id: &RoomId) -> Result<bool, StoreError> {
         self.load(room_id).await?;

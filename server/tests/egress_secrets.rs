@@ -505,3 +505,87 @@ EOF"#;
         );
     }
 }
+
+/// The first command of a room, from the warm pool: a room without secrets tells the sandbox
+/// nothing at its start (nothing of its is intercepted) and a secret added later reaches it;
+/// a room with a secret before its first command has its variable and authority in place for
+/// that command.
+#[tokio::test]
+async fn a_warm_sandbox_gets_its_rooms_secrets() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let value = format!("sk-live-{}", uuid::Uuid::new_v4().simple());
+    let (ca_pem, config) = authority("api.models.test");
+    let ca_file = storage.dir.path().join("upstream-ca.pem");
+    std::fs::write(&ca_file, &ca_pem).unwrap();
+    let (up_port, _) = upstream(config, value.clone()).await;
+    let resolve = format!("api.models.test=127.0.0.1:{up_port}");
+    let ana = storage.token("ana@example.com").await;
+    let server = Server::start(
+        &storage,
+        &[
+            "--egress-test-resolve",
+            &resolve,
+            "--egress-extra-ca",
+            &ca_file.display().to_string(),
+            "--sandbox-warm-pool",
+            "1",
+        ],
+    )
+    .await;
+    let prepare = |room: String| {
+        let (server, ana) = (&server, &ana);
+        async move {
+            let path = format!("/api/rooms/{room}/egress");
+            let (status, body) = put(server, ana, &path, r#"{"allow":["api.models.test"]}"#).await;
+            assert_eq!(status, 200, "{body}");
+            room
+        }
+    };
+    let add_secret = |room: String| {
+        let (server, ana, value) = (&server, &ana, &value);
+        async move {
+            let (status, body) = post(
+                server,
+                ana,
+                &format!("/api/rooms/{room}/secrets"),
+                &format!(r#"{{"name":"MODEL_KEY","value":"{value}","hosts":["api.models.test"]}}"#),
+            )
+            .await;
+            assert_eq!(status, 201, "{body}");
+        }
+    };
+    let curl = "printenv CODEROOM_SECRET_MODEL_KEY | cut -c1-25; \
+                curl -sS -H \"Authorization: Bearer $CODEROOM_SECRET_MODEL_KEY\" \
+                https://api.models.test/v1/models 2>&1";
+    let from_pool = |room: String| {
+        let (server, ana) = (&server, &ana);
+        async move {
+            let path = format!("/api/rooms/{room}/sandbox");
+            get_json(server, ana, &path).await["from_warm_pool"] == true
+        }
+    };
+
+    // Without secrets: no variable; a secret added while it runs reaches it.
+    let room = prepare(create_room(&server, &ana).await).await;
+    pool_holds(&server, 1).await;
+    let (_, out) = exec(&server, &ana, &room, "printenv | grep -c CODEROOM_SECRET_").await;
+    assert_eq!(out["stdout"], "0\n", "{out}");
+    assert!(from_pool(room.clone()).await);
+    add_secret(room.clone()).await;
+    let (_, out) = exec(&server, &ana, &room, curl).await;
+    assert_eq!(
+        out["stdout"], "crs_placeholder_MODEL_KEY\nauthorized\n",
+        "{out}"
+    );
+
+    // With a secret before its first command: in place for that command.
+    let other = prepare(create_room(&server, &ana).await).await;
+    add_secret(other.clone()).await;
+    pool_holds(&server, 1).await;
+    let (_, out) = exec(&server, &ana, &other, curl).await;
+    assert_eq!(
+        out["stdout"], "crs_placeholder_MODEL_KEY\nauthorized\n",
+        "{out}"
+    );
+    assert!(from_pool(other).await);
+}

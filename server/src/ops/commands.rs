@@ -113,8 +113,14 @@ impl Ops {
             )
             .await?;
         }
+        // Only agents have budgets of their own: a person's is not looked up.
+        let who = if actor.is_agent() {
+            actor.id.as_str()
+        } else {
+            ""
+        };
         self.spend
-            .check(room_id, &actor.id, meters)
+            .check(room_id, who, meters)
             .await?
             .map_err(OpError::Spent)
     }

@@ -46,6 +46,8 @@ impl crate::ops::Ops {
             details,
         );
         self.record(&id, &actor.id, entry, change).await?;
+        // A new room has no budget and has spent nothing: its first command need not read so.
+        self.spend.created(&id);
         tracing::info!(room = %id, user = %actor.id, "room created");
         Ok(id)
     }

@@ -42,6 +42,17 @@ impl Rooms {
         )
     }
 
+    /// Whether anything of the room's document was ever stored (`true` when the database does
+    /// not answer: the caller then waits for the document itself).
+    pub(crate) async fn doc_stored(&self, room_id: &RoomId) -> bool {
+        self.inner
+            .deps
+            .store
+            .doc_stored(room_id)
+            .await
+            .unwrap_or(true)
+    }
+
     /// How long a room's lease lasts (`--room-lease-ms`): the unit other claims are timed in.
     pub(crate) fn lease_ms(&self) -> i64 {
         self.inner.deps.lease_ms

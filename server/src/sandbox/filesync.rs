@@ -253,6 +253,12 @@ pub(crate) enum SyncError {
 /// Mirrors until cancelled; `asks` are asks to settle (scan now, and answer once what the
 /// scan imported is committed).
 pub(crate) async fn run(mut ctx: SyncCtx, mut asks: Asks) {
+    // An empty workspace and a document that never held anything agree already: the first
+    // command waits neither for the room's load nor for the listing. (What is typed meanwhile
+    // reaches the disk as any later edit does.)
+    if ctx.fresh && !ctx.rooms.doc_stored(&ctx.room_id).await {
+        ctx.synced.send_replace(true);
+    }
     let mut restored = std::mem::take(&mut ctx.restored);
     let mut base = Agreed::new(ctx.agreed.clone(), &restored);
     let mut told = false;

@@ -43,6 +43,20 @@ impl Store {
         })
     }
 
+    /// Whether anything of the room's document was ever stored (an update or a snapshot). A
+    /// document never stored holds no files: no peer was ever sent one (updates are stored
+    /// before they are broadcast).
+    pub(crate) async fn doc_stored(&self, room_id: &RoomId) -> Result<bool, StoreError> {
+        let row = sqlx::query(
+            "SELECT 1 AS one FROM doc_updates WHERE room_id = $1 \
+             UNION ALL SELECT 1 AS one FROM doc_snapshots WHERE room_id = $1 LIMIT 1",
+        )
+        .bind(room_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.is_some())
+    }
+
     /// Appends a room's batch of updates, durably, and returns once it is. Batches of every
     /// room go through one writer, which gathers those waiting into one transaction (group
     /// commit across rooms): forty busy rooms pay one fsync, not forty, and never queue for

@@ -926,6 +926,26 @@ impl Client {
     }
 }
 
+/// Waits until the warm pool holds `n` started sandboxes (`/metrics`).
+pub async fn pool_holds(server: &Server, n: u32) {
+    let want = format!("coderoom_sandbox_pool_ready {n}");
+    let mut last = String::new();
+    for _ in 0..200 {
+        last = http(&server.url("/metrics"), "GET", None, None).await.1;
+        if last.lines().any(|l| l == want) {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!(
+        "the pool never held {n}: {}",
+        last.lines()
+            .filter(|l| l.contains("pool"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
 pub async fn raw_ws(server: &Server, room: &str, token: &str) -> Ws {
     try_raw_ws(server, room, token)
         .await

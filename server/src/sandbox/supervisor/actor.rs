@@ -97,21 +97,36 @@ impl Actor {
     /// Gives the sandbox the room's egress authority (its TLS clients trust it) and the
     /// placeholders of the room's secrets. A failure is logged: the sandbox works, and a
     /// request to a secret's host fails its certificate check instead of leaking anything.
-    async fn configure_egress(&self, sandbox: &Sandbox) {
-        let egress = &self.deps().egress;
-        let ca_pem = match egress.authority(&self.room_id) {
-            Ok(ca) => ca.pem.clone(),
-            Err(e) => {
-                tracing::error!(room = %self.room_id, error = %e, "cannot make the room's egress authority");
-                String::new()
+    /// `starting`: a sandbox that just started, which trusts the system's roots and has no
+    /// room variables; a room without secrets then has nothing to tell it (the proxy opens only
+    /// connections to hosts the room has secrets for, and a secret added later sends all of
+    /// this again), so nothing is sent. (A future of its own, borrowing nothing: a start runs
+    /// it beside the first agreement of the workspace's sync.)
+    fn configure_egress(
+        &self,
+        sandbox: &Sandbox,
+        starting: bool,
+    ) -> impl std::future::Future<Output = ()> {
+        let egress = self.deps().egress.clone();
+        let (room_id, sandbox) = (self.room_id.clone(), sandbox.clone());
+        async move {
+            let env = egress.room_env(&room_id).await;
+            if starting && env.is_empty() {
+                return;
             }
-        };
-        let env = egress.room_env(&self.room_id).await;
-        if let Err(e) = sandbox
-            .call(Op::Egress { ca_pem, env }, EGRESS_WITHIN)
-            .await
-        {
-            tracing::warn!(room = %self.room_id, error = %e, "the sandbox did not take its egress settings");
+            let ca_pem = match egress.authority(&room_id) {
+                Ok(ca) => ca.pem.clone(),
+                Err(e) => {
+                    tracing::error!(room = %room_id, error = %e, "cannot make the room's egress authority");
+                    String::new()
+                }
+            };
+            if let Err(e) = sandbox
+                .call(Op::Egress { ca_pem, env }, EGRESS_WITHIN)
+                .await
+            {
+                tracing::warn!(room = %room_id, error = %e, "the sandbox did not take its egress settings");
+            }
         }
     }
 
@@ -201,20 +216,26 @@ impl Actor {
                 reply,
             } => {
                 let sandbox = match (&self.life, peek) {
-                    (Life::Running { sandbox, .. }, true) => Ok(sandbox.clone()),
+                    (Life::Running { sandbox, .. }, true) => Ok((sandbox.clone(), None)),
                     (_, true) => Err(SandboxError::Stopped),
-                    (_, false) => self.ensure_running("first use").await,
+                    (_, false) => self.ensure_started("first use").await,
                 };
-                let sandbox = match sandbox {
+                let (sandbox, recording) = match sandbox {
                     Ok(s) => s,
                     Err(e) => {
                         let _ = reply.send(Err(e));
                         return;
                     }
                 };
-                if !peek {
-                    self.touch().await;
-                }
+                // The operation runs while the sandbox's start is recorded; it is answered once
+                // the record is written (an error, when it cannot be).
+                let (written, start_recorded) = match &recording {
+                    Some(_) => {
+                        let (tx, rx) = tokio::sync::oneshot::channel::<bool>();
+                        (Some(tx), Some(rx))
+                    }
+                    None => (None, None),
+                };
                 let first_sync = self.first_sync.clone();
                 tokio::spawn(async move {
                     // A started (or restarted) sandbox's workspace holds the document's files
@@ -239,8 +260,22 @@ impl Actor {
                         }
                         (None, _) => sandbox.call(op, within).await,
                     };
-                    let _ = reply.send(r.map_err(SandboxError::from));
+                    let r = r.map_err(SandboxError::from);
+                    let r = match start_recorded {
+                        Some(rx) => match rx.await {
+                            Ok(true) => r,
+                            _ => r.and(Err(SandboxError::Start)),
+                        },
+                        None => r,
+                    };
+                    let _ = reply.send(r);
                 });
+                if let (Some(recording), Some(written)) = (recording, written) {
+                    let _ = written.send(self.recorded(recording).await.is_ok());
+                }
+                if !peek {
+                    self.touch().await;
+                }
             }
             Cmd::Status { reply } => {
                 let _ = reply.send(self.status());
@@ -282,7 +317,7 @@ impl Actor {
             Cmd::Egress => {
                 if let Life::Running { sandbox, .. } = &self.life {
                     let sandbox = sandbox.clone();
-                    self.configure_egress(&sandbox).await;
+                    self.configure_egress(&sandbox, false).await;
                 }
             }
             Cmd::Ended { generation, how } => self.ended(generation, how).await,
@@ -434,14 +469,29 @@ impl Actor {
             .unwrap_or_default()
     }
 
-    /// The running sandbox, started (or resumed from its latest snapshot) if it is not. Keys
-    /// typed meanwhile wait in the hub; a terminal someone watches is opened once it runs.
+    /// The running sandbox, started (or resumed from its latest snapshot) if it is not, its
+    /// start recorded. Keys typed meanwhile wait in the hub; a terminal someone watches is
+    /// opened once it runs.
     pub(super) async fn ensure_running(&mut self, reason: &str) -> Result<Sandbox, SandboxError> {
+        let (sandbox, recording) = self.ensure_started(reason).await?;
+        if let Some(recording) = recording {
+            self.recorded(recording).await?;
+        }
+        Ok(sandbox)
+    }
+
+    /// [`Actor::ensure_running`], with the record of a start still being written (`None` when
+    /// the sandbox ran already): the caller may use the sandbox meanwhile, and hands the record
+    /// to [`Actor::recorded`] before anything else.
+    pub(super) async fn ensure_started(
+        &mut self,
+        reason: &str,
+    ) -> Result<(Sandbox, Option<Recording>), SandboxError> {
         if self.deps().shutdown.is_cancelled() {
             return Err(SandboxError::ShuttingDown);
         }
         match &self.life {
-            Life::Running { sandbox, .. } => return Ok(sandbox.clone()),
+            Life::Running { sandbox, .. } => return Ok((sandbox.clone(), None)),
             Life::Failed(r) => return Err(SandboxError::Failed(r.clone())),
             Life::Dormant => {}
         }
@@ -461,21 +511,7 @@ impl Actor {
         }
         self.hub.link(Link::Pending).await;
         match self.start(reason).await {
-            Ok(sandbox) => {
-                if self.hub.viewers() > 0 {
-                    // The hub says "running" once the terminal is there.
-                    self.open_terminal().await;
-                } else {
-                    self.hub
-                        .event(TermEvent::Sandbox {
-                            state: "running",
-                            reason: None,
-                        })
-                        .await;
-                    self.hub.link(Link::Idle).await;
-                }
-                Ok(sandbox)
-            }
+            Ok((sandbox, recording)) => Ok((sandbox, Some(recording))),
             Err(e) => {
                 self.hub.link(Link::Down(e.to_string())).await;
                 Err(e)
@@ -483,9 +519,45 @@ impl Actor {
         }
     }
 
-    /// Starts a sandbox for a dormant room: restores the newest snapshot that restores, records
-    /// the transition, and wires its events to the hub and this supervisor.
-    pub(super) async fn start(&mut self, reason: &str) -> Result<Sandbox, SandboxError> {
+    /// Waits for the record of a start: once it is written the room is told the sandbox runs;
+    /// a start that cannot be recorded is undone (the sandbox killed, the room told why).
+    pub(super) async fn recorded(&mut self, recording: Recording) -> Result<(), SandboxError> {
+        let Recording { write, before } = recording;
+        if let Err(e) = write.await {
+            tracing::error!(room = %self.room_id, error = %e, "cannot record the sandbox's start; stopping it");
+            if let Life::Running { sandbox, sync, .. } = &self.life {
+                if let Some((cancel, _)) = sync {
+                    cancel.cancel();
+                }
+                sandbox.kill();
+            }
+            self.life = Life::Dormant;
+            self.row = before;
+            self.hub.link(Link::Down(e.to_string())).await;
+            return Err(e);
+        }
+        if self.hub.viewers() > 0 {
+            // The hub says "running" once the terminal is there.
+            self.open_terminal().await;
+        } else {
+            self.hub
+                .event(TermEvent::Sandbox {
+                    state: "running",
+                    reason: None,
+                })
+                .await;
+            self.hub.link(Link::Idle).await;
+        }
+        Ok(())
+    }
+
+    /// Starts a sandbox for a dormant room: restores the newest snapshot that restores, wires
+    /// its events to the hub and this supervisor, and starts recording the transition (the
+    /// returned [`Recording`], for [`Actor::recorded`]).
+    pub(super) async fn start(
+        &mut self,
+        reason: &str,
+    ) -> Result<(Sandbox, Recording), SandboxError> {
         // The latest snapshot first, then older ones, then an empty workspace: a snapshot that
         // does not restore (it was written by the untrusted agent) never locks the room out.
         // The document holds every text file anyway and wins at the next sync.
@@ -582,7 +654,12 @@ impl Actor {
         // From now on the sandbox's way out is this room's egress policy (a pooled sandbox had
         // none: its connections were closed).
         sandbox.on_outbound(self.deps().egress.taker(self.room_id.clone()));
-        self.configure_egress(&sandbox).await;
+        // The workspace's sync joins the room (loading it, when it is not loaded yet) while the
+        // sandbox takes its egress settings and the start is recorded: the three need nothing
+        // of each other. Commands wait for the first two; their answers, for the record.
+        let (cancel_sync, sync_task) = self.start_sync(&sandbox, restored.agreed, false, fresh);
+        // A sandbox resumed as it was (kept) may hold an earlier room's settings: it is told.
+        let egress = self.configure_egress(&sandbox, kept.is_none());
         self.generation = self
             .owner
             .inner
@@ -611,13 +688,33 @@ impl Actor {
         if let Some(kept) = kept {
             details["resumed_from_kept"] = json!(kept);
         }
-        if let Err(e) = self
-            .transition("sandbox_start", "system", details, row)
-            .await
-        {
-            sandbox.kill();
-            return Err(e);
-        }
+        let write = {
+            let (audit, room_id) = (self.deps().audit.clone(), self.room_id.clone());
+            let change = Change::SandboxState {
+                room_id: room_id.clone(),
+                row: row.clone(),
+            };
+            Box::pin(async move {
+                audit
+                    .record(
+                        &room_id,
+                        "system",
+                        "sandbox_start",
+                        "allow",
+                        "",
+                        details,
+                        change,
+                    )
+                    .await
+                    .map(|_| ())
+                    .map_err(SandboxError::from)
+            })
+        };
+        let recording = Recording {
+            write,
+            before: self.row.replace(row),
+        };
+        egress.await;
         self.last_armed = stop_at;
         let rate = self.deps().cfg.terminal_output_bytes_per_s.max(1024);
         tokio::spawn(pump(events, generation, rate, self.hub.clone()));
@@ -635,7 +732,7 @@ impl Actor {
             }
         });
         tracing::info!(room = %self.room_id, tier = %receipt.tier, "sandbox running");
-        let sync = Some(self.start_sync(&sandbox, restored.agreed, false, fresh));
+        let sync = Some((cancel_sync, sync_task));
         self.life = Life::Running {
             sandbox: sandbox.clone(),
             generation,
@@ -646,7 +743,7 @@ impl Actor {
         self.pty_open = false;
         self.begin_readiness(&sandbox, generation, restored.ready_for)
             .await;
-        Ok(sandbox)
+        Ok((sandbox, recording))
     }
 
     /// What a snapshot of the running sandbox's workspace is, for its record.
@@ -894,4 +991,11 @@ impl Actor {
             restart: format!("POST /api/rooms/{}/sandbox/start", self.room_id),
         }
     }
+}
+
+/// The record of a sandbox's start being written (see [`Actor::start`]), and the room's row as
+/// it was before, for a start that cannot be recorded.
+pub(super) struct Recording {
+    write: std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), SandboxError>> + Send>>,
+    before: Option<SandboxRow>,
 }

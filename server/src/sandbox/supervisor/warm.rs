@@ -12,6 +12,39 @@ const MAX_WARM_POOL: usize = 16;
 /// took it is running its first command then, and a start beside it competes with that for the
 /// host's CPUs (on two, the fixture's warm-pool figure was a cold start's).
 const REFILL_PAUSE: Duration = Duration::from_millis(250);
+/// How long the command that warms a pool sandbox may take.
+const WARM_WITHIN: Duration = Duration::from_secs(30);
+
+/// Runs one command in a sandbox started for the pool: the agent's first spawn (its first use
+/// of that path, a shell's first start in that sandbox) is paid here, not by the first command
+/// of the room that takes it. Nothing of it stays in the workspace.
+async fn warm(sandbox: &coderoom_sandbox::Sandbox) -> Result<(), WarmError> {
+    let op = coderoom_sandbox::proto::Op::Exec {
+        argv: vec!["sh".into(), "-c".into(), ":".into()],
+        cwd: String::new(),
+        timeout_ms: 10_000,
+        max_output: 1024,
+        actor: "system".into(),
+    };
+    match sandbox.call(op, WARM_WITHIN).await {
+        Ok(coderoom_sandbox::proto::Reply::Exec {
+            exit_code: Some(0), ..
+        }) => Ok(()),
+        Ok(_) => Err(WarmError::Failed),
+        Err(e) => Err(WarmError::Call(e)),
+    }
+}
+
+/// Why a sandbox could not be readied for the pool.
+#[derive(Debug, thiserror::Error)]
+enum WarmError {
+    #[error("cannot start it: {0}")]
+    Start(#[from] coderoom_sandbox::StartError),
+    #[error("its warming command did not run: {0}")]
+    Call(coderoom_sandbox::CallError),
+    #[error("its warming command failed")]
+    Failed,
+}
 
 impl Sandboxes {
     /// Keeps `--sandbox-warm-pool` sandboxes started and unassigned until shutdown, when the
@@ -33,7 +66,17 @@ impl Sandboxes {
                     // made a group of the same name would take it for a crashed run's and
                     // kill what is in it.
                     let name = format!("pool{}", uuid::Uuid::new_v4().simple());
-                    let started = inner.backend.start(&name, &inner.deps.cfg.limits()).await;
+                    let started = match inner.backend.start(&name, &inner.deps.cfg.limits()).await {
+                        Ok(s) => match warm(&s.0).await {
+                            Ok(()) => Ok(s),
+                            Err(e) => {
+                                s.0.kill();
+                                let _ = tokio::time::timeout(WARM_WITHIN, s.0.ended()).await;
+                                Err(e)
+                            }
+                        },
+                        Err(e) => Err(WarmError::from(e)),
+                    };
                     match started {
                         Ok(s) => {
                             let mut pool = inner.pool.lock().unwrap_or_else(|e| e.into_inner());
@@ -41,7 +84,7 @@ impl Sandboxes {
                             inner.deps.pool_ready.set(pool.len() as i64);
                         }
                         Err(e) => {
-                            tracing::warn!(error = %e, "cannot start a sandbox for the warm pool");
+                            tracing::warn!(error = %e, "cannot ready a sandbox for the warm pool");
                             tokio::select! {
                                 () = shutdown.cancelled() => {}
                                 () = tokio::time::sleep(Duration::from_secs(5)) => {}
