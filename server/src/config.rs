@@ -570,16 +570,37 @@ pub(crate) struct SandboxArgs {
     /// Largest terminal recording (asciicast plus input attribution) kept per room.
     #[arg(long, env = "CODEROOM_RECORDING_MAX_BYTES", default_value_t = 64 << 20)]
     pub recording_max_bytes: u64,
-    /// Sandboxes kept started and unassigned, so a room's sandbox starts in the time of a
-    /// restore, not a boot (each is used once, by one room; at most 16).
-    #[arg(long, env = "CODEROOM_SANDBOX_WARM_POOL", default_value_t = 0)]
-    pub sandbox_warm_pool: usize,
+    /// Sandboxes kept started and unassigned, so a room's first command runs about as soon as
+    /// in a running room (each is used once, by one room; at most 16). `auto`: one where the
+    /// host has memory available for four sandboxes (`--sandbox-memory-mb` plus
+    /// `--sandbox-workspace-mb` each) when the server starts, else none.
+    #[arg(long, env = "CODEROOM_SANDBOX_WARM_POOL", default_value = "auto", value_parser = WarmPool::parse)]
+    pub sandbox_warm_pool: WarmPool,
     /// What a stopped microVM sandbox keeps for its next start, beside its snapshot: `disk`
     /// (the next start boots from it, nothing restored), `memory` (the disk and the guest's
     /// memory: the next start carries on with every process running; the disk alone where
     /// the VMM cannot save its guest), or `none` (the snapshot is restored into a new disk).
     #[arg(long, env = "CODEROOM_SANDBOX_KEEP", value_enum, default_value_t = SandboxKeep::Disk)]
     pub sandbox_keep: SandboxKeep,
+}
+
+/// `--sandbox-warm-pool`: `auto` or a number of sandboxes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WarmPool {
+    Auto,
+    Size(usize),
+}
+
+impl WarmPool {
+    fn parse(s: &str) -> Result<WarmPool, String> {
+        match s {
+            "auto" => Ok(WarmPool::Auto),
+            n => n
+                .parse()
+                .map(WarmPool::Size)
+                .map_err(|_| format!("expected `auto` or a number of sandboxes, not {n:?}")),
+        }
+    }
 }
 
 /// `--sandbox-keep`.
@@ -613,13 +634,25 @@ impl Default for SandboxArgs {
             terminal_scrollback_bytes: 1 << 20,
             terminal_output_bytes_per_s: 8 << 20,
             recording_max_bytes: 64 << 20,
-            sandbox_warm_pool: 0,
+            sandbox_warm_pool: WarmPool::Auto,
             sandbox_keep: SandboxKeep::Disk,
         }
     }
 }
 
 impl SandboxArgs {
+    /// How many sandboxes the warm pool keeps, `available` being the host's available memory
+    /// in bytes (`None`: unknown, then `auto` keeps none).
+    pub(crate) fn warm_pool_size(&self, available: Option<u64>) -> usize {
+        match self.sandbox_warm_pool {
+            WarmPool::Size(n) => n,
+            WarmPool::Auto => {
+                let one = (self.sandbox_memory_mb + self.sandbox_workspace_mb) << 20;
+                usize::from(available.is_some_and(|a| a >= one.saturating_mul(4)))
+            }
+        }
+    }
+
     /// The limits every sandbox starts with.
     pub(crate) fn limits(&self) -> coderoom_sandbox::Limits {
         coderoom_sandbox::Limits {
@@ -750,7 +783,46 @@ mod tests {
             s.terminal_scrollback_bytes
         );
         assert_eq!(args.sandbox.recording_max_bytes, s.recording_max_bytes);
+        assert_eq!(args.sandbox.sandbox_warm_pool, s.sandbox_warm_pool);
         assert_eq!(args.storage.database_url(), "sqlite://./data/coderoom.db");
+    }
+
+    #[test]
+    fn the_warm_pool_is_on_where_the_host_has_room_for_it() {
+        let parse = |v: &str| {
+            let cli = Cli::try_parse_from(["coderoom", "serve", "--sandbox-warm-pool", v])?;
+            let Command::Serve(args) = cli.command else {
+                panic!("expected serve");
+            };
+            Ok::<_, clap::Error>(args.sandbox)
+        };
+        let gib = 1u64 << 30;
+        // Auto (the default): four sandboxes' worth (1 GiB + 512 MiB each by default).
+        let auto = SandboxArgs::default();
+        assert_eq!(auto.sandbox_warm_pool, WarmPool::Auto);
+        assert_eq!(auto.warm_pool_size(Some(24 * gib)), 1);
+        assert_eq!(auto.warm_pool_size(Some(6 * gib)), 1);
+        assert_eq!(auto.warm_pool_size(Some(6 * gib - 1)), 0);
+        assert_eq!(auto.warm_pool_size(None), 0);
+        let small = SandboxArgs {
+            sandbox_memory_mb: 256,
+            sandbox_workspace_mb: 256,
+            ..SandboxArgs::default()
+        };
+        assert_eq!(small.warm_pool_size(Some(2 * gib)), 1);
+        // A number is kept whatever the host has.
+        let two = parse("2").expect("a number");
+        assert_eq!(two.warm_pool_size(None), 2);
+        assert_eq!(parse("0").expect("zero").warm_pool_size(Some(24 * gib)), 0);
+        assert_eq!(
+            parse("auto").expect("auto").sandbox_warm_pool,
+            WarmPool::Auto
+        );
+        let bad = match parse("lots") {
+            Ok(_) => panic!("a word that is not `auto` was taken"),
+            Err(e) => e.to_string(),
+        };
+        assert!(bad.contains("expected `auto` or a number"), "{bad}");
     }
 }
 

@@ -1367,6 +1367,40 @@ async fn a_warm_pool_gives_each_room_a_fresh_sandbox_once() {
     );
 }
 
+/// The warm pool's default (`auto`): one sandbox where the host has memory for four (each its
+/// memory limit and workspace), and a new room's first command runs in it.
+#[tokio::test]
+async fn the_warm_pool_is_on_by_default_where_the_host_has_room() {
+    let available_kib: u64 = std::fs::read_to_string("/proc/meminfo")
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap();
+    // Limits small enough that any host running these tests has room for four.
+    let args = [
+        "--sandbox-warm-pool",
+        "auto",
+        "--sandbox-memory-mb",
+        "128",
+        "--sandbox-workspace-mb",
+        "64",
+    ];
+    assert!(
+        available_kib >= 4 * (192 << 10),
+        "{available_kib} KiB available"
+    );
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let t = team_with(&storage, &args).await;
+    pool_holds(&t.server, 1).await;
+    let (_, out) = exec(&t.server, &t.ana, &t.room, "echo hi").await;
+    assert_eq!(out["stdout"], "hi\n", "{out}");
+    assert_eq!(
+        sandbox_status(&t.server, &t.ana, &t.room).await["from_warm_pool"],
+        true
+    );
+}
+
 /// Two servers on one host, each with a warm pool: neither's pooled sandbox is the other's.
 /// Their sandboxes' cgroups share the host's hierarchy, and a new group whose name was taken
 /// is treated as a crashed run's (what is in it is killed): the pools once numbered their

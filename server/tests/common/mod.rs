@@ -412,6 +412,11 @@ impl Server {
         } else {
             cmd.arg("serve");
         }
+        // No warm pool unless a test asks for one (`auto` would start a sandbox per server:
+        // tests count sandboxes, and a 2-CPU machine runs many servers at once).
+        if !extra.contains(&"--sandbox-warm-pool") {
+            cmd.args(["--sandbox-warm-pool", "0"]);
+        }
         let mut child = cmd
             .envs(env.iter().copied())
             .args(storage.args())

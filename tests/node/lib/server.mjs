@@ -223,7 +223,9 @@ export async function startServer (storage, { extraArgs = [], env = {}, listen =
   const args = ['serve', '--listen', listen, ...storage.args(), ...extraArgs]
   const child = spawn(CODEROOM_BIN, args, {
     stdio: ['ignore', 'pipe', 'pipe'],
-    env: { ...process.env, CODEROOM_LOG: process.env.CODEROOM_LOG || 'info,sqlx=warn,tower_http=warn', ...env }
+    // No warm pool unless a test asks for one: tests count sandboxes, and one started per server
+    // (`auto`) costs a 2-CPU machine running many servers.
+    env: { ...process.env, CODEROOM_LOG: process.env.CODEROOM_LOG || 'info,sqlx=warn,tower_http=warn', CODEROOM_SANDBOX_WARM_POOL: '0', ...env }
   })
   live.add(child)
   let stderr = ''

@@ -35,6 +35,14 @@ async fn warm(sandbox: &coderoom_sandbox::Sandbox) -> Result<(), WarmError> {
     }
 }
 
+/// The host's available memory (`MemAvailable` in `/proc/meminfo`), in bytes.
+fn mem_available() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib << 10)
+}
+
 /// Why a sandbox could not be readied for the pool.
 #[derive(Debug, thiserror::Error)]
 enum WarmError {
@@ -50,10 +58,19 @@ impl Sandboxes {
     /// Keeps `--sandbox-warm-pool` sandboxes started and unassigned until shutdown, when the
     /// unassigned ones are killed.
     pub(crate) fn start_warm_pool(&self) {
-        let size = self.inner.deps.cfg.sandbox_warm_pool.min(MAX_WARM_POOL);
-        if size == 0 || matches!(self.inner.backend, Backend::None(_)) {
+        if matches!(self.inner.backend, Backend::None(_)) {
             return;
         }
+        let size = self
+            .inner
+            .deps
+            .cfg
+            .warm_pool_size(mem_available())
+            .min(MAX_WARM_POOL);
+        if size == 0 {
+            return;
+        }
+        tracing::info!(size, "warm pool");
         let this = self.clone();
         tokio::spawn(async move {
             let inner = &this.inner;
