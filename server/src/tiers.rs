@@ -116,6 +116,9 @@ pub(crate) struct Figures {
     start_floor: Option<Spread>,
     cold_first_command: Option<Spread>,
     warm_first_command: Option<Spread>,
+    /// On the warm pool's server: a command in a room that has run for a while, timed just
+    /// before each of those first commands.
+    warm_running_command: Option<Spread>,
     resume_first_command: Option<Spread>,
     fork_first_command: Option<Spread>,
     /// Rooms asked at once, their first commands, failures.
@@ -507,6 +510,10 @@ fn markdown(r: &Report) -> String {
                 Box::new(move |f: &Figures| spread(&f.warm_first_command)),
             ),
             (
+                "command in a running room of that server, timed just before each",
+                Box::new(move |f: &Figures| spread(&f.warm_running_command)),
+            ),
+            (
                 "first command after resuming from a snapshot",
                 Box::new(move |f: &Figures| spread(&f.resume_first_command)),
             ),
@@ -573,6 +580,18 @@ fn markdown(r: &Report) -> String {
             let Some(f) = t.figures.as_ref() else {
                 continue;
             };
+            if let (Some(first), Some(running)) = (&f.warm_first_command, &f.warm_running_command) {
+                let _ = writeln!(
+                    s,
+                    "The {} tier's first command in a new room from the warm pool is {:.2}x a \
+                     command in a running room of that server timed just before each ({} ms \
+                     median beside {} ms).",
+                    t.tier,
+                    first.median.as_secs_f64() / running.median.as_secs_f64().max(1e-9),
+                    fmt_ms(first.median),
+                    fmt_ms(running.median),
+                );
+            }
             let (Some(start), Some(floor)) = (&f.sandbox_start, &f.start_floor) else {
                 continue;
             };

@@ -103,6 +103,7 @@ fn assert_all_held(report: &Value, tier: &str) {
         "running_command",
         "cold_first_command",
         "warm_first_command",
+        "warm_running_command",
         "resume_first_command",
         "fork_first_command",
         "cpu_step",

@@ -57,6 +57,8 @@ const DEBOUNCE: Duration = Duration::from_millis(150);
 /// A scan that sees more than this many synced files vanish, and more than half of them, is
 /// treated as a wipe and not mirrored into the document.
 const MASS_DELETE: usize = 10;
+/// Longest a sync with nothing to agree on waits for the sandbox's first answer.
+const FIRST_ANSWER_WAIT: Duration = Duration::from_millis(250);
 /// Time an agent file operation may take.
 const AGENT_WITHIN: Duration = Duration::from_secs(30);
 
@@ -148,6 +150,9 @@ pub(crate) struct SyncCtx {
     pub synced: tokio::sync::watch::Sender<bool>,
     /// The sandbox's workspace started empty (nothing restored, nothing kept).
     pub fresh: bool,
+    /// Fires when the sandbox's first operation is answered (or is dropped): a sync with
+    /// nothing to agree on yet waits for it, at most [`FIRST_ANSWER_WAIT`], before joining.
+    pub first_answer: Option<tokio::sync::oneshot::Receiver<()>>,
     /// Called once when the room cannot be joined because another server holds it now (the
     /// room moved while this server's sandbox ran): the sandbox is then stopped here.
     pub moved: Arc<dyn Fn() + Send + Sync>,
@@ -258,6 +263,15 @@ pub(crate) async fn run(mut ctx: SyncCtx, mut asks: Asks) {
     // reaches the disk as any later edit does.)
     if ctx.fresh && !ctx.rooms.doc_stored(&ctx.room_id).await {
         ctx.synced.send_replace(true);
+        // Nothing to agree on yet: the room's first command goes first (the room's load and
+        // the listing would compete with it for the host); edits made meanwhile reach the
+        // disk when the sync joins, at most FIRST_ANSWER_WAIT later.
+        if let Some(first) = ctx.first_answer.take() {
+            tokio::select! {
+                () = ctx.cancel.cancelled() => return,
+                _ = tokio::time::timeout(FIRST_ANSWER_WAIT, first) => {}
+            }
+        }
     }
     let mut restored = std::mem::take(&mut ctx.restored);
     let mut base = Agreed::new(ctx.agreed.clone(), &restored);

@@ -743,6 +743,9 @@ struct Actor {
     /// Whether the running sandbox's sync has written the document's files into its workspace
     /// once: operations on the workspace wait for it (see [`FIRST_SYNC_WAIT`]).
     first_sync: FirstSync,
+    /// Dropped when the running sandbox's first operation is answered (its sync may wait for
+    /// that: see `SyncCtx::first_answer`).
+    first_answered: Option<tokio::sync::oneshot::Sender<()>>,
     /// The running sandbox's sync, asked to settle (see [`Sandboxes::settle`]).
     settle: Option<crate::sandbox::filesync::Settle>,
     /// The readiness step of the running sandbox.

@@ -84,7 +84,9 @@ pub(super) async fn run(
     let server = Server::start(&dir.join("warm"), pooled).await?;
     let outcome = warm_pool(&server, runs).await;
     server.stop().await;
-    f.warm_first_command = Some(outcome?);
+    let (first, running) = outcome?;
+    f.warm_first_command = Some(first);
+    f.warm_running_command = Some(running);
     Ok(f)
 }
 
@@ -622,26 +624,41 @@ async fn stop_leaves(server: Server) -> anyhow::Result<usize> {
     Ok(before.iter().filter(|p| host::alive(**p)).count())
 }
 
-/// A new room's first command on a server with a warm pool, waiting each time for the pool.
-async fn warm_pool(server: &Server, runs: &Runs) -> anyhow::Result<Spread> {
+/// A new room's first command on a server with a warm pool, waiting each time for the pool;
+/// and, paired with each, the same command in a room of that server that has run for a while,
+/// timed just before it (the host as it is at that moment, as the start's floor is).
+async fn warm_pool(server: &Server, runs: &Runs) -> anyhow::Result<(Spread, Spread)> {
     let mut firsts = Vec::new();
+    let mut runnings = Vec::new();
+    let steady = server.room("tiers warm, running").await?;
+    for _ in 0..3 {
+        server.exec(&steady, "true").await?.0.ok()?;
+    }
     for i in 0..runs.cold {
-        let deadline = Instant::now() + Duration::from_secs(300);
-        loop {
-            let m = server.metrics().await?;
-            if m.lines().any(|l| l == "coderoom_sandbox_pool_ready 1") {
-                break;
-            }
-            if Instant::now() > deadline {
-                bail!("the warm pool held no sandbox within 300 s");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        pool_ready(server).await?;
+        let (e, took) = server.exec(&steady, "true").await?;
+        e.ok()?;
+        runnings.push(took);
         let room = server.room(&format!("tiers warm {i}")).await?;
         let (e, took) = server.exec(&room, "true").await?;
         e.ok()?;
         firsts.push(took);
         stop_sandbox(server, &room).await?;
     }
-    Ok(Spread::of(firsts))
+    Ok((Spread::of(firsts), Spread::of(runnings)))
+}
+
+/// Waits until the warm pool holds a sandbox (it starts one 250 ms after one is taken).
+async fn pool_ready(server: &Server) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(300);
+    loop {
+        let m = server.metrics().await?;
+        if m.lines().any(|l| l == "coderoom_sandbox_pool_ready 1") {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("the warm pool held no sandbox within 300 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

@@ -71,6 +71,7 @@ impl Actor {
             sync_stats: Arc::default(),
             sync_agreed: Arc::default(),
             first_sync: super::FirstSync::done(),
+            first_answered: None,
             settle: None,
             readiness: Readiness::None,
             from_pool: false,
@@ -237,6 +238,7 @@ impl Actor {
                     None => (None, None),
                 };
                 let first_sync = self.first_sync.clone();
+                let first_answered = self.first_answered.take();
                 tokio::spawn(async move {
                     // A started (or restarted) sandbox's workspace holds the document's files
                     // before any command sees it. A sync that ends or stalls does not hold
@@ -269,6 +271,7 @@ impl Actor {
                         None => r,
                     };
                     let _ = reply.send(r);
+                    drop(first_answered);
                 });
                 if let (Some(recording), Some(written)) = (recording, written) {
                     let _ = written.send(self.recorded(recording).await.is_ok());
@@ -777,6 +780,8 @@ impl Actor {
         };
         let (settle, asks) = tokio::sync::mpsc::channel(super::SETTLE_ASKS);
         self.settle = Some(settle);
+        let (answered, first_answer) = tokio::sync::oneshot::channel();
+        self.first_answered = Some(answered);
         let task = tokio::spawn(crate::sandbox::filesync::run(
             crate::sandbox::filesync::SyncCtx {
                 rooms: self.deps().rooms.clone(),
@@ -789,6 +794,7 @@ impl Actor {
                 restored,
                 synced,
                 fresh,
+                first_answer: Some(first_answer),
                 moved: {
                     let (owner, room) = (self.owner.clone(), self.room_id.clone());
                     Arc::new(move || {
