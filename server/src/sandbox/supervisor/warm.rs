@@ -35,12 +35,44 @@ async fn warm(sandbox: &coderoom_sandbox::Sandbox) -> Result<(), WarmError> {
     }
 }
 
-/// The host's available memory (`MemAvailable` in `/proc/meminfo`), in bytes.
+/// The memory available to this server's sandboxes, in bytes: the host's (`MemAvailable` in
+/// `/proc/meminfo`), or less where the server's own cgroup (a container's) has a memory limit
+/// closer to its use.
 fn mem_available() -> Option<u64> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib << 10)
+    let host = kib << 10;
+    let own = std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|c| own_group_room(&c, |p| std::fs::read_to_string(p).ok()));
+    Some(own.map_or(host, |o| o.min(host)))
+}
+
+/// What the cgroup named in `proc_self_cgroup` (as `/proc/self/cgroup` reads) has left under
+/// its memory limit; `None` without a limit. `read` reads a file of the hierarchy.
+fn own_group_room(proc_self_cgroup: &str, read: impl Fn(&str) -> Option<String>) -> Option<u64> {
+    let mut files = None;
+    for line in proc_self_cgroup.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        if controllers.split(',').any(|c| c == "memory") {
+            let dir = format!("/sys/fs/cgroup/memory{path}");
+            files = Some((
+                format!("{dir}/memory.limit_in_bytes"),
+                format!("{dir}/memory.usage_in_bytes"),
+            ));
+            break;
+        }
+        if controllers.is_empty() && files.is_none() {
+            let dir = format!("/sys/fs/cgroup{path}");
+            files = Some((format!("{dir}/memory.max"), format!("{dir}/memory.current")));
+        }
+    }
+    let (limit, usage) = files?;
+    let limit: u64 = read(&limit)?.trim().parse().ok()?;
+    let usage: u64 = read(&usage)?.trim().parse().ok()?;
+    Some(limit.saturating_sub(usage))
 }
 
 /// Why a sandbox could not be readied for the pool.
@@ -163,5 +195,49 @@ impl Sandboxes {
             .start(room_id, &inner.deps.cfg.limits())
             .await?;
         Ok((started, false))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::own_group_room;
+
+    #[test]
+    fn a_containers_memory_limit_bounds_what_the_pool_counts_on() {
+        let files = |limit: &'static str, usage: &'static str| {
+            move |p: &str| {
+                Some(
+                    if p.ends_with("limit_in_bytes") || p.ends_with("memory.max") {
+                        limit.to_owned()
+                    } else {
+                        usage.to_owned()
+                    },
+                )
+            }
+        };
+        // v2 (a container's namespace: its own group is the root).
+        assert_eq!(
+            own_group_room("0::/\n", files("2147483648\n", "1073741824\n")),
+            Some(1 << 30)
+        );
+        assert_eq!(
+            own_group_room("0::/\n", files("max\n", "1073741824\n")),
+            None
+        );
+        // v1, the memory controller's line wins over the unified one.
+        let v1 = "12:cpu,cpuacct:/x\n9:memory:/kubepods/pod1\n0::/kubepods/pod1\n";
+        let seen = std::cell::RefCell::new(Vec::new());
+        let read = |p: &str| {
+            seen.borrow_mut().push(p.to_owned());
+            files("3000", "1000")(p)
+        };
+        assert_eq!(own_group_room(v1, read), Some(2000));
+        assert!(seen
+            .borrow()
+            .iter()
+            .all(|p| p.starts_with("/sys/fs/cgroup/memory/kubepods/pod1/")));
+        // Unreadable or unknown: no limit known.
+        assert_eq!(own_group_room("0::/\n", |_| None), None);
+        assert_eq!(own_group_room("", files("1", "0")), None);
     }
 }
