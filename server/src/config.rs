@@ -592,16 +592,21 @@ pub(crate) enum WarmPool {
 }
 
 impl WarmPool {
-    fn parse(s: &str) -> Result<WarmPool, String> {
+    fn parse(s: &str) -> Result<WarmPool, NotWarmPool> {
         match s {
             "auto" => Ok(WarmPool::Auto),
             n => n
                 .parse()
                 .map(WarmPool::Size)
-                .map_err(|_| format!("expected `auto` or a number of sandboxes, not {n:?}")),
+                .map_err(|_| NotWarmPool(n.to_owned())),
         }
     }
 }
+
+/// A `--sandbox-warm-pool` value that is neither `auto` nor a number.
+#[derive(Debug, thiserror::Error)]
+#[error("expected `auto` or a number of sandboxes, not {0:?}")]
+pub(crate) struct NotWarmPool(String);
 
 /// `--sandbox-keep`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

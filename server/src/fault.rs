@@ -14,6 +14,7 @@
 //! - `deletion_step`: inside the transaction of one database step of a room deletion, after
 //!   the rows are deleted and before the step is recorded.
 //! - `deletion_after_steps_N`: a room deletion has carried out N steps in this run.
+//! - `sandbox_start_record`: a sandbox has started and its start is about to be recorded.
 
 use std::io::Write;
 use std::sync::OnceLock;

@@ -1367,6 +1367,30 @@ async fn a_warm_pool_gives_each_room_a_fresh_sandbox_once() {
     );
 }
 
+/// A room's first command runs while its sandbox's start is recorded, and is answered only
+/// once the record is written: with the record held (a test hook parks it), no answer comes.
+#[tokio::test]
+async fn a_first_command_is_answered_only_once_the_start_is_recorded() {
+    let storage = Storage::new(&Backend::Sqlite).await;
+    let ana = storage.token("ana@example.com").await;
+    let point = "sandbox_start_record";
+    let server = Server::start_with_env(&storage, &[], &[("CODEROOM_FAULT_PAUSE_AT", point)]).await;
+    let room = create_room(&server, &ana).await;
+    let url = server.url(&format!("/api/rooms/{room}/exec"));
+    let asked =
+        tokio::spawn(
+            async move { http(&url, "POST", Some(&ana), Some(r#"{"argv":["true"]}"#)).await },
+        );
+    server.stopped_at(point).await;
+    // A while to answer in, were the answer not held for the record.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        !asked.is_finished(),
+        "answered before its sandbox's start was recorded"
+    );
+    asked.abort();
+}
+
 /// The warm pool's default (`auto`): one sandbox where the host has memory for four (each its
 /// memory limit and workspace), and a new room's first command runs in it.
 #[tokio::test]

@@ -42,6 +42,11 @@ impl Rooms {
         )
     }
 
+    /// Whether the room is loaded on this server (someone may be editing it).
+    pub(crate) fn is_loaded(&self, room_id: &RoomId) -> bool {
+        self.inner.registry.get(room_id).is_some()
+    }
+
     /// Whether anything of the room's document was ever stored (`true` when the database does
     /// not answer: the caller then waits for the document itself).
     pub(crate) async fn doc_stored(&self, room_id: &RoomId) -> bool {

@@ -62,12 +62,27 @@ const FIRST_ANSWER_WAIT: Duration = Duration::from_millis(250);
 /// Time an agent file operation may take.
 const AGENT_WITHIN: Duration = Duration::from_secs(30);
 
-/// Whether file content belongs in the document.
-fn as_text(data: Vec<u8>) -> Option<String> {
-    if data.contains(&0) {
-        return None;
+/// A file as read from the workspace.
+enum OnDisk {
+    Text(String),
+    /// Read whole and not text: a NUL byte, or bytes that are not UTF-8 before its end.
+    NotText,
+    /// Not read (gone, grown, refused since the listing), or ending inside a character (being
+    /// written): nothing to conclude from until it is read again.
+    Unreadable,
+}
+
+impl OnDisk {
+    fn of(data: Vec<u8>) -> OnDisk {
+        if data.contains(&0) {
+            return OnDisk::NotText;
+        }
+        match String::from_utf8(data) {
+            Ok(t) => OnDisk::Text(t),
+            Err(e) if e.utf8_error().error_len().is_none() => OnDisk::Unreadable,
+            Err(_) => OnDisk::NotText,
+        }
     }
-    String::from_utf8(data).ok()
 }
 
 /// Digest of a text as the agreement record keeps it (hex SHA-256).
@@ -259,9 +274,10 @@ pub(crate) enum SyncError {
 /// scan imported is committed).
 pub(crate) async fn run(mut ctx: SyncCtx, mut asks: Asks) {
     // An empty workspace and a document that never held anything agree already: the first
-    // command waits neither for the room's load nor for the listing. (What is typed meanwhile
-    // reaches the disk as any later edit does.)
-    if ctx.fresh && !ctx.rooms.doc_stored(&ctx.room_id).await {
+    // command waits neither for the room's load nor for the listing. Not for a room loaded
+    // here: someone may be typing into it, with edits not stored yet.
+    if ctx.fresh && !ctx.rooms.is_loaded(&ctx.room_id) && !ctx.rooms.doc_stored(&ctx.room_id).await
+    {
         ctx.synced.send_replace(true);
         // Nothing to agree on yet: the room's first command goes first (the room's load and
         // the listing would compete with it for the host); edits made meanwhile reach the
@@ -509,30 +525,39 @@ impl Session<'_> {
     }
 
     async fn read_text(&self, path: &str) -> Result<Option<String>, SyncError> {
+        Ok(match self.read(path).await? {
+            OnDisk::Text(t) => Some(t),
+            OnDisk::NotText | OnDisk::Unreadable => None,
+        })
+    }
+
+    async fn read(&self, path: &str) -> Result<OnDisk, SyncError> {
         let op = Op::ReadFile {
             path: path.to_owned(),
             max_bytes: MAX_SYNC_FILE,
         };
         match self.ctx.sandbox.call(op, AGENT_WITHIN).await {
-            Ok(Reply::File(data)) => Ok(as_text(data.into_vec())),
-            // Gone, grown or turned into something else since the listing: not text now.
-            Ok(_) | Err(coderoom_sandbox::CallError::Agent(_)) => Ok(None),
+            Ok(Reply::File(data)) => Ok(OnDisk::of(data.into_vec())),
+            // Gone, grown or turned into something else since the listing.
+            Ok(_) | Err(coderoom_sandbox::CallError::Agent(_)) => Ok(OnDisk::Unreadable),
             Err(e) => Err(SyncError::Sandbox(e)),
         }
     }
 
-    async fn write(&self, path: &str, text: &str) -> Result<(), SyncError> {
+    /// Writes `text` to `path`; `false` when the workspace refused it (the disk then does not
+    /// hold it, and nothing may record that it does).
+    async fn write(&self, path: &str, text: &str) -> Result<bool, SyncError> {
         let op = Op::WriteFile {
             path: path.to_owned(),
             data: serde_bytes::ByteBuf::from(text.as_bytes().to_vec()),
         };
         match self.ctx.sandbox.call(op, AGENT_WITHIN).await {
-            Ok(_) => Ok(()),
+            Ok(_) => Ok(true),
             // A path the workspace refuses (e.g. a directory is in the way): the document
             // keeps it; the disk cannot.
             Err(coderoom_sandbox::CallError::Agent(e)) => {
                 tracing::info!(room = %self.ctx.room_id, path, error = %e, "cannot write a document file to the workspace");
-                Ok(())
+                Ok(false)
             }
             Err(e) => Err(SyncError::Sandbox(e)),
         }
@@ -571,9 +596,14 @@ impl Session<'_> {
             if text.len() as u64 > MAX_SYNC_FILE {
                 continue;
             }
-            let disk = match on_disk.get(&path) {
-                Some(true) => self.read_text(&path).await?,
-                Some(false) | None => None,
+            let (disk, not_text_now) = match on_disk.get(&path) {
+                Some(true) => match self.read(&path).await? {
+                    OnDisk::Text(t) => (Some(t), false),
+                    OnDisk::NotText => (None, true),
+                    OnDisk::Unreadable => (None, false),
+                },
+                Some(false) => (None, true),
+                None => (None, false),
             };
             if disk.as_deref() == Some(text.as_str()) {
                 self.base.insert(path, text);
@@ -581,7 +611,7 @@ impl Session<'_> {
             }
             let agreed = self.base.get(&path) == Some(&text)
                 || (self.base.get(&path).is_none() && restored.get(&path) == Some(&digest(&text)));
-            if disk.is_none() && on_disk.contains_key(&path) && agreed {
+            if not_text_now && agreed {
                 // The document reads as both sides last agreed and the file on disk is no
                 // longer text: room code changed it since; it leaves the document (the disk
                 // wins, as for any change inside the editors did not also make).
@@ -599,8 +629,9 @@ impl Session<'_> {
                     self.merge_in(&path, &text, &disk).await?;
                 }
                 _ => {
-                    self.write(&path, &text).await?;
-                    self.base.insert(path, text);
+                    if self.write(&path, &text).await? {
+                        self.base.insert(path, text);
+                    }
                 }
             }
         }
@@ -608,7 +639,10 @@ impl Session<'_> {
         for entry in listing {
             // Files the document has were agreed on above (or are not the disk's to replace);
             // files too large are not text it can hold.
-            if self.replica.text(&entry.path).is_some() || entry.size > MAX_SYNC_FILE {
+            if self.replica.text(&entry.path).is_some()
+                || entry.size > MAX_SYNC_FILE
+                || not_text.contains(&entry.path)
+            {
                 continue;
             }
             let agreed = match self.base.get(&entry.path) {
@@ -700,8 +734,9 @@ impl Session<'_> {
                     if text.len() as u64 > MAX_SYNC_FILE || self.base.get(&path) == Some(&text) {
                         continue;
                     }
-                    self.write(&path, &text).await?;
-                    self.base.insert(path, text);
+                    if self.write(&path, &text).await? {
+                        self.base.insert(path, text);
+                    }
                 }
                 None => {
                     if self.base.remove(&path).is_some() {
@@ -755,13 +790,22 @@ impl Session<'_> {
                 continue;
             }
             let disk = if fits {
-                self.read_text(&path).await?
+                self.read(&path).await?
             } else {
-                None
+                OnDisk::NotText
+            };
+            let disk = match disk {
+                OnDisk::Text(t) => Some(t),
+                OnDisk::NotText => None,
+                OnDisk::Unreadable => {
+                    // Read again on the next scan, as changed.
+                    self.listing.remove(&path);
+                    continue;
+                }
             };
             let Some(disk) = disk else {
-                // Not text now (binary, too large, or gone since the listing). A file the two
-                // sides agreed on leaves the document, unless editors changed it too: then
+                // Not text now (binary, or too large). A file the two sides agreed on leaves
+                // the document, unless editors changed it too: then
                 // their text wins, as in any conflict, and is written back.
                 self.left_out.remove(&path);
                 if let Some(base) = self.base.get(&path) {
@@ -891,9 +935,17 @@ mod tests {
 
     #[test]
     fn binary_content_stays_out() {
-        assert_eq!(as_text(b"ok\n".to_vec()), Some("ok\n".into()));
-        assert_eq!(as_text(vec![0x7f, b'E', b'L', b'F', 0, 1]), None);
-        assert_eq!(as_text(vec![0xff, 0xfe]), None);
+        let text = |d: &[u8]| match OnDisk::of(d.to_vec()) {
+            OnDisk::Text(t) => Some(Some(t)),
+            OnDisk::NotText => Some(None),
+            OnDisk::Unreadable => None,
+        };
+        assert_eq!(text(b"ok\n"), Some(Some("ok\n".into())));
+        assert_eq!(text(&[0x7f, b'E', b'L', b'F', 0, 1]), Some(None));
+        assert_eq!(text(&[0xff, 0xfe]), Some(None));
+        // Cut inside a character (a file being written): nothing concluded yet.
+        assert_eq!(text("caf\u{e9}".as_bytes().split_last().unwrap().1), None);
+        assert_eq!(text(&[b'a', 0xff, b'b', 0xc3]), Some(None));
     }
 
     #[test]

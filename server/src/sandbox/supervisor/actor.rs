@@ -526,13 +526,16 @@ impl Actor {
     /// a start that cannot be recorded is undone (the sandbox killed, the room told why).
     pub(super) async fn recorded(&mut self, recording: Recording) -> Result<(), SandboxError> {
         let Recording { write, before } = recording;
-        if let Err(e) = write.await {
+        let written = write.await.unwrap_or(Err(SandboxError::Start));
+        if let Err(e) = written {
             tracing::error!(room = %self.room_id, error = %e, "cannot record the sandbox's start; stopping it");
             if let Life::Running { sandbox, sync, .. } = &self.life {
                 if let Some((cancel, _)) = sync {
                     cancel.cancel();
                 }
                 sandbox.kill();
+                // Its cgroup is removed before another start makes it again.
+                let _ = tokio::time::timeout(KILL_WITHIN, sandbox.ended()).await;
             }
             self.life = Life::Dormant;
             self.row = before;
@@ -697,7 +700,9 @@ impl Actor {
                 room_id: room_id.clone(),
                 row: row.clone(),
             };
-            Box::pin(async move {
+            // Written from now on, beside the egress settings and the rest of the start.
+            tokio::spawn(async move {
+                crate::fault::point("sandbox_start_record").await;
                 audit
                     .record(
                         &room_id,
@@ -1002,6 +1007,6 @@ impl Actor {
 /// The record of a sandbox's start being written (see [`Actor::start`]), and the room's row as
 /// it was before, for a start that cannot be recorded.
 pub(super) struct Recording {
-    write: std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), SandboxError>> + Send>>,
+    write: tokio::task::JoinHandle<Result<(), SandboxError>>,
     before: Option<SandboxRow>,
 }
