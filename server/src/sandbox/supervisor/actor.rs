@@ -388,15 +388,7 @@ impl Actor {
                     // A VM's disk goes with it (its watcher removes it before `ended`).
                     vm_disk: matches!(&self.life, Life::Running { receipt, .. } if receipt.vm.is_some()),
                 };
-                if let Life::Running { sandbox, sync, .. } = &self.life {
-                    if let Some((cancel, _)) = sync {
-                        cancel.cancel();
-                    }
-                    sandbox.kill();
-                    let _ = tokio::time::timeout(KILL_WITHIN, sandbox.ended()).await;
-                }
-                self.life = Life::Dormant;
-                self.pty_open = false;
+                self.discard_running().await;
                 self.hub.link(Link::Down("room deleted".into())).await;
                 self.hub.close_all(CloseCode::Deleted).await;
                 self.destroyed = true;
@@ -522,6 +514,20 @@ impl Actor {
         }
     }
 
+    /// Ends the running sandbox without a snapshot (its sync cancelled, the sandbox killed and
+    /// waited for, so its cgroup is gone before another start makes it again): dormant.
+    async fn discard_running(&mut self) {
+        if let Life::Running { sandbox, sync, .. } = &self.life {
+            if let Some((cancel, _)) = sync {
+                cancel.cancel();
+            }
+            sandbox.kill();
+            let _ = tokio::time::timeout(KILL_WITHIN, sandbox.ended()).await;
+        }
+        self.life = Life::Dormant;
+        self.pty_open = false;
+    }
+
     /// Waits for the record of a start: once it is written the room is told the sandbox runs;
     /// a start that cannot be recorded is undone (the sandbox killed, the room told why).
     pub(super) async fn recorded(&mut self, recording: Recording) -> Result<(), SandboxError> {
@@ -529,15 +535,7 @@ impl Actor {
         let written = write.await.unwrap_or(Err(SandboxError::Start));
         if let Err(e) = written {
             tracing::error!(room = %self.room_id, error = %e, "cannot record the sandbox's start; stopping it");
-            if let Life::Running { sandbox, sync, .. } = &self.life {
-                if let Some((cancel, _)) = sync {
-                    cancel.cancel();
-                }
-                sandbox.kill();
-                // Its cgroup is removed before another start makes it again.
-                let _ = tokio::time::timeout(KILL_WITHIN, sandbox.ended()).await;
-            }
-            self.life = Life::Dormant;
+            self.discard_running().await;
             self.row = before;
             self.hub.link(Link::Down(e.to_string())).await;
             return Err(e);
