@@ -131,6 +131,19 @@ if (tap === null) {
     skipped.push(`(the runner counted ${count('skipped')} skipped and ${count('todo')} todo)`)
   }
   line('node tests', passed, failed, skipped)
+  // A failed browser test's last moments (tests/node/lib/browser.mjs writes them for every
+  // test): the pages' API calls and the server's log, for a failure that does not reproduce.
+  for (const text of tap.split('\n')) {
+    const m = text.match(/^\s*not ok \d+ - (.*?)$/)
+    if (!m || / # (SKIP|TODO)\b/.test(m[1])) continue
+    const page = read(`pages/${m[1].replace(/[^A-Za-z0-9]+/g, '-').slice(0, 80)}.log`)
+    if (page === null) continue
+    console.log(`== the last moments of "${m[1]}" (target/test-reports/pages)`)
+    for (const part of page.split(/^(?===)/m)) {
+      const [head, ...rest] = part.trimEnd().split('\n')
+      console.log([head, ...rest.slice(-60)].join('\n'))
+    }
+  }
 }
 
 console.log('== summary')

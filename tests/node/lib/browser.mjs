@@ -3,7 +3,7 @@
 
 import { chromium } from 'playwright-core'
 import { existsSync } from 'node:fs'
-import { mkdir, readdir, readFile, stat } from 'node:fs/promises'
+import { mkdir, readdir, readFile, stat, writeFile } from 'node:fs/promises'
 import { join } from 'node:path'
 import { fileURLToPath } from 'node:url'
 import { cleanups, createStorage, startServer, waitFor } from './server.mjs'
@@ -43,7 +43,21 @@ export async function person (browser, server, email, viewport = { width: 1280, 
     if (new URL(ws.url()).host !== origin.host) foreign.push(ws.url())
   })
   page.on('pageerror', (e) => errors.push(String(e)))
-  return { email, context, page, foreign, errors }
+  // The page's API calls, timed, for the failure report `scene` writes.
+  const calls = []
+  const began = new Map()
+  const done = (r, how) => {
+    const t0 = began.get(r)
+    if (t0 === undefined) return
+    began.delete(r)
+    calls.push(`${new Date(t0).toISOString()} +${Date.now() - t0}ms ${r.method()} ${new URL(r.url()).pathname} ${how}`)
+    if (calls.length > 400) calls.splice(0, 200)
+  }
+  page.on('request', (r) => { if (new URL(r.url()).pathname.startsWith('/api/')) began.set(r, Date.now()) })
+  page.on('requestfinished', async (r) => done(r, String((await r.response().catch(() => null))?.status() ?? '?')))
+  page.on('requestfailed', (r) => done(r, `failed: ${r.failure()?.errorText}`))
+  const pending = () => [...began].map(([r, t0]) => `${new Date(t0).toISOString()} (still waiting) ${r.method()} ${new URL(r.url()).pathname}`)
+  return { email, context, page, foreign, errors, calls, pending }
 }
 
 /** The newest login code mailed to `email` in the dev outbox. */
@@ -131,7 +145,19 @@ export async function scene (t, emails, serverOpts = {}) {
   defer(() => browser.close())
   const people = []
   for (const email of emails) people.push(await person(browser, server, email))
+  // What a failure needs to be understood: the pages' API calls and the server's log.
+  defer(() => report(t, server, people))
   return { defer, storage, server, browser, people }
+}
+
+/** Writes `target/test-reports/pages/NAME.log`: each person's timed API calls and the
+ *  server's log tail (the test's last moments, for a failure that does not reproduce alone). */
+async function report (t, server, people) {
+  const dir = fileURLToPath(new URL('../../../target/test-reports/pages/', import.meta.url))
+  await mkdir(dir, { recursive: true })
+  const parts = people.map((p) => `== ${p.email}\n${[...p.calls, ...p.pending()].join('\n')}`)
+  parts.push(`== server log\n${server.logs(100_000)}`)
+  await writeFile(join(dir, `${t.name.replace(/[^A-Za-z0-9]+/g, '-').slice(0, 80)}.log`), parts.join('\n\n'))
 }
 
 /** Creates a room from the room list; returns its id once the room page has synced. */

@@ -245,7 +245,7 @@ export async function startServer (storage, { extraArgs = [], env = {}, listen =
     child,
     storage,
     exited,
-    logs: () => stderr.slice(-8000),
+    logs: (n = 8000) => stderr.slice(-n),
     exitStatus: null
   }
   const port = await withTimeout(new Promise((resolve, reject) => {
