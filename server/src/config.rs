@@ -533,6 +533,11 @@ pub(crate) struct ServeArgs {
     /// transaction, as before multi-row inserts.
     #[arg(long, hide = true)]
     pub log_row_each: bool,
+    /// For the comparison in docs/benchmarks.md only: the SQLite update log written through
+    /// a pool connection on the server's runtime (sqlx's worker thread), not by a thread of
+    /// its own.
+    #[arg(long, hide = true)]
+    pub log_on_pool: bool,
     #[command(flatten)]
     pub limits: Limits,
     #[command(flatten)]
@@ -878,6 +883,7 @@ impl ServeArgs {
             inline_checkpoints: self.sqlite_inline_checkpoint,
             max_commit_group: self.max_commit_group,
             multi_row: !self.log_row_each,
+            log_on_pool: self.log_on_pool,
         }
     }
 

@@ -52,14 +52,28 @@ pub(crate) fn announce() {
 /// Parks the calling task forever when `name` is one of the points the environment lists
 /// (debug builds only).
 pub(crate) async fn point(name: &str) {
+    if reached(name) {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// [`point`] for code on a thread of its own (the update log's writer): parks the thread.
+pub(crate) fn point_blocking(name: &str) {
+    if reached(name) {
+        loop {
+            std::thread::park();
+        }
+    }
+}
+
+/// Whether `name` is a point to stop at; says so when it is.
+fn reached(name: &str) -> bool {
     if !cfg!(debug_assertions) || !points().iter().any(|p| p == name) {
-        return;
+        return false;
     }
     tracing::error!("{ENV}: stopping at {name}");
-    {
-        let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "fault point reached: {name}");
-        let _ = out.flush();
-    }
-    std::future::pending::<()>().await;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "fault point reached: {name}");
+    let _ = out.flush();
+    true
 }

@@ -54,6 +54,7 @@ mod checkpoints;
 mod deletions;
 mod docs;
 mod leases;
+mod log_writer;
 mod previews;
 mod repos;
 mod rooms;
@@ -67,8 +68,9 @@ pub(crate) use agents::{AgentRow, AGENT_DOMAIN};
 pub(crate) use changes::Change;
 pub(crate) use checkpoints::{CheckpointPolicy, CheckpointRow};
 pub(crate) use deletions::DeletionState;
-pub(crate) use docs::{LogTimes, StoredDoc, MAX_COMMIT_GROUP};
+pub(crate) use docs::StoredDoc;
 pub(crate) use leases::{Claim, Lease, Owner, ServerId};
+pub(crate) use log_writer::{LogTimes, MAX_COMMIT_GROUP};
 pub(crate) use previews::{PreviewRow, PreviewState};
 pub(crate) use repos::RepoRow;
 pub(crate) use rooms::InviteRow;
@@ -106,6 +108,10 @@ pub(crate) struct Options {
     /// Update-log rows appended by multi-row `INSERT`s (false, for the comparison: a statement
     /// per row inside a transaction).
     pub multi_row: bool,
+    /// The update log written through a pool connection on the server's runtime, as on
+    /// PostgreSQL, not by a thread of its own with its own connection (SQLite, for the
+    /// comparison only).
+    pub log_on_pool: bool,
 }
 
 impl Default for Options {
@@ -115,6 +121,7 @@ impl Default for Options {
             inline_checkpoints: false,
             max_commit_group: MAX_COMMIT_GROUP,
             multi_row: true,
+            log_on_pool: false,
         }
     }
 }
@@ -132,6 +139,9 @@ pub(crate) enum StoreError {
     UnsupportedUrl,
     #[error("database error")]
     Db(#[from] sqlx::Error),
+    /// The update log's own SQLite connection (see `log_writer`).
+    #[error("database error")]
+    Sqlite(#[from] rusqlite::Error),
     #[error("migration failed")]
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("stored data is corrupt")]
@@ -186,11 +196,13 @@ pub(crate) struct Store {
     pool: AnyPool,
     backend: Backend,
     options: Options,
+    /// The SQLite database's file (none on PostgreSQL, or for a database in memory).
+    sqlite_file: Option<std::path::PathBuf>,
     /// The one writer of every room's update log (group commit across rooms), started on the
     /// first append.
-    appender: std::sync::Arc<std::sync::OnceLock<tokio::sync::mpsc::Sender<docs::Job>>>,
+    appender: std::sync::Arc<std::sync::OnceLock<tokio::sync::mpsc::Sender<log_writer::Job>>>,
     /// Where the update log's writer reports its times, once the server says.
-    log_times: std::sync::Arc<std::sync::OnceLock<docs::LogTimes>>,
+    log_times: std::sync::Arc<std::sync::OnceLock<log_writer::LogTimes>>,
     /// Cancelled by [`Store::close`]: the writer gives back the connection it keeps (closing
     /// the pool waits for every connection).
     closing: tokio_util::sync::CancellationToken,
@@ -206,11 +218,6 @@ impl Store {
     /// [`Store::connect`], with the options asked for: the SQLite durability (PostgreSQL keeps
     /// its own `synchronous_commit`) and the comparison levers.
     pub(crate) async fn connect_with(url: &str, options: Options) -> Result<Self, StoreError> {
-        let Options {
-            durability,
-            inline_checkpoints,
-            ..
-        } = options;
         sqlx::any::install_default_drivers();
         let backend = if url.starts_with("sqlite:") {
             Backend::Sqlite
@@ -249,41 +256,21 @@ impl Store {
             .after_connect(move |conn, _meta| {
                 Box::pin(async move {
                     if backend == Backend::Sqlite {
-                        // WAL: readers never block the writer. synchronous=FULL: a committed
-                        // batch survives power loss too, and batching keeps the fsync count low.
-                        // NORMAL (asked for): a commit survives the process dying (kill -9),
-                        // not the machine losing power; the WAL is synced at checkpoints.
-                        let sync = match durability {
-                            Durability::PowerLoss => "FULL",
-                            Durability::Crash => "NORMAL",
-                        };
-                        // No checkpoint inside a commit (SQLite's default runs one in
-                        // whichever commit crosses 1,000 WAL pages, holding up that room's
-                        // broadcast): the checkpointer below runs them beside the commits.
-                        let auto = if inline_checkpoints { 1000 } else { 0 };
-                        conn.execute(
-                            format!(
-                                "PRAGMA journal_mode=WAL; PRAGMA synchronous={sync}; \
-                                 PRAGMA foreign_keys=ON; PRAGMA busy_timeout=5000; \
-                                 PRAGMA wal_autocheckpoint={auto}; \
-                                 PRAGMA journal_size_limit=67108864;"
-                            )
-                            .as_str(),
-                        )
-                        .await?;
+                        conn.execute(sqlite_pragmas(options).as_str()).await?;
                     }
                     Ok(())
                 })
             })
             .connect_with(connect)
             .await?;
-        if backend == Backend::Sqlite && !inline_checkpoints {
+        if backend == Backend::Sqlite && !options.inline_checkpoints {
             checkpointer(pool.clone());
         }
         Ok(Store {
             pool,
             backend,
             options,
+            sqlite_file: sqlite_path(&url).map(Path::to_owned),
             appender: Default::default(),
             log_times: Default::default(),
             closing: Default::default(),
@@ -318,6 +305,27 @@ impl Store {
         self.closing.cancel();
         self.pool.close().await;
     }
+}
+
+/// What every SQLite connection of a store is set up with.
+fn sqlite_pragmas(options: Options) -> String {
+    // WAL: readers never block the writer. synchronous=FULL: a committed batch survives power
+    // loss too, and batching keeps the fsync count low. NORMAL (asked for): a commit survives
+    // the process dying (kill -9), not the machine losing power; the WAL is synced at
+    // checkpoints.
+    let sync = match options.durability {
+        Durability::PowerLoss => "FULL",
+        Durability::Crash => "NORMAL",
+    };
+    // No checkpoint inside a commit (SQLite's default runs one in whichever commit crosses
+    // 1,000 WAL pages, holding up that room's broadcast): the checkpointer runs them beside the
+    // commits.
+    let auto = if options.inline_checkpoints { 1000 } else { 0 };
+    format!(
+        "PRAGMA journal_mode=WAL; PRAGMA synchronous={sync}; PRAGMA foreign_keys=ON; \
+         PRAGMA busy_timeout=5000; PRAGMA wal_autocheckpoint={auto}; \
+         PRAGMA journal_size_limit=67108864;"
+    )
 }
 
 /// How often the WAL is checkpointed into the database file.
@@ -548,6 +556,67 @@ mod tests {
             .unwrap();
         store.close().await;
         value
+    }
+
+    /// The update log becomes one b-tree keyed by (room, seq) (migration 23) and keeps every
+    /// row a database made before it held.
+    #[tokio::test]
+    async fn the_update_log_keeps_its_rows_when_it_loses_its_rowid() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}/t.db", dir.path().display());
+        let store = Store::connect(&url).await.unwrap();
+        let before: Vec<_> = SQLITE_MIGRATIONS
+            .migrations
+            .iter()
+            .filter(|m| m.version < 23)
+            .cloned()
+            .collect();
+        assert_eq!(before.len(), 22);
+        let older = Migrator {
+            migrations: std::borrow::Cow::Owned(before),
+            ..Migrator::DEFAULT
+        };
+        older.run(&store.pool).await.unwrap();
+        sqlx::query("INSERT INTO users (id, email, created_at) VALUES ('u', 'u@example.com', 0)")
+            .execute(&store.pool)
+            .await
+            .unwrap();
+        for room in ["a", "b"] {
+            sqlx::query(
+                "INSERT INTO rooms (id, name, created_by, created_at) VALUES ($1, $1, 'u', 0)",
+            )
+            .bind(room)
+            .execute(&store.pool)
+            .await
+            .unwrap();
+            for seq in 1..=3_i64 {
+                sqlx::query("INSERT INTO doc_updates (room_id, seq, data) VALUES ($1, $2, $3)")
+                    .bind(room)
+                    .bind(seq)
+                    .bind(format!("{room}{seq}").into_bytes())
+                    .execute(&store.pool)
+                    .await
+                    .unwrap();
+            }
+        }
+        store.migrate().await.unwrap();
+        let ddl: String =
+            sqlx::query_scalar("SELECT sql FROM sqlite_master WHERE name = 'doc_updates'")
+                .fetch_one(&store.pool)
+                .await
+                .unwrap();
+        assert!(ddl.ends_with("WITHOUT ROWID"), "{ddl}");
+        for room in ["a", "b"] {
+            let doc = store
+                .load_doc(&crate::ids::RoomId::known(room))
+                .await
+                .unwrap();
+            let want: Vec<_> = (1..=3_i64)
+                .map(|seq| (seq, format!("{room}{seq}").into_bytes()))
+                .collect();
+            assert_eq!(doc.updates, want);
+        }
+        store.close().await;
     }
 
     /// Power-loss durable by default; `synchronous=NORMAL` only when asked for.

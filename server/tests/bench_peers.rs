@@ -686,7 +686,38 @@ async fn node_peer(name: &'static str) -> Option<Peer> {
     })
 }
 
+/// CPU seconds process `pid` (all its threads) has used, and the host's busy CPU seconds (all
+/// CPUs), from /proc; `None` where /proc does not say.
+fn cpu_seconds(pid: Option<u32>) -> Option<(f64, f64)> {
+    // USER_HZ is 100 on every Linux this runs on.
+    let tick = 0.01;
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid?)).ok()?;
+    // Fields after the command's closing parenthesis: utime and stime are the 12th and 13th.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<f64> = rest.split(' ').filter_map(|x| x.parse().ok()).collect();
+    let own = (f.get(11)? + f.get(12)?) * tick;
+    let host = std::fs::read_to_string("/proc/stat").ok()?;
+    let cpu: Vec<f64> = host
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
+    // Everything but idle and iowait.
+    let busy = cpu.iter().sum::<f64>() - cpu.get(3)? - cpu.get(4)?;
+    Some((own, busy * tick))
+}
+
 impl Peer {
+    /// The server's process.
+    fn pid(&self) -> Option<u32> {
+        match self {
+            Peer::Coderoom { server, .. } => server.child.id(),
+            Peer::Node { child, .. } => child.id(),
+        }
+    }
+
     fn name(&self) -> String {
         match self {
             Peer::Coderoom { name, .. } => name.clone(),
@@ -804,6 +835,11 @@ const LEVERS: &[Lever] = &[
         name: "rows",
         label: ", an INSERT per row",
         args: &["--log-row-each"],
+    },
+    Lever {
+        name: "pooled",
+        label: ", the log through sqlx's pool",
+        args: &["--log-on-pool"],
     },
 ];
 
@@ -955,7 +991,15 @@ async fn peers_side_by_side() {
                     continue;
                 };
                 let eps = peer.rooms(shape.rooms).await;
+                // The host's dirty pages (the build's, the last peer's) written first: a peer
+                // that syncs its commits must not pay for writeback that is not its own.
+                let _ = tokio::process::Command::new("sync").status().await;
+                let cpu_before = cpu_seconds(peer.pid());
                 let o = drive(eps, shape).await;
+                // What the server and the whole host (clients included) spent on the run.
+                let cpu = cpu_seconds(peer.pid())
+                    .zip(cpu_before)
+                    .map(|((own, busy), (own0, busy0))| (own - own0, busy - busy0));
                 let name = peer.name();
                 let stages = match &peer {
                     Peer::Coderoom { server, .. } => stage_times(server).await,
@@ -969,6 +1013,7 @@ async fn peers_side_by_side() {
                         "p50_ms": o.p50, "p99_ms": o.p99, "max_ms": o.max,
                         "delivered": o.delivered, "expected": o.expected,
                         "updates_per_s": o.updates_per_s, "converged": o.converged,
+                        "server_cpu_s": cpu.map(|c| c.0), "host_cpu_s": cpu.map(|c| c.1),
                     })
                 );
                 rows.push(Row {

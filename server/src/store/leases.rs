@@ -98,7 +98,7 @@ impl Store {
     ) -> Result<bool, StoreError> {
         // Through the update log's writer: on SQLite, beside it, the renewal would wait for
         // the write lock in SQLite's sleeping busy handler, and its room with it.
-        self.ask_writer(|done| super::docs::Job::Renew {
+        self.ask_writer(|done| super::log_writer::Job::Renew {
             room: room_id.clone(),
             token: lease.token,
             ttl_ms,
@@ -144,6 +144,12 @@ impl Store {
 }
 
 /// A lease renewal (see [`Store::renew_room`]), on `db`.
+/// Renews room `$1`'s lease for `$3` ms from now if `$2` is still its token.
+pub(super) fn renew_sql(backend: Backend) -> String {
+    let now = db_now(backend);
+    format!("UPDATE room_leases SET expires_at = {now} + $3 WHERE room_id = $1 AND token = $2")
+}
+
 pub(super) async fn renew_now<'e, E>(
     db: E,
     backend: Backend,
@@ -154,9 +160,7 @@ pub(super) async fn renew_now<'e, E>(
 where
     E: sqlx::Executor<'e, Database = sqlx::Any>,
 {
-    let now = db_now(backend);
-    let sql =
-        format!("UPDATE room_leases SET expires_at = {now} + $3 WHERE room_id = $1 AND token = $2");
+    let sql = renew_sql(backend);
     let done = sqlx::query(&sql)
         .bind(room_id)
         .bind(token)
