@@ -196,8 +196,12 @@ pub(crate) struct Store {
     pool: AnyPool,
     backend: Backend,
     options: Options,
-    /// The SQLite database's file (none on PostgreSQL, or for a database in memory).
+    /// The SQLite database's file, for the update log's own connection (none on PostgreSQL,
+    /// for a database in memory, or a URL with options of its own: see [`writer_file`]).
     sqlite_file: Option<std::path::PathBuf>,
+    /// Resolves once the update log's writer has ended (set when it starts): [`Store::close`]
+    /// waits for it, so a closed store writes nothing more and holds no connection.
+    writer_ended: std::sync::Arc<std::sync::Mutex<Option<tokio::sync::oneshot::Receiver<()>>>>,
     /// The one writer of every room's update log (group commit across rooms), started on the
     /// first append.
     appender: std::sync::Arc<std::sync::OnceLock<tokio::sync::mpsc::Sender<log_writer::Job>>>,
@@ -270,8 +274,12 @@ impl Store {
             pool,
             backend,
             options,
-            sqlite_file: sqlite_path(&url).map(Path::to_owned),
+            sqlite_file: match backend {
+                Backend::Sqlite => writer_file(&url),
+                Backend::Postgres => None,
+            },
             appender: Default::default(),
+            writer_ended: Default::default(),
             log_times: Default::default(),
             closing: Default::default(),
         })
@@ -301,10 +309,38 @@ impl Store {
         Ok(())
     }
 
+    /// Closes the store: the update log's writer ends (what it was writing lands; what comes
+    /// after fails), then every pool connection.
     pub(crate) async fn close(&self) {
         self.closing.cancel();
+        let ended = match self.writer_ended.lock() {
+            Ok(mut e) => e.take(),
+            Err(poisoned) => poisoned.into_inner().take(),
+        };
+        if let Some(ended) = ended {
+            // An error is the writer gone already.
+            let _ = ended.await;
+        }
         self.pool.close().await;
     }
+}
+
+/// The file the update log's writer opens beside the pool (as sqlx reads the URL): only for a
+/// plain file URL. One with options of its own (`mode=memory`, `immutable`, `vfs`, ...) is
+/// left to sqlx, whose connections honour them.
+fn writer_file(url: &str) -> Option<std::path::PathBuf> {
+    url.starts_with("sqlite:").then_some(())?;
+    let query = url.split_once('?').map_or("", |(_, q)| q);
+    if !matches!(query, "" | "mode=rwc" | "mode=rw") {
+        return None;
+    }
+    let options = sqlx::sqlite::SqliteConnectOptions::from_str(url).ok()?;
+    let file = options.get_filename();
+    // A database in memory is named `:memory:`, or a `file:` URI of sqlx's making.
+    let named = file
+        .to_str()
+        .is_none_or(|f| f != ":memory:" && !f.starts_with("file:"));
+    (named && !file.as_os_str().is_empty()).then(|| file.to_owned())
 }
 
 /// What every SQLite connection of a store is set up with.
@@ -504,6 +540,26 @@ mod tests {
             Some(Path::new("/tmp/x.db"))
         );
         assert_eq!(sqlite_path("sqlite::memory:"), None);
+    }
+
+    /// The update log's own connection opens the file sqlx opens, and only for a plain file
+    /// URL: a database in memory or one with options of its own is left to the pool.
+    #[test]
+    fn the_writer_opens_the_file_sqlx_opens() {
+        let file = |url: &str| writer_file(url).map(|p| p.display().to_string());
+        assert_eq!(file("sqlite://data/x.db").as_deref(), Some("data/x.db"));
+        assert_eq!(
+            file("sqlite:///tmp/x.db?mode=rwc").as_deref(),
+            Some("/tmp/x.db")
+        );
+        assert_eq!(
+            file("sqlite:///tmp/a%20b.db").as_deref(),
+            Some("/tmp/a b.db")
+        );
+        assert_eq!(file("sqlite::memory:"), None);
+        assert_eq!(file("sqlite:///tmp/x.db?mode=memory"), None);
+        assert_eq!(file("sqlite:///tmp/x.db?immutable=true"), None);
+        assert_eq!(file("postgres://u@localhost/db"), None);
     }
 
     /// Commits never checkpoint; the checkpointer does, beside them: what was committed

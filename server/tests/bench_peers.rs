@@ -692,20 +692,22 @@ fn cpu_seconds(pid: Option<u32>) -> Option<(f64, f64)> {
     // USER_HZ is 100 on every Linux this runs on.
     let tick = 0.01;
     let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid?)).ok()?;
-    // Fields after the command's closing parenthesis: utime and stime are the 12th and 13th.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let f: Vec<f64> = rest.split(' ').filter_map(|x| x.parse().ok()).collect();
-    let own = (f.get(11)? + f.get(12)?) * tick;
+    // Fields after the command's closing parenthesis, from the state (field 3): utime and
+    // stime are fields 14 and 15.
+    let f: Vec<&str> = stat[stat.rfind(')')? + 2..].split(' ').collect();
+    let field = |n: usize| f.get(n - 3)?.parse::<f64>().ok();
+    let own = (field(14)? + field(15)?) * tick;
     let host = std::fs::read_to_string("/proc/stat").ok()?;
     let cpu: Vec<f64> = host
         .lines()
         .next()?
         .split_whitespace()
         .skip(1)
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    // Everything but idle and iowait.
-    let busy = cpu.iter().sum::<f64>() - cpu.get(3)? - cpu.get(4)?;
+        .map(|x| x.parse().ok())
+        .collect::<Option<_>>()?;
+    // user nice system idle iowait irq softirq steal (guest time is inside user and nice):
+    // all but idle and iowait.
+    let busy = cpu.iter().take(8).sum::<f64>() - cpu.get(3)? - cpu.get(4)?;
     Some((own, busy * tick))
 }
 

@@ -147,6 +147,45 @@ mod tests {
         |url: String| async move { super::grouped_appends(&url).await }
     );
 
+    crate::store::each_database!(
+        /// A closed store's writer is gone: what it was given before lands, an append after
+        /// the close fails, and nothing of it is written.
+        a_closed_store_appends_nothing_more,
+        |url: String| async move { super::closed_store(&url).await }
+    );
+
+    async fn closed_store(url: &str) {
+        let store = super::super::with_user(url).await;
+        let room = crate::ids::RoomId::known("r");
+        sqlx::query(
+            "INSERT INTO rooms (id, name, created_by, created_at) VALUES ('r', 'r', 'u', 0)",
+        )
+        .execute(&store.pool)
+        .await
+        .unwrap();
+        let me = super::super::ServerId {
+            id: "t".into(),
+            address: "http://t".into(),
+        };
+        let super::super::Claim::Won(lease) = store.claim_room(&room, &me, 60_000).await.unwrap()
+        else {
+            panic!("not claimed")
+        };
+        store
+            .append_updates(&room, lease, &[(1, b"kept".as_slice())])
+            .await
+            .unwrap();
+        store.close().await;
+        let after = store
+            .append_updates(&room, lease, &[(2, b"after".as_slice())])
+            .await;
+        assert!(matches!(after, Err(StoreError::Closed(_))), "{after:?}");
+        let again = super::super::Store::connect(url).await.unwrap();
+        let stored = again.load_doc(&room).await.unwrap();
+        assert_eq!(stored.updates, vec![(1, b"kept".to_vec())]);
+        again.close().await;
+    }
+
     async fn grouped_appends(url: &str) {
         let store = super::super::with_user(url).await;
         let rooms: Vec<crate::ids::RoomId> = (0..30)

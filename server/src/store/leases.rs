@@ -143,13 +143,13 @@ impl Store {
     }
 }
 
-/// A lease renewal (see [`Store::renew_room`]), on `db`.
 /// Renews room `$1`'s lease for `$3` ms from now if `$2` is still its token.
 pub(super) fn renew_sql(backend: Backend) -> String {
     let now = db_now(backend);
     format!("UPDATE room_leases SET expires_at = {now} + $3 WHERE room_id = $1 AND token = $2")
 }
 
+/// A lease renewal (see [`Store::renew_room`]), on `db`.
 pub(super) async fn renew_now<'e, E>(
     db: E,
     backend: Backend,

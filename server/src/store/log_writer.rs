@@ -63,6 +63,12 @@ pub(crate) struct Append {
 /// Starts the writer of `store`'s update log; its queue.
 pub(super) fn start(store: &Store) -> mpsc::Sender<Job> {
     let (tx, rx) = mpsc::channel(APPEND_QUEUE);
+    // Dropped when the writer ends, however it ends: `Store::close` waits for that.
+    let (ended, ended_rx) = oneshot::channel::<()>();
+    match store.writer_ended.lock() {
+        Ok(mut e) => *e = Some(ended_rx),
+        Err(poisoned) => *poisoned.into_inner() = Some(ended_rx),
+    }
     let file = match (&store.sqlite_file, store.options.log_on_pool) {
         (Some(path), false) => Some(path.clone()),
         _ => None,
@@ -79,7 +85,10 @@ pub(super) fn start(store: &Store) -> mpsc::Sender<Job> {
         times: store.log_times.clone(),
     };
     let Some(path) = file else {
-        tokio::spawn(writer.run(rx));
+        tokio::spawn(async move {
+            writer.run(rx).await;
+            drop(ended);
+        });
         return tx;
     };
     writer.db = Db::File {
@@ -96,6 +105,7 @@ pub(super) fn start(store: &Store) -> mpsc::Sender<Job> {
                 Ok(rt) => rt.block_on(writer.run(rx)),
                 Err(e) => tracing::error!(error = %e, "the update log's writer cannot start"),
             }
+            drop(ended);
         });
     if let Err(e) = thread {
         // The queue's receiver went with the closure: every append says the writer stopped.
@@ -150,7 +160,7 @@ impl Writer {
                     if let Some((room, upto)) = prune.front().cloned() {
                         // Nothing waits: delete a chunk of a compacted log.
                         let pruned = self.prune_chunk(&room, upto).await;
-                        self.keep_if(pruned.is_ok());
+                        self.keep_after(&pruned);
                         match pruned {
                             Ok(false) => {}
                             Ok(true) => {
@@ -169,12 +179,11 @@ impl Writer {
                     if self.backend == Backend::Postgres {
                         self.drop_conn();
                     }
+                    // The store closing ends the writer (with its connection): appends after
+                    // it fail, as they would on a closed pool.
                     let job = tokio::select! {
                         job = rx.recv() => job,
-                        () = self.closing.cancelled(), if self.holds_conn() => {
-                            self.drop_conn();
-                            continue;
-                        }
+                        () = self.closing.cancelled() => return,
                     };
                     match job {
                         Some(job) => job,
@@ -205,13 +214,6 @@ impl Writer {
         }
     }
 
-    fn holds_conn(&self) -> bool {
-        match &self.db {
-            Db::Pool { conn, .. } => conn.is_some(),
-            Db::File { conn, .. } => conn.is_some(),
-        }
-    }
-
     fn drop_conn(&mut self) {
         match &mut self.db {
             Db::Pool { conn, .. } => *conn = None,
@@ -219,9 +221,11 @@ impl Writer {
         }
     }
 
-    /// Lets the connection go unless the last use of it went well.
-    fn keep_if(&mut self, ok: bool) {
-        if !ok || self.closing.is_cancelled() {
+    /// Lets the connection go after an error (a fenced write is an answer, not a broken
+    /// connection), or once the store is closing.
+    fn keep_after<T>(&mut self, done: &Result<T, StoreError>) {
+        let broken = matches!(done, Err(e) if !matches!(e, StoreError::Fenced));
+        if broken || self.closing.is_cancelled() {
             self.drop_conn();
         }
     }
@@ -306,12 +310,12 @@ impl Writer {
                 path,
                 pragmas,
                 conn,
-            } => match file_conn(conn, path, pragmas) {
+            } => match file_conn(conn, path, pragmas, &self.closing) {
                 Ok(c) => in_file(c, jobs, &rows, per_statement, alone),
                 Err(e) => Err(e),
             },
         };
-        self.keep_if(done.is_ok());
+        self.keep_after(&done);
         done
     }
 
@@ -339,7 +343,7 @@ impl Writer {
                 pragmas,
                 conn,
             } => {
-                let c = file_conn(conn, path, pragmas)?;
+                let c = file_conn(conn, path, pragmas, &self.closing)?;
                 c.prepare_cached(PRUNE)?.execute(
                     rusqlite::named_params! {"$1": room.as_str(), "$2": upto, "$3": PRUNE_CHUNK},
                 )? as u64
@@ -349,12 +353,18 @@ impl Writer {
     }
 }
 
-/// The writer's SQLite connection, opened (and set up as the store's) when it has none.
+/// The writer's SQLite connection, opened (and set up as the store's) when it has none; none
+/// once the store is closing.
 fn file_conn<'c>(
     conn: &'c mut Option<rusqlite::Connection>,
     path: &std::path::Path,
     pragmas: &str,
+    closing: &tokio_util::sync::CancellationToken,
 ) -> Result<&'c mut rusqlite::Connection, StoreError> {
+    if closing.is_cancelled() {
+        *conn = None;
+        return Err(StoreError::Closed("the store is closed"));
+    }
     if conn.is_none() {
         use rusqlite::OpenFlags;
         // The store made the file and ran its migrations: open it, never create it.
@@ -682,7 +692,14 @@ mod tests {
             store.migrate().await.unwrap();
             let mut conn = None;
             let path = store.sqlite_file.clone().unwrap();
-            let c = file_conn(&mut conn, &path, &super::super::sqlite_pragmas(options)).unwrap();
+            let open = Default::default();
+            let c = file_conn(
+                &mut conn,
+                &path,
+                &super::super::sqlite_pragmas(options),
+                &open,
+            )
+            .unwrap();
             let pragma = |name: &str| -> i64 {
                 c.query_row(&format!("PRAGMA {name}"), [], |r| r.get(0))
                     .unwrap()
