@@ -40,7 +40,8 @@ pub(crate) const SOCKET_READ_BUFFER: usize = 1024;
 /// most it ever gathered (8 KiB here, and with a 4 KiB read buffer, cost every idle connection
 /// 6-7 KiB more, after the burst of a room's joins); written frame by frame, it keeps the largest
 /// frame's (a fragment at most). The writer still takes what is queued together and flushes
-/// once per batch; each frame is a write of its own.
+/// once per batch, and the socket under tungstenite gathers that batch into one write
+/// (`upgrade::Lingering`), keeping nothing after it.
 pub(crate) const SOCKET_WRITE_BUFFER: usize = 0;
 
 pub(crate) async fn doc_socket(
