@@ -157,7 +157,10 @@ impl Writer {
                 Ok(job) => job,
                 Err(TryRecvError::Disconnected) => return,
                 Err(TryRecvError::Empty) => {
-                    if let Some((room, upto)) = prune.front().cloned() {
+                    // A closing store deletes nothing more (the next load reads only the rows
+                    // after the snapshot; the room's next compaction covers these).
+                    let pending = prune.front().filter(|_| !self.closing.is_cancelled());
+                    if let Some((room, upto)) = pending.cloned() {
                         // Nothing waits: delete a chunk of a compacted log.
                         let pruned = self.prune_chunk(&room, upto).await;
                         self.keep_after(&pruned);
