@@ -24,6 +24,8 @@ const read = (name) => (existsSync(join(dir, name)) ? readFileSync(join(dir, nam
 
 const lines = []
 let bad = false
+// Failed node tests: name, the error's first lines, where in the test file, the pages' last lines.
+const failures = []
 
 function line (suite, passed, failed, skipped) {
   const reasons = skipped.length ? ` (${skipped.join('; ')})` : ''
@@ -133,19 +135,50 @@ if (tap === null) {
   line('node tests', passed, failed, skipped)
   // A failed browser test's last moments (tests/node/lib/browser.mjs writes them for every
   // test): the pages' API calls and the server's log, for a failure that does not reproduce.
-  for (const text of tap.split('\n')) {
+  // The same, shortened, is printed again after the summary (below): a CI report that keeps only
+  // the end of the output still says why.
+  const tapLines = tap.split('\n')
+  for (const [i, text] of tapLines.entries()) {
     const m = text.match(/^\s*not ok \d+ - (.*?)$/)
     if (!m || / # (SKIP|TODO)\b/.test(m[1])) continue
+    const failure = { name: m[1], error: [], at: null, parts: [] }
+    failures.push(failure)
+    // The YAML block under the test point: its error's first lines and where in the test file.
+    let field = null
+    for (const row of tapLines.slice(i + 1)) {
+      if (/^\s*\.\.\.$/.test(row) || /^\s*(not ok|ok) \d+ /.test(row)) break
+      // A field's key is indented by two spaces (nested tests: more), its lines by two more.
+      const key = row.match(/^(\s*)(\w+):/)
+      const isKey = key !== null && key[1].length < (tapLines[i].match(/^\s*/)[0].length + 4)
+      if (isKey) field = key[2]
+      const value = row.trim()
+      if (isKey || !value) continue
+      if (field === 'error' && failure.error.length < 2) failure.error.push(value)
+      if (field === 'stack' && failure.at === null && /\.test\.mjs:\d+/.test(value)) {
+        failure.at = value.replace(/^.*\/([^/]+\.test\.mjs:\d+:\d+).*$/, '$1')
+      }
+    }
     const page = read(`pages/${m[1].replace(/[^A-Za-z0-9]+/g, '-').slice(0, 80)}.log`)
     if (page === null) continue
     console.log(`== the last moments of "${m[1]}" (target/test-reports/pages)`)
     for (const part of page.split(/^(?===)/m)) {
       const [head, ...rest] = part.trimEnd().split('\n')
       console.log([head, ...rest.slice(-60)].join('\n'))
+      failure.parts.push([head, ...rest.slice(-2)])
     }
   }
 }
 
 console.log('== summary')
 for (const l of lines) console.log(l)
+// Last, so that the end of the output says why: the first failed node test, short (the whole
+// of it is above the summary), and the names of any others.
+const [first, ...others] = failures
+if (first) {
+  console.log(`== why "${first.name}" failed`)
+  for (const e of first.error) console.log(`  ${e.slice(0, 300)}`)
+  if (first.at) console.log(`  at ${first.at}`)
+  for (const [head, ...last] of first.parts) console.log(`  ${head}\n${last.map((l) => `    ${l.slice(0, 200)}`).join('\n')}`)
+  for (const f of others) console.log(`== also failed: "${f.name}" (above)`)
+}
 process.exit(bad ? 1 : 0)

@@ -1051,6 +1051,10 @@ export function roomPage (app: App, id: string): () => void {
   const reload = async (): Promise<void> => {
     if (ended || disposed) return
     const epoch = capsEpoch
+    // Decisions and requests are looked for beside the room, not after it: the room's view
+    // waits while its sandbox starts or stops (its state is part of it), and a notice must not.
+    // The first look waits for the room, for the names it shows.
+    if (room !== null) void watchApprovals()
     try {
       const next = await api.room(id)
       if (disposed || ended) return
@@ -1063,7 +1067,7 @@ export function roomPage (app: App, id: string): () => void {
       if (title && !title.querySelector('.name')) title.prepend(h('span', { class: 'name' }, room.name))
       setCaps(room.my_capabilities, first ? undefined : { by: null, poll: true })
       showDeletion(room)
-      void watchApprovals()
+      if (first) void watchApprovals()
       // Panels with their own Refresh are left alone (a poll must not wipe what someone reads).
       if (first || (changed && panel === 'People')) renderSide()
     } catch (e) {
@@ -1086,24 +1090,38 @@ export function roomPage (app: App, id: string): () => void {
     try {
       const r = await api.approvals(id)
       const list = Array.isArray(r) ? r : r.approvals
-      const agents = room?.agents ?? []
-      const people = room?.participants ?? []
+      let agents = room?.agents ?? []
+      let people = room?.participants ?? []
+      // What this look may tell: requests new since the last look, and decisions since.
+      const news = list.filter((a) => {
+        if (seen === null) return a.state === 'pending'
+        const before = seen.get(a.id)
+        return before === undefined || (before === 'pending' && a.state !== 'pending')
+      })
+      // Someone the room did not hold at its last reading (an agent made a moment ago, asking
+      // at once) is looked up first: told by name, and its sponsor not asked to decide it.
+      const known = (who: string | null | undefined): boolean =>
+        !who || people.some((p) => p.user_id === who) || agents.some((g) => g.agent_id === who)
+      if (news.some((a) => !known(a.requester) || !known(a.decided_by))) {
+        const now = await api.room(id)
+        agents = now.agents ?? []
+        people = now.participants
+      }
       let decided = false
       if (seen !== null) {
-        for (const a of list) {
+        for (const a of news) {
           const before = seen.get(a.id)
-          if (before !== undefined && before !== 'pending') continue
           if (a.requester === me.id) {
             const by = a.decided_by ? whoIs(a.decided_by, people, agents) : null
             const said = decisionNotice(a.action, a.state, by)
             if (said) notice(said, `decision-${a.id}`)
-          } else if (before === undefined && a.state === 'pending' && mayDecide(a)) {
+          } else if (before === undefined && a.state === 'pending' && mayDecide(a, agents)) {
             notice(askedNotice(whoIs(a.requester, people, agents), a.action, a.params), `asked-${a.id}`)
           }
           if (a.state !== 'pending') decided = true
         }
       }
-      const decidable = list.filter((a) => a.state === 'pending' && mayDecide(a))
+      const decidable = list.filter((a) => a.state === 'pending' && mayDecide(a, agents))
       if (seen === null && decidable.length > 0) {
         // Arriving while requests wait for this person: told too, once.
         const [a] = decidable
@@ -1119,11 +1137,11 @@ export function roomPage (app: App, id: string): () => void {
       if (decided && (['Approvals', 'Previews', 'Network', 'Checkpoints', 'Secrets', 'Spend', 'Repos'] as Panel[]).includes(panel)) renderSide()
     } catch { /* the next poll tries again */ }
   }
-  // Whether this person may decide `a`: not their own, nor their own agent's, and only with
-  // `approve`.
-  const mayDecide = (a: Approval): boolean => {
+  // Whether this person may decide `a`: not their own, nor their own agent's (`agents`: the
+  // room's, as last read), and only with `approve`.
+  const mayDecide = (a: Approval, agents: Room['agents']): boolean => {
     if (a.requester === me.id || !abilities(caps).approve) return false
-    return room?.agents?.find((g) => g.agent_id === a.requester)?.sponsor !== me.id
+    return agents?.find((g) => g.agent_id === a.requester)?.sponsor !== me.id
   }
   // A deletion asked for: everyone here is told, until it is confirmed (the room then ends).
   const showDeletion = (r: Room): void => {
