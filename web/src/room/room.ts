@@ -1056,7 +1056,7 @@ export function roomPage (app: App, id: string): () => void {
     // The first look waits for the room, for the names it shows.
     if (room !== null) void watchApprovals()
     try {
-      const next = await api.room(id)
+      const next = await readRoster()
       if (disposed || ended) return
       if (lostAccess) { clearTimeout(lostAccess); lostAccess = null }
       // The terminal pushed newer rights while this answer was on its way: they win.
@@ -1081,36 +1081,49 @@ export function roomPage (app: App, id: string): () => void {
       }
     }
   }
+  // Who is in the room, from the room's newest reading (the poll's, or the approvals watch's
+  // own): the names notices give and the sponsors `mayDecide` asks about.
+  let roster: Room | null = null
+  let rosterAsked = 0
+  let rosterFrom = 0
+  const readRoster = async (): Promise<Room> => {
+    const asked = ++rosterAsked
+    const next = await api.room(id)
+    if (asked > rosterFrom) { roster = next; rosterFrom = asked }
+    return next
+  }
   // Requests this person made that wait for someone else: told once each is decided (also one
   // asked and decided between two looks: it was not there at the last look). Requests this
   // person may decide: counted on the Approvals tab, and told as they are asked.
   let seen: Map<string, string> | null = null
   let waiting = 0
+  let looks = 0
   const watchApprovals = async (): Promise<void> => {
+    const look = ++looks
     try {
       const r = await api.approvals(id)
       const list = Array.isArray(r) ? r : r.approvals
-      let agents = room?.agents ?? []
-      let people = room?.participants ?? []
-      // What this look may tell: requests new since the last look, and decisions since.
-      const news = list.filter((a) => {
-        if (seen === null) return a.state === 'pending'
-        const before = seen.get(a.id)
-        return before === undefined || (before === 'pending' && a.state !== 'pending')
+      // What this look would tell: a decision of this person's request, or a request new since
+      // the last look that this person may decide.
+      const told = list.filter((a) => {
+        const before = seen?.get(a.id)
+        if (a.requester === me.id) return seen !== null && a.state !== 'pending' && (before === undefined || before === 'pending')
+        return a.state === 'pending' && before === undefined && abilities(caps).approve
       })
       // Someone the room did not hold at its last reading (an agent made a moment ago, asking
       // at once) is looked up first: told by name, and its sponsor not asked to decide it.
-      const known = (who: string | null | undefined): boolean =>
-        !who || people.some((p) => p.user_id === who) || agents.some((g) => g.agent_id === who)
-      if (news.some((a) => !known(a.requester) || !known(a.decided_by))) {
-        const now = await api.room(id)
-        agents = now.agents ?? []
-        people = now.participants
-      }
+      const known = (who: string | null | undefined): boolean => !who ||
+        (roster?.participants ?? []).some((p) => p.user_id === who) || (roster?.agents ?? []).some((g) => g.agent_id === who)
+      if (told.some((a) => !known(a.requester === me.id ? a.decided_by : a.requester))) await readRoster()
+      // A newer look (or the page's end) came while this one waited: that one tells.
+      if (look !== looks || disposed || ended) return
+      const people = roster?.participants ?? []
+      const agents = roster?.agents ?? []
       let decided = false
       if (seen !== null) {
-        for (const a of news) {
+        for (const a of list) {
           const before = seen.get(a.id)
+          if (before !== undefined && before !== 'pending') continue
           if (a.requester === me.id) {
             const by = a.decided_by ? whoIs(a.decided_by, people, agents) : null
             const said = decisionNotice(a.action, a.state, by)
@@ -1138,7 +1151,7 @@ export function roomPage (app: App, id: string): () => void {
     } catch { /* the next poll tries again */ }
   }
   // Whether this person may decide `a`: not their own, nor their own agent's (`agents`: the
-  // room's, as last read), and only with `approve`.
+  // room's, from its newest reading), and only with `approve`.
   const mayDecide = (a: Approval, agents: Room['agents']): boolean => {
     if (a.requester === me.id || !abilities(caps).approve) return false
     return agents?.find((g) => g.agent_id === a.requester)?.sponsor !== me.id
