@@ -148,8 +148,17 @@ async fn per_connection_kib(
     )
 }
 
-#[tokio::test]
-async fn idle_connections_stay_small() {
+/// A server of its own with ten rooms, and where idle clients of it connect.
+struct TenRooms {
+    _storage: Storage,
+    server: Server,
+    pid: u32,
+    token: String,
+    rooms: Vec<String>,
+    target: Target,
+}
+
+async fn ten_rooms() -> TenRooms {
     let storage = Storage::new(&Backend::Sqlite).await;
     let token = storage.token("ana@example.com").await;
     let server = Server::start(&storage, &[]).await;
@@ -159,6 +168,26 @@ async fn idle_connections_stay_small() {
         base: format!("ws://{}", server.addr),
         token: Some(token.clone()),
     };
+    TenRooms {
+        _storage: storage,
+        server,
+        pid,
+        token,
+        rooms,
+        target,
+    }
+}
+
+#[tokio::test]
+async fn idle_connections_stay_small() {
+    let TenRooms {
+        _storage,
+        server,
+        pid,
+        token,
+        rooms,
+        target,
+    } = ten_rooms().await;
     let (per_conn, _, mut idle) = per_connection_kib(pid, &target, &rooms, 2000).await;
     eprintln!("coderoom: {per_conn:.1} KiB per idle connection (2,000 over 10 rooms)");
     assert!(
@@ -221,6 +250,42 @@ async fn idle_connections_stay_small() {
     );
     drop(joiners);
     drop(idle);
+    assert!(server.terminate().await.success());
+}
+
+/// What a crowd of connections held goes back to the system once they leave: glibc keeps the
+/// holes freed below memory still in use, and `main.rs`'s trimming thread gives their pages
+/// back within seconds (`docs/benchmarks.md`, issue 40).
+#[tokio::test]
+async fn memory_a_crowd_leaves_goes_back() {
+    let TenRooms {
+        _storage,
+        server,
+        pid,
+        rooms,
+        target,
+        ..
+    } = ten_rooms().await;
+    let _stay = open_idle(&target, &rooms, rooms.len()).await;
+    let before = settled_rss(pid).await;
+    let crowd = open_idle(&target, &rooms, 2000).await;
+    let peak = settled_rss(pid).await;
+    let held = peak.saturating_sub(before);
+    assert!(held > 8 << 10, "2,000 connections held only {held} KiB");
+    drop(crowd);
+    let mut now = settled_rss(pid).await;
+    for _ in 0..300 {
+        if now <= before + held / 4 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        now = rss_kib(pid);
+    }
+    assert!(
+        now <= before + held / 4,
+        "2,000 connections took {held} KiB; {} KiB of it still held 30 s after they left",
+        now.saturating_sub(before)
+    );
     assert!(server.terminate().await.success());
 }
 
@@ -439,6 +504,9 @@ async fn npm_growth(
     for (url, room) in places {
         clients.push(npm_idle_clients(url, room, per_room, auth).await);
     }
+    // Idle for a while first (`BENCH_IDLE_WAIT_S`, 0 by default), as a server between visits
+    // is: what each server gives back once its clients are quiet (V8's collector, glibc's trim).
+    tokio::time::sleep(Duration::from_secs(knob("BENCH_IDLE_WAIT_S", 0) as u64)).await;
     let after = settled_rss(pid).await;
     let n = places.len() * per_room;
     (
