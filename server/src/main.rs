@@ -6,7 +6,15 @@ use std::time::Duration;
 
 fn main() -> anyhow::Result<()> {
     keep_large_allocations_returnable();
-    give_freed_memory_back();
+    // Only for the commands that run for long. Not for the agent (`coderoom agent`: a sandbox's
+    // machinery and the start of every command room code runs), which forks before any thread
+    // exists and counts against the sandbox's limits; one-shot commands end first anyway.
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|c| c == "serve" || c == "sandbox-host")
+    {
+        give_freed_memory_back();
+    }
     coderoom_server::cli::main()
 }
 
