@@ -2,8 +2,6 @@
 // and the thread that gives freed memory back (below), made before anything else runs.
 #![deny(unsafe_code)]
 
-use std::time::Duration;
-
 fn main() -> anyhow::Result<()> {
     keep_large_allocations_returnable();
     // Only for the commands that run for long. Not for the agent (`coderoom agent`: a sandbox's
@@ -35,42 +33,46 @@ fn keep_large_allocations_returnable() {
     }
 }
 
-/// How often the heap is looked at, and how much more of it must lie free than at the last
-/// trim before it is trimmed again.
-const TRIM_EVERY: Duration = Duration::from_secs(5);
-const TRIM_AFTER_BYTES: usize = 4 << 20;
-
 /// glibc gives back to the system only the free memory at the top of each arena: what a burst
 /// freed below memory still in use (a room filling with 200 joiners, each one's presence sent
 /// to all the others, the frames freed once written) stays resident as holes between what the
 /// idle connections keep. `malloc_trim` releases the whole free pages of those holes too; a
-/// thread does it when, since the last trim, at least [`TRIM_AFTER_BYTES`] more of the heap
-/// lies free (what jemalloc's and mimalloc's background purging does, which glibc lacks).
+/// thread looks every 5 s and trims when more lies free than the least seen since the last
+/// trim: 4 MiB more while memory is still being freed, 1 MiB once a look finds no more freed
+/// than the one before (what jemalloc's and mimalloc's background purging does, which glibc
+/// lacks).
 #[allow(unsafe_code)]
 fn give_freed_memory_back() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
+        const EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+        const WHILE_FREEING: usize = 4 << 20;
+        const ONCE_QUIET: usize = 1 << 20;
         // SAFETY: mallinfo2 takes nothing and returns a plain struct.
         let free_now = || unsafe { libc::mallinfo2() }.fordblks;
         let spawned = std::thread::Builder::new()
             .name("malloc-trim".into())
             .stack_size(64 * 1024)
             .spawn(move || {
-                let mut after_last = free_now();
+                // The least free since the last trim (freed memory used again is resident
+                // again), and what the last look found.
+                let mut least = free_now();
+                let mut last = least;
                 loop {
-                    std::thread::sleep(TRIM_EVERY);
+                    std::thread::sleep(EVERY);
                     let free = free_now();
-                    if free >= after_last.saturating_add(TRIM_AFTER_BYTES) {
+                    let more = free.saturating_sub(least);
+                    if more >= WHILE_FREEING || (more >= ONCE_QUIET && free <= last) {
                         // SAFETY: malloc_trim takes an integer (the top padding to keep) and
                         // releases free pages; glibc locks each arena while it walks it.
                         unsafe {
                             libc::malloc_trim(0);
                         }
-                        after_last = free_now();
+                        least = free_now();
                     } else {
-                        // Reused since: what is free now is what the next burst is counted from.
-                        after_last = after_last.min(free);
+                        least = least.min(free);
                     }
+                    last = free;
                 }
             });
         if let Err(e) = spawned {

@@ -1,7 +1,9 @@
 //! What idle connections and idle rooms cost the server: resident memory (VmRSS) measured from
 //! outside, before and after opening connections that sync once and then say nothing.
 //!
-//! `idle_connections_stay_small` (a test) opens 2,000 and bounds the growth per connection.
+//! `idle_connections_stay_small` (a test) opens 2,000 and bounds the growth per connection;
+//! `memory_a_crowd_leaves_goes_back` and `a_login_gives_its_hashing_memory_back` check that what
+//! is freed leaves the process.
 //! `density_benchmark` (ignored; `cargo test -p coderoom-server --release --test density --
 //! --ignored --nocapture`) measures Coderoom and the reference Node server
 //! (`@y/websocket-server`, from `tests/node`) side by side at 1,000, 5,000 and 10,000
@@ -271,7 +273,7 @@ async fn memory_a_crowd_leaves_goes_back() {
     let crowd = open_idle(&target, &rooms, 2000).await;
     let peak = settled_rss(pid).await;
     let held = peak.saturating_sub(before);
-    assert!(held > 8 << 10, "2,000 connections held only {held} KiB");
+    assert!(held > 4 << 10, "2,000 connections held only {held} KiB");
     drop(crowd);
     let mut now = settled_rss(pid).await;
     for _ in 0..300 {
@@ -283,7 +285,7 @@ async fn memory_a_crowd_leaves_goes_back() {
     }
     assert!(
         now <= before + held / 4,
-        "2,000 connections took {held} KiB; {} KiB of it still held 30 s after they left",
+        "2,000 connections took {held} KiB; {} KiB of it still held 30 s after their memory settled",
         now.saturating_sub(before)
     );
     assert!(server.terminate().await.success());
