@@ -24,6 +24,7 @@ pub(crate) mod login;
 pub(crate) mod mcp;
 pub(crate) mod moderation;
 pub(crate) mod previews;
+pub(crate) mod reframe;
 pub(crate) mod repos;
 pub(crate) mod rooms;
 pub(crate) mod sandbox;

@@ -180,6 +180,14 @@ async fn ten_rooms() -> TenRooms {
     }
 }
 
+/// [`ten_rooms`], each room loaded by an idle connection of its own (returned, to hold), so
+/// that a first reading of memory already counts the rooms.
+async fn ten_loaded_rooms() -> (TenRooms, Vec<Ws>) {
+    let ten = ten_rooms().await;
+    let stay = open_idle(&ten.target, &ten.rooms, ten.rooms.len()).await;
+    (ten, stay)
+}
+
 #[tokio::test]
 async fn idle_connections_stay_small() {
     let TenRooms {
@@ -255,22 +263,71 @@ async fn idle_connections_stay_small() {
     assert!(server.terminate().await.success());
 }
 
+/// A connection that sent one large frame keeps no buffer of its size. tungstenite reads each
+/// frame whole into a buffer that never shrinks; stock y-websocket clients send back every
+/// presence update they receive (several KiB when a room's renewals arrive together), so
+/// before `http::reframe` each idle connection of a busy room came to keep about 7 KiB more
+/// after a few renewals, and one that sent a 20 KiB frame kept 32 KiB or more. Here 500 idle
+/// connections each send a 20 KiB state vector (the server answers it and keeps nothing of it).
+#[tokio::test]
+async fn a_large_frame_leaves_no_large_buffer() {
+    let (ten, _stay) = ten_loaded_rooms().await;
+    let pid = ten.pid;
+    let mut idle = open_idle(&ten.target, &ten.rooms, 500).await;
+    let before = settled_rss(pid).await;
+    let frame = {
+        let mut sv = yrs::StateVector::default();
+        for client in 0..4000u64 {
+            sv.set_max(yrs::block::ClientID::new(1 << 40 | client), 1);
+        }
+        YMessage::Sync(SyncMessage::SyncStep1(sv)).encode_v1()
+    };
+    assert!(frame.len() > 20_000, "{}", frame.len());
+    for chunk in idle.chunks_mut(50) {
+        futures_util::future::join_all(chunk.iter_mut().map(|ws| {
+            let frame = frame.clone();
+            async move {
+                ws.send(Message::Binary(frame.into())).await.unwrap();
+                // Answered: the server read all of it.
+                loop {
+                    let m = tokio::time::timeout(TIMEOUT, ws.next())
+                        .await
+                        .expect("no answer to the state vector")
+                        .unwrap()
+                        .unwrap();
+                    if let Message::Binary(b) = m {
+                        if matches!(
+                            YMessage::decode_v1(&b),
+                            Ok(YMessage::Sync(SyncMessage::SyncStep2(_)))
+                        ) {
+                            break;
+                        }
+                    }
+                }
+            }
+        }))
+        .await;
+    }
+    let after = settled_rss(pid).await;
+    let per_conn = after.saturating_sub(before) as f64 / 500.0;
+    eprintln!("coderoom: {per_conn:.1} KiB more per connection after a 20 KiB frame");
+    assert!(
+        per_conn < 8.0,
+        "each connection kept {per_conn:.1} KiB more after sending a 20 KiB frame"
+    );
+    drop(idle);
+    assert!(ten.server.terminate().await.success());
+}
+
 /// What a crowd of connections held goes back to the system once they leave: glibc keeps the
 /// holes freed below memory still in use, and `main.rs`'s trimming thread gives their pages
 /// back within seconds (`docs/benchmarks.md`, issue 40).
 #[tokio::test]
 async fn memory_a_crowd_leaves_goes_back() {
-    let TenRooms {
-        _storage,
-        server,
-        pid,
-        rooms,
-        target,
-        ..
-    } = ten_rooms().await;
-    let _stay = open_idle(&target, &rooms, rooms.len()).await;
+    let (ten, _stay) = ten_loaded_rooms().await;
+    let pid = ten.pid;
     let before = settled_rss(pid).await;
-    let crowd = open_idle(&target, &rooms, 2000).await;
+    let crowd = open_idle(&ten.target, &ten.rooms, 2000).await;
     let peak = settled_rss(pid).await;
     let held = peak.saturating_sub(before);
     assert!(held > 4 << 10, "2,000 connections held only {held} KiB");
@@ -288,7 +345,7 @@ async fn memory_a_crowd_leaves_goes_back() {
         "2,000 connections took {held} KiB; {} KiB of it still held 30 s after their memory settled",
         now.saturating_sub(before)
     );
-    assert!(server.terminate().await.success());
+    assert!(ten.server.terminate().await.success());
 }
 
 /// The settling check itself fails on memory that keeps growing (a process that allocates and
@@ -508,7 +565,16 @@ async fn npm_growth(
     }
     // Idle for a while first (`BENCH_IDLE_WAIT_S`, 0 by default), as a server between visits
     // is: what each server gives back once its clients are quiet (V8's collector, glibc's trim).
-    tokio::time::sleep(Duration::from_secs(knob("BENCH_IDLE_WAIT_S", 0) as u64)).await;
+    // Stock clients renew their presence every 15 s and send back every update they receive,
+    // so the wait shows what a room's renewals leave behind: the memory each second is printed.
+    let mut each_second = Vec::new();
+    for _ in 0..knob("BENCH_IDLE_WAIT_S", 0) {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        each_second.push(rss_kib(pid) / 1024);
+    }
+    if !each_second.is_empty() {
+        eprintln!("resident memory of {pid} each second of the wait (MiB): {each_second:?}");
+    }
     let after = settled_rss(pid).await;
     let n = places.len() * per_room;
     (

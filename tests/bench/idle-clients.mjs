@@ -26,10 +26,25 @@ const headers = {}
 if (cookie?.startsWith('Bearer ')) headers.Authorization = cookie
 else if (cookie) headers.Cookie = cookie
 if (origin) headers.Origin = origin
+// IDLE_SENDLOG=1: every 10 s, how many messages these clients sent, by size (the power of two
+// at or above each), on stderr.
+const sent = new Map()
 class BrowserLikeWebSocket extends WebSocket {
   constructor (address, protocols) {
     super(address, protocols, { headers })
   }
+
+  send (data, ...rest) {
+    const size = 2 ** Math.ceil(Math.log2(data.length + 1))
+    sent.set(size, (sent.get(size) || 0) + 1)
+    return super.send(data, ...rest)
+  }
+}
+if (process.env.IDLE_SENDLOG) {
+  setInterval(() => {
+    const bySize = [...sent].sort((a, b) => a[0] - b[0])
+    console.error(`sent by ${count} clients of ${room}, [size, messages]: ${JSON.stringify(bySize)}`)
+  }, 10_000).unref()
 }
 
 const providers = []
@@ -42,6 +57,15 @@ const allSynced = new Promise((resolve) => {
     })
     // IDLE_AWARENESS=0: no presence at all (to compare).
     if (process.env.IDLE_AWARENESS === '0') provider.awareness.setLocalState(null)
+    // IDLE_NO_ECHO=1: the provider sends its own presence only. A stock provider sends back
+    // every presence update it receives (its 'update' handler answers remote changes too).
+    if (process.env.IDLE_NO_ECHO) {
+      const send = provider._awarenessUpdateHandler
+      provider.awareness.off('update', send)
+      provider.awareness.on('update', (changed, origin) => {
+        if (origin === 'local') send(changed, origin)
+      })
+    }
     provider.once('sync', (isSynced) => {
       if (isSynced && ++synced === count) resolve()
     })

@@ -4,7 +4,7 @@
 use crate::close::CloseCode;
 use crate::http::extract::Ids;
 use crate::http::guard::room_access;
-use crate::http::upgrade::{feed_binary, Socket, Upgrade};
+use crate::http::upgrade::{feed_binary, Socket, Upgrade, DOC_FRAGMENT_BYTES};
 use crate::http::AppState;
 use crate::http::AuthUser;
 use crate::ids::RoomId;
@@ -33,9 +33,9 @@ pub(crate) fn routes() -> Router<AppState> {
 
 /// Read buffer of a WebSocket, and the most one read takes (tungstenite's default is 128 KiB
 /// per connection). A peer's updates and presence are tens to hundreds of bytes; a larger frame
-/// grows the buffer to its own size (its header says how large), read 1 KiB at a time. The
-/// buffer is never given back, so it is what every idle connection keeps (docs/benchmarks.md).
-pub(crate) const SOCKET_READ_BUFFER: usize = 1024;
+/// reaches tungstenite as fragments that fit this buffer (`http::reframe`), so the buffer never
+/// grows. It is never given back, so it is what every idle connection keeps (docs/benchmarks.md).
+pub(crate) const SOCKET_READ_BUFFER: usize = 512;
 /// Bytes tungstenite gathers before writing: none. Its write buffer keeps the capacity of the
 /// most it ever gathered (8 KiB here, and with a 4 KiB read buffer, cost every idle connection
 /// 6-7 KiB more, after the burst of a room's joins); written frame by frame, it keeps the largest
@@ -57,7 +57,7 @@ pub(crate) async fn doc_socket(
     let ws = ws?;
     let max = app.limits.max_message_bytes;
     // Sized for what an idle or typing peer carries (see the constants). Large outgoing
-    // messages go out as fragments (`upgrade::send_binary`), so no buffer grows past one.
+    // messages go out as fragments (`upgrade::DOC_FRAGMENT_BYTES`), so no buffer grows past one.
     let config = WebSocketConfig::default()
         .max_message_size(Some(max))
         .max_frame_size(Some(max))
@@ -366,7 +366,7 @@ async fn write_loop(
                 let started = std::time::Instant::now();
                 let write = async {
                     for frame in frames {
-                        feed_binary(&mut sink, frame).await?;
+                        feed_binary(&mut sink, frame, DOC_FRAGMENT_BYTES).await?;
                     }
                     sink.flush().await
                 };

@@ -2,7 +2,7 @@
 //! `WebSocket` sends every message as one frame, and tungstenite keeps its write buffer at the
 //! size of the largest frame it ever wrote, so every joiner sent a whole document in one frame
 //! would hold that much for as long as it stays. With the stream in hand, large messages go out
-//! as fragments of [`FRAGMENT_BYTES`].
+//! as fragments: [`DOC_FRAGMENT_BYTES`] on the document socket, [`FRAGMENT_BYTES`] elsewhere.
 //!
 //! The checks are axum's: `GET`, `Connection: upgrade`, `Upgrade: websocket`,
 //! `Sec-WebSocket-Version: 13` and a key; the answers to a request that is not an upgrade are the
@@ -24,6 +24,8 @@ use tokio_tungstenite::tungstenite::protocol::frame::Frame;
 use tokio_tungstenite::tungstenite::protocol::{Role, WebSocketConfig};
 use tokio_tungstenite::tungstenite::{self, Message};
 use tokio_tungstenite::WebSocketStream;
+
+use crate::http::reframe::Reframe;
 
 /// The server's end of an upgraded connection.
 pub(crate) type Socket = WebSocketStream<Lingering>;
@@ -47,16 +49,22 @@ const LINGER_BYTES: usize = 8 << 20;
 /// [`LINGER_BYTES`], until the client closes too. Dropped at once instead, a socket with unread
 /// input is reset by the kernel, and a client still sending (the rest of a message over the
 /// size cap) can see the reset before the close frame: 1006 instead of 1009.
+///
+/// Reading: what the client sends goes to tungstenite in frames that fit its read buffer
+/// ([`Reframe`]), so that buffer stays at its configured size whatever the client sends.
 pub(crate) struct Lingering {
     io: Option<TokioIo<Upgraded>>,
     out: Gather,
+    read: Reframe,
 }
 
 impl Lingering {
-    fn new(io: TokioIo<Upgraded>) -> Self {
+    fn new(io: TokioIo<Upgraded>, config: &WebSocketConfig) -> Self {
+        let max_frame = config.max_frame_size.unwrap_or(usize::MAX);
         Lingering {
             io: Some(io),
             out: Gather::default(),
+            read: Reframe::new(config.read_buffer_size, max_frame),
         }
     }
 
@@ -99,8 +107,11 @@ impl AsyncRead for Lingering {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        let (io, _) = self.parts()?;
-        Pin::new(io).poll_read(cx, buf)
+        let this = &mut *self;
+        let Some(io) = this.io.as_mut() else {
+            return Poll::Ready(Err(std::io::ErrorKind::NotConnected.into()));
+        };
+        this.read.poll_read(io, cx, buf)
     }
 }
 
@@ -126,7 +137,8 @@ impl AsyncWrite for Lingering {
     }
 }
 
-/// Most bytes gathered before they are written without waiting for the flush: a fragment.
+/// Most bytes gathered before they are written without waiting for the flush (a large fragment;
+/// the gathered buffer is given back at every flush, so it costs an idle connection nothing).
 const GATHER_BYTES: usize = FRAGMENT_BYTES;
 
 /// What was written since the last flush, to go out in one write ([`Lingering`]).
@@ -190,9 +202,18 @@ impl Gather {
     }
 }
 
-/// Largest frame the server writes: a larger message goes out as fragments of this size, so no
-/// connection's write buffer grows past it (clients reassemble fragments transparently).
+/// Largest frame the terminal socket writes: a larger message goes out as fragments of this
+/// size, so no connection's write buffer grows past it (clients reassemble fragments
+/// transparently). Terminal output is a stream of large messages to a few viewers.
 pub(crate) const FRAGMENT_BYTES: usize = 16 * 1024;
+
+/// Largest frame the document socket writes. tungstenite's write buffer keeps the capacity of
+/// the largest frame it ever wrote, and every joiner of a room is sent the whole presence table
+/// and the document: with 16 KiB fragments, 2,000 idle presence-showing clients kept 2.7 KiB of
+/// write buffer each (docs/benchmarks.md). Edits and presence states are tens to hundreds of
+/// bytes, so they still go out whole; a 1 MB document goes out as about a thousand frames, 4
+/// bytes of header each, gathered into large writes all the same.
+pub(crate) const DOC_FRAGMENT_BYTES: usize = 1024;
 
 pub(crate) struct Upgrade {
     accept: HeaderValue,
@@ -276,7 +297,7 @@ impl Upgrade {
             match on_upgrade.await {
                 Ok(upgraded) => {
                     let socket = WebSocketStream::from_raw_socket(
-                        Lingering::new(TokioIo::new(upgraded)),
+                        Lingering::new(TokioIo::new(upgraded), &config),
                         Role::Server,
                         Some(config),
                     )
@@ -303,26 +324,29 @@ pub(crate) async fn send_binary<S>(
 where
     S: futures_util::Sink<Message, Error = tungstenite::Error> + Unpin,
 {
-    feed_binary(sink, bytes).await?;
+    feed_binary(sink, bytes, FRAGMENT_BYTES).await?;
     sink.flush().await
 }
 
-/// [`send_binary`] without the flush: messages fed one after another go out together at the
-/// next flush (or as the write buffer fills), in fewer system calls.
+/// Feeds a binary message, as fragments of at most `fragment` bytes when it is larger, without
+/// the flush: messages fed one after another go out together at the next flush (or as the
+/// gathered bytes fill), in fewer system calls.
 pub(crate) async fn feed_binary<S>(
     sink: &mut S,
     bytes: bytes::Bytes,
+    fragment: usize,
 ) -> Result<(), tungstenite::Error>
 where
     S: futures_util::Sink<Message, Error = tungstenite::Error> + Unpin,
 {
-    if bytes.len() <= FRAGMENT_BYTES {
+    let fragment = fragment.max(1);
+    if bytes.len() <= fragment {
         return sink.feed(Message::Binary(bytes)).await;
     }
     let mut rest = bytes;
     let mut opcode = OpCode::Data(Data::Binary);
     while !rest.is_empty() {
-        let piece = rest.split_to(rest.len().min(FRAGMENT_BYTES));
+        let piece = rest.split_to(rest.len().min(fragment));
         let last = rest.is_empty();
         sink.feed(Message::Frame(Frame::message(piece, opcode, last)))
             .await?;
