@@ -90,7 +90,8 @@ impl Reframe {
             at: 0,
             header: Header::default(),
             phase: Phase::Header,
-            piece: read_buffer.saturating_sub(MAX_HEADER).max(126),
+            // At least one frame of the 16-bit length form, at most the largest.
+            piece: read_buffer.saturating_sub(MAX_HEADER).clamp(126, 65_535),
             max_frame: u64::try_from(max_frame).unwrap_or(u64::MAX),
         }
     }
@@ -188,8 +189,9 @@ impl Reframe {
         self.consume(len);
     }
 
-    /// A masked frame's header: `payload` bytes, the mask `key` turned by nothing.
+    /// A masked frame's header: `payload` bytes (at most [`Reframe::piece`]), masked by `key`.
     fn set_header(&mut self, opcode: u8, fin: bool, key: &[u8; 4], payload: usize) {
+        debug_assert!(payload <= usize::from(u16::MAX));
         let b = &mut self.header.bytes;
         b[0] = if fin { 0x80 } else { 0 } | opcode;
         let mut n = 2;
@@ -255,10 +257,20 @@ impl Reframe {
                         split: Some(s),
                     };
                 }
-                Phase::Payload { piece, .. } => {
+                Phase::Payload { piece, split } => {
                     let want = usize::try_from(*piece)
                         .unwrap_or(usize::MAX)
                         .min(buf.remaining());
+                    // More of the client's frame than this read takes: read ahead a chunk, so a
+                    // large frame costs a system call per chunk, not per fragment.
+                    let beyond = (*piece - want as u64) + split.as_ref().map_or(0, |s| s.rest);
+                    if self.stashed().is_empty()
+                        && beyond > 0
+                        && !std::task::ready!(self.poll_stash(io, cx, 1))?
+                    {
+                        // The stream ended.
+                        return Poll::Ready(Ok(()));
+                    }
                     let n = if self.stashed().is_empty() {
                         // Straight from the socket, no more than this frame's.
                         let dst = buf.initialize_unfilled_to(want);
@@ -393,11 +405,6 @@ mod tests {
         out
     }
 
-    /// Clients mask their frames; a client-role socket masks what it writes.
-    fn masked(f: Frame) -> Frame {
-        f
-    }
-
     /// Reads every message tungstenite makes of `data` through a [`Reframe`] with a 1 KiB read
     /// buffer, until the end or an error.
     fn read_all(
@@ -405,12 +412,21 @@ mod tests {
         chunk: impl FnMut() -> usize + Unpin,
         max: usize,
     ) -> (Vec<Message>, Option<Error>, Vec<Vec<u8>>) {
+        read_all_with(data, chunk, max, 1024)
+    }
+
+    fn read_all_with(
+        data: Vec<u8>,
+        chunk: impl FnMut() -> usize + Unpin,
+        max: usize,
+        read_buffer: usize,
+    ) -> (Vec<Message>, Option<Error>, Vec<Vec<u8>>) {
         let config = WebSocketConfig::default()
-            .read_buffer_size(1024)
+            .read_buffer_size(read_buffer)
             .max_frame_size(Some(max))
             .max_message_size(Some(max));
         let reader = Reader {
-            reframe: Reframe::new(1024, max),
+            reframe: Reframe::new(read_buffer, max),
             io: Chunked { data, at: 0, chunk },
             reads: Vec::new(),
         };
@@ -434,6 +450,7 @@ mod tests {
         let mut frames = Vec::new();
         let mut at = 0;
         let mut read_ends: std::collections::BTreeSet<usize> = std::collections::BTreeSet::new();
+        read_ends.insert(0);
         let mut end = 0;
         for r in reads {
             end += r.len();
@@ -444,12 +461,15 @@ mod tests {
             let hlen = Reframe::header_len(b1);
             let payload = match b1 & 0x7f {
                 126 => usize::from(u16::from_be_bytes([stream[at + 2], stream[at + 3]])),
-                127 => break,
+                127 => usize::try_from(u64::from_be_bytes(
+                    stream[at + 2..at + 10].try_into().unwrap(),
+                ))
+                .unwrap(),
                 n => usize::from(n),
             };
             assert!(
-                read_ends.contains(&(at + hlen)),
-                "a header was handed on with payload bytes after it"
+                read_ends.contains(&at) && read_ends.contains(&(at + hlen)),
+                "a header was not handed on alone"
             );
             frames.push((stream[at] & 0x0f, payload));
             at += hlen + payload;
@@ -476,12 +496,12 @@ mod tests {
                     0 => {
                         let p = payload(&mut rng, 0..60);
                         sent.push(Message::Binary(p.clone()));
-                        frames.push(masked(Frame::message(p, OpCode::Data(Data::Binary), true)));
+                        frames.push(Frame::message(p, OpCode::Data(Data::Binary), true));
                     }
                     1 | 2 => {
                         let p = payload(&mut rng, 900..70_000);
                         sent.push(Message::Binary(p.clone()));
-                        frames.push(masked(Frame::message(p, OpCode::Data(Data::Binary), true)));
+                        frames.push(Frame::message(p, OpCode::Data(Data::Binary), true));
                     }
                     3 => {
                         // A message the client fragmented itself, a ping in the middle.
@@ -490,22 +510,18 @@ mod tests {
                         let whole: Vec<u8> = [a.as_ref(), b.as_ref()].concat();
                         sent.push(Message::Ping(Bytes::from_static(b"hi")));
                         sent.push(Message::Binary(whole.into()));
-                        frames.push(masked(Frame::message(a, OpCode::Data(Data::Binary), false)));
-                        frames.push(masked(Frame::ping(Bytes::from_static(b"hi"))));
-                        frames.push(masked(Frame::message(
-                            b,
-                            OpCode::Data(Data::Continue),
-                            true,
-                        )));
+                        frames.push(Frame::message(a, OpCode::Data(Data::Binary), false));
+                        frames.push(Frame::ping(Bytes::from_static(b"hi")));
+                        frames.push(Frame::message(b, OpCode::Data(Data::Continue), true));
                     }
                     _ => {
                         let text = "é€😀a".repeat(rng.gen_range(1..800));
                         sent.push(Message::Text(text.clone().into()));
-                        frames.push(masked(Frame::message(
+                        frames.push(Frame::message(
                             text.into_bytes(),
                             OpCode::Data(Data::Text),
                             true,
-                        )));
+                        ));
                     }
                 }
             }
@@ -517,7 +533,10 @@ mod tests {
                 2..=5 => chunks.gen_range(1..40),
                 _ => chunks.gen_range(1..9000),
             };
-            let (got, err, reads) = read_all(data, chunk, 1 << 20);
+            // The production read buffer, and a larger one.
+            let read_buffer =
+                [crate::http::doc_socket::SOCKET_READ_BUFFER, 1024][round as usize % 2];
+            let (got, err, reads) = read_all_with(data, chunk, 1 << 20, read_buffer);
             assert_eq!(got, sent, "round {round}");
             assert!(
                 matches!(err, Some(Error::ConnectionClosed | Error::Protocol(_))),
@@ -525,7 +544,7 @@ mod tests {
             );
             for (opcode, len) in frames_handed_on(&reads) {
                 assert!(
-                    len <= 1024 - MAX_HEADER,
+                    len <= read_buffer - MAX_HEADER,
                     "round {round}: opcode {opcode}, {len}"
                 );
             }
@@ -537,7 +556,7 @@ mod tests {
     #[test]
     fn what_tungstenite_refuses_reaches_it_unchanged() {
         let big = Frame::message(vec![1u8; 5000], OpCode::Data(Data::Binary), true);
-        let data = client_bytes(vec![masked(big)]);
+        let data = client_bytes(vec![big]);
         let (got, err, reads) = read_all(data, || 100_000, 4000);
         assert!(got.is_empty());
         assert!(matches!(err, Some(Error::Capacity(_))), "{err:?}");
@@ -552,15 +571,47 @@ mod tests {
         assert!(matches!(err, Some(Error::Protocol(_))), "{err:?}");
     }
 
+    /// A client's own header in its longest form (a 64-bit length for a few bytes) goes on as
+    /// it came; one for a large payload is split like any other; a stream that ends in the
+    /// middle of a header ends there for tungstenite too.
+    #[test]
+    fn long_headers_and_cut_streams() {
+        fn frame_with_long_length(payload: &[u8], key: [u8; 4]) -> Vec<u8> {
+            let mut out = vec![0x82, 0x80 | 127];
+            out.extend_from_slice(&(payload.len() as u64).to_be_bytes());
+            out.extend_from_slice(&key);
+            out.extend(payload.iter().enumerate().map(|(i, b)| b ^ key[i % 4]));
+            out
+        }
+        let small = b"hello".to_vec();
+        let large: Vec<u8> = (0..5000u32).map(|i| (i % 251) as u8).collect();
+        let mut data = frame_with_long_length(&small, [1, 2, 3, 4]);
+        data.extend(frame_with_long_length(&large, [9, 8, 7, 6]));
+        let (got, _, reads) = read_all(data.clone(), || 7, 1 << 20);
+        assert_eq!(
+            got,
+            vec![Message::Binary(small.into()), Message::Binary(large.into())]
+        );
+        assert_eq!(reads[0].len(), 14, "the first header as the client sent it");
+        for (_, len) in frames_handed_on(&reads) {
+            assert!(len <= 1024 - MAX_HEADER);
+        }
+
+        // Cut three bytes into the second frame's header.
+        data.truncate(14 + 5 + 3);
+        let (got, err, _) = read_all(data, || 100_000, 1 << 20);
+        assert_eq!(got.len(), 1);
+        assert!(
+            matches!(err, Some(Error::Protocol(_) | Error::ConnectionClosed)),
+            "{err:?}"
+        );
+    }
+
     /// A connection that read large frames gives its transient buffer back.
     #[test]
     fn nothing_is_kept_once_handed_on() {
         let p = vec![3u8; 50_000];
-        let data = client_bytes(vec![masked(Frame::message(
-            p,
-            OpCode::Data(Data::Binary),
-            true,
-        ))]);
+        let data = client_bytes(vec![Frame::message(p, OpCode::Data(Data::Binary), true)]);
         let mut r = Reframe::new(1024, 1 << 20);
         let mut io = Chunked {
             data,
