@@ -69,7 +69,14 @@ async fn idle_client(target: &Target, room: &str) -> Ws {
     let (mut ws, _) = tokio_tungstenite::connect_async_with_config(req, Some(cfg), false)
         .await
         .unwrap();
-    let step1 = YMessage::Sync(SyncMessage::SyncStep1(Default::default())).encode_v1();
+    sync(&mut ws, yrs::StateVector::default()).await;
+    ws
+}
+
+/// Sends sync step 1 with the state vector `sv` and waits for the server's step 2: what the
+/// frame carried has been read and answered.
+async fn sync(ws: &mut Ws, sv: yrs::StateVector) {
+    let step1 = YMessage::Sync(SyncMessage::SyncStep1(sv)).encode_v1();
     ws.send(Message::Binary(step1.into())).await.unwrap();
     loop {
         let m = tokio::time::timeout(TIMEOUT, ws.next())
@@ -79,7 +86,7 @@ async fn idle_client(target: &Target, room: &str) -> Ws {
             .unwrap();
         if let Message::Binary(b) = m {
             if let Ok(YMessage::Sync(SyncMessage::SyncStep2(_))) = YMessage::decode_v1(&b) {
-                return ws;
+                return;
             }
         }
     }
@@ -275,38 +282,16 @@ async fn a_large_frame_leaves_no_large_buffer() {
     let pid = ten.pid;
     let mut idle = open_idle(&ten.target, &ten.rooms, 500).await;
     let before = settled_rss(pid).await;
-    let frame = {
-        let mut sv = yrs::StateVector::default();
-        for client in 0..4000u64 {
-            sv.set_max(yrs::block::ClientID::new(1 << 40 | client), 1);
-        }
-        YMessage::Sync(SyncMessage::SyncStep1(sv)).encode_v1()
-    };
-    assert!(frame.len() > 20_000, "{}", frame.len());
+    let mut sv = yrs::StateVector::default();
+    for client in 0..4000u64 {
+        sv.set_max(yrs::block::ClientID::new(1 << 40 | client), 1);
+    }
+    let frame_len = YMessage::Sync(SyncMessage::SyncStep1(sv.clone()))
+        .encode_v1()
+        .len();
+    assert!(frame_len > 20_000, "{frame_len}");
     for chunk in idle.chunks_mut(50) {
-        futures_util::future::join_all(chunk.iter_mut().map(|ws| {
-            let frame = frame.clone();
-            async move {
-                ws.send(Message::Binary(frame.into())).await.unwrap();
-                // Answered: the server read all of it.
-                loop {
-                    let m = tokio::time::timeout(TIMEOUT, ws.next())
-                        .await
-                        .expect("no answer to the state vector")
-                        .unwrap()
-                        .unwrap();
-                    if let Message::Binary(b) = m {
-                        if matches!(
-                            YMessage::decode_v1(&b),
-                            Ok(YMessage::Sync(SyncMessage::SyncStep2(_)))
-                        ) {
-                            break;
-                        }
-                    }
-                }
-            }
-        }))
-        .await;
+        futures_util::future::join_all(chunk.iter_mut().map(|ws| sync(ws, sv.clone()))).await;
     }
     let after = settled_rss(pid).await;
     let per_conn = after.saturating_sub(before) as f64 / 500.0;

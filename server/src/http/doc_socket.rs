@@ -31,10 +31,11 @@ pub(crate) fn routes() -> Router<AppState> {
     Router::new().route("/api/rooms/{id}/doc", get(doc_socket))
 }
 
-/// tungstenite's read buffer of a WebSocket (its default is 128 KiB per connection; the socket
-/// itself is read up to 4 KiB at a time, by `http::reframe`). A peer's updates and presence are tens to hundreds of bytes; a larger frame
-/// reaches tungstenite as fragments that fit this buffer (`http::reframe`), so the buffer never
-/// grows. It is never given back, so it is what every idle connection keeps (docs/benchmarks.md).
+/// tungstenite's read buffer of a WebSocket (its default is 128 KiB per connection). A peer's
+/// updates and presence are tens to hundreds of bytes; a larger frame reaches tungstenite as
+/// fragments that fit this buffer, and the socket itself is read up to 4 KiB at a time
+/// (`http::reframe`), so the buffer never grows. It is never given back, so it is what every
+/// idle connection keeps (docs/benchmarks.md).
 pub(crate) const SOCKET_READ_BUFFER: usize = 512;
 /// Bytes tungstenite gathers before writing: none. Its write buffer keeps the capacity of the
 /// most it ever gathered (8 KiB here, and with a 4 KiB read buffer, cost every idle connection

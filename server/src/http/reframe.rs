@@ -150,6 +150,21 @@ impl Reframe {
         2 + ext + mask
     }
 
+    /// Reads until the next frame's header is stashed whole: its length, or `None` when the
+    /// stream ended first.
+    fn poll_header<R: AsyncRead + Unpin>(
+        &mut self,
+        io: &mut R,
+        cx: &mut Context<'_>,
+    ) -> Poll<std::io::Result<Option<usize>>> {
+        if !std::task::ready!(self.poll_stash(io, cx, 2))? {
+            return Poll::Ready(Ok(None));
+        }
+        let len = Self::header_len(self.stashed()[1]);
+        let whole = std::task::ready!(self.poll_stash(io, cx, len))?;
+        Poll::Ready(Ok(whole.then_some(len)))
+    }
+
     /// Takes the header at the front of the stash (all of it is there) and decides how its
     /// frame goes on.
     fn take_header(&mut self, len: usize) {
@@ -288,26 +303,16 @@ impl Reframe {
                     if let Phase::Payload { piece, .. } = &mut self.phase {
                         *piece -= n as u64;
                     }
-                    // Nothing read: the stream ended.
+                    // Nothing handed on (n == 0) tells tungstenite the stream ended.
                     return Poll::Ready(Ok(()));
                 }
                 Phase::Header => {
-                    let ready = std::task::ready!(self.poll_stash(io, cx, 2));
-                    let ready = match ready {
-                        Ok(true) => {
-                            let len = Self::header_len(self.stashed()[1]);
-                            match std::task::ready!(self.poll_stash(io, cx, len)) {
-                                Ok(true) => Some(len),
-                                Ok(false) => None,
-                                Err(e) if self.stashed().is_empty() => return Poll::Ready(Err(e)),
-                                Err(_) => None,
-                            }
-                        }
-                        Ok(false) => None,
+                    let header = match std::task::ready!(self.poll_header(io, cx)) {
+                        Ok(header) => header,
                         Err(e) if self.stashed().is_empty() => return Poll::Ready(Err(e)),
                         Err(_) => None,
                     };
-                    match ready {
+                    match header {
                         Some(len) => self.take_header(len),
                         None => {
                             // The end (or a failure) mid-header: what there is goes on as it
