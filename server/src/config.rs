@@ -538,6 +538,12 @@ pub(crate) struct ServeArgs {
     /// its own.
     #[arg(long, hide = true)]
     pub log_on_pool: bool,
+    /// How many WAL frames (4 KiB pages) SQLite's WAL holds before the update log's writer
+    /// copies the rest of a checkpoint between two of its groups, so the WAL starts over (0:
+    /// never, for the comparison in docs/benchmarks.md: under steady writes the WAL then grows
+    /// until the writes pause).
+    #[arg(long, hide = true, default_value_t = crate::store::WAL_RESTART_FRAMES)]
+    pub sqlite_wal_restart_frames: i64,
     #[command(flatten)]
     pub limits: Limits,
     #[command(flatten)]
@@ -884,6 +890,7 @@ impl ServeArgs {
             max_commit_group: self.max_commit_group,
             multi_row: !self.log_row_each,
             log_on_pool: self.log_on_pool,
+            wal_restart_frames: self.sqlite_wal_restart_frames,
         }
     }
 

@@ -48,6 +48,7 @@ pub(crate) struct Inner {
     pub stage_commit: Histogram,
     pub stage_log_wait: Histogram,
     pub stage_log_write: Histogram,
+    pub stage_log_checkpoint: Histogram,
     pub stage_upkeep: Histogram,
     pub stage_broadcast: Histogram,
     pub stage_queue: Histogram,
@@ -206,7 +207,9 @@ impl Metrics {
              on its socket), receive (its messages waiting for the room), apply (the room \
              applying a connection's messages), commit (the update log append a batch waits \
              for, in all), log_wait (a batch waiting for the log's writer), log_write (the \
-             writer's statement and its fsync, per group of rooms' batches), upkeep (a room \
+             writer's statement and its fsync, per group of rooms' batches), log_checkpoint (the \
+             writer copying the rest of SQLite's WAL into the database, groups waiting behind \
+             it), upkeep (a room \
              renewing its lease or compacting its log, its updates waiting meanwhile), \
              broadcast (framing a committed batch and queueing it for every peer), queue (a \
              frame waiting in a connection's queue), write (handing a frame to the socket)",
@@ -221,6 +224,7 @@ impl Metrics {
             (stage("decode"), stage("apply"), stage("commit"));
         let (stage_receive, stage_upkeep) = (stage("receive"), stage("upkeep"));
         let (stage_log_wait, stage_log_write) = (stage("log_wait"), stage("log_write"));
+        let stage_log_checkpoint = stage("log_checkpoint");
         let (stage_broadcast, stage_queue, stage_write) =
             (stage("broadcast"), stage("queue"), stage("write"));
         let spend = Family::default();
@@ -244,6 +248,7 @@ impl Metrics {
                 stage_commit,
                 stage_log_wait,
                 stage_log_write,
+                stage_log_checkpoint,
                 stage_upkeep,
                 stage_broadcast,
                 stage_queue,

@@ -24,6 +24,7 @@ pub(crate) async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     store.observe_log(crate::store::LogTimes {
         wait: metrics.stage_log_wait.clone(),
         write: metrics.stage_log_write.clone(),
+        checkpoint: metrics.stage_log_checkpoint.clone(),
     });
     let limits = Arc::new(args.limits.clone());
     let metrics_for_hasher = metrics.clone();

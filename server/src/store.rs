@@ -112,7 +112,17 @@ pub(crate) struct Options {
     /// PostgreSQL, not by a thread of its own with its own connection (SQLite, for the
     /// comparison only).
     pub log_on_pool: bool,
+    /// WAL frames past which the update log's writer finishes the checkpointer's passes (0:
+    /// never; see [`WAL_RESTART_FRAMES`]).
+    pub wal_restart_frames: i64,
 }
+
+/// WAL frames (pages) past which the update log's writer copies the rest of a checkpoint
+/// itself, so the WAL starts over: 32 MiB of 4 KiB pages, half the WAL's size limit. Each such
+/// copy holds the writer for a sync of the database file (about a millisecond here), so it is
+/// done once the WAL is this large, not after every pass (every two seconds under the 40-room
+/// benchmark, whose writes grow the WAL by 14 MB a second).
+pub(crate) const WAL_RESTART_FRAMES: i64 = 8192;
 
 impl Default for Options {
     fn default() -> Self {
@@ -122,6 +132,7 @@ impl Default for Options {
             max_commit_group: MAX_COMMIT_GROUP,
             multi_row: true,
             log_on_pool: false,
+            wal_restart_frames: WAL_RESTART_FRAMES,
         }
     }
 }
@@ -210,6 +221,9 @@ pub(crate) struct Store {
     /// Cancelled by [`Store::close`]: the writer gives back the connection it keeps (closing
     /// the pool waits for every connection).
     closing: tokio_util::sync::CancellationToken,
+    /// Set by the checkpointer after each pass (SQLite, checkpoints beside the commits): the
+    /// update log's writer then copies what was appended meanwhile, so the WAL starts over.
+    wal_copied: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl Store {
@@ -267,8 +281,10 @@ impl Store {
             })
             .connect_with(connect)
             .await?;
-        if backend == Backend::Sqlite && !options.inline_checkpoints {
-            checkpointer(pool.clone());
+        let wal_copied = (backend == Backend::Sqlite && !options.inline_checkpoints)
+            .then(|| std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)));
+        if let Some(copied) = &wal_copied {
+            checkpointer(pool.clone(), copied.clone(), options.wal_restart_frames);
         }
         Ok(Store {
             pool,
@@ -282,6 +298,7 @@ impl Store {
             writer_ended: Default::default(),
             log_times: Default::default(),
             closing: Default::default(),
+            wal_copied,
         })
     }
 
@@ -368,9 +385,17 @@ fn sqlite_pragmas(options: Options) -> String {
 const CHECKPOINT_EVERY: Duration = Duration::from_millis(500);
 
 /// Checkpoints SQLite's WAL beside the commits, never inside one: a passive checkpoint copies
-/// what no reader still needs into the database (and syncs it) while writers go on appending;
-/// the WAL starts over once a checkpoint has copied all of it. Ends with the pool.
-fn checkpointer(pool: AnyPool) {
+/// what no reader still needs into the database (and syncs it) while the update log's writer
+/// goes on appending. The WAL starts over only once a checkpoint has copied all of it, which one
+/// running beside a busy writer never does (the WAL grew by 14 MB a second under the 40-room
+/// benchmark, and every fsync wrote the grown file's metadata too): after a pass that leaves
+/// the WAL over `restart_frames` frames, `copied` is set, and the writer copies the rest between
+/// two of its groups (`log_writer`). Ends with the pool.
+fn checkpointer(
+    pool: AnyPool,
+    copied: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    restart_frames: i64,
+) {
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
         return;
     };
@@ -382,14 +407,22 @@ fn checkpointer(pool: AnyPool) {
             if pool.is_closed() {
                 return;
             }
-            if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)")
-                .execute(&pool)
+            // (busy, frames in the WAL, frames copied)
+            match sqlx::query_as::<_, (i64, i64, i64)>("PRAGMA wal_checkpoint(PASSIVE)")
+                .fetch_one(&pool)
                 .await
             {
-                if pool.is_closed() {
-                    return;
+                Ok((_, frames, _)) => {
+                    if restart_frames > 0 && frames >= restart_frames {
+                        copied.store(true, std::sync::atomic::Ordering::Release);
+                    }
                 }
-                tracing::warn!(error = %e, "WAL checkpoint failed; trying again");
+                Err(e) => {
+                    if pool.is_closed() {
+                        return;
+                    }
+                    tracing::warn!(error = %e, "WAL checkpoint failed; trying again");
+                }
             }
         }
     });
@@ -598,6 +631,104 @@ mod tests {
                 "never checkpointed: {size} bytes"
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        store.close().await;
+    }
+
+    /// Under appends that never pause, SQLite's WAL still starts over: the checkpointer's
+    /// passes never copy all of it (frames land while they run), so the update log's writer
+    /// copies the rest between two groups once the WAL is past `wal_restart_frames`. Each start
+    /// over bumps the checkpoint sequence number in the WAL's header. The same with the log
+    /// written through the pool (`serve --log-on-pool`).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_wal_starts_over_under_steady_appends() {
+        for log_on_pool in [false, true] {
+            wal_starts_over(Options {
+                wal_restart_frames: 64,
+                log_on_pool,
+                ..Options::default()
+            })
+            .await;
+        }
+    }
+
+    async fn wal_starts_over(options: Options) {
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        use std::sync::Arc;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.db");
+        let store = Store::connect_with(&format!("sqlite://{}", path.display()), options)
+            .await
+            .unwrap();
+        store.migrate().await.unwrap();
+        sqlx::query("INSERT INTO users (id, email, created_at) VALUES ('u', 'u@example.com', 0)")
+            .execute(&store.pool)
+            .await
+            .unwrap();
+        let me = ServerId {
+            id: "t".into(),
+            address: "http://t".into(),
+        };
+        let stop = Arc::new(AtomicBool::new(false));
+        let appended = Arc::new(AtomicU64::new(0));
+        let mut appenders = Vec::new();
+        for i in 0..4 {
+            let room = crate::ids::RoomId::known(format!("r{i}"));
+            sqlx::query(
+                "INSERT INTO rooms (id, name, created_by, created_at) VALUES ($1, $1, 'u', 0)",
+            )
+            .bind(&room)
+            .execute(&store.pool)
+            .await
+            .unwrap();
+            let Claim::Won(lease) = store.claim_room(&room, &me, 600_000).await.unwrap() else {
+                panic!("not claimed")
+            };
+            let (store, stop, appended) = (store.clone(), stop.clone(), appended.clone());
+            appenders.push(tokio::spawn(async move {
+                let data = vec![7u8; 4096];
+                let mut seq = 0;
+                while !stop.load(Ordering::Acquire) {
+                    seq += 1;
+                    store
+                        .append_updates(&room, lease, &[(seq, data.as_slice())])
+                        .await
+                        .unwrap();
+                    appended.fetch_add(data.len() as u64, Ordering::AcqRel);
+                }
+            }));
+        }
+        let wal = dir.path().join("w.db-wal");
+        // The WAL header's checkpoint sequence number (big-endian, bytes 12..16).
+        let sequence = || {
+            let head = std::fs::read(&wal).ok()?;
+            Some(u32::from_be_bytes(head.get(12..16)?.try_into().ok()?))
+        };
+        let first = loop {
+            if let Some(s) = sequence() {
+                break s;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        let until = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let now = sequence().unwrap_or(first);
+            if now.wrapping_sub(first) >= 3 {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < until,
+                "the WAL started over {} times in 60 s ({} MB appended, the WAL at {} bytes, \
+                 {options:?})",
+                now.wrapping_sub(first),
+                appended.load(Ordering::Acquire) >> 20,
+                std::fs::metadata(&wal).map(|m| m.len()).unwrap_or(0)
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        stop.store(true, Ordering::Release);
+        for a in appenders {
+            a.await.unwrap();
         }
         store.close().await;
     }

@@ -20,7 +20,7 @@
 //! of `fanout`, `fast`, `rooms`, `rooms-procs` (each room's clients a process), `burst1`, `burst`, `burst100` (the default), `team` (4
 //! writers); `BENCH_PEERS`, a comma list of
 //! `coderoom`, `coderoom-pg` (with `CODEROOM_TEST_POSTGRES_URL`), either followed by a lever
-//! switched off (`-normal`, `-inline`, `-each`, `-nogroup`, `-aftermerge`, `-rows`, `-nocompact`, `-longlease`: see
+//! switched off (`-normal`, `-inline`, `-each`, `-nogroup`, `-aftermerge`, `-rows`, `-nocompact`, `-longlease`, `-walgrows`: see
 //! `LEVERS`), `reference`, `hocuspocus`; default `coderoom,coderoom-pg,reference,hocuspocus`;
 //! `BENCH_OUT`, a directory for the markdown, `BENCH_TITLE` its name). `tests/bench/regenerate`
 //! runs it for `docs/benchmarks.md`.
@@ -227,6 +227,22 @@ struct Outcome {
     /// Updates sent per second over the sending (burst: until the last reader had them all).
     updates_per_s: f64,
     converged: bool,
+    /// Per second of sending (by when the update was sent), how many of the readers' samples
+    /// took over [`SLOW_MS`]: when in a run the tail happened.
+    slow_by_second: Vec<u64>,
+}
+
+/// A sample over this many milliseconds counts in [`Outcome::slow_by_second`].
+const SLOW_MS: f64 = 3.0;
+
+/// Adds `b`'s counts into `a`, second by second.
+fn add_seconds(a: &mut Vec<u64>, b: &[u64]) {
+    if a.len() < b.len() {
+        a.resize(b.len(), 0);
+    }
+    for (x, y) in a.iter_mut().zip(b) {
+        *x += y;
+    }
 }
 
 /// Writer `w`'s `total` updates as y-protocol messages, each appending its token
@@ -363,8 +379,11 @@ async fn drive_procs(eps: Vec<Endpoint>, shape: Shape) -> Outcome {
     let mut all = Vec::new();
     let mut rooms_p99 = Vec::new();
     let (mut delivered, mut expected, mut converged, mut last) = (0, 0, true, 0.0f64);
+    let mut slow_by_second = Vec::new();
     for c in &mut children {
         let r: serde_json::Value = serde_json::from_str(&c.said().await).unwrap();
+        let slow: Vec<u64> = serde_json::from_value(r["slow_by_second"].clone()).unwrap();
+        add_seconds(&mut slow_by_second, &slow);
         let mut mine: Vec<f64> = serde_json::from_value(r["latencies"].clone()).unwrap();
         mine.sort_by(|a, b| a.partial_cmp(b).unwrap());
         rooms_p99.push(percentile(&mine, 0.99));
@@ -392,6 +411,7 @@ async fn drive_procs(eps: Vec<Endpoint>, shape: Shape) -> Outcome {
                 None => last.max(1e-3),
             },
         converged,
+        slow_by_second,
     }
 }
 
@@ -421,7 +441,7 @@ async fn room_clients() {
         "BENCH:{}",
         serde_json::json!({
             "latencies": latencies, "delivered": o.delivered, "expected": o.expected,
-            "converged": o.converged,
+            "converged": o.converged, "slow_by_second": o.slow_by_second,
             "last_s": if shape.rate.is_none() { o.updates_per_s.recip() * (shape.total * shape.writers) as f64 } else { 0.0 },
         })
     );
@@ -471,6 +491,8 @@ async fn drive_here(eps: Vec<Endpoint>, shape: Shape, when: Start) -> (Outcome, 
     };
     let rooms_latencies: Vec<Arc<Mutex<Vec<f64>>>> =
         (0..eps.len()).map(|_| Arc::default()).collect();
+    let start_ns = start.duration_since(base).as_nanos() as u64;
+    let slow: Arc<Mutex<Vec<u64>>> = Arc::default();
     let got = Arc::new(AtomicUsize::new(0));
     let expected = total * writers * shape.readers * eps.len();
     let last_at = Arc::new(AtomicU64::new(0));
@@ -489,11 +511,13 @@ async fn drive_here(eps: Vec<Endpoint>, shape: Shape, when: Start) -> (Outcome, 
         for mut r in readers {
             let (ep, sent, received) = (ep.clone(), sent.clone(), received.clone());
             let (latencies, got, last_at) = (latencies.clone(), got.clone(), last_at.clone());
+            let slow = slow.clone();
             tasks.push(tokio::spawn(async move {
                 let mut seen = vec![0usize; writers];
                 let mut left = total * writers;
                 let mut mine = Vec::with_capacity(left);
                 let mut updates = Vec::with_capacity(left);
+                let mut slow_here: Vec<u64> = Vec::new();
                 while left > 0 {
                     let Some(Ok(msg)) = r.next().await else { break };
                     let Message::Binary(b) = msg else { continue };
@@ -511,7 +535,15 @@ async fn drive_here(eps: Vec<Endpoint>, shape: Shape, when: Start) -> (Outcome, 
                         }
                         for s in seen[w]..=n {
                             let at = sent[w][s].load(Ordering::Acquire);
-                            mine.push(now_ns.saturating_sub(at) as f64 / 1e6);
+                            let took = now_ns.saturating_sub(at) as f64 / 1e6;
+                            mine.push(took);
+                            if took > SLOW_MS {
+                                let second = (at.saturating_sub(start_ns) / 1_000_000_000) as usize;
+                                if slow_here.len() <= second {
+                                    slow_here.resize(second + 1, 0);
+                                }
+                                slow_here[second] += 1;
+                            }
                         }
                         let fresh = n + 1 - seen[w];
                         got.fetch_add(fresh, Ordering::AcqRel);
@@ -521,6 +553,7 @@ async fn drive_here(eps: Vec<Endpoint>, shape: Shape, when: Start) -> (Outcome, 
                     last_at.fetch_max(now_ns, Ordering::AcqRel);
                 }
                 latencies.lock().unwrap().extend(mine);
+                add_seconds(&mut slow.lock().unwrap(), &slow_here);
                 received.lock().unwrap().push(updates);
             }));
         }
@@ -618,6 +651,7 @@ async fn drive_here(eps: Vec<Endpoint>, shape: Shape, when: Start) -> (Outcome, 
                 last.max(1e-3)
             },
         converged,
+        slow_by_second: slow.lock().unwrap().clone(),
     };
     (o, every)
 }
@@ -839,6 +873,11 @@ const LEVERS: &[Lever] = &[
         args: &["--log-row-each"],
     },
     Lever {
+        name: "walgrows",
+        label: ", a WAL that grows under steady writes",
+        args: &["--sqlite-wal-restart-frames", "0"],
+    },
+    Lever {
         name: "pooled",
         label: ", the log through sqlx's pool",
         args: &["--log-on-pool"],
@@ -1015,6 +1054,7 @@ async fn peers_side_by_side() {
                         "p50_ms": o.p50, "p99_ms": o.p99, "max_ms": o.max,
                         "delivered": o.delivered, "expected": o.expected,
                         "updates_per_s": o.updates_per_s, "converged": o.converged,
+                        "slow_by_second": o.slow_by_second,
                         "server_cpu_s": cpu.map(|c| c.0), "host_cpu_s": cpu.map(|c| c.1),
                     })
                 );
@@ -1404,7 +1444,7 @@ fn stage_table(rows: &[Row]) -> String {
 }
 
 /// Coderoom's stages (`doc_stage_seconds{stage}`), in the order an update meets them.
-const STAGES: [(&str, &str); 10] = [
+const STAGES: [(&str, &str); 11] = [
     ("decode", "a client's frame parsed"),
     ("receive", "its messages waiting for the room"),
     ("apply", "the room applying it"),
@@ -1413,6 +1453,10 @@ const STAGES: [(&str, &str); 10] = [
     (
         "log_write",
         "of which: the writer's statement and fsync, per group",
+    ),
+    (
+        "log_checkpoint",
+        "the writer copying the rest of the WAL, groups waiting",
     ),
     (
         "upkeep",

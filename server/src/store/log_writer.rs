@@ -19,6 +19,8 @@ use tokio::sync::{mpsc, oneshot};
 pub(crate) struct LogTimes {
     pub wait: prometheus_client::metrics::histogram::Histogram,
     pub write: prometheus_client::metrics::histogram::Histogram,
+    /// `log_checkpoint`: the writer copying the rest of the WAL, groups waiting behind it.
+    pub checkpoint: prometheus_client::metrics::histogram::Histogram,
 }
 
 /// What the update log's writer does: rooms' appends, gathered; the rest in turn between them.
@@ -83,6 +85,8 @@ pub(super) fn start(store: &Store) -> mpsc::Sender<Job> {
         multi_row: store.options.multi_row,
         max_group: store.options.max_commit_group.clamp(1, MAX_COMMIT_GROUP),
         times: store.log_times.clone(),
+        wal_copied: store.wal_copied.clone(),
+        wal_rest_since: None,
     };
     let Some(path) = file else {
         tokio::spawn(async move {
@@ -134,6 +138,36 @@ enum Db {
     },
 }
 
+/// The writer's connection, as [`Db::conn`] hands it out.
+enum Conn<'c> {
+    Pool(&'c mut sqlx::AnyConnection),
+    File(&'c mut rusqlite::Connection),
+}
+
+impl Db {
+    /// The connection the writer keeps: taken from the pool, or opened, when it has none.
+    async fn conn(
+        &mut self,
+        closing: &tokio_util::sync::CancellationToken,
+    ) -> Result<Conn<'_>, StoreError> {
+        match self {
+            Db::Pool { pool, conn } => {
+                if conn.is_none() {
+                    *conn = Some(pool.acquire().await?);
+                }
+                conn.as_deref_mut()
+                    .map(Conn::Pool)
+                    .ok_or_else(|| sqlx::Error::PoolClosed.into())
+            }
+            Db::File {
+                path,
+                pragmas,
+                conn,
+            } => file_conn(conn, path, pragmas, closing).map(Conn::File),
+        }
+    }
+}
+
 /// The update log's one writer: it holds no `Store` (whose handle to it would keep it alive).
 struct Writer {
     db: Db,
@@ -145,7 +179,16 @@ struct Writer {
     /// Most batches one transaction takes, within 1..=[`MAX_COMMIT_GROUP`].
     max_group: usize,
     times: std::sync::Arc<std::sync::OnceLock<LogTimes>>,
+    /// Set by the store's checkpointer after each pass (SQLite only): what was appended while
+    /// it ran is still to copy ([`Writer::finish_checkpoint`]).
+    wal_copied: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// Since when the rest of a checkpoint has waited for a moment with no job waiting.
+    wal_rest_since: Option<std::time::Instant>,
 }
+
+/// How long the rest of a checkpoint waits for the writer to have nothing to do before it is
+/// copied between two groups anyway.
+const WAL_REST_WAITS_AT_MOST: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Writer {
     async fn run(mut self, mut rx: mpsc::Receiver<Job>) {
@@ -157,6 +200,10 @@ impl Writer {
                 Ok(job) => job,
                 Err(TryRecvError::Disconnected) => return,
                 Err(TryRecvError::Empty) => {
+                    if self.wal_rest_due(false) {
+                        self.finish_checkpoint().await;
+                        continue;
+                    }
                     // A closing store deletes nothing more (the next load reads only the rows
                     // after the snapshot; the room's next compaction covers these).
                     let pending = prune.front().filter(|_| !self.closing.is_cancelled());
@@ -214,7 +261,56 @@ impl Writer {
                     None => prune.push_back((room, upto)),
                 }
             }
+            // A writer that never runs out of work copies the rest anyway, now and then.
+            if self.wal_rest_due(true) {
+                self.finish_checkpoint().await;
+            }
         }
+    }
+
+    /// Whether to copy the rest of the WAL now: at once when nothing waits (`busy` false), or
+    /// when it has waited [`WAL_REST_WAITS_AT_MOST`].
+    fn wal_rest_due(&mut self, busy: bool) -> bool {
+        use std::sync::atomic::Ordering;
+        let Some(copied) = &self.wal_copied else {
+            return false;
+        };
+        if self.wal_rest_since.is_none() && copied.swap(false, Ordering::AcqRel) {
+            self.wal_rest_since = Some(std::time::Instant::now());
+        }
+        match self.wal_rest_since {
+            None => false,
+            Some(_) if self.closing.is_cancelled() => false,
+            Some(since) => !busy || since.elapsed() >= WAL_REST_WAITS_AT_MOST,
+        }
+    }
+
+    /// Copies into the database what was appended to the WAL while the checkpointer ran, on the
+    /// writer's own connection between two groups: with no append beside it, this checkpoint
+    /// copies all of the WAL, and the next append starts it over (SQLite restarts a WAL only
+    /// once all of it is copied; one growing without end also costs every fsync the file's
+    /// metadata). Its time, groups waiting behind it, is `log_checkpoint`.
+    async fn finish_checkpoint(&mut self) {
+        self.wal_rest_since = None;
+        let started = std::time::Instant::now();
+        let done = self.copy_wal_rest().await;
+        self.keep_after(&done);
+        if let Err(e) = done {
+            tracing::warn!(error = %e, "cannot finish a WAL checkpoint; the next pass tries again");
+        }
+        if let Some(t) = self.times.get() {
+            t.checkpoint.observe(started.elapsed().as_secs_f64());
+        }
+    }
+
+    async fn copy_wal_rest(&mut self) -> Result<(), StoreError> {
+        match self.db.conn(&self.closing).await? {
+            Conn::Pool(c) => {
+                sqlx::query(FINISH_CHECKPOINT).execute(c).await?;
+            }
+            Conn::File(c) => c.query_row(FINISH_CHECKPOINT, [], |_| Ok(()))?,
+        }
+        Ok(())
     }
 
     fn drop_conn(&mut self) {
@@ -299,24 +395,10 @@ impl Writer {
         // a `COMMIT`.
         let alone = only_appends && self.multi_row && rows.len() <= per_statement;
         let backend = self.backend;
-        let done = match &mut self.db {
-            Db::Pool { pool, conn } => {
-                if conn.is_none() {
-                    *conn = Some(pool.acquire().await?);
-                }
-                match conn.as_deref_mut() {
-                    Some(c) => pooled(c, backend, jobs, &rows, per_statement, alone).await,
-                    None => Err(sqlx::Error::PoolClosed.into()),
-                }
-            }
-            Db::File {
-                path,
-                pragmas,
-                conn,
-            } => match file_conn(conn, path, pragmas, &self.closing) {
-                Ok(c) => in_file(c, jobs, &rows, per_statement, alone),
-                Err(e) => Err(e),
-            },
+        let done = match self.db.conn(&self.closing).await {
+            Ok(Conn::Pool(c)) => pooled(c, backend, jobs, &rows, per_statement, alone).await,
+            Ok(Conn::File(c)) => in_file(c, jobs, &rows, per_statement, alone),
+            Err(e) => Err(e),
         };
         self.keep_after(&done);
         done
@@ -325,32 +407,17 @@ impl Writer {
     /// Deletes up to [`PRUNE_CHUNK`] of `room`'s log rows folded into its snapshot (`seq <=
     /// upto`). Whether none are left.
     async fn prune_chunk(&mut self, room: &RoomId, upto: i64) -> Result<bool, StoreError> {
-        let deleted = match &mut self.db {
-            Db::Pool { pool, conn } => {
-                if conn.is_none() {
-                    *conn = Some(pool.acquire().await?);
-                }
-                let Some(c) = conn.as_deref_mut() else {
-                    return Err(sqlx::Error::PoolClosed.into());
-                };
-                sqlx::query(PRUNE)
-                    .bind(room)
-                    .bind(upto)
-                    .bind(PRUNE_CHUNK)
-                    .execute(c)
-                    .await?
-                    .rows_affected()
-            }
-            Db::File {
-                path,
-                pragmas,
-                conn,
-            } => {
-                let c = file_conn(conn, path, pragmas, &self.closing)?;
-                c.prepare_cached(PRUNE)?.execute(
-                    rusqlite::named_params! {"$1": room.as_str(), "$2": upto, "$3": PRUNE_CHUNK},
-                )? as u64
-            }
+        let deleted = match self.db.conn(&self.closing).await? {
+            Conn::Pool(c) => sqlx::query(PRUNE)
+                .bind(room)
+                .bind(upto)
+                .bind(PRUNE_CHUNK)
+                .execute(c)
+                .await?
+                .rows_affected(),
+            Conn::File(c) => c.prepare_cached(PRUNE)?.execute(
+                rusqlite::named_params! {"$1": room.as_str(), "$2": upto, "$3": PRUNE_CHUNK},
+            )? as u64,
         };
         Ok(deleted < PRUNE_CHUNK as u64)
     }
@@ -543,6 +610,10 @@ impl Job {
         }
     }
 }
+
+/// The rest of a checkpoint: passive, so it never waits (the store's checkpointer may hold the
+/// checkpoint lock; then the next pass copies it).
+const FINISH_CHECKPOINT: &str = "PRAGMA wal_checkpoint(PASSIVE)";
 
 /// Rows of a compacted log one delete takes: the writer deletes them between groups, a chunk
 /// at a time, so a compaction never holds up the rooms' appends for long.
