@@ -701,8 +701,10 @@ mod tests {
         let wal = dir.path().join("w.db-wal");
         // The WAL header's checkpoint sequence number (big-endian, bytes 12..16).
         let sequence = || {
-            let head = std::fs::read(&wal).ok()?;
-            Some(u32::from_be_bytes(head.get(12..16)?.try_into().ok()?))
+            use std::io::Read;
+            let mut head = [0u8; 16];
+            std::fs::File::open(&wal).ok()?.read_exact(&mut head).ok()?;
+            Some(u32::from_be_bytes([head[12], head[13], head[14], head[15]]))
         };
         let first = loop {
             if let Some(s) = sequence() {

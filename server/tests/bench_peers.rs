@@ -22,7 +22,8 @@
 //! `coderoom`, `coderoom-pg` (with `CODEROOM_TEST_POSTGRES_URL`), either followed by a lever
 //! switched off (`-normal`, `-inline`, `-each`, `-nogroup`, `-aftermerge`, `-rows`, `-nocompact`, `-longlease`, `-walgrows`: see
 //! `LEVERS`), `reference`, `hocuspocus`; default `coderoom,coderoom-pg,reference,hocuspocus`;
-//! `BENCH_OUT`, a directory for the markdown, `BENCH_TITLE` its name). `tests/bench/regenerate`
+//! `BENCH_OUT`, a directory for the markdown, `BENCH_TITLE` its name; `BENCH_WARMUP_MS`, how
+//! long after the start updates are delivered and checked but not timed, default 0). `tests/bench/regenerate`
 //! runs it for `docs/benchmarks.md`.
 #![allow(clippy::unwrap_used)]
 
@@ -492,6 +493,8 @@ async fn drive_here(eps: Vec<Endpoint>, shape: Shape, when: Start) -> (Outcome, 
     let rooms_latencies: Vec<Arc<Mutex<Vec<f64>>>> =
         (0..eps.len()).map(|_| Arc::default()).collect();
     let start_ns = start.duration_since(base).as_nanos() as u64;
+    // Updates sent before this are delivered and checked but not timed (`BENCH_WARMUP_MS`).
+    let timed_from = start_ns + knob("BENCH_WARMUP_MS", 0) as u64 * 1_000_000;
     let slow: Arc<Mutex<Vec<u64>>> = Arc::default();
     let got = Arc::new(AtomicUsize::new(0));
     let expected = total * writers * shape.readers * eps.len();
@@ -536,7 +539,9 @@ async fn drive_here(eps: Vec<Endpoint>, shape: Shape, when: Start) -> (Outcome, 
                         for s in seen[w]..=n {
                             let at = sent[w][s].load(Ordering::Acquire);
                             let took = now_ns.saturating_sub(at) as f64 / 1e6;
-                            mine.push(took);
+                            if at >= timed_from {
+                                mine.push(took);
+                            }
                             if took > SLOW_MS {
                                 let second = (at.saturating_sub(start_ns) / 1_000_000_000) as usize;
                                 if slow_here.len() <= second {

@@ -219,15 +219,17 @@ async fn load(storage: &Storage, server: &Server, shape: Shape) -> serde_json::V
 /// Durable before any peer sees it, under load: the many-rooms benchmark's shape (40 rooms x
 /// (1 writer + 4 readers) x 50 updates/s), every room compacting its log every 20 updates (so
 /// snapshots land in the log writer's group transactions, and folded rows are being deleted,
-/// all through the run), the server killed with SIGKILL mid-stream; after a restart each
-/// room's text holds every update any of its readers had received, in order, with no gap.
+/// all through the run) and the WAL starting over every 64 frames (so the writer copies the
+/// rest of checkpoints between its groups all through the run too), the server killed with
+/// SIGKILL mid-stream; after a restart each room's text holds every update any of its readers
+/// had received, in order, with no gap.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill9_under_paced_load_loses_nothing_a_peer_received() {
     use std::sync::atomic::{AtomicUsize, Ordering};
     let (rooms, readers, rate) = (40, 4, 50);
     let storage = Storage::new(&Backend::Sqlite).await;
     let token = storage.token("ana@example.com").await;
-    let args = ["--compact-every", "20"];
+    let args = ["--compact-every", "20", "--sqlite-wal-restart-frames", "64"];
     let server = Server::start(&storage, &args).await;
     let mut writers = Vec::new();
     let mut reader_tasks = Vec::new();
@@ -263,13 +265,30 @@ async fn kill9_under_paced_load_loses_nothing_a_peer_received() {
         }));
         seen_by_room.push((room, seen));
     }
-    // Killed once every room's readers have received a good part of the stream.
+    // Killed once every room's readers have received a good part of the stream, and the WAL
+    // has started over at least twice (its header's checkpoint sequence number, bytes 12..16,
+    // counts the starts).
+    let wal = storage.dir.path().join("coderoom.db-wal");
+    let sequence = || {
+        use std::io::Read;
+        let mut head = [0u8; 16];
+        std::fs::File::open(&wal).ok()?.read_exact(&mut head).ok()?;
+        Some(u32::from_be_bytes([head[12], head[13], head[14], head[15]]))
+    };
+    let first = sequence();
     let deadline = Instant::now() + Duration::from_secs(60);
     while seen_by_room
         .iter()
         .any(|(_, s)| s.load(Ordering::SeqCst) < 75)
+        || sequence()
+            .zip(first)
+            .is_none_or(|(now, first)| now.wrapping_sub(first) < 2)
     {
-        assert!(Instant::now() < deadline, "the load never got going");
+        assert!(
+            Instant::now() < deadline,
+            "the load never got going (WAL sequence {first:?} -> {:?})",
+            sequence()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     server.kill9().await;
