@@ -209,10 +209,10 @@ impl Metrics {
              for, in all), log_wait (a batch waiting for the log's writer), log_write (the \
              writer's statement and its fsync, per group of rooms' batches), log_checkpoint (the \
              writer copying the rest of SQLite's WAL into the database, groups waiting behind \
-             it), upkeep (a room \
-             renewing its lease or compacting its log, its updates waiting meanwhile), \
-             broadcast (framing a committed batch and queueing it for every peer), queue (a \
-             frame waiting in a connection's queue), write (handing a frame to the socket)",
+             it), upkeep (a room renewing its lease or compacting its log, its updates waiting \
+             meanwhile), broadcast (framing a committed batch and queueing it for every peer), \
+             queue (a frame waiting in a connection's queue), write (handing a frame to the \
+             socket)",
             stages.clone(),
         );
         let stage = |name: &str| {

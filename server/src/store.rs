@@ -221,8 +221,9 @@ pub(crate) struct Store {
     /// Cancelled by [`Store::close`]: the writer gives back the connection it keeps (closing
     /// the pool waits for every connection).
     closing: tokio_util::sync::CancellationToken,
-    /// Set by the checkpointer after each pass (SQLite, checkpoints beside the commits): the
-    /// update log's writer then copies what was appended meanwhile, so the WAL starts over.
+    /// Set by the checkpointer after a pass that left the WAL over `wal_restart_frames` (SQLite,
+    /// checkpoints beside the commits): the update log's writer then copies the rest, so the
+    /// WAL starts over.
     wal_copied: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 

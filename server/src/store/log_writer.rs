@@ -179,8 +179,8 @@ struct Writer {
     /// Most batches one transaction takes, within 1..=[`MAX_COMMIT_GROUP`].
     max_group: usize,
     times: std::sync::Arc<std::sync::OnceLock<LogTimes>>,
-    /// Set by the store's checkpointer after each pass (SQLite only): what was appended while
-    /// it ran is still to copy ([`Writer::finish_checkpoint`]).
+    /// Set by the store's checkpointer after a pass that left a large WAL (SQLite only): what
+    /// was appended while it ran is still to copy ([`Writer::finish_checkpoint`]).
     wal_copied: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
     /// Since when the rest of a checkpoint has waited for a moment with no job waiting.
     wal_rest_since: Option<std::time::Instant>,
