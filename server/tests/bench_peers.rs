@@ -23,8 +23,8 @@
 //! switched off (`-normal`, `-inline`, `-each`, `-nogroup`, `-aftermerge`, `-rows`, `-nocompact`, `-longlease`, `-walgrows`: see
 //! `LEVERS`), `reference`, `hocuspocus`; default `coderoom,coderoom-pg,reference,hocuspocus`;
 //! `BENCH_OUT`, a directory for the markdown, `BENCH_TITLE` its name; `BENCH_WARMUP_MS`, how
-//! long after the start updates are delivered and checked but not timed, default 0). `tests/bench/regenerate`
-//! runs it for `docs/benchmarks.md`.
+//! long after the start updates are delivered and checked but not timed, default 0).
+//! `tests/bench/regenerate` runs it for `docs/benchmarks.md`.
 #![allow(clippy::unwrap_used)]
 
 mod common;
